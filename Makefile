@@ -1,0 +1,135 @@
+# exo — build, test and run. See README.md for the two commands a new user needs.
+#
+#   make            build build/exo, build/tools/*, unit tests (default: -O2 -g)
+#   make RELEASE=1  -O3 -march=native, into build/release/
+#   make SAN=1      ASan + UBSan, into build/san/
+#   make CUDA=1     also build the CUDA backend (needs nvcc), into build/cuda/
+#   make test       install deps if missing, build, run every test (unit + e2e)
+#   make run        install deps if missing, build, start a node with the demo model
+#   make fuzz       build the libFuzzer targets (clang) into build/fuzz/
+#
+# Sources are discovered: every src/**/*.c goes into libexo.a, every tests/unit/test_*.c
+# becomes one test binary, every tools/<name>/*.c one tool. Adding a file needs no edit here.
+
+CC ?= cc
+ifeq ($(origin CC),default)
+CC := gcc
+endif
+
+BUILD ?= build
+OPT := -O2
+ifeq ($(RELEASE),1)
+BUILD := build/release
+OPT := -O3 -march=native
+endif
+ifeq ($(SAN),1)
+BUILD := build/san
+OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+
+PKGS := libmicrohttpd jansson libpcre2-8 libutf8proc libcurl libczmq libzmq libsodium
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CFLAGS := -std=c17 -Wall -Wextra -Werror -g $(OPT) -D_GNU_SOURCE -pthread -Isrc $(PKG_CFLAGS) \
+          -MMD -MP $(EXTRA_CFLAGS)
+LDFLAGS := $(OPT) -pthread $(EXTRA_LDFLAGS)
+LDLIBS := $(PKG_LIBS) -lopenblas -lm -ldl
+
+ifeq ($(CUDA),1)
+BUILD := build/cuda
+NVCC ?= nvcc
+CUDA_HOME ?= /usr/local/cuda
+CU_SRC := $(shell find src -name '*.cu' 2>/dev/null)
+CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+CFLAGS += -DEXO_CUDA=1 -I$(CUDA_HOME)/include
+LDLIBS += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+endif
+
+VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+CFLAGS += -DEXO_VERSION='"0.1.0 ($(VERSION))"'
+
+SRC := $(shell find src -name '*.c' | sort)
+MAIN_SRC := src/main.c
+LIB_SRC := $(filter-out $(MAIN_SRC),$(SRC))
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
+LIB := $(BUILD)/libexo.a
+
+UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
+UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+TOOLS := $(notdir $(patsubst %/,%,$(sort $(dir $(wildcard tools/*/*.c)))))
+TOOL_BIN := $(TOOLS:%=$(BUILD)/tools/%)
+
+.PHONY: all test unit e2e run fuzz clean format deps bench
+all: $(BUILD)/exo $(TOOL_BIN) $(UNIT_BIN)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -DEXO_CUDA=1 -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/exo: $(BUILD)/obj/src/main.o $(LIB)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+# A tool is every .c file in tools/<name>/, linked against libexo.a.
+.SECONDEXPANSION:
+$(BUILD)/tools/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard tools/%/*.c)) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
+
+deps:
+	@bash scripts/deps.sh
+
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+
+# The one test command: unit tests then end-to-end tests, one summary line at the end.
+test: deps
+	@$(MAKE) --no-print-directory -j$(NPROC) all
+	@bash tests/run-all.sh $(BUILD)
+
+unit:
+	@$(MAKE) --no-print-directory -j$(NPROC) all
+	@bash tests/run-unit.sh $(BUILD)
+
+e2e:
+	@$(MAKE) --no-print-directory -j$(NPROC) all
+	@bash tests/run-e2e.sh $(BUILD)
+
+run: deps
+	@$(MAKE) --no-print-directory -j$(NPROC) RELEASE=1 all
+	@bash scripts/run-demo.sh build/release
+
+bench:
+	@$(MAKE) --no-print-directory -j$(NPROC) RELEASE=1 all
+	@bash bench/run.sh build/release
+
+# libFuzzer targets: tests/fuzz/fuzz_*.c, each linked with the library built for fuzzing.
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+fuzz:
+	@$(MAKE) --no-print-directory -j$(NPROC) CC=clang BUILD=build/fuzz \
+	  EXTRA_CFLAGS="-fsanitize=fuzzer-no-link,address,undefined -O1" build/fuzz/libexo.a
+	@mkdir -p build/fuzz/bin
+	@for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
+	  echo "  FUZZ $$n"; \
+	  clang -std=c17 -g -O1 -D_GNU_SOURCE -Isrc $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined \
+	    $$f build/fuzz/libexo.a $(LDLIBS) -o build/fuzz/bin/$$n || exit 1; done
+
+format:
+	@find src tests/unit tests/fuzz tools -name '*.[ch]' | xargs clang-format -i
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

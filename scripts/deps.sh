@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs everything exo needs to build and test, from Debian 12 packages and npm.
+# Idempotent: a second run installs nothing. Uses sudo when not root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential clang pkg-config
+  libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev
+  libczmq-dev libzmq3-dev libsodium-dev libopenblas-dev libcmocka-dev
+  iproute2 iptables nftables wrk curl ca-certificates
+  nodejs npm chromium python3 python3-jinja2
+)
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    # node/npm may come from elsewhere (nodesource, nvm): accept a working binary.
+    case "$p" in
+      nodejs) command -v node >/dev/null && continue ;;
+      npm) command -v npm >/dev/null && continue ;;
+      python3) command -v python3 >/dev/null && continue ;;
+      python3-jinja2) python3 -c 'import jinja2' 2>/dev/null && continue ;;
+    esac
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# npm packages for end-to-end tests and tokenizer fixtures (pinned by the lock file).
+if [ -f tests/e2e/package.json ]; then
+  if [ ! -d tests/e2e/node_modules ] || [ tests/e2e/package-lock.json -nt tests/e2e/node_modules/.stamp ]; then
+    echo "deps: npm ci in tests/e2e"
+    (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.stamp)
+  fi
+fi
