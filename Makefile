@@ -66,28 +66,33 @@ all: $(BUILD)/exo $(TOOL_BIN) $(UNIT_BIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	@echo '  CC   $<'
+	@$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -DEXO_CUDA=1 -c $< -o $@
+	@echo '  NVCC $<'
+	@$(NVCC) -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -DEXO_CUDA=1 -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	@rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/exo: $(BUILD)/obj/src/main.o $(LIB)
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	@echo '  LD   $@'
+	@$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 # A tool is every .c file in tools/<name>/, linked against libexo.a.
 .SECONDEXPANSION:
 $(BUILD)/tools/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard tools/%/*.c)) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	@echo '  LD   $@'
+	@$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
+	@echo '  LD   $@'
+	@$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcmocka -o $@
 
 deps:
 	@bash scripts/deps.sh

@@ -1,0 +1,69 @@
+/* compute — the backend interface: the small set of ops the forward pass (arch/) is written in.
+ *
+ * Like ggml's backend split: one struct of function pointers per backend (cpu/, later cuda/).
+ * Activation buffers are backend memory (host memory for CPU, device memory for CUDA): arch code
+ * allocates them through the backend and never dereferences them itself, so the same forward
+ * pass runs on either. Weights are described by weight_matrix views; a backend may copy them
+ * into its own memory once at load (weight_upload) — on CPU the view points into the mmap.
+ *
+ * Layout conventions: activations are row-major [n_tokens][dim] float32. A weight matrix is
+ * [rows = out_features][cols = in_features], as Hugging Face stores nn.Linear weights, and
+ * matmul computes y[t][r] = sum_c x[t][c] * W[r][c].
+ *
+ * This header refuses: graph building, autograd, dtype zoo for activations. Add an op here only
+ * when a forward pass needs it, with a reference implementation in cpu/. */
+#ifndef EXO_COMPUTE_H
+#define EXO_COMPUTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum dtype {
+    DTYPE_F32 = 0,
+    DTYPE_F16,
+    DTYPE_BF16,
+    DTYPE_U32,
+    DTYPE_I32,
+    DTYPE_U8,
+    DTYPE_I8,
+    DTYPE_I64,
+} dtype;
+
+size_t dtype_size(dtype t);
+const char *dtype_name(dtype t);
+
+typedef enum weight_format {
+    WEIGHT_F32 = 0,
+    WEIGHT_F16,
+    WEIGHT_BF16,
+    /* MLX affine quantization (mlx-community): each group of `group_size` consecutive values in a
+     * row is w = scale * q + bias, q an unsigned `bits`-bit integer packed little-endian into
+     * uint32 words (value i of a row at bit offset i*bits, crossing words for 3/5/6 bits). */
+    WEIGHT_MLX_AFFINE,
+} weight_format;
+
+/* A read-only weight matrix view [rows][cols]. Does not own its memory. */
+typedef struct weight_matrix {
+    weight_format format;
+    int64_t rows;       /* out features */
+    int64_t cols;       /* in features */
+    const void *data;   /* dense: rows*cols elements; MLX: uint32 [rows][cols*bits/32] */
+    const void *scales; /* MLX: [rows][cols/group_size] of scale_dtype */
+    const void *biases; /* MLX: [rows][cols/group_size] of scale_dtype */
+    dtype scale_dtype;  /* MLX: DTYPE_BF16, DTYPE_F16 or DTYPE_F32 */
+    int bits;           /* MLX: 2, 3, 4, 5, 6 or 8 */
+    int group_size;     /* MLX: 32, 64 or 128 */
+} weight_matrix;
+
+/* Bytes of weight data a matvec reads (for rooflines). */
+size_t weight_matrix_bytes(const weight_matrix *w);
+/* Dequantizes row r into out[cols] (float32). Reference path, any format. */
+void weight_matrix_row_to_f32(const weight_matrix *w, int64_t r, float *out);
+
+/* Scalar conversions used everywhere (exact, round-to-nearest-even for the narrowing ones). */
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+#endif

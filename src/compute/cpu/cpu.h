@@ -1,0 +1,23 @@
+/* cpu — the CPU backend's kernels. Each op has a plain C reference (the ground truth that SIMD and
+ * CUDA paths are tested against) and fast paths chosen at run time by CPUID; callers use the
+ * un-suffixed name and get the fastest path this machine supports. Work is split over a
+ * persistent thread pool (never a fork/join of new threads per op). */
+#ifndef EXO_COMPUTE_CPU_H
+#define EXO_COMPUTE_CPU_H
+
+#include "compute/compute.h"
+
+#include <stdint.h>
+
+/* Threads used by CPU kernels; default: the number of online cores. Call before first use. */
+void cpu_set_threads(int n);
+int cpu_threads(void);
+/* "avx512", "avx2", "neon" or "generic": the best SIMD level detected and used. */
+const char *cpu_simd_level(void);
+
+/* y[t][r] = sum_c x[t][c] * W[r][c] for t < n_tokens. x: [n_tokens][w->cols], y: [n_tokens][w->rows].
+ * Every weight format of compute.h. */
+void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_tokens);
+void cpu_matmul_reference(const weight_matrix *w, const float *x, float *y, int64_t n_tokens);
+
+#endif

@@ -1,0 +1,111 @@
+/* engine — the inference runtime's public door: load a model (or a shard of one), accept
+ * generation requests as token ids, and advance all of them together one batched step at a time.
+ *
+ * Used by the runner process (runner/) and by `exo run` / `exo bench`. Text never crosses this
+ * door: callers tokenize, render chat templates and detokenize (text/). One engine instance is
+ * driven by one thread: engine_submit/engine_cancel/engine_step are not thread-safe with each
+ * other; the engine uses its own worker threads inside a step.
+ *
+ * Scheduling (continuous batching, chunked prefill, paged KV cache, prefix cache, preemption) is
+ * the engine's business; a caller only submits, cancels and steps. */
+#ifndef EXO_INFER_ENGINE_H
+#define EXO_INFER_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ENGINE_MAX_TOP_LOGPROBS 20
+
+typedef struct engine engine;
+
+typedef struct engine_options {
+    const char *model_dir;  /* Hugging Face layout: config.json, *.safetensors, tokenizer files */
+    int n_threads;          /* 0 = all cores */
+    size_t kv_cache_bytes;  /* 0 = automatic (a fraction of free memory) */
+    int max_batch_tokens;   /* tokens per forward step (prefill chunk), 0 = default 512 */
+    int max_sequences;      /* concurrent sequences, 0 = default 64 */
+    int context_length;     /* 0 = the model's own max_position_embeddings */
+    /* Pipeline shard: layers [layer_start, layer_end) of the model; both 0 = the whole model. */
+    int layer_start, layer_end;
+} engine_options;
+
+typedef struct sampling_params {
+    float temperature;        /* 0 = greedy (argmax) */
+    float top_p;              /* 1 = off */
+    int top_k;                /* 0 = off */
+    float min_p;              /* 0 = off */
+    float repetition_penalty; /* 1 = off; applied over the last repetition_window tokens */
+    int repetition_window;    /* 0 = whole context */
+    float presence_penalty;   /* 0 = off */
+    float frequency_penalty;  /* 0 = off */
+    uint64_t seed;            /* same seed + same request -> same output */
+    int logprobs;             /* report the sampled token's logprob */
+    int top_logprobs;         /* 0..ENGINE_MAX_TOP_LOGPROBS alternatives to report */
+} sampling_params;
+
+/* The defaults every API starts from (temperature 0.7, top_p 1, min_p 0.05, seed 42 as exo). */
+sampling_params sampling_params_default(void);
+
+typedef struct engine_request {
+    const int32_t *prompt; /* copied by engine_submit */
+    int n_prompt;
+    sampling_params sampling;
+    int max_tokens;              /* > 0 */
+    const int32_t *stop_tokens;  /* extra stop ids besides the model's eos ids; copied */
+    int n_stop_tokens;
+    int ban_eos;                 /* never sample eos/stop ids: exactly max_tokens (benchmarks) */
+    int no_prefix_cache;         /* do not reuse or store cached prefixes for this request */
+} engine_request;
+
+typedef enum engine_finish {
+    ENGINE_FINISH_NONE = 0,  /* more tokens follow */
+    ENGINE_FINISH_STOP,      /* eos or a stop token was produced (the token is included) */
+    ENGINE_FINISH_LENGTH,    /* max_tokens or the context length reached */
+    ENGINE_FINISH_CANCELLED, /* engine_cancel */
+    ENGINE_FINISH_ERROR,     /* see engine_event.error */
+} engine_finish;
+
+/* One thing that happened to one sequence during a step. */
+typedef struct engine_event {
+    uint64_t seq_id;
+    int32_t token;      /* the generated token, or -1 for events without one (progress, cancel) */
+    float logprob;      /* of `token` under the sampled distribution (after temperature etc.) */
+    int n_top;
+    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
+    float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
+    engine_finish finish;
+    int prompt_tokens;        /* set on every event */
+    int cached_tokens;        /* prompt tokens served from the prefix cache */
+    int prefill_done;         /* prompt tokens processed so far (progress events) */
+    char error[160];          /* when finish == ENGINE_FINISH_ERROR */
+} engine_event;
+
+typedef struct engine_info {
+    char architecture[64];  /* e.g. "Qwen3ForCausalLM" */
+    int vocab_size;
+    int context_length;     /* longest prompt + output the engine accepts */
+    int n_layers;           /* of the whole model */
+    int32_t eos_ids[8];
+    int n_eos;
+    int32_t bos_id;         /* -1 if none */
+    size_t weight_bytes;    /* bytes of weights this engine reads per token */
+} engine_info;
+
+engine *engine_open(const engine_options *options, char *err, size_t errlen);
+void engine_close(engine *e);
+const engine_info *engine_get_info(const engine *e);
+
+/* Queues a request. Returns 0, or -1 with err (e.g. prompt longer than the context). seq_id is
+ * the caller's and must be unique among live sequences. */
+int engine_submit(engine *e, uint64_t seq_id, const engine_request *request, char *err,
+                  size_t errlen);
+/* Cancels a queued or running sequence; its KV blocks are freed at once. A
+ * ENGINE_FINISH_CANCELLED event is reported by the next engine_step. Unknown ids are ignored. */
+void engine_cancel(engine *e, uint64_t seq_id);
+/* Runs one batched forward step over the live sequences and writes up to max_events events.
+ * Returns the number written (0 when idle), or -1 on a fatal engine error. */
+int engine_step(engine *e, engine_event *events, int max_events);
+/* Number of sequences queued or running. */
+int engine_pending(const engine *e);
+
+#endif
