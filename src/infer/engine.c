@@ -62,6 +62,7 @@ struct engine {
     int n_seqs;
     uint64_t *cancelled; /* ids to report as cancelled at the next step */
     int n_cancelled, cancelled_cap;
+    uint64_t preemptions;
     /* batch staging (host) */
     int32_t *b_tokens, *b_positions, *b_seq, *b_slots, *b_table_start, *b_logit_rows;
     int32_t *b_tables;
@@ -206,6 +207,18 @@ const engine_info *engine_get_info(const engine *e) {
     return &e->info;
 }
 
+void engine_get_stats(const engine *e, engine_stats *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < e->n_seqs; i++) {
+        if (e->seqs[i]->state == SEQ_RUNNING) out->n_running++;
+        else out->n_waiting++;
+    }
+    out->kv_blocks_total = e->kv->n_blocks;
+    out->kv_blocks_free = e->kv->n_free;
+    out->kv_block_tokens = e->block_size;
+    out->preemptions = e->preemptions;
+}
+
 int engine_pending(const engine *e) {
     return e->n_seqs + e->n_cancelled;
 }
@@ -311,6 +324,7 @@ static void preempt(engine *e, sequence *s) {
     s->n_blocks = 0;
     s->n_computed = 0;
     s->state = SEQ_WAITING;
+    e->preemptions++;
 }
 
 /* Gives s blocks for positions < n_pos. Returns 0, or -1 when the cache ran out (s keeps what

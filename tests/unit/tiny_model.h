@@ -34,12 +34,12 @@ typedef struct tiny_spec {
 } tiny_spec;
 
 static uint64_t tiny_rng_state;
-static float tiny_uniform(void) { /* [-1, 1) */
+static __attribute__((unused)) float tiny_uniform(void) { /* [-1, 1) */
     tiny_rng_state = tiny_rng_state * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((tiny_rng_state >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
 }
 
-static void tiny_put_dense(safetensors_writer *w, const char *name, safetensors_dtype dt,
+static __attribute__((unused)) void tiny_put_dense(safetensors_writer *w, const char *name, safetensors_dtype dt,
                            int n_dims, const int64_t *shape, const float *v, size_t n) {
     size_t es = safetensors_dtype_size(dt);
     void *buf = malloc(n * es);
@@ -53,7 +53,7 @@ static void tiny_put_dense(safetensors_writer *w, const char *name, safetensors_
 }
 
 /* MLX affine quantization of [n_mats][rows][cols] into name.weight/.scales/.biases. */
-static void tiny_put_quant(safetensors_writer *w, const char *prefix, int n_mats, int64_t rows,
+static __attribute__((unused)) void tiny_put_quant(safetensors_writer *w, const char *prefix, int n_mats, int64_t rows,
                            int64_t cols, const float *v, int bits, int gs) {
     int64_t wcols = cols * bits / 32, groups = cols / gs;
     size_t nrows = (size_t)n_mats * (size_t)rows;
@@ -102,7 +102,7 @@ static void tiny_put_quant(safetensors_writer *w, const char *prefix, int n_mats
 }
 
 /* A random matrix (or stack of n_mats) named prefix, scaled for unit-variance activations. */
-static void tiny_put_matrix(safetensors_writer *w, const tiny_spec *s, const char *prefix,
+static __attribute__((unused)) void tiny_put_matrix(safetensors_writer *w, const tiny_spec *s, const char *prefix,
                             int n_mats, int64_t rows, int64_t cols, int stacked) {
     size_t n = (size_t)n_mats * (size_t)rows * (size_t)cols;
     float *v = malloc(n * sizeof *v);
@@ -120,7 +120,7 @@ static void tiny_put_matrix(safetensors_writer *w, const tiny_spec *s, const cha
     free(v);
 }
 
-static void tiny_put_vector(safetensors_writer *w, const tiny_spec *s, const char *name, int64_t n,
+static __attribute__((unused)) void tiny_put_vector(safetensors_writer *w, const tiny_spec *s, const char *name, int64_t n,
                             float base, float noise) {
     float *v = malloc((size_t)n * sizeof *v);
     for (int64_t i = 0; i < n; i++) v[i] = base + noise * tiny_uniform();
@@ -129,7 +129,7 @@ static void tiny_put_vector(safetensors_writer *w, const tiny_spec *s, const cha
     free(v);
 }
 
-static int tiny_model_write(const char *dir, const tiny_spec *s) {
+static __attribute__((unused)) int tiny_model_write(const char *dir, const tiny_spec *s) {
     tiny_rng_state = s->seed * 2654435761u + 1;
     if (paths_mkdir_p(dir) != 0) return -1;
     int moe = !strcmp(s->arch, "Qwen3MoeForCausalLM");
@@ -222,13 +222,13 @@ static int tiny_model_write(const char *dir, const tiny_spec *s) {
 
 /* ---- naive reference forward: one sequence, all positions, logits for each ---- */
 
-static float *tiny_dequant(const weight_matrix *m) {
+static __attribute__((unused)) float *tiny_dequant(const weight_matrix *m) {
     float *out = malloc((size_t)(m->rows * m->cols) * sizeof *out);
     for (int64_t r = 0; r < m->rows; r++) weight_matrix_row_to_f32(m, r, out + r * m->cols);
     return out;
 }
 
-static void tiny_matvec(const weight_matrix *m, const float *x, float *y) {
+static __attribute__((unused)) void tiny_matvec(const weight_matrix *m, const float *x, float *y) {
     float *w = tiny_dequant(m);
     for (int64_t r = 0; r < m->rows; r++) {
         double acc = 0;
@@ -238,7 +238,7 @@ static void tiny_matvec(const weight_matrix *m, const float *x, float *y) {
     free(w);
 }
 
-static void tiny_rmsnorm(float *x, const weight_matrix *wm, int n, float eps) {
+static __attribute__((unused)) void tiny_rmsnorm(float *x, const weight_matrix *wm, int n, float eps) {
     float *w = tiny_dequant(wm);
     double ss = 0;
     for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
@@ -247,7 +247,7 @@ static void tiny_rmsnorm(float *x, const weight_matrix *wm, int n, float eps) {
     free(w);
 }
 
-static void tiny_rope(float *x, int heads, int hd, int pos, const float *inv_freq, float af) {
+static __attribute__((unused)) void tiny_rope(float *x, int heads, int hd, int pos, const float *inv_freq, float af) {
     for (int h = 0; h < heads; h++)
         for (int i = 0; i < hd / 2; i++) {
             float ang = (float)pos * inv_freq[i];
@@ -259,7 +259,7 @@ static void tiny_rope(float *x, int heads, int hd, int pos, const float *inv_fre
         }
 }
 
-static void tiny_swiglu(const weight_matrix *g, const weight_matrix *u, const weight_matrix *d,
+static __attribute__((unused)) void tiny_swiglu(const weight_matrix *g, const weight_matrix *u, const weight_matrix *d,
                         const float *x, float *out) {
     int64_t inter = g->rows;
     float *a = malloc((size_t)inter * 4), *b = malloc((size_t)inter * 4);
@@ -272,7 +272,7 @@ static void tiny_swiglu(const weight_matrix *g, const weight_matrix *u, const we
 }
 
 /* logits [n][vocab] for every position of tokens[0..n). */
-static void tiny_reference_forward(const model_config *c, const model_weights *w,
+static __attribute__((unused)) void tiny_reference_forward(const model_config *c, const model_weights *w,
                                    const int32_t *tokens, int n, float *logits) {
     int dim = c->hidden_size, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
     int qd = nh * hd, kvd = nkv * hd;
@@ -367,12 +367,12 @@ static void tiny_reference_forward(const model_config *c, const model_weights *w
 }
 
 /* A per-test scratch directory under .cache/ (the unit-test working directory is the repo). */
-static void tiny_dir(char *out, size_t n, const char *name) {
+static __attribute__((unused)) void tiny_dir(char *out, size_t n, const char *name) {
     snprintf(out, n, ".cache/unit/%d/%s", (int)getpid(), name);
 }
 
 /* Removes this process's scratch directories. */
-static void tiny_cleanup(void) {
+static __attribute__((unused)) void tiny_cleanup(void) {
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf .cache/unit/%d", (int)getpid());
     if (system(cmd) != 0) fprintf(stderr, "could not remove .cache/unit/%d\n", (int)getpid());
