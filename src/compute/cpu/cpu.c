@@ -2,6 +2,7 @@
  * reference path on the calling thread. */
 #include "compute/cpu/cpu.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 static int thread_count;
@@ -16,6 +17,18 @@ int cpu_threads(void) {
         thread_count = n > 0 ? (int)n : 1;
     }
     return thread_count;
+}
+
+static threadpool *shared_pool;
+static pthread_once_t shared_pool_once = PTHREAD_ONCE_INIT;
+
+static void shared_pool_create(void) {
+    shared_pool = threadpool_create(cpu_threads(), -1); /* NULL on failure: ops run inline */
+}
+
+threadpool *cpu_thread_pool(void) {
+    pthread_once(&shared_pool_once, shared_pool_create);
+    return shared_pool;
 }
 
 const char *cpu_simd_level(void) {
