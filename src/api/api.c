@@ -156,6 +156,82 @@ static void h_cancel(api_request *r, void *ctx) {
 GEN_ROUTE(h_chat, gen_adapter_openai_chat, 0)
 GEN_ROUTE(h_bench_chat, gen_adapter_openai_chat, 1)
 GEN_ROUTE(h_completions, gen_adapter_openai_completions, 0)
+GEN_ROUTE(h_responses, gen_adapter_responses, 0)
+GEN_ROUTE(h_messages, gen_adapter_claude, 0)
+GEN_ROUTE(h_ollama_chat, gen_adapter_ollama_chat, 0)
+GEN_ROUTE(h_ollama_generate, gen_adapter_ollama_generate, 0)
+
+/* ------------------------------------------------------------------ ollama model info */
+
+static json_t *ollama_details(void) {
+    return json_pack("{s:s,s:s,s:s,s:[],s:s,s:s}", "parent_model", "", "format", "safetensors",
+                     "family", "", "families", "parameter_size", "", "quantization_level", "");
+}
+
+static json_t *ollama_model(const char *id) {
+    return json_pack("{s:s,s:s,s:s,s:i,s:s,s:o}", "name", id, "model", id, "modified_at",
+                     "1970-01-01T00:00:00Z", "size", 0, "digest", "", "details", ollama_details());
+}
+
+static void h_ollama_root(api_request *r, void *ctx) {
+    (void)ctx;
+    api_respond_bytes(r, 200, "text/plain; charset=utf-8", "Ollama is running", 17);
+}
+
+static void h_ollama_version(api_request *r, void *ctx) {
+    (void)ctx;
+    api_respond_json(r, 200, json_pack("{s:s}", "version", "0.6.4"));
+}
+
+static void h_ollama_tags(api_request *r, void *ctx) {
+    api_service *s = ctx;
+    json_t *ids = instances_local_models(s->instances);
+    json_t *models = json_array();
+    size_t i;
+    json_t *v;
+    json_array_foreach(ids, i, v) json_array_append_new(models, ollama_model(json_string_value(v)));
+    json_decref(ids);
+    api_respond_json(r, 200, json_pack("{s:o}", "models", models));
+}
+
+static void h_ollama_ps(api_request *r, void *ctx) {
+    api_service *s = ctx;
+    json_t *ids = instances_running_models(s->instances);
+    json_t *models = json_array();
+    size_t i;
+    json_t *v;
+    json_array_foreach(ids, i, v) {
+        json_t *m = ollama_model(json_string_value(v));
+        json_object_set_new(m, "expires_at", json_string("2999-01-01T00:00:00Z"));
+        json_object_set_new(m, "size_vram", json_integer(0));
+        json_array_append_new(models, m);
+    }
+    json_decref(ids);
+    api_respond_json(r, 200, json_pack("{s:o}", "models", models));
+}
+
+static void h_ollama_show(api_request *r, void *ctx) {
+    api_service *s = ctx;
+    json_t *b = api_request_json_quiet(r, (char[256]){0}, 256);
+    const char *model = json_string_value(json_object_get(b, "model"));
+    if (!model) model = json_string_value(json_object_get(b, "name"));
+    char dir[1024];
+    if (!model) {
+        api_respond_json(r, 400, json_pack("{s:s}", "error", "'model' is required"));
+    } else if (instances_resolve_model(s->instances, model, dir, sizeof dir)) {
+        api_respond_json(r, 404, json_pack("{s:s}", "error", "model not found"));
+    } else {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        json_t *config = json_load_file(path, 0, NULL);
+        api_respond_json(r, 200, json_pack("{s:s,s:s,s:s,s:o,s:o,s:[s]}", "modelfile", "",
+                                           "parameters", "", "template", "", "details",
+                                           ollama_details(), "model_info",
+                                           config ? config : json_object(), "capabilities",
+                                           "completion"));
+    }
+    json_decref(b);
+}
 
 /* ------------------------------------------------------------------ service */
 
@@ -213,6 +289,15 @@ api_service *api_service_new(const exo_options *o, const char *node_id, char *er
     api_route_add(sv, "POST", "/v1/chat/completions", h_chat, s, 0);
     api_route_add(sv, "POST", "/bench/chat/completions", h_bench_chat, s, 0);
     api_route_add(sv, "POST", "/v1/completions", h_completions, s, 0);
+    api_route_add(sv, "POST", "/v1/responses", h_responses, s, 0);
+    api_route_add(sv, "POST", "/v1/messages", h_messages, s, 0);
+    api_route_add(sv, "POST", "/ollama/api/chat", h_ollama_chat, s, 0);
+    api_route_add(sv, "POST", "/ollama/api/generate", h_ollama_generate, s, 0);
+    api_route_add(sv, "GET", "/ollama", h_ollama_root, s, 0);
+    api_route_add(sv, "GET", "/ollama/api/version", h_ollama_version, s, 0);
+    api_route_add(sv, "GET", "/ollama/api/tags", h_ollama_tags, s, 0);
+    api_route_add(sv, "GET", "/ollama/api/ps", h_ollama_ps, s, 0);
+    api_route_add(sv, "POST", "/ollama/api/show", h_ollama_show, s, 0);
     return s;
 }
 
