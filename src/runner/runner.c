@@ -120,7 +120,7 @@ static void seq_remove(runner *r, seq *s) {
             break;
         }
     detokenizer_free(s->detok);
-    output_parser_free(s->parser);
+    if (s->parser) output_parser_free(s->parser);
     stop_strings_free(&s->stops);
     free(s);
 }
@@ -224,7 +224,8 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
     s->id = id;
     s->detok = detokenizer_new(r->tok, 1);
     s->has_tools = q.tools != NULL;
-    s->parser = output_parser_new(r->format, in_reasoning, s->has_tools);
+    s->parser = output_parser_new ? output_parser_new(r->format, in_reasoning, s->has_tools)
+                                  : NULL;
     stop_strings_init(&s->stops, q.stop, q.n_stop);
     s->logprobs = q.logprobs;
     s->top_logprobs = q.top_logprobs;
@@ -280,8 +281,14 @@ static void emit(runner *r, seq *s, const char *text, size_t len, int final, jso
         len = 0;
     }
     output_delta d = {0};
-    if (final) output_parser_finish(s->parser, &d);
-    else if (len) output_parser_feed(s->parser, text, len, &d);
+    if (!s->parser) {
+        /* no output parser in this build: everything is content */
+        if (len) d.content = strndup(text, len);
+    } else if (final) {
+        output_parser_finish(s->parser, &d);
+    } else if (len) {
+        output_parser_feed(s->parser, text, len, &d);
+    }
     json_t *m = json_pack("{s:s,s:I}", "type", "delta", "id", (json_int_t)s->id);
     int any = 0;
     if (d.content && d.content[0]) {
@@ -310,7 +317,8 @@ static void emit(runner *r, seq *s, const char *text, size_t len, int final, jso
         any = 1;
     }
     json_object_set_new(m, "tokens", json_integer(s->generated));
-    output_delta_free(&d);
+    if (s->parser) output_delta_free(&d);
+    else free(d.content);
     if (any) send_msg(r, m);
     else json_decref(m);
 }
