@@ -24,6 +24,7 @@
 
 /* Until the engine, tokenizer, chat template and output parser branches are merged, their
  * symbols are weak: this builds and links, and a runner reports "no inference engine yet". */
+#ifndef RUNNER_STRONG_DEPS
 #pragma weak engine_open
 #pragma weak engine_close
 #pragma weak engine_get_info
@@ -53,6 +54,7 @@
 #pragma weak output_parser_feed
 #pragma weak output_parser_finish
 #pragma weak output_delta_free
+#endif
 
 #define MAX_EVENTS 256
 #define PROGRESS_EVERY 256 /* prompt tokens between prefill progress messages */
