@@ -48,13 +48,17 @@
 #pragma weak chat_template_compile
 #pragma weak chat_template_free
 #pragma weak chat_template_render
+#endif
 #pragma weak output_format_detect
 #pragma weak output_parser_new
 #pragma weak output_parser_free
 #pragma weak output_parser_feed
 #pragma weak output_parser_finish
 #pragma weak output_delta_free
-#endif
+
+/* Whether a (weak) dependency is linked in; a call keeps -Waddress quiet in strong builds. */
+static int linked(void (*fn)(void)) { return fn != NULL; }
+#define LINKED(fn) linked((void (*)(void))(fn))
 
 #define MAX_EVENTS 256
 #define PROGRESS_EVERY 256 /* prompt tokens between prefill progress messages */
@@ -226,7 +230,7 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
     s->id = id;
     s->detok = detokenizer_new(r->tok, 1);
     s->has_tools = q.tools != NULL;
-    s->parser = output_parser_new ? output_parser_new(r->format, in_reasoning, s->has_tools)
+    s->parser = LINKED(output_parser_new) ? output_parser_new(r->format, in_reasoning, s->has_tools)
                                   : NULL;
     stop_strings_init(&s->stops, q.stop, q.n_stop);
     s->logprobs = q.logprobs;
@@ -445,7 +449,7 @@ static int load(runner *r, const runner_options *o) {
     char err[512];
     int layers = config_layers(o->model_dir);
     send_status(r, "Loading", json_pack("{s:i,s:i}", "layers_loaded", 0, "total_layers", layers));
-    if (!engine_open || !tokenizer_load) {
+    if (!LINKED(engine_open) || !LINKED(tokenizer_load)) {
         send_status(r, "Failed", json_pack("{s:s}", "error",
                                            "this exo build has no inference engine yet"));
         return -1;
@@ -464,11 +468,11 @@ static int load(runner *r, const runner_options *o) {
     }
     r->info = engine_get_info(r->engine);
     const char *src = tokenizer_chat_template(r->tok);
-    if (src && chat_template_compile) {
+    if (src && LINKED(chat_template_compile)) {
         r->tmpl = chat_template_compile(src, err, sizeof err);
         if (!r->tmpl) log_warn("chat template does not compile (%s); using a plain transcript", err);
     }
-    r->format = output_format_detect ? output_format_detect(r->info->architecture, src)
+    r->format = LINKED(output_format_detect) ? output_format_detect(r->info->architecture, src)
                                      : OUTPUT_FORMAT_PLAIN;
     send_status(r, "Loaded", NULL);
     send_status(r, "WarmingUp", NULL);
