@@ -96,7 +96,14 @@ static int open_kv(engine *e, const engine_options *o, char *err, size_t errlen)
     const model_config *c = &e->cfg;
     int n_local = e->w.layer_end - e->w.layer_start;
     int64_t kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
-    dtype type = DTYPE_F32;
+    dtype type = DTYPE_F16;
+    const char *name = o->kv_cache_dtype;
+    if (name && !strcmp(name, "f32")) type = DTYPE_F32;
+    else if (name && !strcmp(name, "bf16")) type = DTYPE_BF16;
+    else if (name && strcmp(name, "f16")) {
+        set_err(err, errlen, "KV cache dtype '%.16s' is not one of f16, bf16, f32", name);
+        return -1;
+    }
     size_t block_bytes = kv_cache_block_bytes(n_local, kv_dim, e->block_size, type);
     size_t bytes = o->kv_cache_bytes;
     if (!bytes) { /* enough for every sequence at full context, within a quarter of free RAM */

@@ -22,6 +22,7 @@ typedef struct engine_options {
     const char *model_dir;  /* Hugging Face layout: config.json, *.safetensors, tokenizer files */
     int n_threads;          /* 0 = all cores */
     size_t kv_cache_bytes;  /* 0 = automatic (a fraction of free memory) */
+    const char *kv_cache_dtype; /* "f16" (NULL = default), "bf16" or "f32" */
     int max_batch_tokens;   /* tokens per forward step (prefill chunk), 0 = default 512 */
     int max_sequences;      /* concurrent sequences, 0 = default 64 */
     int context_length;     /* 0 = the model's own max_position_embeddings */

@@ -152,16 +152,24 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int thread) {
     cpu_op_attention(j->x, j->kv, j->ab, j->y, begin, end);
 }
 
+static void attention_fast_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const rows_job *j = ctx;
+    cpu_op_attention_avx2(j->x, j->kv, j->ab, j->y, begin, end);
+}
+
 /* Work items (token, head) cost what their context length costs: handed out dynamically. */
 static void cpu_attention(compute_backend *b, const float *q, const kv_layer *kv,
                           const attention_batch *ab, float *out) {
     (void)b;
     rows_job j = {.x = q, .kv = kv, .ab = ab, .y = out};
-    int64_t items = ab->n_tokens * ab->n_heads;
+    int fast = cpu_op_attention_fast_ok(ab);
+    int64_t items = ab->n_tokens * (fast ? ab->n_kv_heads : ab->n_heads);
+    threadpool_range_fn fn = fast ? attention_fast_range : attention_range;
     if (items < 2)
-        attention_range(&j, 0, items, 0);
+        fn(&j, 0, items, 0);
     else
-        threadpool_parallel_for_dynamic(cpu_thread_pool(), items, 1, attention_range, &j);
+        threadpool_parallel_for_dynamic(cpu_thread_pool(), items, 1, fn, &j);
 }
 
 static void cpu_gather_rows(compute_backend *b, const float *x, const int32_t *rows, int64_t n,
