@@ -114,7 +114,8 @@ typedef struct engine_stats {
     int n_running;       /* sequences holding KV blocks this step */
     int n_waiting;       /* queued (not yet admitted, or preempted) */
     int kv_blocks_total;
-    int kv_blocks_free;
+    int kv_blocks_free;  /* allocatable now: unused + cached (evictable) */
+    int kv_blocks_cached; /* unused blocks kept for the prefix cache */
     int kv_block_tokens; /* tokens per block */
     uint64_t preemptions; /* since open */
 } engine_stats;
