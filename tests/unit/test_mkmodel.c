@@ -124,7 +124,8 @@ static int setup(void **state) {
     fclose(f);
     snprintf(path, sizeof path, "%s/tokenizer_config.json", tok_dir);
     f = fopen(path, "w");
-    fprintf(f, "{\"bos_token\":\"<s>\",\"eos_token\":{\"content\":\"<|im_end|>\"}}");
+    fprintf(f, "{\"bos_token\":\"<s>\",\"eos_token\":{\"content\":\"<|im_end|>\"},"
+               "\"model_max_length\":1000000000000000019884624838656}"); /* as Llama 3's says */
     fclose(f);
     return 0;
 }

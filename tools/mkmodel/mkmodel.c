@@ -387,7 +387,8 @@ static int read_tokenizer(const char *dir, mk_config *c, int64_t *vocab, char *e
     }
     *vocab = max_id + 1;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    json_t *cfg = json_load_file(path, 0, &je);
+    /* Real configs hold integers beyond 64 bits (model_max_length 1e30): read numbers as reals. */
+    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
     c->bos_id = c->eos_id = -1;
     if (cfg) {
         c->bos_id = token_id(tok, token_text(json_object_get(cfg, "bos_token")));
