@@ -157,25 +157,26 @@ typedef struct sort_item {
     size_t idx;
 } sort_item;
 
-static jctx *g_sort_ctx; /* qsort has no user pointer; rendering of one template is single-threaded per ctx */
-static __thread jctx *t_sort_ctx;
-static __thread int t_sort_line;
-static __thread bool t_sort_reverse;
-
-static int sort_cmp(const void *x, const void *y) {
-    const sort_item *a = x, *b = y;
-    int r = jv_compare(t_sort_ctx, a->key, b->key, t_sort_line);
-    if (t_sort_reverse) r = -r;
-    if (r) return r;
-    return (a->idx > b->idx) - (a->idx < b->idx);
+/* stable merge sort in the render arena (a comparison may fail the render with longjmp, so no
+ * malloc'd scratch space may be live while it runs) */
+static int sort_item_cmp(jctx *c, const sort_item *a, const sort_item *b, bool reverse, int line) {
+    int r = jv_compare(c, a->key, b->key, line);
+    return reverse ? -r : r;
 }
 
 static void sort_items(jctx *c, sort_item *items, size_t n, bool reverse, int line) {
-    t_sort_ctx = c;
-    t_sort_line = line;
-    t_sort_reverse = reverse;
-    (void)g_sort_ctx;
-    qsort(items, n, sizeof *items, sort_cmp);
+    if (n < 2) return;
+    sort_item *tmp = jalloc(c, n * sizeof *tmp);
+    for (size_t width = 1; width < n; width *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * width) {
+            size_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            size_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) tmp[k++] = sort_item_cmp(c, &items[j], &items[i], reverse, line) < 0 ? items[j++] : items[i++];
+            while (i < mid) tmp[k++] = items[i++];
+            while (j < hi) tmp[k++] = items[j++];
+        }
+        memcpy(items, tmp, n * sizeof *items);
+    }
 }
 
 /* ================= filters ================= */

@@ -603,6 +603,9 @@ static jnode *parse_postfix(parser *p, jnode *node) {
             expect_op(p, "]");
             if (idx.n == 0) pfail(p, t->line, "expected a subscript");
             jnode *key = idx.v[0];
+            if (idx.n > 1)
+                for (size_t k = 0; k < idx.n; k++)
+                    if (idx.v[k]->type == N_SLICE) pfail(p, t->line, "slices inside a tuple subscript are not supported");
             if (idx.n > 1) {
                 key = mk(p, N_TUPLE, t->line);
                 key->items = idx.v;
