@@ -45,6 +45,7 @@ typedef struct parser {
     size_t errlen;
     jmp_buf fail;
     int depth;
+    int loop_depth; /* for bodies we are inside (break/continue need one); a macro resets it */
 } parser;
 
 static _Noreturn void pfail(parser *p, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -947,7 +948,9 @@ static jnode *parse_for(parser *p, int line) {
     expect_block_end(p);
     static const char *const ends[] = {"endfor", "else", NULL};
     const char *by;
+    p->loop_depth++;
     n->c = parse_body(p, ends, &by);
+    p->loop_depth--;
     if (!strcmp(by, "else")) {
         static const char *const ends2[] = {"endfor", NULL};
         n->d = parse_body(p, ends2, &by);
@@ -1037,7 +1040,10 @@ static jnode *parse_macro(parser *p, int line) {
     expect_block_end(p);
     static const char *const ends[] = {"endmacro", NULL};
     const char *by;
+    int saved = p->loop_depth;
+    p->loop_depth = 0;
     n->a = parse_body(p, ends, &by);
+    p->loop_depth = saved;
     return n;
 }
 
@@ -1050,7 +1056,10 @@ static jnode *parse_call_block(parser *p, int line) {
     expect_block_end(p);
     static const char *const ends[] = {"endcall", NULL};
     const char *by;
+    int saved = p->loop_depth;
+    p->loop_depth = 0;
     n->a = parse_body(p, ends, &by);
+    p->loop_depth = saved;
     n->str = "caller";
     return n;
 }
@@ -1079,6 +1088,7 @@ static jnode *parse_statement(parser *p) {
     if (!strcmp(k, "call")) return parse_call_block(p, line);
     if (!strcmp(k, "filter")) return parse_filter_block(p, line);
     if (!strcmp(k, "break") || !strcmp(k, "continue")) {
+        if (!p->loop_depth) pfail(p, line, "'%s' outside loop", k);
         jnode *n = mk(p, k[0] == 'b' ? S_BREAK : S_CONTINUE, line);
         expect_block_end(p);
         return n;
