@@ -443,6 +443,12 @@ FEATURES = [
     ("bool_keys_dict", "{{ {true: 'a', 1: 'b'} }}", {}),
     ("undefined_in_list_repr", "{{ [nope] }}", {}),
     ("undefined_is_iterable", "{{ nope is iterable }} {{ nope is sequence }}", {}),
+    ("unknown_filter_in_dead_if_is_deferred", "{% if false %}{{ x | nope }}{% endif %}ok", {}),
+    ("unknown_test_in_dead_if_is_deferred", "ok\n{% if false %}{{ x is nope }}{% endif %}", {}),
+    ("unknown_filter_in_for_fails", "{% for a in [] %}{{ a | nope }}{% endfor %}ok", {}),
+    ("unknown_filter_in_for_in_if_fails", "{% if false %}{% for a in [] %}{{ a | nope }}{% endfor %}{% endif %}ok", {}),
+    ("unknown_filter_in_macro_fails", "{% macro m() %}{{ 1 | nope }}{% endmacro %}ok", {}),
+    ("unknown_filter_in_taken_else_fails", "{% if false %}{% else %}{{ 1 | nope }}{% endif %}ok", {}),
     ("recursion_limit", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", {}),
 ]
 

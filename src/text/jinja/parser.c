@@ -1158,6 +1158,23 @@ static jnode *parse_body(parser *p, const char *const *ends, const char **ended_
     return n;
 }
 
+/* Jinja2 resolves filter and test names when it compiles, so an unknown one fails even where it
+ * never runs -- except under an if (or inline if) of the same scope, where 3.x defers the check
+ * to run time. A for body or a macro starts a new scope. */
+static void check_names(parser *p, const jnode *n, int depth, bool deferred) {
+    if (!n || depth > 10000) return;
+    if (!deferred && n->type == N_FILTER && !jinja_filter_exists(n->str)) pfail(p, n->line, "No filter named '%s'.", n->str);
+    if (!deferred && n->type == N_TEST && !jinja_test_exists(n->str)) pfail(p, n->line, "No test named '%s'.", n->str);
+    if (n->type == S_IF || n->type == N_COND) deferred = true;
+    if (n->type == S_FOR || n->type == S_MACRO || n->type == S_CALL_BLOCK) deferred = false;
+    check_names(p, n->a, depth + 1, deferred);
+    check_names(p, n->b, depth + 1, deferred);
+    check_names(p, n->c, depth + 1, deferred);
+    check_names(p, n->d, depth + 1, deferred);
+    for (size_t i = 0; i < n->nitems; i++) check_names(p, n->items[i], depth + 1, deferred);
+    for (size_t i = 0; i < n->nitems2; i++) check_names(p, n->items2[i], depth + 1, deferred);
+}
+
 jnode *jparse(jinja_template *t, const char *src, size_t len, char *err, size_t errlen) {
     parser p = {.t = t, .err = err, .errlen = errlen};
     /* newlines normalised to \n; one trailing newline dropped (keep_trailing_newline=False) */
@@ -1175,5 +1192,7 @@ jnode *jparse(jinja_template *t, const char *src, size_t len, char *err, size_t 
     s[n] = 0;
     if (setjmp(p.fail)) return NULL;
     lex(&p, s, n);
-    return parse_body(&p, NULL, NULL);
+    jnode *body = parse_body(&p, NULL, NULL);
+    check_names(&p, body, 0, false);
+    return body;
 }
