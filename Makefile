@@ -82,9 +82,11 @@ $(BUILD)/exo: $(BUILD)/obj/src/main.o $(LIB)
 	@echo '  LD   $@'
 	@$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# A tool is every .c file in tools/<name>/, linked against libexo.a.
+# A tool is every .c file in tools/<name>/, linked against libexo.a. (The object list is a
+# variable so that the pattern rule's % substitution does not rewrite patsubst's own %.)
+tool_objs = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/$(1)/*.c))
 .SECONDEXPANSION:
-$(BUILD)/tools/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard tools/%/*.c)) $(LIB)
+$(BUILD)/tools/%: $$(call tool_objs,$$*) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo '  LD   $@'
 	@$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
