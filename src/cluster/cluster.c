@@ -1351,7 +1351,9 @@ static void follower_sync_tick(cluster *c, uint64_t now) {
 static void tick(cluster *c, uint64_t now) {
     if (now >= c->next_beacon_ns) {
         beacon_send(c);
-        c->next_beacon_ns = now + BEACON_INTERVAL_NS;
+        /* Beacon faster for the first seconds, so a starting cluster finds itself quickly. */
+        c->next_beacon_ns = now + (now - c->started_ns < 3000 * MS ? BEACON_INTERVAL_NS / 4
+                                                                   : BEACON_INTERVAL_NS);
     }
     check_liveness(c, now);
     elect(c, now);
