@@ -108,4 +108,15 @@ int engine_step(engine *e, engine_event *events, int max_events);
 /* Number of sequences queued or running. */
 int engine_pending(const engine *e);
 
+/* Scheduler and cache state, for /metrics and tests. */
+typedef struct engine_stats {
+    int n_running;       /* sequences holding KV blocks this step */
+    int n_waiting;       /* queued (not yet admitted, or preempted) */
+    int kv_blocks_total;
+    int kv_blocks_free;
+    int kv_block_tokens; /* tokens per block */
+    uint64_t preemptions; /* since open */
+} engine_stats;
+void engine_get_stats(const engine *e, engine_stats *out);
+
 #endif
