@@ -27,7 +27,7 @@ BUILD := build/san
 OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
 
-PKGS := libmicrohttpd jansson libpcre2-8 libutf8proc libcurl libczmq libzmq libsodium
+PKGS := libmicrohttpd jansson libpcre2-8 libutf8proc libcurl libczmq libzmq libsodium libcrypto
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
