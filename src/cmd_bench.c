@@ -5,7 +5,8 @@
  *   gemm    f32 GEMM: FMA peak (register-only loop), our AVX-512 GEMM, OpenBLAS sgemm (GFLOP/s)
  *   matvec  matmul per weight format on Llama-3.2-1B-shaped matrices: decode (batch 1 and 8) in
  *           GB/s of weights and as a fraction of the read roofline; prefill (512 tokens) in GFLOP/s
- *   model   end-to-end prefill/decode tok/s of a model directory (cmd_bench_model.c)
+ *   model   end-to-end prefill/decode tok/s of a model directory (cmd_bench_model.c, the
+ *           engine's; this file measures the bandwidth it compares against)
  *
  * Weight sweeps always cover >= 1 GiB (many matrices back to back) so that the 260 MB L3 of the
  * development machine cannot serve them. Timings report the best and the median of the runs: on a
@@ -46,7 +47,7 @@ static uint64_t bench_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs, double gemm_peak);
+int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs);
 
 static double seconds(uint64_t ns) {
     return (double)ns * 1e-9;
@@ -539,10 +540,7 @@ int cmd_bench_main(int argc, char **argv) {
     fflush(stdout);
     double read_gbs = 0, peak = 0;
     if (o.model_dir || !sec || !strcmp(sec, "mem") || !strcmp(sec, "matvec")) read_gbs = bench_memory(&o);
-    if (o.model_dir) {
-        peak = bench_gemm(&o);
-        return bench_model_main(o.model_dir, argc - i, argv + i, read_gbs, peak);
-    }
+    if (o.model_dir) return bench_model_main(o.model_dir, argc - i, argv + i, read_gbs);
     if (!sec || !strcmp(sec, "pool")) bench_pool(&o);
     if (!sec || !strcmp(sec, "gemm") || !strcmp(sec, "matvec")) peak = bench_gemm(&o);
     if (!sec || !strcmp(sec, "matvec")) bench_matvec(&o, read_gbs, peak);
