@@ -257,10 +257,14 @@ static double bench_gemm(const bench_options *o) {
     double best_rate = 0;
 #if defined(__x86_64__)
     if (cpu_level_supported(CPU_LEVEL_AVX512)) {
-        fma_job fj = {.iters = o->quick ? 2000000 : 20000000};
-        uint64_t start = clock_now_ns();
-        threadpool_run(cpu_thread_pool(), 0, fma_peak_range, &fj);
-        double t = seconds(clock_now_ns() - start);
+        fma_job fj = {.iters = o->quick ? 2000000 : 10000000};
+        double t = 1e30;
+        for (int rep = 0; rep < 3; rep++) { /* best of 3: a shared machine only ever slows it */
+            uint64_t start = clock_now_ns();
+            threadpool_run(cpu_thread_pool(), 0, fma_peak_range, &fj);
+            double dt = seconds(clock_now_ns() - start);
+            t = dt < t ? dt : t;
+        }
         double flops = (double)fj.iters * 12 * 16 * 2 * threadpool_size(cpu_thread_pool());
         printf("gemm  FMA peak (register-only AVX-512 loop, %d threads): %.1f GFLOP/s\n",
                threadpool_size(cpu_thread_pool()), flops / t * 1e-9);

@@ -77,6 +77,51 @@ T512 INLINE void dense_rows(const weight_matrix *w, const matvec_input *in, floa
     }
 }
 
+/* R rows at once, one accumulator per (row, token): each activation vector loaded from cache is
+ * used R times. For batches of 3+ tokens, whose activations no longer fit L1 next to the rows. */
+T512 INLINE void dense_rows_blocked(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                                    const weight_format f, const int nt, const int R) {
+    int64_t cols = w->cols, rows = w->rows;
+    size_t esize = f == WEIGHT_F32 ? 4 : 2;
+    const char *base = (const char *)w->data + (size_t)(r0 * cols) * esize;
+    __m512 acc[4][CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) acc[i][t] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < cols; c += 16) {
+        __mmask16 m = tail_mask16(cols - c);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            const void *row = base + (size_t)(i * cols) * esize;
+            wv[i] = m == 0xffff ? dense_load16_full(f, row, c) : dense_load16(f, row, c, m);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, in->x + t * cols + c);
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++) acc[i][t] = _mm512_fmadd_ps(wv[i], xv, acc[i][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) y[t * rows + r0 + i] = _mm512_reduce_add_ps(acc[i][t]);
+}
+
+T512 INLINE void dense_rows_any(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                                int64_t r1, const weight_format f, const int nt) {
+    if (nt <= 2) {
+        dense_rows(w, in, y, r0, r1, f, nt);
+        return;
+    }
+    const int R = nt <= 4 ? 4 : 2;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) dense_rows_blocked(w, in, y, r, f, nt, R);
+    if (r < r1) dense_rows(w, in, y, r, r1, f, nt);
+}
+
 /* ---- MLX affine ---------------------------------------------------------------------------- */
 
 typedef struct unpack_consts {
@@ -240,19 +285,19 @@ T512 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float 
     }
 
 T512 static void matvec_f32(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_F32, n)
+#define CALL(n) dense_rows_any(w, in, y, r0, r1, WEIGHT_F32, n)
     DISPATCH_NT(CALL)
 #undef CALL
 }
 
 T512 static void matvec_f16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_F16, n)
+#define CALL(n) dense_rows_any(w, in, y, r0, r1, WEIGHT_F16, n)
     DISPATCH_NT(CALL)
 #undef CALL
 }
 
 T512 static void matvec_bf16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_BF16, n)
+#define CALL(n) dense_rows_any(w, in, y, r0, r1, WEIGHT_BF16, n)
     DISPATCH_NT(CALL)
 #undef CALL
 }
