@@ -250,6 +250,19 @@ static int is_ws_cp(uint32_t cp, const void *arg) {
 
 static int is_char_cp(uint32_t cp, const void *arg) { return cp == *(const uint32_t *)arg; }
 
+static int is_letter_cp(int32_t cp) {
+    if (cp < 0) return 0;
+    utf8proc_category_t k = utf8proc_category(cp);
+    return k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
+}
+
+static int32_t cp_before(const char *s, size_t at) {
+    if (at == 0) return -1;
+    size_t q = at - 1, adv;
+    while (q > 0 && ((uint8_t)s[q] & 0xC0) == 0x80) q--;
+    return tok_utf8_decode((const uint8_t *)s + q, at - q, &adv);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Normalizers                                                                                  */
 
@@ -290,6 +303,11 @@ static const char *normalize(encode_ctx *c, const char *s, size_t n, size_t *out
                 if (nm->kind == TOK_NORM_LOWERCASE) {
                     if (cp == 0x130) { /* İ lowercases to i + combining dot above */
                         strbuf_append(&sb, "i\xCC\x87", 3);
+                    } else if (cp == 0x3A3) { /* Σ: final ς after a letter when no letter follows */
+                        size_t adv2;
+                        int32_t next = i + adv < n ? tok_utf8_decode((const uint8_t *)s + i + adv, n - i - adv, &adv2) : -1;
+                        int final = is_letter_cp(cp_before(s, i)) && !is_letter_cp(next);
+                        strbuf_append(&sb, final ? "\xCF\x82" : "\xCF\x83", 2);
                     } else {
                         strbuf_append(&sb, buf, (size_t)tok_utf8_encode((uint32_t)utf8proc_tolower(cp), buf));
                     }
@@ -593,13 +611,6 @@ static int is_word_cp(int32_t cp) {
     if (cp == '_') return 1;
     utf8proc_category_t k = utf8proc_category(cp);
     return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) || (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
-}
-
-static int32_t cp_before(const char *s, size_t at) {
-    if (at == 0) return -1;
-    size_t q = at - 1, adv;
-    while (q > 0 && ((uint8_t)s[q] & 0xC0) == 0x80) q--;
-    return tok_utf8_decode((const uint8_t *)s + q, at - q, &adv);
 }
 
 /* Longest added token starting at s[i], or -1; *end gets its end. */
