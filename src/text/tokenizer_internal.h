@@ -160,6 +160,13 @@ struct tokenizer {
     uint8_t byte_fallback, fuse_unk, ignore_merges;
     char *continuing_subword_prefix, *end_of_word_suffix;
     int32_t byte_token[256]; /* id of "<0xXX>" or -1 (byte fallback) */
+    /* SentencePiece-style vocabularies (a "\u2581" token exists): no merge can span the point
+     * before a U+2581 that follows a char c unless some token contains c + U+2581. Such c are
+     * listed here (sorted); BPE then works on the space-separated chunks of a long text
+     * independently, with identical results. */
+    uint8_t meta_split;
+    int32_t *meta_blockers;
+    int n_meta_blockers;
 
     /* added tokens */
     tok_added *added;

@@ -906,6 +906,41 @@ static int load_merges(tokenizer *t, load_ctx *c, const char *json, const tok_js
     return rc ? -1 : 0;
 }
 
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int find_meta_blockers(tokenizer *t) {
+    static const char META[] = "\xE2\x96\x81";
+    if (t->continuing_subword_prefix || t->end_of_word_suffix) return 0;
+    if (tok_strmap_get(&t->vocab_map, &t->vocab, META, 3) < 0) return 0;
+    int cap = 0;
+    for (int32_t id = 0; id < t->vocab.n; id++) {
+        const char *s = t->vocab.str[id];
+        uint32_t n = t->vocab.len[id];
+        if (!s) continue;
+        for (uint32_t i = 1; i + 3 <= n; i++) {
+            if (memcmp(s + i, META, 3) != 0) continue;
+            uint32_t q = i - 1;
+            while (q > 0 && ((uint8_t)s[q] & 0xC0) == 0x80) q--;
+            size_t adv;
+            int32_t cp = tok_utf8_decode((const uint8_t *)s + q, i - q, &adv);
+            if (cp == 0x2581) continue;
+            if (t->n_meta_blockers == cap) {
+                cap = cap ? cap * 2 : 16;
+                int32_t *p = realloc(t->meta_blockers, sizeof(int32_t) * (size_t)cap);
+                if (!p) return -1;
+                t->meta_blockers = p;
+            }
+            t->meta_blockers[t->n_meta_blockers++] = cp; /* cp < 0 (not UTF-8): blocks nothing useful */
+        }
+    }
+    if (t->n_meta_blockers) qsort(t->meta_blockers, (size_t)t->n_meta_blockers, sizeof(int32_t), cmp_i32);
+    t->meta_split = 1;
+    return 0;
+}
+
 static int load_model(tokenizer *t, load_ctx *c, json_t *model, const char *json, const tok_json_spans *sp) {
     const char *type = jtype(model);
     if (!json_is_object(model)) {
@@ -942,7 +977,7 @@ static int load_model(tokenizer *t, load_ctx *c, json_t *model, const char *json
         snprintf(name, sizeof name, "<0x%02X>", b);
         t->byte_token[b] = tok_strmap_get(&t->vocab_map, &t->vocab, name, 6);
     }
-    return 0;
+    return find_meta_blockers(t);
 }
 
 static int load_added(tokenizer *t, load_ctx *c, json_t *arr) {
@@ -1175,6 +1210,7 @@ void tokenizer_free(tokenizer *t) {
     free(t->vocab.len);
     tok_strmap_free(&t->vocab_map);
     free(t->merges.slots);
+    free(t->meta_blockers);
     free(t->continuing_subword_prefix);
     free(t->end_of_word_suffix);
     for (int k = 0; k < t->n_added; k++) free(t->added[k].content);
