@@ -549,6 +549,8 @@ static jval f_unique(jctx *c, jval v, jargs *a, int line) {
         if (given(attr)) key = attr_path(c, key, attr, line);
         key = lower_if_str(c, key, cs, line);
         bool dup = false;
+        c->iterations += (long long)(seen.u.l->n >> 4); /* quadratic: charged to the work budget */
+        if (c->iterations > c->limits.max_iterations) jfail(c, line, "unique: too much work for one render");
         for (size_t k = 0; k < seen.u.l->n && !dup; k++) dup = jv_equal(seen.u.l->items[k], key);
         if (!dup) {
             jlist_push(c, seen.u.l, key);
