@@ -453,6 +453,43 @@ FEATURES = [
 ]
 
 
+# Random templates built from whitespace-sensitive pieces: block/var/comment tags with every
+# combination of '-'/'+' markers, indentation, blank lines, nested if/for/set/raw. They pin down
+# the lexer's trim_blocks / lstrip_blocks / marker rules against Jinja2's.
+TEXTS = ["", " ", "  ", "\n", "\n  ", "\t", "a", "b\n", "  c  \n", "\n\n", " \t\n\t ", "d"]
+
+
+def random_template(rng, depth=0):
+    out = []
+    for _ in range(rng.randint(1, 5)):
+        k = rng.random()
+        if k < 0.35 or depth > 2:
+            out.append(rng.choice(TEXTS))
+            continue
+
+        def bo():
+            return "{%" + rng.choice(["", "-", "+"]) + rng.choice([" ", "  ", "\n"])
+
+        def bc():
+            return rng.choice([" ", ""]) + rng.choice(["", "-", "+"]) + "%}"
+        if k < 0.5:
+            out.append("{{" + rng.choice(["", "-"]) + " v " + rng.choice(["", "-"]) + "}}")
+        elif k < 0.6:
+            out.append("{#" + rng.choice(["", "-", "+"]) + " c " + rng.choice(["", "-", "+"]) + "#}")
+        elif k < 0.75:
+            out.append(bo() + "if x" + bc() + random_template(rng, depth + 1)
+                       + (bo() + "else" + bc() + random_template(rng, depth + 1) if rng.random() < 0.3 else "")
+                       + bo() + "endif" + bc())
+        elif k < 0.88:
+            out.append(bo() + "for i in [1, 2]" + bc() + random_template(rng, depth + 1) + bo() + "endfor" + bc())
+        elif k < 0.95:
+            out.append(bo() + "set y = 'q'" + bc())
+        else:
+            out.append(bo() + "raw" + bc() + rng.choice(TEXTS) + "{{ v }}" + rng.choice(TEXTS) + bo() + "endraw" + bc())
+        out.append(rng.choice(TEXTS))
+    return "".join(out)
+
+
 def render_feature(template, ctx):
     try:
         return ENV.from_string(template).render(**ctx), None
@@ -484,6 +521,17 @@ def main():
                    "cases": feats}, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print("features     %3d cases, %d expected errors" % (len(feats), sum(1 for x in feats if x["error"])))
+    rng = random.Random("exo-whitespace")
+    ws = []
+    for i in range(1500):
+        tpl = random_template(rng)
+        out, err = render_feature(tpl, {"x": True, "v": "V"})
+        ws.append({"name": "ws%03d" % i, "template": tpl, "context": {"x": True, "v": "V"}, "expected": out, "error": err})
+    with open(os.path.join(OUT, "whitespace.json"), "w", encoding="utf-8") as f:
+        json.dump({"generated_by": "tools/reference/render_templates.py (Jinja2 %s)" % jinja2.__version__,
+                   "cases": ws}, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print("whitespace   %3d cases, %d expected errors" % (len(ws), sum(1 for x in ws if x["error"])))
     return 0
 
 
