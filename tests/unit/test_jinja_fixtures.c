@@ -136,9 +136,15 @@ static void test_whitespace(void **s) {
     run_feature_file("whitespace");
 }
 
+/* random expressions: operators, filters, tests, methods, subscripts over one context */
+static void test_expressions(void **s) {
+    (void)s;
+    run_feature_file("expressions");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_features), cmocka_unit_test(test_whitespace), cmocka_unit_test(test_qwen3),       cmocka_unit_test(test_llama3_1),
+        cmocka_unit_test(test_features), cmocka_unit_test(test_whitespace), cmocka_unit_test(test_expressions), cmocka_unit_test(test_qwen3),       cmocka_unit_test(test_llama3_1),
         cmocka_unit_test(test_llama2),   cmocka_unit_test(test_deepseek_v3), cmocka_unit_test(test_gptoss),
         cmocka_unit_test(test_gemma3),
     };
