@@ -101,7 +101,9 @@ static void run_feature_file(const char *file) {
         char err[512] = "";
         char *out = NULL;
         jinja_template *t = jinja_compile(src, strlen(src), err, sizeof err);
-        if (t) out = jinja_render(t, json_object_get(c, "context"), NULL, err, sizeof err);
+        json_t *ctx = json_object_get(c, "context");
+        if (!ctx) ctx = json_object_get(doc, "context"); /* one context for the whole file */
+        if (t) out = jinja_render(t, ctx, NULL, err, sizeof err);
         if (want && !out) {
             print_error("feature %s: we failed (%s), Jinja2 rendered %s\n", name, err, want);
             failures++;

@@ -585,10 +585,10 @@ def main():
     for i in range(1500):
         tpl = random_template(rng)
         out, err = render_feature(tpl, {"x": True, "v": "V"})
-        ws.append({"name": "ws%03d" % i, "template": tpl, "context": {"x": True, "v": "V"}, "expected": out, "error": err})
+        ws.append({"name": "ws%03d" % i, "template": tpl, "expected": out, "error": err})
     with open(os.path.join(OUT, "whitespace.json"), "w", encoding="utf-8") as f:
         json.dump({"generated_by": "tools/reference/render_templates.py (Jinja2 %s)" % jinja2.__version__,
-                   "cases": ws}, f, ensure_ascii=False, indent=1)
+                   "context": {"x": True, "v": "V"}, "cases": ws}, f, ensure_ascii=False, indent=0)
         f.write("\n")
     print("whitespace   %3d cases, %d expected errors" % (len(ws), sum(1 for x in ws if x["error"])))
     rng = random.Random("exo-expressions")
@@ -609,10 +609,10 @@ def main():
             continue
         if out is not None and ("<generator" in out or "iterator object" in out):
             continue
-        ex.append({"name": "ex%04d" % len(ex), "template": tpl, "context": EXPR_CTX, "expected": out, "error": err})
+        ex.append({"name": "ex%04d" % len(ex), "template": tpl, "expected": out, "error": err})
     with open(os.path.join(OUT, "expressions.json"), "w", encoding="utf-8") as f:
         json.dump({"generated_by": "tools/reference/render_templates.py (Jinja2 %s)" % jinja2.__version__,
-                   "cases": ex}, f, ensure_ascii=False, indent=1)
+                   "context": EXPR_CTX, "cases": ex}, f, ensure_ascii=False, indent=0)
         f.write("\n")
     print("expressions  %3d cases, %d expected errors" % (len(ex), sum(1 for x in ex if x["error"])))
     return 0
