@@ -27,7 +27,7 @@ BUILD := build/san
 OPT := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
 
-PKGS := libmicrohttpd jansson libpcre2-8 libutf8proc libcurl libczmq libzmq libsodium
+PKGS := libmicrohttpd jansson libpcre2-8 libutf8proc libcurl libczmq libzmq libsodium libcrypto
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -82,11 +82,10 @@ $(BUILD)/exo: $(BUILD)/obj/src/main.o $(LIB)
 	@echo '  LD   $@'
 	@$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# A tool is every .c file in tools/<name>/, linked against libexo.a. (The object list is a
-# variable so that the pattern rule's % substitution does not rewrite patsubst's own %.)
-tool_objs = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/$(1)/*.c))
+# A tool is every .c file in tools/<name>/, linked against libexo.a. (No % inside the
+# prerequisite functions: in a pattern rule make would replace it with the stem.)
 .SECONDEXPANSION:
-$(BUILD)/tools/%: $$(call tool_objs,$$*) $(LIB)
+$(BUILD)/tools/%: $$(addprefix $(BUILD)/obj/,$$(subst .c,.o,$$(wildcard tools/%/*.c))) $(LIB)
 	@mkdir -p $(dir $@)
 	@echo '  LD   $@'
 	@$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@

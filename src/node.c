@@ -1,8 +1,62 @@
+/* node — `exo` with no subcommand: starts the HTTP API (api/) and runs until SIGINT/SIGTERM,
+ * then stops the server and every runner it started. --model places a model at start.
+ * The cluster module will join here later (discovery, election, worker). */
 #include "cmd.h"
 
+#include "api/api.h"
+#include "api/server.h"
 #include "base/log.h"
 
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+
+static void make_node_id(char *out, size_t n) {
+    unsigned char b[16] = {0};
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) b[0] = 1;
+    char hex[33];
+    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", b[i]);
+    snprintf(out, n, "%s", hex);
+}
+
 int node_main(const exo_options *options) {
-    log_error("the node (API port %d) is not built yet", options->api_port);
-    return 1;
+    /* Block the stop signals in every thread; the main thread waits for them below. */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (options->no_api) {
+        log_error("--no-api: this node would serve nothing yet (the cluster worker is not built)");
+        return 1;
+    }
+    char node_id[64], err[1024];
+    make_node_id(node_id, sizeof node_id);
+    api_service *svc = api_service_new(options, node_id, err, sizeof err);
+    if (!svc) {
+        log_error("%s", err);
+        return 1;
+    }
+    if (api_service_start(svc, err, sizeof err)) {
+        log_error("%s", err);
+        api_service_free(svc);
+        return 1;
+    }
+    log_info("node %s: API and dashboard on http://0.0.0.0:%d", node_id,
+             api_server_port(api_service_server(svc)));
+    if (options->default_model[0]) {
+        char id[64];
+        int status = instances_place(api_service_instances(svc), options->default_model, id,
+                                     sizeof id, err, sizeof err);
+        if (status) log_error("--model %s: %s", options->default_model, err);
+    }
+    int sig = 0;
+    sigwait(&stop, &sig);
+    log_info("stopping (%s)", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    api_service_free(svc);
+    return 0;
 }

@@ -59,5 +59,8 @@ void detokenizer_free(detokenizer *d);
 size_t detokenizer_push(detokenizer *d, int32_t id, char *out, size_t out_cap);
 /* Emits whatever is held (incomplete bytes become U+FFFD). */
 size_t detokenizer_flush(detokenizer *d, char *out, size_t out_cap);
+/* Bytes of finished text that did not fit in the caller's buffer and wait for the next
+ * push/flush (call detokenizer_flush again while this is > 0 to drain everything). */
+size_t detokenizer_pending(const detokenizer *d);
 
 #endif

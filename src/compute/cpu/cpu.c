@@ -1,7 +1,20 @@
-/* CPU backend entry points. Until the SIMD kernels and the thread pool land, every op runs the
- * reference path on the calling thread. */
-#include "compute/cpu/cpu.h"
+/* CPU backend entry points: SIMD level detection, the shared thread pool, and the matmul driver
+ * that splits work over threads and picks the matvec (decode) or gemm (prefill) regime.
+ *
+ * Threads split matmuls over output rows in contiguous ranges of equal size; every row of one
+ * matrix has the same number of bytes, so each core streams the same number of weight bytes.
+ * Refuses: weight views the kernels cannot trust (bad bits/group size) go to the reference path. */
+#include "compute/cpu/cpu_internal.h"
 
+#include <cblas.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 static int thread_count;
@@ -18,10 +31,341 @@ int cpu_threads(void) {
     return thread_count;
 }
 
+static threadpool *shared_pool;
+static pthread_once_t shared_pool_once = PTHREAD_ONCE_INIT;
+
+static void shared_pool_create(void) {
+    shared_pool = threadpool_create(cpu_threads(), -1); /* NULL on failure: ops run inline */
+}
+
+threadpool *cpu_thread_pool(void) {
+    pthread_once(&shared_pool_once, shared_pool_create);
+    return shared_pool;
+}
+
+/* ---- SIMD level ---------------------------------------------------------------------------- */
+
+#if defined(__x86_64__)
+/* Feature bits straight from CPUID and XGETBV (the OS must save the wide registers too). */
+typedef struct x86_features {
+    int avx2, avx512;
+} x86_features;
+
+static x86_features x86_detect(void) {
+    x86_features f = {0, 0};
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return f;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & 0x6u) != 0x6u) return f; /* XMM and YMM state */
+    if (__get_cpuid_max(0, NULL) < 7) return f;
+    __cpuid_count(7, 0, a, b, c, d);
+    f.avx2 = fma && f16c && ((b >> 5) & 1);
+    int avx512f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+    int vbmi = (c >> 1) & 1, vnni = (c >> 11) & 1;
+    int zmm_state = (xcr0_lo & 0xe6u) == 0xe6u; /* opmask, upper ZMM0-15, ZMM16-31 */
+    f.avx512 = f.avx2 && zmm_state && avx512f && dq && bw && vl && vbmi && vnni;
+    return f;
+}
+
+/* CPUID traps to the hypervisor in a VM (microseconds): detect once. */
+static _Atomic int x86_bits = -1;
+
+static x86_features x86_cached(void) {
+    int v = atomic_load_explicit(&x86_bits, memory_order_relaxed);
+    if (v < 0) {
+        x86_features f = x86_detect();
+        v = f.avx2 | f.avx512 << 1;
+        atomic_store(&x86_bits, v);
+    }
+    return (x86_features){v & 1, (v >> 1) & 1};
+}
+#endif
+
+int cpu_level_supported(cpu_level level) {
+    switch (level) {
+    case CPU_LEVEL_GENERIC: return 1;
+#if defined(__x86_64__)
+    case CPU_LEVEL_AVX2: return x86_cached().avx2;
+    case CPU_LEVEL_AVX512: return x86_cached().avx512;
+#endif
+    default: return 0;
+    }
+}
+
+const cpu_kernels *cpu_kernels_for(cpu_level level) {
+    if (!cpu_level_supported(level)) return NULL;
+    switch (level) {
+    case CPU_LEVEL_GENERIC: return &cpu_kernels_generic;
+#if defined(__x86_64__)
+    case CPU_LEVEL_AVX2: return &cpu_kernels_avx2;
+    case CPU_LEVEL_AVX512: return &cpu_kernels_avx512;
+#endif
+    default: return NULL;
+    }
+}
+
+static _Atomic int best_level = -1;
+
+/* The best supported level, lowered by EXO_CPU_SIMD=generic|avx2|avx512 (never raised). */
+static cpu_level cpu_best_level(void) {
+    int l = atomic_load_explicit(&best_level, memory_order_relaxed);
+    if (l >= 0) return (cpu_level)l;
+    l = CPU_LEVEL_GENERIC;
+    for (int c = CPU_LEVEL_AVX2; c <= CPU_LEVEL_AVX512; c++)
+        if (cpu_level_supported((cpu_level)c)) l = c;
+    const char *env = getenv("EXO_CPU_SIMD");
+    if (env) {
+        static const char *names[] = {"generic", "avx2", "avx512"};
+        for (int c = 0; c < 3; c++)
+            if (strcmp(env, names[c]) == 0 && c < l) l = c;
+    }
+    atomic_store(&best_level, l);
+    return (cpu_level)l;
+}
+
 const char *cpu_simd_level(void) {
-    return "generic";
+    return cpu_kernels_for(cpu_best_level())->name;
+}
+
+/* ---- weight checks and activation preparation --------------------------------------------- */
+
+int cpu_weight_supported(const weight_matrix *w) {
+    if (!w || !w->data || w->rows <= 0 || w->cols <= 0) return 0;
+    switch (w->format) {
+    case WEIGHT_F32: case WEIGHT_F16: case WEIGHT_BF16: return 1;
+    case WEIGHT_MLX_AFFINE:
+        if (w->bits != 2 && w->bits != 3 && w->bits != 4 && w->bits != 5 && w->bits != 6 &&
+            w->bits != 8)
+            return 0;
+        if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) return 0;
+        if (w->cols % w->group_size != 0 || !w->scales || !w->biases) return 0;
+        return w->scale_dtype == DTYPE_BF16 || w->scale_dtype == DTYPE_F16 ||
+               w->scale_dtype == DTYPE_F32;
+    }
+    return 0;
+}
+
+/* Fills in->xq/xscale/xsum for MLX weights. Returns 0 or -1 (out of memory). */
+static int prepare_mlx_input(const weight_matrix *w, matvec_input *in, int want_int16,
+                             void **owned) {
+    int64_t n = in->n_tokens, cols = w->cols, gs = w->group_size, groups = cols / gs;
+    size_t floats = (size_t)(n * groups);
+    size_t bytes = 2 * floats * sizeof(float) + (want_int16 ? (size_t)(n * cols) * 2 : 0);
+    char *mem = malloc(bytes);
+    if (!mem) return -1;
+    *owned = mem;
+    float *xsum = (float *)mem, *xscale = xsum + floats;
+    int16_t *xq = want_int16 ? (int16_t *)(xscale + floats) : NULL;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t g = 0; g < groups; g++) {
+            const float *xs = in->x + t * cols + g * gs;
+            float sum = 0, amax = 0;
+            for (int64_t c = 0; c < gs; c++) {
+                sum += xs[c];
+                float a = fabsf(xs[c]);
+                amax = a > amax ? a : amax;
+            }
+            xsum[t * groups + g] = sum;
+            if (!want_int16) continue;
+            float scale = amax / 32767.0f;
+            float inv = amax > 0 ? 32767.0f / amax : 0.0f;
+            xscale[t * groups + g] = scale;
+            int16_t *q = xq + t * cols + g * gs;
+            for (int64_t c = 0; c < gs; c++) q[c] = (int16_t)lrintf(xs[c] * inv);
+        }
+    }
+    in->xsum = xsum;
+    in->xscale = xscale;
+    in->xq = xq;
+    return 0;
+}
+
+/* ---- scratch memory -------------------------------------------------------------------------- */
+
+typedef struct scratch_slot {
+    void *p;
+    size_t bytes;
+} scratch_slot;
+
+static _Thread_local scratch_slot scratch_slots[4];
+
+void *cpu_scratch(int slot, size_t bytes) {
+    scratch_slot *s = &scratch_slots[slot & 3];
+    if (s->bytes >= bytes && s->p) return s->p;
+    free(s->p);
+    size_t rounded = (bytes + 4095) & ~(size_t)4095;
+    s->p = aligned_alloc(64, rounded);
+    s->bytes = s->p ? rounded : 0;
+    return s->p;
+}
+
+/* ---- matvec regime ------------------------------------------------------------------------- */
+
+typedef struct matvec_job {
+    const cpu_kernels *k;
+    const weight_matrix *w;
+    const matvec_input *in;
+    float *y;
+} matvec_job;
+
+static void matvec_range(void *p, int64_t begin, int64_t end, int thread_index) {
+    (void)thread_index;
+    matvec_job *job = p;
+    job->k->matvec(job->w, job->in, job->y, begin, end);
+}
+
+static int matvec_run(const cpu_kernels *k, const weight_matrix *w, const float *x, float *y,
+                      int64_t n_tokens) {
+    matvec_input in = {.x = x, .n_tokens = n_tokens};
+    void *owned = NULL;
+    if (w->format == WEIGHT_MLX_AFFINE && prepare_mlx_input(w, &in, k->needs_int16_x, &owned) != 0)
+        return -1;
+    matvec_job job = {k, w, &in, y};
+    threadpool_parallel_for(cpu_thread_pool(), w->rows, matvec_range, &job);
+    free(owned);
+    return 0;
+}
+
+/* ---- gemm regime, own micro-kernel --------------------------------------------------------- */
+
+typedef struct gemm_job {
+    const cpu_kernels *k;
+    const weight_matrix *w;
+    const float *x;
+    float *y;
+    int64_t n_tokens;
+    float *xpanels; /* [token blocks][cols][NR] */
+    _Atomic int failed;
+} gemm_job;
+
+static void pack_x_range(void *p, int64_t begin, int64_t end, int thread_index) {
+    (void)thread_index;
+    gemm_job *job = p;
+    int64_t K = job->w->cols;
+    for (int64_t tb = begin; tb < end; tb++) {
+        float *dst = job->xpanels + tb * K * CPU_GEMM_NR;
+        int64_t t0 = tb * CPU_GEMM_NR;
+        int nt = (int)(job->n_tokens - t0 < CPU_GEMM_NR ? job->n_tokens - t0 : CPU_GEMM_NR);
+        for (int j = 0; j < nt; j++) { /* read each token row sequentially */
+            const float *src = job->x + (t0 + j) * K;
+            for (int64_t c = 0; c < K; c++) dst[c * CPU_GEMM_NR + j] = src[c];
+        }
+        for (int j = nt; j < CPU_GEMM_NR; j++)
+            for (int64_t c = 0; c < K; c++) dst[c * CPU_GEMM_NR + j] = 0.0f;
+    }
+}
+
+static void gemm_own_range(void *p, int64_t rb_begin, int64_t rb_end, int thread_index) {
+    (void)thread_index;
+    gemm_job *job = p;
+    const weight_matrix *w = job->w;
+    int64_t K = w->cols, rows = w->rows;
+    int64_t ntb = (job->n_tokens + CPU_GEMM_NR - 1) / CPU_GEMM_NR;
+    size_t panel = (size_t)CPU_GEMM_MR * CPU_GEMM_KC * sizeof(float);
+    float *tmp = cpu_scratch(1, panel), *wpanel = cpu_scratch(2, panel);
+    if (!tmp || !wpanel) {
+        atomic_store(&job->failed, 1);
+        return;
+    }
+    for (int64_t kc = 0; kc < K; kc += CPU_GEMM_KC) {
+        int64_t kl = K - kc < CPU_GEMM_KC ? K - kc : CPU_GEMM_KC;
+        for (int64_t rb = rb_begin; rb < rb_end; rb++) {
+            int64_t r0 = rb * CPU_GEMM_MR;
+            int mv = (int)(rows - r0 < CPU_GEMM_MR ? rows - r0 : CPU_GEMM_MR);
+            job->k->gemm_pack(w, r0, mv, kc, kl, wpanel, tmp);
+            for (int64_t tb = 0; tb < ntb; tb++) {
+                int64_t t0 = tb * CPU_GEMM_NR;
+                int nv = (int)(job->n_tokens - t0 < CPU_GEMM_NR ? job->n_tokens - t0 : CPU_GEMM_NR);
+                job->k->gemm_tile(wpanel, job->xpanels + (tb * K + kc) * CPU_GEMM_NR, kl,
+                                  job->y + t0 * rows + r0, rows, mv, nv, kc > 0);
+            }
+        }
+    }
+}
+
+static int gemm_own_run(const cpu_kernels *k, const weight_matrix *w, const float *x, float *y,
+                        int64_t n_tokens) {
+    int64_t ntb = (n_tokens + CPU_GEMM_NR - 1) / CPU_GEMM_NR;
+    gemm_job job = {.k = k, .w = w, .x = x, .y = y, .n_tokens = n_tokens};
+    job.xpanels = cpu_scratch(0, (size_t)(ntb * w->cols * CPU_GEMM_NR) * sizeof(float));
+    if (!job.xpanels) return -1;
+    threadpool *pool = cpu_thread_pool();
+    threadpool_parallel_for(pool, ntb, pack_x_range, &job);
+    threadpool_parallel_for(pool, (w->rows + CPU_GEMM_MR - 1) / CPU_GEMM_MR, gemm_own_range, &job);
+    return atomic_load(&job.failed) ? -1 : 0;
+}
+
+/* ---- gemm regime, OpenBLAS ----------------------------------------------------------------- */
+
+static pthread_once_t openblas_once = PTHREAD_ONCE_INIT;
+
+/* We split work over our own pool; OpenBLAS must not start threads of its own on top. */
+static void openblas_single_thread(void) {
+    openblas_set_num_threads(1);
+}
+
+#define OPENBLAS_ROW_TILE 64
+
+static void gemm_openblas_range(void *p, int64_t begin, int64_t end, int thread_index) {
+    (void)thread_index;
+    gemm_job *job = p;
+    const weight_matrix *w = job->w;
+    int64_t K = w->cols, rows = w->rows, n = job->n_tokens;
+    if (w->format == WEIGHT_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)(end - begin), (int)K,
+                    1.0f, job->x, (int)K, (const float *)w->data + begin * K, (int)K, 0.0f,
+                    job->y + begin, (int)rows);
+        return;
+    }
+    float *tmp = cpu_scratch(1, (size_t)(OPENBLAS_ROW_TILE * K) * sizeof(float));
+    if (!tmp) {
+        atomic_store(&job->failed, 1);
+        return;
+    }
+    for (int64_t r0 = begin; r0 < end; r0 += OPENBLAS_ROW_TILE) {
+        int64_t rt = end - r0 < OPENBLAS_ROW_TILE ? end - r0 : OPENBLAS_ROW_TILE;
+        for (int64_t i = 0; i < rt; i++) job->k->dequant(w, r0 + i, 0, K, tmp + i * K);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rt, (int)K, 1.0f,
+                    job->x, (int)K, tmp, (int)K, 0.0f, job->y + r0, (int)rows);
+    }
+}
+
+static int gemm_openblas_run(const cpu_kernels *k, const weight_matrix *w, const float *x, float *y,
+                             int64_t n_tokens) {
+    pthread_once(&openblas_once, openblas_single_thread);
+    gemm_job job = {.k = k, .w = w, .x = x, .y = y, .n_tokens = n_tokens};
+    threadpool_parallel_for(cpu_thread_pool(), w->rows, gemm_openblas_range, &job);
+    return atomic_load(&job.failed) ? -1 : 0;
+}
+
+/* ---- entry points -------------------------------------------------------------------------- */
+
+int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_tokens,
+                    cpu_level level, cpu_gemm_engine gemm, int max_matvec_tokens) {
+    const cpu_kernels *k = cpu_kernels_for(level);
+    if (!k) return -1;
+    if (n_tokens <= 0) return 0;
+    if (!cpu_weight_supported(w)) {
+        cpu_matmul_reference(w, x, y, n_tokens);
+        return 0;
+    }
+    if (max_matvec_tokens < 0) max_matvec_tokens = CPU_MATVEC_MAX_TOKENS;
+    if (max_matvec_tokens > CPU_MATVEC_MAX_TOKENS) max_matvec_tokens = CPU_MATVEC_MAX_TOKENS;
+    int rc;
+    if (n_tokens <= max_matvec_tokens) {
+        rc = matvec_run(k, w, x, y, n_tokens);
+    } else if (k->gemm_tile && gemm != CPU_GEMM_OPENBLAS) {
+        rc = gemm_own_run(k, w, x, y, n_tokens);
+    } else {
+        rc = gemm_openblas_run(k, w, x, y, n_tokens);
+    }
+    if (rc != 0) cpu_matmul_reference(w, x, y, n_tokens); /* out of memory: slow but right */
+    return 0;
 }
 
 void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_tokens) {
-    cpu_matmul_reference(w, x, y, n_tokens);
+    cpu_matmul_with(w, x, y, n_tokens, cpu_best_level(), CPU_GEMM_AUTO, -1);
 }

@@ -5,6 +5,7 @@
 #ifndef EXO_COMPUTE_CPU_H
 #define EXO_COMPUTE_CPU_H
 
+#include "base/threadpool.h"
 #include "compute/compute.h"
 
 #include <stdint.h>
@@ -12,6 +13,9 @@
 /* Threads used by CPU kernels; default: the number of online cores. Call before first use. */
 void cpu_set_threads(int n);
 int cpu_threads(void);
+/* The persistent pool every CPU op splits its work over (cpu_threads() threads, created on first
+ * use, lives until exit). Ops in arch/ and infer/ use it too: one pool, never two competing. */
+threadpool *cpu_thread_pool(void);
 /* "avx512", "avx2", "neon" or "generic": the best SIMD level detected and used. */
 const char *cpu_simd_level(void);
 

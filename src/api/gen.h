@@ -1,0 +1,120 @@
+/* gen — the one generation path every API adapter shares (private to api/).
+ *
+ * An adapter only translates: its request JSON -> gen_request (parse), and the runner's messages
+ * -> its own wire format (stream_* for SSE/NDJSON frames, final for the non-streamed body,
+ * error for its error shape). gen_handle does everything else: JSON parsing errors, model lookup
+ * and auto-placement, submitting to the runner, waiting, accumulating the result, streaming,
+ * keep-alive, client disconnect -> cancel, /v1/cancel, metrics.
+ *
+ * It refuses: generation logic inside adapters (no adapter sees the runner or a socket). */
+#ifndef EXO_API_GEN_H
+#define EXO_API_GEN_H
+
+#include "api/instances.h"
+#include "api/router.h"
+#include "base/strbuf.h"
+#include "runner/protocol.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdint.h>
+
+typedef struct gen_state gen_state;
+
+typedef struct gen_adapter {
+    const char *name;                /* metrics label: openai, completions, responses, claude, ollama */
+    const char *stream_content_type; /* text/event-stream or application/x-ndjson */
+    int sse;                         /* SSE comments (keep-alive, prefill progress) allowed */
+    /* Fills st->req from body. Returns 0, or an HTTP status with err (field named). */
+    int (*parse)(const json_t *body, gen_state *st, char *err, size_t errlen);
+    /* Answers an error in the API's own shape. */
+    void (*error)(api_request *r, int status, const char *message);
+    void (*stream_begin)(gen_state *st, strbuf *out);
+    /* A "delta" message from the runner (content/reasoning/tool_calls/logprobs). */
+    void (*stream_delta)(gen_state *st, const json_t *delta, strbuf *out);
+    /* After "done": st->finish_reason etc. are set. */
+    void (*stream_end)(gen_state *st, strbuf *out);
+    void (*stream_error)(gen_state *st, const char *message, strbuf *out);
+    /* The non-streamed response body (new reference) from the accumulated st. */
+    json_t *(*final)(gen_state *st);
+} gen_adapter;
+
+struct gen_state {
+    const gen_adapter *adapter;
+    gen_request req;
+    char id[64];     /* chatcmpl-..., msg_..., resp_... : also the /v1/cancel id */
+    int64_t created; /* unix seconds */
+    /* accumulated from the runner's messages */
+    strbuf content, reasoning;
+    json_t *tool_calls; /* [{id, name, arguments}] */
+    json_t *logprobs;   /* [{token, logprob, bytes, top_logprobs}] */
+    int prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens;
+    char finish_reason[24]; /* stop|length|tool_calls|cancelled|error */
+    char *stop_sequence;
+    char *error;
+    int error_status;
+    json_t *stats;
+    /* adapter scratch */
+    int include_usage;  /* openai stream_options.include_usage */
+    int bench;          /* /bench/chat/completions */
+    int raw;            /* ollama generate raw / legacy completions */
+    int sequence;       /* responses sequence_number, claude block index */
+    int open_block;     /* claude/responses: kind of the open block (0 none) */
+    int n_blocks;
+    int n_tool_calls_streamed;
+    json_t *scratch;    /* adapter-owned (freed with the state) */
+    /* driver */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int accepted, done, stream_ready;
+    json_t *backlog;
+    api_stream *stream;
+    instances *instances;
+    uint64_t call_id;
+    uint64_t t_start_ns, t_first_ns, t_last_ns;
+    _Atomic int refs;
+};
+
+typedef struct gen_context {
+    instances *instances;
+} gen_context;
+
+/* Runs one generation request end to end with the given adapter. */
+void gen_handle(api_request *r, const gen_adapter *adapter, gen_context *ctx, int bench);
+/* POST /v1/cancel/{id}: 0 if a generation with that id was found and cancelled. */
+int gen_cancel(const char *api_id);
+/* A random id with a prefix, e.g. "chatcmpl-" + 24 hex. */
+void gen_make_id(char *out, size_t n, const char *prefix);
+
+/* ---- helpers for adapters: typed field reads that name the field in the error ---- */
+/* Returns 0 (absent: *out untouched, or present and valid), or 400 with err. */
+int gen_get_number(const json_t *o, const char *field, double lo, double hi, double *out,
+                   char *err, size_t errlen);
+int gen_get_int(const json_t *o, const char *field, long lo, long hi, long *out, char *err,
+                size_t errlen);
+int gen_get_bool(const json_t *o, const char *field, int *out, char *err, size_t errlen);
+/* A required string field. */
+int gen_get_model(const json_t *o, gen_state *st, char *err, size_t errlen);
+/* stop: string or array of strings. */
+int gen_get_stop(const json_t *o, const char *field, gen_request *req, char *err, size_t errlen);
+/* Text of an OpenAI/Claude/Responses content value (string, or array of text parts). */
+int gen_content_text(const json_t *content, const char *field, strbuf *out, char *err,
+                     size_t errlen);
+/* Builds the usual tool call JSON for templates: {"id","type":"function","function":{"name",
+ * "arguments": object}} from a name and arguments (object or JSON string). */
+json_t *gen_template_tool_call(const char *id, const char *name, const json_t *arguments);
+
+/* JSON -> "data: ...\n\n" / "event: X\ndata: ...\n\n" / "...\n" appended to out; steals j. */
+void gen_sse_data(strbuf *out, json_t *j);
+void gen_sse_event(strbuf *out, const char *event, json_t *j);
+void gen_ndjson(strbuf *out, json_t *j);
+
+/* The adapters. */
+extern const gen_adapter gen_adapter_openai_chat;
+extern const gen_adapter gen_adapter_openai_completions;
+extern const gen_adapter gen_adapter_responses;
+extern const gen_adapter gen_adapter_claude;
+extern const gen_adapter gen_adapter_ollama_chat;
+extern const gen_adapter gen_adapter_ollama_generate;
+
+#endif

@@ -1,0 +1,474 @@
+/* generate — the shared generation driver and the field helpers adapters use (see gen.h).
+ *
+ * Threads: the handler runs on the connection's thread; runner messages arrive on the
+ * instance's reader thread (on_message). Until the stream exists, messages wait in a backlog;
+ * afterwards on_message encodes and writes them directly. The state is refcounted: the handler
+ * and the in-flight call each hold one reference. */
+#include "api/gen.h"
+
+#include "api/metrics.h"
+#include "base/clock.h"
+#include "base/log.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------ active generations */
+
+#define MAX_ACTIVE 4096
+static pthread_mutex_t active_lock = PTHREAD_MUTEX_INITIALIZER;
+static gen_state *active[MAX_ACTIVE];
+
+static void active_add(gen_state *st) {
+    pthread_mutex_lock(&active_lock);
+    for (int i = 0; i < MAX_ACTIVE; i++)
+        if (!active[i]) {
+            active[i] = st;
+            break;
+        }
+    pthread_mutex_unlock(&active_lock);
+}
+
+static void active_remove(gen_state *st) {
+    pthread_mutex_lock(&active_lock);
+    for (int i = 0; i < MAX_ACTIVE; i++)
+        if (active[i] == st) active[i] = NULL;
+    pthread_mutex_unlock(&active_lock);
+}
+
+int gen_cancel(const char *api_id) {
+    instances *m = NULL;
+    uint64_t call = 0;
+    pthread_mutex_lock(&active_lock);
+    for (int i = 0; i < MAX_ACTIVE; i++)
+        if (active[i] && !strcmp(active[i]->id, api_id) && active[i]->call_id) {
+            m = active[i]->instances;
+            call = active[i]->call_id;
+            break;
+        }
+    pthread_mutex_unlock(&active_lock);
+    if (!m) return -1;
+    instances_cancel(m, call);
+    return 0;
+}
+
+void gen_make_id(char *out, size_t n, const char *prefix) {
+    unsigned char b[12];
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+        uint64_t t = clock_now_ns();
+        memcpy(b, &t, 8);
+        memset(b + 8, 0x5a, 4);
+    }
+    char hex[25];
+    for (int i = 0; i < 12; i++) snprintf(hex + 2 * i, 3, "%02x", b[i]);
+    snprintf(out, n, "%s%s", prefix, hex);
+}
+
+/* ------------------------------------------------------------------ state */
+
+static gen_state *state_new(const gen_adapter *a, instances *m) {
+    gen_state *st = calloc(1, sizeof *st);
+    st->adapter = a;
+    gen_request_init(&st->req);
+    st->created = clock_unix_seconds();
+    st->tool_calls = json_array();
+    st->logprobs = json_array();
+    st->backlog = json_array();
+    st->instances = m;
+    st->refs = 1;
+    st->t_start_ns = clock_now_ns();
+    pthread_mutex_init(&st->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&st->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    return st;
+}
+
+static void state_unref(gen_state *st) {
+    if (atomic_fetch_sub(&st->refs, 1) != 1) return;
+    gen_request_free(&st->req);
+    strbuf_free(&st->content);
+    strbuf_free(&st->reasoning);
+    json_decref(st->tool_calls);
+    json_decref(st->logprobs);
+    json_decref(st->backlog);
+    json_decref(st->stats);
+    json_decref(st->scratch);
+    free(st->stop_sequence);
+    free(st->error);
+    pthread_mutex_destroy(&st->lock);
+    pthread_cond_destroy(&st->cond);
+    free(st);
+}
+
+/* Folds one runner message into the accumulated result. st->lock held. */
+static void accumulate(gen_state *st, const json_t *msg, const char *type) {
+    if (!strcmp(type, "accepted")) {
+        st->accepted = 1;
+        st->prompt_tokens = (int)json_integer_value(json_object_get(msg, "prompt_tokens"));
+    } else if (!strcmp(type, "delta")) {
+        const char *c = json_string_value(json_object_get(msg, "content"));
+        const char *r = json_string_value(json_object_get(msg, "reasoning"));
+        if (c) strbuf_append_str(&st->content, c);
+        if (r) strbuf_append_str(&st->reasoning, r);
+        json_array_extend(st->tool_calls, json_object_get(msg, "tool_calls"));
+        json_array_extend(st->logprobs, json_object_get(msg, "logprobs"));
+        uint64_t now = clock_now_ns();
+        if (!st->t_first_ns) {
+            st->t_first_ns = now;
+            metrics_ttft((double)(now - st->t_start_ns) / 1e9);
+        } else {
+            metrics_inter_token((double)(now - st->t_last_ns) / 1e9);
+        }
+        st->t_last_ns = now;
+    } else if (!strcmp(type, "done")) {
+        st->done = 1;
+        const char *f = json_string_value(json_object_get(msg, "finish_reason"));
+        snprintf(st->finish_reason, sizeof st->finish_reason, "%s", f ? f : "stop");
+        const char *ss = json_string_value(json_object_get(msg, "stop_sequence"));
+        if (ss) st->stop_sequence = strdup(ss);
+        const char *e = json_string_value(json_object_get(msg, "error"));
+        if (e) st->error = strdup(e);
+        st->error_status = (int)json_integer_value(json_object_get(msg, "error_status"));
+        json_t *u = json_object_get(msg, "usage");
+        if (u) {
+            int p = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
+            if (p) st->prompt_tokens = p;
+            st->completion_tokens = (int)json_integer_value(json_object_get(u, "completion_tokens"));
+            st->cached_tokens = (int)json_integer_value(json_object_get(u, "cached_tokens"));
+            st->reasoning_tokens = (int)json_integer_value(json_object_get(u, "reasoning_tokens"));
+        }
+        json_t *stats = json_object_get(msg, "stats");
+        if (stats) st->stats = json_incref(stats);
+        metrics_tokens((uint64_t)st->prompt_tokens, (uint64_t)st->completion_tokens);
+    }
+}
+
+/* Encodes one message into stream frames. st->lock held, stream attached. */
+static void encode(gen_state *st, const json_t *msg, const char *type, strbuf *out) {
+    if (!strcmp(type, "delta")) {
+        st->adapter->stream_delta(st, msg, out);
+    } else if (!strcmp(type, "progress") && st->adapter->sse) {
+        strbuf_appendf(out, ": prefill_progress {\"processed_tokens\":%lld,\"total_tokens\":%lld}\n\n",
+                       (long long)json_integer_value(json_object_get(msg, "processed")),
+                       (long long)json_integer_value(json_object_get(msg, "total")));
+    } else if (!strcmp(type, "done")) {
+        if (st->error && strcmp(st->finish_reason, "cancelled")) {
+            st->adapter->stream_error(st, st->error, out);
+        } else {
+            if (st->bench && st->stats && st->adapter->sse) {
+                char *text = json_dumps(st->stats, JSON_COMPACT);
+                strbuf_appendf(out, ": generation_stats %s\n\n", text);
+                free(text);
+            }
+            st->adapter->stream_end(st, out);
+        }
+    }
+}
+
+static void flush_locked(gen_state *st, const json_t *msg) {
+    const char *type = json_string_value(json_object_get(msg, "type"));
+    if (!type) return;
+    strbuf out = {0};
+    encode(st, msg, type, &out);
+    if (out.len) api_stream_write(st->stream, out.data, out.len);
+    strbuf_free(&out);
+    if (!strcmp(type, "done")) {
+        api_stream_close(st->stream);
+        st->stream = NULL;
+    }
+}
+
+static void on_message(void *arg, const json_t *msg) {
+    gen_state *st = arg;
+    const char *type = json_string_value(json_object_get(msg, "type"));
+    if (!type) return;
+    pthread_mutex_lock(&st->lock);
+    accumulate(st, msg, type);
+    if (st->stream_ready && st->stream) flush_locked(st, msg);
+    else if (st->req.stream) json_array_append(st->backlog, (json_t *)msg);
+    int done = !strcmp(type, "done");
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->lock);
+    if (done) {
+        active_remove(st);
+        state_unref(st); /* the call's reference */
+    }
+}
+
+static void on_disconnect(void *arg) {
+    gen_state *st = arg;
+    log_debug("client of %s went away; cancelling", st->id);
+    instances_cancel(st->instances, st->call_id);
+}
+
+static void release_state(void *arg) { state_unref(arg); }
+
+/* ------------------------------------------------------------------ the handler */
+
+static void respond_error(gen_state *st, api_request *r, int status, const char *msg) {
+    metrics_request(st->adapter->name, status);
+    st->adapter->error(r, status, msg);
+}
+
+void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int bench) {
+    gen_state *st = state_new(a, ctx->instances);
+    st->bench = bench;
+    char err[1024];
+    json_t *body = api_request_json_quiet(r, err, sizeof err);
+    if (!body) {
+        respond_error(st, r, 400, err);
+        state_unref(st);
+        return;
+    }
+    int status = a->parse(body, st, err, sizeof err);
+    json_decref(body);
+    if (status) {
+        respond_error(st, r, status, err);
+        state_unref(st);
+        return;
+    }
+    if (bench) {
+        st->req.ban_eos = 1;
+        if (!st->req.max_tokens) st->req.max_tokens = 128;
+    }
+    st->refs++; /* the call's reference, dropped after "done" */
+    active_add(st);
+    status = instances_generate(ctx->instances, &st->req, on_message, st, &st->call_id, err,
+                                sizeof err);
+    if (status) {
+        active_remove(st);
+        st->refs--;
+        respond_error(st, r, status, err);
+        state_unref(st);
+        return;
+    }
+    /* Wait until the runner accepted (or rejected) the request, so a bad prompt is an HTTP
+     * error and not a broken stream. */
+    pthread_mutex_lock(&st->lock);
+    while (!st->accepted && !st->done) pthread_cond_wait(&st->cond, &st->lock);
+    if (!st->accepted && st->done) {
+        int code = st->error_status ? st->error_status : 500;
+        snprintf(err, sizeof err, "%s", st->error ? st->error : "generation failed");
+        pthread_mutex_unlock(&st->lock);
+        respond_error(st, r, code, err);
+        state_unref(st);
+        return;
+    }
+    if (st->req.stream) {
+        st->stream = api_respond_stream(r, 200, a->stream_content_type);
+        metrics_request(a->name, 200);
+        if (a->sse) api_stream_set_keepalive(st->stream, ": keep-alive\n\n", 10000);
+        strbuf out = {0};
+        a->stream_begin(st, &out);
+        if (out.len) api_stream_write(st->stream, out.data, out.len);
+        strbuf_free(&out);
+        st->stream_ready = 1;
+        size_t i;
+        json_t *m;
+        json_array_foreach(st->backlog, i, m) {
+            if (st->stream) flush_locked(st, m);
+        }
+        json_array_clear(st->backlog);
+        if (st->stream) {
+            st->refs++; /* the stream's reference, released when it is destroyed */
+            api_stream_on_disconnect(st->stream, on_disconnect, st, release_state);
+        }
+        pthread_mutex_unlock(&st->lock);
+        state_unref(st);
+        return;
+    }
+    /* Non-streamed: wait for the end, cancelling if the client goes away meanwhile. */
+    while (!st->done) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        t.tv_nsec += 200 * 1000000L;
+        if (t.tv_nsec >= 1000000000L) {
+            t.tv_sec++;
+            t.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&st->cond, &st->lock, &t);
+        if (!st->done && api_request_client_gone(r)) instances_cancel(st->instances, st->call_id);
+    }
+    pthread_mutex_unlock(&st->lock);
+    if (st->error && strcmp(st->finish_reason, "cancelled")) {
+        respond_error(st, r, st->error_status ? st->error_status : 500, st->error);
+    } else {
+        metrics_request(a->name, 200);
+        api_respond_json(r, 200, a->final(st));
+    }
+    state_unref(st);
+}
+
+/* ------------------------------------------------------------------ field helpers */
+
+int gen_get_number(const json_t *o, const char *field, double lo, double hi, double *out,
+                   char *err, size_t errlen) {
+    json_t *v = json_object_get(o, field);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) {
+        snprintf(err, errlen, "'%s' must be a number", field);
+        return 400;
+    }
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi) || isnan(d)) {
+        snprintf(err, errlen, "'%s' must be between %g and %g (got %g)", field, lo, hi, d);
+        return 400;
+    }
+    *out = d;
+    return 0;
+}
+
+int gen_get_int(const json_t *o, const char *field, long lo, long hi, long *out, char *err,
+                size_t errlen) {
+    json_t *v = json_object_get(o, field);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v)) {
+        snprintf(err, errlen, "'%s' must be an integer", field);
+        return 400;
+    }
+    json_int_t d = json_integer_value(v);
+    if (d < lo || d > hi) {
+        snprintf(err, errlen, "'%s' must be between %ld and %ld (got %lld)", field, lo, hi,
+                 (long long)d);
+        return 400;
+    }
+    *out = (long)d;
+    return 0;
+}
+
+int gen_get_bool(const json_t *o, const char *field, int *out, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, field);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) {
+        snprintf(err, errlen, "'%s' must be true or false", field);
+        return 400;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+int gen_get_model(const json_t *o, gen_state *st, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, "model");
+    if (!v) {
+        snprintf(err, errlen, "'model' is required");
+        return 400;
+    }
+    if (!json_is_string(v) || !json_string_length(v)) {
+        snprintf(err, errlen, "'model' must be a non-empty string");
+        return 400;
+    }
+    if (json_string_length(v) >= sizeof st->req.model) {
+        snprintf(err, errlen, "'model' is too long");
+        return 400;
+    }
+    snprintf(st->req.model, sizeof st->req.model, "%s", json_string_value(v));
+    return 0;
+}
+
+int gen_get_stop(const json_t *o, const char *field, gen_request *req, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, field);
+    if (!v || json_is_null(v)) return 0;
+    if (json_is_string(v)) {
+        if (json_string_length(v)) req->stop[req->n_stop++] = strdup(json_string_value(v));
+        return 0;
+    }
+    if (!json_is_array(v)) {
+        snprintf(err, errlen, "'%s' must be a string or an array of strings", field);
+        return 400;
+    }
+    if (json_array_size(v) > GEN_MAX_STOP) {
+        snprintf(err, errlen, "'%s' has more than %d entries", field, GEN_MAX_STOP);
+        return 400;
+    }
+    size_t i;
+    json_t *s;
+    json_array_foreach(v, i, s) {
+        if (!json_is_string(s)) {
+            snprintf(err, errlen, "'%s[%zu]' must be a string", field, i);
+            return 400;
+        }
+        if (json_string_length(s)) req->stop[req->n_stop++] = strdup(json_string_value(s));
+    }
+    return 0;
+}
+
+int gen_content_text(const json_t *content, const char *field, strbuf *out, char *err,
+                     size_t errlen) {
+    if (!content || json_is_null(content)) return 0;
+    if (json_is_string(content)) {
+        strbuf_append_str(out, json_string_value(content));
+        return 0;
+    }
+    if (!json_is_array(content)) {
+        snprintf(err, errlen, "'%s' must be a string or an array of content parts", field);
+        return 400;
+    }
+    size_t i;
+    json_t *part;
+    json_array_foreach(content, i, part) {
+        if (json_is_string(part)) {
+            strbuf_append_str(out, json_string_value(part));
+            continue;
+        }
+        const char *type = json_string_value(json_object_get(part, "type"));
+        const char *text = json_string_value(json_object_get(part, "text"));
+        if (!json_is_object(part) || !type) {
+            snprintf(err, errlen, "'%s[%zu]' must be an object with a 'type'", field, i);
+            return 400;
+        }
+        if (!strcmp(type, "text") || !strcmp(type, "input_text") || !strcmp(type, "output_text")) {
+            if (!text) {
+                snprintf(err, errlen, "'%s[%zu].text' must be a string", field, i);
+                return 400;
+            }
+            strbuf_append_str(out, text);
+        } else if (!strcmp(type, "image_url") || !strcmp(type, "image") ||
+                   !strcmp(type, "input_image")) {
+            snprintf(err, errlen, "'%s[%zu]': images are not supported by this model", field, i);
+            return 400;
+        }
+        /* other part kinds (cache_control hints, ...) carry no text */
+    }
+    return 0;
+}
+
+json_t *gen_template_tool_call(const char *id, const char *name, const json_t *arguments) {
+    json_t *args = NULL;
+    if (json_is_string(arguments))
+        args = json_loads(json_string_value(arguments), JSON_DECODE_ANY, NULL);
+    else if (arguments)
+        args = json_deep_copy(arguments);
+    if (!args) args = json_object();
+    return json_pack("{s:s,s:s,s:{s:s,s:o}}", "id", id ? id : "", "type", "function", "function",
+                     "name", name ? name : "", "arguments", args);
+}
+
+void gen_sse_data(strbuf *out, json_t *j) {
+    char *t = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    strbuf_appendf(out, "data: %s\n\n", t ? t : "{}");
+    free(t);
+}
+
+void gen_sse_event(strbuf *out, const char *event, json_t *j) {
+    char *t = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    strbuf_appendf(out, "event: %s\ndata: %s\n\n", event, t ? t : "{}");
+    free(t);
+}
+
+void gen_ndjson(strbuf *out, json_t *j) {
+    char *t = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    strbuf_appendf(out, "%s\n", t ? t : "{}");
+    free(t);
+}

@@ -1,0 +1,608 @@
+/* instances — runner child processes, their status, and the generation calls in flight on them
+ * (see instances.h). One lock guards the whole table: it is touched a few times per request,
+ * never per token (tokens flow from a reader thread per runner straight to the caller). */
+#include "api/instances.h"
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/paths.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <dirent.h>
+#include <time.h>
+#include <unistd.h>
+
+enum runner_status {
+    RUNNER_IDLE, RUNNER_CONNECTING, RUNNER_CONNECTED, RUNNER_LOADING, RUNNER_LOADED,
+    RUNNER_WARMING_UP, RUNNER_READY, RUNNER_RUNNING, RUNNER_SHUTTING_DOWN, RUNNER_SHUTDOWN,
+    RUNNER_FAILED,
+};
+static const char *STATUS_NAMES[] = {"Idle", "Connecting", "Connected", "Loading", "Loaded",
+                                     "WarmingUp", "Ready", "Running", "ShuttingDown", "Shutdown",
+                                     "Failed"};
+
+typedef struct call {
+    uint64_t id;
+    instances_message_fn fn;
+    void *arg;
+    struct call *next;
+} call;
+
+typedef struct instance {
+    char id[40], runner_id[40];
+    char model_id[512], model_dir[1024];
+    pid_t pid;
+    int fd;
+    enum runner_status status;
+    int layers_loaded, total_layers;
+    char error[512];
+    json_t *info;
+    call *calls;
+    int n_calls;
+    int refs;
+    int removed;
+    pthread_mutex_t send_lock;
+    struct instance *next;
+} instance;
+
+struct instances {
+    char *runner_exe, *models_dir, *models_path, *node_id;
+    size_t kv_cache_bytes;
+    int ready_timeout_s;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    instance *list;
+    uint64_t next_call_id;
+    int live_readers;
+};
+
+static void make_uuid(char *out, size_t n) {
+    unsigned char b[16];
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+        uint64_t t = clock_now_ns() ^ (uint64_t)getpid();
+        for (int i = 0; i < 16; i++) b[i] = (unsigned char)(t >> ((i % 8) * 8)) ^ (unsigned char)i;
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    snprintf(out, n, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+}
+
+instances *instances_new(const instances_options *o) {
+    instances *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->runner_exe = strdup(o->runner_exe ? o->runner_exe : "/proc/self/exe");
+    m->models_dir = strdup(o->models_dir ? o->models_dir : "");
+    m->models_path = strdup(o->models_path ? o->models_path : "");
+    m->node_id = strdup(o->node_id ? o->node_id : "node");
+    m->kv_cache_bytes = o->kv_cache_bytes;
+    m->ready_timeout_s = o->ready_timeout_s ? o->ready_timeout_s : 600;
+    m->next_call_id = 1;
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&m->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    return m;
+}
+
+/* ------------------------------------------------------------------ models on disk */
+
+static int is_model_dir(const char *dir) {
+    char p[1400];
+    int n = snprintf(p, sizeof p, "%s/config.json", dir);
+    return n > 0 && (size_t)n < sizeof p && paths_is_file(p);
+}
+
+int instances_resolve_model(const instances *m, const char *model_id, char *dir, size_t n) {
+    if (!model_id || !model_id[0] || strstr(model_id, "..")) return -1;
+    if (model_id[0] == '/') {
+        if (!is_model_dir(model_id)) return -1;
+        snprintf(dir, n, "%s", model_id);
+        return 0;
+    }
+    char flat[512];
+    size_t k = 0;
+    for (const char *c = model_id; *c && k + 3 < sizeof flat; c++) {
+        if (*c == '/' && !strchr(c + 1, '/')) {
+            flat[k++] = '-';
+            flat[k++] = '-';
+        } else {
+            flat[k++] = *c;
+        }
+    }
+    flat[k] = 0;
+    const char *base = strrchr(model_id, '/');
+    base = base ? base + 1 : model_id;
+    char candidate[1200];
+    if (m->models_dir[0]) {
+        snprintf(candidate, sizeof candidate, "%s/%s", m->models_dir, flat);
+        if (is_model_dir(candidate)) goto found;
+    }
+    char *paths = strdup(m->models_path);
+    for (char *save = NULL, *p = strtok_r(paths, ":", &save); p; p = strtok_r(NULL, ":", &save)) {
+        const char *names[] = {flat, model_id, base};
+        for (int i = 0; i < 3; i++) {
+            snprintf(candidate, sizeof candidate, "%s/%s", p, names[i]);
+            if (is_model_dir(candidate)) {
+                free(paths);
+                goto found;
+            }
+        }
+    }
+    free(paths);
+    return -1;
+found:
+    if (strlen(candidate) >= n) return -1;
+    snprintf(dir, n, "%s", candidate);
+    return 0;
+}
+
+static void list_dir_models(const char *root, json_t *out) {
+    DIR *d = opendir(root);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        if (!is_model_dir(p)) continue;
+        char id[512];
+        snprintf(id, sizeof id, "%s", e->d_name);
+        char *dash = strstr(id, "--");
+        if (dash) {
+            dash[0] = '/';
+            memmove(dash + 1, dash + 2, strlen(dash + 2) + 1);
+        }
+        int dup = 0;
+        size_t i;
+        json_t *v;
+        json_array_foreach(out, i, v) dup |= !strcmp(json_string_value(v), id);
+        if (!dup) json_array_append_new(out, json_string(id));
+    }
+    closedir(d);
+}
+
+json_t *instances_local_models(const instances *m) {
+    json_t *out = json_array();
+    if (m->models_dir[0]) list_dir_models(m->models_dir, out);
+    char *paths = strdup(m->models_path);
+    for (char *save = NULL, *p = strtok_r(paths, ":", &save); p; p = strtok_r(NULL, ":", &save))
+        list_dir_models(p, out);
+    free(paths);
+    return out;
+}
+
+/* ------------------------------------------------------------------ runner processes */
+
+static void instance_unref_locked(instances *m, instance *in) {
+    (void)m;
+    if (--in->refs) return;
+    json_decref(in->info);
+    if (in->fd >= 0) close(in->fd);
+    pthread_mutex_destroy(&in->send_lock);
+    free(in);
+}
+
+static void unlink_locked(instances *m, instance *in) {
+    if (in->removed) return;
+    in->removed = 1;
+    for (instance **pp = &m->list; *pp; pp = &(*pp)->next)
+        if (*pp == in) {
+            *pp = in->next;
+            break;
+        }
+}
+
+static int send_message(instance *in, json_t *msg) {
+    pthread_mutex_lock(&in->send_lock);
+    int rc = protocol_send(in->fd, msg);
+    pthread_mutex_unlock(&in->send_lock);
+    json_decref(msg);
+    return rc;
+}
+
+static void reap(instance *in, char *why, size_t n) {
+    int st = 0;
+    pid_t r = 0;
+    for (int i = 0; i < 40 && (r = waitpid(in->pid, &st, WNOHANG)) == 0; i++) clock_sleep_ms(50);
+    if (r == 0) {
+        kill(in->pid, SIGKILL);
+        r = waitpid(in->pid, &st, 0);
+    }
+    if (r == in->pid && WIFSIGNALED(st))
+        snprintf(why, n, "killed by signal %d", WTERMSIG(st));
+    else if (r == in->pid && WIFEXITED(st))
+        snprintf(why, n, "exited with status %d", WEXITSTATUS(st));
+    else
+        snprintf(why, n, "ended");
+}
+
+static void handle_status(instances *m, instance *in, const json_t *msg) {
+    const char *s = json_string_value(json_object_get(msg, "status"));
+    if (!s) return;
+    pthread_mutex_lock(&m->lock);
+    for (int i = 0; i <= RUNNER_FAILED; i++)
+        if (!strcmp(s, STATUS_NAMES[i]) && in->status != RUNNER_SHUTTING_DOWN) in->status = i;
+    in->layers_loaded = (int)json_integer_value(json_object_get(msg, "layers_loaded"));
+    in->total_layers = (int)json_integer_value(json_object_get(msg, "total_layers"));
+    json_t *info = json_object_get(msg, "info");
+    if (info) {
+        json_decref(in->info);
+        in->info = json_incref(info);
+    }
+    const char *e = json_string_value(json_object_get(msg, "error"));
+    if (e) snprintf(in->error, sizeof in->error, "%s", e);
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+    if (in->status == RUNNER_FAILED) log_error("runner for %s failed: %s", in->model_id, in->error);
+    else log_info("runner for %s: %s", in->model_id, s);
+}
+
+static void dispatch_call_message(instances *m, instance *in, const json_t *msg) {
+    uint64_t id = (uint64_t)json_integer_value(json_object_get(msg, "id"));
+    int done = !strcmp(json_string_value(json_object_get(msg, "type")), "done");
+    pthread_mutex_lock(&m->lock);
+    call *c = NULL;
+    for (call **pp = &in->calls; *pp; pp = &(*pp)->next)
+        if ((*pp)->id == id) {
+            c = *pp;
+            if (done) {
+                *pp = c->next;
+                in->n_calls--;
+            }
+            break;
+        }
+    pthread_mutex_unlock(&m->lock);
+    if (!c) return;
+    c->fn(c->arg, msg);
+    if (done) free(c);
+}
+
+static void *reader_main(void *arg) {
+    void **args = arg;
+    instances *m = args[0];
+    instance *in = args[1];
+    free(args);
+    char err[256];
+    json_t *msg;
+    while ((msg = protocol_recv(in->fd, err, sizeof err))) {
+        const char *type = json_string_value(json_object_get(msg, "type"));
+        if (type && !strcmp(type, "status")) handle_status(m, in, msg);
+        else if (type) dispatch_call_message(m, in, msg);
+        json_decref(msg);
+    }
+    char why[128];
+    reap(in, why, sizeof why);
+    pthread_mutex_lock(&m->lock);
+    int expected = in->status == RUNNER_SHUTTING_DOWN;
+    if (!expected && in->status != RUNNER_FAILED) {
+        in->status = RUNNER_FAILED;
+        snprintf(in->error, sizeof in->error, "the runner process %s", why);
+    } else if (expected) {
+        in->status = RUNNER_SHUTDOWN;
+    }
+    unlink_locked(m, in);
+    call *calls = in->calls;
+    in->calls = NULL;
+    in->n_calls = 0;
+    char message[1200];
+    if (snprintf(message, sizeof message, "%s for model %s%s%s", expected ? "the instance was deleted"
+                                                                      : "the runner stopped",
+             in->model_id, expected ? "" : ": ", expected ? "" : in->error) < 0)
+        message[0] = 0;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+    if (!expected) log_error("runner for %s: %s", in->model_id, in->error);
+    for (call *c = calls, *next; c; c = next) {
+        next = c->next;
+        json_t *done = json_pack("{s:s,s:I,s:s,s:s,s:i}", "type", "done", "id", (json_int_t)c->id,
+                                 "finish_reason", "error", "error", message, "error_status", 500);
+        c->fn(c->arg, done);
+        json_decref(done);
+        free(c);
+    }
+    pthread_mutex_lock(&m->lock);
+    instance_unref_locked(m, in);
+    m->live_readers--;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+    return NULL;
+}
+
+/* Starts a runner for model; m->lock held. */
+static instance *spawn_locked(instances *m, const char *model_id, const char *dir, char *err,
+                              size_t errlen) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
+        snprintf(err, errlen, "socketpair: %s", strerror(errno));
+        return NULL;
+    }
+    char kv[32];
+    snprintf(kv, sizeof kv, "%zu", m->kv_cache_bytes);
+    char *argv[] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
+                    (char *)model_id, "--kv-cache-mem", kv, NULL};
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(err, errlen, "fork: %s", strerror(errno));
+        close(sv[0]);
+        close(sv[1]);
+        return NULL;
+    }
+    if (pid == 0) {
+        /* No PR_SET_PDEATHSIG: it fires when the forking *thread* exits (a connection thread
+         * here). The runner exits on EOF of its socket instead, which also covers node death. */
+        if (sv[1] == 3) fcntl(3, F_SETFD, 0);
+        else dup2(sv[1], 3);
+        execv(m->runner_exe, argv);
+        _exit(127);
+    }
+    close(sv[1]);
+    instance *in = calloc(1, sizeof *in);
+    make_uuid(in->id, sizeof in->id);
+    make_uuid(in->runner_id, sizeof in->runner_id);
+    snprintf(in->model_id, sizeof in->model_id, "%s", model_id);
+    snprintf(in->model_dir, sizeof in->model_dir, "%s", dir);
+    in->pid = pid;
+    in->fd = sv[0];
+    in->status = RUNNER_CONNECTING;
+    in->refs = 2; /* the table and the reader thread */
+    pthread_mutex_init(&in->send_lock, NULL);
+    void **args = malloc(2 * sizeof *args);
+    args[0] = m;
+    args[1] = in;
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, reader_main, args)) {
+        pthread_attr_destroy(&attr);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        free(args);
+        in->refs = 1;
+        instance_unref_locked(m, in);
+        snprintf(err, errlen, "cannot start a reader thread");
+        return NULL;
+    }
+    pthread_attr_destroy(&attr);
+    m->live_readers++;
+    in->next = m->list;
+    m->list = in;
+    log_info("placed %s (instance %s, runner pid %d)", model_id, in->id, (int)pid);
+    return in;
+}
+
+static instance *find_model_locked(instances *m, const char *model_id) {
+    for (instance *in = m->list; in; in = in->next)
+        if (!strcmp(in->model_id, model_id) && in->status != RUNNER_FAILED &&
+            in->status != RUNNER_SHUTTING_DOWN)
+            return in;
+    return NULL;
+}
+
+static instance *find_id_locked(instances *m, const char *id) {
+    for (instance *in = m->list; in; in = in->next)
+        if (!strcmp(in->id, id)) return in;
+    return NULL;
+}
+
+static instance *place_locked(instances *m, const char *model_id, int *status, char *err,
+                              size_t errlen) {
+    instance *in = find_model_locked(m, model_id);
+    if (in) return in;
+    char dir[1024];
+    if (instances_resolve_model(m, model_id, dir, sizeof dir)) {
+        *status = 404;
+        snprintf(err, errlen, "model '%s' not found: no directory with config.json for it in the "
+                              "models directory (%s) or EXO_MODELS_PATH",
+                 model_id, m->models_dir);
+        return NULL;
+    }
+    in = spawn_locked(m, model_id, dir, err, errlen);
+    if (!in) *status = 500;
+    return in;
+}
+
+int instances_place(instances *m, const char *model_id, char *instance_id, size_t n, char *err,
+                    size_t errlen) {
+    int status = 0;
+    pthread_mutex_lock(&m->lock);
+    instance *in = place_locked(m, model_id, &status, err, errlen);
+    if (in) snprintf(instance_id, n, "%s", in->id);
+    pthread_mutex_unlock(&m->lock);
+    return in ? 0 : status;
+}
+
+int instances_generate(instances *m, const gen_request *request, instances_message_fn fn,
+                       void *arg, uint64_t *call_id, char *err, size_t errlen) {
+    int status = 0;
+    pthread_mutex_lock(&m->lock);
+    instance *in = place_locked(m, request->model, &status, err, errlen);
+    if (!in) {
+        pthread_mutex_unlock(&m->lock);
+        return status;
+    }
+    in->refs++;
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += m->ready_timeout_s;
+    int timed_out = 0;
+    while (!in->removed && in->status != RUNNER_READY && in->status != RUNNER_RUNNING &&
+           in->status != RUNNER_FAILED && !timed_out)
+        timed_out = pthread_cond_timedwait(&m->cond, &m->lock, &deadline) == ETIMEDOUT;
+    if (in->removed || in->status == RUNNER_FAILED || timed_out) {
+        snprintf(err, errlen, "the runner for %s %s%s", request->model,
+                 timed_out ? "was not ready in time" : "failed: ",
+                 timed_out ? "" : (in->error[0] ? in->error : "it stopped"));
+        instance_unref_locked(m, in);
+        pthread_mutex_unlock(&m->lock);
+        return 503;
+    }
+    call *c = calloc(1, sizeof *c);
+    c->id = m->next_call_id++;
+    c->fn = fn;
+    c->arg = arg;
+    c->next = in->calls;
+    in->calls = c;
+    in->n_calls++;
+    *call_id = c->id;
+    pthread_mutex_unlock(&m->lock);
+
+    json_t *msg = json_pack("{s:s,s:I,s:o}", "type", "generate", "id", (json_int_t)c->id,
+                            "request", gen_request_to_json(request));
+    int rc = send_message(in, msg);
+    pthread_mutex_lock(&m->lock);
+    if (rc) {
+        /* The reader thread delivers "done" to every call when it sees the EOF, this one
+         * included, so the caller hears about it the normal way. */
+        log_warn("could not send a request to the runner for %s", request->model);
+    }
+    instance_unref_locked(m, in);
+    pthread_mutex_unlock(&m->lock);
+    return 0;
+}
+
+void instances_cancel(instances *m, uint64_t call_id) {
+    pthread_mutex_lock(&m->lock);
+    instance *target = NULL;
+    for (instance *in = m->list; in && !target; in = in->next)
+        for (call *c = in->calls; c; c = c->next)
+            if (c->id == call_id) {
+                target = in;
+                break;
+            }
+    if (target) target->refs++;
+    pthread_mutex_unlock(&m->lock);
+    if (!target) return;
+    send_message(target, json_pack("{s:s,s:I}", "type", "cancel", "id", (json_int_t)call_id));
+    pthread_mutex_lock(&m->lock);
+    instance_unref_locked(m, target);
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* ------------------------------------------------------------------ state */
+
+static json_t *runner_status_json(const instance *in) {
+    enum runner_status st = in->status;
+    if (st == RUNNER_READY && in->n_calls) st = RUNNER_RUNNING;
+    char tag[64];
+    snprintf(tag, sizeof tag, "Runner%s", STATUS_NAMES[st]);
+    json_t *body = json_object();
+    if (st == RUNNER_LOADING) {
+        json_object_set_new(body, "layersLoaded", json_integer(in->layers_loaded));
+        json_object_set_new(body, "totalLayers", json_integer(in->total_layers));
+    }
+    if (st == RUNNER_FAILED) json_object_set_new(body, "errorMessage", json_string(in->error));
+    return json_pack("{s:o}", tag, body);
+}
+
+static json_t *instance_json(const instances *m, const instance *in) {
+    int n_layers = in->info ? (int)json_integer_value(json_object_get(in->info, "n_layers")) : 0;
+    if (!n_layers) n_layers = in->total_layers;
+    json_t *shard = json_pack("{s:{s:s,s:i,s:i,s:i,s:i,s:i}}", "PipelineShardMetadata", "modelId",
+                              in->model_id, "deviceRank", 0, "worldSize", 1, "startLayer", 0,
+                              "endLayer", n_layers, "nLayers", n_layers);
+    json_t *body = json_pack("{s:s,s:{s:s,s:{s:o},s:{s:s}},s:s}", "instanceId", in->id,
+                             "shardAssignments", "modelId", in->model_id, "runnerToShard",
+                             in->runner_id, shard, "nodeToRunner", m->node_id, in->runner_id,
+                             "modelPath", in->model_dir);
+    return json_pack("{s:o}", "LocalInstance", body);
+}
+
+json_t *instances_state_json(instances *m) {
+    json_t *insts = json_object(), *runners = json_object();
+    pthread_mutex_lock(&m->lock);
+    for (instance *in = m->list; in; in = in->next) {
+        json_object_set_new(insts, in->id, instance_json(m, in));
+        json_object_set_new(runners, in->runner_id, runner_status_json(in));
+    }
+    pthread_mutex_unlock(&m->lock);
+    return json_pack("{s:o,s:o}", "instances", insts, "runners", runners);
+}
+
+json_t *instances_get_json(instances *m, const char *id) {
+    pthread_mutex_lock(&m->lock);
+    instance *in = find_id_locked(m, id);
+    json_t *j = in ? instance_json(m, in) : NULL;
+    pthread_mutex_unlock(&m->lock);
+    return j;
+}
+
+static void shutdown_instance(instances *m, instance *in) {
+    /* m->lock held on entry and exit. */
+    in->status = RUNNER_SHUTTING_DOWN;
+    in->refs++;
+    pthread_mutex_unlock(&m->lock);
+    send_message(in, json_pack("{s:s}", "type", "shutdown"));
+    pthread_mutex_lock(&m->lock);
+    instance_unref_locked(m, in);
+}
+
+int instances_delete(instances *m, const char *id) {
+    pthread_mutex_lock(&m->lock);
+    instance *in = find_id_locked(m, id);
+    if (!in) {
+        pthread_mutex_unlock(&m->lock);
+        return -1;
+    }
+    unlink_locked(m, in);
+    shutdown_instance(m, in);
+    pthread_mutex_unlock(&m->lock);
+    return 0;
+}
+
+int instances_in_flight(instances *m) {
+    int n = 0;
+    pthread_mutex_lock(&m->lock);
+    for (instance *in = m->list; in; in = in->next) n += in->n_calls;
+    pthread_mutex_unlock(&m->lock);
+    return n;
+}
+
+json_t *instances_running_models(instances *m) {
+    json_t *a = json_array();
+    pthread_mutex_lock(&m->lock);
+    for (instance *in = m->list; in; in = in->next)
+        if (in->status == RUNNER_READY || in->status == RUNNER_RUNNING)
+            json_array_append_new(a, json_string(in->model_id));
+    pthread_mutex_unlock(&m->lock);
+    return a;
+}
+
+void instances_free(instances *m) {
+    if (!m) return;
+    pthread_mutex_lock(&m->lock);
+    while (m->list) {
+        instance *in = m->list;
+        unlink_locked(m, in);
+        shutdown_instance(m, in);
+    }
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += 5;
+    while (m->live_readers &&
+           pthread_cond_timedwait(&m->cond, &m->lock, &deadline) != ETIMEDOUT) {
+    }
+    int left = m->live_readers;
+    pthread_mutex_unlock(&m->lock);
+    if (left) return; /* a reader is still reaping; leave the table to the exiting process */
+    pthread_mutex_destroy(&m->lock);
+    pthread_cond_destroy(&m->cond);
+    free(m->runner_exe);
+    free(m->models_dir);
+    free(m->models_path);
+    free(m->node_id);
+    free(m);
+}

@@ -1,0 +1,333 @@
+/* The shared transformer forward over compute_backend ops. Reads top to bottom like llama2.c:
+ * config (model_config), weights (model_weights, views into the mmap), run state (backend
+ * buffers below), then one loop over layers. */
+#include "arch/transformer.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Small per-layer vectors converted to f32 backend memory once at load. */
+typedef struct layer_vectors {
+    float *attn_norm, *ffn_norm; /* [dim] */
+    float *q_norm, *k_norm;      /* [head_dim] (qk_norm) */
+    float *bq, *bk, *bv;         /* [q_dim], [kv_dim], [kv_dim] (attention_bias) */
+} layer_vectors;
+
+struct transformer {
+    const model_config *c;
+    const model_weights *w;
+    compute_backend *be;
+    int max_tokens, max_logits;
+    int n_local; /* layers held */
+    int first, last;
+    int64_t dim, q_dim, kv_dim, inter;
+    layer_vectors *vec;
+    float *final_norm;   /* [dim] */
+    float *inv_freq;     /* [head_dim/2] */
+    float attn_factor;
+    moe_experts *experts; /* per local layer (MoE layers only) */
+    /* run state: backend memory, sized for max_tokens */
+    float *x;        /* [max_tokens][dim] residual stream */
+    float *xn;       /* [max_tokens][dim] normed input / projection output */
+    float *ffn_out;  /* [max_tokens][dim] */
+    float *q;        /* [max_tokens][q_dim] */
+    float *k, *v;    /* [max_tokens][kv_dim] */
+    float *att;      /* [max_tokens][q_dim] */
+    float *gate, *up; /* [max_tokens][inter] */
+    float *router;   /* [max_tokens][n_experts] */
+    int32_t *route_ids; /* [max_tokens][k] */
+    float *route_w;     /* [max_tokens][k] */
+    int32_t *tokens, *positions, *seq_of_token, *slots, *table_start; /* [max_tokens] */
+    int32_t *logit_rows; /* [max_logits] */
+    float *head_in;      /* [max_logits][dim] */
+    float *logits;       /* [max_logits][vocab] */
+    int32_t *tables;     /* block tables, grown on demand */
+    int tables_cap;
+};
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Uploads a [1][n] weight vector as f32. */
+static float *upload_vector(compute_backend *be, const weight_matrix *m) {
+    if (!m->data) return NULL;
+    float *host = malloc((size_t)m->cols * sizeof *host);
+    float *dev = be->alloc(be, (size_t)m->cols * sizeof *dev);
+    if (host && dev) {
+        weight_matrix_row_to_f32(m, 0, host);
+        be->upload(be, dev, host, (size_t)m->cols * sizeof *host);
+    } else if (dev) {
+        be->free(be, dev);
+        dev = NULL;
+    }
+    free(host);
+    return dev;
+}
+
+static void *balloc(transformer *t, size_t bytes, int *fail) {
+    void *p = t->be->alloc(t->be, bytes ? bytes : 4);
+    if (!p) *fail = 1;
+    return p;
+}
+
+static int create_vectors(transformer *t, int *fail) {
+    const model_config *c = t->c;
+    for (int i = 0; i < t->n_local; i++) {
+        const layer_weights *l = &t->w->layers[i];
+        layer_vectors *v = &t->vec[i];
+        v->attn_norm = upload_vector(t->be, &l->attn_norm);
+        v->ffn_norm = upload_vector(t->be, &l->ffn_norm);
+        if (!v->attn_norm || !v->ffn_norm) *fail = 1;
+        if (c->qk_norm) {
+            v->q_norm = upload_vector(t->be, &l->q_norm);
+            v->k_norm = upload_vector(t->be, &l->k_norm);
+            if (!v->q_norm || !v->k_norm) *fail = 1;
+        }
+        if (c->attention_bias) {
+            v->bq = upload_vector(t->be, &l->bq);
+            v->bk = upload_vector(t->be, &l->bk);
+            v->bv = upload_vector(t->be, &l->bv);
+            if (!v->bq || !v->bk || !v->bv) *fail = 1;
+        }
+        if (l->is_moe)
+            t->experts[i] = (moe_experts){.n_experts = c->n_experts, .dim = c->hidden_size,
+                                          .inter = c->moe_intermediate_size,
+                                          .gate = l->expert_gate, .up = l->expert_up,
+                                          .down = l->expert_down};
+    }
+    if (t->last) {
+        t->final_norm = upload_vector(t->be, &t->w->final_norm);
+        if (!t->final_norm) *fail = 1;
+    }
+    return *fail ? -1 : 0;
+}
+
+transformer *transformer_create(const model_config *c, const model_weights *w,
+                                compute_backend *be, int max_tokens, int max_logits, char *err,
+                                size_t errlen) {
+    transformer *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->c = c;
+    t->w = w;
+    t->be = be;
+    t->max_tokens = max_tokens;
+    t->max_logits = max_logits;
+    t->n_local = w->layer_end - w->layer_start;
+    t->first = w->layer_start == 0;
+    t->last = w->has_head;
+    t->dim = c->hidden_size;
+    t->q_dim = (int64_t)c->n_heads * c->head_dim;
+    t->kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    t->inter = c->intermediate_size;
+    t->vec = calloc((size_t)t->n_local, sizeof *t->vec);
+    t->experts = calloc((size_t)t->n_local, sizeof *t->experts);
+    int fail = !t->vec || !t->experts;
+    if (!fail) create_vectors(t, &fail);
+    size_t T = (size_t)max_tokens, F = sizeof(float);
+    int64_t inter = c->intermediate_size;
+    t->x = balloc(t, T * (size_t)t->dim * F, &fail);
+    t->xn = balloc(t, T * (size_t)t->dim * F, &fail);
+    t->ffn_out = balloc(t, T * (size_t)t->dim * F, &fail);
+    t->q = balloc(t, T * (size_t)t->q_dim * F, &fail);
+    t->att = balloc(t, T * (size_t)t->q_dim * F, &fail);
+    t->k = balloc(t, T * (size_t)t->kv_dim * F, &fail);
+    t->v = balloc(t, T * (size_t)t->kv_dim * F, &fail);
+    t->gate = balloc(t, T * (size_t)inter * F, &fail);
+    t->up = balloc(t, T * (size_t)inter * F, &fail);
+    if (c->n_experts) {
+        t->router = balloc(t, T * (size_t)c->n_experts * F, &fail);
+        t->route_ids = balloc(t, T * (size_t)c->n_experts_per_tok * 4, &fail);
+        t->route_w = balloc(t, T * (size_t)c->n_experts_per_tok * F, &fail);
+    }
+    t->tokens = balloc(t, T * 4, &fail);
+    t->positions = balloc(t, T * 4, &fail);
+    t->seq_of_token = balloc(t, T * 4, &fail);
+    t->slots = balloc(t, T * 4, &fail);
+    t->table_start = balloc(t, T * 4, &fail);
+    if (t->last) {
+        t->logit_rows = balloc(t, (size_t)max_logits * 4, &fail);
+        t->head_in = balloc(t, (size_t)max_logits * (size_t)t->dim * F, &fail);
+        t->logits = balloc(t, (size_t)max_logits * (size_t)c->vocab_size * F, &fail);
+    }
+    int rot = c->rope.partial_dims ? c->rope.partial_dims : c->head_dim;
+    float *host_freq = malloc((size_t)(rot / 2) * sizeof *host_freq);
+    t->inv_freq = balloc(t, (size_t)(rot / 2) * F, &fail);
+    if (host_freq && !fail) {
+        rope_inv_freq(&c->rope, rot, host_freq, &t->attn_factor);
+        be->upload(be, t->inv_freq, host_freq, (size_t)(rot / 2) * F);
+    }
+    free(host_freq);
+    if (fail || !host_freq) {
+        set_err(err, errlen, "out of memory for the forward pass's buffers (%d tokens)",
+                max_tokens);
+        transformer_destroy(t);
+        return NULL;
+    }
+    return t;
+}
+
+void transformer_destroy(transformer *t) {
+    if (!t) return;
+    compute_backend *be = t->be;
+#define BFREE(p) do { if (p) be->free(be, p); } while (0)
+    for (int i = 0; t->vec && i < t->n_local; i++) {
+        layer_vectors *v = &t->vec[i];
+        BFREE(v->attn_norm); BFREE(v->ffn_norm); BFREE(v->q_norm); BFREE(v->k_norm);
+        BFREE(v->bq); BFREE(v->bk); BFREE(v->bv);
+    }
+    BFREE(t->final_norm); BFREE(t->inv_freq);
+    BFREE(t->x); BFREE(t->xn); BFREE(t->ffn_out); BFREE(t->q); BFREE(t->att); BFREE(t->k);
+    BFREE(t->v); BFREE(t->gate); BFREE(t->up); BFREE(t->router); BFREE(t->route_ids);
+    BFREE(t->route_w); BFREE(t->tokens); BFREE(t->positions); BFREE(t->seq_of_token);
+    BFREE(t->slots); BFREE(t->table_start); BFREE(t->logit_rows); BFREE(t->head_in);
+    BFREE(t->logits); BFREE(t->tables);
+#undef BFREE
+    free(t->vec);
+    free(t->experts);
+    free(t);
+}
+
+static int check_batch(const transformer *t, const transformer_batch *b, char *err,
+                       size_t errlen) {
+    if (b->n_tokens < 1 || b->n_tokens > t->max_tokens) {
+        set_err(err, errlen, "batch of %d tokens (1..%d allowed)", b->n_tokens, t->max_tokens);
+        return -1;
+    }
+    if (b->n_seqs < 1 || b->n_seqs > b->n_tokens) {
+        set_err(err, errlen, "batch has %d sequences for %d tokens", b->n_seqs, b->n_tokens);
+        return -1;
+    }
+    if (t->last && (b->n_logits < 0 || b->n_logits > t->max_logits)) {
+        set_err(err, errlen, "%d logit rows requested (at most %d)", b->n_logits, t->max_logits);
+        return -1;
+    }
+    for (int i = 0; t->last && i < b->n_logits; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens) {
+            set_err(err, errlen, "logit row %d is outside the batch", b->logit_rows[i]);
+            return -1;
+        }
+    for (int i = 0; i < b->n_tokens; i++)
+        if (b->seq_of_token[i] < 0 || b->seq_of_token[i] >= b->n_seqs || b->positions[i] < 0 ||
+            (t->first && (b->tokens[i] < 0 || b->tokens[i] >= t->c->vocab_size))) {
+            set_err(err, errlen, "token %d of the batch has a bad id, position or sequence", i);
+            return -1;
+        }
+    if (!t->first && !b->hidden_in) {
+        set_err(err, errlen, "a later pipeline stage needs hidden states as input");
+        return -1;
+    }
+    return 0;
+}
+
+static int upload_batch(transformer *t, const transformer_batch *b, char *err, size_t errlen) {
+    compute_backend *be = t->be;
+    size_t n4 = (size_t)b->n_tokens * 4;
+    if (b->n_block_entries > t->tables_cap) {
+        if (t->tables) be->free(be, t->tables);
+        int cap = b->n_block_entries * 2;
+        t->tables = be->alloc(be, (size_t)cap * 4);
+        t->tables_cap = t->tables ? cap : 0;
+        if (!t->tables) {
+            set_err(err, errlen, "out of memory for block tables");
+            return -1;
+        }
+    }
+    if (t->first) be->upload(be, t->tokens, b->tokens, n4);
+    be->upload(be, t->positions, b->positions, n4);
+    be->upload(be, t->seq_of_token, b->seq_of_token, n4);
+    be->upload(be, t->slots, b->slots, n4);
+    be->upload(be, t->table_start, b->block_table_start, (size_t)b->n_seqs * 4);
+    be->upload(be, t->tables, b->block_tables, (size_t)b->n_block_entries * 4);
+    if (t->last && b->n_logits) be->upload(be, t->logit_rows, b->logit_rows, (size_t)b->n_logits * 4);
+    return 0;
+}
+
+static void attention_block(transformer *t, int li, const kv_layer *kv,
+                            const attention_batch *ab, int64_t n) {
+    compute_backend *be = t->be;
+    const model_config *c = t->c;
+    const layer_weights *l = &t->w->layers[li];
+    const layer_vectors *v = &t->vec[li];
+    be->rmsnorm(be, t->x, v->attn_norm, t->xn, n, t->dim, c->rms_norm_eps);
+    be->matmul(be, &l->wq, t->xn, t->q, n);
+    be->matmul(be, &l->wk, t->xn, t->k, n);
+    be->matmul(be, &l->wv, t->xn, t->v, n);
+    if (c->attention_bias) {
+        be->add_row(be, t->q, v->bq, n, t->q_dim);
+        be->add_row(be, t->k, v->bk, n, t->kv_dim);
+        be->add_row(be, t->v, v->bv, n, t->kv_dim);
+    }
+    if (c->qk_norm) {
+        be->rmsnorm(be, t->q, v->q_norm, t->q, n * c->n_heads, c->head_dim, c->rms_norm_eps);
+        be->rmsnorm(be, t->k, v->k_norm, t->k, n * c->n_kv_heads, c->head_dim, c->rms_norm_eps);
+    }
+    int rot = c->rope.partial_dims ? c->rope.partial_dims : c->head_dim;
+    be->rope(be, t->q, t->positions, n, c->n_heads, c->head_dim, rot, t->inv_freq, t->attn_factor);
+    be->rope(be, t->k, t->positions, n, c->n_kv_heads, c->head_dim, rot, t->inv_freq,
+             t->attn_factor);
+    be->kv_write(be, kv, t->k, t->v, t->slots, n, t->kv_dim);
+    be->attention(be, t->q, kv, ab, t->att);
+    be->matmul(be, &l->wo, t->att, t->xn, n);
+    be->add(be, t->x, t->xn, n * t->dim);
+}
+
+static void mlp_block(transformer *t, int li, int64_t n) {
+    compute_backend *be = t->be;
+    const model_config *c = t->c;
+    const layer_weights *l = &t->w->layers[li];
+    be->rmsnorm(be, t->x, t->vec[li].ffn_norm, t->xn, n, t->dim, c->rms_norm_eps);
+    if (l->is_moe) {
+        be->matmul(be, &l->router, t->xn, t->router, n);
+        be->moe_route(be, t->router, n, c->n_experts, c->n_experts_per_tok, c->norm_topk_prob,
+                      t->route_ids, t->route_w);
+        be->moe_ffn(be, &t->experts[li], t->xn, n, t->route_ids, t->route_w,
+                    c->n_experts_per_tok, t->ffn_out);
+    } else {
+        be->matmul(be, &l->w_gate, t->xn, t->gate, n);
+        be->matmul(be, &l->w_up, t->xn, t->up, n);
+        be->silu_mul(be, t->gate, t->up, n * t->inter);
+        be->matmul(be, &l->w_down, t->gate, t->ffn_out, n);
+    }
+    be->add(be, t->x, t->ffn_out, n * t->dim);
+}
+
+int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
+                        const transformer_batch *b, float *out, char *err, size_t errlen) {
+    if (check_batch(t, b, err, errlen) || upload_batch(t, b, err, errlen)) return -1;
+    compute_backend *be = t->be;
+    const model_config *c = t->c;
+    int64_t n = b->n_tokens;
+    if (t->first)
+        be->embed(be, &t->w->embed, t->tokens, n, t->x);
+    else
+        be->upload(be, t->x, b->hidden_in, (size_t)(n * t->dim) * sizeof(float));
+    attention_batch ab = {.n_tokens = n, .positions = t->positions,
+                          .seq_of_token = t->seq_of_token, .block_table_start = t->table_start,
+                          .block_tables = t->tables, .block_size = block_size,
+                          .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+                          .head_dim = c->head_dim, .scale = 1.0f / sqrtf((float)c->head_dim)};
+    for (int li = 0; li < t->n_local; li++) {
+        attention_block(t, li, &kv[li], &ab, n);
+        mlp_block(t, li, n);
+    }
+    if (!t->last) {
+        be->download(be, out, t->x, (size_t)(n * t->dim) * sizeof(float));
+        return 0;
+    }
+    if (!b->n_logits) return 0;
+    be->gather_rows(be, t->x, t->logit_rows, b->n_logits, t->dim, t->head_in);
+    be->rmsnorm(be, t->head_in, t->final_norm, t->head_in, b->n_logits, t->dim, c->rms_norm_eps);
+    be->matmul(be, &t->w->lm_head, t->head_in, t->logits, b->n_logits);
+    be->download(be, out, t->logits, (size_t)b->n_logits * (size_t)c->vocab_size * sizeof(float));
+    return 0;
+}

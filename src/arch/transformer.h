@@ -1,0 +1,54 @@
+/* transformer — the forward pass shared by every supported family (Llama/Mistral, Qwen2, Qwen3,
+ * Qwen3-MoE), written over compute_backend ops so it runs on any backend. Families differ only
+ * where the math differs: q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), sparse MoE MLP.
+ *
+ * One call processes a flat batch of tokens from many sequences (a prefill chunk of one and
+ * decode steps of others together): token ids, positions, and per-sequence block tables into
+ * the paged KV cache (the caller, infer/, owns the cache and its bookkeeping).
+ *
+ * Shard-aware: a transformer holds layers [layer_start, layer_end). The first stage embeds
+ * tokens; later stages take hidden states; the last stage returns logits, others hidden states.
+ *
+ * Refuses: loading what the config does not describe; batches over max_tokens. */
+#ifndef EXO_ARCH_TRANSFORMER_H
+#define EXO_ARCH_TRANSFORMER_H
+
+#include "compute/backend.h"
+#include "model/model_config.h"
+#include "model/weights.h"
+
+typedef struct transformer transformer;
+
+/* One forward step's inputs (host memory; copied to the backend by transformer_forward). */
+typedef struct transformer_batch {
+    int n_tokens;
+    const int32_t *tokens;            /* [n_tokens] (first stage) */
+    const float *hidden_in;           /* [n_tokens][dim] (other stages), else NULL */
+    const int32_t *positions;         /* [n_tokens] */
+    const int32_t *seq_of_token;      /* [n_tokens] index of the token's sequence in this batch */
+    const int32_t *slots;             /* [n_tokens] KV cache slot the token is written to */
+    int n_seqs;
+    const int32_t *block_table_start; /* [n_seqs] offsets into block_tables */
+    const int32_t *block_tables;      /* [n_block_entries] */
+    int n_block_entries;
+    int n_logits;                     /* last stage: tokens whose logits are wanted */
+    const int32_t *logit_rows;        /* [n_logits] indices into the batch */
+} transformer_batch;
+
+/* Builds the forward for `w` (which must outlive it) on backend `be`. max_tokens bounds
+ * n_tokens per call, max_logits bounds n_logits. NULL with err when out of memory. */
+transformer *transformer_create(const model_config *c, const model_weights *w,
+                                compute_backend *be, int max_tokens, int max_logits, char *err,
+                                size_t errlen);
+void transformer_destroy(transformer *t);
+
+/* Runs the layers over the batch, writing K/V of every token into `kv` (one kv_layer per local
+ * layer). Last stage: out = logits [n_logits][vocab]; otherwise hidden [n_tokens][dim]. Host
+ * memory. Returns 0, or -1 with err (bad batch). */
+int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
+                        const transformer_batch *b, float *out, char *err, size_t errlen);
+
+/* Inverse frequencies for rot_dims/2 rotary pairs and the cos/sin scale, per rope_scaling. */
+void rope_inv_freq(const rope_config *r, int rot_dims, float *inv_freq, float *attn_factor);
+
+#endif

@@ -1,0 +1,107 @@
+/* backend — the ops the forward pass (arch/) is written in, as one struct of function pointers
+ * per backend (ggml-style). Small and boring on purpose.
+ *
+ * Memory: every float/int pointer an op takes is backend memory, made by alloc() and filled by
+ * upload(); arch code never dereferences it (on CUDA it is device memory). Weights are
+ * weight_matrix views (compute.h); a backend may keep them where they are (CPU: the mmap).
+ * Activations are row-major float32 [n_tokens][dim].
+ *
+ * The KV cache is paged: each layer's K and V are arrays of slots [n_slots][n_kv_heads*head_dim]
+ * (slot = block * block_size + offset in block); a sequence's block table lists its blocks in
+ * order, so position p of a sequence lives in slot table[p / block_size] * block_size +
+ * p % block_size.
+ *
+ * This interface refuses: graphs, autograd, activation dtypes other than f32, ops no forward
+ * pass uses. */
+#ifndef EXO_COMPUTE_BACKEND_H
+#define EXO_COMPUTE_BACKEND_H
+
+#include "compute/compute.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One layer's paged KV storage (backend memory). */
+typedef struct kv_layer {
+    void *k;      /* [n_slots][kv_dim] of `type` */
+    void *v;      /* [n_slots][kv_dim] */
+    dtype type;   /* DTYPE_F32, DTYPE_F16 or DTYPE_BF16 */
+} kv_layer;
+
+/* Which cache slots each token of a flat batch attends to (all arrays backend memory). Token t
+ * of sequence s = seq_of_token[t] attends to positions 0..positions[t] of s (causal), through
+ * block_tables[block_table_start[s] ...]. */
+typedef struct attention_batch {
+    int64_t n_tokens;
+    const int32_t *positions;         /* [n_tokens] */
+    const int32_t *seq_of_token;      /* [n_tokens] */
+    const int32_t *block_table_start; /* [n_seqs] offsets into block_tables */
+    const int32_t *block_tables;      /* flat block ids */
+    int block_size;
+    int n_heads, n_kv_heads, head_dim;
+    float scale;                      /* usually 1/sqrt(head_dim) */
+} attention_batch;
+
+/* A sparse MoE MLP's experts: n_experts SwiGLU FFNs. */
+typedef struct moe_experts {
+    int n_experts;
+    int64_t dim, inter;
+    const weight_matrix *gate, *up; /* [n_experts], each [inter][dim] */
+    const weight_matrix *down;      /* [n_experts], each [dim][inter] */
+} moe_experts;
+
+typedef struct compute_backend compute_backend;
+struct compute_backend {
+    const char *name;
+    void *ctx; /* the backend's own state */
+
+    /* Zeroed backend memory; NULL when out of memory. */
+    void *(*alloc)(compute_backend *b, size_t bytes);
+    void (*free)(compute_backend *b, void *p);
+    void (*upload)(compute_backend *b, void *dst, const void *host_src, size_t bytes);
+    void (*download)(compute_backend *b, void *host_dst, const void *src, size_t bytes);
+
+    /* y[t][r] = sum_c x[t][c] * W[r][c] */
+    void (*matmul)(compute_backend *b, const weight_matrix *w, const float *x, float *y,
+                   int64_t n_tokens);
+    /* out[t] = row ids[t] of the table, dequantized */
+    void (*embed)(compute_backend *b, const weight_matrix *table, const int32_t *ids,
+                  int64_t n_tokens, float *out);
+    /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, over rows of `dim`; y may be x */
+    void (*rmsnorm)(compute_backend *b, const float *x, const float *weight, float *y,
+                    int64_t rows, int64_t dim, float eps);
+    /* x[i] += y[i] */
+    void (*add)(compute_backend *b, float *x, const float *y, int64_t n);
+    /* x[r][c] += row[c] (biases) */
+    void (*add_row)(compute_backend *b, float *x, const float *row, int64_t rows, int64_t dim);
+    /* gate[i] = silu(gate[i]) * up[i] */
+    void (*silu_mul)(compute_backend *b, float *gate, const float *up, int64_t n);
+    /* Rotary embedding, rotate-half (GPT-NeoX / HF) layout, on x [n_tokens][n_heads][head_dim]:
+     * the first rot_dims dims of each head rotate by angle positions[t] * inv_freq[i]
+     * (i < rot_dims/2), cos and sin scaled by attn_factor. */
+    void (*rope)(compute_backend *b, float *x, const int32_t *positions, int64_t n_tokens,
+                 int n_heads, int head_dim, int rot_dims, const float *inv_freq,
+                 float attn_factor);
+    /* Stores k, v [n_tokens][kv_dim] into the cache at slots[t]. */
+    void (*kv_write)(compute_backend *b, const kv_layer *kv, const float *k, const float *v,
+                     const int32_t *slots, int64_t n_tokens, int64_t kv_dim);
+    /* out [n_tokens][n_heads*head_dim] = softmax(q k^T * scale) v over the paged cache. */
+    void (*attention)(compute_backend *b, const float *q, const kv_layer *kv,
+                      const attention_batch *ab, float *out);
+    /* out[i] = x[rows[i]] for i < n */
+    void (*gather_rows)(compute_backend *b, const float *x, const int32_t *rows, int64_t n,
+                        int64_t dim, float *out);
+    /* Router: softmax over n_experts logits per token, keep the top k (ids descending by
+     * weight), renormalise them to sum 1 when norm_topk. */
+    void (*moe_route)(compute_backend *b, const float *logits, int64_t n_tokens, int n_experts,
+                      int k, int norm_topk, int32_t *ids, float *weights);
+    /* out[t] = sum_j weights[t][j] * expert_{ids[t][j]}(x[t]) */
+    void (*moe_ffn)(compute_backend *b, const moe_experts *ex, const float *x, int64_t n_tokens,
+                    const int32_t *ids, const float *weights, int k, float *out);
+    void (*destroy)(compute_backend *b);
+};
+
+/* The CPU backend (compute/cpu/backend_cpu.c). n_threads 0 = all cores. */
+compute_backend *compute_backend_cpu(int n_threads);
+
+#endif

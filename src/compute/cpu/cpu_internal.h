@@ -1,0 +1,95 @@
+/* cpu_internal — private to compute/cpu/ (and its tests): the per-SIMD-level kernel tables that
+ * cpu.c dispatches through, and the prepared-activation structure the matvec kernels share.
+ *
+ * Matmul has two regimes:
+ *   - matvec (n_tokens <= CPU_MATVEC_MAX_TOKENS, decode): one pass over the weights, every token
+ *     dotted with each row while it is in registers; memory-bound, so kernels read each weight
+ *     byte once and do as little arithmetic per byte as possible.
+ *   - gemm (prefill): weights dequantized tile by tile to f32 and multiplied with a register-
+ *     blocked kernel (or OpenBLAS sgemm); compute-bound. */
+#ifndef EXO_COMPUTE_CPU_INTERNAL_H
+#define EXO_COMPUTE_CPU_INTERNAL_H
+
+#include "compute/cpu/cpu.h"
+
+#include <stdint.h>
+
+#define CPU_MATVEC_MAX_TOKENS 8
+
+typedef enum cpu_level {
+    CPU_LEVEL_GENERIC = 0,
+    CPU_LEVEL_AVX2,   /* AVX2 + FMA + F16C */
+    CPU_LEVEL_AVX512, /* AVX-512 F/BW/VL/VBMI/VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later) */
+    CPU_LEVEL_NEON,   /* aarch64 */
+    CPU_LEVEL_COUNT
+} cpu_level;
+
+/* Activations prepared once per matmul call, shared read-only by all threads.
+ * For MLX-affine weights the AVX-512 kernels dot integer weights with int16 activations:
+ * x[t][c] ~= xq[t][c] * xscale[t][g] with xscale = max|x in group| / 32767, so the quantization
+ * error of an activation is at most 1/65534 of its group's largest magnitude — far below the bf16
+ * rounding of the weights themselves. The bias term uses the exact float group sums. */
+typedef struct matvec_input {
+    const float *x;       /* [n_tokens][cols] */
+    int64_t n_tokens;     /* 1..CPU_MATVEC_MAX_TOKENS */
+    const int16_t *xq;    /* [n_tokens][cols] (MLX, levels that use it) */
+    const float *xscale;  /* [n_tokens][groups] */
+    const float *xsum;    /* [n_tokens][groups]: sum of x over each group (MLX) */
+} matvec_input;
+
+/* Computes y[t][r] for rows [r0, r1); y is [n_tokens][w->rows]. */
+typedef void (*cpu_matvec_fn)(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                              int64_t r1);
+/* Dequantizes W[r][c0 .. c0+len) into out (f32). For MLX, c0 and len are multiples of the group
+ * size (or len reaches the end of the row). */
+typedef void (*cpu_dequant_fn)(const weight_matrix *w, int64_t r, int64_t c0, int64_t len,
+                               float *out);
+/* Register-blocked f32 micro-kernel of the gemm regime, or NULL (the level uses OpenBLAS sgemm).
+ * wpanel: [k_len][CPU_GEMM_MR] (MR consecutive weight rows, transposed); xpanel: [k_len][CPU_GEMM_NR]
+ * (NR consecutive tokens, transposed); y points at y[t0][r0] with row stride ldy (= w->rows);
+ * writes (accumulate = 0) or adds (1) the tile's n_valid_tokens x m_valid_rows results. */
+typedef void (*cpu_gemm_tile_fn)(const float *wpanel, const float *xpanel, int64_t k_len, float *y,
+                                 int64_t ldy, int m_valid_rows, int n_valid_tokens, int accumulate);
+
+/* Fills wpanel [k_len][CPU_GEMM_MR] with W[r0 + i][c0 + k] (rows i >= m_valid are zero); tmp has
+ * room for CPU_GEMM_MR * CPU_GEMM_KC floats. */
+typedef void (*cpu_gemm_pack_fn)(const weight_matrix *w, int64_t r0, int m_valid, int64_t c0,
+                                 int64_t k_len, float *wpanel, float *tmp);
+
+typedef struct cpu_kernels {
+    const char *name;
+    int needs_int16_x; /* MLX matvec wants xq/xscale */
+    cpu_matvec_fn matvec;
+    cpu_dequant_fn dequant;
+    cpu_gemm_tile_fn gemm_tile; /* NULL: sgemm */
+    cpu_gemm_pack_fn gemm_pack; /* with gemm_tile */
+} cpu_kernels;
+
+/* Tile shape of gemm_tile: CPU_GEMM_MR weight rows (two 16-float vectors) x CPU_GEMM_NR tokens
+ * (broadcast), and the K block the weight panel is dequantized in (fits L1: 256*32*4 = 32 KiB). */
+#define CPU_GEMM_MR 32
+#define CPU_GEMM_NR 12
+#define CPU_GEMM_KC 256
+
+/* Kernel table for a level, or NULL when this build or this CPU lacks it. */
+const cpu_kernels *cpu_kernels_for(cpu_level level);
+int cpu_level_supported(cpu_level level);
+extern const cpu_kernels cpu_kernels_generic;
+extern const cpu_kernels cpu_kernels_avx2;
+extern const cpu_kernels cpu_kernels_avx512;
+
+/* cpu_matmul with an explicit level and gemm engine (tests and benchmarks compare them). */
+typedef enum cpu_gemm_engine { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_OPENBLAS } cpu_gemm_engine;
+/* Returns 0, or -1 if the level is not supported here (y untouched). max_matvec_tokens < 0 uses
+ * the default threshold. */
+int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_tokens,
+                    cpu_level level, cpu_gemm_engine gemm, int max_matvec_tokens);
+
+/* Thread-local scratch memory, 64-byte aligned, grown on demand and kept for the thread's life
+ * (slot 0..3; a slot's previous contents are lost when it grows). NULL when out of memory. */
+void *cpu_scratch(int slot, size_t bytes);
+
+/* Checks a view's fields so kernels can trust them (bits, group size, divisibility, pointers). */
+int cpu_weight_supported(const weight_matrix *w);
+
+#endif

@@ -1,0 +1,320 @@
+/* AVX-512 kernels (F/BW/VL/DQ + VBMI + VNNI: Ice Lake, Sapphire Rapids, Zen 4 and later).
+ * Compiled with per-function target attributes so the default build runs on any x86-64; cpu.c
+ * calls them only after CPUID said yes.
+ *
+ * matvec, dense formats: weights are widened to f32 16 at a time (bf16 by a 16-bit shift, f16 by
+ * vcvtph2ps) and FMA'd against each token; a few uops per 32 bytes, far under the memory time.
+ *
+ * matvec, MLX affine: per 32 packed values (4*bits bytes, one masked load), one vpermb puts the
+ * two bytes holding value k into 16-bit lane k, vpsrlvw shifts it into place and an AND masks it:
+ * the same three instructions unpack every bit width. VNNI vpdpwssd then multiplies the unsigned
+ * values with int16-quantized activations (see matvec_input), 32 products per instruction, into
+ * int32 lanes that are converted once per group and scaled by scale*activation_scale; the bias
+ * term is sum_g bias_g * sum(x in group g), computed 16 groups at a time.
+ *
+ * gemm: a 32-row x 12-token register tile (24 zmm accumulators), weights dequantized per K block
+ * into a transposed panel that stays in L1, activations packed per 12-token block.
+ *
+ * Refuses: anything cpu_weight_supported() rejects (the driver never calls us with it). */
+#include "compute/cpu/cpu_internal.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+#include <stdlib.h>
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+T512 INLINE __mmask16 tail_mask16(int64_t n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+}
+
+/* 16 weights of a dense row starting at element i, widened to f32; lanes outside m read as 0. */
+T512 INLINE __m512 dense_load16(weight_format f, const void *row, int64_t i, __mmask16 m) {
+    if (f == WEIGHT_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
+    if (f == WEIGHT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+T512 INLINE __m512 dense_load16_full(weight_format f, const void *row, int64_t i) {
+    if (f == WEIGHT_F32) return _mm512_loadu_ps((const float *)row + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+    if (f == WEIGHT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+T512 INLINE void dense_rows(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                            int64_t r1, const weight_format f, const int nt) {
+    int64_t cols = w->cols, rows = w->rows;
+    size_t esize = f == WEIGHT_F32 ? 4 : 2;
+    for (int64_t r = r0; r < r1; r++) {
+        const void *row = (const char *)w->data + (size_t)(r * cols) * esize;
+        __m512 acc[CPU_MATVEC_MAX_TOKENS][2];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+        int64_t c = 0;
+        for (; c + 32 <= cols; c += 32) {
+            __m512 w0 = dense_load16_full(f, row, c), w1 = dense_load16_full(f, row, c + 16);
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                const float *x = in->x + t * cols + c;
+                acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), acc[t][0]);
+                acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), acc[t][1]);
+            }
+        }
+        for (; c < cols; c += 16) {
+            __mmask16 m = tail_mask16(cols - c);
+            __m512 w0 = dense_load16(f, row, c, m);
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++)
+                acc[t][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, in->x + t * cols + c), acc[t][0]);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++)
+            y[t * rows + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+    }
+}
+
+/* ---- MLX affine ---------------------------------------------------------------------------- */
+
+typedef struct unpack_consts {
+    __m512i idx, shifts, mask;
+    __mmask32 load_mask;
+    int chunk_bytes; /* 4 * bits: bytes holding 32 values */
+} unpack_consts;
+
+T512 INLINE unpack_consts unpack_setup(int bits) {
+    unpack_consts u;
+    uint8_t idx[64] = {0};
+    uint16_t sh[32];
+    for (int k = 0; k < 32; k++) {
+        int bit = k * bits;
+        idx[2 * k] = (uint8_t)(bit >> 3);
+        idx[2 * k + 1] = (uint8_t)((bit >> 3) + 1);
+        sh[k] = (uint16_t)(bit & 7);
+    }
+    u.idx = _mm512_loadu_si512(idx);
+    u.shifts = _mm512_loadu_si512(sh);
+    u.mask = _mm512_set1_epi16((short)((1 << bits) - 1));
+    u.chunk_bytes = 4 * bits;
+    u.load_mask = bits == 8 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (4 * bits)) - 1u);
+    return u;
+}
+
+/* 32 consecutive packed values -> 32 uint16 lanes (value k in lane k). */
+T512 INLINE __m512i unpack32(const unpack_consts *u, const uint8_t *p) {
+    __m256i raw = _mm256_maskz_loadu_epi8(u->load_mask, p);
+    __m512i v = _mm512_permutexvar_epi8(u->idx, _mm512_zextsi256_si512(raw));
+    return _mm512_and_si512(_mm512_srlv_epi16(v, u->shifts), u->mask);
+}
+
+T512 INLINE __m512 scales_load16(dtype t, const void *p, int64_t i, __mmask16 m) {
+    if (t == DTYPE_F32) return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+    if (t == DTYPE_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+T512 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                          int64_t r1, float *sd, const int nt) {
+    int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
+    int cpg = (int)(gs / 32);
+    unpack_consts u = unpack_setup(w->bits);
+    size_t row_bytes = (size_t)cols * (size_t)w->bits / 8;
+    const __m512i zero = _mm512_setzero_si512();
+    for (int64_t r = r0; r < r1; r++) {
+        /* Per-row group constants: sd[t][g] = scale_g * xscale[t][g]; bias term into bacc. */
+        __m512 bacc[CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) bacc[t] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; g += 16) {
+            __mmask16 m = tail_mask16(groups - g);
+            __m512 s = scales_load16(w->scale_dtype, w->scales, r * groups + g, m);
+            __m512 b = scales_load16(w->scale_dtype, w->biases, r * groups + g, m);
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                __m512 xs = _mm512_maskz_loadu_ps(m, in->xscale + t * groups + g);
+                _mm512_mask_storeu_ps(sd + t * groups + g, m, _mm512_mul_ps(s, xs));
+                bacc[t] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, in->xsum + t * groups + g), bacc[t]);
+            }
+        }
+        const uint8_t *q = (const uint8_t *)w->data + (size_t)r * row_bytes;
+        __m512 acc[CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; g++) {
+            __m512i iacc[CPU_MATVEC_MAX_TOKENS];
+            const int16_t *xg = in->xq + g * gs;
+            __m512i v = unpack32(&u, q);
+            q += u.chunk_bytes;
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++)
+                iacc[t] = _mm512_dpwssd_epi32(zero, v, _mm512_loadu_si512(xg + t * cols));
+            for (int c = 1; c < cpg; c++) {
+                v = unpack32(&u, q);
+                q += u.chunk_bytes;
+#pragma GCC unroll 8
+                for (int t = 0; t < nt; t++)
+                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], v, _mm512_loadu_si512(xg + t * cols + 32 * c));
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++)
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_set1_ps(sd[t * groups + g]), acc[t]);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++)
+            y[t * rows + r] = _mm512_reduce_add_ps(acc[t]) + _mm512_reduce_add_ps(bacc[t]);
+    }
+}
+
+#define DISPATCH_NT(call_with_nt)                                                                  \
+    switch (in->n_tokens) {                                                                        \
+    case 1: call_with_nt(1); break;                                                                \
+    case 2: call_with_nt(2); break;                                                                \
+    case 3: call_with_nt(3); break;                                                                \
+    case 4: call_with_nt(4); break;                                                                \
+    case 5: call_with_nt(5); break;                                                                \
+    case 6: call_with_nt(6); break;                                                                \
+    case 7: call_with_nt(7); break;                                                                \
+    default: call_with_nt(8); break;                                                               \
+    }
+
+T512 static void matvec_f32(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
+#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_F32, n)
+    DISPATCH_NT(CALL)
+#undef CALL
+}
+
+T512 static void matvec_f16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
+#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_F16, n)
+    DISPATCH_NT(CALL)
+#undef CALL
+}
+
+T512 static void matvec_bf16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
+#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_BF16, n)
+    DISPATCH_NT(CALL)
+#undef CALL
+}
+
+T512 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
+    int64_t groups = w->cols / w->group_size;
+    enum { STACK_FLOATS = 4096 };
+    float stack[STACK_FLOATS];
+    float *sd = stack;
+    if (groups * in->n_tokens > STACK_FLOATS) {
+        sd = malloc((size_t)(groups * in->n_tokens) * sizeof *sd);
+        if (!sd) { /* out of memory: one token at a time fits the stack for any sane width */
+            cpu_kernels_generic.matvec(w, in, y, r0, r1);
+            return;
+        }
+    }
+#define CALL(n) mlx_rows(w, in, y, r0, r1, sd, n)
+    DISPATCH_NT(CALL)
+#undef CALL
+    if (sd != stack) free(sd);
+}
+
+T512 static void avx512_matvec(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                               int64_t r1) {
+    switch (w->format) {
+    case WEIGHT_F32: matvec_f32(w, in, y, r0, r1); return;
+    case WEIGHT_F16: matvec_f16(w, in, y, r0, r1); return;
+    case WEIGHT_BF16: matvec_bf16(w, in, y, r0, r1); return;
+    case WEIGHT_MLX_AFFINE: matvec_mlx(w, in, y, r0, r1); return;
+    }
+}
+
+/* ---- dequantization (gemm regime) ---------------------------------------------------------- */
+
+T512 static void avx512_dequant(const weight_matrix *w, int64_t r, int64_t c0, int64_t len, float *out) {
+    int64_t cols = w->cols;
+    if (w->format != WEIGHT_MLX_AFFINE) {
+        const void *row = (const char *)w->data + (size_t)(r * cols) * (w->format == WEIGHT_F32 ? 4 : 2);
+        for (int64_t c = 0; c < len; c += 16) {
+            __mmask16 m = tail_mask16(len - c);
+            _mm512_mask_storeu_ps(out + c, m, dense_load16(w->format, row, c0 + c, m));
+        }
+        return;
+    }
+    int64_t gs = w->group_size, groups = cols / gs;
+    unpack_consts u = unpack_setup(w->bits);
+    const uint8_t *q = (const uint8_t *)w->data + (size_t)r * ((size_t)cols * (size_t)w->bits / 8) +
+                       (size_t)(c0 / 32) * (size_t)u.chunk_bytes;
+    for (int64_t c = 0; c < len; c += gs) {
+        int64_t g = r * groups + (c0 + c) / gs;
+        __m512 s = scales_load16(w->scale_dtype, w->scales, g, 1);
+        __m512 b = scales_load16(w->scale_dtype, w->biases, g, 1);
+        s = _mm512_broadcastss_ps(_mm512_castps512_ps128(s));
+        b = _mm512_broadcastss_ps(_mm512_castps512_ps128(b));
+        for (int64_t i = 0; i < gs; i += 32) {
+            __m512i v = unpack32(&u, q);
+            q += u.chunk_bytes;
+            __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)));
+            __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)));
+            _mm512_storeu_ps(out + c + i, _mm512_fmadd_ps(lo, s, b));
+            _mm512_storeu_ps(out + c + i + 16, _mm512_fmadd_ps(hi, s, b));
+        }
+    }
+}
+
+/* ---- gemm micro-kernel ---------------------------------------------------------------------- */
+
+T512 static void avx512_gemm_tile(const float *wp, const float *xp, int64_t kl, float *y, int64_t ldy,
+                                  int mv, int nv, int accumulate) {
+    __m512 acc[CPU_GEMM_NR][2];
+#pragma GCC unroll 12
+    for (int j = 0; j < CPU_GEMM_NR; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kl; k++) {
+        __m512 w0 = _mm512_load_ps(wp + k * CPU_GEMM_MR);
+        __m512 w1 = _mm512_load_ps(wp + k * CPU_GEMM_MR + 16);
+        const float *xk = xp + k * CPU_GEMM_NR;
+#pragma GCC unroll 12
+        for (int j = 0; j < CPU_GEMM_NR; j++) {
+            __m512 xb = _mm512_set1_ps(xk[j]);
+            acc[j][0] = _mm512_fmadd_ps(w0, xb, acc[j][0]);
+            acc[j][1] = _mm512_fmadd_ps(w1, xb, acc[j][1]);
+        }
+    }
+    __mmask16 m0 = tail_mask16(mv), m1 = tail_mask16(mv > 16 ? mv - 16 : 0);
+#pragma GCC unroll 12
+    for (int j = 0; j < CPU_GEMM_NR; j++) {
+        if (j >= nv) break;
+        float *yr = y + j * ldy;
+        __m512 a0 = acc[j][0], a1 = acc[j][1];
+        if (accumulate) {
+            a0 = _mm512_add_ps(a0, _mm512_maskz_loadu_ps(m0, yr));
+            a1 = _mm512_add_ps(a1, _mm512_maskz_loadu_ps(m1, yr + 16));
+        }
+        _mm512_mask_storeu_ps(yr, m0, a0);
+        _mm512_mask_storeu_ps(yr + 16, m1, a1);
+    }
+}
+
+T512 static void avx512_gemm_pack(const weight_matrix *w, int64_t r0, int mv, int64_t c0, int64_t kl,
+                                  float *wpanel, float *tmp) {
+    for (int i = 0; i < mv; i++) avx512_dequant(w, r0 + i, c0, kl, tmp + i * kl);
+    for (int i = mv; i < CPU_GEMM_MR; i++)
+        for (int64_t k = 0; k < kl; k++) tmp[i * kl + k] = 0.0f;
+    /* Transpose [MR][kl] -> [kl][MR] with two 16-lane gathers per k. */
+    __m512i rows_idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32((int)kl));
+    const float *hi = tmp + 16 * kl;
+    for (int64_t k = 0; k < kl; k++) {
+        _mm512_store_ps(wpanel + k * CPU_GEMM_MR, _mm512_i32gather_ps(rows_idx, tmp + k, 4));
+        _mm512_store_ps(wpanel + k * CPU_GEMM_MR + 16, _mm512_i32gather_ps(rows_idx, hi + k, 4));
+    }
+}
+
+const cpu_kernels cpu_kernels_avx512 = {
+    .name = "avx512",
+    .needs_int16_x = 1,
+    .matvec = avx512_matvec,
+    .dequant = avx512_dequant,
+    .gemm_tile = avx512_gemm_tile,
+    .gemm_pack = avx512_gemm_pack,
+};
+
+#endif

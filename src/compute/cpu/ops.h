@@ -1,0 +1,34 @@
+/* ops — the CPU backend's reference ops (private to compute/cpu). Plain C, the ground truth the
+ * SIMD and CUDA paths are tested against. Ranged variants let the backend split work over
+ * threads: each computes rows/items [begin, end). */
+#ifndef EXO_COMPUTE_CPU_OPS_H
+#define EXO_COMPUTE_CPU_OPS_H
+
+#include "compute/backend.h"
+
+void cpu_op_embed(const weight_matrix *table, const int32_t *ids, int64_t n_tokens, float *out);
+void cpu_op_rmsnorm(const float *x, const float *weight, float *y, int64_t begin, int64_t end,
+                    int64_t dim, float eps);
+void cpu_op_add(float *x, const float *y, int64_t n);
+void cpu_op_add_row(float *x, const float *row, int64_t rows, int64_t dim);
+void cpu_op_silu_mul(float *gate, const float *up, int64_t begin, int64_t end);
+void cpu_op_rope(float *x, const int32_t *positions, int64_t begin, int64_t end, int n_heads,
+                 int head_dim, int rot_dims, const float *inv_freq, float attn_factor);
+void cpu_op_gather_rows(const float *x, const int32_t *rows, int64_t n, int64_t dim, float *out);
+
+void cpu_op_kv_write(const kv_layer *kv, const float *k, const float *v, const int32_t *slots,
+                     int64_t n_tokens, int64_t kv_dim);
+/* Work items are (token, head) pairs: item i = t * n_heads + h. */
+void cpu_op_attention(const float *q, const kv_layer *kv, const attention_batch *ab, float *out,
+                      int64_t begin, int64_t end);
+
+/* AVX2/F16C path; work items are (token, kv head) pairs: item i = t * n_kv_heads + kvh. Only
+ * when cpu_op_attention_fast_ok(ab). */
+void cpu_op_attention_avx2(const float *q, const kv_layer *kv, const attention_batch *ab,
+                           float *out, int64_t begin, int64_t end);
+int cpu_op_attention_fast_ok(const attention_batch *ab);
+
+void cpu_op_moe_route(const float *logits, int64_t n_tokens, int n_experts, int k, int norm_topk,
+                      int32_t *ids, float *weights);
+
+#endif

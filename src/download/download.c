@@ -1,0 +1,934 @@
+/* download — plan and run a model download (see download.h). The transfer engine is one
+ * curl multi handle driven by this thread; each file is a plan_file with its own .partial fd
+ * and running hash, so a dropped connection resumes from the bytes already hashed. */
+#include "download/download.h"
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/paths.h"
+#include "base/strbuf.h"
+#include "model/store.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+void download_curl_init(void);
+
+typedef struct plan_file {
+    hf_file f;
+    int needed;           /* part of this plan */
+    int done;             /* verified and in place */
+    int active;           /* a transfer is running */
+    int fd;               /* .partial, -1 when closed */
+    uint64_t offset;      /* bytes in .partial == bytes hashed */
+    EVP_MD_CTX *md;       /* hash of bytes [0, offset) (with the git prefix for SHA-1) */
+    int attempts;
+    double not_before;    /* seconds (monotonic) before which no retry starts */
+    int use_peer;         /* index+1 into peers, 0 = the Hub */
+    int http_status;      /* status of the current response (0 until headers) */
+    int body_ignored;     /* non-2xx body being discarded */
+    int disk_full, io_error, oversize;
+    CURL *easy;
+    struct curl_slist *hdrs;
+    char errbuf[CURL_ERROR_SIZE];
+    struct engine *eng;
+} plan_file;
+
+typedef struct engine {
+    const download_request *req;
+    const hf_config *hf;
+    download_result *res;
+    char dir[1024];
+    plan_file *files;
+    size_t n;
+    const char *peer_base; /* peer whose manifest we use (files come from it first) */
+    double started, last_report;
+    uint64_t last_report_bytes;
+    double speed;
+    int parallel, max_retries, backoff_ms, interval_ms;
+    uint64_t fetched;
+} engine;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void set_result(engine *e, enum download_error err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_result(engine *e, enum download_error err, const char *fmt, ...) {
+    if (e->res->error != DOWNLOAD_OK) return; /* the first failure is the one to report */
+    e->res->error = err;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->res->message, sizeof e->res->message, fmt, ap);
+    va_end(ap);
+}
+
+static int cancelled(const engine *e) { return e->req->cancel && *e->req->cancel; }
+
+/* ---- hashing ---- */
+
+static int hash_kind(const hf_file *f) { return f->sha256[0] ? 256 : f->git_sha1[0] ? 1 : 0; }
+
+static void md_reset(plan_file *pf) {
+    if (!pf->md) pf->md = EVP_MD_CTX_new();
+    if (!pf->md) abort();
+    int k = hash_kind(&pf->f);
+    EVP_DigestInit_ex(pf->md, k == 1 ? EVP_sha1() : EVP_sha256(), NULL);
+    if (k == 1) {
+        char prefix[64];
+        int n = snprintf(prefix, sizeof prefix, "blob %llu", (unsigned long long)pf->f.size);
+        EVP_DigestUpdate(pf->md, prefix, (size_t)n + 1); /* includes the NUL */
+    }
+    pf->offset = 0;
+}
+
+/* 1 = matches (or nothing to check), 0 = mismatch. Consumes the running hash. */
+static int md_verify(plan_file *pf, char *got, size_t gotlen) {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int dl = 0;
+    EVP_DigestFinal_ex(pf->md, digest, &dl);
+    for (unsigned i = 0; i < dl && 2 * i + 2 < gotlen; i++) sprintf(got + 2 * i, "%02x", digest[i]);
+    int k = hash_kind(&pf->f);
+    if (k == 0) return 1;
+    return !strcmp(got, k == 256 ? pf->f.sha256 : pf->f.git_sha1);
+}
+
+/* Re-hashes the bytes already in .partial (after a restart). Returns 0 or -1. */
+static int md_catch_up(plan_file *pf, uint64_t upto) {
+    md_reset(pf);
+    static __thread unsigned char buf[1 << 20];
+    while (pf->offset < upto) {
+        size_t want = upto - pf->offset < sizeof buf ? (size_t)(upto - pf->offset) : sizeof buf;
+        ssize_t r = pread(pf->fd, buf, want, (off_t)pf->offset);
+        if (r <= 0) return -1;
+        EVP_DigestUpdate(pf->md, buf, (size_t)r);
+        pf->offset += (uint64_t)r;
+    }
+    return 0;
+}
+
+/* ---- paths ---- */
+
+static void final_path(const engine *e, const plan_file *pf, char *out, size_t n) {
+    snprintf(out, n, "%s/%s", e->dir, pf->f.path);
+}
+static void partial_path(const engine *e, const plan_file *pf, char *out, size_t n) {
+    snprintf(out, n, "%s/%s.partial", e->dir, pf->f.path);
+}
+
+static int mkdir_parent(const char *path) {
+    char tmp[2048];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    char *slash = strrchr(tmp, '/');
+    if (!slash) return 0;
+    *slash = 0;
+    return paths_mkdir_p(tmp);
+}
+
+/* ---- progress ---- */
+
+static void report(engine *e, enum download_status st, int force) {
+    if (!e->req->progress) return;
+    double t = now_s();
+    if (!force && (t - e->last_report) * 1000.0 < e->interval_ms) return;
+    download_progress p = {.model_id = e->req->model_id, .status = st};
+    const char *current = NULL;
+    for (size_t i = 0; i < e->n; i++) {
+        plan_file *pf = &e->files[i];
+        if (!pf->needed) continue;
+        p.files_total++;
+        p.total_bytes += pf->f.size;
+        if (pf->done) {
+            p.files_done++;
+            p.downloaded_bytes += pf->f.size;
+        } else {
+            p.downloaded_bytes += pf->offset;
+            if (pf->active && !current) current = pf->f.path;
+        }
+    }
+    double dt = t - e->last_report;
+    if (dt > 0.05 && e->last_report > 0) {
+        double inst = (double)(e->fetched - e->last_report_bytes) / dt;
+        e->speed = e->speed > 0 ? 0.5 * e->speed + 0.5 * inst : inst;
+    }
+    p.fetched_bytes = e->fetched;
+    p.speed = e->speed;
+    p.eta_seconds = e->speed > 1 ? (double)(p.total_bytes - p.downloaded_bytes) / e->speed : -1;
+    if (st == DOWNLOAD_COMPLETED) p.eta_seconds = 0;
+    p.current_file = current;
+    p.error = e->res->error;
+    p.message = e->res->error ? e->res->message : NULL;
+    e->last_report = t;
+    e->last_report_bytes = e->fetched;
+    e->req->progress(&p, e->req->progress_ud);
+}
+
+/* ---- transfers ---- */
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud) {
+    plan_file *pf = ud;
+    engine *e = pf->eng;
+    size_t n = size * nmemb;
+    if (cancelled(e)) return 0;
+    if (pf->http_status == 0) {
+        long code = 0;
+        curl_easy_getinfo(pf->easy, CURLINFO_RESPONSE_CODE, &code);
+        pf->http_status = (int)code;
+        if (code < 200 || code >= 300) pf->body_ignored = 1;
+        else if (code == 200 && pf->offset > 0) {
+            /* server ignored Range: start over */
+            if (ftruncate(pf->fd, 0) < 0) {
+                pf->io_error = errno;
+                return 0;
+            }
+            md_reset(pf);
+        }
+    }
+    if (pf->body_ignored) return n;
+    if (pf->offset + n > pf->f.size) {
+        pf->oversize = 1;
+        return 0;
+    }
+    size_t written = 0;
+    while (written < n) {
+        ssize_t w = pwrite(pf->fd, ptr + written, n - written, (off_t)(pf->offset + written));
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == ENOSPC || errno == EDQUOT) pf->disk_full = 1;
+            else pf->io_error = errno;
+            return 0;
+        }
+        written += (size_t)w;
+    }
+    EVP_DigestUpdate(pf->md, ptr, n);
+    pf->offset += n;
+    e->fetched += n;
+    e->res->bytes_fetched += n;
+    if (pf->use_peer) e->res->bytes_from_peers += n;
+    return n;
+}
+
+static void close_partial(plan_file *pf) {
+    if (pf->fd >= 0) close(pf->fd);
+    pf->fd = -1;
+}
+
+static int finish_file(engine *e, plan_file *pf) {
+    char got[2 * EVP_MAX_MD_SIZE + 1] = "";
+    char part[2048], fin[2048];
+    partial_path(e, pf, part, sizeof part);
+    final_path(e, pf, fin, sizeof fin);
+    int ok = md_verify(pf, got, sizeof got);
+    close_partial(pf);
+    if (!ok) {
+        log_warn("download %s: %s failed verification (got %s, want %s); removing it", e->req->model_id,
+                 pf->f.path, got, hash_kind(&pf->f) == 256 ? pf->f.sha256 : pf->f.git_sha1);
+        unlink(part);
+        pf->offset = 0;
+        EVP_MD_CTX_free(pf->md);
+        pf->md = NULL;
+        return -1;
+    }
+    if (rename(part, fin) < 0) {
+        set_result(e, DOWNLOAD_ERR_IO, "cannot move %s into place: %s", fin, strerror(errno));
+        return 0;
+    }
+    pf->done = 1;
+    e->res->files_fetched++;
+    return 0;
+}
+
+static void peer_file_url(const char *base, const char *id, const char *path, char *out, size_t n) {
+    snprintf(out, n, "%s/models/%s/files/%s", base, id, path);
+}
+
+/* Starts (or resumes) one file. Returns 0 if started or finished without network, -1 if the
+ * whole download must stop (error set). */
+static int start_file(engine *e, CURLM *multi, plan_file *pf) {
+    char part[2048], url[2048];
+    partial_path(e, pf, part, sizeof part);
+    if (pf->fd < 0) {
+        if (mkdir_parent(part) < 0) {
+            set_result(e, DOWNLOAD_ERR_IO, "cannot create the directory for %s: %s", part, strerror(errno));
+            return -1;
+        }
+        pf->fd = open(part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (pf->fd < 0) {
+            set_result(e, errno == ENOSPC ? DOWNLOAD_ERR_DISK_FULL : DOWNLOAD_ERR_IO,
+                       "cannot open %s: %s", part, strerror(errno));
+            return -1;
+        }
+        struct stat st;
+        uint64_t have = fstat(pf->fd, &st) == 0 ? (uint64_t)st.st_size : 0;
+        if (have > pf->f.size) {
+            if (ftruncate(pf->fd, 0) < 0) have = 0;
+            have = 0;
+        }
+        if (!pf->md || pf->offset != have) {
+            if (md_catch_up(pf, have) < 0) {
+                if (ftruncate(pf->fd, 0) < 0) { /* unreadable partial: start over */ }
+                md_reset(pf);
+            }
+        }
+    }
+    if (pf->offset == pf->f.size) { /* everything is here already: just verify */
+        if (finish_file(e, pf) < 0) {
+            pf->attempts++;
+            pf->not_before = now_s() + (double)e->backoff_ms / 1000.0;
+        }
+        return 0;
+    }
+    if (pf->use_peer)
+        peer_file_url(e->req->peers[pf->use_peer - 1], e->req->model_id, pf->f.path, url, sizeof url);
+    else if (hf_file_url(e->hf, e->req->model_id, pf->f.path, url, sizeof url) < 0) {
+        set_result(e, DOWNLOAD_ERR_BAD_INPUT, "URL for %s is too long", pf->f.path);
+        return -1;
+    }
+    CURL *c = curl_easy_init();
+    if (!c) {
+        set_result(e, DOWNLOAD_ERR_IO, "cannot create an HTTP handle");
+        return -1;
+    }
+    pf->easy = c;
+    pf->http_status = 0;
+    pf->body_ignored = pf->disk_full = pf->io_error = pf->oversize = 0;
+    pf->errbuf[0] = 0;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_PRIVATE, pf);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, pf);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, pf->errbuf);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "exo/0.1 (+libcurl)");
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 15L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);   /* a stalled server ... */
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);   /* ... is a network error after 60 s */
+    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024);
+    curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+    pf->hdrs = NULL;
+    if (!pf->use_peer && e->hf->token[0]) {
+        char auth[600];
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", e->hf->token);
+        pf->hdrs = curl_slist_append(pf->hdrs, auth);
+    }
+    if (pf->hdrs) curl_easy_setopt(c, CURLOPT_HTTPHEADER, pf->hdrs);
+    if (pf->offset > 0) {
+        char range[64];
+        snprintf(range, sizeof range, "%llu-", (unsigned long long)pf->offset);
+        curl_easy_setopt(c, CURLOPT_RANGE, range);
+    }
+    curl_multi_add_handle(multi, c);
+    pf->active = 1;
+    return 0;
+}
+
+static void end_transfer(CURLM *multi, plan_file *pf) {
+    if (!pf->easy) return;
+    curl_multi_remove_handle(multi, pf->easy);
+    curl_easy_cleanup(pf->easy);
+    curl_slist_free_all(pf->hdrs);
+    pf->easy = NULL;
+    pf->hdrs = NULL;
+    pf->active = 0;
+}
+
+static void schedule_retry(engine *e, plan_file *pf, double delay_s) {
+    pf->attempts++;
+    if (delay_s < 0) {
+        delay_s = (double)e->backoff_ms / 1000.0;
+        for (int i = 1; i < pf->attempts && delay_s < 60; i++) delay_s *= 2;
+    }
+    pf->not_before = now_s() + delay_s;
+}
+
+/* Handles a finished transfer. Returns -1 when the whole download must stop. */
+static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
+    long status = 0;
+    curl_easy_getinfo(pf->easy, CURLINFO_RESPONSE_CODE, &status);
+    curl_off_t retry_after = 0;
+    curl_easy_getinfo(pf->easy, CURLINFO_RETRY_AFTER, &retry_after);
+    char cerr[CURL_ERROR_SIZE + 64];
+    snprintf(cerr, sizeof cerr, "%s", pf->errbuf[0] ? pf->errbuf : curl_easy_strerror(rc));
+    int from_peer = pf->use_peer;
+    end_transfer(multi, pf);
+    if (cancelled(e)) {
+        set_result(e, DOWNLOAD_ERR_CANCELLED, "download of %s was cancelled", e->req->model_id);
+        return -1;
+    }
+    if (pf->disk_full) {
+        struct statvfs vfs;
+        unsigned long long avail = statvfs(e->dir, &vfs) == 0 ? (unsigned long long)vfs.f_bavail * vfs.f_frsize : 0;
+        set_result(e, DOWNLOAD_ERR_DISK_FULL,
+                   "disk full while writing %s (%llu bytes free in %s); free space or use "
+                   "--models-dir on a larger disk, then retry (finished files are kept)",
+                   pf->f.path, avail, e->dir);
+        return -1;
+    }
+    if (pf->io_error) {
+        set_result(e, DOWNLOAD_ERR_IO, "cannot write %s: %s", pf->f.path, strerror(pf->io_error));
+        return -1;
+    }
+    if (from_peer && (rc != CURLE_OK || status < 200 || status >= 300 || pf->oversize)) {
+        /* the peer could not serve it: get it from the Hub instead, keeping what arrived */
+        log_info("download %s: peer failed for %s (%s), falling back to the Hub", e->req->model_id,
+                 pf->f.path, rc != CURLE_OK ? cerr : "bad status");
+        pf->use_peer = 0;
+        if (pf->oversize) {
+            close_partial(pf);
+            char part[2048];
+            partial_path(e, pf, part, sizeof part);
+            unlink(part);
+            pf->offset = 0;
+        }
+        return 0;
+    }
+    if (pf->oversize) {
+        log_warn("download %s: %s is larger than the listed %llu bytes; retrying", e->req->model_id,
+                 pf->f.path, (unsigned long long)pf->f.size);
+        close_partial(pf);
+        char part[2048];
+        partial_path(e, pf, part, sizeof part);
+        unlink(part);
+        EVP_MD_CTX_free(pf->md);
+        pf->md = NULL;
+        pf->offset = 0;
+        schedule_retry(e, pf, -1);
+    } else if (status == 429) {
+        double wait = retry_after > 0 ? (double)retry_after : -1;
+        if (wait > 300) wait = 300;
+        log_info("download %s: rate limited on %s, waiting %.0f s", e->req->model_id, pf->f.path,
+                 wait < 0 ? (double)e->backoff_ms / 1000.0 : wait);
+        schedule_retry(e, pf, wait);
+        if (pf->attempts > e->max_retries) {
+            set_result(e, DOWNLOAD_ERR_RATE_LIMIT,
+                       "the Hub kept answering 429 (rate limited) for %s after %d attempts; wait "
+                       "and retry, or set HF_TOKEN for higher limits", pf->f.path, pf->attempts);
+            return -1;
+        }
+        return 0;
+    } else if (status == 416 && pf->offset == pf->f.size) {
+        return finish_file(e, pf) < 0 ? (schedule_retry(e, pf, -1), 0) : 0;
+    } else if (status == 401 || status == 403) {
+        set_result(e, DOWNLOAD_ERR_AUTH,
+                   "HTTP %ld for %s: %s is gated or private; set HF_TOKEN to a token with access "
+                   "(and accept the model's license on huggingface.co)",
+                   status, pf->f.path, e->req->model_id);
+        return -1;
+    } else if (status == 404) {
+        set_result(e, DOWNLOAD_ERR_NOT_FOUND, "HTTP 404 for %s of %s: the file is gone from the repository",
+                   pf->f.path, e->req->model_id);
+        return -1;
+    } else if (rc != CURLE_OK || status >= 500 || status < 200 || status >= 300) {
+        log_info("download %s: %s interrupted at %llu/%llu bytes (%s); will resume", e->req->model_id,
+                 pf->f.path, (unsigned long long)pf->offset, (unsigned long long)pf->f.size,
+                 rc != CURLE_OK ? cerr : "server error");
+        if (status == 416) { /* our partial is out of step with the server: restart the file */
+            close_partial(pf);
+            char part[2048];
+            partial_path(e, pf, part, sizeof part);
+            unlink(part);
+            pf->offset = 0;
+        }
+        schedule_retry(e, pf, -1);
+        if (pf->attempts > e->max_retries) {
+            set_result(e, DOWNLOAD_ERR_NETWORK, "giving up on %s after %d attempts: %s%s%ld",
+                       pf->f.path, pf->attempts, rc != CURLE_OK ? cerr : "", rc != CURLE_OK ? "" : "HTTP ",
+                       rc != CURLE_OK ? 0L : status);
+            return -1;
+        }
+        return 0;
+    } else if (pf->offset < pf->f.size) {
+        schedule_retry(e, pf, -1); /* short body: resume */
+    } else if (finish_file(e, pf) < 0) {
+        schedule_retry(e, pf, -1);
+        if (pf->attempts > e->max_retries) {
+            set_result(e, DOWNLOAD_ERR_VERIFY,
+                       "%s failed its checksum %d times (corrupt data from the server?); the "
+                       "corrupt file was removed — retry later",
+                       pf->f.path, pf->attempts);
+            return -1;
+        }
+        return 0;
+    }
+    if (pf->attempts > e->max_retries && !pf->done) {
+        set_result(e, DOWNLOAD_ERR_NETWORK, "giving up on %s after %d attempts", pf->f.path, pf->attempts);
+        return -1;
+    }
+    return e->res->error ? -1 : 0;
+}
+
+static int run_engine(engine *e) {
+    CURLM *multi = curl_multi_init();
+    if (!multi) {
+        set_result(e, DOWNLOAD_ERR_IO, "cannot create the transfer engine");
+        return -1;
+    }
+    int rc = 0;
+    for (;;) {
+        if (cancelled(e)) {
+            set_result(e, DOWNLOAD_ERR_CANCELLED, "download of %s was cancelled", e->req->model_id);
+            rc = -1;
+            break;
+        }
+        int active = 0, pending = 0;
+        double t = now_s(), next_wake = t + 1.0;
+        for (size_t i = 0; i < e->n; i++) active += e->files[i].active;
+        for (size_t i = 0; i < e->n && rc == 0; i++) {
+            plan_file *pf = &e->files[i];
+            if (!pf->needed || pf->done || pf->active) continue;
+            pending++;
+            if (pf->not_before > t) {
+                if (pf->not_before < next_wake) next_wake = pf->not_before;
+                continue;
+            }
+            if (active >= e->parallel) continue;
+            if (start_file(e, multi, pf) < 0) rc = -1;
+            else if (pf->active) active++;
+        }
+        if (rc < 0) break;
+        if (!active && !pending) break;
+        int running = 0;
+        curl_multi_perform(multi, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(multi, &left))) {
+            if (msg->msg != CURLMSG_DONE) continue;
+            plan_file *pf = NULL;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&pf);
+            if (on_done(e, multi, pf, msg->data.result) < 0) rc = -1;
+            if (rc < 0) break;
+        }
+        if (rc < 0) break;
+        report(e, DOWNLOAD_ONGOING, 0);
+        int wait_ms = (int)((next_wake - now_s()) * 1000);
+        if (wait_ms > 200) wait_ms = 200;
+        if (wait_ms < 1) wait_ms = 1;
+        if (active) curl_multi_poll(multi, NULL, 0, wait_ms, NULL);
+        else usleep((useconds_t)wait_ms * 1000);
+    }
+    for (size_t i = 0; i < e->n; i++) {
+        end_transfer(multi, &e->files[i]);
+        close_partial(&e->files[i]);
+    }
+    curl_multi_cleanup(multi);
+    return rc;
+}
+
+/* ---- planning ---- */
+
+static int is_weight_ext(const char *p, int safetensors_only) {
+    static const char *exts[] = {".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack",
+                                 ".onnx", ".ot", ".gguf", ".ckpt"};
+    size_t n = strlen(p);
+    for (size_t i = safetensors_only ? 0 : 0; i < sizeof exts / sizeof exts[0]; i++) {
+        size_t m = strlen(exts[i]);
+        if (n >= m && !strcmp(p + n - m, exts[i])) return safetensors_only ? i == 0 : 1;
+    }
+    return 0;
+}
+
+static int manifest_write(const engine *e) {
+    json_t *files = json_array();
+    for (size_t i = 0; i < e->n; i++) {
+        const hf_file *f = &e->files[i].f;
+        json_t *o = json_pack("{s:s, s:I}", "path", f->path, "size", (json_int_t)f->size);
+        if (f->sha256[0]) json_object_set_new(o, "sha256", json_string(f->sha256));
+        if (f->git_sha1[0]) json_object_set_new(o, "git_sha1", json_string(f->git_sha1));
+        json_array_append_new(files, o);
+    }
+    json_t *m = json_pack("{s:s, s:s, s:o}", "model_id", e->req->model_id, "revision",
+                          e->hf->revision, "files", files);
+    char path[2048], tmp[2100];
+    snprintf(path, sizeof path, "%s/%s", e->dir, STORE_MANIFEST);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int rc = json_dump_file(m, tmp, JSON_INDENT(1)) == 0 && rename(tmp, path) == 0 ? 0 : -1;
+    json_decref(m);
+    return rc;
+}
+
+/* Reads a manifest ({files:[{path,size,sha256?,git_sha1?}]}) into a file list. */
+static int manifest_parse(const char *text, size_t len, hf_file_list *out) {
+    memset(out, 0, sizeof *out);
+    json_error_t je;
+    json_t *m = json_loadb(text, len, 0, &je);
+    json_t *files = json_object_get(m, "files");
+    if (!json_is_array(files) || json_array_size(files) == 0) {
+        json_decref(m);
+        return -1;
+    }
+    out->files = calloc(json_array_size(files), sizeof(hf_file));
+    if (!out->files) abort();
+    size_t i;
+    json_t *it;
+    json_array_foreach(files, i, it) {
+        const char *p = json_string_value(json_object_get(it, "path"));
+        json_t *size = json_object_get(it, "size");
+        const char *sha = json_string_value(json_object_get(it, "sha256"));
+        const char *sha1 = json_string_value(json_object_get(it, "git_sha1"));
+        if (!p || store_relpath_valid(p) < 0 || strlen(p) >= sizeof out->files[0].path ||
+            !json_is_integer(size) || json_integer_value(size) < 0) {
+            hf_file_list_free(out);
+            json_decref(m);
+            return -1;
+        }
+        hf_file *f = &out->files[out->n++];
+        snprintf(f->path, sizeof f->path, "%s", p);
+        f->size = (uint64_t)json_integer_value(size);
+        if (sha && strlen(sha) == 64) memcpy(f->sha256, sha, 65);
+        if (sha1 && strlen(sha1) == 40) memcpy(f->git_sha1, sha1, 41);
+        f->is_lfs = f->sha256[0] != 0;
+    }
+    json_decref(m);
+    return 0;
+}
+
+static int read_local_manifest(const char *dir, hf_file_list *out) {
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, STORE_MANIFEST);
+    size_t len;
+    char *text = paths_read_file(path, 64 << 20, &len);
+    if (!text) return -1;
+    int rc = manifest_parse(text, len, out);
+    free(text);
+    return rc;
+}
+
+int download_shard_files(const char *index_json, int n_layers, int tie_embeddings, int start,
+                         int end, json_t *out, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *idx = json_loads(index_json, 0, &je);
+    json_t *map = json_object_get(idx, "weight_map");
+    if (!json_is_object(map)) {
+        snprintf(err, errlen, "model.safetensors.index.json has no weight_map object");
+        json_decref(idx);
+        return -1;
+    }
+    int first = start == 0, last = end >= n_layers;
+    const char *name;
+    json_t *v;
+    json_object_foreach(map, name, v) {
+        const char *file = json_string_value(v);
+        if (!file || store_relpath_valid(file) < 0) {
+            snprintf(err, errlen, "weight_map names an unsafe file for %s", name);
+            json_decref(idx);
+            return -1;
+        }
+        /* the layer number follows "layers." / "h." / "blocks." in the tensor name */
+        long layer = -1;
+        const char *keys[] = {"layers.", ".h.", "blocks."};
+        for (size_t k = 0; k < 3 && layer < 0; k++) {
+            const char *p = strstr(name, keys[k]);
+            if (p && (p == name || p[-1] == '.' || keys[k][0] == '.')) {
+                p += strlen(keys[k]);
+                char *endp;
+                long l = strtol(p, &endp, 10);
+                if (endp != p && *endp == '.') layer = l;
+            }
+        }
+        int need;
+        if (layer >= 0) need = layer >= start && layer < end;
+        else if (strstr(name, "embed")) need = first || (last && tie_embeddings);
+        else if (strstr(name, "lm_head") || strstr(name, "norm")) need = last;
+        else need = first || last; /* unknown extras: keep them with the ends */
+        if (!need) continue;
+        int dup = 0;
+        size_t i;
+        json_t *x;
+        json_array_foreach(out, i, x) if (!strcmp(json_string_value(x), file)) dup = 1;
+        if (!dup) json_array_append_new(out, json_string(file));
+    }
+    json_decref(idx);
+    return 0;
+}
+
+static int file_in(json_t *arr, const char *path) {
+    size_t i;
+    json_t *x;
+    json_array_foreach(arr, i, x) if (!strcmp(json_string_value(x), path)) return 1;
+    return 0;
+}
+
+/* For a shard: after the non-weight files are in place, mark the weight files it needs. */
+static int select_shard(engine *e) {
+    char path[2048];
+    snprintf(path, sizeof path, "%s/config.json", e->dir);
+    size_t len;
+    char *cfg_text = paths_read_file(path, 16 << 20, &len);
+    json_error_t je;
+    json_t *cfg = cfg_text ? json_loads(cfg_text, 0, &je) : NULL;
+    free(cfg_text);
+    json_t *nl = json_object_get(cfg, "num_hidden_layers");
+    if (!nl) nl = json_object_get(json_object_get(cfg, "text_config"), "num_hidden_layers");
+    int n_layers = json_is_integer(nl) ? (int)json_integer_value(nl) : 0;
+    int tie = json_is_true(json_object_get(cfg, "tie_word_embeddings"));
+    json_decref(cfg);
+    if (n_layers <= 0) {
+        set_result(e, DOWNLOAD_ERR_BAD_INPUT, "config.json of %s has no num_hidden_layers; cannot pick a shard",
+                   e->req->model_id);
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", e->dir);
+    char *index = paths_read_file(path, 64 << 20, &len);
+    json_t *want = json_array();
+    char err[256];
+    if (index) {
+        if (download_shard_files(index, n_layers, tie, e->req->layer_start, e->req->layer_end, want,
+                                 err, sizeof err) < 0) {
+            free(index);
+            json_decref(want);
+            set_result(e, DOWNLOAD_ERR_BAD_INPUT, "%s", err);
+            return -1;
+        }
+        free(index);
+    }
+    for (size_t i = 0; i < e->n; i++) {
+        plan_file *pf = &e->files[i];
+        if (!is_weight_ext(pf->f.path, 1)) continue;
+        pf->needed = index ? file_in(want, pf->f.path) : 1; /* no index: one file holds all */
+    }
+    json_decref(want);
+    return 0;
+}
+
+static int check_space(engine *e) {
+    uint64_t need = 0;
+    char path[2048];
+    for (size_t i = 0; i < e->n; i++) {
+        plan_file *pf = &e->files[i];
+        if (!pf->needed || pf->done) continue;
+        struct stat st;
+        partial_path(e, pf, path, sizeof path);
+        uint64_t have = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+        need += pf->f.size > have ? pf->f.size - have : 0;
+    }
+    struct statvfs vfs;
+    if (statvfs(e->dir, &vfs) < 0) return 0; /* cannot tell: let ENOSPC catch it */
+    uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+    if (avail < need + e->req->min_free_bytes) {
+        set_result(e, DOWNLOAD_ERR_DISK_FULL,
+                   "not enough disk space for %s: need %llu bytes, %llu free in %s; free space or "
+                   "use --models-dir on a larger disk",
+                   e->req->model_id, (unsigned long long)(need + e->req->min_free_bytes),
+                   (unsigned long long)avail, e->dir);
+        return -1;
+    }
+    return 0;
+}
+
+/* Marks files already in place. With a trusted local manifest a matching size is enough. */
+static void mark_present(engine *e) {
+    char path[2048];
+    for (size_t i = 0; i < e->n; i++) {
+        plan_file *pf = &e->files[i];
+        final_path(e, pf, path, sizeof path);
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == pf->f.size)
+            pf->done = 1;
+    }
+}
+
+static enum download_error list_files(engine *e, hf_file_list *list) {
+    char err[512] = "";
+    for (int i = 0; i < e->req->n_peers; i++) {
+        char url[2048];
+        snprintf(url, sizeof url, "%s/models/%s/manifest", e->req->peers[i], e->req->model_id);
+        char *body;
+        size_t len;
+        if (http_get_small(url, NULL, 64 << 20, &body, &len, err, sizeof err) == DOWNLOAD_OK) {
+            int ok = manifest_parse(body, len, list) == 0;
+            free(body);
+            if (ok) {
+                e->peer_base = e->req->peers[i];
+                log_info("download %s: using peer %s", e->req->model_id, e->peer_base);
+                return DOWNLOAD_OK;
+            }
+        }
+        log_info("download %s: peer %s cannot serve it (%s)", e->req->model_id, e->req->peers[i], err);
+    }
+    enum download_error de = hf_list_files(e->hf, e->req->model_id, list, err, sizeof err);
+    if (de != DOWNLOAD_OK) set_result(e, de, "cannot list the files of %s: %s", e->req->model_id, err);
+    return de;
+}
+
+enum download_error download_model(const download_request *req, download_result *res) {
+    memset(res, 0, sizeof *res);
+    engine e = {.req = req, .res = res};
+    hf_config env_hf;
+    if (!req->hf) hf_config_from_env(&env_hf);
+    e.hf = req->hf ? req->hf : &env_hf;
+    e.parallel = req->parallel > 0 ? req->parallel : 8;
+    e.max_retries = req->max_retries > 0 ? req->max_retries : 5;
+    e.backoff_ms = req->backoff_ms > 0 ? req->backoff_ms : 1000;
+    e.interval_ms = req->progress_interval_ms > 0 ? req->progress_interval_ms : 1000;
+    char why[256];
+    if (store_id_valid(req->model_id, why, sizeof why) < 0) {
+        set_result(&e, DOWNLOAD_ERR_BAD_INPUT, "invalid model id '%s': %s", req->model_id, why);
+        return res->error;
+    }
+    model_store st;
+    if (store_init(&st, req->models_dir, NULL, why, sizeof why) < 0 ||
+        store_write_dir(&st, req->model_id, e.dir, sizeof e.dir) < 0) {
+        set_result(&e, DOWNLOAD_ERR_BAD_INPUT, "bad models dir: %s", why);
+        return res->error;
+    }
+    snprintf(res->model_dir, sizeof res->model_dir, "%s", e.dir);
+    download_curl_init();
+
+    hf_file_list list = {0};
+    int have_local = read_local_manifest(e.dir, &list) == 0;
+    int whole = req->layer_end <= 0;
+    if (have_local && whole && store_dir_state(e.dir) == STORE_COMPLETE) goto done_ok;
+    if (req->offline) {
+        if (!have_local) {
+            set_result(&e, DOWNLOAD_ERR_OFFLINE,
+                       "offline mode: %s is not in %s and cannot be downloaded; run once online or "
+                       "copy it there", req->model_id, e.dir);
+            return res->error;
+        }
+    } else {
+        if (have_local) hf_file_list_free(&list);
+        if (list_files(&e, &list) != DOWNLOAD_OK) return res->error;
+    }
+    e.n = 0;
+    e.files = calloc(list.n ? list.n : 1, sizeof *e.files);
+    if (!e.files) abort();
+    int has_safetensors = 0;
+    for (size_t i = 0; i < list.n; i++) has_safetensors |= is_weight_ext(list.files[i].path, 1);
+    for (size_t i = 0; i < list.n; i++) {
+        /* never wanted: git metadata, and other weight formats when safetensors exist */
+        if (!strcmp(list.files[i].path, ".gitattributes") ||
+            (has_safetensors && is_weight_ext(list.files[i].path, 0) &&
+             !is_weight_ext(list.files[i].path, 1)))
+            continue;
+        plan_file *pf = &e.files[e.n++];
+        pf->f = list.files[i];
+        pf->fd = -1;
+        pf->eng = &e;
+        pf->use_peer = 0;
+        if (e.peer_base)
+            for (int k = 0; k < req->n_peers; k++)
+                if (req->peers[k] == e.peer_base) pf->use_peer = k + 1;
+        /* phase 1 of a shard: everything but the weights */
+        pf->needed = whole || !is_weight_ext(pf->f.path, 0);
+    }
+    hf_file_list_free(&list);
+    if (paths_mkdir_p(e.dir) < 0) {
+        set_result(&e, errno == ENOSPC ? DOWNLOAD_ERR_DISK_FULL : DOWNLOAD_ERR_IO,
+                   "cannot create %s: %s", e.dir, strerror(errno));
+        goto out;
+    }
+    if (!req->offline && manifest_write(&e) < 0) {
+        set_result(&e, DOWNLOAD_ERR_IO, "cannot write the manifest in %s: %s", e.dir, strerror(errno));
+        goto out;
+    }
+    mark_present(&e);
+    e.started = now_s();
+    for (int phase = whole ? 1 : 0; phase < 2; phase++) {
+        if (phase == 1 && !whole && select_shard(&e) < 0) goto out;
+        if (phase == 1 && !whole) mark_present(&e);
+        for (size_t i = 0; i < e.n; i++) res->files_planned += phase == 1 && e.files[i].needed;
+        if (req->offline) {
+            for (size_t i = 0; i < e.n; i++)
+                if (e.files[i].needed && !e.files[i].done) {
+                    set_result(&e, DOWNLOAD_ERR_OFFLINE,
+                               "offline mode: %s of %s is missing and cannot be downloaded",
+                               e.files[i].f.path, req->model_id);
+                    goto out;
+                }
+            continue;
+        }
+        if (check_space(&e) < 0) goto out;
+        report(&e, DOWNLOAD_ONGOING, 1);
+        if (run_engine(&e) < 0) goto out;
+    }
+    report(&e, DOWNLOAD_COMPLETED, 1);
+out:
+    if (res->error) report(&e, DOWNLOAD_FAILED, 1);
+    for (size_t i = 0; i < e.n; i++) EVP_MD_CTX_free(e.files[i].md);
+    free(e.files);
+    return res->error;
+done_ok:
+    if (req->progress) {
+        download_progress p = {.model_id = req->model_id, .status = DOWNLOAD_COMPLETED, .eta_seconds = 0};
+        for (size_t i = 0; i < list.n; i++) p.total_bytes += list.files[i].size;
+        p.downloaded_bytes = p.total_bytes;
+        p.files_done = p.files_total = (int)list.n;
+        req->progress(&p, req->progress_ud);
+    }
+    res->files_planned = (int)list.n;
+    hf_file_list_free(&list);
+    return DOWNLOAD_OK;
+}
+
+int download_model_blocking(const char *model_id, download_progress_fn progress, void *ud,
+                            char *model_dir, size_t model_dir_len, char *err, size_t errlen) {
+    char models[1024];
+    const char *env = getenv("EXO_MODELS_DIR");
+    if (env && *env) snprintf(models, sizeof models, "%s", env);
+    else {
+        char data[900];
+        if (paths_default_data_dir(data, sizeof data) < 0) {
+            snprintf(err, errlen, "cannot find a data directory (set EXO_MODELS_DIR)");
+            return -1;
+        }
+        snprintf(models, sizeof models, "%s/models", data);
+    }
+    const char *off = getenv("EXO_OFFLINE");
+    download_request req = {.model_id = model_id, .models_dir = models,
+                            .offline = off && *off && strcmp(off, "0"), .progress = progress,
+                            .progress_ud = ud};
+    download_result res;
+    if (download_model(&req, &res) != DOWNLOAD_OK) {
+        snprintf(err, errlen, "%s", res.message);
+        return -1;
+    }
+    if (model_dir) snprintf(model_dir, model_dir_len, "%s", res.model_dir);
+    return 0;
+}
+
+static void human(char *out, size_t n, double bytes) {
+    const char *u[] = {"B", "KB", "MB", "GB", "TB"};
+    int i = 0;
+    while (bytes >= 1000 && i < 4) bytes /= 1000, i++;
+    snprintf(out, n, i ? "%.1f %s" : "%.0f %s", bytes, u[i]);
+}
+
+void download_progress_bar(const download_progress *p, void *ud) {
+    FILE *f = ud ? ud : stderr;
+    char done[32], total[32], speed[32];
+    human(done, sizeof done, (double)p->downloaded_bytes);
+    human(total, sizeof total, (double)p->total_bytes);
+    human(speed, sizeof speed, p->speed);
+    double frac = p->total_bytes ? (double)p->downloaded_bytes / (double)p->total_bytes : 1;
+    char bar[31];
+    int fill = (int)(frac * 30);
+    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+    bar[30] = 0;
+    int tty = isatty(fileno(f));
+    if (p->status == DOWNLOAD_FAILED) {
+        fprintf(f, "%sdownload failed: %s\n", tty ? "\r\033[K" : "", p->message ? p->message : "");
+        return;
+    }
+    char eta[32] = "--";
+    if (p->eta_seconds >= 0) snprintf(eta, sizeof eta, "%dm%02ds", (int)p->eta_seconds / 60, (int)p->eta_seconds % 60);
+    fprintf(f, "%s%s [%s] %5.1f%% %s/%s %s/s ETA %s files %d/%d%s", tty ? "\r\033[K" : "",
+            p->model_id, bar, frac * 100, done, total, speed, eta, p->files_done, p->files_total,
+            tty && p->status == DOWNLOAD_ONGOING ? "" : "\n");
+    fflush(f);
+}

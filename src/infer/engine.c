@@ -1,0 +1,599 @@
+/* The engine: model + KV cache + scheduler + sampler behind engine.h.
+ *
+ * Scheduling, one engine_step at a time (continuous batching):
+ *   1. report cancellations;
+ *   2. decode: every running sequence whose prompt is done contributes its one pending token;
+ *      when the cache has no block for it, the newest running sequence is preempted (its blocks
+ *      freed, it goes back to waiting and is recomputed later: outputs do not change);
+ *   3. prefill: sequences still processing their prompt (oldest first), then waiting ones while
+ *      fewer than max_sequences run, take chunks of what is left of max_batch_tokens;
+ *   4. one forward over the flat batch; every sequence whose chunk reached its last known token
+ *      samples its next token.
+ * Refuses: prompts that cannot fit the context or the whole cache (engine_submit fails). */
+#include "infer/engine.h"
+
+#include "arch/transformer.h"
+#include "compute/backend.h"
+#include "infer/kv_cache.h"
+#include "infer/sampler.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define ENGINE_BLOCK_SIZE 16
+
+typedef enum seq_state { SEQ_WAITING = 0, SEQ_RUNNING } seq_state;
+
+typedef struct sequence {
+    uint64_t id;
+    seq_state state;
+    int32_t *tokens; /* prompt then generated, [cap] */
+    int n_tokens, cap, n_prompt;
+    int n_computed;  /* tokens whose K/V are in the cache */
+    int n_generated, max_tokens;
+    sampling_params sampling;
+    sampler_rng rng;
+    int32_t *stops;  /* eos ids + request stop ids */
+    int n_stops;
+    int ban_eos;
+    int32_t *blocks; /* block table */
+    int n_blocks, blocks_cap;
+    int no_prefix_cache;
+    int n_hashed;       /* leading full blocks whose chain hash is known (and registered) */
+    uint64_t last_hash; /* chain hash of block n_hashed - 1 (0 before the first) */
+    int cached_tokens;  /* prompt tokens served from the prefix cache at admission */
+    int admitted;       /* has been admitted once (cached_tokens is final) */
+    /* this step */
+    int chunk;       /* tokens in the batch */
+    int logit_index; /* row in logits, or -1 */
+} sequence;
+
+struct engine {
+    engine_info info;
+    model_config cfg;
+    safetensors_set *st;
+    model_weights w;
+    compute_backend *be;
+    transformer *tf;
+    kv_cache *kv;
+    int max_batch_tokens, max_sequences, block_size;
+    sequence **seqs; /* live sequences in arrival order */
+    int n_seqs;
+    uint64_t *cancelled; /* ids to report as cancelled at the next step */
+    int n_cancelled, cancelled_cap;
+    uint64_t preemptions;
+    /* batch staging (host) */
+    int32_t *b_tokens, *b_positions, *b_seq, *b_slots, *b_table_start, *b_logit_rows;
+    int32_t *b_tables;
+    int b_tables_cap;
+    sequence **b_members;
+    float *logits; /* [max_sequences][vocab] */
+    sampler_scratch sampler;
+};
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static size_t available_memory(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    size_t kb = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb ? kb * 1024 : (size_t)2 << 30;
+}
+
+static int open_kv(engine *e, const engine_options *o, char *err, size_t errlen) {
+    const model_config *c = &e->cfg;
+    int n_local = e->w.layer_end - e->w.layer_start;
+    int64_t kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    dtype type = DTYPE_F16;
+    const char *name = o->kv_cache_dtype;
+    if (name && !strcmp(name, "f32")) type = DTYPE_F32;
+    else if (name && !strcmp(name, "bf16")) type = DTYPE_BF16;
+    else if (name && strcmp(name, "f16")) {
+        set_err(err, errlen, "KV cache dtype '%.16s' is not one of f16, bf16, f32", name);
+        return -1;
+    }
+    size_t block_bytes = kv_cache_block_bytes(n_local, kv_dim, e->block_size, type);
+    size_t bytes = o->kv_cache_bytes;
+    if (!bytes) { /* enough for every sequence at full context, within a quarter of free RAM */
+        size_t want = (size_t)e->max_sequences * (size_t)e->info.context_length /
+                      (size_t)e->block_size * block_bytes + block_bytes;
+        size_t cap = available_memory() / 4;
+        bytes = want < cap ? want : cap;
+    }
+    size_t n_blocks = bytes / block_bytes;
+    if (n_blocks < 2) {
+        set_err(err, errlen, "KV cache budget of %zu bytes holds fewer than 2 blocks of %zu bytes",
+                bytes, block_bytes);
+        return -1;
+    }
+    if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
+    e->kv = kv_cache_create(e->be, n_local, kv_dim, e->block_size, (int)n_blocks, type, err,
+                            errlen);
+    return e->kv ? 0 : -1;
+}
+
+static int alloc_staging(engine *e) {
+    int T = e->max_batch_tokens > e->max_sequences ? e->max_batch_tokens : e->max_sequences;
+    e->max_batch_tokens = T;
+    e->b_tokens = malloc((size_t)T * 4);
+    e->b_positions = malloc((size_t)T * 4);
+    e->b_seq = malloc((size_t)T * 4);
+    e->b_slots = malloc((size_t)T * 4);
+    e->b_table_start = malloc((size_t)T * 4);
+    e->b_logit_rows = malloc((size_t)T * 4);
+    e->b_members = malloc((size_t)T * sizeof *e->b_members);
+    e->logits = malloc((size_t)e->max_sequences * (size_t)e->cfg.vocab_size * sizeof(float));
+    e->seqs = calloc((size_t)e->max_sequences * 4 + 16, sizeof *e->seqs);
+    return e->b_tokens && e->b_positions && e->b_seq && e->b_slots && e->b_table_start &&
+                   e->b_logit_rows && e->b_members && e->logits && e->seqs &&
+                   sampler_scratch_init(&e->sampler, e->cfg.vocab_size) == 0
+               ? 0
+               : -1;
+}
+
+engine *engine_open(const engine_options *o, char *err, size_t errlen) {
+    engine *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    if (model_config_load(o->model_dir, &e->cfg, err, errlen) != 0) goto fail;
+    const model_config *c = &e->cfg;
+    e->st = safetensors_set_open(o->model_dir, err, errlen);
+    if (!e->st) goto fail;
+    if (model_weights_load(e->st, c, o->layer_start, o->layer_end, &e->w, err, errlen)) goto fail;
+    e->be = compute_backend_cpu(o->n_threads);
+    if (!e->be) goto oom;
+    e->max_batch_tokens = o->max_batch_tokens > 0 ? o->max_batch_tokens : 512;
+    e->max_sequences = o->max_sequences > 0 ? o->max_sequences : 64;
+    e->block_size = ENGINE_BLOCK_SIZE;
+    engine_info *info = &e->info;
+    snprintf(info->architecture, sizeof info->architecture, "%s", c->architecture);
+    info->vocab_size = c->vocab_size;
+    info->context_length = o->context_length > 0 && o->context_length < c->max_position_embeddings
+                               ? o->context_length
+                               : c->max_position_embeddings;
+    info->n_layers = c->n_layers;
+    info->n_eos = c->n_eos;
+    memcpy(info->eos_ids, c->eos_ids, sizeof info->eos_ids);
+    info->bos_id = c->bos_id;
+    info->weight_bytes = e->w.bytes_per_token;
+    if (alloc_staging(e) != 0) goto oom;
+    e->tf = transformer_create(c, &e->w, e->be, e->max_batch_tokens, e->max_sequences, err,
+                               errlen);
+    if (!e->tf || open_kv(e, o, err, errlen) != 0) goto fail;
+    return e;
+oom:
+    set_err(err, errlen, "out of memory opening %s", o->model_dir);
+fail:
+    engine_close(e);
+    return NULL;
+}
+
+static void seq_free(engine *e, sequence *s) {
+    for (int i = 0; i < s->n_blocks; i++) kv_cache_release_block(e->kv, s->blocks[i]);
+    free(s->blocks);
+    free(s->tokens);
+    free(s->stops);
+    free(s);
+}
+
+void engine_close(engine *e) {
+    if (!e) return;
+    for (int i = 0; i < e->n_seqs; i++) seq_free(e, e->seqs[i]);
+    kv_cache_destroy(e->kv);
+    transformer_destroy(e->tf);
+    if (e->be) e->be->destroy(e->be);
+    model_weights_free(&e->w);
+    safetensors_set_close(e->st);
+    sampler_scratch_free(&e->sampler);
+    free(e->b_tokens);
+    free(e->b_positions);
+    free(e->b_seq);
+    free(e->b_slots);
+    free(e->b_table_start);
+    free(e->b_logit_rows);
+    free(e->b_tables);
+    free(e->b_members);
+    free(e->logits);
+    free(e->seqs);
+    free(e->cancelled);
+    free(e);
+}
+
+const engine_info *engine_get_info(const engine *e) {
+    return &e->info;
+}
+
+void engine_get_stats(const engine *e, engine_stats *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < e->n_seqs; i++) {
+        if (e->seqs[i]->state == SEQ_RUNNING) out->n_running++;
+        else out->n_waiting++;
+    }
+    out->kv_blocks_total = e->kv->n_blocks;
+    out->kv_blocks_free = kv_cache_available(e->kv);
+    out->kv_blocks_cached = e->kv->n_cached;
+    out->kv_block_tokens = e->block_size;
+    out->preemptions = e->preemptions;
+}
+
+int engine_pending(const engine *e) {
+    return e->n_seqs + e->n_cancelled;
+}
+
+static sequence *find_seq(const engine *e, uint64_t id, int *index) {
+    for (int i = 0; i < e->n_seqs; i++)
+        if (e->seqs[i]->id == id) {
+            if (index) *index = i;
+            return e->seqs[i];
+        }
+    return NULL;
+}
+
+int engine_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err, size_t errlen) {
+    if (find_seq(e, seq_id, NULL)) {
+        set_err(err, errlen, "sequence id %llu is already live", (unsigned long long)seq_id);
+        return -1;
+    }
+    if (!r->prompt || r->n_prompt < 1) {
+        set_err(err, errlen, "the prompt is empty");
+        return -1;
+    }
+    if (r->max_tokens < 1) {
+        set_err(err, errlen, "max_tokens must be at least 1");
+        return -1;
+    }
+    int ctx = e->info.context_length;
+    if (r->n_prompt >= ctx) {
+        set_err(err, errlen, "prompt of %d tokens does not fit the context length %d",
+                r->n_prompt, ctx);
+        return -1;
+    }
+    if (r->n_prompt + 1 > e->kv->n_blocks * e->block_size) {
+        set_err(err, errlen, "prompt of %d tokens does not fit the KV cache (%d tokens)",
+                r->n_prompt, e->kv->n_blocks * e->block_size);
+        return -1;
+    }
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->cfg.vocab_size) {
+            set_err(err, errlen, "prompt token %d (id %d) is outside the vocabulary of %d", i,
+                    r->prompt[i], e->cfg.vocab_size);
+            return -1;
+        }
+    if (sampler_params_check(&r->sampling, err, errlen) != 0) return -1;
+    if (e->n_seqs >= e->max_sequences * 4 + 16) {
+        set_err(err, errlen, "too many queued requests (%d)", e->n_seqs);
+        return -1;
+    }
+    sequence *s = calloc(1, sizeof *s);
+    if (!s) goto oom;
+    s->id = seq_id;
+    s->n_prompt = s->n_tokens = r->n_prompt;
+    int max_total = r->n_prompt + r->max_tokens;
+    s->cap = max_total < ctx ? max_total : ctx;
+    s->max_tokens = r->max_tokens;
+    s->tokens = malloc((size_t)s->cap * sizeof *s->tokens);
+    s->n_stops = e->info.n_eos + (r->n_stop_tokens > 0 ? r->n_stop_tokens : 0);
+    s->stops = malloc((size_t)(s->n_stops + 1) * sizeof *s->stops);
+    if (!s->tokens || !s->stops) {
+        free(s->tokens);
+        free(s->stops);
+        free(s);
+        goto oom;
+    }
+    memcpy(s->tokens, r->prompt, (size_t)r->n_prompt * sizeof *s->tokens);
+    memcpy(s->stops, e->info.eos_ids, (size_t)e->info.n_eos * sizeof *s->stops);
+    if (r->n_stop_tokens > 0)
+        memcpy(s->stops + e->info.n_eos, r->stop_tokens, (size_t)r->n_stop_tokens * 4);
+    s->ban_eos = r->ban_eos;
+    s->no_prefix_cache = r->no_prefix_cache;
+    s->sampling = r->sampling;
+    sampler_rng_seed(&s->rng, r->sampling.seed);
+    e->seqs[e->n_seqs++] = s;
+    return 0;
+oom:
+    set_err(err, errlen, "out of memory queueing a request");
+    return -1;
+}
+
+static void remove_seq(engine *e, int index) {
+    seq_free(e, e->seqs[index]);
+    memmove(&e->seqs[index], &e->seqs[index + 1],
+            (size_t)(e->n_seqs - index - 1) * sizeof *e->seqs);
+    e->n_seqs--;
+}
+
+void engine_cancel(engine *e, uint64_t seq_id) {
+    int i;
+    if (!find_seq(e, seq_id, &i)) return;
+    remove_seq(e, i);
+    if (e->n_cancelled == e->cancelled_cap) {
+        int cap = e->cancelled_cap ? e->cancelled_cap * 2 : 16;
+        uint64_t *n = realloc(e->cancelled, (size_t)cap * sizeof *n);
+        if (!n) return; /* the sequence is gone; only its event is lost */
+        e->cancelled = n;
+        e->cancelled_cap = cap;
+    }
+    e->cancelled[e->n_cancelled++] = seq_id;
+}
+
+/* Frees a sequence's cache and sends it back to waiting: it is recomputed when readmitted. */
+static void preempt(engine *e, sequence *s) {
+    for (int i = 0; i < s->n_blocks; i++) kv_cache_release_block(e->kv, s->blocks[i]);
+    s->n_blocks = 0;
+    s->n_computed = 0;
+    s->n_hashed = 0;
+    s->last_hash = 0;
+    s->state = SEQ_WAITING;
+    e->preemptions++;
+}
+
+/* Gives s blocks for positions < n_pos. Returns 0, or -1 when the cache ran out (s keeps what
+ * it got). */
+static int ensure_blocks(engine *e, sequence *s, int n_pos) {
+    int need = (n_pos + e->block_size - 1) / e->block_size;
+    if (need > s->blocks_cap) {
+        int cap = need * 2;
+        int32_t *n = realloc(s->blocks, (size_t)cap * sizeof *n);
+        if (!n) return -1;
+        s->blocks = n;
+        s->blocks_cap = cap;
+    }
+    while (s->n_blocks < need) {
+        int32_t b = kv_cache_alloc_block(e->kv);
+        if (b < 0) return -1;
+        s->blocks[s->n_blocks++] = b;
+    }
+    return 0;
+}
+
+/* Admission: shares the cached blocks that hold s's leading full blocks of tokens. At least one
+ * token is always left to compute, so the step has logits to sample from. */
+static void take_cached_prefix(engine *e, sequence *s) {
+    int bs = e->block_size;
+    int max_hits = (s->n_tokens - 1) / bs;
+    if (s->no_prefix_cache) return;
+    if (max_hits > 0 && s->blocks_cap < max_hits) {
+        int32_t *n = realloc(s->blocks, (size_t)max_hits * 2 * sizeof *n);
+        if (!n) return;
+        s->blocks = n;
+        s->blocks_cap = max_hits * 2;
+    }
+    while (s->n_blocks < max_hits) {
+        const int32_t *tok = s->tokens + (size_t)s->n_blocks * bs;
+        uint64_t h = kv_cache_chain_hash(s->last_hash, tok, bs);
+        int32_t b = kv_cache_lookup(e->kv, h, s->last_hash, tok);
+        if (b < 0) break;
+        s->blocks[s->n_blocks++] = b;
+        s->last_hash = h;
+        s->n_hashed = s->n_blocks;
+        s->n_computed = s->n_blocks * bs;
+    }
+    if (!s->admitted) s->cached_tokens = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
+    s->admitted = 1;
+}
+
+/* Registers the blocks s has completed since the last step in the prefix cache. */
+static void register_full_blocks(engine *e, sequence *s) {
+    int bs = e->block_size;
+    while ((s->n_hashed + 1) * bs <= s->n_computed) {
+        const int32_t *tok = s->tokens + (size_t)s->n_hashed * bs;
+        uint64_t h = kv_cache_chain_hash(s->last_hash, tok, bs);
+        if (!s->no_prefix_cache) kv_cache_register(e->kv, s->blocks[s->n_hashed], h, s->last_hash, tok);
+        s->last_hash = h;
+        s->n_hashed++;
+    }
+}
+
+/* The newest running sequence holding blocks that is not already in this step's batch. */
+static sequence *newest_running(engine *e, const sequence *keep) {
+    for (int i = e->n_seqs - 1; i >= 0; i--) {
+        sequence *s = e->seqs[i];
+        if (s->state == SEQ_RUNNING && s != keep && s->n_blocks && !s->chunk) return s;
+    }
+    return NULL;
+}
+
+/* Chooses this step's chunk for every live sequence. Returns the number of batch members. */
+static int plan_batch(engine *e, int max_members) {
+    int budget = e->max_batch_tokens, n_members = 0, running = 0;
+    for (int i = 0; i < e->n_seqs; i++) {
+        e->seqs[i]->chunk = 0;
+        e->seqs[i]->logit_index = -1;
+        running += e->seqs[i]->state == SEQ_RUNNING;
+    }
+    /* decode first: one token each; when the cache is full, the newest sequence yields */
+    for (int i = 0; i < e->n_seqs && budget > 0 && n_members < max_members; i++) {
+        sequence *s = e->seqs[i];
+        if (s->state != SEQ_RUNNING || s->n_tokens - s->n_computed != 1) continue;
+        int ok;
+        while (!(ok = ensure_blocks(e, s, s->n_tokens) == 0)) {
+            sequence *victim = newest_running(e, s);
+            if (!victim) break;
+            preempt(e, victim);
+            running--;
+        }
+        if (!ok) {
+            preempt(e, s);
+            running--;
+            continue;
+        }
+        s->chunk = 1;
+        budget--;
+        e->b_members[n_members++] = s;
+    }
+/* prefill: running sequences mid-prompt, then admissions, oldest first */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < e->n_seqs && budget > 0 && n_members < max_members; i++) {
+            sequence *s = e->seqs[i];
+            if (s->chunk || s->n_tokens - s->n_computed < 1) continue;
+            if (pass == 0 && (s->state != SEQ_RUNNING || s->n_tokens - s->n_computed == 1))
+                continue;
+            if (pass == 1 && s->state != SEQ_WAITING) continue;
+            if (pass == 1 && running >= e->max_sequences) break;
+            if (pass == 1 && s->n_blocks == 0) take_cached_prefix(e, s);
+            int left = s->n_tokens - s->n_computed;
+            int chunk = left < budget ? left : budget;
+            if (ensure_blocks(e, s, s->n_computed + chunk) != 0) {
+                int have = s->n_blocks * e->block_size - s->n_computed;
+                chunk = have < chunk ? have : chunk;
+            }
+            if (chunk <= 0) {
+                if (pass == 1) { /* keep arrival order: nobody overtakes a stuck request */
+                    preempt(e, s); /* hand back shared prefix blocks while waiting */
+                    e->preemptions--;
+                    break;
+                }
+                continue;
+            }
+            if (s->state == SEQ_WAITING) running++;
+            s->state = SEQ_RUNNING;
+            s->chunk = chunk;
+            budget -= chunk;
+            e->b_members[n_members++] = s;
+        }
+    }
+    return n_members;
+}
+
+static int stage_batch(engine *e, int n_members, transformer_batch *b) {
+    int n_tok = 0, n_entries = 0, n_logits = 0;
+    for (int m = 0; m < n_members; m++) n_entries += e->b_members[m]->n_blocks;
+    if (n_entries > e->b_tables_cap) {
+        int32_t *t = realloc(e->b_tables, (size_t)n_entries * 2 * sizeof *t);
+        if (!t) return -1;
+        e->b_tables = t;
+        e->b_tables_cap = n_entries * 2;
+    }
+    n_entries = 0;
+    for (int m = 0; m < n_members; m++) {
+        sequence *s = e->b_members[m];
+        e->b_table_start[m] = n_entries;
+        memcpy(e->b_tables + n_entries, s->blocks, (size_t)s->n_blocks * sizeof *s->blocks);
+        n_entries += s->n_blocks;
+        for (int j = 0; j < s->chunk; j++) {
+            int pos = s->n_computed + j;
+            e->b_tokens[n_tok] = s->tokens[pos];
+            e->b_positions[n_tok] = pos;
+            e->b_seq[n_tok] = m;
+            e->b_slots[n_tok] = s->blocks[pos / e->block_size] * e->block_size +
+                                pos % e->block_size;
+            n_tok++;
+        }
+        if (s->n_computed + s->chunk == s->n_tokens) {
+            s->logit_index = n_logits;
+            e->b_logit_rows[n_logits++] = n_tok - 1;
+        }
+    }
+    *b = (transformer_batch){.n_tokens = n_tok, .tokens = e->b_tokens,
+                             .positions = e->b_positions, .seq_of_token = e->b_seq,
+                             .slots = e->b_slots, .n_seqs = n_members,
+                             .block_table_start = e->b_table_start, .block_tables = e->b_tables,
+                             .n_block_entries = n_entries, .n_logits = n_logits,
+                             .logit_rows = e->b_logit_rows};
+    return 0;
+}
+
+static int is_stop(const sequence *s, int32_t token) {
+    for (int i = 0; i < s->n_stops; i++)
+        if (s->stops[i] == token) return 1;
+    return 0;
+}
+
+/* Samples s's next token into ev; returns the finish reason. */
+static engine_finish sample_next(engine *e, sequence *s, engine_event *ev) {
+    sampler_input in = {.params = &s->sampling, .history = s->tokens, .n_history = s->n_tokens,
+                        .n_prompt = s->n_prompt, .banned = s->ban_eos ? s->stops : NULL,
+                        .n_banned = s->ban_eos ? s->n_stops : 0};
+    sampler_result r;
+    float *logits = e->logits + (size_t)s->logit_index * (size_t)e->cfg.vocab_size;
+    sampler_sample(&e->sampler, logits, &in, &s->rng, &r);
+    s->tokens[s->n_tokens++] = r.token;
+    s->n_generated++;
+    ev->token = r.token;
+    ev->logprob = r.logprob;
+    ev->n_top = r.n_top;
+    memcpy(ev->top_ids, r.top_ids, sizeof ev->top_ids);
+    memcpy(ev->top_logprobs, r.top_logprobs, sizeof ev->top_logprobs);
+    if (!s->ban_eos && is_stop(s, r.token)) return ENGINE_FINISH_STOP;
+    if (s->n_generated >= s->max_tokens || s->n_tokens >= s->cap) return ENGINE_FINISH_LENGTH;
+    return ENGINE_FINISH_NONE;
+}
+
+int engine_step(engine *e, engine_event *events, int max_events) {
+    int n_ev = 0;
+    while (e->n_cancelled > 0 && n_ev < max_events) {
+        engine_event *ev = &events[n_ev++];
+        memset(ev, 0, sizeof *ev);
+        ev->seq_id = e->cancelled[0];
+        ev->token = -1;
+        ev->finish = ENGINE_FINISH_CANCELLED;
+        memmove(e->cancelled, e->cancelled + 1, (size_t)--e->n_cancelled * sizeof *e->cancelled);
+    }
+    int room = max_events - n_ev;
+    if (room <= 0 || e->n_seqs == 0) return n_ev;
+    int cap = room < e->max_sequences ? room : e->max_sequences;
+    int n_members = plan_batch(e, cap);
+    while (n_members == 0) { /* stuck prefills: the newest holder of blocks yields */
+        sequence *victim = newest_running(e, NULL);
+        if (!victim || victim == e->seqs[0]) break;
+        preempt(e, victim);
+        n_members = plan_batch(e, cap);
+    }
+    if (n_members == 0) { /* the oldest request cannot fit even alone: it never will */
+        sequence *s = e->seqs[0];
+        engine_event *ev = &events[n_ev++];
+        memset(ev, 0, sizeof *ev);
+        ev->seq_id = s->id;
+        ev->token = -1;
+        ev->finish = ENGINE_FINISH_ERROR;
+        ev->prompt_tokens = s->n_prompt;
+        snprintf(ev->error, sizeof ev->error, "the KV cache is too small for this request");
+        remove_seq(e, 0);
+        return n_ev;
+    }
+    transformer_batch b;
+    char err[256];
+    if (stage_batch(e, n_members, &b) != 0 ||
+        transformer_forward(e->tf, e->kv->layers, e->block_size, &b, e->logits, err,
+                            sizeof err) != 0)
+        return -1;
+    for (int m = 0; m < n_members; m++) {
+        sequence *s = e->b_members[m];
+        s->n_computed += s->chunk;
+        register_full_blocks(e, s);
+        engine_finish fin = ENGINE_FINISH_NONE;
+        engine_event *ev = NULL;
+        if (s->logit_index >= 0 || n_ev < max_events) {
+            ev = &events[n_ev++];
+            memset(ev, 0, sizeof *ev);
+            ev->seq_id = s->id;
+            ev->token = -1;
+            ev->prompt_tokens = s->n_prompt;
+            ev->cached_tokens = s->cached_tokens;
+            ev->prefill_done = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
+        }
+        if (s->logit_index >= 0) fin = sample_next(e, s, ev);
+        if (fin != ENGINE_FINISH_NONE) {
+            ev->finish = fin;
+            int i;
+            if (find_seq(e, s->id, &i)) remove_seq(e, i);
+        }
+    }
+    return n_ev;
+}

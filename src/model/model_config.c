@@ -1,0 +1,376 @@
+/* config.json -> model_config, every field validated. See model_config.h. */
+#include "model/model_config.h"
+
+#include "base/paths.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* An integer field in [lo, hi]. Missing: *out = def, or an error when required. */
+static int get_int(json_t *o, const char *key, int required, int def, long long lo, long long hi,
+                   int *out, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (required) {
+            set_err(err, errlen, "config.json: missing required field '%s'", key);
+            return -1;
+        }
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v)) {
+        set_err(err, errlen, "config.json: '%s' must be an integer", key);
+        return -1;
+    }
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) {
+        set_err(err, errlen, "config.json: '%s' = %lld is out of range [%lld, %lld]", key, x, lo,
+                hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int get_num(json_t *o, const char *key, int required, double def, double lo, double hi,
+                   double *out, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (required) {
+            set_err(err, errlen, "config.json: missing required field '%s'", key);
+            return -1;
+        }
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v)) {
+        set_err(err, errlen, "config.json: '%s' must be a number", key);
+        return -1;
+    }
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) {
+        set_err(err, errlen, "config.json: '%s' = %g is out of range [%g, %g]", key, x, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int get_bool(json_t *o, const char *key, int def, int *out, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_boolean(v)) {
+        set_err(err, errlen, "config.json: '%s' must be true or false", key);
+        return -1;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int parse_family(const char *arch, model_family *f) {
+    static const struct {
+        const char *name;
+        model_family family;
+    } known[] = {
+        {"LlamaForCausalLM", MODEL_FAMILY_LLAMA},     {"MistralForCausalLM", MODEL_FAMILY_LLAMA},
+        {"Qwen2ForCausalLM", MODEL_FAMILY_QWEN2},     {"Qwen3ForCausalLM", MODEL_FAMILY_QWEN3},
+        {"Qwen3MoeForCausalLM", MODEL_FAMILY_QWEN3_MOE},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (!strcmp(known[i].name, arch)) {
+            *f = known[i].family;
+            return 0;
+        }
+    return -1;
+}
+
+static int parse_rope(json_t *root, model_config *c, char *err, size_t errlen) {
+    rope_config *r = &c->rope;
+    if (get_num(root, "rope_theta", 0, 10000.0, 1.0, 1e12, &r->theta, err, errlen)) return -1;
+    r->partial_dims = c->head_dim;
+    r->type = ROPE_DEFAULT;
+    r->factor = 1.0;
+    json_t *s = json_object_get(root, "rope_scaling");
+    if (!s || json_is_null(s)) return 0;
+    if (!json_is_object(s)) {
+        set_err(err, errlen, "config.json: 'rope_scaling' must be an object or null");
+        return -1;
+    }
+    json_t *t = json_object_get(s, "rope_type");
+    if (!t) t = json_object_get(s, "type");
+    const char *type = json_is_string(t) ? json_string_value(t) : NULL;
+    if (!type) {
+        set_err(err, errlen, "config.json: rope_scaling needs a 'rope_type'");
+        return -1;
+    }
+    if (!strcmp(type, "default")) return 0;
+    if (get_num(s, "factor", 1, 1.0, 1.0, 1e4, &r->factor, err, errlen)) return -1;
+    if (!strcmp(type, "linear")) {
+        r->type = ROPE_LINEAR;
+        return 0;
+    }
+    if (!strcmp(type, "llama3")) {
+        r->type = ROPE_LLAMA3;
+        if (get_num(s, "low_freq_factor", 1, 0, 1e-6, 1e6, &r->low_freq_factor, err, errlen) ||
+            get_num(s, "high_freq_factor", 1, 0, 1e-6, 1e6, &r->high_freq_factor, err, errlen) ||
+            get_int(s, "original_max_position_embeddings", 1, 0, 1, 1 << 24,
+                    &r->original_max_position, err, errlen))
+            return -1;
+        if (r->high_freq_factor <= r->low_freq_factor) {
+            set_err(err, errlen,
+                    "config.json: rope_scaling high_freq_factor must exceed low_freq_factor");
+            return -1;
+        }
+        return 0;
+    }
+    if (!strcmp(type, "yarn")) {
+        r->type = ROPE_YARN;
+        if (get_int(s, "original_max_position_embeddings", 0, c->max_position_embeddings, 1,
+                    1 << 24, &r->original_max_position, err, errlen) ||
+            get_num(s, "beta_fast", 0, 32.0, 1e-6, 1e6, &r->beta_fast, err, errlen) ||
+            get_num(s, "beta_slow", 0, 1.0, 1e-6, 1e6, &r->beta_slow, err, errlen) ||
+            get_num(s, "attention_factor", 0, 0.0, 0.0, 100.0, &r->attention_factor, err, errlen))
+            return -1;
+        if (json_object_get(s, "mscale") || json_object_get(s, "mscale_all_dim")) {
+            set_err(err, errlen, "config.json: yarn with mscale/mscale_all_dim is not supported");
+            return -1;
+        }
+        return 0;
+    }
+    set_err(err, errlen, "config.json: rope_scaling type '%.32s' is not supported "
+            "(default, linear, llama3, yarn)", type);
+    return -1;
+}
+
+static int parse_token_ids(json_t *root, model_config *c, char *err, size_t errlen) {
+    c->bos_id = -1;
+    json_t *b = json_object_get(root, "bos_token_id");
+    if (json_is_integer(b) && json_integer_value(b) >= 0 && json_integer_value(b) < c->vocab_size)
+        c->bos_id = (int32_t)json_integer_value(b);
+    json_t *e = json_object_get(root, "eos_token_id");
+    c->n_eos = 0;
+    if (json_is_integer(e)) {
+        json_t *one = e;
+        e = json_array();
+        json_array_append(e, one);
+    } else if (json_is_array(e)) {
+        json_incref(e);
+    } else {
+        if (e && !json_is_null(e)) {
+            set_err(err, errlen, "config.json: 'eos_token_id' must be an integer or a list");
+            return -1;
+        }
+        return 0;
+    }
+    size_t i;
+    json_t *v;
+    int rc = 0;
+    json_array_foreach(e, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) >= c->vocab_size) {
+            set_err(err, errlen, "config.json: eos_token_id entry %zu is not a token id", i);
+            rc = -1;
+            break;
+        }
+        if (c->n_eos < MODEL_CONFIG_MAX_EOS) c->eos_ids[c->n_eos++] = (int32_t)json_integer_value(v);
+    }
+    json_decref(e);
+    return rc;
+}
+
+static int parse_moe(json_t *root, model_config *c, char *err, size_t errlen) {
+    if (get_int(root, "num_experts", 1, 0, 1, 4096, &c->n_experts, err, errlen) ||
+        get_int(root, "num_experts_per_tok", 1, 0, 1, c->n_experts, &c->n_experts_per_tok, err,
+                errlen) ||
+        get_int(root, "moe_intermediate_size", 1, 0, 1, 1 << 20, &c->moe_intermediate_size, err,
+                errlen) ||
+        get_bool(root, "norm_topk_prob", 0, &c->norm_topk_prob, err, errlen) ||
+        get_int(root, "decoder_sparse_step", 0, 1, 1, 1 << 16, &c->decoder_sparse_step, err,
+                errlen))
+        return -1;
+    if (get_int(root, "intermediate_size", 0, c->moe_intermediate_size, 1, 1 << 20,
+                &c->intermediate_size, err, errlen))
+        return -1;
+    json_t *m = json_object_get(root, "mlp_only_layers");
+    if (m && !json_is_null(m)) {
+        if (!json_is_array(m)) {
+            set_err(err, errlen, "config.json: 'mlp_only_layers' must be a list");
+            return -1;
+        }
+        size_t i;
+        json_t *v;
+        json_array_foreach(m, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) >= c->n_layers || json_integer_value(v) >= 256) {
+                set_err(err, errlen, "config.json: mlp_only_layers entry %zu is not a layer", i);
+                return -1;
+            }
+            int l = (int)json_integer_value(v);
+            c->mlp_only_layers[l / 64] |= 1ull << (l % 64);
+        }
+    }
+    return 0;
+}
+
+static int parse_quantization(json_t *root, model_config *c, char *err, size_t errlen) {
+    json_t *q = json_object_get(root, "quantization");
+    if (!q) q = json_object_get(root, "quantization_config");
+    if (!q || json_is_null(q)) return 0;
+    if (!json_is_object(q)) {
+        set_err(err, errlen, "config.json: 'quantization' must be an object");
+        return -1;
+    }
+    json_t *method = json_object_get(q, "quant_method");
+    if (json_is_string(method) && strcmp(json_string_value(method), "mlx")) {
+        set_err(err, errlen, "config.json: quantization method '%.32s' is not supported (mlx "
+                "affine only)", json_string_value(method));
+        return -1;
+    }
+    json_t *mode = json_object_get(q, "mode");
+    if (json_is_string(mode) && strcmp(json_string_value(mode), "affine")) {
+        set_err(err, errlen, "config.json: quantization mode '%.32s' is not supported (affine "
+                "only)", json_string_value(mode));
+        return -1;
+    }
+    if (get_int(q, "bits", 1, 0, 2, 8, &c->quant_bits, err, errlen) ||
+        get_int(q, "group_size", 1, 0, 32, 128, &c->quant_group_size, err, errlen))
+        return -1;
+    int b = c->quant_bits, g = c->quant_group_size;
+    if (b == 7 || (g != 32 && g != 64 && g != 128)) {
+        set_err(err, errlen, "config.json: quantization bits %d / group_size %d not supported "
+                "(bits 2,3,4,5,6,8; group 32,64,128)", b, g);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
+    if (!json_is_object(root)) {
+        set_err(err, errlen, "config.json: not a JSON object");
+        return -1;
+    }
+    json_t *archs = json_object_get(root, "architectures");
+    json_t *a0 = json_is_array(archs) ? json_array_get(archs, 0) : NULL;
+    if (!json_is_string(a0)) {
+        set_err(err, errlen, "config.json: missing 'architectures' list");
+        return -1;
+    }
+    snprintf(c->architecture, sizeof c->architecture, "%s", json_string_value(a0));
+    if (parse_family(json_string_value(a0), &c->family) != 0) {
+        set_err(err, errlen, "config.json: architecture '%s' is not supported (Llama, Mistral, "
+                "Qwen2, Qwen3, Qwen3-MoE)", c->architecture);
+        return -1;
+    }
+    if (get_int(root, "vocab_size", 1, 0, 1, 1 << 22, &c->vocab_size, err, errlen) ||
+        get_int(root, "hidden_size", 1, 0, 1, 1 << 16, &c->hidden_size, err, errlen) ||
+        get_int(root, "num_hidden_layers", 1, 0, 1, 1024, &c->n_layers, err, errlen) ||
+        get_int(root, "num_attention_heads", 1, 0, 1, 1024, &c->n_heads, err, errlen) ||
+        get_int(root, "num_key_value_heads", 0, c->n_heads, 1, c->n_heads, &c->n_kv_heads, err,
+                errlen) ||
+        get_int(root, "max_position_embeddings", 0, 4096, 1, 1 << 24,
+                &c->max_position_embeddings, err, errlen))
+        return -1;
+    if (c->n_heads % c->n_kv_heads) {
+        set_err(err, errlen, "config.json: num_attention_heads %d is not a multiple of "
+                "num_key_value_heads %d", c->n_heads, c->n_kv_heads);
+        return -1;
+    }
+    int hd_default = c->hidden_size % c->n_heads ? 0 : c->hidden_size / c->n_heads;
+    if (get_int(root, "head_dim", hd_default == 0, hd_default, 2, 1024, &c->head_dim, err, errlen))
+        return -1;
+    if (c->head_dim < 2 || c->head_dim % 2) {
+        set_err(err, errlen, "config.json: head_dim %d must be even and >= 2", c->head_dim);
+        return -1;
+    }
+    double eps;
+    if (get_num(root, "rms_norm_eps", 0, 1e-6, 0.0, 1.0, &eps, err, errlen)) return -1;
+    c->rms_norm_eps = (float)eps;
+    if (get_bool(root, "tie_word_embeddings", 0, &c->tie_word_embeddings, err, errlen) ||
+        get_bool(root, "attention_bias", c->family == MODEL_FAMILY_QWEN2, &c->attention_bias, err,
+                 errlen))
+        return -1;
+    int mlp_bias = 0;
+    if (get_bool(root, "mlp_bias", 0, &mlp_bias, err, errlen)) return -1;
+    if (mlp_bias) {
+        set_err(err, errlen, "config.json: mlp_bias is not supported");
+        return -1;
+    }
+    int sliding = 0;
+    if (get_bool(root, "use_sliding_window", 0, &sliding, err, errlen)) return -1;
+    if (sliding) {
+        set_err(err, errlen, "config.json: use_sliding_window is not supported");
+        return -1;
+    }
+    if (c->family == MODEL_FAMILY_LLAMA) { /* Mistral v0.1: full attention is exact up to it */
+        int window = 0;
+        if (get_int(root, "sliding_window", 0, 0, 1, 1 << 24, &window, err, errlen)) return -1;
+        if (window && window < c->max_position_embeddings) c->max_position_embeddings = window;
+    }
+    json_t *act = json_object_get(root, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu"))) {
+        set_err(err, errlen, "config.json: hidden_act must be 'silu'");
+        return -1;
+    }
+    c->qk_norm = c->family == MODEL_FAMILY_QWEN3 || c->family == MODEL_FAMILY_QWEN3_MOE;
+    if (c->family == MODEL_FAMILY_QWEN3_MOE) {
+        if (parse_moe(root, c, err, errlen)) return -1;
+    } else if (get_int(root, "intermediate_size", 1, 0, 1, 1 << 20, &c->intermediate_size, err,
+                       errlen)) {
+        return -1;
+    }
+    if (parse_rope(root, c, err, errlen) || parse_token_ids(root, c, err, errlen) ||
+        parse_quantization(root, c, err, errlen))
+        return -1;
+    return 0;
+}
+
+int model_config_parse(const char *json, size_t len, model_config *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    json_error_t jerr;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        set_err(err, errlen, "config.json: not valid JSON: %s (line %d)", jerr.text, jerr.line);
+        return -1;
+    }
+    int rc = parse_root(root, out, err, errlen);
+    json_decref(root);
+    return rc;
+}
+
+int model_config_load(const char *dir, model_config *out, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len;
+    char *text = paths_read_file(path, 16u << 20, &len);
+    if (!text) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    int rc = model_config_parse(text, len, out, err, errlen);
+    free(text);
+    return rc;
+}
+
+int model_config_layer_is_moe(const model_config *c, int layer) {
+    if (c->n_experts == 0) return 0;
+    if (layer >= 0 && layer < 256 && (c->mlp_only_layers[layer / 64] >> (layer % 64) & 1)) return 0;
+    return (layer + 1) % c->decoder_sparse_step == 0;
+}

@@ -1,0 +1,78 @@
+/* model_config — a model's blueprint from Hugging Face config.json.
+ *
+ * Supported architectures: LlamaForCausalLM (Llama 2/3/3.1/3.2), MistralForCausalLM,
+ * Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM. rope_scaling types: default, linear,
+ * llama3, yarn. mlx-community's "quantization" block gives the default bits/group size (the
+ * loader checks every quantized tensor's shapes against the shapes this config implies).
+ *
+ * Every field is validated: a missing required field, a wrong type or an absurd value (zero
+ * heads, heads not dividing the hidden size, KV heads not dividing heads, sizes past sane
+ * limits) is an error that names the field. Refuses: other architectures (named in the error). */
+#ifndef EXO_MODEL_MODEL_CONFIG_H
+#define EXO_MODEL_MODEL_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MODEL_CONFIG_MAX_EOS 8
+
+typedef enum model_family {
+    MODEL_FAMILY_LLAMA = 0, /* Llama, Mistral */
+    MODEL_FAMILY_QWEN2,     /* q/k/v biases */
+    MODEL_FAMILY_QWEN3,     /* q/k RMSNorm per head */
+    MODEL_FAMILY_QWEN3_MOE, /* q/k norm + sparse MoE MLP */
+} model_family;
+
+typedef enum rope_type { ROPE_DEFAULT = 0, ROPE_LINEAR, ROPE_LLAMA3, ROPE_YARN } rope_type;
+
+typedef struct rope_config {
+    rope_type type;
+    double theta;              /* rope_theta (base) */
+    double factor;             /* linear / llama3 / yarn scaling factor */
+    double low_freq_factor;    /* llama3 */
+    double high_freq_factor;   /* llama3 */
+    int original_max_position; /* llama3 / yarn: original_max_position_embeddings */
+    double beta_fast, beta_slow; /* yarn (defaults 32, 1) */
+    double attention_factor;   /* yarn: cos/sin scale; 0 = derived from factor */
+    int partial_dims;          /* rotary dims (= head_dim unless partial_rotary_factor) */
+} rope_config;
+
+typedef struct model_config {
+    char architecture[64];
+    model_family family;
+    int vocab_size;
+    int hidden_size;       /* dim */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int intermediate_size; /* dense MLP hidden */
+    int max_position_embeddings;
+    float rms_norm_eps;
+    rope_config rope;
+    int tie_word_embeddings;
+    int attention_bias;    /* q/k/v projections have biases (Qwen2) */
+    int qk_norm;           /* Qwen3 */
+    int32_t bos_id;        /* -1 if none */
+    int32_t eos_ids[MODEL_CONFIG_MAX_EOS];
+    int n_eos;
+    /* MoE (n_experts == 0 for dense models) */
+    int n_experts;
+    int n_experts_per_tok;
+    int moe_intermediate_size;
+    int norm_topk_prob;
+    int decoder_sparse_step;  /* layer i is sparse if (i+1) % step == 0 and not in mlp_only */
+    uint64_t mlp_only_layers[4]; /* bitset of layers forced dense (layers < 256) */
+    /* mlx-community quantization (0 = not quantized) */
+    int quant_bits;
+    int quant_group_size;
+} model_config;
+
+/* Parses config.json text. Returns 0, or -1 with err naming the bad field. */
+int model_config_parse(const char *json, size_t len, model_config *out, char *err, size_t errlen);
+/* Reads <dir>/config.json. */
+int model_config_load(const char *dir, model_config *out, char *err, size_t errlen);
+/* Whether layer i has a sparse MoE MLP. */
+int model_config_layer_is_moe(const model_config *c, int layer);
+
+#endif

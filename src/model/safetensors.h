@@ -1,0 +1,77 @@
+/* safetensors — Hugging Face safetensors files, memory-mapped and validated.
+ *
+ * A file is: u64 little-endian header length N, N bytes of JSON header, then the data region.
+ * The header maps tensor names to {dtype, shape, data_offsets}. Every byte is untrusted: the
+ * header is checked completely before any tensor is handed out (JSON shape, known dtypes, shapes
+ * whose element count times dtype size equals the byte range, ranges inside the data region, no
+ * two tensors overlapping). Errors name the file and the tensor.
+ *
+ * A model directory holds one model.safetensors or several shards listed in
+ * model.safetensors.index.json; safetensors_set opens either and finds tensors by name.
+ * Pages are only touched when a tensor's data is read, so a pipeline shard that reads only its
+ * layers never faults in the others.
+ *
+ * This module refuses: writing in place, tensors of more than SAFETENSORS_MAX_DIMS dims, and
+ * headers over 100 MB. */
+#ifndef EXO_MODEL_SAFETENSORS_H
+#define EXO_MODEL_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SAFETENSORS_MAX_DIMS 8
+#define SAFETENSORS_MAX_HEADER (100u << 20)
+
+typedef enum safetensors_dtype {
+    ST_F64 = 0,
+    ST_F32,
+    ST_F16,
+    ST_BF16,
+    ST_I64,
+    ST_I32,
+    ST_I16,
+    ST_I8,
+    ST_U64,
+    ST_U32,
+    ST_U16,
+    ST_U8,
+    ST_BOOL,
+    ST_F8_E4M3,
+    ST_F8_E5M2,
+} safetensors_dtype;
+
+const char *safetensors_dtype_name(safetensors_dtype t);
+size_t safetensors_dtype_size(safetensors_dtype t);
+
+typedef struct safetensors_tensor {
+    const char *name;  /* owned by the file */
+    safetensors_dtype dtype;
+    int n_dims;
+    int64_t shape[SAFETENSORS_MAX_DIMS];
+    const void *data;  /* into the mapping (or the caller's buffer for safetensors_parse) */
+    size_t nbytes;
+    const char *file;  /* path of the file that holds it */
+} safetensors_tensor;
+
+typedef struct safetensors_file safetensors_file;
+
+/* Maps and validates one file. NULL with err on any problem. */
+safetensors_file *safetensors_open(const char *path, char *err, size_t errlen);
+/* Validates an in-memory file image (not copied: buf must outlive the result). `name` is used
+ * in messages. For tests and fuzzing. */
+safetensors_file *safetensors_parse(const void *buf, size_t len, const char *name, char *err,
+                                    size_t errlen);
+void safetensors_close(safetensors_file *f);
+int safetensors_count(const safetensors_file *f);
+const safetensors_tensor *safetensors_at(const safetensors_file *f, int i);
+const safetensors_tensor *safetensors_find(const safetensors_file *f, const char *name);
+
+/* All tensors of a model directory (single file, index + shards, or every *.safetensors). */
+typedef struct safetensors_set safetensors_set;
+safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen);
+void safetensors_set_close(safetensors_set *s);
+const safetensors_tensor *safetensors_set_find(const safetensors_set *s, const char *name);
+/* Total tensor count over all files. */
+int safetensors_set_count(const safetensors_set *s);
+
+#endif

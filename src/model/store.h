@@ -1,0 +1,68 @@
+/* store — which directories hold which models, and whether a model on disk is complete.
+ *
+ * A Hugging Face id "org/name" lives in "<dir>/org--name/". One directory is writable (the
+ * models dir: --models-dir / EXO_MODELS_DIR); others are searched read-only (--models-path /
+ * EXO_MODELS_PATH, colon-separated). An absolute path to a model directory also names a model.
+ *
+ * A model is complete when its manifest (".exo-manifest.json", written by download/ after
+ * every file was verified) lists files that are all present with their recorded sizes, or —
+ * for a directory exo did not download — when config.json is there and every file named by
+ * model.safetensors.index.json (or a single model.safetensors) is present.
+ *
+ * It refuses ids with "..", absolute parts, empty parts, or characters outside
+ * [A-Za-z0-9._-] (one '/' between org and name): an id never escapes the models dir.
+ * It does no network I/O and never hashes whole files (download/ verifies). */
+#ifndef EXO_MODEL_STORE_H
+#define EXO_MODEL_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define STORE_MAX_PATHS 16
+#define STORE_PATH_MAX 1024
+#define STORE_MANIFEST ".exo-manifest.json"
+
+typedef struct model_store {
+    char models_dir[STORE_PATH_MAX];                   /* writable */
+    char search[STORE_MAX_PATHS][STORE_PATH_MAX];      /* read-only, in search order */
+    int n_search;
+} model_store;
+
+/* models_path may be NULL or "" (no read-only dirs). Returns 0, or -1 with a message. */
+int store_init(model_store *s, const char *models_dir, const char *models_path, char *err,
+               size_t errlen);
+
+/* 0 if `id` is a safe "org/name" (or a bare "name"), else -1 with a message saying why. */
+int store_id_valid(const char *id, char *err, size_t errlen);
+/* "org/name" -> "org--name". Returns 0, or -1 if invalid or it does not fit. */
+int store_id_to_dirname(const char *id, char *out, size_t n);
+/* 0 if `rel` is a safe relative file path inside a model dir ("a/b.json"): no "..", no leading
+ * '/', no empty parts, no control characters or backslashes. */
+int store_relpath_valid(const char *rel);
+
+/* Where a download of `id` goes: <models_dir>/org--name. */
+int store_write_dir(const model_store *s, const char *id, char *out, size_t n);
+
+enum store_state { STORE_ABSENT = 0, STORE_PARTIAL = 1, STORE_COMPLETE = 2 };
+
+/* Resolves `id_or_path` to the directory holding it: an absolute path is used as is; an id is
+ * looked up in the models dir, then the read-only dirs (the first complete copy wins, else the
+ * first partial). Returns the state and fills out (when not ABSENT). */
+enum store_state store_locate(const model_store *s, const char *id_or_path, char *out, size_t n);
+
+/* State of one directory (see the top comment). */
+enum store_state store_dir_state(const char *dir);
+
+/* Total bytes of regular files under dir (for storage_size of local models). */
+uint64_t store_dir_bytes(const char *dir);
+
+/* Deletes the writable copy of `id` (never a read-only dir). 0 on success or if absent;
+ * -1 with a message. */
+int store_delete(const model_store *s, const char *id, char *err, size_t errlen);
+
+/* Lists ids ("org/name") of models present (partial or complete) in all store dirs; calls fn
+ * once per id (duplicates across dirs are reported once, from the first dir). */
+typedef void (*store_list_fn)(const char *id, const char *dir, enum store_state st, void *ud);
+void store_list(const model_store *s, store_list_fn fn, void *ud);
+
+#endif

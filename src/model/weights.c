@@ -1,0 +1,305 @@
+/* Weight views from safetensors by name, shape-checked against the config. See weights.h. */
+#include "model/weights.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static int dense_format(safetensors_dtype t, weight_format *f) {
+    switch (t) {
+    case ST_F32: *f = WEIGHT_F32; return 0;
+    case ST_F16: *f = WEIGHT_F16; return 0;
+    case ST_BF16: *f = WEIGHT_BF16; return 0;
+    default: return -1;
+    }
+}
+
+static int scale_dtype(safetensors_dtype t, dtype *d) {
+    switch (t) {
+    case ST_F32: *d = DTYPE_F32; return 0;
+    case ST_F16: *d = DTYPE_F16; return 0;
+    case ST_BF16: *d = DTYPE_BF16; return 0;
+    default: return -1;
+    }
+}
+
+static void shape_str(const safetensors_tensor *t, char *buf, size_t n) {
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, n - o, "[");
+    for (int i = 0; i < t->n_dims && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+/* Checks t has n_stack (0 = none) leading dim then [rows][cols_stored]. vector: 1-D [cols]. */
+static int check_shape(const safetensors_tensor *t, int n_stack, int64_t rows, int64_t cols,
+                       int vector, char *err, size_t errlen) {
+    int64_t want[3];
+    int nd = 0;
+    if (n_stack) want[nd++] = n_stack;
+    if (!vector) want[nd++] = rows;
+    want[nd++] = cols;
+    int ok = t->n_dims == nd;
+    for (int i = 0; ok && i < nd; i++) ok = t->shape[i] == want[i];
+    if (ok) return 0;
+    char got[128];
+    shape_str(t, got, sizeof got);
+    set_err(err, errlen, "%s: tensor '%s' has shape %s, expected [%s%lld, %lld]", t->file, t->name,
+            got, n_stack ? "experts, " : "", (long long)(vector ? 1 : rows), (long long)cols);
+    if (vector)
+        set_err(err, errlen, "%s: tensor '%s' has shape %s, expected [%lld]", t->file, t->name, got,
+                (long long)cols);
+    return -1;
+}
+
+/* Resolves `prefix`.weight (+ .scales/.biases) into n (n_stack, or 1) matrices [rows][cols]. */
+static int load_matrices(const safetensors_set *st, const char *prefix, int n_stack, int64_t rows,
+                         int64_t cols, int vector, weight_matrix *out, char *err, size_t errlen) {
+    char name[512];
+    snprintf(name, sizeof name, "%.400s.weight", prefix);
+    const safetensors_tensor *w = safetensors_set_find(st, name);
+    if (!w) {
+        set_err(err, errlen, "model is missing tensor '%s'", name);
+        return -1;
+    }
+    int count = n_stack ? n_stack : 1;
+    weight_format fmt;
+    if (dense_format(w->dtype, &fmt) == 0) {
+        if (check_shape(w, n_stack, rows, cols, vector, err, errlen)) return -1;
+        size_t stride = (size_t)rows * (size_t)cols * safetensors_dtype_size(w->dtype);
+        for (int e = 0; e < count; e++)
+            out[e] = (weight_matrix){.format = fmt, .rows = vector ? 1 : rows, .cols = cols,
+                                     .data = (const char *)w->data + (size_t)e * stride};
+        return 0;
+    }
+    if (w->dtype != ST_U32) {
+        set_err(err, errlen, "%s: tensor '%s' has dtype %s (want F32, F16, BF16 or MLX U32)",
+                w->file, name, safetensors_dtype_name(w->dtype));
+        return -1;
+    }
+    snprintf(name, sizeof name, "%.400s.scales", prefix);
+    const safetensors_tensor *s = safetensors_set_find(st, name);
+    snprintf(name, sizeof name, "%.400s.biases", prefix);
+    const safetensors_tensor *b = safetensors_set_find(st, name);
+    if (!s || !b) {
+        set_err(err, errlen, "%s: tensor '%s' is U32 but '%s.scales'/'%s.biases' are missing",
+                w->file, w->name, prefix, prefix);
+        return -1;
+    }
+    int nd = w->n_dims;
+    if (nd != (n_stack ? 3 : 2) || s->n_dims != nd || b->n_dims != nd || w->shape[nd - 1] == 0 ||
+        s->shape[nd - 1] == 0) {
+        set_err(err, errlen, "%s: quantized tensor '%s' has the wrong number of dims", w->file,
+                w->name);
+        return -1;
+    }
+    int64_t wcols = w->shape[nd - 1], groups = s->shape[nd - 1];
+    int64_t gs = cols / groups, bits = wcols * 32 / cols;
+    if (cols % groups || (gs != 32 && gs != 64 && gs != 128) || wcols * 32 % cols ||
+        bits < 2 || bits > 8 || bits == 7) {
+        set_err(err, errlen, "%s: quantized tensor '%s' has %lld packed words and %lld groups "
+                "per row, which is no supported bits/group size for %lld columns", w->file,
+                w->name, (long long)wcols, (long long)groups, (long long)cols);
+        return -1;
+    }
+    dtype sd;
+    if (check_shape(w, n_stack, rows, wcols, 0, err, errlen) ||
+        check_shape(s, n_stack, rows, groups, 0, err, errlen) ||
+        check_shape(b, n_stack, rows, groups, 0, err, errlen))
+        return -1;
+    if (scale_dtype(s->dtype, &sd) || s->dtype != b->dtype) {
+        set_err(err, errlen, "%s: '%s.scales'/'%s.biases' must both be F32, F16 or BF16", s->file,
+                prefix, prefix);
+        return -1;
+    }
+    size_t wstride = (size_t)rows * (size_t)wcols * 4;
+    size_t sstride = (size_t)rows * (size_t)groups * dtype_size(sd);
+    for (int e = 0; e < count; e++)
+        out[e] = (weight_matrix){.format = WEIGHT_MLX_AFFINE, .rows = vector ? 1 : rows,
+                                 .cols = cols,
+                                 .data = (const char *)w->data + (size_t)e * wstride,
+                                 .scales = (const char *)s->data + (size_t)e * sstride,
+                                 .biases = (const char *)b->data + (size_t)e * sstride,
+                                 .scale_dtype = sd, .bits = (int)bits, .group_size = (int)gs};
+    return 0;
+}
+
+static int load_matrix(const safetensors_set *st, const char *prefix, int64_t rows, int64_t cols,
+                       weight_matrix *out, char *err, size_t errlen) {
+    return load_matrices(st, prefix, 0, rows, cols, 0, out, err, errlen);
+}
+
+static int load_vector(const safetensors_set *st, const char *prefix, int64_t n,
+                       weight_matrix *out, char *err, size_t errlen) {
+    return load_matrices(st, prefix, 0, 1, n, 1, out, err, errlen);
+}
+
+static int load_bias(const safetensors_set *st, const char *prefix, int64_t n, weight_matrix *out,
+                     char *err, size_t errlen) {
+    char name[512];
+    snprintf(name, sizeof name, "%.400s.bias", prefix);
+    const safetensors_tensor *t = safetensors_set_find(st, name);
+    if (!t) {
+        set_err(err, errlen, "model is missing tensor '%s'", name);
+        return -1;
+    }
+    weight_format fmt;
+    if (dense_format(t->dtype, &fmt)) {
+        set_err(err, errlen, "%s: tensor '%s' must be F32, F16 or BF16", t->file, name);
+        return -1;
+    }
+    if (check_shape(t, 0, 1, n, 1, err, errlen)) return -1;
+    *out = (weight_matrix){.format = fmt, .rows = 1, .cols = n, .data = t->data};
+    return 0;
+}
+
+static int load_experts(const safetensors_set *st, const model_config *c, const char *p,
+                        layer_weights *l, char *err, size_t errlen) {
+    int ne = c->n_experts;
+    int64_t dim = c->hidden_size, inter = c->moe_intermediate_size;
+    l->expert_gate = calloc((size_t)ne, sizeof(weight_matrix));
+    l->expert_up = calloc((size_t)ne, sizeof(weight_matrix));
+    l->expert_down = calloc((size_t)ne, sizeof(weight_matrix));
+    if (!l->expert_gate || !l->expert_up || !l->expert_down) {
+        set_err(err, errlen, "out of memory");
+        return -1;
+    }
+    char name[512];
+    if (load_matrix(st, (snprintf(name, sizeof name, "%s.mlp.gate", p), name), ne, dim,
+                    &l->router, err, errlen))
+        return -1;
+    snprintf(name, sizeof name, "%s.mlp.switch_mlp.gate_proj.weight", p);
+    if (safetensors_set_find(st, name)) { /* mlx stacked layout */
+        const struct {
+            const char *n;
+            weight_matrix *m;
+            int64_t r, c;
+        } parts[] = {{"gate_proj", l->expert_gate, inter, dim},
+                     {"up_proj", l->expert_up, inter, dim},
+                     {"down_proj", l->expert_down, dim, inter}};
+        for (int i = 0; i < 3; i++) {
+            snprintf(name, sizeof name, "%s.mlp.switch_mlp.%s", p, parts[i].n);
+            if (load_matrices(st, name, ne, parts[i].r, parts[i].c, 0, parts[i].m, err, errlen))
+                return -1;
+        }
+        return 0;
+    }
+    for (int e = 0; e < ne; e++) {
+        snprintf(name, sizeof name, "%s.mlp.experts.%d.gate_proj", p, e);
+        if (load_matrix(st, name, inter, dim, &l->expert_gate[e], err, errlen)) return -1;
+        snprintf(name, sizeof name, "%s.mlp.experts.%d.up_proj", p, e);
+        if (load_matrix(st, name, inter, dim, &l->expert_up[e], err, errlen)) return -1;
+        snprintf(name, sizeof name, "%s.mlp.experts.%d.down_proj", p, e);
+        if (load_matrix(st, name, dim, inter, &l->expert_down[e], err, errlen)) return -1;
+    }
+    return 0;
+}
+
+static int load_layer(const safetensors_set *st, const model_config *c, int i, layer_weights *l,
+                      char *err, size_t errlen) {
+    char p[128], n[256];
+    snprintf(p, sizeof p, "model.layers.%d", i);
+    int64_t dim = c->hidden_size, qd = (int64_t)c->n_heads * c->head_dim,
+            kvd = (int64_t)c->n_kv_heads * c->head_dim;
+#define NAME(suffix) (snprintf(n, sizeof n, "%s.%s", p, suffix), n)
+    if (load_vector(st, NAME("input_layernorm"), dim, &l->attn_norm, err, errlen) ||
+        load_vector(st, NAME("post_attention_layernorm"), dim, &l->ffn_norm, err, errlen) ||
+        load_matrix(st, NAME("self_attn.q_proj"), qd, dim, &l->wq, err, errlen) ||
+        load_matrix(st, NAME("self_attn.k_proj"), kvd, dim, &l->wk, err, errlen) ||
+        load_matrix(st, NAME("self_attn.v_proj"), kvd, dim, &l->wv, err, errlen) ||
+        load_matrix(st, NAME("self_attn.o_proj"), dim, qd, &l->wo, err, errlen))
+        return -1;
+    if (c->attention_bias &&
+        (load_bias(st, NAME("self_attn.q_proj"), qd, &l->bq, err, errlen) ||
+         load_bias(st, NAME("self_attn.k_proj"), kvd, &l->bk, err, errlen) ||
+         load_bias(st, NAME("self_attn.v_proj"), kvd, &l->bv, err, errlen)))
+        return -1;
+    if (c->qk_norm &&
+        (load_vector(st, NAME("self_attn.q_norm"), c->head_dim, &l->q_norm, err, errlen) ||
+         load_vector(st, NAME("self_attn.k_norm"), c->head_dim, &l->k_norm, err, errlen)))
+        return -1;
+    l->is_moe = model_config_layer_is_moe(c, i);
+    if (l->is_moe) return load_experts(st, c, p, l, err, errlen);
+    int64_t inter = c->intermediate_size;
+    if (load_matrix(st, NAME("mlp.gate_proj"), inter, dim, &l->w_gate, err, errlen) ||
+        load_matrix(st, NAME("mlp.up_proj"), inter, dim, &l->w_up, err, errlen) ||
+        load_matrix(st, NAME("mlp.down_proj"), dim, inter, &l->w_down, err, errlen))
+        return -1;
+#undef NAME
+    return 0;
+}
+
+static size_t layer_bytes(const model_config *c, const layer_weights *l) {
+    size_t b = weight_matrix_bytes(&l->wq) + weight_matrix_bytes(&l->wk) +
+               weight_matrix_bytes(&l->wv) + weight_matrix_bytes(&l->wo);
+    if (!l->is_moe)
+        return b + weight_matrix_bytes(&l->w_gate) + weight_matrix_bytes(&l->w_up) +
+               weight_matrix_bytes(&l->w_down);
+    size_t expert = weight_matrix_bytes(&l->expert_gate[0]) +
+                    weight_matrix_bytes(&l->expert_up[0]) + weight_matrix_bytes(&l->expert_down[0]);
+    return b + weight_matrix_bytes(&l->router) + (size_t)c->n_experts_per_tok * expert;
+}
+
+int model_weights_load(const safetensors_set *st, const model_config *c, int layer_start,
+                       int layer_end, model_weights *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    if (layer_start == 0 && layer_end == 0) layer_end = c->n_layers;
+    if (layer_start < 0 || layer_end > c->n_layers || layer_start >= layer_end) {
+        set_err(err, errlen, "layer range [%d, %d) is not inside the model's %d layers",
+                layer_start, layer_end, c->n_layers);
+        return -1;
+    }
+    out->layer_start = layer_start;
+    out->layer_end = layer_end;
+    out->layers = calloc((size_t)(layer_end - layer_start), sizeof *out->layers);
+    if (!out->layers) {
+        set_err(err, errlen, "out of memory");
+        return -1;
+    }
+    int64_t dim = c->hidden_size, vocab = c->vocab_size;
+    int first = layer_start == 0, last = layer_end == c->n_layers;
+    out->has_embed = first || (last && c->tie_word_embeddings);
+    out->has_head = last;
+    if (out->has_embed &&
+        load_matrix(st, "model.embed_tokens", vocab, dim, &out->embed, err, errlen))
+        goto fail;
+    for (int i = layer_start; i < layer_end; i++)
+        if (load_layer(st, c, i, &out->layers[i - layer_start], err, errlen)) goto fail;
+    if (last) {
+        if (load_vector(st, "model.norm", dim, &out->final_norm, err, errlen)) goto fail;
+        if (c->tie_word_embeddings) {
+            out->lm_head = out->embed;
+        } else if (load_matrix(st, "lm_head", vocab, dim, &out->lm_head, err, errlen)) {
+            goto fail;
+        }
+        out->bytes_per_token += weight_matrix_bytes(&out->lm_head);
+    }
+    for (int i = layer_start; i < layer_end; i++)
+        out->bytes_per_token += layer_bytes(c, &out->layers[i - layer_start]);
+    return 0;
+fail:
+    model_weights_free(out);
+    return -1;
+}
+
+void model_weights_free(model_weights *w) {
+    if (!w->layers) return;
+    for (int i = 0; i < w->layer_end - w->layer_start; i++) {
+        free(w->layers[i].expert_gate);
+        free(w->layers[i].expert_up);
+        free(w->layers[i].expert_down);
+    }
+    free(w->layers);
+    w->layers = NULL;
+}

@@ -1,0 +1,495 @@
+/* runner — see runner.h. One thread: it reads the node's messages without blocking while the
+ * engine has work, steps the engine, and turns each engine event into protocol messages.
+ * Continuous batching happens inside engine_step; this loop only feeds and drains it. */
+#include "runner/runner.h"
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/paths.h"
+#include "base/strbuf.h"
+#include "infer/engine.h"
+#include "runner/protocol.h"
+#include "runner/stop_strings.h"
+#include "text/chat.h"
+#include "text/output_parser.h"
+#include "text/tokenizer.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#define MAX_EVENTS 256
+#define PROGRESS_EVERY 256 /* prompt tokens between prefill progress messages */
+
+typedef struct seq {
+    uint64_t id;
+    detokenizer *detok;
+    output_parser *parser;
+    stop_strings stops;
+    int logprobs, top_logprobs;
+    int has_tools;
+    int prompt_tokens, cached_tokens, generated, reasoning_tokens, n_tool_calls;
+    int stopped_by_string; /* we cancelled it after a stop string matched */
+    int last_progress;
+    uint64_t t_submit, t_first, t_last;
+    struct seq *next;
+} seq;
+
+typedef struct runner {
+    int fd;
+    engine *engine;
+    const engine_info *info;
+    tokenizer *tok;
+    chat_template *tmpl;
+    output_format format;
+    seq *seqs;
+    protocol_reader reader;
+    int shutdown;
+    const char *model_id;
+} runner;
+
+/* ------------------------------------------------------------------ messages to the node */
+
+static void send_msg(runner *r, json_t *msg) {
+    if (protocol_send(r->fd, msg)) r->shutdown = 1; /* the node is gone */
+    json_decref(msg);
+}
+
+static void send_status(runner *r, const char *status, json_t *extra) {
+    json_t *m = json_pack("{s:s,s:s}", "type", "status", "status", status);
+    if (extra) {
+        json_object_update(m, extra);
+        json_decref(extra);
+    }
+    send_msg(r, m);
+}
+
+static void send_done_error(runner *r, uint64_t id, int status, const char *message) {
+    send_msg(r, json_pack("{s:s,s:I,s:s,s:s,s:i}", "type", "done", "id", (json_int_t)id,
+                          "finish_reason", "error", "error", message, "error_status", status));
+}
+
+/* ------------------------------------------------------------------ sequences */
+
+static seq *seq_find(runner *r, uint64_t id) {
+    for (seq *s = r->seqs; s; s = s->next)
+        if (s->id == id) return s;
+    return NULL;
+}
+
+static void seq_remove(runner *r, seq *s) {
+    for (seq **pp = &r->seqs; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    detokenizer_free(s->detok);
+    if (s->parser) output_parser_free(s->parser);
+    stop_strings_free(&s->stops);
+    free(s);
+}
+
+/* Renders the prompt text for a request; NULL with err on template errors. */
+static char *render_prompt(runner *r, const gen_request *q, char *err, size_t errlen) {
+    if (q->prompt) return strdup(q->prompt);
+    if (r->tmpl) {
+        chat_render_options o = {.add_generation_prompt = 1,
+                                 .enable_thinking = q->enable_thinking,
+                                 .bos_token = tokenizer_bos_token(r->tok),
+                                 .eos_token = tokenizer_eos_token(r->tok)};
+        return chat_template_render(r->tmpl, q->messages, q->tools, &o, err, errlen);
+    }
+    /* A model without a chat template: a plain transcript. */
+    strbuf sb = {0};
+    size_t i;
+    json_t *m;
+    json_array_foreach(q->messages, i, m) {
+        strbuf_appendf(&sb, "%s: %s\n", json_string_value(json_object_get(m, "role")),
+                       json_string_value(json_object_get(m, "content")));
+    }
+    strbuf_append_str(&sb, "assistant:");
+    return strbuf_detach(&sb);
+}
+
+static int ends_in_reasoning(const char *prompt) {
+    size_t n = strlen(prompt);
+    while (n && (prompt[n - 1] == '\n' || prompt[n - 1] == ' ')) n--;
+    return n >= 7 && !memcmp(prompt + n - 7, "<think>", 7);
+}
+
+static sampling_params sampling_from(const gen_request *q) {
+    sampling_params p = sampling_params_default();
+    if (q->temperature >= 0) p.temperature = (float)q->temperature;
+    if (q->top_p >= 0) p.top_p = (float)q->top_p;
+    if (q->min_p >= 0) p.min_p = (float)q->min_p;
+    if (q->top_k >= 0) p.top_k = q->top_k;
+    if (q->repetition_penalty >= 0) p.repetition_penalty = (float)q->repetition_penalty;
+    if (q->presence_penalty >= 0) p.presence_penalty = (float)q->presence_penalty;
+    if (q->frequency_penalty >= 0) p.frequency_penalty = (float)q->frequency_penalty;
+    if (q->has_seed) p.seed = q->seed;
+    p.logprobs = q->logprobs;
+    p.top_logprobs = q->top_logprobs;
+    return p;
+}
+
+static void start_generation(runner *r, uint64_t id, const json_t *request) {
+    gen_request q;
+    char err[512];
+    if (seq_find(r, id)) {
+        send_done_error(r, id, 400, "duplicate request id");
+        return;
+    }
+    if (gen_request_from_json(request, &q, err, sizeof err)) {
+        send_done_error(r, id, 400, err);
+        return;
+    }
+    char *prompt = render_prompt(r, &q, err, sizeof err);
+    if (!prompt) {
+        send_done_error(r, id, 400, err);
+        gen_request_free(&q);
+        return;
+    }
+    int32_t *ids = NULL;
+    int n = tokenizer_encode(r->tok, prompt, strlen(prompt), q.prompt != NULL, &ids, err,
+                             sizeof err);
+    int in_reasoning = q.prompt == NULL && ends_in_reasoning(prompt);
+    free(prompt);
+    if (n < 0) {
+        send_done_error(r, id, 400, err);
+        gen_request_free(&q);
+        return;
+    }
+    int ctx = r->info->context_length;
+    if (n == 0 || n >= ctx) {
+        snprintf(err, sizeof err,
+                 n ? "the prompt is %d tokens, longer than the model's context of %d tokens"
+                   : "the prompt is empty",
+                 n, ctx);
+        send_done_error(r, id, 400, err);
+        free(ids);
+        gen_request_free(&q);
+        return;
+    }
+    engine_request er = {.prompt = ids,
+                         .n_prompt = n,
+                         .sampling = sampling_from(&q),
+                         .max_tokens = q.max_tokens > 0 && q.max_tokens < ctx - n ? q.max_tokens
+                                                                                  : ctx - n,
+                         .ban_eos = q.ban_eos,
+                         .no_prefix_cache = q.no_prefix_cache};
+    if (engine_submit(r->engine, id, &er, err, sizeof err)) {
+        send_done_error(r, id, 400, err);
+        free(ids);
+        gen_request_free(&q);
+        return;
+    }
+    free(ids);
+    seq *s = calloc(1, sizeof *s);
+    s->id = id;
+    s->detok = detokenizer_new(r->tok, 1);
+    s->has_tools = q.tools != NULL;
+    s->parser = output_parser_new(r->format, in_reasoning, s->has_tools);
+    stop_strings_init(&s->stops, q.stop, q.n_stop);
+    s->logprobs = q.logprobs;
+    s->top_logprobs = q.top_logprobs;
+    s->prompt_tokens = n;
+    s->t_submit = clock_now_ns();
+    s->next = r->seqs;
+    r->seqs = s;
+    gen_request_free(&q);
+    send_msg(r, json_pack("{s:s,s:I,s:i}", "type", "accepted", "id", (json_int_t)id,
+                          "prompt_tokens", n));
+}
+
+static void handle_message(runner *r, const json_t *msg) {
+    const char *type = json_string_value(json_object_get(msg, "type"));
+    uint64_t id = (uint64_t)json_integer_value(json_object_get(msg, "id"));
+    if (!type) return;
+    if (!strcmp(type, "generate")) start_generation(r, id, json_object_get(msg, "request"));
+    else if (!strcmp(type, "cancel") && seq_find(r, id)) engine_cancel(r->engine, id);
+    else if (!strcmp(type, "shutdown")) r->shutdown = 1;
+}
+
+/* ------------------------------------------------------------------ engine events */
+
+static json_t *token_logprob(runner *r, int32_t id, float lp) {
+    uint8_t buf[256];
+    size_t n = tokenizer_token_bytes(r->tok, id, buf, sizeof buf);
+    if (n > sizeof buf) n = sizeof buf;
+    json_t *bytes = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(bytes, json_integer(buf[i]));
+    size_t tl = 0;
+    char *text = tokenizer_decode(r->tok, &id, 1, 0, &tl);
+    json_t *o = json_pack("{s:s,s:f,s:o}", "token", text ? text : "", "logprob", (double)lp,
+                          "bytes", bytes);
+    free(text);
+    return o;
+}
+
+static json_t *event_logprobs(runner *r, const seq *s, const engine_event *ev) {
+    json_t *e = token_logprob(r, ev->token, ev->logprob);
+    json_t *top = json_array();
+    for (int i = 0; i < ev->n_top && i < s->top_logprobs; i++)
+        json_array_append_new(top, token_logprob(r, ev->top_ids[i], ev->top_logprobs[i]));
+    json_object_set_new(e, "top_logprobs", top);
+    return json_pack("[o]", e);
+}
+
+/* Sends a delta for released text (through the output parser) plus optional logprobs; final
+ * also flushes the parser. */
+static void emit(runner *r, seq *s, const char *text, size_t len, int final, json_t *logprobs) {
+    if (final && len) {
+        emit(r, s, text, len, 0, logprobs);
+        logprobs = NULL;
+        len = 0;
+    }
+    output_delta d = {0};
+    if (!s->parser) {
+        /* no output parser in this build: everything is content */
+        if (len) d.content = strndup(text, len);
+    } else if (final) {
+        output_parser_finish(s->parser, &d);
+    } else if (len) {
+        output_parser_feed(s->parser, text, len, &d);
+    }
+    json_t *m = json_pack("{s:s,s:I}", "type", "delta", "id", (json_int_t)s->id);
+    int any = 0;
+    if (d.content && d.content[0]) {
+        json_object_set_new(m, "content", json_string(d.content));
+        any = 1;
+    }
+    if (d.reasoning && d.reasoning[0]) {
+        json_object_set_new(m, "reasoning", json_string(d.reasoning));
+        any = 1;
+        if (!(d.content && d.content[0])) s->reasoning_tokens++;
+    }
+    if (d.n_tool_calls) {
+        json_t *calls = json_array();
+        for (int i = 0; i < d.n_tool_calls; i++) {
+            char cid[48];
+            snprintf(cid, sizeof cid, "call_%llx%d", (unsigned long long)s->id, s->n_tool_calls++);
+            json_array_append_new(calls, json_pack("{s:s,s:s,s:s}", "id", cid, "name",
+                                                   d.tool_calls[i].name, "arguments",
+                                                   d.tool_calls[i].arguments));
+        }
+        json_object_set_new(m, "tool_calls", calls);
+        any = 1;
+    }
+    if (logprobs) {
+        json_object_set_new(m, "logprobs", logprobs);
+        any = 1;
+    }
+    json_object_set_new(m, "tokens", json_integer(s->generated));
+    if (s->parser) output_delta_free(&d);
+    else free(d.content);
+    if (any) send_msg(r, m);
+    else json_decref(m);
+}
+
+static void finish(runner *r, seq *s, const char *reason, const char *stop_sequence) {
+    char buf[512];
+    strbuf rest = {0};
+    size_t n = detokenizer_flush(s->detok, buf, sizeof buf);
+    if (n) stop_strings_push(&s->stops, buf, n, &rest);
+    stop_strings_flush(&s->stops, &rest);
+    emit(r, s, rest.data ? rest.data : "", rest.len, 1, NULL);
+    strbuf_free(&rest);
+    if (!strcmp(reason, "stop") && s->n_tool_calls) reason = "tool_calls";
+    uint64_t now = clock_now_ns();
+    double ttft = s->t_first ? (double)(s->t_first - s->t_submit) / 1e9 : 0;
+    double gen_s = s->t_last > s->t_first ? (double)(s->t_last - s->t_first) / 1e9 : 0;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    json_t *stats = json_pack(
+        "{s:f,s:f,s:i,s:i,s:f,s:I,s:b}", "prompt_tps", ttft > 0 ? s->prompt_tokens / ttft : 0.0,
+        "generation_tps", gen_s > 0 ? (s->generated - 1) / gen_s : 0.0, "prompt_tokens",
+        s->prompt_tokens, "generation_tokens", s->generated, "ttft_ms", ttft * 1e3,
+        "peak_memory_usage", (json_int_t)ru.ru_maxrss * 1024, "prefix_cache_hit",
+        s->cached_tokens > 0);
+    (void)now;
+    json_t *m = json_pack("{s:s,s:I,s:s,s:{s:i,s:i,s:i,s:i},s:o}", "type", "done", "id",
+                          (json_int_t)s->id, "finish_reason", reason, "usage", "prompt_tokens",
+                          s->prompt_tokens, "completion_tokens", s->generated, "cached_tokens",
+                          s->cached_tokens, "reasoning_tokens", s->reasoning_tokens, "stats",
+                          stats);
+    if (stop_sequence) json_object_set_new(m, "stop_sequence", json_string(stop_sequence));
+    send_msg(r, m);
+    seq_remove(r, s);
+}
+
+static void handle_event(runner *r, const engine_event *ev) {
+    seq *s = seq_find(r, ev->seq_id);
+    if (!s) return;
+    s->cached_tokens = ev->cached_tokens;
+    if (ev->finish == ENGINE_FINISH_ERROR) {
+        send_done_error(r, s->id, 500, ev->error[0] ? ev->error : "engine error");
+        seq_remove(r, s);
+        return;
+    }
+    if (ev->finish == ENGINE_FINISH_CANCELLED) {
+        if (s->stopped_by_string)
+            finish(r, s, "stop", s->stops.stops[s->stops.matched]);
+        else
+            finish(r, s, "cancelled", NULL);
+        return;
+    }
+    if (s->stopped_by_string) return; /* tokens after the stop string are dropped */
+    if (ev->token < 0) {
+        if (ev->prefill_done - s->last_progress >= PROGRESS_EVERY) {
+            s->last_progress = ev->prefill_done;
+            send_msg(r, json_pack("{s:s,s:I,s:i,s:i}", "type", "progress", "id",
+                                  (json_int_t)s->id, "processed", ev->prefill_done, "total",
+                                  s->prompt_tokens));
+        }
+    } else {
+        uint64_t now = clock_now_ns();
+        if (!s->t_first) s->t_first = now;
+        s->t_last = now;
+        s->generated++;
+        char piece[512];
+        size_t n = detokenizer_push(s->detok, ev->token, piece, sizeof piece);
+        strbuf out = {0};
+        int hit = stop_strings_push(&s->stops, piece, n, &out);
+        json_t *lp = s->logprobs ? event_logprobs(r, s, ev) : NULL;
+        emit(r, s, out.data ? out.data : "", out.len, 0, lp);
+        strbuf_free(&out);
+        if (hit) {
+            s->stopped_by_string = 1;
+            if (ev->finish != ENGINE_FINISH_NONE) {
+                finish(r, s, "stop", s->stops.stops[s->stops.matched]);
+                return;
+            }
+            engine_cancel(r->engine, s->id);
+            return;
+        }
+    }
+    if (ev->finish == ENGINE_FINISH_STOP) finish(r, s, "stop", NULL);
+    else if (ev->finish == ENGINE_FINISH_LENGTH) finish(r, s, "length", NULL);
+}
+
+/* ------------------------------------------------------------------ load, warm up, serve */
+
+static int config_layers(const char *dir) {
+    char p[1200];
+    if (snprintf(p, sizeof p, "%s/config.json", dir) >= (int)sizeof p) return 0;
+    json_t *c = json_load_file(p, 0, NULL);
+    json_t *tc = json_object_get(c, "text_config");
+    int n = (int)json_integer_value(json_object_get(tc ? tc : c, "num_hidden_layers"));
+    json_decref(c);
+    return n;
+}
+
+static int warm_up(runner *r) {
+    int32_t *ids = NULL;
+    char err[256];
+    int n = tokenizer_encode(r->tok, "Hello", 5, 1, &ids, err, sizeof err);
+    if (n <= 0) {
+        free(ids);
+        return 0; /* nothing to warm up with; not fatal */
+    }
+    engine_request q = {.prompt = ids, .n_prompt = n, .sampling = sampling_params_default(),
+                        .max_tokens = 2, .no_prefix_cache = 1};
+    const uint64_t warm_id = UINT64_MAX;
+    if (engine_submit(r->engine, warm_id, &q, err, sizeof err)) {
+        free(ids);
+        log_warn("warm-up skipped: %s", err);
+        return 0;
+    }
+    free(ids);
+    engine_event ev[8];
+    for (int guard = 0; engine_pending(r->engine) && guard < 100000; guard++)
+        if (engine_step(r->engine, ev, 8) < 0) return -1;
+    return 0;
+}
+
+static int load(runner *r, const runner_options *o) {
+    char err[512];
+    int layers = config_layers(o->model_dir);
+    send_status(r, "Loading", json_pack("{s:i,s:i}", "layers_loaded", 0, "total_layers", layers));
+    r->tok = tokenizer_load(o->model_dir, err, sizeof err);
+    if (!r->tok) {
+        send_status(r, "Failed", json_pack("{s:s}", "error", err));
+        return -1;
+    }
+    engine_options eo = {.model_dir = o->model_dir, .n_threads = o->n_threads,
+                         .kv_cache_bytes = o->kv_cache_bytes};
+    r->engine = engine_open(&eo, err, sizeof err);
+    if (!r->engine) {
+        send_status(r, "Failed", json_pack("{s:s}", "error", err));
+        return -1;
+    }
+    r->info = engine_get_info(r->engine);
+    const char *src = tokenizer_chat_template(r->tok);
+    if (src) {
+        r->tmpl = chat_template_compile(src, err, sizeof err);
+        if (!r->tmpl) log_warn("chat template does not compile (%s); using a plain transcript", err);
+    }
+    r->format = output_format_detect(r->info->architecture, src);
+    send_status(r, "Loaded", NULL);
+    send_status(r, "WarmingUp", NULL);
+    if (warm_up(r)) {
+        send_status(r, "Failed", json_pack("{s:s}", "error", "the engine failed during warm-up"));
+        return -1;
+    }
+    send_status(r, "Ready", json_pack("{s:{s:i,s:s,s:i,s:s}}", "info", "context_length",
+                                      r->info->context_length, "architecture",
+                                      r->info->architecture, "n_layers", r->info->n_layers,
+                                      "model_id", o->model_id ? o->model_id : ""));
+    return 0;
+}
+
+static int read_messages(runner *r, int timeout_ms) {
+    struct pollfd p = {.fd = r->fd, .events = POLLIN};
+    int rc = poll(&p, 1, timeout_ms);
+    if (rc < 0) return errno == EINTR ? 0 : -1;
+    if (rc == 0) return 0;
+    char buf[65536];
+    ssize_t n = read(r->fd, buf, sizeof buf);
+    if (n <= 0) return n < 0 && errno == EINTR ? 0 : -1;
+    protocol_reader_feed(&r->reader, buf, (size_t)n);
+    json_t *m;
+    int bad = 0;
+    while ((m = protocol_reader_next(&r->reader, &bad))) {
+        handle_message(r, m);
+        json_decref(m);
+    }
+    return bad ? -1 : 0;
+}
+
+int runner_run(const runner_options *o) {
+    runner r = {.fd = o->fd, .model_id = o->model_id};
+    int rc = 1;
+    if (load(&r, o)) goto out;
+    engine_event *events = calloc(MAX_EVENTS, sizeof *events);
+    while (!r.shutdown) {
+        int busy = engine_pending(r.engine) > 0;
+        if (read_messages(&r, busy ? 0 : -1)) break; /* node gone */
+        if (!engine_pending(r.engine)) continue;
+        int n = engine_step(r.engine, events, MAX_EVENTS);
+        if (n < 0) {
+            for (seq *s = r.seqs; s;) {
+                seq *next = s->next;
+                send_done_error(&r, s->id, 500, "the engine failed");
+                seq_remove(&r, s);
+                s = next;
+            }
+            log_error("engine step failed; exiting");
+            break;
+        }
+        for (int i = 0; i < n; i++) handle_event(&r, &events[i]);
+    }
+    free(events);
+    rc = r.shutdown ? 0 : 1;
+    if (!r.shutdown) log_info("the node closed the connection; exiting");
+out:
+    while (r.seqs) seq_remove(&r, r.seqs);
+    protocol_reader_free(&r.reader);
+    if (r.tmpl) chat_template_free(r.tmpl);
+    if (r.engine) engine_close(r.engine);
+    if (r.tok) tokenizer_free(r.tok);
+    return rc;
+}

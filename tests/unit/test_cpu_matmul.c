@@ -1,0 +1,269 @@
+/* CPU matmul: every SIMD level this machine supports, in both regimes (matvec and gemm, own
+ * micro-kernel and OpenBLAS), against cpu_matmul_reference (dequantize + f64 accumulation) on
+ * random weights of every format, including odd shapes: rows that are not a multiple of any tile,
+ * columns that are not a multiple of the vector width, n_tokens 1..17 and one larger batch, every
+ * MLX bits/group/scale-dtype combination.
+ *
+ * Tolerance, per output element y[t][r]:
+ *     |y - ref| <= 4e-5 * A + 1e-6,  A = max_c |x[t][c]| * sum_c (|W[r][c]| + |bias_g(c)|)
+ * Justification: (1) f32 accumulation of n products in a few independent chains loses at most a
+ * few ulps per partial sum, relative error << 1e-5 of sum |w x| <= A for the sizes tested.
+ * (2) The AVX-512 MLX path quantizes activations per group to int16 with step max|x_g|/32767, an
+ * error of at most max|x|/65534 per element, multiplied by |scale * q| <= |w| + |bias|: in total
+ * <= 1.53e-5 * A. The bound 4e-5 * A leaves 2x margin; a wrong index, bit offset, scale or group
+ * shows up as an error of order A itself (random data), so the check cannot pass by accident. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "compute/cpu/cpu_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+static float rng_uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)(rng_u32() & 0xffffff) / (float)0x1000000;
+}
+
+typedef struct test_weight {
+    weight_matrix w;
+    void *data, *scales, *biases;
+} test_weight;
+
+static void store_scalar(dtype t, void *p, int64_t i, float v) {
+    if (t == DTYPE_BF16) ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else if (t == DTYPE_F16) ((uint16_t *)p)[i] = f32_to_f16(v);
+    else ((float *)p)[i] = v;
+}
+
+static test_weight make_weight(weight_format f, int64_t rows, int64_t cols, int bits, int gs, dtype sdt) {
+    test_weight t = {0};
+    t.w.format = f;
+    t.w.rows = rows;
+    t.w.cols = cols;
+    if (f == WEIGHT_MLX_AFFINE) {
+        size_t words = (size_t)(rows * cols * bits / 32);
+        uint32_t *q = malloc(words * 4);
+        for (size_t i = 0; i < words; i++) q[i] = rng_u32() ^ (rng_u32() << 16);
+        int64_t groups = rows * cols / gs;
+        t.scales = malloc((size_t)groups * 4);
+        t.biases = malloc((size_t)groups * 4);
+        for (int64_t g = 0; g < groups; g++) {
+            store_scalar(sdt, t.scales, g, rng_uniform(0.001f, 0.03f));
+            store_scalar(sdt, t.biases, g, rng_uniform(-0.2f, 0.2f));
+        }
+        t.data = q;
+        t.w.bits = bits;
+        t.w.group_size = gs;
+        t.w.scale_dtype = sdt;
+        t.w.scales = t.scales;
+        t.w.biases = t.biases;
+    } else {
+        size_t n = (size_t)(rows * cols);
+        dtype dt = f == WEIGHT_F32 ? DTYPE_F32 : f == WEIGHT_F16 ? DTYPE_F16 : DTYPE_BF16;
+        t.data = malloc(n * 4);
+        for (size_t i = 0; i < n; i++) store_scalar(dt, t.data, (int64_t)i, rng_uniform(-1, 1));
+    }
+    t.w.data = t.data;
+    return t;
+}
+
+static void free_weight(test_weight *t) {
+    free(t->data);
+    free(t->scales);
+    free(t->biases);
+}
+
+static float *random_x(int64_t n, int64_t cols) {
+    float *x = malloc((size_t)(n * cols) * sizeof *x);
+    for (int64_t i = 0; i < n * cols; i++) x[i] = rng_uniform(-2, 2);
+    /* A few outliers, as real activations have: stresses per-group activation scaling. */
+    for (int64_t t = 0; t < n; t++) x[t * cols + (rng_u32() % cols)] *= 20.0f;
+    return x;
+}
+
+/* A[t][r] of the tolerance formula. */
+static double tolerance_scale(const weight_matrix *w, const float *x, int64_t t, int64_t r) {
+    float *row = malloc((size_t)w->cols * sizeof *row);
+    weight_matrix_row_to_f32(w, r, row);
+    double xmax = 0, wsum = 0;
+    for (int64_t c = 0; c < w->cols; c++) {
+        double a = fabs(x[t * w->cols + c]);
+        xmax = a > xmax ? a : xmax;
+        double bias = 0;
+        if (w->format == WEIGHT_MLX_AFFINE) {
+            int64_t g = r * (w->cols / w->group_size) + c / w->group_size;
+            bias = w->scale_dtype == DTYPE_F32 ? ((const float *)w->biases)[g]
+                   : w->scale_dtype == DTYPE_BF16 ? bf16_to_f32(((const uint16_t *)w->biases)[g])
+                                                  : f16_to_f32(((const uint16_t *)w->biases)[g]);
+        }
+        wsum += fabs(row[c]) + fabs(bias);
+    }
+    free(row);
+    return xmax * wsum;
+}
+
+static const char *format_label(const weight_matrix *w, char *buf, size_t n) {
+    static const char *names[] = {"f32", "f16", "bf16", "mlx"};
+    if (w->format == WEIGHT_MLX_AFFINE)
+        snprintf(buf, n, "mlx bits=%d gs=%d scales=%s", w->bits, w->group_size, dtype_name(w->scale_dtype));
+    else
+        snprintf(buf, n, "%s", names[w->format]);
+    return buf;
+}
+
+static int checks_run;
+
+/* Runs every supported level and regime on (w, n_tokens) and compares with the reference. */
+static void check_all_paths(const weight_matrix *w, int64_t n_tokens) {
+    float *x = random_x(n_tokens, w->cols);
+    size_t ysize = (size_t)(n_tokens * w->rows);
+    float *ref = malloc(ysize * sizeof *ref), *y = malloc(ysize * sizeof *y);
+    cpu_matmul_reference(w, x, ref, n_tokens);
+    double *tol = malloc(ysize * sizeof *tol);
+    for (int64_t t = 0; t < n_tokens; t++)
+        for (int64_t r = 0; r < w->rows; r++)
+            tol[t * w->rows + r] = 4e-5 * tolerance_scale(w, x, t, r) + 1e-6;
+
+    struct { cpu_gemm_engine gemm; int max_matvec; const char *what; } regimes[] = {
+        {CPU_GEMM_AUTO, -1, "default"},
+        {CPU_GEMM_OWN, 0, "gemm-own"},
+        {CPU_GEMM_OPENBLAS, 0, "gemm-openblas"},
+    };
+    for (int level = 0; level < CPU_LEVEL_COUNT; level++) {
+        if (!cpu_kernels_for((cpu_level)level)) continue;
+        for (size_t g = 0; g < sizeof regimes / sizeof *regimes; g++) {
+            for (size_t i = 0; i < ysize; i++) y[i] = NAN;
+            assert_int_equal(cpu_matmul_with(w, x, y, n_tokens, (cpu_level)level, regimes[g].gemm,
+                                             regimes[g].max_matvec), 0);
+            for (size_t i = 0; i < ysize; i++) {
+                double err = fabs((double)y[i] - (double)ref[i]);
+                if (!(err <= tol[i])) {
+                    char label[64];
+                    fail_msg("%s %s, %s: rows=%lld cols=%lld n=%lld at t=%lld r=%lld: got %.7g, "
+                             "reference %.7g (err %.3g > tol %.3g)",
+                             cpu_kernels_for((cpu_level)level)->name, regimes[g].what,
+                             format_label(w, label, sizeof label), (long long)w->rows,
+                             (long long)w->cols, (long long)n_tokens, (long long)(i / w->rows),
+                             (long long)(i % w->rows), y[i], ref[i], err, tol[i]);
+                }
+            }
+            checks_run++;
+        }
+    }
+    free(x);
+    free(ref);
+    free(y);
+    free(tol);
+}
+
+static void test_dense_formats(void **state) {
+    (void)state;
+    weight_format formats[] = {WEIGHT_F32, WEIGHT_F16, WEIGHT_BF16};
+    int64_t shapes[][2] = {{1, 1}, {5, 7}, {33, 31}, {70, 100}, {45, 257}, {3, 1040}};
+    for (size_t f = 0; f < 3; f++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+            test_weight tw = make_weight(formats[f], shapes[s][0], shapes[s][1], 0, 0, DTYPE_F32);
+            for (int64_t n = 1; n <= 17; n += (s & 1) ? 3 : 2) check_all_paths(&tw.w, n);
+            free_weight(&tw);
+        }
+}
+
+static void test_mlx_every_bits_and_group(void **state) {
+    (void)state;
+    int bits[] = {2, 3, 4, 5, 6, 8};
+    int groups[] = {32, 64, 128};
+    dtype sdts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    int k = 0;
+    for (size_t b = 0; b < 6; b++)
+        for (size_t g = 0; g < 3; g++) {
+            k++;
+            int64_t rows = 1 + (int64_t)(rng_u32() % 50), cols = groups[g] * (1 + (int64_t)(rng_u32() % 5));
+            test_weight tw = make_weight(WEIGHT_MLX_AFFINE, rows, cols, bits[b], groups[g], sdts[k % 3]);
+            /* Every n_tokens 1..17 over the whole loop, two or three per combination. */
+            for (int64_t n = 1 + k % 6; n <= 17; n += 6) check_all_paths(&tw.w, n);
+            free_weight(&tw);
+        }
+}
+
+/* Wider rows (accumulation over thousands of columns) and a batch spanning several token tiles. */
+static void test_large_shapes(void **state) {
+    (void)state;
+    test_weight bf = make_weight(WEIGHT_BF16, 67, 2048, 0, 0, DTYPE_F32);
+    check_all_paths(&bf.w, 1);
+    check_all_paths(&bf.w, 40);
+    free_weight(&bf);
+    test_weight q4 = make_weight(WEIGHT_MLX_AFFINE, 67, 4096, 4, 64, DTYPE_BF16);
+    check_all_paths(&q4.w, 1);
+    check_all_paths(&q4.w, 8);
+    check_all_paths(&q4.w, 40);
+    free_weight(&q4);
+    test_weight q3 = make_weight(WEIGHT_MLX_AFFINE, 35, 1536, 3, 128, DTYPE_F16);
+    check_all_paths(&q3.w, 3);
+    check_all_paths(&q3.w, 29);
+    free_weight(&q3);
+}
+
+static void test_public_entry_and_level(void **state) {
+    (void)state;
+    const char *level = cpu_simd_level();
+    assert_true(strcmp(level, "generic") == 0 || strcmp(level, "avx2") == 0 ||
+                strcmp(level, "avx512") == 0 || strcmp(level, "neon") == 0);
+    assert_non_null(cpu_kernels_for(CPU_LEVEL_GENERIC));
+    test_weight tw = make_weight(WEIGHT_MLX_AFFINE, 20, 256, 5, 32, DTYPE_BF16);
+    float *x = random_x(3, 256), y[60], ref[60];
+    cpu_matmul(&tw.w, x, y, 3);
+    cpu_matmul_reference(&tw.w, x, ref, 3);
+    for (int i = 0; i < 60; i++) assert_true(fabs(y[i] - ref[i]) <= 4e-5 * tolerance_scale(&tw.w, x, i / 20, i % 20) + 1e-6);
+    free(x);
+    free_weight(&tw);
+}
+
+static void test_rejects_unsupported_views(void **state) {
+    (void)state;
+    test_weight tw = make_weight(WEIGHT_MLX_AFFINE, 4, 64, 4, 32, DTYPE_BF16);
+    assert_true(cpu_weight_supported(&tw.w));
+    weight_matrix bad = tw.w;
+    bad.bits = 7;
+    assert_false(cpu_weight_supported(&bad));
+    bad = tw.w;
+    bad.group_size = 48;
+    assert_false(cpu_weight_supported(&bad));
+    bad = tw.w;
+    bad.cols = 80; /* not a multiple of the group size */
+    assert_false(cpu_weight_supported(&bad));
+    bad = tw.w;
+    bad.scales = NULL;
+    assert_false(cpu_weight_supported(&bad));
+    free_weight(&tw);
+}
+
+static int report_checks(void **state) {
+    (void)state;
+    print_message("matmul comparisons run: %d\n", checks_run);
+    return checks_run > 0 ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dense_formats),
+        cmocka_unit_test(test_mlx_every_bits_and_group),
+        cmocka_unit_test(test_large_shapes),
+        cmocka_unit_test(test_public_entry_and_level),
+        cmocka_unit_test(test_rejects_unsupported_views),
+    };
+    return cmocka_run_group_tests(tests, NULL, report_checks);
+}

@@ -1,0 +1,194 @@
+/* safetensors: a written file reads back exactly; sharded directories resolve through the index;
+ * every kind of corrupt header is rejected with a message naming the file and the tensor. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "tiny_model.h"
+
+#include "model/safetensors.h"
+#include "model/safetensors_write.h"
+
+/* A file image: 8-byte length, header text, then data_len bytes of data. */
+static uint8_t *image(const char *header, size_t data_len, size_t *len) {
+    size_t h = strlen(header);
+    *len = 8 + h + data_len;
+    uint8_t *b = calloc(1, *len);
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)h >> (8 * i));
+    memcpy(b + 8, header, h);
+    return b;
+}
+
+static void expect_reject(const char *header, size_t data_len, const char *want1,
+                          const char *want2) {
+    size_t len;
+    uint8_t *b = image(header, data_len, &len);
+    char err[512] = "";
+    safetensors_file *f = safetensors_parse(b, len, "bad.safetensors", err, sizeof err);
+    if (f) fprintf(stderr, "accepted: %s\n", header);
+    assert_null(f);
+    assert_non_null(strstr(err, "bad.safetensors"));
+    if (!strstr(err, want1) || (want2 && !strstr(err, want2)))
+        fprintf(stderr, "message '%s' lacks '%s'/'%s'\n", err, want1, want2 ? want2 : "");
+    assert_non_null(strstr(err, want1));
+    if (want2) assert_non_null(strstr(err, want2));
+    free(b);
+}
+
+static void test_valid_parse(void **s) {
+    (void)s;
+    size_t len;
+    uint8_t *b = image("{\"__metadata__\":{\"format\":\"pt\"},"
+                       "\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+                       "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[24,32]},"
+                       "\"empty\":{\"dtype\":\"F16\",\"shape\":[0,5],\"data_offsets\":[32,32]}}",
+                       32, &len);
+    char err[256];
+    safetensors_file *f = safetensors_parse(b, len, "ok", err, sizeof err);
+    assert_non_null(f);
+    assert_int_equal(safetensors_count(f), 3);
+    const safetensors_tensor *t = safetensors_find(f, "b");
+    assert_non_null(t);
+    assert_int_equal(t->dtype, ST_BF16);
+    assert_int_equal(t->n_dims, 1);
+    assert_int_equal(t->shape[0], 4);
+    assert_int_equal(t->nbytes, 8);
+    assert_ptr_equal(t->data, b + len - 8);
+    assert_null(safetensors_find(f, "c"));
+    safetensors_close(f);
+    free(b);
+}
+
+static void test_corrupt_headers(void **s) {
+    (void)s;
+    expect_reject("{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, "'w'",
+                  "truncated");
+    expect_reject("{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,12]}}", 16, "'w'",
+                  "want 16");
+    expect_reject("{\"w\":{\"dtype\":\"Q9\",\"shape\":[4],\"data_offsets\":[0,4]}}", 4, "'w'",
+                  "unknown dtype");
+    expect_reject("{\"x\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+                  "\"y\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[2,6]}}", 8, "overlap",
+                  NULL);
+    expect_reject("{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "'w'",
+                  "shape");
+    expect_reject("{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,4]}}", 16, "'w'",
+                  "data_offsets");
+    expect_reject("{\"w\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],"
+                  "\"data_offsets\":[0,4]}}", 4, "'w'", NULL);
+    expect_reject("{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],"
+                  "\"data_offsets\":[0,4]}}", 4, "'w'", "dims");
+    expect_reject("{\"w\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "'w'", "data_offsets");
+    expect_reject("{\"w\":[1,2]}", 4, "'w'", NULL);
+    expect_reject("[1,2,3]", 0, "not a JSON object", NULL);
+    expect_reject("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                  "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "JSON",
+                  NULL);
+    expect_reject("{\"w\": {", 0, "JSON", NULL);
+    /* header length beyond the file */
+    uint8_t b[16] = {0xff, 0xff, 0xff, 0, 0, 0, 0, 0, '{', '}'};
+    char err[256];
+    assert_null(safetensors_parse(b, sizeof b, "bad.safetensors", err, sizeof err));
+    assert_non_null(strstr(err, "header length"));
+    assert_null(safetensors_parse(b, 5, "bad.safetensors", err, sizeof err));
+    assert_non_null(strstr(err, "too short"));
+}
+
+static void test_write_read_and_shards(void **s) {
+    (void)s;
+    char dir[256], path[512], err[512];
+    tiny_dir(dir, sizeof dir, "st");
+    assert_int_equal(paths_mkdir_p(dir), 0);
+    float a[6] = {1, 2, 3, 4, 5, 6};
+    uint16_t b[4] = {1, 2, 3, 4};
+    int64_t sa[2] = {2, 3}, sb[1] = {4};
+    safetensors_writer *w1 = safetensors_writer_new(), *w2 = safetensors_writer_new();
+    assert_int_equal(safetensors_writer_add(w1, "a", ST_F32, 2, sa, a, sizeof a), 0);
+    assert_int_equal(safetensors_writer_add(w1, "a2", ST_F32, 2, sa, a, 5), -1); /* size lies */
+    assert_int_equal(safetensors_writer_add(w2, "b", ST_BF16, 1, sb, b, sizeof b), 0);
+    snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", dir);
+    assert_int_equal(safetensors_writer_save(w1, path, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", dir);
+    assert_int_equal(safetensors_writer_save(w2, path, err, sizeof err), 0);
+    safetensors_writer_free(w1);
+    safetensors_writer_free(w2);
+    /* without an index: every .safetensors file */
+    safetensors_set *set = safetensors_set_open(dir, err, sizeof err);
+    assert_non_null(set);
+    assert_int_equal(safetensors_set_count(set), 2);
+    const safetensors_tensor *t = safetensors_set_find(set, "a");
+    assert_non_null(t);
+    assert_memory_equal(t->data, a, sizeof a);
+    assert_non_null(strstr(t->file, "00001"));
+    safetensors_set_close(set);
+    /* with an index */
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"metadata\":{},\"weight_map\":{\"a\":\"model-00001-of-00002.safetensors\","
+          "\"b\":\"model-00002-of-00002.safetensors\"}}", f);
+    fclose(f);
+    set = safetensors_set_open(dir, err, sizeof err);
+    assert_non_null(set);
+    t = safetensors_set_find(set, "b");
+    assert_non_null(t);
+    assert_memory_equal(t->data, b, sizeof b);
+    safetensors_set_close(set);
+    /* an index that lies about where a tensor is, or escapes the directory */
+    f = fopen(path, "w");
+    fputs("{\"weight_map\":{\"a\":\"model-00002-of-00002.safetensors\"}}", f);
+    fclose(f);
+    assert_null(safetensors_set_open(dir, err, sizeof err));
+    assert_non_null(strstr(err, "'a'"));
+    f = fopen(path, "w");
+    fputs("{\"weight_map\":{\"a\":\"../../etc/passwd\"}}", f);
+    fclose(f);
+    assert_null(safetensors_set_open(dir, err, sizeof err));
+    assert_non_null(strstr(err, "unsafe"));
+    f = fopen(path, "w");
+    fputs("{\"weight_map\":{\"a\":\"missing.safetensors\"}}", f);
+    fclose(f);
+    assert_null(safetensors_set_open(dir, err, sizeof err));
+    assert_non_null(strstr(err, "missing.safetensors"));
+}
+
+static void test_weights_shape_errors(void **s) {
+    (void)s;
+    char dir[256], err[512];
+    tiny_dir(dir, sizeof dir, "w");
+    tiny_spec spec = {.arch = "LlamaForCausalLM", .vocab = 32, .dim = 32, .layers = 1, .heads = 2,
+                      .kv_heads = 1, .head_dim = 16, .inter = 64, .dtype = ST_F16, .seed = 2};
+    assert_int_equal(tiny_model_write(dir, &spec), 0);
+    model_config c;
+    assert_int_equal(model_config_load(dir, &c, err, sizeof err), 0);
+    safetensors_set *set = safetensors_set_open(dir, err, sizeof err);
+    assert_non_null(set);
+    model_weights w;
+    assert_int_equal(model_weights_load(set, &c, 0, 0, &w, err, sizeof err), 0);
+    assert_int_equal(w.layers[0].wq.format, WEIGHT_F16);
+    model_weights_free(&w);
+    c.intermediate_size = 48; /* config disagrees with the file */
+    assert_int_equal(model_weights_load(set, &c, 0, 0, &w, err, sizeof err), -1);
+    assert_non_null(strstr(err, "mlp.gate_proj.weight"));
+    assert_non_null(strstr(err, "[64, 32]"));
+    c.intermediate_size = 64;
+    assert_int_equal(model_weights_load(set, &c, 1, 2, &w, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layer range"));
+    c.n_layers = 2; /* a layer the file lacks */
+    assert_int_equal(model_weights_load(set, &c, 0, 0, &w, err, sizeof err), -1);
+    assert_non_null(strstr(err, "model.layers.1."));
+    safetensors_set_close(set);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid_parse),
+        cmocka_unit_test(test_corrupt_headers),
+        cmocka_unit_test(test_write_read_and_shards),
+        cmocka_unit_test(test_weights_shape_errors),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tiny_cleanup();
+    return rc;
+}

@@ -1,0 +1,172 @@
+/* Model store: id safety (no path traversal), where models live, when a model is complete,
+ * read-only search paths, listing and deleting. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "base/paths.h"
+#include "model/store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char root[256];
+
+static void write_file(const char *dir, const char *rel, const char *text) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    char *slash = strrchr(path, '/');
+    *slash = 0;
+    assert_int_equal(paths_mkdir_p(path), 0);
+    *slash = '/';
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(root, sizeof root, "/tmp/exo-test-store-%d", (int)getpid());
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    if (system(cmd) != 0) return -1;
+    return paths_mkdir_p(root);
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void test_id_validation(void **state) {
+    (void)state;
+    char err[256];
+    const char *good[] = {"mlx-community/Llama-3.2-1B-Instruct-4bit", "Qwen/Qwen3-0.6B", "gpt2",
+                          "org_1/a.b_c-d"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        assert_int_equal(store_id_valid(good[i], err, sizeof err), 0);
+    const char *bad[] = {"",          "../etc/passwd", "org/..",     "/abs/path", "org/a/b",
+                         "org/",      "/name",         "org//name",  "org/na me", "org/n\\m",
+                         "a--b/c",    "org/.hidden",   "org/-rf",    "org/a..b",  "org/名前",
+                         "org/x\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        assert_int_equal(store_id_valid(bad[i], err, sizeof err), -1);
+        assert_true(strlen(err) > 0);
+    }
+    char name[256];
+    assert_int_equal(store_id_to_dirname("mlx-community/Qwen3-0.6B-4bit", name, sizeof name), 0);
+    assert_string_equal(name, "mlx-community--Qwen3-0.6B-4bit");
+    assert_int_equal(store_id_to_dirname("../x", name, sizeof name), -1);
+    assert_int_equal(store_id_to_dirname("org/name", name, 5), -1); /* does not fit */
+}
+
+static void test_relpath_validation(void **state) {
+    (void)state;
+    assert_int_equal(store_relpath_valid("config.json"), 0);
+    assert_int_equal(store_relpath_valid("sub/dir/model-00001-of-00002.safetensors"), 0);
+    const char *bad[] = {"", "/etc/passwd", "../x", "a/../../x", "a//b", "a/", "./a", "a\\b",
+                         "x.partial", "a\nb", "c:x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(store_relpath_valid(bad[i]), -1);
+}
+
+static void test_locate_and_completeness(void **state) {
+    (void)state;
+    char models[300], ro[300], dir[1024], err[256];
+    snprintf(models, sizeof models, "%s/models", root);
+    snprintf(ro, sizeof ro, "%s/ro", root);
+    char path[700];
+    snprintf(path, sizeof path, "%s:%s/missing", ro, root);
+    model_store s;
+    assert_int_equal(store_init(&s, models, path, err, sizeof err), 0);
+    assert_int_equal(s.n_search, 2);
+    assert_int_equal(store_locate(&s, "org/model", dir, sizeof dir), STORE_ABSENT);
+    assert_int_equal(store_write_dir(&s, "org/model", dir, sizeof dir), 0);
+    char want[700];
+    snprintf(want, sizeof want, "%s/org--model", models);
+    assert_string_equal(dir, want);
+
+    /* a manifest makes it complete only when every file has its recorded size */
+    write_file(want, ".exo-manifest.json",
+               "{\"files\":[{\"path\":\"config.json\",\"size\":2},{\"path\":\"w/a.bin\",\"size\":3}]}");
+    write_file(want, "config.json", "{}");
+    assert_int_equal(store_locate(&s, "org/model", dir, sizeof dir), STORE_PARTIAL);
+    write_file(want, "w/a.bin", "ab");
+    assert_int_equal(store_dir_state(want), STORE_PARTIAL); /* wrong size */
+    write_file(want, "w/a.bin", "abc");
+    assert_int_equal(store_locate(&s, "org/model", dir, sizeof dir), STORE_COMPLETE);
+    assert_string_equal(dir, want);
+    /* a manifest that names a path outside the dir never counts as complete */
+    write_file(want, ".exo-manifest.json", "{\"files\":[{\"path\":\"../../x\",\"size\":1}]}");
+    assert_int_equal(store_dir_state(want), STORE_PARTIAL);
+
+    /* read-only dir without a manifest: config + index-listed weights */
+    char ro_model[700];
+    snprintf(ro_model, sizeof ro_model, "%s/other--m", ro);
+    write_file(ro_model, "config.json", "{}");
+    write_file(ro_model, "model.safetensors.index.json",
+               "{\"weight_map\":{\"a\":\"m-1.safetensors\",\"b\":\"m-2.safetensors\"}}");
+    write_file(ro_model, "m-1.safetensors", "x");
+    assert_int_equal(store_locate(&s, "other/m", dir, sizeof dir), STORE_PARTIAL);
+    write_file(ro_model, "m-2.safetensors", "x");
+    assert_int_equal(store_locate(&s, "other/m", dir, sizeof dir), STORE_COMPLETE);
+    assert_string_equal(dir, ro_model);
+    assert_true(store_dir_bytes(ro_model) > 0);
+
+    /* an absolute path is a model too; a traversal id is never resolved */
+    assert_int_equal(store_locate(&s, ro_model, dir, sizeof dir), STORE_COMPLETE);
+    assert_int_equal(store_locate(&s, "../ro/other--m", dir, sizeof dir), STORE_ABSENT);
+
+    /* deleting touches only the writable copy */
+    assert_int_equal(store_delete(&s, "other/m", err, sizeof err), 0);
+    assert_int_equal(store_locate(&s, "other/m", dir, sizeof dir), STORE_COMPLETE);
+    assert_int_equal(store_delete(&s, "org/model", err, sizeof err), 0);
+    assert_int_equal(store_locate(&s, "org/model", dir, sizeof dir), STORE_ABSENT);
+    assert_int_equal(store_delete(&s, "../../etc", err, sizeof err), -1);
+}
+
+struct seen {
+    int n;
+    char ids[8][128];
+};
+static void on_model(const char *id, const char *dir, enum store_state st, void *ud) {
+    (void)dir;
+    (void)st;
+    struct seen *s = ud;
+    if (s->n < 8) snprintf(s->ids[s->n++], 128, "%s", id);
+}
+
+static void test_list(void **state) {
+    (void)state;
+    char models[300], err[256], d[700];
+    snprintf(models, sizeof models, "%s/list", root);
+    model_store s;
+    assert_int_equal(store_init(&s, models, NULL, err, sizeof err), 0);
+    snprintf(d, sizeof d, "%s/a--one", models);
+    write_file(d, "config.json", "{}");
+    snprintf(d, sizeof d, "%s/not-a-model", models);
+    write_file(d, "config.json", "{}");
+    struct seen seen = {0};
+    store_list(&s, on_model, &seen);
+    assert_int_equal(seen.n, 1);
+    assert_string_equal(seen.ids[0], "a/one");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_id_validation),
+        cmocka_unit_test(test_relpath_validation),
+        cmocka_unit_test(test_locate_and_completeness),
+        cmocka_unit_test(test_list),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,181 @@
+/* mkmodel plan — the tensor list of a checkpoint: names, shapes, how values are drawn, which
+ * matrices are quantized. Names follow Hugging Face transformers for each architecture, and
+ * mlx-community's conventions for quantized and stacked-expert (switch_mlp) checkpoints.
+ *
+ * Refuses: shapes whose quantized dimensions are not a multiple of the group size. */
+#include "mkmodel.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int mk_layer_is_moe(const mk_config *c, int64_t layer) {
+    if (c->arch != MK_QWEN3_MOE || c->experts <= 0) return 0;
+    int64_t step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
+    return (layer + 1) % step == 0;
+}
+
+static mk_matrix *plan_add(mk_plan *p) {
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 64;
+        mk_matrix *items = realloc(p->items, cap * sizeof *items);
+        if (!items) return NULL;
+        p->items = items;
+        p->cap = cap;
+    }
+    mk_matrix *m = &p->items[p->n++];
+    memset(m, 0, sizeof *m);
+    m->suffix = "weight";
+    return m;
+}
+
+static void set_name(char *dst, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_name(char *dst, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dst, n, fmt, ap);
+    va_end(ap);
+}
+
+/* Projection std: 1/sqrt(in) keeps activations O(1) through a layer (so attention is not flat and
+ * each layer matters), capped at 0.1. */
+static double linear_std(int64_t in) {
+    double s = 1.0 / sqrt((double)in);
+    return s < 0.1 ? s : 0.1;
+}
+
+typedef struct plan_ctx {
+    const mk_config *cfg;
+    mk_plan *plan;
+    char *err;
+    size_t errlen;
+    int failed;
+} plan_ctx;
+
+static mk_matrix *add_linear(plan_ctx *x, const char *name, int64_t out, int64_t in, double std, int bits,
+                             int group) {
+    mk_matrix *m = plan_add(x->plan);
+    if (!m) {
+        snprintf(x->err, x->errlen, "out of memory");
+        x->failed = 1;
+        return NULL;
+    }
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->out = out;
+    m->in = in;
+    m->std = std;
+    m->init = MK_INIT_NORMAL;
+    m->bits = bits;
+    m->group_size = group;
+    if (bits && in % group != 0 && !x->failed) {
+        snprintf(x->err, x->errlen,
+                 "cannot quantize %s: its input dimension %lld is not a multiple of the group size %d",
+                 name, (long long)in, group);
+        x->failed = 1;
+    }
+    return m;
+}
+
+static void add_vector(plan_ctx *x, const char *name, const char *suffix, int64_t n, mk_init init, double std) {
+    mk_matrix *m = add_linear(x, name, 1, n, std, 0, 0);
+    if (!m) return;
+    m->suffix = suffix;
+    m->vector = 1;
+    m->init = init;
+}
+
+static void add_attention(plan_ctx *x, int64_t l) {
+    const mk_config *c = x->cfg;
+    char n[160];
+    int64_t q = c->heads * c->head_dim, kv = c->kv_heads * c->head_dim;
+    static const char *proj[3] = {"q_proj", "k_proj", "v_proj"};
+    for (int i = 0; i < 3; i++) {
+        set_name(n, sizeof n, "model.layers.%lld.self_attn.%s", (long long)l, proj[i]);
+        add_linear(x, n, i == 0 ? q : kv, c->hidden, linear_std(c->hidden), c->quant_bits, c->group_size);
+        if (c->arch == MK_QWEN2) add_vector(x, n, "bias", i == 0 ? q : kv, MK_INIT_NORMAL, 0.1);
+    }
+    set_name(n, sizeof n, "model.layers.%lld.self_attn.o_proj", (long long)l);
+    add_linear(x, n, c->hidden, q, linear_std(q), c->quant_bits, c->group_size);
+    if (c->arch == MK_QWEN3 || c->arch == MK_QWEN3_MOE) {
+        set_name(n, sizeof n, "model.layers.%lld.self_attn.q_norm", (long long)l);
+        add_vector(x, n, "weight", c->head_dim, MK_INIT_AROUND_ONE, 0.1);
+        set_name(n, sizeof n, "model.layers.%lld.self_attn.k_norm", (long long)l);
+        add_vector(x, n, "weight", c->head_dim, MK_INIT_AROUND_ONE, 0.1);
+    }
+}
+
+static void add_mlp(plan_ctx *x, const char *prefix, int64_t inter) {
+    const mk_config *c = x->cfg;
+    char n[160];
+    set_name(n, sizeof n, "%s.gate_proj", prefix);
+    add_linear(x, n, inter, c->hidden, linear_std(c->hidden), c->quant_bits, c->group_size);
+    set_name(n, sizeof n, "%s.up_proj", prefix);
+    add_linear(x, n, inter, c->hidden, linear_std(c->hidden), c->quant_bits, c->group_size);
+    set_name(n, sizeof n, "%s.down_proj", prefix);
+    add_linear(x, n, c->hidden, inter, linear_std(inter), c->quant_bits, c->group_size);
+}
+
+static void add_moe(plan_ctx *x, int64_t l) {
+    const mk_config *c = x->cfg;
+    char n[160];
+    int rbits = c->quant_bits, rgroup = c->group_size;
+    if (c->quant_bits && c->router_bits > 0) rbits = c->router_bits, rgroup = 64;
+    if (c->router_bits < 0) rbits = 0, rgroup = 0;
+    set_name(n, sizeof n, "model.layers.%lld.mlp.gate", (long long)l);
+    add_linear(x, n, c->experts, c->hidden, 2.0 / sqrt((double)c->hidden), rbits, rgroup);
+    static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    if (!c->moe_layout_mlx) {
+        for (int64_t e = 0; e < c->experts; e++) {
+            char prefix[128];
+            set_name(prefix, sizeof prefix, "model.layers.%lld.mlp.experts.%lld", (long long)l, (long long)e);
+            add_mlp(x, prefix, c->moe_intermediate);
+        }
+        return;
+    }
+    for (int i = 0; i < 3; i++) {
+        int down = i == 2;
+        int64_t out = down ? c->hidden : c->moe_intermediate, in = down ? c->moe_intermediate : c->hidden;
+        set_name(n, sizeof n, "model.layers.%lld.mlp.switch_mlp.%s", (long long)l, proj[i]);
+        mk_matrix *m = add_linear(x, n, out, in, linear_std(in), c->quant_bits, c->group_size);
+        if (!m) return;
+        m->stack = c->experts;
+        set_name(m->seed_fmt, sizeof m->seed_fmt, "model.layers.%lld.mlp.experts.%%lld.%s.weight", (long long)l,
+                 proj[i]);
+    }
+}
+
+int mk_plan_build(const mk_config *c, mk_plan *plan, char *err, size_t errlen) {
+    plan_ctx x = {.cfg = c, .plan = plan, .err = err, .errlen = errlen};
+    memset(plan, 0, sizeof *plan);
+    /* Output logits std ~3 whatever the width: a peaked, non-flat next-token distribution. */
+    double embed_std = 3.0 / sqrt((double)c->hidden);
+    add_linear(&x, "model.embed_tokens", c->vocab, c->hidden, embed_std, c->quant_bits, c->group_size);
+    for (int64_t l = 0; l < c->layers && !x.failed; l++) {
+        char n[160], prefix[128];
+        set_name(n, sizeof n, "model.layers.%lld.input_layernorm", (long long)l);
+        add_vector(&x, n, "weight", c->hidden, MK_INIT_AROUND_ONE, 0.1);
+        add_attention(&x, l);
+        set_name(n, sizeof n, "model.layers.%lld.post_attention_layernorm", (long long)l);
+        add_vector(&x, n, "weight", c->hidden, MK_INIT_AROUND_ONE, 0.1);
+        if (mk_layer_is_moe(c, l)) {
+            add_moe(&x, l);
+        } else {
+            set_name(prefix, sizeof prefix, "model.layers.%lld.mlp", (long long)l);
+            add_mlp(&x, prefix, c->intermediate);
+        }
+    }
+    add_vector(&x, "model.norm", "weight", c->hidden, MK_INIT_AROUND_ONE, 0.1);
+    if (!c->tie_embeddings) add_linear(&x, "lm_head", c->vocab, c->hidden, embed_std, c->quant_bits, c->group_size);
+    if (x.failed) {
+        mk_plan_free(plan);
+        return -1;
+    }
+    return 0;
+}
+
+void mk_plan_free(mk_plan *plan) {
+    free(plan->items);
+    memset(plan, 0, sizeof *plan);
+}

@@ -1,0 +1,346 @@
+/* mkmodel writer — deterministic random values, MLX affine quantization, and a streaming
+ * safetensors writer (one file, or shards plus model.safetensors.index.json).
+ *
+ * Every tensor (and every expert of a stacked tensor) draws from its own generator, seeded from
+ * --seed and the Hugging Face name of that weight, so the bytes do not depend on layout, on
+ * sharding or on the order tensors are written in, and a quantized model is the quantization of
+ * exactly the values its dense twin holds.
+ *
+ * Refuses: holding a model in memory (values are generated in chunks of rows and written with
+ * pwrite), and libm functions whose last bit may differ between machines. */
+#include "mkmodel.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* No fused multiply-add contraction: the Makefile builds with -std=c17, which implies
+ * -ffp-contract=off under gcc; clang honours this pragma. */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+uint64_t mk_splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double mk_normal(uint64_t *state) {
+    uint64_t r = mk_splitmix64(state);
+    int64_t s = (int64_t)(r & 0xFFFF) + (int64_t)((r >> 16) & 0xFFFF) + (int64_t)((r >> 32) & 0xFFFF) +
+                (int64_t)(r >> 48);
+    /* Sum of four uniforms on 0..65535: mean 131070, variance (65536^2-1)/3. sqrt is correctly
+     * rounded (IEEE 754), so this constant is the same everywhere. */
+    double inv_std = 1.0 / sqrt((65536.0 * 65536.0 - 1.0) / 3.0);
+    return (double)(s - 131070) * inv_std;
+}
+
+uint64_t mk_hash_name(uint64_t seed, const char *name) {
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001B3ull;
+    uint64_t st = h ^ (seed * 0x9E3779B97F4A7C15ull);
+    return mk_splitmix64(&st);
+}
+
+static void store_scalar(void *base, int64_t i, dtype dt, float v) {
+    if (dt == DTYPE_F32) ((float *)base)[i] = v;
+    else if (dt == DTYPE_F16) ((uint16_t *)base)[i] = f32_to_f16(v);
+    else ((uint16_t *)base)[i] = f32_to_bf16(v);
+}
+
+static float load_scalar(const void *base, int64_t i, dtype dt) {
+    if (dt == DTYPE_F32) return ((const float *)base)[i];
+    if (dt == DTYPE_F16) return f16_to_f32(((const uint16_t *)base)[i]);
+    return bf16_to_f32(((const uint16_t *)base)[i]);
+}
+
+void mk_quantize_row(const float *w, int64_t n, int bits, int group_size, dtype dt, uint32_t *packed, void *scales,
+                     void *biases) {
+    const uint32_t qmax = (1u << bits) - 1;
+    memset(packed, 0, (size_t)(n * bits / 32) * sizeof(uint32_t));
+    for (int64_t g = 0; g < n / group_size; g++) {
+        const float *x = w + g * group_size;
+        float mn = x[0], mx = x[0];
+        for (int i = 1; i < group_size; i++) {
+            if (x[i] < mn) mn = x[i];
+            if (x[i] > mx) mx = x[i];
+        }
+        /* As MLX: scale = (max - min) / (2^bits - 1), bias = min; values are rounded against the
+         * stored (narrowed) scale and bias, so dequantization is as close as it can be. */
+        store_scalar(scales, g, dt, (mx - mn) / (float)qmax);
+        store_scalar(biases, g, dt, mn);
+        float s = load_scalar(scales, g, dt), b = load_scalar(biases, g, dt);
+        for (int i = 0; i < group_size; i++) {
+            float qf = s > 0 ? floorf((x[i] - b) / s + 0.5f) : 0.0f;
+            uint32_t q = qf <= 0 ? 0 : qf >= (float)qmax ? qmax : (uint32_t)qf;
+            uint64_t bit = (uint64_t)(g * group_size + i) * (uint64_t)bits;
+            uint64_t word = bit / 32, shift = bit % 32;
+            packed[word] |= q << shift;
+            if (shift + (uint64_t)bits > 32) packed[word + 1] |= q >> (32 - shift);
+        }
+    }
+}
+
+/* A tensor as stored: name, dtype, shape, which file and where. */
+typedef struct phys_tensor {
+    char name[200];
+    const char *dtype_name; /* "BF16", "F16", "F32", "U32" */
+    int ndim;
+    int64_t shape[3];
+    uint64_t nbytes;
+    int shard;
+    uint64_t offset; /* within the shard's data section */
+    const mk_matrix *m;
+    int part; /* 0 weight (dense or packed), 1 scales, 2 biases */
+} phys_tensor;
+
+static const char *st_dtype(dtype dt) {
+    return dt == DTYPE_F32 ? "F32" : dt == DTYPE_F16 ? "F16" : "BF16";
+}
+
+static size_t build_phys(const mk_config *cfg, const mk_plan *plan, phys_tensor *out) {
+    size_t n = 0;
+    for (size_t i = 0; i < plan->n; i++) {
+        const mk_matrix *m = &plan->items[i];
+        int parts = m->bits ? 3 : 1;
+        for (int p = 0; p < parts; p++) {
+            phys_tensor *t = &out[n++];
+            memset(t, 0, sizeof *t);
+            static const char *pname[3] = {NULL, "scales", "biases"};
+            snprintf(t->name, sizeof t->name, "%s.%s", m->name, p == 0 ? m->suffix : pname[p]);
+            t->m = m;
+            t->part = p;
+            int64_t cols = m->in;
+            uint64_t esize = dtype_size(cfg->dt);
+            t->dtype_name = st_dtype(cfg->dt);
+            if (p == 0 && m->bits) {
+                cols = m->in * m->bits / 32;
+                esize = 4;
+                t->dtype_name = "U32";
+            } else if (p > 0) {
+                cols = m->in / m->group_size;
+            }
+            if (m->vector) {
+                t->ndim = 1;
+                t->shape[0] = cols;
+            } else if (m->stack) {
+                t->ndim = 3;
+                t->shape[0] = m->stack, t->shape[1] = m->out, t->shape[2] = cols;
+            } else {
+                t->ndim = 2;
+                t->shape[0] = m->out, t->shape[1] = cols;
+            }
+            t->nbytes = esize * (uint64_t)cols * (uint64_t)m->out * (uint64_t)(m->stack ? m->stack : 1);
+        }
+    }
+    return n;
+}
+
+static int cmp_phys_name(const void *a, const void *b) {
+    const phys_tensor *const *x = a, *const *y = b;
+    return strcmp((*x)->name, (*y)->name);
+}
+
+static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, n, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w, n -= (size_t)w, off += (uint64_t)w;
+    }
+    return 0;
+}
+
+typedef struct shard_file {
+    int fd;
+    uint64_t data_start; /* 8 + header length */
+    uint64_t size;       /* data bytes */
+    char name[64];
+} shard_file;
+
+/* Writes the header of one shard (tensors sorted by name get consecutive offsets). */
+static int write_header(shard_file *sf, phys_tensor **ts, size_t n, int quantized) {
+    json_t *root = json_object();
+    json_t *meta = json_object();
+    json_object_set_new(meta, "format", json_string(quantized ? "mlx" : "pt"));
+    json_object_set_new(root, "__metadata__", meta);
+    for (size_t i = 0; i < n; i++) {
+        phys_tensor *t = ts[i];
+        json_t *o = json_object(), *shape = json_array(), *offs = json_array();
+        json_object_set_new(o, "dtype", json_string(t->dtype_name));
+        for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
+        json_object_set_new(o, "shape", shape);
+        json_array_append_new(offs, json_integer((json_int_t)t->offset));
+        json_array_append_new(offs, json_integer((json_int_t)(t->offset + t->nbytes)));
+        json_object_set_new(o, "data_offsets", offs);
+        json_object_set_new(root, t->name, o);
+    }
+    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (!text) return -1;
+    size_t len = strlen(text), padded = (len + 7) / 8 * 8;
+    char *buf = malloc(8 + padded);
+    if (!buf) {
+        free(text);
+        return -1;
+    }
+    uint64_t hl = padded;
+    for (int i = 0; i < 8; i++) buf[i] = (char)((hl >> (8 * i)) & 0xFF);
+    memcpy(buf + 8, text, len);
+    memset(buf + 8 + len, ' ', padded - len);
+    free(text);
+    int rc = pwrite_all(sf->fd, buf, 8 + padded, 0);
+    free(buf);
+    sf->data_start = 8 + padded;
+    return rc;
+}
+
+/* Generates one logical matrix chunk by chunk and writes its one or three stored tensors. */
+static int write_matrix(const mk_config *cfg, const mk_matrix *m, phys_tensor *parts[3], shard_file *shards) {
+    int64_t stack = m->stack ? m->stack : 1;
+    int64_t rows_per_chunk = (int64_t)((4u << 20) / ((uint64_t)m->in * 4));
+    if (rows_per_chunk < 1) rows_per_chunk = 1;
+    if (rows_per_chunk > m->out) rows_per_chunk = m->out;
+    size_t esize = dtype_size(cfg->dt);
+    float *vals = malloc((size_t)(rows_per_chunk * m->in) * sizeof(float));
+    size_t out_bytes = (size_t)(rows_per_chunk * m->in) * 4;
+    char *b0 = malloc(out_bytes), *b1 = malloc(out_bytes), *b2 = malloc(out_bytes);
+    int rc = (vals && b0 && b1 && b2) ? 0 : -1;
+    for (int64_t e = 0; e < stack && rc == 0; e++) {
+        char seed_name[256];
+        if (m->stack) snprintf(seed_name, sizeof seed_name, m->seed_fmt, (long long)e);
+        else snprintf(seed_name, sizeof seed_name, "%s.%s", m->name, m->suffix);
+        uint64_t st = mk_hash_name(cfg->seed, seed_name);
+        for (int64_t r0 = 0; r0 < m->out && rc == 0; r0 += rows_per_chunk) {
+            int64_t nr = m->out - r0 < rows_per_chunk ? m->out - r0 : rows_per_chunk;
+            for (int64_t i = 0; i < nr * m->in; i++) {
+                double g = mk_normal(&st);
+                double v = m->init == MK_INIT_AROUND_ONE ? 1.0 + m->std * g : m->std * g;
+                vals[i] = (float)v;
+            }
+            int64_t row0 = e * m->out + r0; /* row index within the (stacked) tensor */
+            if (!m->bits) {
+                for (int64_t i = 0; i < nr * m->in; i++) store_scalar(b0, i, cfg->dt, vals[i]);
+                phys_tensor *t = parts[0];
+                rc = pwrite_all(shards[t->shard].fd, b0, (size_t)(nr * m->in) * esize,
+                                shards[t->shard].data_start + t->offset + (uint64_t)row0 * (uint64_t)m->in * esize);
+                continue;
+            }
+            int64_t wcols = m->in * m->bits / 32, gcols = m->in / m->group_size;
+            for (int64_t r = 0; r < nr; r++)
+                mk_quantize_row(vals + r * m->in, m->in, m->bits, m->group_size, cfg->dt,
+                                (uint32_t *)b0 + r * wcols, b1 + (size_t)(r * gcols) * esize,
+                                b2 + (size_t)(r * gcols) * esize);
+            uint64_t rb[3] = {(uint64_t)wcols * 4, (uint64_t)gcols * esize, (uint64_t)gcols * esize};
+            char *bufs[3] = {b0, b1, b2};
+            for (int p = 0; p < 3 && rc == 0; p++) {
+                phys_tensor *t = parts[p];
+                rc = pwrite_all(shards[t->shard].fd, bufs[p], (size_t)((uint64_t)nr * rb[p]),
+                                shards[t->shard].data_start + t->offset + (uint64_t)row0 * rb[p]);
+            }
+        }
+    }
+    free(vals), free(b0), free(b1), free(b2);
+    return rc;
+}
+
+static int write_index(const char *dir, phys_tensor *phys, size_t n, shard_file *shards, uint64_t total) {
+    json_t *root = json_object(), *meta = json_object(), *map = json_object();
+    json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+    json_object_set_new(root, "metadata", meta);
+    phys_tensor **sorted = malloc(n * sizeof *sorted);
+    if (!sorted) return -1;
+    for (size_t i = 0; i < n; i++) sorted[i] = &phys[i];
+    qsort(sorted, n, sizeof *sorted, cmp_phys_name);
+    for (size_t i = 0; i < n; i++) json_object_set_new(map, sorted[i]->name, json_string(shards[sorted[i]->shard].name));
+    free(sorted);
+    json_object_set_new(root, "weight_map", map);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return rc;
+}
+
+int mk_write_safetensors(const mk_config *cfg, const mk_plan *plan, const char *dir, uint64_t shard_bytes,
+                         char *err, size_t errlen) {
+    phys_tensor *phys = calloc(plan->n * 3 + 1, sizeof *phys);
+    phys_tensor **order = calloc(plan->n * 3 + 1, sizeof *order);
+    if (!phys || !order) {
+        free(phys), free(order);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    size_t n = build_phys(cfg, plan, phys);
+    /* Assign shards in plan order, then offsets in name order within each shard. */
+    int nshards = 1;
+    uint64_t cur = 0, total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (shard_bytes && cur > 0 && cur + phys[i].nbytes > shard_bytes) nshards++, cur = 0;
+        phys[i].shard = nshards - 1;
+        cur += phys[i].nbytes;
+        total += phys[i].nbytes;
+    }
+    shard_file *shards = calloc((size_t)nshards, sizeof *shards);
+    int rc = shards ? 0 : -1;
+    for (int s = 0; s < nshards && rc == 0; s++) {
+        if (shard_bytes) snprintf(shards[s].name, sizeof shards[s].name, "model-%05d-of-%05d.safetensors", s + 1, nshards);
+        else snprintf(shards[s].name, sizeof shards[s].name, "model.safetensors");
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, shards[s].name);
+        shards[s].fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (shards[s].fd < 0) {
+            snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+            rc = -1;
+            nshards = s;
+            break;
+        }
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (phys[i].shard == s) order[k++] = &phys[i];
+        qsort(order, k, sizeof *order, cmp_phys_name);
+        uint64_t off = 0;
+        for (size_t i = 0; i < k; i++) order[i]->offset = off, off += order[i]->nbytes;
+        shards[s].size = off;
+        if (write_header(&shards[s], order, k, cfg->quant_bits != 0) != 0) {
+            snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+            rc = -1;
+        }
+    }
+    for (size_t i = 0; i < n && rc == 0;) {
+        const mk_matrix *m = phys[i].m;
+        phys_tensor *parts[3] = {&phys[i], NULL, NULL};
+        if (m->bits) parts[1] = &phys[i + 1], parts[2] = &phys[i + 2];
+        if (write_matrix(cfg, m, parts, shards) != 0) {
+            snprintf(err, errlen, "cannot write %s in %s: %s", phys[i].name, dir, strerror(errno));
+            rc = -1;
+        }
+        i += m->bits ? 3 : 1;
+    }
+    for (int s = 0; s < nshards; s++) {
+        if (rc == 0 && ftruncate(shards[s].fd, (off_t)(shards[s].data_start + shards[s].size)) != 0) {
+            snprintf(err, errlen, "cannot write %s: %s", shards[s].name, strerror(errno));
+            rc = -1;
+        }
+        if (close(shards[s].fd) != 0 && rc == 0) {
+            snprintf(err, errlen, "cannot write %s: %s", shards[s].name, strerror(errno));
+            rc = -1;
+        }
+    }
+    if (rc == 0 && shard_bytes && write_index(dir, phys, n, shards, total) != 0) {
+        snprintf(err, errlen, "cannot write %s/model.safetensors.index.json", dir);
+        rc = -1;
+    }
+    free(shards), free(phys), free(order);
+    return rc;
+}

@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""Reference fixtures from Hugging Face transformers for the tiny models of tools/mkmodel.
+
+For each model named in tools/mkmodel/tiny-models.json this script
+  1. generates it with build/tools/mkmodel (same arguments and seed as the tests use) and checks
+     that model.safetensors has the sha256 the development machine got (--expected-sha),
+  2. loads it with transformers in float32 on the CPU (eager attention): dense checkpoints as they
+     are (bf16 upcast), MLX affine-quantized ones dequantized here (w = scale * q + bias, in
+     float32) into a plain Hugging Face checkpoint first, so the reference is "transformers on the
+     dequantized weights"; it checks that no weight is missing or left at its random init,
+  3. writes tests/fixtures/reference/<model>.json: tokenization of tricky strings, prompts (raw text
+     and chat-rendered with tokenizer.apply_chat_template), prompt token ids, teacher-forced top-10
+     logits per prompt position, a strided sample of the last position's full logits, and a greedy
+     continuation with top-5 logprobs per step. Format: tests/fixtures/reference/README.md.
+
+Runs where torch 2.11 + transformers 5.17 are installed (the GPU machine); no network needed.
+`--sha-only` needs neither: it generates the models and prints their sha256 as JSON (run it on the
+development machine to make --expected-sha). Exact command: tools/reference/README.md.
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+GREEDY_STEPS = 32
+TOP_TEACHER = 10
+TOP_GREEDY = 5
+LAST_LOGITS_SAMPLES = 1024
+
+TOKENIZATION_STRINGS = [
+    "Hello, world!",
+    " leading space and trailing space ",
+    "multiple   spaces\tand\ttabs\n\nnewlines\r\n",
+    "Ünïcödé façade naïve café Ångström",
+    "日本語のテキストと中文文本",
+    "emoji 😀👍🏽 and a ZWJ family 👨‍👩‍👧",
+    "numbers 1234567890 3.14159 1,000,000",
+    "code: def f(x):\n    return x**2  # comment",
+    "'s 't 're 've 'm 'll 'd I'M YOU'RE",
+    "<|im_start|>user <s> </s> <|begin_of_text|> special-looking text",
+]
+
+PROMPTS = [
+    {"name": "raw-capital", "kind": "raw", "text": "The capital of France is"},
+    {"name": "raw-story", "kind": "raw", "text": "Once upon a time, in a land far away,"},
+    {"name": "raw-tricky", "kind": "raw", "text": "Héllo wörld 😀 12345\n\tdef f(x): return x**2"},
+    {"name": "chat-single", "kind": "chat",
+     "messages": [{"role": "user", "content": "What is the capital of France?"}]},
+    {"name": "chat-multi", "kind": "chat",
+     "messages": [{"role": "system", "content": "You are a terse assistant."},
+                  {"role": "user", "content": "Name a prime number."},
+                  {"role": "assistant", "content": "Seven."},
+                  {"role": "user", "content": "And another one?"}]},
+]
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_specs(path):
+    specs = json.load(open(path))
+    specs.pop("_comment", None)
+    return specs
+
+
+def generate(mkmodel, name, args, work, tokenizers):
+    out = os.path.join(work, name)
+    shutil.rmtree(out, ignore_errors=True)
+    env = dict(os.environ)
+    if tokenizers:
+        env["EXO_TOKENIZERS_DIR"] = tokenizers
+    subprocess.run([mkmodel, "--out", out] + args, check=True, env=env)
+    return out
+
+
+# ---- safetensors reading (numpy only; bf16 and packed uint32 need no torch) ----
+
+def read_safetensors(path):
+    import numpy as np
+    with open(path, "rb") as f:
+        data = f.read()
+    (hl,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + hl])
+    base = 8 + hl
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = t["data_offsets"]
+        raw = np.frombuffer(data, dtype=np.uint8, count=e - b, offset=base + b)
+        dt = t["dtype"]
+        if dt == "BF16":
+            arr = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F16":
+            arr = raw.view(np.float16).astype(np.float32)
+        elif dt == "F32":
+            arr = raw.view(np.float32).copy()
+        elif dt == "U32":
+            arr = raw.view(np.uint32).copy()
+        else:
+            raise SystemExit(f"{path}: unexpected dtype {dt} for {name}")
+        out[name] = arr.reshape(t["shape"])
+    return out
+
+
+def dequantize(packed, scales, biases, bits, group):
+    """MLX affine: value i of a row at bit i*bits of the little-endian uint32 stream."""
+    import numpy as np
+    lead = packed.shape[:-1]
+    cols = packed.shape[-1] * 32 // bits
+    stream = np.unpackbits(packed.reshape(-1).view(np.uint8), bitorder="little")
+    stream = stream.reshape(-1, bits).astype(np.uint32)
+    q = (stream << np.arange(bits, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+    q = q.reshape(*lead, cols // group, group).astype(np.float32)
+    w = q * scales[..., None] + biases[..., None]
+    return w.reshape(*lead, cols).astype(np.float32)
+
+
+def dequantized_checkpoint(src, dst):
+    """Writes a float32 Hugging Face checkpoint of an MLX-quantized model directory."""
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    quant = cfg.pop("quantization")
+    cfg.pop("quantization_config", None)
+    cfg["torch_dtype"] = "float32"
+    tensors = read_safetensors(os.path.join(src, "model.safetensors"))
+    out = {}
+    for name, arr in tensors.items():
+        if name.endswith(".scales") or name.endswith(".biases"):
+            continue
+        base = name[: -len(".weight")] if name.endswith(".weight") else None
+        if base and base + ".scales" in tensors:
+            q = quant.get(base, quant)
+            arr = dequantize(arr, tensors[base + ".scales"], tensors[base + ".biases"], q["bits"], q["group_size"])
+        if ".mlp.switch_mlp." in name:  # stacked experts -> per-expert HF names
+            prefix, proj = name.split(".mlp.switch_mlp.")
+            for e in range(arr.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}"] = torch.from_numpy(np.ascontiguousarray(arr[e]))
+            continue
+        out[name] = torch.from_numpy(np.ascontiguousarray(arr))
+    os.makedirs(dst, exist_ok=True)
+    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"), indent=2)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(os.path.join(src, f), os.path.join(dst, f))
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def hf_checkpoint(model_dir, tensors):
+    """Dense checkpoint with stacked (mlx layout) experts split into HF names."""
+    import numpy as np
+    out = {}
+    for name, arr in tensors.items():
+        if ".mlp.switch_mlp." in name:
+            prefix, proj = name.split(".mlp.switch_mlp.")
+            for e in range(arr.shape[0]):
+                out[f"{prefix}.mlp.experts.{e}.{proj}"] = np.ascontiguousarray(arr[e])
+        else:
+            out[name] = arr
+    return out
+
+
+def load_model(model_dir, work):
+    import torch
+    from transformers import AutoModelForCausalLM
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    if "quantization" in cfg:
+        load_dir = model_dir + "-dequantized"
+        shutil.rmtree(load_dir, ignore_errors=True)
+        ckpt = dequantized_checkpoint(model_dir, load_dir)
+        weights = "MLX affine dequantized in float32 (scale*q+bias), loaded as a float32 HF checkpoint"
+    else:
+        ckpt = hf_checkpoint(model_dir, read_safetensors(os.path.join(model_dir, "model.safetensors")))
+        load_dir = model_dir
+        if any(".mlp.switch_mlp." in k for k in read_safetensors(os.path.join(model_dir, "model.safetensors"))):
+            load_dir = model_dir + "-hf"
+            shutil.rmtree(load_dir, ignore_errors=True)
+            os.makedirs(load_dir)
+            from safetensors.torch import save_file
+            save_file({k: torch.from_numpy(v) for k, v in ckpt.items()}, os.path.join(load_dir, "model.safetensors"),
+                      metadata={"format": "pt"})
+            for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+                shutil.copy(os.path.join(model_dir, f), os.path.join(load_dir, f))
+        weights = f"{cfg.get('torch_dtype')} weights upcast to float32"
+    model, info = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
+                                                       output_loading_info=True)
+    model.eval()
+    # Every checkpoint value must be in the model: compare sums of squares (robust to the fused
+    # expert layouts transformers 5 converts MoE checkpoints into), and nothing may be missing.
+    seen, model_sumsq = set(), 0.0
+    for _, p in model.named_parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        model_sumsq += float((p.detach().double() ** 2).sum())
+    ckpt_sumsq = float(sum(float((v.astype("float64") ** 2).sum()) for v in ckpt.values()))
+    problems = {k: [str(x) for x in info.get(k, [])] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    ok = not any(problems.values()) and abs(model_sumsq - ckpt_sumsq) <= 1e-6 * ckpt_sumsq
+    check = dict(problems, model_sum_of_squares=model_sumsq, checkpoint_sum_of_squares=ckpt_sumsq, ok=ok)
+    if not ok:
+        raise SystemExit(f"{model_dir}: weights did not load cleanly: {json.dumps(check)[:2000]}")
+    return model, weights, check, load_dir
+
+
+def r(x, nd=5):
+    return round(float(x), nd)
+
+
+def run_prompt(model, ids):
+    import torch
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    lse = torch.logsumexp(logits, dim=-1)
+    top = torch.topk(logits, TOP_TEACHER, dim=-1)
+    teacher = {
+        "top10": [[[int(i), r(v)] for i, v in zip(top.indices[p].tolist(), top.values[p].tolist())]
+                  for p in range(len(ids))],
+        "logsumexp": [r(x) for x in lse.tolist()],
+    }
+    last = logits[-1]
+    stride = max(1, last.shape[0] // LAST_LOGITS_SAMPLES)
+    teacher["last_logits"] = {
+        "vocab": int(last.shape[0]), "start": 0, "stride": stride,
+        "values": [r(x) for x in last[::stride].tolist()],
+        "mean": r(last.mean()), "std": r(last.std()), "logsumexp": r(lse[-1]),
+        "argmax": int(last.argmax()),
+    }
+    # Greedy continuation, recomputed from the whole sequence each step (no cache: the plainest
+    # reference). EOS does not stop it; consumers stop where the engine would.
+    seq, steps = list(ids), []
+    for _ in range(GREEDY_STEPS):
+        with torch.no_grad():
+            lg = model(torch.tensor([seq])).logits[0, -1].float()
+        lp = torch.log_softmax(lg, dim=-1)
+        top = torch.topk(lg, TOP_GREEDY)
+        tok = int(top.indices[0])
+        steps.append({"token": tok, "logprob": r(lp[tok], 6),
+                      "top5": [[int(i), r(lp[i], 6)] for i in top.indices.tolist()],
+                      "gap": r(top.values[0] - top.values[1], 6)})
+        seq.append(tok)
+    return teacher, steps
+
+
+def fixture_for(name, args, model_dir, sha, expected, tokenizer_dir_note):
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+    model, weights, check, load_dir = load_model(model_dir, None)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cfg = model.config
+    fx = {
+        "model": name,
+        "mkmodel_args": args,
+        "mkmodel_command": "build/tools/mkmodel --out DIR " + " ".join(args),
+        "safetensors_sha256": sha,
+        "sha256_matches_dev_machine": expected is not None and sha == expected,
+        "reference": {"transformers": transformers.__version__, "torch": torch.__version__, "dtype": "float32",
+                      "device": "cpu", "attn_implementation": "eager", "weights": weights},
+        "load_check": check,
+        "config": {"model_type": cfg.model_type, "vocab_size": cfg.vocab_size,
+                   "rope_parameters": getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None),
+                   "eos_token_id": cfg.eos_token_id, "bos_token_id": cfg.bos_token_id},
+        "tokenization": [],
+        "prompts": [],
+    }
+    for s in TOKENIZATION_STRINGS:
+        ids = tok(s, add_special_tokens=False)["input_ids"]
+        fx["tokenization"].append({"text": s, "ids": ids,
+                                   "ids_with_special": tok(s, add_special_tokens=True)["input_ids"],
+                                   "decoded": tok.decode(ids)})
+    gaps = []
+    for p in PROMPTS:
+        entry = {"name": p["name"], "kind": p["kind"]}
+        if p["kind"] == "raw":
+            entry["text"] = p["text"]
+            entry["add_special_tokens"] = True
+            ids = tok(p["text"], add_special_tokens=True)["input_ids"]
+        else:
+            entry["messages"] = p["messages"]
+            entry["add_generation_prompt"] = True
+            text = tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=False)
+            entry["text"] = text
+            entry["add_special_tokens"] = False
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+        entry["prompt_ids"] = ids
+        teacher, steps = run_prompt(model, ids)
+        entry["teacher_forced"] = teacher
+        entry["greedy"] = {"tokens": [s["token"] for s in steps], "text": tok.decode([s["token"] for s in steps]),
+                           "steps": steps}
+        gaps += [s["gap"] for s in steps]
+        fx["prompts"].append(entry)
+    gaps.sort()
+    fx["greedy_gap_stats"] = {"min": gaps[0], "median": gaps[len(gaps) // 2],
+                              "fraction_above_1e-2": r(sum(g > 1e-2 for g in gaps) / len(gaps), 4)}
+    # Does rope scaling change the outputs at these lengths? (So a wrong implementation is caught.)
+    rp = fx["config"]["rope_parameters"]
+    if isinstance(rp, dict) and rp.get("rope_type", "default") != "default":
+        fx["rope_scaling_effect"] = rope_effect(load_dir, model, fx["prompts"][1]["prompt_ids"]
+                                                + fx["prompts"][1]["greedy"]["tokens"])
+    return fx
+
+
+def rope_effect(load_dir, model, ids):
+    """Logits with and without rope scaling on the same weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    cfg = json.load(open(os.path.join(load_dir, "config.json")))
+    plain_dir = load_dir + "-norope"
+    shutil.rmtree(plain_dir, ignore_errors=True)
+    shutil.copytree(load_dir, plain_dir)
+    cfg["rope_scaling"] = None
+    json.dump(cfg, open(os.path.join(plain_dir, "config.json"), "w"), indent=2)
+    plain = AutoModelForCausalLM.from_pretrained(plain_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        a = model(torch.tensor([ids])).logits[0]
+        b = plain(torch.tensor([ids])).logits[0]
+    return {"positions": len(ids), "max_abs_logit_diff_without_scaling": r((a - b).abs().max()),
+            "argmax_changes": int((a.argmax(-1) != b.argmax(-1)).sum())}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mkmodel", default="build/tools/mkmodel")
+    ap.add_argument("--models-json", default="tools/mkmodel/tiny-models.json")
+    ap.add_argument("--tokenizers", default=None, help="directory of <name>/tokenizer.json (EXO_TOKENIZERS_DIR)")
+    ap.add_argument("--work", default="/tmp/exo-reference-models")
+    ap.add_argument("--out", default="tests/fixtures/reference")
+    ap.add_argument("--expected-sha", default=None, help="JSON {model: sha256} from the development machine")
+    ap.add_argument("--sha-only", action="store_true", help="generate and print sha256 of each model.safetensors")
+    ap.add_argument("--models", nargs="*", default=None, help="subset of model names")
+    a = ap.parse_args()
+    specs = load_specs(a.models_json)
+    names = a.models or list(specs)
+    os.makedirs(a.work, exist_ok=True)
+    shas = {}
+    for n in names:
+        d = generate(a.mkmodel, n, specs[n], a.work, a.tokenizers)
+        shas[n] = sha256(os.path.join(d, "model.safetensors"))
+    if a.sha_only:
+        print(json.dumps(shas, indent=2))
+        return 0
+    expected = json.load(open(a.expected_sha)) if a.expected_sha else {}
+    mismatch = {n: (shas[n], expected.get(n)) for n in names if expected and expected.get(n) != shas[n]}
+    if mismatch:
+        print(f"sha256 differs from the development machine: {mismatch}", file=sys.stderr)
+        return 1
+    os.makedirs(a.out, exist_ok=True)
+    failed = []
+    for n in names:
+        try:
+            fx = fixture_for(n, specs[n], os.path.join(a.work, n), shas[n], expected.get(n), a.tokenizers)
+        except (Exception, SystemExit) as e:  # keep going: one run should say everything
+            import traceback
+            traceback.print_exc()
+            print(f"{n}: FAILED: {e}", flush=True)
+            failed.append(n)
+            continue
+        path = os.path.join(a.out, f"{n}.json")
+        with open(path, "w") as f:
+            json.dump(fx, f, ensure_ascii=False, separators=(",", ":"))
+        g = fx["prompts"][0]["greedy"]
+        print(f"{n}: sha ok={fx['sha256_matches_dev_machine']} load ok={fx['load_check']['ok']} "
+              f"gap {fx['greedy_gap_stats']} first greedy {g['tokens'][:8]} rope {fx.get('rope_scaling_effect')} "
+              f"size {os.path.getsize(path)}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
