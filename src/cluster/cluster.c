@@ -1482,7 +1482,10 @@ static int open_sockets(cluster *c) {
             zsock_connect(c->router_monitor, "inproc://exo-cluster-router-monitor"))
             zsock_destroy(&c->router_monitor);
     }
-    if (zsock_bind(c->router, "tcp://*:%d", c->options.listen_port) < 0) {
+    int bound = c->options.listen_port ? zsock_bind(c->router, "tcp://*:%d", c->options.listen_port)
+                                       : zsock_bind(c->router, "tcp://*:*"); /* 0: any free port */
+    if (bound > 0) c->options.listen_port = bound;
+    if (bound < 0) {
         log_error("cluster: cannot listen on port %d (%s): is another exo running? Use "
                   "--listen-port",
                   c->options.listen_port, zmq_strerror(zmq_errno()));
@@ -1618,7 +1621,7 @@ int cluster_start(const exo_options *options) {
     }
     log_info("cluster: node %s (%s) in namespace '%s', listening on %d, discovery on %d%s",
              c->identity.node_id, c->identity.friendly_name, options->namespace_name,
-             options->listen_port, options->discovery_port,
+             c->options.listen_port, options->discovery_port,
              options->cluster_key_file[0] ? ", with --cluster-key" : "");
     self = c;
     pthread_mutex_unlock(&start_lock);

@@ -5,6 +5,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Cluster, sleep } from './lib/cluster.mjs';
+import { exoBin } from './lib/exo.mjs';
 
 function ids(events) {
   return events.map((e) => `${e.sess}/${e.seq}`);
@@ -161,6 +162,25 @@ test('a node with the wrong cluster key or another namespace is never admitted',
     // The outsiders only know themselves.
     assert.equal(c.get(wrongKey, '/state').topology.nodes.length, 1);
     assert.equal(c.get(otherNs, '/state').topology.nodes.length, 1);
+  } finally {
+    await c.stop();
+  }
+});
+
+test('the exo binary: 3 nodes cluster, and every node serves the same /state, /events and its /node_id', async () => {
+  const { c } = await startCluster(3, { bin: exoBin() });
+  try {
+    const master = (await c.until(() => c.oneMaster(), 5000, 'one master')).value;
+    const conv = (await c.until(() => {
+      const v = c.converged();
+      return v && Object.keys(v.state.nodeIdentities).length === 3 ? v : false;
+    }, 8000, 'identical /state on the three exo nodes')).value;
+    assert.equal(conv.state.masterNodeId, master);
+    for (const node of c.nodes) assert.equal(c.get(node, '/node_id'), node.id);
+    assert.equal(c.get(c.nodes[2], '/state/no/such/path').status, 404);
+    assert.deepEqual(c.get(c.nodes[2], `/state/nodeIdentities/${c.nodes[0].id}`), conv.state.nodeIdentities[c.nodes[0].id]);
+    const tail = c.get(c.nodes[1], `/events?since=${conv.events.length - 2}`);
+    assert.deepEqual(tail, conv.events.slice(-2));
   } finally {
     await c.stop();
   }

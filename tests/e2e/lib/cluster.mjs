@@ -57,7 +57,7 @@ export class Cluster {
       (namespacesAvailable() ? 'netns' : 'loopback');
     this.tag = `exoc${process.pid}${String.fromCharCode(97 + (clusterSeq++ % 26))}`;
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'exo-cluster-'));
-    this.bin = process.env.EXO_CLUSTER_NODE_BIN || path.join(buildDir(), 'tools/cluster-node');
+    this.bin = opts.bin || process.env.EXO_CLUSTER_NODE_BIN || path.join(buildDir(), 'tools/cluster-node');
     this.env = { ...process.env, ...(opts.env || {}) };
     this.nodes = [];
     // Loopback mode: every cluster gets its own port block so leftover nodes cannot join.
