@@ -185,3 +185,36 @@ test('the exo binary: 3 nodes cluster, and every node serves the same /state, /e
     await c.stop();
   }
 });
+
+test('a node restarted after a crash mid-write cuts the torn record, replays from its snapshot and catches up', async () => {
+  const { c } = await startCluster(2, { env: { EXO_CLUSTER_SNAPSHOT_EVERY: '4' } });
+  try {
+    const fs = await import('node:fs');
+    const master = (await c.until(() => c.oneMaster(), 5000, 'one master')).value;
+    const follower = c.nodes.find((x) => x.id !== master);
+    await c.until(() => {
+      const v = c.converged();
+      return v && Object.keys(v.state.nodeSystem).length === 2 ? v : false;
+    }, 8000, 'both nodes in the state');
+    c.kill(follower);
+    await c.waitExit(follower);
+    const logFile = `${follower.dataDir}/cluster/events.log`;
+    const before = fs.statSync(logFile).size;
+    assert.ok(fs.existsSync(`${follower.dataDir}/cluster/snapshot.json`), 'a snapshot was written');
+    // A record header promising 200 bytes, followed by only a few: a write cut short by a crash.
+    fs.appendFileSync(logFile, Buffer.from('EXL1\xc8\x00\x00\x00\x63\x00\x00\x00\x00\x00\x00\x00garbage', 'latin1'));
+    c.post(c.nodeByid(master), '/cluster/submit', { TaskCreated: { taskId: 'while-down', task: { T: {} } } });
+    c.start(follower);
+    const back = (await c.until(() => {
+      const v = c.converged();
+      return v && v.state.tasks['while-down'] ? v : false;
+    }, 10000, 'the restarted node to catch up')).value;
+    assertNoDuplicates(back.events);
+    const log = fs.readFileSync(follower.log, 'utf8');
+    assert.match(log, /damaged record \(\d+ bytes/);
+    assert.match(log, /replayed from a snapshot/);
+    assert.ok(fs.statSync(logFile).size > before, 'the log grew past the cut');
+  } finally {
+    await c.stop();
+  }
+});
