@@ -218,3 +218,19 @@ test('a node restarted after a crash mid-write cuts the torn record, replays fro
     await c.stop();
   }
 });
+
+test('--peer joins nodes that cannot hear each other\'s beacons; the rest is learned by gossip', async () => {
+  const c = new Cluster();
+  try {
+    // Each node listens for beacons on its own port, so discovery cannot find anyone.
+    const a = c.addNode(['--discovery-port', '41001']);
+    const peerOf = (n) => `${n.addr}:${n.listenPort}`;
+    const b = c.addNode(['--discovery-port', '41002', '--peer', peerOf(a)]);
+    const d = c.addNode(['--discovery-port', '41003', '--peer', peerOf(a)]);
+    await c.until(() => c.meshed([a, b, d]), 10000, 'three nodes meshed through one bootstrap peer');
+    // b and d were only told about a: they found each other through a's gossip.
+    await c.until(() => c.oneMaster([a, b, d]), 5000, 'one master');
+  } finally {
+    await c.stop();
+  }
+});
