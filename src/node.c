@@ -4,6 +4,7 @@
 #include "cmd.h"
 
 #include "api/api.h"
+#include "api/routes_models.h"
 #include "api/server.h"
 #include "base/log.h"
 
@@ -41,9 +42,17 @@ int node_main(const exo_options *options) {
         log_error("%s", err);
         return 1;
     }
+    models_service *models = routes_models_install(api_service_server(svc), options, node_id, err,
+                                                   sizeof err);
+    if (!models) {
+        log_error("%s", err);
+        api_service_free(svc);
+        return 1;
+    }
     if (api_service_start(svc, err, sizeof err)) {
         log_error("%s", err);
         api_service_free(svc);
+        models_service_free(models);
         return 1;
     }
     log_info("node %s: API and dashboard on http://0.0.0.0:%d", node_id,
@@ -58,5 +67,6 @@ int node_main(const exo_options *options) {
     sigwait(&stop, &sig);
     log_info("stopping (%s)", sig == SIGINT ? "SIGINT" : "SIGTERM");
     api_service_free(svc);
+    models_service_free(models);
     return 0;
 }
