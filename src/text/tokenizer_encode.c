@@ -408,8 +408,9 @@ static void pre_tokenize(encode_ctx *c, piece_list *cur, piece_list *next) {
             }
             case TOK_PRE_METASPACE: {
                 strbuf sb = {0};
+                /* spaces are replaced first, so a leading space counts as a leading replacement */
                 int prepend = pt->prepend == TOK_PREPEND_ALWAYS || (pt->prepend == TOK_PREPEND_FIRST && p.origin);
-                if (prepend && !(p.len >= pt->replacement_len && !memcmp(p.s, pt->replacement, pt->replacement_len)))
+                if (prepend && !(p.s[0] == ' ' || (p.len >= pt->replacement_len && !memcmp(p.s, pt->replacement, pt->replacement_len))))
                     strbuf_append(&sb, pt->replacement, pt->replacement_len);
                 for (uint32_t b = 0; b < p.len; b++) {
                     if (p.s[b] == ' ') strbuf_append(&sb, pt->replacement, pt->replacement_len);

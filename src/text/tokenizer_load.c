@@ -792,6 +792,11 @@ static int load_vocab(tokenizer *t, load_ctx *c, json_t *vocab) {
         }
         if (json_integer_value(v) > max_id) max_id = (int32_t)json_integer_value(v);
     }
+    size_t count = json_object_size(vocab);
+    if ((size_t)max_id >= 2 * count + 65536) {
+        fail(c, "model.vocab: ids go up to %d for %zu tokens; ids must be (nearly) dense", max_id, count);
+        return -1;
+    }
     t->vocab.n = max_id + 1;
     t->vocab.str = calloc((size_t)t->vocab.n + 1, sizeof(char *));
     t->vocab.len = calloc((size_t)t->vocab.n + 1, sizeof(uint32_t));
@@ -919,6 +924,11 @@ static int load_added(tokenizer *t, load_ctx *c, json_t *arr) {
         if (!json_is_integer(id) || !json_is_string(content) || json_integer_value(id) < 0 ||
             json_integer_value(id) >= TOK_MAX_ID || json_string_length(content) == 0) {
             fail(c, "added_tokens[%zu]: needs an integer \"id\" in [0, %d) and a non-empty \"content\"", i, TOK_MAX_ID);
+            return -1;
+        }
+        if (json_integer_value(id) >= (json_int_t)t->vocab.n + 2 * (json_int_t)n + 65536) {
+            fail(c, "added_tokens[%zu]: id %lld is far beyond the vocabulary (%d tokens)", i,
+                 (long long)json_integer_value(id), t->vocab.n);
             return -1;
         }
         tok_added *a = &t->added[t->n_added++];

@@ -203,6 +203,88 @@ static void test_reference_deepseek_v3(void **s) { (void)s, check_reference("dee
 static void test_reference_gptoss(void **s) { (void)s, check_reference("gptoss"); }
 static void test_reference_gemma3(void **s) { (void)s, check_reference("gemma3"); }
 
+/* A variant: a base tokenizer.json with pipeline parts replaced (fixture variant_<name>.json);
+ * ids must equal the reference for the first strings of the corpus. */
+static void check_variant(const char *name) {
+    char path[256], dir[512], err[512];
+    snprintf(path, sizeof path, "tests/fixtures/tokenizer/variant_%s.json", name);
+    json_t *v = load_json(path);
+    const char *base = json_string_value(json_object_get(v, "base"));
+    assert_non_null(base);
+    if (find_dir(base, dir, sizeof dir)) fail_msg("tokenizer files for %s not found", base);
+    char file[600];
+    snprintf(file, sizeof file, "%s/tokenizer.json", dir);
+    json_t *tj = load_json(file);
+    const char *key;
+    json_t *val;
+    json_object_foreach(json_object_get(v, "set"), key, val) json_object_set(tj, key, val);
+    size_t i;
+    json_t *a;
+    json_array_foreach(json_object_get(tj, "added_tokens"), i, a) {
+        json_t *patch = json_object_get(json_object_get(v, "added"), json_string_value(json_object_get(a, "content")));
+        if (patch) json_object_update(a, patch);
+    }
+    char *text = json_dumps(tj, JSON_COMPACT);
+    json_decref(tj);
+    tokenizer *t = tokenizer_load_from_json(text, strlen(text), NULL, 0, err, sizeof err);
+    free(text);
+    if (!t) fail_msg("variant %s: %s", name, err);
+    json_t *corpus = load_json("tests/fixtures/tokenizer/corpus.json");
+    json_t *ids_ref = json_object_get(v, "ids");
+    size_t n = json_array_size(ids_ref);
+    assert_true(n >= 500);
+    int bad = 0, bad_stream = 0;
+    for (i = 0; i < n; i++) {
+        json_t *js = json_array_get(corpus, i);
+        int32_t *ids;
+        int k = tokenizer_encode(t, json_string_value(js), json_string_length(js), 1, &ids, err, sizeof err);
+        if (k < 0) fail_msg("variant %s: encode #%zu: %s", name, i, err);
+        if (!ids_equal(ids, k, json_array_get(ids_ref, i)) && bad++ < 5) {
+            fprintf(stderr, "  %s #%zu ids differ for %.80s\n", name, i, json_string_value(js));
+            print_ids("got", ids, k);
+        }
+        size_t one_len, st_len;
+        char *one = tokenizer_decode(t, ids, (size_t)k, 1, &one_len);
+        char *st = stream_decode(t, ids, (size_t)k, 1, &st_len);
+        if ((one_len != st_len || memcmp(one, st, one_len)) && bad_stream++ < 5)
+            fprintf(stderr, "  %s #%zu stream differs:\n    one    %.100s\n    stream %.100s\n", name, i, one, st);
+        free(one);
+        free(st);
+        free(ids);
+    }
+    fprintf(stderr, "variant %s: %zu strings, ids mismatches %d, stream mismatches %d\n", name, n, bad, bad_stream);
+    json_decref(corpus);
+    json_decref(v);
+    tokenizer_free(t);
+    assert_int_equal(bad, 0);
+    assert_int_equal(bad_stream, 0);
+}
+
+static void test_variant_llama2_metaspace(void **s) { (void)s, check_variant("llama2_metaspace"); }
+static void test_variant_qwen3_nfkc_lower(void **s) { (void)s, check_variant("qwen3_nfkc_lower"); }
+
+/* Metaspace decoding (HF): every U+2581 of the first token is dropped, later ones are spaces. */
+static void test_metaspace_decoder(void **state) {
+    (void)state;
+    const char *tj = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\\u2581\\u2581\":0,\"\\u2581Hey\":1,\"a\\u2581b\":2},\"merges\":[]},"
+                     "\"decoder\":{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"always\"}}";
+    char err[256];
+    tokenizer *t = tokenizer_load_from_json(tj, strlen(tj), NULL, 0, err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    int32_t a[] = {0, 1, 2}, b[] = {2, 0, 1};
+    char *s = tokenizer_decode(t, a, 3, 0, NULL);
+    assert_string_equal(s, " Heya b");
+    free(s);
+    s = tokenizer_decode(t, b, 3, 0, NULL);
+    assert_string_equal(s, "ab   Hey");
+    free(s);
+    size_t len;
+    s = stream_decode(t, b, 3, 0, &len);
+    assert_string_equal(s, "ab   Hey");
+    free(s);
+    tokenizer_free(t);
+}
+
 /* Invalid UTF-8 input is tokenized as if each bad byte were U+FFFD, for both tokenizer kinds. */
 static void test_invalid_utf8_input(void **state) {
     (void)state;
@@ -388,6 +470,8 @@ int main(void) {
         cmocka_unit_test(test_invalid_utf8_input),   cmocka_unit_test(test_byte_fallback_stream),
         cmocka_unit_test(test_byte_level_stream),    cmocka_unit_test(test_leading_space),
         cmocka_unit_test(test_config),               cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_variant_llama2_metaspace), cmocka_unit_test(test_variant_qwen3_nfkc_lower),
+        cmocka_unit_test(test_metaspace_decoder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

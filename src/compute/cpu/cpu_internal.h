@@ -51,12 +51,18 @@ typedef void (*cpu_dequant_fn)(const weight_matrix *w, int64_t r, int64_t c0, in
 typedef void (*cpu_gemm_tile_fn)(const float *wpanel, const float *xpanel, int64_t k_len, float *y,
                                  int64_t ldy, int m_valid_rows, int n_valid_tokens, int accumulate);
 
+/* Fills wpanel [k_len][CPU_GEMM_MR] with W[r0 + i][c0 + k] (rows i >= m_valid are zero); tmp has
+ * room for CPU_GEMM_MR * CPU_GEMM_KC floats. */
+typedef void (*cpu_gemm_pack_fn)(const weight_matrix *w, int64_t r0, int m_valid, int64_t c0,
+                                 int64_t k_len, float *wpanel, float *tmp);
+
 typedef struct cpu_kernels {
     const char *name;
     int needs_int16_x; /* MLX matvec wants xq/xscale */
     cpu_matvec_fn matvec;
     cpu_dequant_fn dequant;
     cpu_gemm_tile_fn gemm_tile; /* NULL: sgemm */
+    cpu_gemm_pack_fn gemm_pack; /* with gemm_tile */
 } cpu_kernels;
 
 /* Tile shape of gemm_tile: CPU_GEMM_MR weight rows (two 16-float vectors) x CPU_GEMM_NR tokens
@@ -78,6 +84,10 @@ typedef enum cpu_gemm_engine { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_OPENBLA
  * the default threshold. */
 int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_tokens,
                     cpu_level level, cpu_gemm_engine gemm, int max_matvec_tokens);
+
+/* Thread-local scratch memory, 64-byte aligned, grown on demand and kept for the thread's life
+ * (slot 0..3; a slot's previous contents are lost when it grows). NULL when out of memory. */
+void *cpu_scratch(int slot, size_t bytes);
 
 /* Checks a view's fields so kernels can trust them (bits, group size, divisibility, pointers). */
 int cpu_weight_supported(const weight_matrix *w);

@@ -293,12 +293,28 @@ T512 static void avx512_gemm_tile(const float *wp, const float *xp, int64_t kl, 
     }
 }
 
+T512 static void avx512_gemm_pack(const weight_matrix *w, int64_t r0, int mv, int64_t c0, int64_t kl,
+                                  float *wpanel, float *tmp) {
+    for (int i = 0; i < mv; i++) avx512_dequant(w, r0 + i, c0, kl, tmp + i * kl);
+    for (int i = mv; i < CPU_GEMM_MR; i++)
+        for (int64_t k = 0; k < kl; k++) tmp[i * kl + k] = 0.0f;
+    /* Transpose [MR][kl] -> [kl][MR] with two 16-lane gathers per k. */
+    __m512i rows_idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32((int)kl));
+    const float *hi = tmp + 16 * kl;
+    for (int64_t k = 0; k < kl; k++) {
+        _mm512_store_ps(wpanel + k * CPU_GEMM_MR, _mm512_i32gather_ps(rows_idx, tmp + k, 4));
+        _mm512_store_ps(wpanel + k * CPU_GEMM_MR + 16, _mm512_i32gather_ps(rows_idx, hi + k, 4));
+    }
+}
+
 const cpu_kernels cpu_kernels_avx512 = {
     .name = "avx512",
     .needs_int16_x = 1,
     .matvec = avx512_matvec,
     .dequant = avx512_dequant,
     .gemm_tile = avx512_gemm_tile,
+    .gemm_pack = avx512_gemm_pack,
 };
 
 #endif

@@ -519,7 +519,7 @@ jval jcall(jctx *c, jval fn, jargs *a, int line) {
 
 static void eval_args(jctx *c, jframe *f, const jnode *n, jargs *a, size_t extra_kw) {
     a->npos = n->nitems;
-    a->pos = n->nitems ? jalloc(c, n->nitems * sizeof(jval)) : NULL;
+    a->pos = jalloc(c, (n->nitems + 1) * sizeof(jval));
     for (size_t i = 0; i < n->nitems; i++) a->pos[i] = jeval(c, f, n->items[i]);
     a->nkw = n->nitems2;
     a->kwnames = jalloc(c, (n->nitems2 + extra_kw + 1) * sizeof(char *));
