@@ -6,6 +6,7 @@
 #include "cmd.h"
 
 #include "api/api.h"
+#include "api/routes_models.h"
 #include "api/server.h"
 #include "base/log.h"
 #include "cluster/cluster.h"
@@ -56,9 +57,18 @@ int node_main(const exo_options *options) {
         return 1;
     }
     cluster_routes_add(api_service_server(svc), api_service_instances(svc));
+    models_service *models = routes_models_install(api_service_server(svc), options, node_id, err,
+                                                   sizeof err);
+    if (!models) {
+        log_error("%s", err);
+        api_service_free(svc);
+        cluster_stop();
+        return 1;
+    }
     if (api_service_start(svc, err, sizeof err)) {
         log_error("%s", err);
         api_service_free(svc);
+        models_service_free(models);
         cluster_stop();
         return 1;
     }
@@ -74,6 +84,7 @@ int node_main(const exo_options *options) {
     sigwait(&stop, &sig);
     log_info("stopping (%s)", sig == SIGINT ? "SIGINT" : "SIGTERM");
     api_service_free(svc);
+    models_service_free(models);
     cluster_stop();
     return 0;
 }
