@@ -196,6 +196,21 @@ static void empty_job(void *ctx, int i, int n) {
     (void)n;
 }
 
+typedef struct handoff {
+    _Atomic int started[64];
+} handoff;
+
+/* Share 0 waits until every other share started: the time of a job where the workers really
+ * take part (wake or notice, claim, run, report back). */
+static void handoff_job(void *ctx, int i, int n) {
+    handoff *h = ctx;
+    atomic_store_explicit(&h->started[i], 1, memory_order_release);
+    if (i != 0) return;
+    for (int k = 1; k < n && k < 64; k++)
+        while (!atomic_load_explicit(&h->started[k], memory_order_acquire)) {
+        }
+}
+
 static void bench_pool(const bench_options *o) {
     threadpool *pool = cpu_thread_pool();
     int iters = o->quick ? 20000 : 200000;
@@ -203,8 +218,17 @@ static void bench_pool(const bench_options *o) {
     uint64_t start = clock_now_ns();
     for (int i = 0; i < iters; i++) threadpool_run(pool, 0, empty_job, NULL);
     double us = seconds(clock_now_ns() - start) / iters * 1e6;
-    printf("pool  dispatch of an empty job on %d threads: %.2f us (mean of %d back-to-back)\n",
-           threadpool_size(pool), us, iters);
+    int hand_iters = iters / 10;
+    start = clock_now_ns();
+    for (int i = 0; i < hand_iters; i++) {
+        handoff h;
+        memset(&h, 0, sizeof h);
+        threadpool_run(pool, 0, handoff_job, &h);
+    }
+    double hand_us = seconds(clock_now_ns() - start) / hand_iters * 1e6;
+    printf("pool  %d threads: empty job %.2f us (the caller may run a late worker's share itself); "
+           "job every worker joins %.2f us (mean of %d)\n",
+           threadpool_size(pool), us, hand_us, hand_iters);
 }
 
 /* ---- GEMM ------------------------------------------------------------------------------------ */

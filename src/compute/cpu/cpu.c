@@ -217,10 +217,31 @@ typedef struct scratch_slot {
     size_t bytes;
 } scratch_slot;
 
-static _Thread_local scratch_slot scratch_slots[4];
+/* Per-thread slots live behind a pthread key so a thread's buffers are freed when it exits. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p) {
+    scratch_slot *slots = p;
+    for (int i = 0; i < 4; i++) free(slots[i].p);
+    free(slots);
+}
+
+static void scratch_key_create(void) {
+    pthread_key_create(&scratch_key, scratch_free);
+}
 
 void *cpu_scratch(int slot, size_t bytes) {
-    scratch_slot *s = &scratch_slots[slot & 3];
+    pthread_once(&scratch_once, scratch_key_create);
+    scratch_slot *slots = pthread_getspecific(scratch_key);
+    if (!slots) {
+        slots = calloc(4, sizeof *slots);
+        if (!slots || pthread_setspecific(scratch_key, slots) != 0) {
+            free(slots);
+            return NULL;
+        }
+    }
+    scratch_slot *s = &slots[slot & 3];
     if (s->bytes >= bytes && s->p) return s->p;
     free(s->p);
     size_t rounded = (bytes + 4095) & ~(size_t)4095;
