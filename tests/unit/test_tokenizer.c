@@ -331,6 +331,19 @@ static void test_byte_fallback_stream(void **state) {
     assert_string_equal(buf, "\xe4\xb8\x96 Hello");
     assert_int_equal(detokenizer_flush(d, buf, sizeof buf), 0);
     detokenizer_free(d);
+    /* a long run of byte tokens (3000 bytes: 1000 x U+4E16) streams as one piece at its end */
+    int32_t *run = malloc(sizeof(int32_t) * 3001);
+    for (int i = 0; i < 1000; i++) run[3 * i] = e4, run[3 * i + 1] = b8, run[3 * i + 2] = x96;
+    run[3000] = hello;
+    size_t st_len;
+    char *st = stream_decode(t, run, 3001, 0, &st_len);
+    one = tokenizer_decode(t, run, 3001, 0, &len);
+    assert_int_equal(len, 3006);
+    assert_int_equal(st_len, len);
+    assert_memory_equal(st, one, len);
+    free(st);
+    free(one);
+    free(run);
     int32_t broken[] = {e4, b8, hello};
     one = tokenizer_decode(t, broken, 3, 0, &len);
     assert_string_equal(one, "\xef\xbf\xbd\xef\xbf\xbd Hello");
