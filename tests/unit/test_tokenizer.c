@@ -491,6 +491,25 @@ static void test_lowercase_nfkc(void **state) {
     tokenizer_free(t);
 }
 
+/* SentencePiece texts are cut before U+2581 for speed, but never where a token spans the cut:
+ * here "a\u2581b" is a token, so "a b" must stay one piece and merge into it. */
+static void test_metaspace_cut_respects_tokens(void **state) {
+    (void)state;
+    const char *tj = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\\u2581\":0,\"a\":1,\"b\":2,\"a\\u2581\":3,\"a\\u2581b\":4,"
+                     "\"\\u2581b\":5,\"c\":6},\"merges\":[\"a \\u2581\",\"a\\u2581 b\",\"\\u2581 b\"]},"
+                     "\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\u2581\"}}";
+    char err[256];
+    tokenizer *t = tokenizer_load_from_json(tj, strlen(tj), NULL, 0, err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    int32_t *ids;
+    int n = tokenizer_encode(t, "c b a b c b", 11, 0, &ids, err, sizeof err);
+    int32_t want[] = {6, 5, 0, 4, 0, 6, 5};
+    assert_int_equal(n, 7);
+    assert_memory_equal(ids, want, sizeof want);
+    free(ids);
+    tokenizer_free(t);
+}
+
 /* Malformed tokenizer.json: NULL and a message naming the problem, never a crash. */
 static void test_malformed(void **state) {
     (void)state;
@@ -537,7 +556,7 @@ int main(void) {
         cmocka_unit_test(test_config),               cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_variant_llama2_metaspace), cmocka_unit_test(test_variant_qwen3_nfkc_lower),
         cmocka_unit_test(test_metaspace_decoder),    cmocka_unit_test(test_json_escapes),
-        cmocka_unit_test(test_lowercase_nfkc),
+        cmocka_unit_test(test_lowercase_nfkc),       cmocka_unit_test(test_metaspace_cut_respects_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
