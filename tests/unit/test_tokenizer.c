@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include "text/tokenizer.h"
@@ -510,6 +511,53 @@ static void test_metaspace_cut_respects_tokens(void **state) {
     tokenizer_free(t);
 }
 
+/* One loaded tokenizer used from several threads at once gives the same ids as alone. */
+typedef struct thread_job {
+    const tokenizer *t;
+    json_t *corpus;
+    int32_t **ids;
+    int *n;
+    size_t count;
+} thread_job;
+
+static void *encode_all(void *arg) {
+    thread_job *j = arg;
+    char err[128];
+    for (size_t i = 0; i < j->count; i++) {
+        json_t *s = json_array_get(j->corpus, i);
+        j->n[i] = tokenizer_encode(j->t, json_string_value(s), json_string_length(s), 1, &j->ids[i], err, sizeof err);
+    }
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    (void)state;
+    tokenizer *t = load("qwen3");
+    json_t *corpus = load_json("tests/fixtures/tokenizer/corpus.json");
+    enum { THREADS = 4, COUNT = 300 };
+    thread_job jobs[THREADS + 1];
+    pthread_t th[THREADS];
+    for (int k = 0; k <= THREADS; k++) {
+        jobs[k] = (thread_job){t, corpus, calloc(COUNT, sizeof(int32_t *)), calloc(COUNT, sizeof(int)), COUNT};
+    }
+    encode_all(&jobs[THREADS]); /* reference: alone */
+    for (int k = 0; k < THREADS; k++) assert_int_equal(pthread_create(&th[k], NULL, encode_all, &jobs[k]), 0);
+    for (int k = 0; k < THREADS; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k <= THREADS; k++) {
+        for (size_t i = 0; i < COUNT; i++) {
+            assert_int_equal(jobs[k].n[i], jobs[THREADS].n[i]);
+            if (jobs[k].n[i] > 0) assert_memory_equal(jobs[k].ids[i], jobs[THREADS].ids[i], sizeof(int32_t) * (size_t)jobs[k].n[i]);
+        }
+    }
+    for (int k = 0; k <= THREADS; k++) {
+        for (size_t i = 0; i < COUNT; i++) free(jobs[k].ids[i]);
+        free(jobs[k].ids);
+        free(jobs[k].n);
+    }
+    json_decref(corpus);
+    tokenizer_free(t);
+}
+
 /* Malformed tokenizer.json: NULL and a message naming the problem, never a crash. */
 static void test_malformed(void **state) {
     (void)state;
@@ -557,6 +605,7 @@ int main(void) {
         cmocka_unit_test(test_variant_llama2_metaspace), cmocka_unit_test(test_variant_qwen3_nfkc_lower),
         cmocka_unit_test(test_metaspace_decoder),    cmocka_unit_test(test_json_escapes),
         cmocka_unit_test(test_lowercase_nfkc),       cmocka_unit_test(test_metaspace_cut_respects_tokens),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
