@@ -153,16 +153,40 @@ static void test_list(void **state) {
     assert_int_equal(store_init(&s, models, NULL, err, sizeof err), 0);
     snprintf(d, sizeof d, "%s/a--one", models);
     write_file(d, "config.json", "{}");
+    snprintf(d, sizeof d, "%s/bare-model", models);
+    write_file(d, "config.json", "{}");
     snprintf(d, sizeof d, "%s/not-a-model", models);
+    write_file(d, "notes.txt", "no config");
+    snprintf(d, sizeof d, "%s/bad name", models);
     write_file(d, "config.json", "{}");
     struct seen seen = {0};
     store_list(&s, on_model, &seen);
-    assert_int_equal(seen.n, 1);
-    assert_string_equal(seen.ids[0], "a/one");
+    assert_int_equal(seen.n, 2);
+    int one = !strcmp(seen.ids[0], "a/one") || !strcmp(seen.ids[1], "a/one");
+    int bare = !strcmp(seen.ids[0], "bare-model") || !strcmp(seen.ids[1], "bare-model");
+    assert_true(one && bare);
+}
+
+/* The built-in models dir (resources/models) is appended last; these tests use an empty one. */
+static void test_builtin_models_dir_is_searched_last(void **state) {
+    (void)state;
+    char tmpl[] = "/tmp/exo-store-builtin-XXXXXX";
+    char *root = mkdtemp(tmpl);
+    assert_non_null(root);
+    setenv("EXO_BUILTIN_MODELS_DIR", root, 1);
+    model_store s;
+    char err[256];
+    assert_int_equal(store_init(&s, "/tmp/none", "/a:/b", err, sizeof err), 0);
+    assert_int_equal(s.n_search, 3);
+    assert_string_equal(s.search[2], root);
+    setenv("EXO_BUILTIN_MODELS_DIR", "/nonexistent-builtin-models", 1);
+    rmdir(root);
 }
 
 int main(void) {
+    setenv("EXO_BUILTIN_MODELS_DIR", "/nonexistent-builtin-models", 1);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_builtin_models_dir_is_searched_last),
         cmocka_unit_test(test_id_validation),
         cmocka_unit_test(test_relpath_validation),
         cmocka_unit_test(test_locate_and_completeness),
