@@ -144,9 +144,15 @@ static void test_expressions(void **s) {
     run_feature_file("expressions");
 }
 
+/* random programs: set/for/if/macro/namespace scoping */
+static void test_programs(void **s) {
+    (void)s;
+    run_feature_file("programs");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_features), cmocka_unit_test(test_whitespace), cmocka_unit_test(test_expressions), cmocka_unit_test(test_qwen3),       cmocka_unit_test(test_llama3_1),
+        cmocka_unit_test(test_features), cmocka_unit_test(test_whitespace), cmocka_unit_test(test_expressions), cmocka_unit_test(test_programs), cmocka_unit_test(test_qwen3),       cmocka_unit_test(test_llama3_1),
         cmocka_unit_test(test_llama2),   cmocka_unit_test(test_deepseek_v3), cmocka_unit_test(test_gptoss),
         cmocka_unit_test(test_gemma3),
     };

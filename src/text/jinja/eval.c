@@ -57,6 +57,17 @@ static jframe *frame_new(jctx *c, jframe *parent) {
     return f;
 }
 
+/* a new scope for `owner`: its assigned-but-unread names start out missing (see jnode) */
+static jframe *scope_new(jctx *c, jframe *parent, const jnode *owner) {
+    jframe *f = frame_new(c, parent);
+    for (size_t i = 0; i < owner->nmissing; i++) {
+        char buf[160];
+        snprintf(buf, sizeof buf, "'%s' is undefined", owner->missing[i]);
+        jframe_set(c, f, owner->missing[i], jv_undef(jstrdup_n(c, buf, strlen(buf))));
+    }
+    return f;
+}
+
 static jval undef_msg(jctx *c, const char *fmt, const char *a, const char *b) {
     char buf[300];
     snprintf(buf, sizeof buf, fmt, a, b);
@@ -479,7 +490,7 @@ static jval call_macro(jctx *c, jfunc *fn, jargs *a, int line) {
     const jnode *m = fn->macro;
     if (++c->depth > c->limits.max_depth) jfail(c, line, "maximum recursion depth exceeded calling '%s'", fn->name);
     if (++c->iterations > c->limits.max_iterations) jfail(c, line, "template exceeded %lld loop iterations and calls", c->limits.max_iterations);
-    jframe *f = frame_new(c, fn->closure);
+    jframe *f = scope_new(c, fn->closure, m);
     size_t np = m->nnames;
     for (size_t i = 0; i < np; i++) {
         jval v;
@@ -666,11 +677,14 @@ static void exec_for(jctx *c, jframe *f, const jnode *n) {
     lp->items = items;
     jval lv = {.kind = JV_LOOP};
     lv.u.loop = lp;
+    /* Jinja2 clears its "no iteration" flag at the end of the body, so an iteration cut short by
+     * break/continue does not count: the else block runs unless one body ran to its end */
+    bool completed = false;
     for (size_t i = 0; i < items->n; i++) {
         if (++c->iterations > c->limits.max_iterations)
             jfail(c, n->line, "template exceeded %lld loop iterations and calls", c->limits.max_iterations);
         lp->index0 = i;
-        jframe *bf = frame_new(c, f);
+        jframe *bf = scope_new(c, f, n);
         assign(c, bf, n, items->items[i]);
         jframe_set(c, bf, "loop", lv);
         exec_node(c, bf, n->c);
@@ -678,9 +692,10 @@ static void exec_for(jctx *c, jframe *f, const jnode *n) {
             c->loop_control = 0;
             break;
         }
+        if (!c->loop_control) completed = true;
         c->loop_control = 0;
     }
-    if (!items->n && n->d) exec_node(c, f, n->d);
+    if (!completed && n->d) exec_node(c, f, n->d);
 }
 
 static jval make_macro(jctx *c, jframe *f, const jnode *n, const char *name) {
@@ -731,7 +746,7 @@ static void exec_node(jctx *c, jframe *f, const jnode *n) {
     }
     case S_SET_BLOCK: {
         jval v;
-        exec_body_captured(c, frame_new(c, f), n->c, &v, n->line);
+        exec_body_captured(c, scope_new(c, f, n), n->c, &v, n->line);
         if (n->b) v = eval_filter(c, f, n->b, v);
         jframe_set(c, f, n->names[0], v);
         return;
@@ -748,7 +763,7 @@ static void exec_node(jctx *c, jframe *f, const jnode *n) {
     }
     case S_FILTER_BLOCK: {
         jval v;
-        exec_body_captured(c, frame_new(c, f), n->a, &v, n->line);
+        exec_body_captured(c, scope_new(c, f, n), n->a, &v, n->line);
         v = eval_filter(c, f, n->b, v);
         v = jv_stringify(c, v, n->line);
         emit(c, v.u.s.p, v.u.s.n, n->line);
@@ -817,7 +832,7 @@ char *jinja_render(const jinja_template *t, const json_t *context, const jinja_l
                 jframe_set(c, vars, jstrdup_n(c, k, strlen(k)), jv_from_json(c, v));
             }
         }
-        exec_node(c, vars, t->body);
+        exec_node(c, scope_new(c, vars, t->body), t->body); /* template locals over the context */
         result = strbuf_detach(&out);
     } else {
         for (int i = 0; i < c->ncaptures; i++) strbuf_free(&c->captures[i]);

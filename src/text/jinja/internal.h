@@ -176,6 +176,11 @@ struct jnode {
     const char *str;         /* names, text */
     size_t len;
     jval lit;
+    /* scope-owning nodes (the template body, for, macro, call, set and filter blocks): names this
+     * scope assigns but never reads itself. Jinja2 binds them to "missing" when the scope starts,
+     * so a nested scope reading one sees Undefined until the assignment, not an outer value. */
+    const char **missing;
+    size_t nmissing;
 };
 
 struct jinja_template {

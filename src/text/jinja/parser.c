@@ -970,6 +970,7 @@ static jnode *parse_if(parser *p, int line) {
     n->b = parse_body(p, ends, &by);
     if (!strcmp(by, "elif")) {
         n->c = mk(p, S_BODY, cur(p)->line);
+        n->c->flag = 1; /* an elif: kept apart from a plain else for scope analysis */
         n->c->items = palloc(p, sizeof(jnode *));
         n->c->nitems = 1;
         n->c->items[0] = parse_if(p, cur(p)->line);
@@ -1178,6 +1179,168 @@ static void check_names(parser *p, const jnode *n, int depth, bool deferred) {
     for (size_t i = 0; i < n->nitems2; i++) check_names(p, n->items2[i], depth + 1, deferred);
 }
 
+/* ---- scope analysis: Jinja2's idtracking, as far as it shows in output ----
+ * Each scope (the template, a for body, a macro, a call/set/filter block body) gets a symbol
+ * table filled in source order. A name whose first occurrence in a scope is an assignment, and
+ * that no enclosing scope knows, starts out "missing" there: nested scopes reading it see
+ * Undefined until it is assigned -- not a context variable of the same name. */
+typedef struct scope_tab {
+    struct scope_tab *parent;
+    namevec names;   /* declared here */
+    namevec missing; /* declared here by an assignment first */
+    namevec stores;  /* assigned here */
+} scope_tab;
+
+static bool nv_has(const namevec *v, const char *s) {
+    for (size_t i = 0; i < v->n; i++)
+        if (!strcmp(v->v[i], s)) return true;
+    return false;
+}
+
+static bool scope_find(const scope_tab *t, const char *name) {
+    for (; t; t = t->parent)
+        if (nv_has(&t->names, name)) return true;
+    return false;
+}
+
+static void declare_load(parser *p, scope_tab *t, const char *name) {
+    if (!nv_has(&t->names, name) && !scope_find(t->parent, name)) sv_push(p, &t->names, name);
+}
+
+static void declare_store(parser *p, scope_tab *t, const char *name) {
+    if (!nv_has(&t->stores, name)) sv_push(p, &t->stores, name);
+    if (nv_has(&t->names, name)) return;
+    sv_push(p, &t->names, name);
+    if (!scope_find(t->parent, name)) sv_push(p, &t->missing, name);
+}
+
+static void walk_scope(parser *p, const jnode *n, scope_tab *t, nodevec *children, int depth);
+
+typedef struct branch_result {
+    namevec names, missing, stores;
+} branch_result;
+
+static void take_new(parser *p, namevec *from, size_t old_n, namevec *to) {
+    for (size_t i = old_n; i < from->n; i++) sv_push(p, to, from->v[i]);
+    from->n = old_n;
+}
+
+/* Jinja2 analyses if/elifs/else as three branches on copies of the table, then merges them: a
+ * name assigned in only some of the three reads through to the outer value until assigned. */
+static void walk_if(parser *p, scope_tab *t, nodevec *children, const jnode *test, const jnode *body,
+                    const jnode *const *elifs, size_t nelifs, const jnode *else_body, int depth) {
+    walk_scope(p, test, t, children, depth + 1);
+    size_t n0 = t->names.n, m0 = t->missing.n, s0 = t->stores.n;
+    branch_result br[3];
+    memset(br, 0, sizeof br);
+    for (int g = 0; g < 3; g++) {
+        if (g == 0) walk_scope(p, body, t, children, depth + 1);
+        if (g == 1)
+            for (size_t i = 0; i < nelifs; i++) walk_if(p, t, children, elifs[i]->a, elifs[i]->b, NULL, 0, NULL, depth + 1);
+        if (g == 2) walk_scope(p, else_body, t, children, depth + 1);
+        take_new(p, &t->names, n0, &br[g].names);
+        take_new(p, &t->missing, m0, &br[g].missing);
+        take_new(p, &t->stores, s0, &br[g].stores);
+    }
+    for (int g = 0; g < 3; g++) {
+        for (size_t i = 0; i < br[g].names.n; i++)
+            if (!nv_has(&t->names, br[g].names.v[i])) sv_push(p, &t->names, br[g].names.v[i]);
+        for (size_t i = 0; i < br[g].stores.n; i++)
+            if (!nv_has(&t->stores, br[g].stores.v[i])) sv_push(p, &t->stores, br[g].stores.v[i]);
+    }
+    /* still missing only if every branch assigned it, as the else branch left it */
+    for (size_t i = 0; i < br[2].missing.n; i++) {
+        const char *name = br[2].missing.v[i];
+        if (nv_has(&br[0].stores, name) && nv_has(&br[1].stores, name) && !nv_has(&t->missing, name))
+            sv_push(p, &t->missing, name);
+    }
+}
+
+/* records this scope's own loads and stores in order; nested scopes are queued in `children` */
+static void walk_scope(parser *p, const jnode *n, scope_tab *t, nodevec *children, int depth) {
+    if (!n || depth > 10000) return;
+    switch (n->type) {
+    case S_IF: {
+        nodevec elifs = {0};
+        const jnode *cur = n;
+        while (cur->c && cur->c->type == S_BODY && cur->c->flag == 1 && cur->c->nitems == 1) {
+            nv_push(p, &elifs, cur->c->items[0]);
+            cur = cur->c->items[0];
+        }
+        walk_if(p, t, children, n->a, n->b, (const jnode *const *)elifs.v, elifs.n, cur->c, depth);
+        return;
+    }
+    case N_NAME: declare_load(p, t, n->str); return;
+    case S_SET:
+        walk_scope(p, n->a, t, children, depth + 1);
+        for (size_t i = 0; i < n->nnames; i++) declare_store(p, t, n->names[i]);
+        return;
+    case S_SET_ATTR:
+        declare_load(p, t, n->str);
+        walk_scope(p, n->a, t, children, depth + 1);
+        return;
+    case S_FOR:
+        walk_scope(p, n->a, t, children, depth + 1); /* the iterable is read out here */
+        nv_push(p, children, (jnode *)n);
+        walk_scope(p, n->d, t, children, depth + 1); /* and so is the else block */
+        return;
+    case S_MACRO:
+        declare_store(p, t, n->str);
+        nv_push(p, children, (jnode *)n);
+        return;
+    case S_CALL_BLOCK:
+        walk_scope(p, n->b, t, children, depth + 1);
+        nv_push(p, children, (jnode *)n);
+        return;
+    case S_SET_BLOCK:
+        declare_store(p, t, n->names[0]);
+        walk_scope(p, n->b, t, children, depth + 1);
+        nv_push(p, children, (jnode *)n);
+        return;
+    case S_FILTER_BLOCK:
+        walk_scope(p, n->b, t, children, depth + 1);
+        nv_push(p, children, (jnode *)n);
+        return;
+    default:
+        walk_scope(p, n->a, t, children, depth + 1);
+        walk_scope(p, n->b, t, children, depth + 1);
+        walk_scope(p, n->c, t, children, depth + 1);
+        walk_scope(p, n->d, t, children, depth + 1);
+        for (size_t i = 0; i < n->nitems; i++) walk_scope(p, n->items[i], t, children, depth + 1);
+        for (size_t i = 0; i < n->nitems2; i++) walk_scope(p, n->items2[i], t, children, depth + 1);
+    }
+}
+
+static void analyze_scope(parser *p, jnode *owner, scope_tab *parent, int depth) {
+    if (depth > 400) pfail(p, owner->line, "blocks nest too deeply");
+    scope_tab t = {.parent = parent};
+    nodevec children = {0};
+    const jnode *body = owner;
+    switch (owner->type) {
+    case S_FOR:
+        for (size_t i = 0; i < owner->nnames; i++) declare_store(p, &t, owner->names[i]);
+        walk_scope(p, owner->b, &t, &children, depth + 1); /* loop filter */
+        body = owner->c;
+        break;
+    case S_MACRO:
+    case S_CALL_BLOCK:
+        for (size_t i = 0; i < owner->nnames; i++) sv_push(p, &t.names, owner->names[i]);
+        sv_push(p, &t.names, "varargs");
+        sv_push(p, &t.names, "kwargs");
+        sv_push(p, &t.names, "caller");
+        for (size_t i = 0; i < owner->nitems2; i++) walk_scope(p, owner->items2[i], &t, &children, depth + 1);
+        body = owner->a;
+        break;
+    case S_SET_BLOCK: body = owner->c; break;
+    case S_FILTER_BLOCK: body = owner->a; break;
+    default: break;
+    }
+    walk_scope(p, body, &t, &children, depth + 1);
+    owner->missing = t.missing.v;
+    owner->nmissing = t.missing.n;
+    for (size_t i = 0; i < children.n; i++) analyze_scope(p, children.v[i], &t, depth + 1);
+}
+
 jnode *jparse(jinja_template *t, const char *src, size_t len, char *err, size_t errlen) {
     parser p = {.t = t, .err = err, .errlen = errlen};
     /* newlines normalised to \n; one trailing newline dropped (keep_trailing_newline=False) */
@@ -1197,5 +1360,6 @@ jnode *jparse(jinja_template *t, const char *src, size_t len, char *err, size_t 
     lex(&p, s, n);
     jnode *body = parse_body(&p, NULL, NULL);
     check_names(&p, body, 0, false);
+    analyze_scope(&p, body, NULL, 0);
     return body;
 }
