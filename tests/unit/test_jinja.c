@@ -14,6 +14,7 @@
 #include <time.h>
 #include <dirent.h>
 
+#include "base/strbuf.h"
 #include "text/chat.h"
 #include "text/jinja/jinja.h"
 
@@ -78,6 +79,29 @@ static void test_limits(void **st) {
     char *out = render("{% for i in range(3) %}x{% endfor %}", NULL, &small, err, sizeof err);
     assert_string_equal(out, "xxx");
     free(out);
+}
+
+/* long chains and deep nesting are refused while compiling, before they can exhaust the stack */
+static void test_deep_templates(void **st) {
+    (void)st;
+    const char *pieces[][3] = {
+        {"{{ 1", " ~ 1", " }}"},       {"{{ x", "|upper", " }}"},          {"{{ a", ".b", " }}"},
+        {"{{ ", "(", "1"},             {"{% if a %}", "{% elif a %}", "{% endif %}"},
+        {"", "{% if a %}", ""},        {"{{ ", "not ", "x }}"},            {"{{ ", "[", "]"},
+        {"{{ 1", " if a else 1", " }}"}, {"{{ x", "[0]", " }}"},
+    };
+    for (size_t k = 0; k < sizeof pieces / sizeof pieces[0]; k++) {
+        strbuf sb = {0};
+        strbuf_append_str(&sb, pieces[k][0]);
+        for (int i = 0; i < 20000; i++) strbuf_append_str(&sb, pieces[k][1]);
+        strbuf_append_str(&sb, pieces[k][2]);
+        char err[256];
+        jinja_template *t = jinja_compile(sb.data, sb.len, err, sizeof err);
+        assert_null(t);
+        assert_non_null(strstr(err, "line 1"));
+        assert_non_null(strstr(err, "deeply") ? err : strstr(err, "expected"));
+        strbuf_free(&sb);
+    }
 }
 
 static void test_strftime_now(void **st) {
@@ -184,7 +208,7 @@ int main(void) {
         cmocka_unit_test(test_syntax_error_names_line), cmocka_unit_test(test_runtime_error_names_line),
         cmocka_unit_test(test_limits),                  cmocka_unit_test(test_strftime_now),
         cmocka_unit_test(test_chat_options),            cmocka_unit_test(test_real_template_files),
-        cmocka_unit_test(test_fuzz_regressions),
+        cmocka_unit_test(test_fuzz_regressions),        cmocka_unit_test(test_deep_templates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

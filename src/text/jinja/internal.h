@@ -165,6 +165,7 @@ struct jnode {
     int line;
     int op;
     int flag;                /* tests: negated; for: recursive; tuple targets */
+    int height;              /* expression nesting below this node (bounds evaluation recursion) */
     jnode *a, *b, *c, *d;    /* operands; for: a=iter b=filter; set: a=value */
     jnode **items;           /* args, list items, statement bodies, compare operands */
     size_t nitems;

@@ -414,6 +414,23 @@ static jnode *mk(parser *p, jnode_type type, int line) {
     return n;
 }
 
+/* expression trees are evaluated recursively: their height is bounded like block nesting */
+#define MAX_EXPR_HEIGHT 400
+static int height_of(const jnode *n) { return n ? n->height : 0; }
+static jnode *grown(parser *p, jnode *n) {
+    int h = height_of(n->a);
+    if (height_of(n->b) > h) h = height_of(n->b);
+    if (height_of(n->c) > h) h = height_of(n->c);
+    if (height_of(n->d) > h) h = height_of(n->d);
+    for (size_t i = 0; i < n->nitems; i++)
+        if (height_of(n->items[i]) > h) h = height_of(n->items[i]);
+    for (size_t i = 0; i < n->nitems2; i++)
+        if (height_of(n->items2[i]) > h) h = height_of(n->items2[i]);
+    n->height = h + 1;
+    if (n->height > MAX_EXPR_HEIGHT) pfail(p, n->line, "expression nests too deeply");
+    return n;
+}
+
 typedef struct nodevec {
     jnode **v;
     size_t n, cap;
@@ -450,7 +467,7 @@ static jnode *parse_postfix(parser *p, jnode *node);
 static jnode *parse_tuple(parser *p, bool with_condexpr, bool explicit_parens, const char *extra_end);
 
 static void enter(parser *p) {
-    if (++p->depth > 200) pfail(p, cur(p)->line, "expression nests too deeply");
+    if (++p->depth > 200) pfail(p, cur(p)->line, "template nests too deeply");
 }
 
 /* (args, kw=args) after '(' has been seen */
@@ -502,7 +519,7 @@ static jnode *parse_filter(parser *p, jnode *input, bool start_inline) {
         f->a = input;
         f->str = name;
         if (is_op(cur(p), "(")) parse_call_args(p, f);
-        input = f;
+        input = grown(p, f);
     }
     return input;
 }
@@ -533,7 +550,7 @@ static jnode *parse_test(parser *p, jnode *node) {
         t->items[0] = arg;
         t->nitems = 1;
     }
-    return t;
+    return grown(p, t);
 }
 
 static jnode *parse_filter_expr(parser *p, jnode *node) {
@@ -546,7 +563,7 @@ static jnode *parse_filter_expr(parser *p, jnode *node) {
             jnode *call = mk(p, N_CALL, cur(p)->line);
             call->a = node;
             parse_call_args(p, call);
-            node = call;
+            node = grown(p, call);
         } else
             return node;
     }
@@ -585,13 +602,13 @@ static jnode *parse_postfix(parser *p, jnode *node) {
                 jnode *g = mk(p, N_GETATTR, t->line);
                 g->a = node;
                 g->str = a->s;
-                node = g;
+                node = grown(p, g);
             } else if (a->type == T_INT) {
                 jnode *g = mk(p, N_GETITEM, t->line);
                 g->a = node;
                 g->b = mk(p, N_LIT, t->line);
                 g->b->lit = jv_int(a->i);
-                node = g;
+                node = grown(p, g);
             } else
                 pfail(p, a->line, "expected name or number after '.'");
         } else if (is_op(t, "[")) {
@@ -617,18 +634,18 @@ static jnode *parse_postfix(parser *p, jnode *node) {
             }
             if (key->type == N_SLICE) {
                 key->a = node;
-                node = key;
+                node = grown(p, key);
             } else {
                 jnode *g = mk(p, N_GETITEM, t->line);
                 g->a = node;
                 g->b = key;
-                node = g;
+                node = grown(p, g);
             }
         } else if (is_op(t, "(")) {
             jnode *call = mk(p, N_CALL, t->line);
             call->a = node;
             parse_call_args(p, call);
-            node = call;
+            node = grown(p, call);
         } else
             return node;
     }
@@ -699,6 +716,7 @@ static jnode *parse_primary(parser *p) {
             n = mk(p, N_LIST, t->line);
             n->items = items.v;
             n->nitems = items.n;
+            grown(p, n);
             break;
         }
         if (is_op(t, "{")) {
@@ -717,6 +735,7 @@ static jnode *parse_primary(parser *p) {
             n->nitems = keys.n;
             n->items2 = vals.v;
             n->nitems2 = vals.n;
+            grown(p, n);
             break;
         }
         /* fallthrough */
@@ -734,6 +753,7 @@ static jnode *parse_unary(parser *p, bool with_filter) {
         advance(p);
         node = mk(p, is_op(t, "-") ? N_NEG : N_POS, t->line);
         node->a = parse_unary(p, false);
+        grown(p, node);
     } else {
         node = parse_primary(p);
     }
@@ -748,7 +768,7 @@ static jnode *binop(parser *p, int op, jnode *a, jnode *b, int line) {
     n->op = op;
     n->a = a;
     n->b = b;
-    return n;
+    return grown(p, n);
 }
 
 static jnode *parse_pow(parser *p) {
@@ -823,7 +843,7 @@ static jnode *parse_compare(parser *p) {
     n->nitems = operands.n;
     n->ops = palloc(p, nops * sizeof(int));
     memcpy(n->ops, ops, nops * sizeof(int));
-    return n;
+    return grown(p, n);
 }
 
 static jnode *parse_not(parser *p) {
@@ -832,7 +852,7 @@ static jnode *parse_not(parser *p) {
         jnode *n = mk(p, N_NOT, advance(p)->line);
         n->a = parse_not(p);
         p->depth--;
-        return n;
+        return grown(p, n);
     }
     return parse_compare(p);
 }
@@ -843,7 +863,7 @@ static jnode *parse_and(parser *p) {
         jnode *n = mk(p, N_AND, advance(p)->line);
         n->a = l;
         n->b = parse_not(p);
-        l = n;
+        l = grown(p, n);
     }
     return l;
 }
@@ -854,7 +874,7 @@ static jnode *parse_or(parser *p) {
         jnode *n = mk(p, N_OR, advance(p)->line);
         n->a = l;
         n->b = parse_and(p);
-        l = n;
+        l = grown(p, n);
     }
     return l;
 }
@@ -870,7 +890,7 @@ static jnode *parse_condexpr(parser *p) {
             advance(p);
             n->c = parse_condexpr(p);
         }
-        e1 = n;
+        e1 = grown(p, n);
     }
     p->depth--;
     return e1;
@@ -908,7 +928,7 @@ static jnode *parse_tuple(parser *p, bool with_condexpr, bool explicit_parens, c
     jnode *n = mk(p, N_TUPLE, line);
     n->items = items.v;
     n->nitems = items.n;
-    return n;
+    return grown(p, n);
 }
 
 /* ---- statements ---- */
@@ -969,11 +989,13 @@ static jnode *parse_if(parser *p, int line) {
     const char *by;
     n->b = parse_body(p, ends, &by);
     if (!strcmp(by, "elif")) {
+        if (++p->depth > 200) pfail(p, cur(p)->line, "too many elif branches");
         n->c = mk(p, S_BODY, cur(p)->line);
         n->c->flag = 1; /* an elif: kept apart from a plain else for scope analysis */
         n->c->items = palloc(p, sizeof(jnode *));
         n->c->nitems = 1;
         n->c->items[0] = parse_if(p, cur(p)->line);
+        p->depth--;
     } else if (!strcmp(by, "else")) {
         static const char *const ends2[] = {"endif", NULL};
         n->c = parse_body(p, ends2, &by);
