@@ -3,6 +3,7 @@
  * It refuses: n > 1, images, audio. */
 #include "api/gen.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,13 +105,13 @@ static int parse_tools(const json_t *body, gen_request *req, char *err, size_t e
 /* Fields shared by chat and legacy completions. */
 static int parse_sampling(const json_t *b, gen_state *st, char *err, size_t errlen) {
     gen_request *q = &st->req;
-    long n = -1;
+    long n = LONG_MIN;
     int rc;
     if ((rc = gen_get_model(b, st, err, errlen))) return rc;
     if ((rc = gen_get_int(b, "max_tokens", -(1L << 40), 1L << 30, &n, err, errlen))) return rc;
     if ((rc = gen_get_int(b, "max_completion_tokens", -(1L << 40), 1L << 30, &n, err, errlen)))
         return rc;
-    if (n != -1 && n <= 0) {
+    if (n != LONG_MIN && n <= 0) {
         snprintf(err, errlen, "'max_tokens' must be at least 1 (got %ld)", n);
         return 400;
     }

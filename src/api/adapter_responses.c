@@ -5,6 +5,7 @@
  * (previous_response_id). */
 #include "api/gen.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,10 +98,10 @@ static int responses_parse(const json_t *b, gen_state *st, char *err, size_t err
     int rc;
     gen_make_id(st->id, sizeof st->id, "resp_");
     if ((rc = gen_get_model(b, st, err, errlen))) return rc;
-    long n = -1;
+    long n = LONG_MIN;
     if ((rc = gen_get_int(b, "max_output_tokens", -(1L << 40), 1L << 30, &n, err, errlen)))
         return rc;
-    if (n != -1 && n <= 0) {
+    if (n != LONG_MIN && n <= 0) {
         snprintf(err, errlen, "'max_output_tokens' must be at least 1 (got %ld)", n);
         return 400;
     }

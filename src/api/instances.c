@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -342,7 +341,8 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
         return NULL;
     }
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        /* No PR_SET_PDEATHSIG: it fires when the forking *thread* exits (a connection thread
+         * here). The runner exits on EOF of its socket instead, which also covers node death. */
         if (sv[1] == 3) fcntl(3, F_SETFD, 0);
         else dup2(sv[1], 3);
         execv(m->runner_exe, argv);

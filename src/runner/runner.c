@@ -22,44 +22,6 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-/* Until the engine, tokenizer, chat template and output parser branches are merged, their
- * symbols are weak: this builds and links, and a runner reports "no inference engine yet". */
-#ifndef RUNNER_STRONG_DEPS
-#pragma weak engine_open
-#pragma weak engine_close
-#pragma weak engine_get_info
-#pragma weak engine_submit
-#pragma weak engine_cancel
-#pragma weak engine_step
-#pragma weak engine_pending
-#pragma weak sampling_params_default
-#pragma weak tokenizer_load
-#pragma weak tokenizer_free
-#pragma weak tokenizer_encode
-#pragma weak tokenizer_decode
-#pragma weak tokenizer_token_bytes
-#pragma weak tokenizer_bos_token
-#pragma weak tokenizer_eos_token
-#pragma weak tokenizer_chat_template
-#pragma weak detokenizer_new
-#pragma weak detokenizer_free
-#pragma weak detokenizer_push
-#pragma weak detokenizer_flush
-#pragma weak chat_template_compile
-#pragma weak chat_template_free
-#pragma weak chat_template_render
-#endif
-#pragma weak output_format_detect
-#pragma weak output_parser_new
-#pragma weak output_parser_free
-#pragma weak output_parser_feed
-#pragma weak output_parser_finish
-#pragma weak output_delta_free
-
-/* Whether a (weak) dependency is linked in; a call keeps -Waddress quiet in strong builds. */
-static int linked(void (*fn)(void)) { return fn != NULL; }
-#define LINKED(fn) linked((void (*)(void))(fn))
-
 #define MAX_EVENTS 256
 #define PROGRESS_EVERY 256 /* prompt tokens between prefill progress messages */
 
@@ -230,8 +192,7 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
     s->id = id;
     s->detok = detokenizer_new(r->tok, 1);
     s->has_tools = q.tools != NULL;
-    s->parser = LINKED(output_parser_new) ? output_parser_new(r->format, in_reasoning, s->has_tools)
-                                  : NULL;
+    s->parser = output_parser_new(r->format, in_reasoning, s->has_tools);
     stop_strings_init(&s->stops, q.stop, q.n_stop);
     s->logprobs = q.logprobs;
     s->top_logprobs = q.top_logprobs;
@@ -449,11 +410,6 @@ static int load(runner *r, const runner_options *o) {
     char err[512];
     int layers = config_layers(o->model_dir);
     send_status(r, "Loading", json_pack("{s:i,s:i}", "layers_loaded", 0, "total_layers", layers));
-    if (!LINKED(engine_open) || !LINKED(tokenizer_load)) {
-        send_status(r, "Failed", json_pack("{s:s}", "error",
-                                           "this exo build has no inference engine yet"));
-        return -1;
-    }
     r->tok = tokenizer_load(o->model_dir, err, sizeof err);
     if (!r->tok) {
         send_status(r, "Failed", json_pack("{s:s}", "error", err));
@@ -468,12 +424,11 @@ static int load(runner *r, const runner_options *o) {
     }
     r->info = engine_get_info(r->engine);
     const char *src = tokenizer_chat_template(r->tok);
-    if (src && LINKED(chat_template_compile)) {
+    if (src) {
         r->tmpl = chat_template_compile(src, err, sizeof err);
         if (!r->tmpl) log_warn("chat template does not compile (%s); using a plain transcript", err);
     }
-    r->format = LINKED(output_format_detect) ? output_format_detect(r->info->architecture, src)
-                                     : OUTPUT_FORMAT_PLAIN;
+    r->format = output_format_detect(r->info->architecture, src);
     send_status(r, "Loaded", NULL);
     send_status(r, "WarmingUp", NULL);
     if (warm_up(r)) {

@@ -1,0 +1,151 @@
+// Runners and generations over time: auto-place, /state runner statuses, place/get/delete
+// instance, client disconnect cancels the generation, POST /v1/cancel/{id}, a runner killed
+// mid-stream fails the request within 5 s and the next request starts a new runner.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import path from 'node:path';
+import { startNode } from './lib/node.mjs';
+import { tinyModel } from './lib/models.mjs';
+
+const MODEL = 'qwen3-tiny';
+let node;
+
+before(async () => {
+  const dir = await tinyModel(MODEL);
+  node = await startNode({ args: ['--models-path', path.dirname(dir)] });
+});
+after(async () => { await node?.stop(); });
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const json = async (p, opts) => (await fetch(node.url + p, opts)).json();
+const chatBody = (extra = {}) => JSON.stringify({ model: MODEL, temperature: 0,
+  messages: [{ role: 'user', content: 'hi' }], ...extra });
+
+function runnerPids() {
+  try {
+    return execFileSync('pgrep', ['-P', String(node.proc.pid)], { encoding: 'utf8' })
+      .trim().split('\n').filter(Boolean).map(Number);
+  } catch { return []; }
+}
+
+async function waitFor(cond, ms, what) {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline) {
+    if (await cond()) return;
+    await sleep(50);
+  }
+  assert.fail(`timed out waiting for ${what}`);
+}
+
+// Opens a streamed chat and returns {reader, first} once the first content chunk arrived.
+async function openStream(ctl, extra = {}) {
+  const r = await fetch(`${node.url}/v1/chat/completions`, { method: 'POST', signal: ctl?.signal,
+    headers: { 'content-type': 'application/json' },
+    body: chatBody({ stream: true, max_tokens: 3000, ...extra }) });
+  assert.equal(r.status, 200);
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  let buf = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) throw new Error('stream ended early');
+    buf += dec.decode(value);
+    const frames = buf.split('\n\n').filter((f) => f.startsWith('data: {'));
+    const content = frames.map((f) => JSON.parse(f.slice(6)))
+      .find((c) => c.choices?.[0]?.delta?.content);
+    if (content) return { reader, first: content, dec };
+  }
+}
+
+async function readRest(s) {
+  let text = '';
+  for (;;) {
+    const { value, done } = await s.reader.read();
+    if (done) return text;
+    text += s.dec.decode(value);
+  }
+}
+
+const inFlight = async () => (await json('/health')).generations_in_flight;
+
+test('place_instance starts a runner; /state shows it Ready with exo names; GET/DELETE instance', async () => {
+  const placed = await json('/place_instance', { method: 'POST',
+    body: JSON.stringify({ model_id: MODEL, sharding: 'Pipeline' }) });
+  const id = placed.instance_id;
+  assert.ok(id);
+  await waitFor(async () => {
+    const s = await json('/state');
+    return Object.values(s.runners).some((r) => 'RunnerReady' in r);
+  }, 60000, 'RunnerReady');
+  const s = await json('/state');
+  const inst = s.instances[id];
+  const tag = Object.keys(inst)[0];
+  assert.equal(inst[tag].shardAssignments.modelId, MODEL);
+  assert.equal(inst[tag].instanceId, id);
+  assert.equal((await fetch(`${node.url}/instance/${id}`)).status, 200);
+  assert.equal((await fetch(`${node.url}/instance/${id}`, { method: 'DELETE' })).status, 200);
+  await waitFor(async () => (await fetch(`${node.url}/instance/${id}`)).status === 404, 5000,
+    'instance gone');
+  await waitFor(() => runnerPids().length === 0, 5000, 'runner process exit');
+  const bad = await fetch(`${node.url}/place_instance`, { method: 'POST',
+    body: JSON.stringify({ model_id: 'org/absent' }) });
+  assert.equal(bad.status, 404);
+});
+
+test('a chat with no instance auto-places one', async () => {
+  const r = await json('/v1/chat/completions', { method: 'POST', body: chatBody({ max_tokens: 2 }) });
+  assert.equal(r.usage.completion_tokens, 2);
+  const s = await json('/state');
+  assert.equal(Object.keys(s.instances).length, 1);
+  assert.ok(Object.values(s.runners).every((r) => 'RunnerReady' in r || 'RunnerRunning' in r));
+});
+
+test('client disconnect cancels the generation in the runner', async () => {
+  const ctl = new AbortController();
+  await openStream(ctl);
+  assert.equal(await inFlight(), 1);
+  ctl.abort();
+  await waitFor(async () => (await inFlight()) === 0, 3000, 'cancel after disconnect');
+  // the runner still serves
+  const r = await json('/v1/chat/completions', { method: 'POST', body: chatBody({ max_tokens: 1 }) });
+  assert.equal(r.usage.completion_tokens, 1);
+});
+
+test('POST /v1/cancel/{id} stops a running generation', async () => {
+  const s = await openStream(null);
+  const c = await fetch(`${node.url}/v1/cancel/${s.first.id}`, { method: 'POST' });
+  assert.equal(c.status, 200);
+  const rest = await readRest(s);
+  assert.match(rest, /"finish_reason":"stop"/);
+  assert.match(rest, /data: \[DONE\]/);
+  assert.equal(await inFlight(), 0);
+});
+
+test('a runner killed mid-stream fails the request within 5 s; the next request works', async () => {
+  const s = await openStream(null);
+  const pids = runnerPids();
+  assert.equal(pids.length, 1);
+  const t0 = Date.now();
+  process.kill(pids[0], 'SIGKILL');
+  const rest = await readRest(s);
+  assert.ok(Date.now() - t0 < 5000, 'the stream ended within 5 s');
+  assert.match(rest, /"error":\{"message":"the runner stopped/);
+  assert.match(rest, /data: \[DONE\]/);
+  // non-streamed requests in flight get a 500 too, and the next request places a new runner
+  const r = await json('/v1/chat/completions', { method: 'POST', body: chatBody({ max_tokens: 2 }) });
+  assert.equal(r.usage.completion_tokens, 2);
+  const now = runnerPids();
+  assert.equal(now.length, 1);
+  assert.notEqual(now[0], pids[0]);
+});
+
+test('prefill progress comments reach SSE clients', async () => {
+  // prefill progress needs a long prompt: > 256 tokens
+  const r = await fetch(`${node.url}/v1/chat/completions`, { method: 'POST', body: chatBody({
+    stream: true, max_tokens: 1,
+    messages: [{ role: 'user', content: 'hello '.repeat(1500) }] }) });
+  const text = await r.text();
+  assert.match(text, /^: prefill_progress \{"processed_tokens":\d+,"total_tokens":\d+\}$/m);
+  assert.match(text, /data: \[DONE\]/);
+});
