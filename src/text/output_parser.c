@@ -47,8 +47,9 @@ output_format output_format_detect(const char *architecture, const char *chat_te
         return OUTPUT_FORMAT_HERMES;
     if (architecture && (strstr(architecture, "Qwen") || strstr(architecture, "qwen")))
         return OUTPUT_FORMAT_HERMES;
-    if (chat_template && (strstr(chat_template, PYTHON_TAG) || strstr(chat_template, "<|eom_id|>") ||
-                          (strstr(chat_template, "<|start_header_id|>") && strstr(chat_template, "tools"))))
+    if (chat_template &&
+        (strstr(chat_template, PYTHON_TAG) || strstr(chat_template, "<|eom_id|>") ||
+         (strstr(chat_template, "<|start_header_id|>") && strstr(chat_template, "tools"))))
         return OUTPUT_FORMAT_LLAMA3_JSON;
     return OUTPUT_FORMAT_PLAIN;
 }
@@ -68,7 +69,9 @@ void output_parser_free(output_parser *p) {
     free(p);
 }
 
-static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+static bool is_ws(char c) {
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
 
 /* length of the longest suffix of s[0..n) that is a proper prefix of tag */
 static size_t partial_tag(const char *s, size_t n, const char *tag) {
@@ -81,7 +84,8 @@ static size_t partial_tag(const char *s, size_t n, const char *tag) {
 
 static void emit_content(output_parser *p, delta_builder *d, const char *s, size_t n) {
     if (p->strip_leading) {
-        while (n && is_ws(*s)) s++, n--;
+        while (n && is_ws(*s))
+            s++, n--;
         if (!n) return;
         p->strip_leading = false;
     }
@@ -146,16 +150,19 @@ static bool parse_hermes_call(const char *body, size_t n, delta_builder *d) {
     return ok;
 }
 
-/* the whole Llama reply: one object, or several separated by ';' or newlines, optional python_tag */
+/* the whole Llama reply: one object, or several separated by ';' or newlines, optional python_tag
+ */
 static bool parse_llama_calls(const char *s, size_t n, delta_builder *d) {
     size_t pl = strlen(PYTHON_TAG);
-    while (n && is_ws(*s)) s++, n--;
+    while (n && is_ws(*s))
+        s++, n--;
     if (n >= pl && memcmp(s, PYTHON_TAG, pl) == 0) s += pl, n -= pl;
     delta_builder tmp = {0};
     size_t i = 0;
     bool any = false;
     while (i < n) {
-        while (i < n && (is_ws(s[i]) || s[i] == ';')) i++;
+        while (i < n && (is_ws(s[i]) || s[i] == ';'))
+            i++;
         if (i >= n) break;
         json_error_t je;
         json_t *obj = json_loadb(s + i, n - i, JSON_DISABLE_EOF_CHECK, &je);
@@ -169,9 +176,11 @@ static bool parse_llama_calls(const char *s, size_t n, delta_builder *d) {
         i += je.position;
     }
     if (any)
-        for (int k = 0; k < tmp.n_calls; k++) add_call(d, tmp.calls[k].name, tmp.calls[k].arguments);
+        for (int k = 0; k < tmp.n_calls; k++)
+            add_call(d, tmp.calls[k].name, tmp.calls[k].arguments);
     else
-        for (int k = 0; k < tmp.n_calls; k++) free(tmp.calls[k].name), free(tmp.calls[k].arguments);
+        for (int k = 0; k < tmp.n_calls; k++)
+            free(tmp.calls[k].name), free(tmp.calls[k].arguments);
     free(tmp.calls);
     return any;
 }
@@ -232,7 +241,8 @@ static void process(output_parser *p, delta_builder *d, bool final) {
         if (p->format == OUTPUT_FORMAT_LLAMA3_JSON) {
             if (p->has_tools && !p->seen_text) {
                 size_t i = 0, tl = strlen(PYTHON_TAG);
-                while (i < n && is_ws(s[i])) i++;
+                while (i < n && is_ws(s[i]))
+                    i++;
                 if (i == n && !final) return; /* only whitespace so far: undecided */
                 const char *rest = s + i;
                 size_t m = n - i;
@@ -240,7 +250,8 @@ static void process(output_parser *p, delta_builder *d, bool final) {
                     p->state = IN_LLAMA_JSON;
                     continue;
                 }
-                if (m && m < tl && !memcmp(rest, PYTHON_TAG, m) && !final) return; /* maybe the tag */
+                if (m && m < tl && !memcmp(rest, PYTHON_TAG, m) && !final)
+                    return; /* maybe the tag */
             }
             emit_content(p, d, s, n);
             consume(b, n);
@@ -275,7 +286,8 @@ static void process(output_parser *p, delta_builder *d, bool final) {
         }
         if (p->after_tool_call) {
             size_t i = 0;
-            while (i < n - hold && is_ws(s[i])) i++;
+            while (i < n - hold && is_ws(s[i]))
+                i++;
             if (i == n - hold) {
                 if (final) consume(b, n); /* trailing whitespace after tool calls is dropped */
                 return;                   /* still only whitespace: keep holding it */
