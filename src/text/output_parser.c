@@ -13,6 +13,7 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,6 +113,57 @@ static void add_call(delta_builder *d, char *name, char *args) {
     d->n_calls++;
 }
 
+/* compact JSON with the shortest round-trip form of each number (jansson prints 0.1 as
+ * 0.10000000000000001, which is not what the model wrote) */
+static void write_json(strbuf *sb, const json_t *j) {
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: {
+        const char *k;
+        json_t *v;
+        int first = 1;
+        strbuf_append_char(sb, '{');
+        json_object_foreach((json_t *)j, k, v) {
+            if (!first) strbuf_append_char(sb, ',');
+            first = 0;
+            json_t *key = json_string(k);
+            write_json(sb, key);
+            json_decref(key);
+            strbuf_append_char(sb, ':');
+            write_json(sb, v);
+        }
+        strbuf_append_char(sb, '}');
+        return;
+    }
+    case JSON_ARRAY: {
+        size_t i;
+        json_t *v;
+        strbuf_append_char(sb, '[');
+        json_array_foreach(j, i, v) {
+            if (i) strbuf_append_char(sb, ',');
+            write_json(sb, v);
+        }
+        strbuf_append_char(sb, ']');
+        return;
+    }
+    case JSON_REAL: {
+        double d = json_real_value(j);
+        char buf[40];
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(buf, sizeof buf, "%.*g", prec, d);
+            if (strtod(buf, NULL) == d) break;
+        }
+        strbuf_append_str(sb, buf);
+        if (!strpbrk(buf, ".eEni")) strbuf_append_str(sb, ".0");
+        return;
+    }
+    default: {
+        char *t = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (t) strbuf_append_str(sb, t);
+        free(t);
+    }
+    }
+}
+
 /* {"name": "...", "arguments"|"parameters": {...} or "<json object>"} -> a call, else false */
 static bool parse_call_object(json_t *obj, delta_builder *d) {
     if (!json_is_object(obj)) return false;
@@ -129,7 +181,9 @@ static bool parse_call_object(json_t *obj, delta_builder *d) {
     }
     bool ok = json_is_object(args);
     if (ok) {
-        char *text = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        strbuf sb = {0};
+        write_json(&sb, args);
+        char *text = strbuf_detach(&sb);
         char *nm = strdup(name);
         if (text && nm)
             add_call(d, nm, text);

@@ -125,6 +125,11 @@ static void test_hermes_tool_calls(void **st) {
           "<think>plan</think>\n\n<tool_call>{\"name\":\"f\",\"parameters\":{\"q\":\"x\"}}</"
           "tool_call>",
           "", "plan", "f({\"q\":\"x\"});");
+    /* numbers keep their shortest form, strings their escapes */
+    check(OUTPUT_FORMAT_HERMES, 0, 1,
+          "<tool_call>{\"name\": \"n\", \"arguments\": {\"x\": 0.1, \"y\": 3.0, \"z\": 1e300, "
+          "\"s\": \"a\\\"b\\n\"}}</tool_call>",
+          "", "", "n({\"x\":0.1,\"y\":3.0,\"z\":1e+300,\"s\":\"a\\\"b\\n\"});");
     /* a missing close tag at the end of generation still yields the call when the JSON is whole */
     check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n",
           "", "", "f({\"a\":1});");
