@@ -276,6 +276,7 @@ static void chat_stream_delta(gen_state *st, const json_t *d, strbuf *out) {
     else json_object_set_new(choice, "logprobs", json_null());
     json_t *c = chunk_base(st, "chat.completion.chunk");
     json_object_set_new(c, "choices", json_pack("[o]", choice));
+    if (st->bench) json_object_set(c, "engine_t_ns", json_object_get(d, "t_ns"));
     gen_sse_data(out, c);
 }
 

@@ -13,6 +13,8 @@
 
 #include <errno.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -385,6 +387,10 @@ api_stream *api_respond_stream(api_request *r, int status, const char *content_t
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     s->client_fd = ci ? ci->connect_fd : -1;
+    /* tokens are small writes that must leave at once: no Nagle delay */
+    int one = 1;
+    if (s->client_fd >= 0)
+        setsockopt(s->client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_reader, s,
                                           stream_free_cb);
