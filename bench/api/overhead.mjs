@@ -6,6 +6,7 @@
 //
 //   node bench/api/overhead.mjs [--model DIR] [--rounds 20] [--tokens 64]
 // Prints one line per round and a summary; exit 1 if a request fails.
+import fs from 'node:fs';
 import path from 'node:path';
 import { startNode } from '../../tests/e2e/lib/node.mjs';
 import { tinyModel } from '../../tests/e2e/lib/models.mjs';
@@ -56,12 +57,21 @@ async function once() {
   return { ttftClient: (first - t0) / 1e6, ttftEngine: stats.ttft_ms, lat, n: lat.length };
 }
 
+// CPU seconds (user + system, all threads, 100 Hz ticks) the node process has used so far.
+const nodeCpu = () => {
+  const f = fs.readFileSync(`/proc/${node.proc.pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  return (Number(f[11]) + Number(f[12])) / 100;
+};
+
 try {
   await once(); // load the runner and warm up
+  const cpu0 = nodeCpu();
+  let total = 0;
   const perToken = [], ttftOver = [];
   for (let i = 0; i < rounds; i++) {
     const r = await once();
     perToken.push(...r.lat);
+    total += r.n;
     ttftOver.push(r.ttftClient - r.ttftEngine);
     console.log(`round ${i + 1}: ${r.n} tokens, token latency median ${median(r.lat).toFixed(3)} ms, ` +
       `TTFT client ${r.ttftClient.toFixed(2)} ms vs engine ${r.ttftEngine.toFixed(2)} ms`);
@@ -69,6 +79,9 @@ try {
   console.log(`\nper-token API overhead (engine emit -> client receives SSE frame): ` +
     `median ${median(perToken).toFixed(3)} ms, p90 ${pct(perToken, 0.9).toFixed(3)} ms, ` +
     `p99 ${pct(perToken, 0.99).toFixed(3)} ms over ${perToken.length} tokens`);
+  const cpu = nodeCpu() - cpu0;
+  console.log(`node process CPU (HTTP + JSON + SSE, runner excluded): ${(cpu * 1e6 / total).toFixed(1)} us ` +
+    `per streamed token (${cpu.toFixed(2)} s for ${total} tokens incl. ${rounds} requests)`);
   console.log(`TTFT overhead (client TTFT - engine submit->first token): ` +
     `median ${median(ttftOver).toFixed(2)} ms, p90 ${pct(ttftOver, 0.9).toFixed(2)} ms`);
 } finally {
