@@ -600,6 +600,19 @@ static int authorized(const api_request *r) {
     return x && !strcmp(x, key);
 }
 
+/* 401 in the error shape of the API the client speaks (Claude and Ollama clients parse theirs). */
+static void respond_unauthorized(api_request *r) {
+    const char *msg = "missing or wrong API key: send 'Authorization: Bearer KEY' or "
+                      "'x-api-key: KEY'";
+    if (!strncmp(r->path, "/v1/messages", 12))
+        api_respond_json(r, 401, json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "type",
+                                           "authentication_error", "message", msg));
+    else if (!strncmp(r->path, "/ollama", 7))
+        api_respond_json(r, 401, json_pack("{s:s}", "error", msg));
+    else
+        api_respond_error(r, 401, "%s", msg);
+}
+
 static void dispatch(api_request *r) {
     if (!strcmp(r->method, "OPTIONS")) {
         const char *want = api_request_header(r, "Access-Control-Request-Headers");
@@ -643,7 +656,7 @@ static void dispatch(api_request *r) {
     if (!best) {
         if (serve_static(r)) return;
         if (!authorized(r)) {
-            api_respond_error(r, 401, "missing or wrong API key: send 'Authorization: Bearer KEY'");
+            respond_unauthorized(r);
             return;
         }
         if (path_matched)
@@ -653,8 +666,7 @@ static void dispatch(api_request *r) {
         return;
     }
     if (!(chosen.flags & API_ROUTE_PUBLIC) && !authorized(r)) {
-        api_respond_error(r, 401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
-                                  "or 'x-api-key: KEY'");
+        respond_unauthorized(r);
         return;
     }
     chosen.handler(r, chosen.ctx);
