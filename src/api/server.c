@@ -749,6 +749,17 @@ api_server *api_server_new(const api_server_options *options) {
     return s;
 }
 
+/* libmicrohttpd's own messages (mostly clients that went away mid-response) are debug noise for
+ * a node; start-up failures are reported by api_server_start itself. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    size_t n = strlen(buf);
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) buf[--n] = 0;
+    log_debug("http: %s", buf);
+}
+
 static void raise_fd_limit(void) {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -769,7 +780,8 @@ int api_server_start(api_server *s, char *err, size_t errlen) {
             MHD_OPTION_CONNECTION_TIMEOUT, s->options.idle_timeout_s,
             MHD_OPTION_CONNECTION_LIMIT, 4096u, MHD_OPTION_PER_IP_CONNECTION_LIMIT, 0u,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512u << 10), MHD_OPTION_LISTENING_ADDRESS_REUSE,
-            1u, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256u << 10), MHD_OPTION_END);
+            1u, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256u << 10),
+            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     }
     if (!s->daemon) {
         snprintf(err, errlen, "cannot listen on port %d (in use, or not permitted); "
