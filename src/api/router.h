@@ -60,6 +60,10 @@ void api_respond_bytes(api_request *r, int status, const char *content_type, con
 /* exo / OpenAI error shape: {"error":{"message","type":<HTTP phrase>,"param":null,"code":status}} */
 void api_respond_error(api_request *r, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Sends len bytes of an open file from offset (zero-copy where the OS allows; large model files
+ * for peer transfer). Takes ownership of fd (closed when the response is done, or on error). */
+void api_respond_file(api_request *r, int status, const char *content_type, int fd,
+                      unsigned long long offset, unsigned long long len);
 /* Adds a header to the response that this request will get (call before api_respond_*). */
 void api_request_add_response_header(api_request *r, const char *name, const char *value);
 /* The standard reason phrase ("Bad Request"), or "Error". */

@@ -258,6 +258,18 @@ void api_request_add_response_header(api_request *r, const char *name, const cha
     r->header_values[r->n_headers++] = strdup(value);
 }
 
+void api_respond_file(api_request *r, int status, const char *content_type, int fd,
+                      unsigned long long offset, unsigned long long len) {
+    struct MHD_Response *resp = MHD_create_response_from_fd_at_offset64(len, fd, offset);
+    if (!resp) {
+        close(fd);
+        api_respond_error(r, 500, "cannot send the file");
+        return;
+    }
+    if (content_type) MHD_add_response_header(resp, "Content-Type", content_type);
+    queue(r, status, resp);
+}
+
 void api_respond_bytes(api_request *r, int status, const char *content_type, const void *data,
                        size_t len) {
     struct MHD_Response *resp =

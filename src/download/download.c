@@ -108,15 +108,22 @@ static int md_verify(plan_file *pf, char *got, size_t gotlen) {
 /* Re-hashes the bytes already in .partial (after a restart). Returns 0 or -1. */
 static int md_catch_up(plan_file *pf, uint64_t upto) {
     md_reset(pf);
-    static __thread unsigned char buf[1 << 20];
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = upto ? malloc(CHUNK) : NULL; /* not on the stack: threads may be small */
+    if (upto && !buf) return -1;
+    int rc = 0;
     while (pf->offset < upto) {
-        size_t want = upto - pf->offset < sizeof buf ? (size_t)(upto - pf->offset) : sizeof buf;
+        size_t want = upto - pf->offset < CHUNK ? (size_t)(upto - pf->offset) : CHUNK;
         ssize_t r = pread(pf->fd, buf, want, (off_t)pf->offset);
-        if (r <= 0) return -1;
+        if (r <= 0) {
+            rc = -1;
+            break;
+        }
         EVP_DigestUpdate(pf->md, buf, (size_t)r);
         pf->offset += (uint64_t)r;
     }
-    return 0;
+    free(buf);
+    return rc;
 }
 
 /* ---- paths ---- */

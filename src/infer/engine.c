@@ -5,8 +5,9 @@
  *   2. decode: every running sequence whose prompt is done contributes its one pending token;
  *      when the cache has no block for it, the newest running sequence is preempted (its blocks
  *      freed, it goes back to waiting and is recomputed later: outputs do not change);
- *   3. prefill: sequences still processing their prompt (oldest first), then waiting ones while
- *      fewer than max_sequences run, take chunks of what is left of max_batch_tokens;
+ *   3. prefill: sequences still processing their prompt, then waiting ones while fewer than
+ *      max_sequences run, take chunks of what is left of max_batch_tokens -- short remainders
+ *      first, so a short request arriving during a long prefill starts at the next step;
  *   4. one forward over the flat batch; every sequence whose chunk reached its last known token
  *      samples its next token.
  * Refuses: prompts that cannot fit the context or the whole cache (engine_submit fails). */
@@ -44,6 +45,11 @@ typedef struct sequence {
     int ban_eos;
     int32_t *blocks; /* block table */
     int n_blocks, blocks_cap;
+    int no_prefix_cache;
+    int n_hashed;       /* leading full blocks whose chain hash is known (and registered) */
+    uint64_t last_hash; /* chain hash of block n_hashed - 1 (0 before the first) */
+    int cached_tokens;  /* prompt tokens served from the prefix cache at admission */
+    int admitted;       /* has been admitted once (cached_tokens is final) */
     /* this step */
     int chunk;       /* tokens in the batch */
     int logit_index; /* row in logits, or -1 */
@@ -96,7 +102,14 @@ static int open_kv(engine *e, const engine_options *o, char *err, size_t errlen)
     const model_config *c = &e->cfg;
     int n_local = e->w.layer_end - e->w.layer_start;
     int64_t kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
-    dtype type = DTYPE_F32;
+    dtype type = DTYPE_F16;
+    const char *name = o->kv_cache_dtype;
+    if (name && !strcmp(name, "f32")) type = DTYPE_F32;
+    else if (name && !strcmp(name, "bf16")) type = DTYPE_BF16;
+    else if (name && strcmp(name, "f16")) {
+        set_err(err, errlen, "KV cache dtype '%.16s' is not one of f16, bf16, f32", name);
+        return -1;
+    }
     size_t block_bytes = kv_cache_block_bytes(n_local, kv_dim, e->block_size, type);
     size_t bytes = o->kv_cache_bytes;
     if (!bytes) { /* enough for every sequence at full context, within a quarter of free RAM */
@@ -173,7 +186,7 @@ fail:
 }
 
 static void seq_free(engine *e, sequence *s) {
-    for (int i = 0; i < s->n_blocks; i++) kv_cache_free_block(e->kv, s->blocks[i]);
+    for (int i = 0; i < s->n_blocks; i++) kv_cache_release_block(e->kv, s->blocks[i]);
     free(s->blocks);
     free(s->tokens);
     free(s->stops);
@@ -214,7 +227,8 @@ void engine_get_stats(const engine *e, engine_stats *out) {
         else out->n_waiting++;
     }
     out->kv_blocks_total = e->kv->n_blocks;
-    out->kv_blocks_free = e->kv->n_free;
+    out->kv_blocks_free = kv_cache_available(e->kv);
+    out->kv_blocks_cached = e->kv->n_cached;
     out->kv_block_tokens = e->block_size;
     out->preemptions = e->preemptions;
 }
@@ -288,6 +302,7 @@ int engine_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err
     if (r->n_stop_tokens > 0)
         memcpy(s->stops + e->info.n_eos, r->stop_tokens, (size_t)r->n_stop_tokens * 4);
     s->ban_eos = r->ban_eos;
+    s->no_prefix_cache = r->no_prefix_cache;
     s->sampling = r->sampling;
     sampler_rng_seed(&s->rng, r->sampling.seed);
     e->seqs[e->n_seqs++] = s;
@@ -320,9 +335,11 @@ void engine_cancel(engine *e, uint64_t seq_id) {
 
 /* Frees a sequence's cache and sends it back to waiting: it is recomputed when readmitted. */
 static void preempt(engine *e, sequence *s) {
-    for (int i = 0; i < s->n_blocks; i++) kv_cache_free_block(e->kv, s->blocks[i]);
+    for (int i = 0; i < s->n_blocks; i++) kv_cache_release_block(e->kv, s->blocks[i]);
     s->n_blocks = 0;
     s->n_computed = 0;
+    s->n_hashed = 0;
+    s->last_hash = 0;
     s->state = SEQ_WAITING;
     e->preemptions++;
 }
@@ -344,6 +361,44 @@ static int ensure_blocks(engine *e, sequence *s, int n_pos) {
         s->blocks[s->n_blocks++] = b;
     }
     return 0;
+}
+
+/* Admission: shares the cached blocks that hold s's leading full blocks of tokens. At least one
+ * token is always left to compute, so the step has logits to sample from. */
+static void take_cached_prefix(engine *e, sequence *s) {
+    int bs = e->block_size;
+    int max_hits = (s->n_tokens - 1) / bs;
+    if (s->no_prefix_cache) return;
+    if (max_hits > 0 && s->blocks_cap < max_hits) {
+        int32_t *n = realloc(s->blocks, (size_t)max_hits * 2 * sizeof *n);
+        if (!n) return;
+        s->blocks = n;
+        s->blocks_cap = max_hits * 2;
+    }
+    while (s->n_blocks < max_hits) {
+        const int32_t *tok = s->tokens + (size_t)s->n_blocks * bs;
+        uint64_t h = kv_cache_chain_hash(s->last_hash, tok, bs);
+        int32_t b = kv_cache_lookup(e->kv, h, s->last_hash, tok);
+        if (b < 0) break;
+        s->blocks[s->n_blocks++] = b;
+        s->last_hash = h;
+        s->n_hashed = s->n_blocks;
+        s->n_computed = s->n_blocks * bs;
+    }
+    if (!s->admitted) s->cached_tokens = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
+    s->admitted = 1;
+}
+
+/* Registers the blocks s has completed since the last step in the prefix cache. */
+static void register_full_blocks(engine *e, sequence *s) {
+    int bs = e->block_size;
+    while ((s->n_hashed + 1) * bs <= s->n_computed) {
+        const int32_t *tok = s->tokens + (size_t)s->n_hashed * bs;
+        uint64_t h = kv_cache_chain_hash(s->last_hash, tok, bs);
+        if (!s->no_prefix_cache) kv_cache_register(e->kv, s->blocks[s->n_hashed], h, s->last_hash, tok);
+        s->last_hash = h;
+        s->n_hashed++;
+    }
 }
 
 /* The newest running sequence holding blocks that is not already in this step's batch. */
@@ -383,23 +438,35 @@ static int plan_batch(engine *e, int max_members) {
         budget--;
         e->b_members[n_members++] = s;
     }
-/* prefill: running sequences mid-prompt, then admissions, oldest first */
-    for (int pass = 0; pass < 2; pass++) {
+/* prefill, in four passes so a short prompt never waits behind a long one: short remainders
+     * (<= a quarter of the budget) of running then waiting sequences, then long remainders of
+     * running then waiting ones, each pass oldest first */
+    int short_limit = e->max_batch_tokens / 4 > 0 ? e->max_batch_tokens / 4 : 1;
+    int admission_stuck = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        int want_waiting = pass % 2, want_short = pass < 2;
+        if (want_waiting && admission_stuck) continue;
         for (int i = 0; i < e->n_seqs && budget > 0 && n_members < max_members; i++) {
             sequence *s = e->seqs[i];
-            if (s->chunk || s->n_tokens - s->n_computed < 1) continue;
-            if (pass == 0 && (s->state != SEQ_RUNNING || s->n_tokens - s->n_computed == 1))
-                continue;
-            if (pass == 1 && s->state != SEQ_WAITING) continue;
-            if (pass == 1 && running >= e->max_sequences) break;
             int left = s->n_tokens - s->n_computed;
+            if (s->chunk || left < 1 || (left <= short_limit) != want_short) continue;
+            if (want_waiting != (s->state == SEQ_WAITING)) continue;
+            if (!want_waiting && left == 1) continue; /* decode, handled above */
+            if (want_waiting && running >= e->max_sequences) break;
+            if (want_waiting && s->n_blocks == 0) take_cached_prefix(e, s);
+            left = s->n_tokens - s->n_computed;
             int chunk = left < budget ? left : budget;
             if (ensure_blocks(e, s, s->n_computed + chunk) != 0) {
                 int have = s->n_blocks * e->block_size - s->n_computed;
                 chunk = have < chunk ? have : chunk;
             }
             if (chunk <= 0) {
-                if (pass == 1) break; /* keep arrival order: nobody overtakes a stuck request */
+                if (want_waiting) { /* keep arrival order: nobody overtakes a stuck request */
+                    preempt(e, s); /* hand back shared prefix blocks while waiting */
+                    e->preemptions--;
+                    admission_stuck = 1;
+                    break;
+                }
                 continue;
             }
             if (s->state == SEQ_WAITING) running++;
@@ -517,6 +584,7 @@ int engine_step(engine *e, engine_event *events, int max_events) {
     for (int m = 0; m < n_members; m++) {
         sequence *s = e->b_members[m];
         s->n_computed += s->chunk;
+        register_full_blocks(e, s);
         engine_finish fin = ENGINE_FINISH_NONE;
         engine_event *ev = NULL;
         if (s->logit_index >= 0 || n_ev < max_events) {
@@ -525,6 +593,7 @@ int engine_step(engine *e, engine_event *events, int max_events) {
             ev->seq_id = s->id;
             ev->token = -1;
             ev->prompt_tokens = s->n_prompt;
+            ev->cached_tokens = s->cached_tokens;
             ev->prefill_done = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
         }
         if (s->logit_index >= 0) fin = sample_next(e, s, ev);

@@ -22,6 +22,7 @@ typedef struct engine_options {
     const char *model_dir;  /* Hugging Face layout: config.json, *.safetensors, tokenizer files */
     int n_threads;          /* 0 = all cores */
     size_t kv_cache_bytes;  /* 0 = automatic (a fraction of free memory) */
+    const char *kv_cache_dtype; /* "f16" (NULL = default), "bf16" or "f32" */
     int max_batch_tokens;   /* tokens per forward step (prefill chunk), 0 = default 512 */
     int max_sequences;      /* concurrent sequences, 0 = default 64 */
     int context_length;     /* 0 = the model's own max_position_embeddings */
@@ -113,7 +114,8 @@ typedef struct engine_stats {
     int n_running;       /* sequences holding KV blocks this step */
     int n_waiting;       /* queued (not yet admitted, or preempted) */
     int kv_blocks_total;
-    int kv_blocks_free;
+    int kv_blocks_free;  /* allocatable now: unused + cached (evictable) */
+    int kv_blocks_cached; /* unused blocks kept for the prefix cache */
     int kv_block_tokens; /* tokens per block */
     uint64_t preemptions; /* since open */
 } engine_stats;

@@ -147,7 +147,7 @@ static enum store_state manifest_state(const char *dir, json_t *m) {
 
 /* A directory exo did not download: config.json plus the weights the index names. */
 static enum store_state foreign_state(const char *dir) {
-    if (!file_size_is(dir, "config.json", -1)) return STORE_PARTIAL;
+    if (!file_size_is(dir, "config.json", -1)) return STORE_ABSENT; /* not a model dir */
     char path[STORE_PATH_MAX * 2];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     json_error_t je;
@@ -272,9 +272,10 @@ void store_list(const model_store *s, store_list_fn fn, void *ud) {
         struct dirent *e;
         while ((e = readdir(d))) {
             const char *sep = strstr(e->d_name, "--");
-            if (!sep || e->d_name[0] == '.') continue;
+            if (e->d_name[0] == '.') continue;
             char id[200];
-            int w = snprintf(id, sizeof id, "%.*s/%s", (int)(sep - e->d_name), e->d_name, sep + 2);
+            int w = sep ? snprintf(id, sizeof id, "%.*s/%s", (int)(sep - e->d_name), e->d_name, sep + 2)
+                        : snprintf(id, sizeof id, "%s", e->d_name); /* a bare local name */
             if (w < 0 || (size_t)w >= sizeof id || store_id_valid(id, NULL, 0) < 0) continue;
             int dup = 0;
             for (int k = 0; k < n_seen && !dup; k++) dup = !strcmp(seen[k], id);

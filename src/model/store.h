@@ -4,7 +4,7 @@
  * models dir: --models-dir / EXO_MODELS_DIR); others are searched read-only (--models-path /
  * EXO_MODELS_PATH, colon-separated). An absolute path to a model directory also names a model.
  *
- * A model is complete when its manifest (".exo-manifest.json", written by download/ after
+ * A directory without a manifest or config.json is not a model. A model is complete when its manifest (".exo-manifest.json", written by download/ after
  * every file was verified) lists files that are all present with their recorded sizes, or —
  * for a directory exo did not download — when config.json is there and every file named by
  * model.safetensors.index.json (or a single model.safetensors) is present.

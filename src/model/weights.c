@@ -67,7 +67,7 @@ static int check_shape(const safetensors_tensor *t, int n_stack, int64_t rows, i
 static int load_matrices(const safetensors_set *st, const char *prefix, int n_stack, int64_t rows,
                          int64_t cols, int vector, weight_matrix *out, char *err, size_t errlen) {
     char name[512];
-    snprintf(name, sizeof name, "%s.weight", prefix);
+    snprintf(name, sizeof name, "%.400s.weight", prefix);
     const safetensors_tensor *w = safetensors_set_find(st, name);
     if (!w) {
         set_err(err, errlen, "model is missing tensor '%s'", name);
@@ -88,9 +88,9 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
                 w->file, name, safetensors_dtype_name(w->dtype));
         return -1;
     }
-    snprintf(name, sizeof name, "%s.scales", prefix);
+    snprintf(name, sizeof name, "%.400s.scales", prefix);
     const safetensors_tensor *s = safetensors_set_find(st, name);
-    snprintf(name, sizeof name, "%s.biases", prefix);
+    snprintf(name, sizeof name, "%.400s.biases", prefix);
     const safetensors_tensor *b = safetensors_set_find(st, name);
     if (!s || !b) {
         set_err(err, errlen, "%s: tensor '%s' is U32 but '%s.scales'/'%s.biases' are missing",
@@ -148,7 +148,7 @@ static int load_vector(const safetensors_set *st, const char *prefix, int64_t n,
 static int load_bias(const safetensors_set *st, const char *prefix, int64_t n, weight_matrix *out,
                      char *err, size_t errlen) {
     char name[512];
-    snprintf(name, sizeof name, "%s.bias", prefix);
+    snprintf(name, sizeof name, "%.400s.bias", prefix);
     const safetensors_tensor *t = safetensors_set_find(st, name);
     if (!t) {
         set_err(err, errlen, "model is missing tensor '%s'", name);

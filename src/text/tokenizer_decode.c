@@ -128,22 +128,17 @@ static void run_decoder(const tok_decoder *d, const tok_list *in, tok_list *out,
         break;
     }
     case TOK_DEC_METASPACE:
+        /* HF drops every replacement char of the text's first token (not only a leading one) */
         for (size_t i = 0; i < in->n; i++) {
             const char *s = list_tok(in, i, &len);
-            size_t mark = out->data.len;
+            int drop = i == 0 && at_start && d->prepend != TOK_PREPEND_NEVER;
             for (size_t j = 0; j < len;) {
                 if (j + d->replacement_len <= len && !memcmp(s + j, d->replacement, d->replacement_len)) {
-                    strbuf_append_char(&out->data, ' ');
+                    if (!drop) strbuf_append_char(&out->data, ' ');
                     j += d->replacement_len;
                 } else {
                     strbuf_append_char(&out->data, s[j++]);
                 }
-            }
-            if (i == 0 && at_start && d->prepend != TOK_PREPEND_NEVER && out->data.len > mark &&
-                out->data.data[mark] == ' ') {
-                memmove(out->data.data + mark, out->data.data + mark + 1, out->data.len - mark - 1);
-                out->data.len--;
-                out->data.data[out->data.len] = 0;
             }
             list_end_token(out);
         }

@@ -38,3 +38,22 @@ test('a second request reuses the cached model', async () => {
   assert.equal(await tinyModel('qwen3-tiny'), dir);
   assert.equal(fs.statSync(path.join(dir, 'model.safetensors')).mtimeMs, before);
 });
+
+// The committed transformers fixtures describe exactly these weights: if mkmodel's output ever
+// changes, the fixtures must be regenerated (tools/reference/README.md).
+test('tiny models match the weights the reference fixtures were made from', async () => {
+  const { createHash } = await import('node:crypto');
+  const { repoRoot } = await import('./lib/exo.mjs');
+  const dir = path.join(repoRoot, 'tests/fixtures/reference');
+  const names = tinyModelNames();
+  let checked = 0;
+  for (const f of fs.readdirSync(dir).filter((f) => f.endsWith('.json'))) {
+    const fixture = JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8'));
+    assert.ok(names.includes(fixture.model), `${f}: model ${fixture.model} is not in tiny-models.json`);
+    const model = await tinyModel(fixture.model);
+    const sha = createHash('sha256').update(fs.readFileSync(path.join(model, 'model.safetensors'))).digest('hex');
+    assert.equal(sha, fixture.safetensors_sha256, `${fixture.model}: weights differ from the fixture's`);
+    checked++;
+  }
+  assert.equal(checked, names.length, 'every tiny model has a fixture');
+});

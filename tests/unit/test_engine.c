@@ -196,10 +196,10 @@ static void run_one(engine *e, const engine_request *r, stream *out, engine_even
 
 static void test_preemption_small_cache(void **s) {
     (void)s;
-    /* 2 layers * 2 (K,V) * 32 kv dims * 16 tokens * 4 bytes = 8 KiB per block. With 6 blocks
+    /* 2 layers * 2 (K,V) * 32 kv dims * 16 tokens * 2 bytes (f16) = 4 KiB per block. With 6 blocks
      * the five requests take turns; with 4, two 20-token prompts growing to 50 tokens each
      * (4 blocks each) cannot both stay: one is preempted, recomputed, and still agrees. */
-    engine *e = open_engine(16, 6 * 8192);
+    engine *e = open_engine(16, 6 * 4096);
     stream got[N_REQ] = {0};
     drive(e, got, NULL, -1, -1, reqs);
     expect_same(got, -1);
@@ -222,7 +222,7 @@ static void test_preemption_small_cache(void **s) {
         engine_close(e);
         assert_int_equal(solo[k].n, 30);
     }
-    e = open_engine(64, 4 * 8192);
+    e = open_engine(64, 4 * 4096);
     for (int k = 0; k < 2; k++) assert_int_equal(engine_submit(e, (uint64_t)k, &r[k], err, sizeof err), 0);
     engine_event ev[8];
     while (engine_pending(e)) {
@@ -322,12 +322,129 @@ static void test_rejects_bad_requests(void **s) {
     engine_close(e);
 }
 
+/* Every KV dtype serves requests; an unknown one is refused by name. f32 and f16 caches give
+ * the same greedy tokens on this model (its logit gaps are far above f16 rounding). */
+static void test_kv_dtypes(void **s) {
+    (void)s;
+    const char *types[] = {"f32", "bf16", "f16"};
+    for (int i = 0; i < 3; i++) {
+        engine_options o = {.model_dir = model_dir, .n_threads = 1, .kv_cache_dtype = types[i]};
+        char err[256];
+        engine *e = engine_open(&o, err, sizeof err);
+        assert_non_null(e);
+        stream got;
+        run_one(e, &reqs[2], &got, NULL);
+        assert_int_equal(got.n, MAX_TOK);
+        if (i != 1) assert_memory_equal(got.tokens, alone[2].tokens, MAX_TOK * sizeof(int32_t));
+        engine_close(e);
+    }
+    engine_options o = {.model_dir = model_dir, .kv_cache_dtype = "q9"};
+    char err[256];
+    assert_null(engine_open(&o, err, sizeof err));
+    assert_non_null(strstr(err, "q9"));
+}
+
+/* Runs r to the end as sequence `id`; returns the cached_tokens reported. */
+static int run_cached(engine *e, const engine_request *r, stream *out) {
+    char err[256];
+    engine_event ev[8];
+    int cached = -1;
+    memset(out, 0, sizeof *out);
+    assert_int_equal(engine_submit(e, 5, r, err, sizeof err), 0);
+    while (engine_pending(e)) {
+        int n = engine_step(e, ev, 8);
+        assert_true(n >= 0);
+        for (int i = 0; i < n; i++) {
+            if (ev[i].token >= 0) out->tokens[out->n++] = ev[i].token;
+            cached = ev[i].cached_tokens;
+        }
+    }
+    return cached;
+}
+
+static void test_prefix_cache(void **s) {
+    (void)s;
+    engine *e = open_engine(16, 0);
+    stream a, b, c;
+    /* 40-token prompt: blocks 0 and 1 (32 tokens) are full and get cached */
+    assert_int_equal(run_cached(e, &reqs[2], &a), 0);
+    assert_memory_equal(a.tokens, alone[2].tokens, MAX_TOK * sizeof(int32_t));
+    assert_int_equal(run_cached(e, &reqs[2], &b), 32);
+    assert_memory_equal(b.tokens, alone[2].tokens, MAX_TOK * sizeof(int32_t));
+    engine_stats st;
+    engine_get_stats(e, &st);
+    assert_true(st.kv_blocks_cached >= 3);
+    assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+    /* a second turn: the first conversation plus its answer plus new tokens */
+    int32_t turn2[80];
+    memcpy(turn2, prompts[2], 40 * sizeof(int32_t));
+    memcpy(turn2 + 40, a.tokens, MAX_TOK * sizeof(int32_t));
+    for (int i = 0; i < 8; i++) turn2[52 + i] = 7 + i;
+    engine_request r = greedy_request(turn2, 60);
+    int cached = run_cached(e, &r, &c);
+    assert_true(cached >= 48); /* 40 prompt + 11 computed outputs = 51 -> 3 full blocks */
+    /* the same turn without the cache gives the same tokens */
+    stream d;
+    r.no_prefix_cache = 1;
+    assert_int_equal(run_cached(e, &r, &d), 0);
+    assert_memory_equal(c.tokens, d.tokens, MAX_TOK * sizeof(int32_t));
+    engine_close(e);
+}
+
+/* A cache of 8 blocks, prompts that need 3-4 each: cached blocks are evicted, never reused
+ * wrongly, and all of them come back. */
+static void test_prefix_cache_eviction(void **s) {
+    (void)s;
+    engine *e = open_engine(16, 8 * 4096);
+    for (int round = 0; round < 3; round++) {
+        for (int k = 0; k < N_REQ; k++) {
+            stream got;
+            run_cached(e, &reqs[k], &got);
+            assert_int_equal(got.n, MAX_TOK);
+            assert_memory_equal(got.tokens, alone[k].tokens, MAX_TOK * sizeof(int32_t));
+        }
+    }
+    engine_stats st;
+    engine_get_stats(e, &st);
+    assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+    engine_close(e);
+}
+
+/* A short request arriving during a long chunked prefill gets its first token at the next step,
+ * while the long prompt keeps advancing; both still produce their solo tokens. */
+static void test_short_request_not_stuck_behind_long_prefill(void **s) {
+    (void)s;
+    engine *e = open_engine(32, 0);
+    int32_t longp[200];
+    for (int i = 0; i < 200; i++) longp[i] = 4 + (i * 11) % 90;
+    engine_request rl = greedy_request(longp, 200), rs = reqs[0];
+    rl.max_tokens = 4;
+    char err[256];
+    engine_event ev[16];
+    assert_int_equal(engine_submit(e, 1, &rl, err, sizeof err), 0);
+    assert_true(engine_step(e, ev, 16) >= 0); /* first chunk of the long prompt */
+    assert_int_equal(engine_submit(e, 2, &rs, err, sizeof err), 0);
+    int n = engine_step(e, ev, 16), short_token = 0, long_progress = 0;
+    for (int i = 0; i < n; i++) {
+        if (ev[i].seq_id == 2 && ev[i].token >= 0) short_token = ev[i].token == alone[0].tokens[0];
+        if (ev[i].seq_id == 1) long_progress = ev[i].prefill_done;
+    }
+    assert_true(short_token);
+    assert_true(long_progress > 32 && long_progress < 200);
+    while (engine_pending(e)) assert_true(engine_step(e, ev, 16) >= 0);
+    expect_no_leak(e);
+    engine_close(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alone_streams_differ), cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_staggered_arrivals),   cmocka_unit_test(test_cancel_mid_stream),
         cmocka_unit_test(test_preemption_small_cache), cmocka_unit_test(test_seed_reproducible),
         cmocka_unit_test(test_stop_and_logprobs),    cmocka_unit_test(test_rejects_bad_requests),
+        cmocka_unit_test(test_kv_dtypes),            cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_prefix_cache_eviction),
+        cmocka_unit_test(test_short_request_not_stuck_behind_long_prefill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

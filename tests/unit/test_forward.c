@@ -13,6 +13,12 @@
 #include "infer/kv_cache.h"
 
 #define N_TOK 21
+/* Dense weights: the fast kernels compute in f32 like the reference, so logits agree to float
+ * rounding (1e-5 of the largest logit). MLX-quantized weights: the AVX-512 matvec rounds each
+ * group of activations to int16 (relative error 2^-16 per value) to use integer dot products;
+ * through 2 layers that stays under 5e-4 of the largest logit, still far below the 1e-3 logprob
+ * bar against transformers. */
+#define QUANT_TOL 5e-4
 #define BS 4
 
 static const tiny_spec base_llama = {
@@ -164,7 +170,7 @@ static void test_qwen3_mlx_quant(void **s) {
         sp.tie = i % 2; /* quantized tied embedding as lm_head */
         char name[64];
         snprintf(name, sizeof name, "qwen3_q%d", bits[i]);
-        check_spec(&sp, name, 1e-5);
+        check_spec(&sp, name, QUANT_TOL);
     }
 }
 
@@ -184,7 +190,7 @@ static void test_qwen3_moe_layouts(void **s) {
     check_spec(&sp, "moe_stacked", 1e-5);
     sp.quant_bits = 4;
     sp.group_size = 32;
-    check_spec(&sp, "moe_stacked_q4", 1e-5);
+    check_spec(&sp, "moe_stacked_q4", QUANT_TOL);
 }
 
 /* Layers [0,1) then [1,2): hidden states passed between stages give the same logits. */

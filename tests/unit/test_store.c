@@ -153,12 +153,18 @@ static void test_list(void **state) {
     assert_int_equal(store_init(&s, models, NULL, err, sizeof err), 0);
     snprintf(d, sizeof d, "%s/a--one", models);
     write_file(d, "config.json", "{}");
+    snprintf(d, sizeof d, "%s/bare-model", models);
+    write_file(d, "config.json", "{}");
     snprintf(d, sizeof d, "%s/not-a-model", models);
+    write_file(d, "notes.txt", "no config");
+    snprintf(d, sizeof d, "%s/bad name", models);
     write_file(d, "config.json", "{}");
     struct seen seen = {0};
     store_list(&s, on_model, &seen);
-    assert_int_equal(seen.n, 1);
-    assert_string_equal(seen.ids[0], "a/one");
+    assert_int_equal(seen.n, 2);
+    int one = !strcmp(seen.ids[0], "a/one") || !strcmp(seen.ids[1], "a/one");
+    int bare = !strcmp(seen.ids[0], "bare-model") || !strcmp(seen.ids[1], "bare-model");
+    assert_true(one && bare);
 }
 
 int main(void) {

@@ -3,6 +3,7 @@
  *                [--retries N] [--backoff-ms N] [--interval-ms N] [--json] [--min-free BYTES]
  *   download serve --models-dir DIR [--models-path P] --port N   (peer-transfer routes only)
  *   download search QUERY [--limit N]
+ *   download delete MODEL --models-dir DIR
  * `get` prints progress (a bar, or one JSON object per line with --json) and exits with the
  * download_error code (0 = ok). SIGINT/SIGTERM cancel a download (exit 6). */
 #include "download/download.h"
@@ -133,6 +134,17 @@ static int cmd_serve(int argc, char **argv) {
     return 0;
 }
 
+static int cmd_delete(int argc, char **argv) {
+    if (argc < 4 || strcmp(argv[2], "--models-dir")) return usage();
+    model_store st;
+    char err[512];
+    if (store_init(&st, argv[3], NULL, err, sizeof err) < 0 || store_delete(&st, argv[1], err, sizeof err) < 0) {
+        fprintf(stderr, "download: %s\n", err);
+        return DOWNLOAD_ERR_BAD_INPUT;
+    }
+    return 0;
+}
+
 static int cmd_search(int argc, char **argv) {
     if (argc < 2) return usage();
     int limit = 20;
@@ -158,5 +170,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "get")) return cmd_get(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(argv[1], "search")) return cmd_search(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "delete")) return cmd_delete(argc - 1, argv + 1);
     return usage();
 }

@@ -18,9 +18,11 @@ strftime_now. render() gets messages, tools (None when absent), documents=None,
 add_generation_prompt, the special tokens, and any extra kwargs (enable_thinking only when set).
 transformers does not rewrite tool-call arguments: they reach the template as given.
 """
+import copy
 import json
 import os
 import random
+import re
 import sys
 from datetime import datetime
 
@@ -65,6 +67,11 @@ def make_env():
 
 
 ENV = make_env()
+# Jinja2 folds constant sub-expressions at compile time, and folding follows slightly different
+# rules (a failing constant slice becomes Undefined instead of a TypeError). Random expressions
+# whose result depends on that are skipped: their output differs between these two environments.
+ENV_UNOPTIMIZED = make_env()
+ENV_UNOPTIMIZED.optimized = False
 
 
 def token_text(t):
@@ -366,13 +373,185 @@ FEATURES = [
     ("only_whitespace_tags", "  {% if true %}  {% endif %}  ", {}),
     ("nested_ternary_filter", "{{ (x | default('d')) if y else 'n' }}", {"y": 1}),
     ("subscript_call_result", "{{ 'a b'.split()[1] }} {{ range(5)[2:] | list }}", {}),
+    ("more_floats", "{{ 1.0 }} {{ -0.0 }} {{ 1e100 }} {{ 0.0001 }} {{ 0.00001 }} {{ 10 / 4 }} {{ 2 ** -1 }} {{ 7.5 // 2 }} {{ -7.5 % 2 }} {{ 1e15 }} {{ 123456789.123456789 }}", {}),
+    ("precedence", "{{ 1 + 2 * 3 ** 2 }} {{ -2 ** 2 }} {{ not true == false }} {{ 2 * 3 % 4 }} {{ 10 - 2 - 3 }} {{ 2 ** 2 ** 3 }}", {}),
+    ("concat_vs_plus_fails", "{{ 'a' ~ 1 + 2 }}", {}),
+    ("concat_precedence", "{{ 1 + 2 ~ 3 }}", {}),
+    ("tests_misc", "{{ none is sameas none }} {{ 'x' is escaped }} {{ 'upper' is filter }} {{ 'odd' is test }} {{ 'nope' is filter }}", {}),
+    ("items_undefined", "[{% for k, v in nope | items %}{{ k }}{% endfor %}]", {}),
+    ("first_of_dict", "{{ {'a': 1, 'b': 2} | first }} {{ {'a': 1} | join }}", {}),
+    ("tojson_values", "{{ [1.0, 1e-7, 2.5e300, -0.0, 10, true, none, 'x'] | tojson }} {{ (1, 2) | tojson }} {{ {1: 'a', 2.5: 'b', true: 'c', none: 'd'} | tojson }}", {}),
+    ("tojson_nested_indent", "{{ d | tojson(indent=4) }}", {"d": {"a": [1, {"b": [], "c": {}}], "e": "ü\u0001\t"}}),
+    ("tojson_ensure_ascii", "{{ 'é🙂' | tojson(true) }} {{ 'é' | tojson(ensure_ascii=true) }}", {}),
+    ("namespace_print", "{% set ns = namespace(a=1) %}{{ ns }}", {}),
+    ("percent_none", "{{ '%s|%s' % (none, true) }} {{ '%d%%' % 5 }}", {}),
+    ("unicode_case", "{{ 'ß'.upper() }} {{ 'ǆ'.title() }} {{ 'ÉCOLE'.lower() }} {{ 'straße' | upper }}", {}),
+    ("unicode_strip", "[{{ '\u00a0 x \u3000'.strip() }}] [{{ '\u200b x'.strip() }}]", {}),
+    ("wordcount_punct", "{{ '... !!! ---' | wordcount }} {{ 'a.b,c' | wordcount }}", {}),
+    ("list_unicode", "{{ 'é🙂a' | list }} {{ 'é🙂a' | length }}", {}),
+    ("length_undefined_attr", "{{ d.nope | length }}", {"d": {}}),
+    ("reverse_dict_list", "{{ {'a': 1, 'b': 2} | reverse | list }}", {}),
+    ("for_unpack_lists", "{% for a, b in [[1, 2], [3, 4]] %}{{ a + b }}{% endfor %}", {}),
+    ("for_unpack_wrong_len_fails", "{% for a, b in [[1, 2, 3]] %}{{ a }}{% endfor %}", {}),
+    ("none_string", "{{ none | string }}{{ none ~ '' }}{{ none | default('d') }}", {}),
+    ("and_with_filter", "{{ 'abc' is string and 'abc' | length > 2 }}", {}),
+    ("raw_ws", "a\n  {%- raw -%}\n  {{ x }}\n  {%- endraw -%}\n  b", {}),
+    ("comment_ws", "a\n  {#- c -#}\n  b\n  {# d #}\n  c", {}),
+    ("var_ws_newlines", "a\n{{- 'x' -}}\nb\n{{ 'y' }}\nc", {}),
+    ("tabs_lstrip", "x\n\t \t{% if true %}y{% endif %}\n", {}),
+    ("block_at_start_indented", "   {% if true %}a{% endif %}", {}),
+    ("macro_default_uses_param", "{% macro m(a, b=a ~ '!') %}{{ b }}{% endmacro %}{{ m('x') }}", {}),
+    ("macro_in_loop_sees_loop", "{% macro m() %}{{ v }}{% endmacro %}{% for v in [1, 2] %}{{ m() }}{% endfor %}", {}),
+    ("macro_caller_loop", "{% macro list(items) %}<ul>{% for i in items %}<li>{{ caller(i, loop.index) }}</li>{% endfor %}</ul>{% endmacro %}{% call(item, n) list(['a', 'b']) %}{{ n }}{{ item | upper }}{% endcall %}", {}),
+    ("set_in_macro_local", "{% set x = 1 %}{% macro m() %}{% set x = 2 %}{{ x }}{% endmacro %}{{ m() }}{{ x }}", {}),
+    ("loop_filtered_prev", "{% for x in range(6) if x is even %}{{ loop.previtem }}>{{ x }}/{{ loop.revindex }} {% endfor %}", {}),
+    ("inline_if_no_else_concat", "{{ 'a' ~ ('b' if false) ~ 'c' }}", {}),
+    ("string_compare_unicode", "{{ 'é' > 'z' }} {{ ['b', 'a'] | sort | first }} {{ 'B' < 'a' }}", {}),
+    ("dict_iteration_order", "{% for k in d %}{{ k }}{% endfor %}", {"d": {"z": 1, "a": 2, "m": 3}}),
+    ("nested_namespace_list", "{% set ns = namespace(items=[]) %}{% for i in range(3) %}{% set ns.items = ns.items + [i * i] %}{% endfor %}{{ ns.items }}", {}),
+    ("tool_schema_walk", "{% for name, p in tool.parameters.properties | dictsort %}{{ name }}:{{ p.type }}{{ '*' if name in tool.parameters.required }} {% endfor %}", {"tool": {"parameters": {"properties": {"b": {"type": "string"}, "a": {"type": "integer"}}, "required": ["a"]}}}),
+    ("slice_negative_step", "{{ l[::-2] }} {{ l[-1:0:-1] }} {{ l[10:0:-1] }} {{ l[:-10:-1] }}", {"l": [0, 1, 2, 3, 4]}),
+    ("int_filters_edge", "{{ '0x1A' | int(0, 16) }} {{ '1A' | int(0, 16) }} {{ '0o17' | int(0, 8) }} {{ '101' | int(0, 2) }} {{ '0x1A' | int }} {{ '1_000' | int }} {{ '-5' | int }} {{ true | int }} {{ '3e2' | int }} {{ '' | int }}", {}),
+    ("float_filters_edge", "{{ '1e3' | float }} {{ ' 2.5 ' | float }} {{ 'inf' | float }} {{ 'nan' | float }}", {}),
+    ("round_more", "{{ 0.5 | round }} {{ 1.5 | round }} {{ -2.5 | round }} {{ 1234.5678 | round(-2) }} {{ 5 | round(2) }}", {}),
+    ("capitalize_title_filters", "{{ 'hELLO wORLD' | capitalize }} {{ \"o'neil mc-donald\" | title }}", {}),
+    ("indent_first_blank_true", "{{ '\\nx\\n' | indent(2, true, true) }}|", {}),
+    ("join_numbers_attr", "{{ [{'a': 1}, {'a': 2}] | join('+', attribute='a') }}", {}),
+    ("selectattr_tests", "{{ users | selectattr('age', 'gt', 2) | map(attribute='n') | join }} {{ users | selectattr('n', 'in', ['x']) | list | length }} {{ users | selectattr('missing', 'undefined') | list | length }}", {"users": [{"n": "x", "age": 3}, {"n": "y", "age": 1}]}),
+    ("map_filter_args", "{{ ['a-b', 'c-d'] | map('replace', '-', '+') | join(',') }} {{ [1.26, 2.5] | map('round', 1) | list }}", {}),
+    ("sum_empty_min_empty", "{{ [] | sum }} [{{ [] | min }}]", {}),
+    ("unique_attr", "{{ users | unique(attribute='n') | map(attribute='age') | list }}", {"users": [{"n": "x", "age": 3}, {"n": "X", "age": 1}, {"n": "y", "age": 2}]}),
+    ("dictsort_case", "{{ {'b': 1, 'A': 2, 'a': 3} | dictsort(true) }}", {}),
+    ("str_startswith_start_arg_fails", "{{ 'abc'.startswith(1) }}", {}),
+    ("split_maxsplit_kw", "{{ 'a,b,c'.split(',', maxsplit=1) }} {{ 'a b c'.split(maxsplit=1) }}", {}),
+    ("splitlines", "{{ 'a\\nb\\r\\nc\\n'.splitlines() }}", {}),
+    ("isdigit_isspace", "{{ '123'.isdigit() }} {{ '12a'.isdigit() }} {{ ' \\n'.isspace() }} {{ ''.isspace() }} {{ 'ab'.isalpha() }}", {}),
+    ("call_non_callable_fails", "{{ x() }}", {"x": 1}),
+    ("call_undefined_fails", "{{ nope() }}", {}),
+    ("loop_outside_for", "[{{ loop }}]", {}),
+    ("break_outside_loop", "a{% break %}b", {}),
+    ("elif_after_else_fails", "{% if a %}{% else %}{% elif b %}{% endif %}", {}),
+    ("endfor_without_for_fails", "{% endfor %}", {}),
+    ("unterminated_string_fails", "{{ 'abc }}", {}),
+    ("unterminated_comment_fails", "{# abc", {}),
+    ("unterminated_var_fails", "{{ abc", {}),
+    ("dict_trailing_comma", "{{ {'a': 1,} }} {{ [1, 2,] }} {{ (1,) }}", {}),
+    ("subscript_with_filter", "{{ d[k | lower] }}", {"d": {"a": 1}, "k": "A"}),
+    ("nested_ternary_in_call", "{{ range(3 if x else 1) | list }}", {"x": True}),
+    ("filter_on_literal_list", "{{ [3, 2, 1] | sort | join('-') }}", {}),
+    ("none_compare_fails", "{{ none < 1 }}", {}),
+    ("list_compare", "{{ [1, 2] < [1, 3] }} {{ [1] == [1] }} {{ (1, 2) == [1, 2] }}", {}),
+    ("generation_in_loop", "{% for m in ['a', 'b'] %}{% generation %}[{{ m }}]{% endgeneration %}{% endfor %}", {}),
+    ("set_block_in_loop_scoped", "{% for i in [1] %}{% set b %}in{{ i }}{% endset %}{{ b }}{% endfor %}[{{ b }}]", {}),
+    ("filter_block_chain", "{% filter trim | upper %}  x y  {% endfilter %}", {}),
+    ("deep_parens", "{{ ((((((((((1)))))))))) + ((2)) }}", {}),
+    ("long_chain_compare", "{{ 1 < 2 <= 2 < 3 != 4 }}", {}),
+    ("string_mult_neg", "[{{ 'ab' * -1 }}]", {}),
+    ("bool_keys_dict", "{{ {true: 'a', 1: 'b'} }}", {}),
+    ("undefined_in_list_repr", "{{ [nope] }}", {}),
+    ("undefined_is_iterable", "{{ nope is iterable }} {{ nope is sequence }}", {}),
+    ("unknown_filter_in_dead_if_is_deferred", "{% if false %}{{ x | nope }}{% endif %}ok", {}),
+    ("unknown_test_in_dead_if_is_deferred", "ok\n{% if false %}{{ x is nope }}{% endif %}", {}),
+    ("unknown_filter_in_for_fails", "{% for a in [] %}{{ a | nope }}{% endfor %}ok", {}),
+    ("unknown_filter_in_for_in_if_fails", "{% if false %}{% for a in [] %}{{ a | nope }}{% endfor %}{% endif %}ok", {}),
+    ("unknown_filter_in_macro_fails", "{% macro m() %}{{ 1 | nope }}{% endmacro %}ok", {}),
+    ("unknown_filter_in_taken_else_fails", "{% if false %}{% else %}{{ 1 | nope }}{% endif %}ok", {}),
     ("recursion_limit", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", {}),
 ]
 
 
-def render_feature(template, ctx):
+# Random templates built from whitespace-sensitive pieces: block/var/comment tags with every
+# combination of '-'/'+' markers, indentation, blank lines, nested if/for/set/raw. They pin down
+# the lexer's trim_blocks / lstrip_blocks / marker rules against Jinja2's.
+TEXTS = ["", " ", "  ", "\n", "\n  ", "\t", "a", "b\n", "  c  \n", "\n\n", " \t\n\t ", "d"]
+
+
+def random_template(rng, depth=0):
+    out = []
+    for _ in range(rng.randint(1, 5)):
+        k = rng.random()
+        if k < 0.35 or depth > 2:
+            out.append(rng.choice(TEXTS))
+            continue
+
+        def bo():
+            return "{%" + rng.choice(["", "-", "+"]) + rng.choice([" ", "  ", "\n"])
+
+        def bc():
+            return rng.choice([" ", ""]) + rng.choice(["", "-", "+"]) + "%}"
+        if k < 0.5:
+            out.append("{{" + rng.choice(["", "-"]) + " v " + rng.choice(["", "-"]) + "}}")
+        elif k < 0.6:
+            out.append("{#" + rng.choice(["", "-", "+"]) + " c " + rng.choice(["", "-", "+"]) + "#}")
+        elif k < 0.75:
+            out.append(bo() + "if x" + bc() + random_template(rng, depth + 1)
+                       + (bo() + "else" + bc() + random_template(rng, depth + 1) if rng.random() < 0.3 else "")
+                       + bo() + "endif" + bc())
+        elif k < 0.88:
+            out.append(bo() + "for i in [1, 2]" + bc() + random_template(rng, depth + 1) + bo() + "endfor" + bc())
+        elif k < 0.95:
+            out.append(bo() + "set y = 'q'" + bc())
+        else:
+            out.append(bo() + "raw" + bc() + rng.choice(TEXTS) + "{{ v }}" + rng.choice(TEXTS) + bo() + "endraw" + bc())
+        out.append(rng.choice(TEXTS))
+    return "".join(out)
+
+
+# Random expressions over a fixed context: operators, filters, tests, methods, subscripts, each
+# printed with {{ }}. Both engines must print the same text or both fail.
+EXPR_CTX = {"n": 3, "z": 0, "f": 2.5, "g": -1.25, "s": "abc", "h": "Hello World", "e": "", "w": "  x y  ",
+            "l": [3, 1, 2], "m": ["b", "A", "c", "a"], "d": {"a": 1, "b": [1, 2], "c": None}, "b": True,
+            "o": None, "nested": [{"name": "x", "v": 2}, {"name": "y", "v": 1}], "uni": "héllo wörld"}
+ATOMS = ["n", "z", "f", "g", "s", "h", "e", "w", "l", "m", "d", "b", "o", "u", "nested", "uni", "0", "1", "2", "-1",
+         "7", "0.5", "2.0", "'a'", "'xy'", "''", "none", "true", "false", "[1, 'a']", "[]", "{'k': 1}", "(1, 2)",
+         "d.a", "d.b", "d['c']", "l[0]", "l[-1]", "s[1:]", "s[::-1]", "nested[0].name", "u.x"]
+FILTERS = ["length", "upper", "lower", "string", "list", "first", "last", "join(',')", "join", "tojson", "sort",
+           "reverse | list", "int", "float", "abs", "trim", "default('z')", "default('z', true)", "unique | list",
+           "items | list", "dictsort", "map('string') | list", "select | list", "reject | list", "count",
+           "capitalize", "title", "round", "round(1)", "sum", "min", "max", "wordcount", "replace('a', 'b')",
+           "batch(2) | list", "map(attribute='name') | list", "selectattr('v') | list", "indent(2)",
+           "tojson(indent=1)", "center(7)", "first | string", "list | length", "sort(reverse=true)"]
+TESTS = ["defined", "undefined", "none", "string", "number", "integer", "float", "mapping", "iterable", "sequence",
+         "odd", "even", "divisibleby 2", "lower", "upper", "boolean", "true", "false", "callable", "eq 3", "in [1, 2, 3]",
+         "gt 1", "sameas none"]
+METHODS = [".upper()", ".strip()", ".split()", ".split('b')", ".startswith('a')", ".endswith(('c', 'd'))",
+           ".get('a')", ".get('q', 5)", ".items() | list", ".keys() | list", ".values() | list", ".title()",
+           ".replace('l', 'L')", ".find('l')", ".count('l')", ".lstrip('H')", ".capitalize()"]
+BINOPS = ["+", "-", "*", "/", "//", "%", "~", "==", "!=", "<", ">", "<=", ">=", "in", "not in", "and", "or"]
+
+
+def random_expr(rng, depth=0):
+    k = rng.random()
+    if depth >= 3 or k < 0.3:
+        return rng.choice(ATOMS)
+    if k < 0.5:
+        return "(%s %s %s)" % (random_expr(rng, depth + 1), rng.choice(BINOPS), random_expr(rng, depth + 1))
+    if k < 0.55:
+        return "(%s ** %s)" % (rng.choice(["2", "3", "-2", "0.5", "n"]), rng.choice(["0", "1", "2", "3"]))
+    if k < 0.7:
+        return "(%s | %s)" % (random_expr(rng, depth + 1), rng.choice(FILTERS))
+    if k < 0.8:
+        return "(%s is %s%s)" % (random_expr(rng, depth + 1), rng.choice(["", "not "]), rng.choice(TESTS))
+    if k < 0.87:
+        return "(%s)%s" % (random_expr(rng, depth + 1), rng.choice(METHODS))
+    if k < 0.92:
+        return "(%s if %s else %s)" % (random_expr(rng, depth + 1), random_expr(rng, depth + 1),
+                                       random_expr(rng, depth + 1))
+    if k < 0.96:
+        return "(not %s)" % random_expr(rng, depth + 1)
+    inner = random_expr(rng, depth + 1)
+    while not has_variable(inner):  # constant sub-expressions are folded differently (see below)
+        inner = random_expr(rng, depth + 1)
+    return "(%s)%s" % (inner, rng.choice(["[0]", "[-1]", "[1:]", "[::-1]", "['a']", "[:2]"]))
+
+
+def has_variable(expr):
+    return re.search(r"\b(%s)\b" % "|".join(EXPR_CTX.keys() | {"u"}), re.sub(r"'[^']*'", "", expr)) is not None
+
+
+def render_feature(template, ctx, env=None):
     try:
-        return ENV.from_string(template).render(**ctx), None
+        return (env or ENV).from_string(template).render(**ctx), None
     except Exception as e:  # noqa: BLE001
         return None, "%s: %s" % (type(e).__name__, e)
 
@@ -401,6 +580,41 @@ def main():
                    "cases": feats}, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print("features     %3d cases, %d expected errors" % (len(feats), sum(1 for x in feats if x["error"])))
+    rng = random.Random("exo-whitespace")
+    ws = []
+    for i in range(1500):
+        tpl = random_template(rng)
+        out, err = render_feature(tpl, {"x": True, "v": "V"})
+        ws.append({"name": "ws%03d" % i, "template": tpl, "expected": out, "error": err})
+    with open(os.path.join(OUT, "whitespace.json"), "w", encoding="utf-8") as f:
+        json.dump({"generated_by": "tools/reference/render_templates.py (Jinja2 %s)" % jinja2.__version__,
+                   "context": {"x": True, "v": "V"}, "cases": ws}, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    print("whitespace   %3d cases, %d expected errors" % (len(ws), sum(1 for x in ws if x["error"])))
+    rng = random.Random("exo-expressions")
+    ex = []
+    while len(ex) < 3000:
+        tpl = "{{ %s }}" % random_expr(rng)
+        out, err = render_feature(tpl, copy.deepcopy(EXPR_CTX))
+        out2, err2 = render_feature(tpl, copy.deepcopy(EXPR_CTX), ENV_UNOPTIMIZED)
+        if out != out2 or (err is None) != (err2 is None):
+            continue
+        # an output expression without variables is evaluated while compiling (as_const), where a
+        # failing slice gives Undefined instead of a TypeError; real templates slice variables
+        if not has_variable(tpl):
+            continue
+        if out is not None and (len(out) > 2000 or any(len(t) > 15 for t in re.findall(r"[0-9]+", out))):
+            continue  # big numbers: Python ints are unbounded, ours are 64-bit
+        if err and ("generator" in err or "iterator" in err):
+            continue
+        if out is not None and ("<generator" in out or "iterator object" in out):
+            continue
+        ex.append({"name": "ex%04d" % len(ex), "template": tpl, "expected": out, "error": err})
+    with open(os.path.join(OUT, "expressions.json"), "w", encoding="utf-8") as f:
+        json.dump({"generated_by": "tools/reference/render_templates.py (Jinja2 %s)" % jinja2.__version__,
+                   "context": EXPR_CTX, "cases": ex}, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    print("expressions  %3d cases, %d expected errors" % (len(ex), sum(1 for x in ex if x["error"])))
     return 0
 
 

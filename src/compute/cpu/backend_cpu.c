@@ -66,10 +66,34 @@ static void cpu_embed(compute_backend *b, const weight_matrix *t, const int32_t 
     cpu_op_embed(t, ids, n, out);
 }
 
+/* Small ops run inline: waking the pool costs more than a few thousand flops. */
+#define CPU_PARALLEL_MIN 16384
+
+typedef struct rows_job {
+    const float *x, *w, *inv_freq;
+    float *y;
+    const int32_t *pos;
+    int64_t dim;
+    float eps, attn_factor;
+    int n_heads, head_dim, rot;
+    const kv_layer *kv;
+    const attention_batch *ab;
+} rows_job;
+
+static void rmsnorm_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const rows_job *j = ctx;
+    cpu_op_rmsnorm(j->x, j->w, j->y, begin, end, j->dim, j->eps);
+}
+
 static void cpu_rmsnorm(compute_backend *b, const float *x, const float *w, float *y, int64_t rows,
                         int64_t dim, float eps) {
     (void)b;
-    cpu_op_rmsnorm(x, w, y, 0, rows, dim, eps);
+    rows_job j = {.x = x, .w = w, .y = y, .dim = dim, .eps = eps};
+    if (rows * dim < CPU_PARALLEL_MIN || rows < 2)
+        rmsnorm_range(&j, 0, rows, 0);
+    else
+        threadpool_parallel_for(cpu_thread_pool(), rows, rmsnorm_range, &j);
 }
 
 static void cpu_add(compute_backend *b, float *x, const float *y, int64_t n) {
@@ -83,15 +107,37 @@ static void cpu_add_row(compute_backend *b, float *x, const float *row, int64_t 
     cpu_op_add_row(x, row, rows, dim);
 }
 
+static void silu_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const rows_job *j = ctx;
+    cpu_op_silu_mul(j->y, j->x, begin, end);
+}
+
 static void cpu_silu_mul(compute_backend *b, float *g, const float *u, int64_t n) {
     (void)b;
-    cpu_op_silu_mul(g, u, 0, n);
+    rows_job j = {.y = g, .x = u};
+    if (n < CPU_PARALLEL_MIN)
+        silu_range(&j, 0, n, 0);
+    else
+        threadpool_parallel_for(cpu_thread_pool(), n, silu_range, &j);
+}
+
+static void rope_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const rows_job *j = ctx;
+    cpu_op_rope(j->y, j->pos, begin, end, j->n_heads, j->head_dim, j->rot, j->inv_freq,
+                j->attn_factor);
 }
 
 static void cpu_rope(compute_backend *b, float *x, const int32_t *pos, int64_t n, int nh, int hd,
                      int rot, const float *inv_freq, float attn_factor) {
     (void)b;
-    cpu_op_rope(x, pos, 0, n, nh, hd, rot, inv_freq, attn_factor);
+    rows_job j = {.y = x, .pos = pos, .n_heads = nh, .head_dim = hd, .rot = rot,
+                  .inv_freq = inv_freq, .attn_factor = attn_factor};
+    if (n * nh * hd < CPU_PARALLEL_MIN || n < 2)
+        rope_range(&j, 0, n, 0);
+    else
+        threadpool_parallel_for(cpu_thread_pool(), n, rope_range, &j);
 }
 
 static void cpu_kv_write(compute_backend *b, const kv_layer *kv, const float *k, const float *v,
@@ -100,10 +146,30 @@ static void cpu_kv_write(compute_backend *b, const kv_layer *kv, const float *k,
     cpu_op_kv_write(kv, k, v, slots, n, kv_dim);
 }
 
+static void attention_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const rows_job *j = ctx;
+    cpu_op_attention(j->x, j->kv, j->ab, j->y, begin, end);
+}
+
+static void attention_fast_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const rows_job *j = ctx;
+    cpu_op_attention_avx2(j->x, j->kv, j->ab, j->y, begin, end);
+}
+
+/* Work items (token, head) cost what their context length costs: handed out dynamically. */
 static void cpu_attention(compute_backend *b, const float *q, const kv_layer *kv,
                           const attention_batch *ab, float *out) {
     (void)b;
-    cpu_op_attention(q, kv, ab, out, 0, ab->n_tokens * ab->n_heads);
+    rows_job j = {.x = q, .kv = kv, .ab = ab, .y = out};
+    int fast = cpu_op_attention_fast_ok(ab);
+    int64_t items = ab->n_tokens * (fast ? ab->n_kv_heads : ab->n_heads);
+    threadpool_range_fn fn = fast ? attention_fast_range : attention_range;
+    if (items < 2)
+        fn(&j, 0, items, 0);
+    else
+        threadpool_parallel_for_dynamic(cpu_thread_pool(), items, 1, fn, &j);
 }
 
 static void cpu_gather_rows(compute_backend *b, const float *x, const int32_t *rows, int64_t n,

@@ -177,10 +177,56 @@ static int prepare_mlx_input(const weight_matrix *w, matvec_input *in, int want_
             for (int64_t c = 0; c < gs; c++) q[c] = (int16_t)lrintf(xs[c] * inv);
         }
     }
+    int per_byte = want_int16 ? cpu_mlx_x_permuted(w) : 0;
+    if (per_byte) { /* see cpu_mlx_x_permuted: reorder each chunk of V values */
+        int64_t V = 32 * per_byte;
+        int16_t tmp[128];
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t c0 = 0; c0 < cols; c0 += V) {
+                int16_t *q = xq + t * cols + c0;
+                for (int k = 0; k < per_byte; k++)
+                    for (int j = 0; j < 32; j++) tmp[k * 32 + j] = q[j * per_byte + k];
+                memcpy(q, tmp, (size_t)V * sizeof *q);
+            }
+    }
     in->xsum = xsum;
     in->xscale = xscale;
     in->xq = xq;
     return 0;
+}
+
+static int prepare_mlx(const cpu_kernels *k, const weight_matrix *w, matvec_input *in, void **owned) {
+    if (!k->prepare_mlx) return prepare_mlx_input(w, in, k->needs_int16_x, owned);
+    int64_t n = in->n_tokens, cols = w->cols, groups = cols / w->group_size;
+    size_t floats = (size_t)(n * groups);
+    char *mem = cpu_scratch(3, 2 * floats * sizeof(float) + (size_t)(n * cols) * 2 + 64);
+    if (!mem) return -1;
+    float *xsum = (float *)mem, *xscale = xsum + floats;
+    int16_t *xq = (int16_t *)(xscale + floats);
+    k->prepare_mlx(w, in->x, n, xsum, xscale, xq);
+    in->xsum = xsum;
+    in->xscale = xscale;
+    in->xq = xq;
+    return 0;
+}
+
+/* ---- scratch memory -------------------------------------------------------------------------- */
+
+typedef struct scratch_slot {
+    void *p;
+    size_t bytes;
+} scratch_slot;
+
+static _Thread_local scratch_slot scratch_slots[4];
+
+void *cpu_scratch(int slot, size_t bytes) {
+    scratch_slot *s = &scratch_slots[slot & 3];
+    if (s->bytes >= bytes && s->p) return s->p;
+    free(s->p);
+    size_t rounded = (bytes + 4095) & ~(size_t)4095;
+    s->p = aligned_alloc(64, rounded);
+    s->bytes = s->p ? rounded : 0;
+    return s->p;
 }
 
 /* ---- matvec regime ------------------------------------------------------------------------- */
@@ -202,7 +248,7 @@ static int matvec_run(const cpu_kernels *k, const weight_matrix *w, const float 
                       int64_t n_tokens) {
     matvec_input in = {.x = x, .n_tokens = n_tokens};
     void *owned = NULL;
-    if (w->format == WEIGHT_MLX_AFFINE && prepare_mlx_input(w, &in, k->needs_int16_x, &owned) != 0)
+    if (w->format == WEIGHT_MLX_AFFINE && prepare_mlx(k, w, &in, &owned) != 0)
         return -1;
     matvec_job job = {k, w, &in, y};
     threadpool_parallel_for(cpu_thread_pool(), w->rows, matvec_range, &job);
@@ -230,10 +276,12 @@ static void pack_x_range(void *p, int64_t begin, int64_t end, int thread_index) 
         float *dst = job->xpanels + tb * K * CPU_GEMM_NR;
         int64_t t0 = tb * CPU_GEMM_NR;
         int nt = (int)(job->n_tokens - t0 < CPU_GEMM_NR ? job->n_tokens - t0 : CPU_GEMM_NR);
-        for (int64_t c = 0; c < K; c++) {
-            for (int j = 0; j < nt; j++) dst[c * CPU_GEMM_NR + j] = job->x[(t0 + j) * K + c];
-            for (int j = nt; j < CPU_GEMM_NR; j++) dst[c * CPU_GEMM_NR + j] = 0.0f;
+        for (int j = 0; j < nt; j++) { /* read each token row sequentially */
+            const float *src = job->x + (t0 + j) * K;
+            for (int64_t c = 0; c < K; c++) dst[c * CPU_GEMM_NR + j] = src[c];
         }
+        for (int j = nt; j < CPU_GEMM_NR; j++)
+            for (int64_t c = 0; c < K; c++) dst[c * CPU_GEMM_NR + j] = 0.0f;
     }
 }
 
@@ -243,12 +291,10 @@ static void gemm_own_range(void *p, int64_t rb_begin, int64_t rb_end, int thread
     const weight_matrix *w = job->w;
     int64_t K = w->cols, rows = w->rows;
     int64_t ntb = (job->n_tokens + CPU_GEMM_NR - 1) / CPU_GEMM_NR;
-    float *tmp = aligned_alloc(64, (size_t)CPU_GEMM_MR * CPU_GEMM_KC * sizeof(float));
-    float *wpanel = aligned_alloc(64, (size_t)CPU_GEMM_MR * CPU_GEMM_KC * sizeof(float));
+    size_t panel = (size_t)CPU_GEMM_MR * CPU_GEMM_KC * sizeof(float);
+    float *tmp = cpu_scratch(1, panel), *wpanel = cpu_scratch(2, panel);
     if (!tmp || !wpanel) {
         atomic_store(&job->failed, 1);
-        free(tmp);
-        free(wpanel);
         return;
     }
     for (int64_t kc = 0; kc < K; kc += CPU_GEMM_KC) {
@@ -256,12 +302,7 @@ static void gemm_own_range(void *p, int64_t rb_begin, int64_t rb_end, int thread
         for (int64_t rb = rb_begin; rb < rb_end; rb++) {
             int64_t r0 = rb * CPU_GEMM_MR;
             int mv = (int)(rows - r0 < CPU_GEMM_MR ? rows - r0 : CPU_GEMM_MR);
-            for (int i = 0; i < mv; i++) job->k->dequant(w, r0 + i, kc, kl, tmp + i * kl);
-            for (int64_t c = 0; c < kl; c++) {
-                float *dst = wpanel + c * CPU_GEMM_MR;
-                for (int i = 0; i < mv; i++) dst[i] = tmp[i * kl + c];
-                for (int i = mv; i < CPU_GEMM_MR; i++) dst[i] = 0.0f;
-            }
+            job->k->gemm_pack(w, r0, mv, kc, kl, wpanel, tmp);
             for (int64_t tb = 0; tb < ntb; tb++) {
                 int64_t t0 = tb * CPU_GEMM_NR;
                 int nv = (int)(job->n_tokens - t0 < CPU_GEMM_NR ? job->n_tokens - t0 : CPU_GEMM_NR);
@@ -270,21 +311,17 @@ static void gemm_own_range(void *p, int64_t rb_begin, int64_t rb_end, int thread
             }
         }
     }
-    free(tmp);
-    free(wpanel);
 }
 
 static int gemm_own_run(const cpu_kernels *k, const weight_matrix *w, const float *x, float *y,
                         int64_t n_tokens) {
     int64_t ntb = (n_tokens + CPU_GEMM_NR - 1) / CPU_GEMM_NR;
     gemm_job job = {.k = k, .w = w, .x = x, .y = y, .n_tokens = n_tokens};
-    size_t xbytes = (size_t)(ntb * w->cols * CPU_GEMM_NR) * sizeof(float);
-    job.xpanels = aligned_alloc(64, (xbytes + 63) & ~(size_t)63);
+    job.xpanels = cpu_scratch(0, (size_t)(ntb * w->cols * CPU_GEMM_NR) * sizeof(float));
     if (!job.xpanels) return -1;
     threadpool *pool = cpu_thread_pool();
     threadpool_parallel_for(pool, ntb, pack_x_range, &job);
     threadpool_parallel_for(pool, (w->rows + CPU_GEMM_MR - 1) / CPU_GEMM_MR, gemm_own_range, &job);
-    free(job.xpanels);
     return atomic_load(&job.failed) ? -1 : 0;
 }
 
@@ -310,7 +347,7 @@ static void gemm_openblas_range(void *p, int64_t begin, int64_t end, int thread_
                     job->y + begin, (int)rows);
         return;
     }
-    float *tmp = malloc((size_t)(OPENBLAS_ROW_TILE * K) * sizeof(float));
+    float *tmp = cpu_scratch(1, (size_t)(OPENBLAS_ROW_TILE * K) * sizeof(float));
     if (!tmp) {
         atomic_store(&job->failed, 1);
         return;
@@ -321,7 +358,6 @@ static void gemm_openblas_range(void *p, int64_t begin, int64_t end, int thread_
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rt, (int)K, 1.0f,
                     job->x, (int)K, tmp, (int)K, 0.0f, job->y + r0, (int)rows);
     }
-    free(tmp);
 }
 
 static int gemm_openblas_run(const cpu_kernels *k, const weight_matrix *w, const float *x, float *y,

@@ -29,6 +29,17 @@ typedef enum cpu_level {
  * x[t][c] ~= xq[t][c] * xscale[t][g] with xscale = max|x in group| / 32767, so the quantization
  * error of an activation is at most 1/65534 of its group's largest magnitude — far below the bf16
  * rounding of the weights themselves. The bias term uses the exact float group sums. */
+/* For 2- and 4-bit MLX weights whose columns are a multiple of the 32-byte chunk (128 or 64
+ * values), the int16 activations are stored permuted within each chunk so that the kernel can
+ * unpack 32 bytes with one zero-extension plus a shift/AND per value slot: with P = 8/bits values
+ * per byte and V = 32*P values per chunk, xq[c*V + k*32 + j] holds activation c*V + j*P + k.
+ * Returns P when this layout applies (only to kernels with needs_int16_x), else 0. */
+static inline int cpu_mlx_x_permuted(const weight_matrix *w) {
+    if (w->format != WEIGHT_MLX_AFFINE || (w->bits != 2 && w->bits != 4)) return 0;
+    int per_byte = 8 / w->bits;
+    return w->cols % (32 * per_byte) == 0 ? per_byte : 0;
+}
+
 typedef struct matvec_input {
     const float *x;       /* [n_tokens][cols] */
     int64_t n_tokens;     /* 1..CPU_MATVEC_MAX_TOKENS */
@@ -51,12 +62,24 @@ typedef void (*cpu_dequant_fn)(const weight_matrix *w, int64_t r, int64_t c0, in
 typedef void (*cpu_gemm_tile_fn)(const float *wpanel, const float *xpanel, int64_t k_len, float *y,
                                  int64_t ldy, int m_valid_rows, int n_valid_tokens, int accumulate);
 
+/* Fills wpanel [k_len][CPU_GEMM_MR] with W[r0 + i][c0 + k] (rows i >= m_valid are zero); tmp has
+ * room for CPU_GEMM_MR * CPU_GEMM_KC floats. */
+typedef void (*cpu_gemm_pack_fn)(const weight_matrix *w, int64_t r0, int m_valid, int64_t c0,
+                                 int64_t k_len, float *wpanel, float *tmp);
+
+/* Fills xsum/xscale/xq ([n][groups], [n][groups], [n][cols]) for MLX weights as matvec_input
+ * describes, xq in the cpu_mlx_x_permuted layout where it applies. */
+typedef void (*cpu_prepare_mlx_fn)(const weight_matrix *w, const float *x, int64_t n, float *xsum,
+                                   float *xscale, int16_t *xq);
+
 typedef struct cpu_kernels {
     const char *name;
     int needs_int16_x; /* MLX matvec wants xq/xscale */
+    cpu_prepare_mlx_fn prepare_mlx; /* NULL: the portable loop in cpu.c */
     cpu_matvec_fn matvec;
     cpu_dequant_fn dequant;
     cpu_gemm_tile_fn gemm_tile; /* NULL: sgemm */
+    cpu_gemm_pack_fn gemm_pack; /* with gemm_tile */
 } cpu_kernels;
 
 /* Tile shape of gemm_tile: CPU_GEMM_MR weight rows (two 16-float vectors) x CPU_GEMM_NR tokens
@@ -78,6 +101,10 @@ typedef enum cpu_gemm_engine { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_OPENBLA
  * the default threshold. */
 int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_tokens,
                     cpu_level level, cpu_gemm_engine gemm, int max_matvec_tokens);
+
+/* Thread-local scratch memory, 64-byte aligned, grown on demand and kept for the thread's life
+ * (slot 0..3; a slot's previous contents are lost when it grows). NULL when out of memory. */
+void *cpu_scratch(int slot, size_t bytes);
 
 /* Checks a view's fields so kernels can trust them (bits, group size, divisibility, pointers). */
 int cpu_weight_supported(const weight_matrix *w);

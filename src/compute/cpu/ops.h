@@ -22,6 +22,12 @@ void cpu_op_kv_write(const kv_layer *kv, const float *k, const float *v, const i
 void cpu_op_attention(const float *q, const kv_layer *kv, const attention_batch *ab, float *out,
                       int64_t begin, int64_t end);
 
+/* AVX2/F16C path; work items are (token, kv head) pairs: item i = t * n_kv_heads + kvh. Only
+ * when cpu_op_attention_fast_ok(ab). */
+void cpu_op_attention_avx2(const float *q, const kv_layer *kv, const attention_batch *ab,
+                           float *out, int64_t begin, int64_t end);
+int cpu_op_attention_fast_ok(const attention_batch *ab);
+
 void cpu_op_moe_route(const float *logits, int64_t n_tokens, int n_experts, int k, int norm_topk,
                       int32_t *ids, float *weights);
 

@@ -79,3 +79,110 @@ void cpu_op_attention(const float *q, const kv_layer *kv, const attention_batch 
         for (int i = 0; i < hd; i++) o[i] = acc[i] / l;
     }
 }
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define TAVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* 8 cached values at offset i of a head, widened to f32. */
+TAVX2 static inline __m256 load8(const void *base, dtype type, int64_t off) {
+    switch (type) {
+    case DTYPE_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off)));
+    case DTYPE_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off))),
+            16));
+    default: return _mm256_loadu_ps((const float *)base + off);
+    }
+}
+
+TAVX2 static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define ATT_MAX_GROUP 16
+#define ATT_MAX_HD 256
+
+/* Work items are (token, kv head) pairs: the query heads sharing a KV head are done together,
+ * so each cached K/V row is read once per group, not once per head. head_dim % 8 == 0,
+ * head_dim <= 256, group <= 16 (cpu_op_attention_fast_ok). */
+TAVX2 void cpu_op_attention_avx2(const float *q, const kv_layer *kv, const attention_batch *ab,
+                                 float *out, int64_t begin, int64_t end) {
+    int nkv = ab->n_kv_heads, hd = ab->head_dim, group = ab->n_heads / nkv;
+    int64_t kv_dim = (int64_t)nkv * hd;
+    int nv = hd / 8;
+    __m256 acc[ATT_MAX_GROUP][ATT_MAX_HD / 8];
+    float m[ATT_MAX_GROUP], l[ATT_MAX_GROUP], s[ATT_MAX_GROUP];
+    for (int64_t item = begin; item < end; item++) {
+        int64_t t = item / nkv;
+        int kvh = (int)(item % nkv);
+        const float *qg = q + (t * ab->n_heads + (int64_t)kvh * group) * hd;
+        const int32_t *table = ab->block_tables + ab->block_table_start[ab->seq_of_token[t]];
+        int32_t n_ctx = ab->positions[t] + 1;
+        for (int g = 0; g < group; g++) {
+            m[g] = -INFINITY;
+            l[g] = 0;
+            for (int i = 0; i < nv; i++) acc[g][i] = _mm256_setzero_ps();
+        }
+        for (int32_t p = 0; p < n_ctx; p++) {
+            int64_t slot = (int64_t)table[p / ab->block_size] * ab->block_size + p % ab->block_size;
+            int64_t off = slot * kv_dim + (int64_t)kvh * hd;
+            for (int g = 0; g < group; g++) {
+                __m256 d = _mm256_setzero_ps();
+                for (int i = 0; i < nv; i++)
+                    d = _mm256_fmadd_ps(_mm256_loadu_ps(qg + g * hd + i * 8),
+                                        load8(kv->k, kv->type, off + i * 8), d);
+                s[g] = hsum8(d) * ab->scale;
+            }
+            for (int g = 0; g < group; g++) {
+                float w;
+                if (s[g] > m[g]) {
+                    float corr = expf(m[g] - s[g]);
+                    __m256 c = _mm256_set1_ps(corr);
+                    for (int i = 0; i < nv; i++) acc[g][i] = _mm256_mul_ps(acc[g][i], c);
+                    l[g] *= corr;
+                    m[g] = s[g];
+                    w = 1.0f;
+                } else {
+                    w = expf(s[g] - m[g]);
+                }
+                l[g] += w;
+                s[g] = w;
+            }
+            for (int i = 0; i < nv; i++) {
+                __m256 v = load8(kv->v, kv->type, off + i * 8);
+                for (int g = 0; g < group; g++)
+                    acc[g][i] = _mm256_fmadd_ps(_mm256_set1_ps(s[g]), v, acc[g][i]);
+            }
+        }
+        for (int g = 0; g < group; g++) {
+            float *o = out + (t * ab->n_heads + (int64_t)kvh * group + g) * hd;
+            __m256 inv = _mm256_set1_ps(1.0f / l[g]);
+            for (int i = 0; i < nv; i++) _mm256_storeu_ps(o + i * 8, _mm256_mul_ps(acc[g][i], inv));
+        }
+    }
+}
+
+int cpu_op_attention_fast_ok(const attention_batch *ab) {
+    static int have = -1;
+    if (have < 0)
+        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    int group = ab->n_heads / ab->n_kv_heads;
+    return have && ab->head_dim % 8 == 0 && ab->head_dim <= ATT_MAX_HD && group <= ATT_MAX_GROUP;
+}
+#else
+void cpu_op_attention_avx2(const float *q, const kv_layer *kv, const attention_batch *ab,
+                           float *out, int64_t begin, int64_t end) {
+    (void)q, (void)kv, (void)ab, (void)out, (void)begin, (void)end;
+}
+int cpu_op_attention_fast_ok(const attention_batch *ab) {
+    (void)ab;
+    return 0;
+}
+#endif

@@ -77,6 +77,21 @@ static bool py_iscased(int32_t cp) {
 
 typedef enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAPITALIZE } case_mode;
 
+/* the common one-to-many mappings of Unicode SpecialCasing.txt that Python applies */
+static const char *special_upper(int32_t cp, bool full_upper) {
+    switch (cp) {
+    case 0xDF: return full_upper ? "SS" : "Ss";
+    case 0xFB00: return full_upper ? "FF" : "Ff";
+    case 0xFB01: return full_upper ? "FI" : "Fi";
+    case 0xFB02: return full_upper ? "FL" : "Fl";
+    case 0xFB03: return full_upper ? "FFI" : "Ffi";
+    case 0xFB04: return full_upper ? "FFL" : "Ffl";
+    case 0xFB05:
+    case 0xFB06: return full_upper ? "ST" : "St";
+    default: return NULL;
+    }
+}
+
 static jval change_case(jctx *c, jval s, case_mode mode, int line) {
     strbuf *prev = c->out;
     strbuf *sb = jcapture_begin(c, line);
@@ -91,9 +106,14 @@ static jval change_case(jctx *c, jval s, case_mode mode, int line) {
         case CASE_TITLE: o = prev_cased ? utf8proc_tolower(cp) : utf8proc_totitle(cp); break;
         case CASE_CAPITALIZE: o = first ? utf8proc_totitle(cp) : utf8proc_tolower(cp); break;
         }
+        bool to_upper = mode == CASE_UPPER || ((mode == CASE_TITLE && !prev_cased) || (mode == CASE_CAPITALIZE && first));
         prev_cased = py_iscased(cp);
         first = false;
-        put_cp(sb, o);
+        const char *special = to_upper ? special_upper(cp, mode == CASE_UPPER) : (cp == 0x130 ? "i\xcc\x87" : NULL);
+        if (special)
+            strbuf_append_str(sb, special);
+        else
+            put_cp(sb, o);
     }
     return jcapture_end(c, prev);
 }
@@ -157,25 +177,26 @@ typedef struct sort_item {
     size_t idx;
 } sort_item;
 
-static jctx *g_sort_ctx; /* qsort has no user pointer; rendering of one template is single-threaded per ctx */
-static __thread jctx *t_sort_ctx;
-static __thread int t_sort_line;
-static __thread bool t_sort_reverse;
-
-static int sort_cmp(const void *x, const void *y) {
-    const sort_item *a = x, *b = y;
-    int r = jv_compare(t_sort_ctx, a->key, b->key, t_sort_line);
-    if (t_sort_reverse) r = -r;
-    if (r) return r;
-    return (a->idx > b->idx) - (a->idx < b->idx);
+/* stable merge sort in the render arena (a comparison may fail the render with longjmp, so no
+ * malloc'd scratch space may be live while it runs) */
+static int sort_item_cmp(jctx *c, const sort_item *a, const sort_item *b, bool reverse, int line) {
+    int r = jv_compare(c, a->key, b->key, line);
+    return reverse ? -r : r;
 }
 
 static void sort_items(jctx *c, sort_item *items, size_t n, bool reverse, int line) {
-    t_sort_ctx = c;
-    t_sort_line = line;
-    t_sort_reverse = reverse;
-    (void)g_sort_ctx;
-    qsort(items, n, sizeof *items, sort_cmp);
+    if (n < 2) return;
+    sort_item *tmp = jalloc(c, n * sizeof *tmp);
+    for (size_t width = 1; width < n; width *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * width) {
+            size_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            size_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) tmp[k++] = sort_item_cmp(c, &items[j], &items[i], reverse, line) < 0 ? items[j++] : items[i++];
+            while (i < mid) tmp[k++] = items[i++];
+            while (j < hi) tmp[k++] = items[j++];
+        }
+        memcpy(items, tmp, n * sizeof *items);
+    }
 }
 
 /* ================= filters ================= */
@@ -283,6 +304,7 @@ static jval f_list(jctx *c, jval v, jargs *a, int line) {
 }
 
 static jval f_map(jctx *c, jval v, jargs *a, int line) {
+    if (!jv_truthy(v)) return jv_list(c, 0, false); /* Jinja2: `if value:` before iterating */
     jlist *items = jv_iterate(c, v, line);
     jval out = jv_list(c, items->n, false);
     jval attr = jarg(a, 99, "attribute", NONE_ARG);
@@ -304,6 +326,7 @@ static jval f_map(jctx *c, jval v, jargs *a, int line) {
 }
 
 static jval select_impl(jctx *c, jval v, jargs *a, int line, bool by_attr, bool want) {
+    if (!jv_truthy(v)) return jv_list(c, 0, false); /* Jinja2: `if value:` before iterating */
     jlist *items = jv_iterate(c, v, line);
     jval out = jv_list(c, items->n, false);
     size_t k = 0;
@@ -450,11 +473,19 @@ static bool parse_int_str(const char *s, size_t n, int base, int64_t *out) {
         buf[k++] = s[i];
     }
     buf[k] = 0;
+    /* Python accepts the 0x/0o/0b prefix that matches the base */
+    char *digits = buf;
+    bool neg = false;
+    if (*digits == '-' || *digits == '+') neg = *digits++ == '-';
+    if (digits[0] == '0' && ((base == 8 && (digits[1] == 'o' || digits[1] == 'O')) ||
+                             (base == 2 && (digits[1] == 'b' || digits[1] == 'B'))))
+        digits += 2;
+    if (*digits == '-' || *digits == '+' || isspace((unsigned char)*digits)) return false;
     char *end;
     errno = 0;
-    long long v = strtoll(buf, &end, base);
-    if (*end || errno || end == buf) return false;
-    if (base == 16 && (strchr(buf, 'x') || strchr(buf, 'X'))) return false;
+    long long v = strtoll(digits, &end, base);
+    if (neg) v = -v;
+    if (*end || errno || end == digits) return false;
     *out = v;
     return true;
 }
@@ -478,6 +509,7 @@ static bool parse_float_str(const char *s, size_t n, double *out) {
 static jval f_int(jctx *c, jval v, jargs *a, int line) {
     jval dflt = jarg(a, 0, "default", jv_int(0));
     int base = (int)need_int(c, jarg(a, 1, "base", jv_int(10)), "int base", line);
+    if (v.kind == JV_UNDEF) jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
     int64_t i;
     double f;
     switch (v.kind) {
@@ -498,6 +530,7 @@ static jval f_float(jctx *c, jval v, jargs *a, int line) {
     (void)c;
     (void)line;
     jval dflt = jarg(a, 0, "default", jv_float(0.0));
+    if (v.kind == JV_UNDEF) jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
     double f;
     switch (v.kind) {
     case JV_FLOAT: return v;
@@ -520,6 +553,8 @@ static jval f_unique(jctx *c, jval v, jargs *a, int line) {
         if (given(attr)) key = attr_path(c, key, attr, line);
         key = lower_if_str(c, key, cs, line);
         bool dup = false;
+        c->iterations += (long long)(seen.u.l->n >> 4); /* quadratic: charged to the work budget */
+        if (c->iterations > c->limits.max_iterations) jfail(c, line, "unique: too much work for one render");
         for (size_t k = 0; k < seen.u.l->n && !dup; k++) dup = jv_equal(seen.u.l->items[k], key);
         if (!dup) {
             jlist_push(c, seen.u.l, key);
@@ -670,7 +705,8 @@ static jval f_indent(jctx *c, jval v, jargs *a, int line) {
         memset(sp, ' ', (size_t)w);
         ind = jv_str(sp, (size_t)w);
     }
-    v = jv_stringify(c, v, line);
+    if (v.kind == JV_UNDEF) jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
+    if (v.kind != JV_STR) jfail(c, line, "indent: unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
     /* s + "\n", then splitlines() */
     jval lines = jv_list(c, 8, false);
     const char *s = v.u.s.p;
@@ -883,7 +919,8 @@ bool jtest_apply(jctx *c, const char *name, jval v, jargs *a, int line) {
     if (!strcmp(name, "float")) return v.kind == JV_FLOAT;
     if (!strcmp(name, "mapping")) return v.kind == JV_DICT && !v.u.d->is_namespace;
     if (!strcmp(name, "iterable")) return v.kind == JV_STR || v.kind == JV_LIST || (v.kind == JV_DICT && !v.u.d->is_namespace) || v.kind == JV_UNDEF;
-    if (!strcmp(name, "sequence")) return v.kind == JV_STR || v.kind == JV_LIST || (v.kind == JV_DICT && !v.u.d->is_namespace);
+    if (!strcmp(name, "sequence"))
+        return v.kind == JV_STR || v.kind == JV_LIST || (v.kind == JV_DICT && !v.u.d->is_namespace) || v.kind == JV_UNDEF;
     if (!strcmp(name, "boolean")) return v.kind == JV_BOOL;
     if (!strcmp(name, "true")) return v.kind == JV_BOOL && v.u.b;
     if (!strcmp(name, "false")) return v.kind == JV_BOOL && !v.u.b;
@@ -908,9 +945,22 @@ bool jtest_apply(jctx *c, const char *name, jval v, jargs *a, int line) {
         return jv_truthy(jbinop(c, JOP_IN, v, a->pos[0], line));
     }
     if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
+        /* str(v).islower() / isupper(): some cased character, and none of the other case */
         jval s = jv_stringify(c, v, line);
-        jval m = change_case(c, s, name[0] == 'l' ? CASE_LOWER : CASE_UPPER, line);
-        return jv_equal(s, m);
+        bool any_cased = false, want_lower = name[0] == 'l';
+        size_t i = 0;
+        while (i < s.u.s.n) {
+            int32_t cp = cp_at(s.u.s.p, s.u.s.n, &i);
+            utf8proc_category_t k = utf8proc_category(cp);
+            if (k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LT) {
+                if (want_lower) return false;
+                any_cased = true;
+            } else if (k == UTF8PROC_CATEGORY_LL) {
+                if (!want_lower) return false;
+                any_cased = true;
+            }
+        }
+        return any_cased;
     }
     if (!strcmp(name, "sameas")) {
         if (!a->npos) jfail(c, line, "sameas needs an argument");

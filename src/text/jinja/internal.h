@@ -269,6 +269,8 @@ jval jfilter_apply(jctx *c, const char *name, jval input, jargs *a, int line);
 bool jtest_apply(jctx *c, const char *name, jval v, jargs *a, int line);
 jval jmethod_get(jctx *c, jval obj, const char *name, bool *found);
 void jglobals_install(jctx *c, jframe *root);
+bool jinja_filter_exists(const char *name);
+bool jinja_test_exists(const char *name);
 /* argument helper: positional i or keyword name, else default */
 jval jarg(jargs *a, size_t i, const char *name, jval dflt);
 

@@ -45,6 +45,7 @@ typedef struct parser {
     size_t errlen;
     jmp_buf fail;
     int depth;
+    int loop_depth; /* for bodies we are inside (break/continue need one); a macro resets it */
 } parser;
 
 static _Noreturn void pfail(parser *p, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -342,8 +343,11 @@ static void lex(parser *p, const char *s, size_t len) {
         }
         char lead, trail;
         size_t rend = kind == '%' ? match_keyword_tag(s, len, at, "raw", &lead, &trail) : 0;
-        if (rend) {
-            size_t j = after_block_end(s, len, rend, trail), k = j, end_end = 0;
+        if (rend && trail != '+') { /* Jinja2's raw opener takes '-%}' or '%}' and no trim_blocks */
+            size_t j = rend, k, end_end = 0;
+            if (trail == '-')
+                while (j < len && is_py_space(s[j])) j++;
+            k = j;
             char elead = 0, etrail = 0;
             for (; k < len; k++)
                 if ((end_end = match_keyword_tag(s, len, k, "endraw", &elead, &etrail))) break;
@@ -603,6 +607,9 @@ static jnode *parse_postfix(parser *p, jnode *node) {
             expect_op(p, "]");
             if (idx.n == 0) pfail(p, t->line, "expected a subscript");
             jnode *key = idx.v[0];
+            if (idx.n > 1)
+                for (size_t k = 0; k < idx.n; k++)
+                    if (idx.v[k]->type == N_SLICE) pfail(p, t->line, "slices inside a tuple subscript are not supported");
             if (idx.n > 1) {
                 key = mk(p, N_TUPLE, t->line);
                 key->items = idx.v;
@@ -944,7 +951,9 @@ static jnode *parse_for(parser *p, int line) {
     expect_block_end(p);
     static const char *const ends[] = {"endfor", "else", NULL};
     const char *by;
+    p->loop_depth++;
     n->c = parse_body(p, ends, &by);
+    p->loop_depth--;
     if (!strcmp(by, "else")) {
         static const char *const ends2[] = {"endfor", NULL};
         n->d = parse_body(p, ends2, &by);
@@ -1034,7 +1043,10 @@ static jnode *parse_macro(parser *p, int line) {
     expect_block_end(p);
     static const char *const ends[] = {"endmacro", NULL};
     const char *by;
+    int saved = p->loop_depth;
+    p->loop_depth = 0;
     n->a = parse_body(p, ends, &by);
+    p->loop_depth = saved;
     return n;
 }
 
@@ -1047,7 +1059,10 @@ static jnode *parse_call_block(parser *p, int line) {
     expect_block_end(p);
     static const char *const ends[] = {"endcall", NULL};
     const char *by;
+    int saved = p->loop_depth;
+    p->loop_depth = 0;
     n->a = parse_body(p, ends, &by);
+    p->loop_depth = saved;
     n->str = "caller";
     return n;
 }
@@ -1076,6 +1091,7 @@ static jnode *parse_statement(parser *p) {
     if (!strcmp(k, "call")) return parse_call_block(p, line);
     if (!strcmp(k, "filter")) return parse_filter_block(p, line);
     if (!strcmp(k, "break") || !strcmp(k, "continue")) {
+        if (!p->loop_depth) pfail(p, line, "'%s' outside loop", k);
         jnode *n = mk(p, k[0] == 'b' ? S_BREAK : S_CONTINUE, line);
         expect_block_end(p);
         return n;
@@ -1145,6 +1161,23 @@ static jnode *parse_body(parser *p, const char *const *ends, const char **ended_
     return n;
 }
 
+/* Jinja2 resolves filter and test names when it compiles, so an unknown one fails even where it
+ * never runs -- except under an if (or inline if) of the same scope, where 3.x defers the check
+ * to run time. A for body or a macro starts a new scope. */
+static void check_names(parser *p, const jnode *n, int depth, bool deferred) {
+    if (!n || depth > 10000) return;
+    if (!deferred && n->type == N_FILTER && !jinja_filter_exists(n->str)) pfail(p, n->line, "No filter named '%s'.", n->str);
+    if (!deferred && n->type == N_TEST && !jinja_test_exists(n->str)) pfail(p, n->line, "No test named '%s'.", n->str);
+    if (n->type == S_IF || n->type == N_COND) deferred = true;
+    if (n->type == S_FOR || n->type == S_MACRO || n->type == S_CALL_BLOCK) deferred = false;
+    check_names(p, n->a, depth + 1, deferred);
+    check_names(p, n->b, depth + 1, deferred);
+    check_names(p, n->c, depth + 1, deferred);
+    check_names(p, n->d, depth + 1, deferred);
+    for (size_t i = 0; i < n->nitems; i++) check_names(p, n->items[i], depth + 1, deferred);
+    for (size_t i = 0; i < n->nitems2; i++) check_names(p, n->items2[i], depth + 1, deferred);
+}
+
 jnode *jparse(jinja_template *t, const char *src, size_t len, char *err, size_t errlen) {
     parser p = {.t = t, .err = err, .errlen = errlen};
     /* newlines normalised to \n; one trailing newline dropped (keep_trailing_newline=False) */
@@ -1162,5 +1195,7 @@ jnode *jparse(jinja_template *t, const char *src, size_t len, char *err, size_t 
     s[n] = 0;
     if (setjmp(p.fail)) return NULL;
     lex(&p, s, n);
-    return parse_body(&p, NULL, NULL);
+    jnode *body = parse_body(&p, NULL, NULL);
+    check_names(&p, body, 0, false);
+    return body;
 }

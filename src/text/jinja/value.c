@@ -77,12 +77,24 @@ static bool jv_hash_equal(jval a, jval b) {
     return jv_equal(a, b);
 }
 
+static void jdict_append(jctx *c, jdict *d, jval key, jval v);
+
 void jdict_set(jctx *c, jdict *d, jval key, jval v) {
+    /* the key scan is linear: charge it to the render's work budget so that building a huge
+     * dict fails instead of running for minutes */
+    c->iterations += (long long)(d->n >> 4);
+    if (c->iterations > c->limits.max_iterations)
+        jfail(c, 0, "template exceeded %lld loop iterations and calls", c->limits.max_iterations);
     for (size_t i = 0; i < d->n; i++)
         if (jv_hash_equal(d->keys[i], key)) {
             d->vals[i] = v;
             return;
         }
+    jdict_append(c, d, key, v);
+}
+
+/* adds a key known to be new */
+static void jdict_append(jctx *c, jdict *d, jval key, jval v) {
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 8;
         jval *k = jalloc(c, cap * sizeof(jval)), *vv = jalloc(c, cap * sizeof(jval));
@@ -126,7 +138,7 @@ jval jv_from_json(jctx *c, const json_t *j) {
         const char *k;
         json_t *v;
         json_object_foreach((json_t *)j, k, v) {
-            jdict_set(c, d.u.d, jv_str_copy(c, k, strlen(k)), jv_from_json(c, v));
+            jdict_append(c, d.u.d, jv_str_copy(c, k, strlen(k)), jv_from_json(c, v));
         }
         return d;
     }
@@ -166,7 +178,14 @@ static double jv_num(jval v) {
     return v.kind == JV_FLOAT ? v.u.f : v.kind == JV_INT ? (double)v.u.i : (double)v.u.b;
 }
 
-bool jv_equal(jval a, jval b) {
+static bool jv_equal_depth(jval a, jval b, int depth);
+bool jv_equal(jval a, jval b) { return jv_equal_depth(a, b, 0); }
+
+/* values nested deeper than this compare unequal instead of exhausting the stack */
+#define JV_MAX_NESTING 1000
+
+static bool jv_equal_depth(jval a, jval b, int depth) {
+    if (depth > JV_MAX_NESTING) return false;
     if (jv_is_number(a) && jv_is_number(b)) {
         if (a.kind != JV_FLOAT && b.kind != JV_FLOAT) {
             int64_t x = a.kind == JV_INT ? a.u.i : a.u.b, y = b.kind == JV_INT ? b.u.i : b.u.b;
@@ -182,14 +201,14 @@ bool jv_equal(jval a, jval b) {
     case JV_LIST:
         if (a.u.l->n != b.u.l->n || a.u.l->tuple != b.u.l->tuple) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jv_equal(a.u.l->items[i], b.u.l->items[i])) return false;
+            if (!jv_equal_depth(a.u.l->items[i], b.u.l->items[i], depth + 1)) return false;
         return true;
     case JV_DICT:
         if (a.u.d->is_namespace || b.u.d->is_namespace) return a.u.d == b.u.d;
         if (a.u.d->n != b.u.d->n) return false;
         for (size_t i = 0; i < a.u.d->n; i++) {
             jval other;
-            if (!jdict_get(b.u.d, a.u.d->keys[i], &other) || !jv_equal(a.u.d->vals[i], other)) return false;
+            if (!jdict_get(b.u.d, a.u.d->keys[i], &other) || !jv_equal_depth(a.u.d->vals[i], other, depth + 1)) return false;
         }
         return true;
     case JV_FUNC: return a.u.fn == b.u.fn;
@@ -214,7 +233,11 @@ const char *jv_type_name(jval v) {
     return "object";
 }
 
-int jv_compare(jctx *c, jval a, jval b, int line) {
+static int jv_compare_depth(jctx *c, jval a, jval b, int line, int depth);
+int jv_compare(jctx *c, jval a, jval b, int line) { return jv_compare_depth(c, a, b, line, 0); }
+
+static int jv_compare_depth(jctx *c, jval a, jval b, int line, int depth) {
+    if (depth > JV_MAX_NESTING) jfail(c, line, "values nested too deeply to compare");
     if (jv_is_number(a) && jv_is_number(b)) {
         if (a.kind != JV_FLOAT && b.kind != JV_FLOAT) {
             int64_t x = a.kind == JV_INT ? a.u.i : a.u.b, y = b.kind == JV_INT ? b.u.i : b.u.b;
@@ -233,7 +256,7 @@ int jv_compare(jctx *c, jval a, jval b, int line) {
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
             if (jv_equal(a.u.l->items[i], b.u.l->items[i])) continue;
-            return jv_compare(c, a.u.l->items[i], b.u.l->items[i], line);
+            return jv_compare_depth(c, a.u.l->items[i], b.u.l->items[i], line, depth + 1);
         }
         return (a.u.l->n > b.u.l->n) - (a.u.l->n < b.u.l->n);
     }
@@ -350,7 +373,12 @@ static void repr_str(const char *s, size_t n, strbuf *sb) {
     strbuf_append_char(sb, q);
 }
 
-void jv_repr(jctx *c, jval v, strbuf *sb, int line) {
+static void jv_repr_depth(jctx *c, jval v, strbuf *sb, int line, int depth);
+void jv_repr(jctx *c, jval v, strbuf *sb, int line) { jv_repr_depth(c, v, sb, line, 0); }
+
+static void jv_repr_depth(jctx *c, jval v, strbuf *sb, int line, int depth) {
+    if (depth > JV_MAX_NESTING) jfail(c, line, "value nested too deeply to print");
+    if (sb->len > c->limits.max_output_bytes) jfail(c, line, "printed value exceeds %zu bytes", c->limits.max_output_bytes);
     switch (v.kind) {
     case JV_STR: repr_str(v.u.s.p, v.u.s.n, sb); return;
     case JV_UNDEF: strbuf_append_str(sb, "Undefined"); return;
@@ -359,7 +387,7 @@ void jv_repr(jctx *c, jval v, strbuf *sb, int line) {
         strbuf_append_char(sb, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
             if (i) strbuf_append_str(sb, ", ");
-            jv_repr(c, l->items[i], sb, line);
+            jv_repr_depth(c, l->items[i], sb, line, depth + 1);
         }
         if (l->tuple && l->n == 1) strbuf_append_char(sb, ',');
         strbuf_append_char(sb, l->tuple ? ')' : ']');
@@ -371,9 +399,9 @@ void jv_repr(jctx *c, jval v, strbuf *sb, int line) {
         strbuf_append_char(sb, '{');
         for (size_t i = 0; i < d->n; i++) {
             if (i) strbuf_append_str(sb, ", ");
-            jv_repr(c, d->keys[i], sb, line);
+            jv_repr_depth(c, d->keys[i], sb, line, depth + 1);
             strbuf_append_str(sb, ": ");
-            jv_repr(c, d->vals[i], sb, line);
+            jv_repr_depth(c, d->vals[i], sb, line, depth + 1);
         }
         strbuf_append_char(sb, '}');
         if (d->is_namespace) strbuf_append_char(sb, '>');
@@ -463,7 +491,8 @@ static int key_cmp(const void *x, const void *y) {
 
 void jv_tojson(jctx *c, jval v, strbuf *sb, int indent, const char *item_sep, const char *key_sep,
                bool sort_keys, int level, int line) {
-    if (level > c->limits.max_depth) jfail(c, line, "tojson: value nested too deeply");
+    if (level > JV_MAX_NESTING) jfail(c, line, "tojson: value nested too deeply");
+    if (sb->len > c->limits.max_output_bytes) jfail(c, line, "tojson output exceeds %zu bytes", c->limits.max_output_bytes);
     switch (v.kind) {
     case JV_NONE: strbuf_append_str(sb, "null"); return;
     case JV_BOOL: strbuf_append_str(sb, v.u.b ? "true" : "false"); return;

@@ -240,9 +240,8 @@ export class FakeHF {
     }
     const rate = f.bytesPerSec;
     if (!rate) {
-      res.write(body.subarray(0, limit));
       count(limit);
-      return finish();
+      return res.write(body.subarray(0, limit), finish); // finish once the bytes are flushed
     }
     let off = 0;
     const chunk = Math.max(1024, Math.floor(rate / 20));
@@ -250,10 +249,9 @@ export class FakeHF {
       if (res.destroyed) return;
       if (off >= limit) return finish();
       const n = Math.min(chunk, limit - off);
-      res.write(body.subarray(off, off + n));
       count(n);
       off += n;
-      setTimeout(tick, 50);
+      res.write(body.subarray(off - n, off), () => setTimeout(tick, 50));
     };
     tick();
   }

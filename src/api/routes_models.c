@@ -1,0 +1,133 @@
+/* routes_models — HTTP glue for the model and download endpoints (see routes_models.h). */
+#include "api/routes_models.h"
+
+#include "download/serve.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static void answer(api_request *r, int status, json_t *body) { api_respond_json(r, status, body); }
+
+static json_t *body_json(api_request *r) {
+    size_t len = 0;
+    api_request_body(r, &len);
+    if (len == 0) return json_object();
+    return api_request_json(r); /* answers 400 itself on bad JSON */
+}
+
+static void h_list(api_request *r, void *ctx) {
+    json_t *b;
+    int st = models_api_list(ctx, api_request_query(r, "status"), &b);
+    answer(r, st, b);
+}
+
+static void h_search(api_request *r, void *ctx) {
+    json_t *b;
+    int st = models_api_search(ctx, api_request_query(r, "query"), api_request_query(r, "limit"), &b);
+    answer(r, st, b);
+}
+
+static void h_add(api_request *r, void *ctx) {
+    json_t *req = body_json(r), *b;
+    if (!req) return;
+    int st = models_api_add(ctx, req, &b);
+    json_decref(req);
+    answer(r, st, b);
+}
+
+static void h_delete_custom(api_request *r, void *ctx) {
+    json_t *b;
+    int st = models_api_delete_custom(ctx, api_request_param(r, "model_id"), &b);
+    answer(r, st, b);
+}
+
+static void h_download_start(api_request *r, void *ctx) {
+    json_t *req = body_json(r), *b;
+    if (!req) return;
+    int st = models_api_download_start(ctx, req, &b);
+    json_decref(req);
+    answer(r, st, b);
+}
+
+static void h_download_cancel(api_request *r, void *ctx) {
+    json_t *req = body_json(r), *b;
+    if (!req) return;
+    int st = models_api_download_cancel(ctx, req, &b);
+    json_decref(req);
+    answer(r, st, b);
+}
+
+static void h_download_delete(api_request *r, void *ctx) {
+    json_t *b;
+    int st = models_api_download_delete(ctx, api_request_param(r, "node_id"),
+                                        api_request_param(r, "model_id"), &b);
+    answer(r, st, b);
+}
+
+static void h_download_status(api_request *r, void *ctx) {
+    json_t *b;
+    int st = models_api_download_status(ctx, &b);
+    answer(r, st, b);
+}
+
+/* Peer transfer: the manifest and (ranged) files of complete models. */
+static void h_peer(api_request *r, void *ctx) {
+    models_service *s = ctx;
+    char path[4096];
+    const char *file = api_request_param(r, "path");
+    snprintf(path, sizeof path, "/models/%s/%s/%s%s", api_request_param(r, "org"),
+             api_request_param(r, "name"), file ? "files/" : "manifest", file ? file : "");
+    serve_target t;
+    serve_resolve(&s->store, path, &t);
+    if (t.status != 200) {
+        api_respond_error(r, t.status, "%s", t.message);
+        return;
+    }
+    unsigned long long start = 0, len = t.size;
+    uint64_t a = 0, n = t.size;
+    int status = t.is_manifest ? 200 : serve_parse_range(api_request_header(r, "Range"), t.size, &a, &n);
+    if (status == 416) {
+        char cr[64];
+        snprintf(cr, sizeof cr, "bytes */%llu", (unsigned long long)t.size);
+        api_request_add_response_header(r, "Content-Range", cr);
+        api_respond_error(r, 416, "range outside the file (%llu bytes)", (unsigned long long)t.size);
+        return;
+    }
+    if (status == 206) {
+        start = a;
+        len = n;
+        char cr[96];
+        snprintf(cr, sizeof cr, "bytes %llu-%llu/%llu", start, start + len - 1, (unsigned long long)t.size);
+        api_request_add_response_header(r, "Content-Range", cr);
+    }
+    int fd = open(t.file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        api_respond_error(r, 404, "file not readable");
+        return;
+    }
+    api_request_add_response_header(r, "Accept-Ranges", "bytes");
+    api_respond_file(r, status, t.is_manifest ? "application/json" : "application/octet-stream", fd,
+                     start, len);
+}
+
+models_service *routes_models_install(api_server *sv, const exo_options *o, const char *node_id,
+                                      char *err, size_t errlen) {
+    models_service_options mo = {.models_dir = o->models_dir, .models_path = o->models_path,
+                                 .data_dir = o->data_dir, .node_id = node_id, .offline = o->offline};
+    models_service *s = models_service_new(&mo, err, errlen);
+    if (!s) return NULL;
+    api_route_add(sv, "GET", "/models", h_list, s, 0);
+    api_route_add(sv, "GET", "/v1/models", h_list, s, 0);
+    api_route_add(sv, "GET", "/models/search", h_search, s, 0);
+    api_route_add(sv, "POST", "/models/add", h_add, s, 0);
+    api_route_add(sv, "DELETE", "/models/custom/{model_id...}", h_delete_custom, s, 0);
+    api_route_add(sv, "POST", "/download/start", h_download_start, s, 0);
+    api_route_add(sv, "POST", "/download/cancel", h_download_cancel, s, 0);
+    api_route_add(sv, "GET", "/download/status", h_download_status, s, 0);
+    api_route_add(sv, "DELETE", "/download/{node_id}/{model_id...}", h_download_delete, s, 0);
+    api_route_add(sv, "GET", "/models/{org}/{name}/manifest", h_peer, s, 0);
+    api_route_add(sv, "GET", "/models/{org}/{name}/files/{path...}", h_peer, s, 0);
+    return s;
+}

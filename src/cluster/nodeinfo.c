@@ -1,0 +1,180 @@
+/* cluster/nodeinfo — gathering node facts from /proc, statvfs, getifaddrs and NVML. */
+#include "cluster/nodeinfo.h"
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+/* /proc files report size 0, so read them to the end (at most max bytes). */
+static char *read_proc(const char *path, size_t max) {
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    char *buf = malloc(max + 1);
+    size_t n = buf ? fread(buf, 1, max, f) : 0;
+    fclose(f);
+    if (!buf) return NULL;
+    buf[n] = 0;
+    return buf;
+}
+
+static json_t *bytes_json(uint64_t n) {
+    return json_pack("{s:I}", "inBytes", (json_int_t)n);
+}
+
+int nodeinfo_parse_meminfo(const char *text, nodeinfo_memory *out) {
+    memset(out, 0, sizeof *out);
+    int have_total = 0, have_avail = 0;
+    for (const char *line = text; line && *line;) {
+        char key[64];
+        unsigned long long kb;
+        if (sscanf(line, "%63[^:]: %llu", key, &kb) == 2 && kb < (1ull << 50)) {
+            uint64_t b = (uint64_t)kb * 1024;
+            if (!strcmp(key, "MemTotal")) out->total = b, have_total = 1;
+            else if (!strcmp(key, "MemAvailable")) out->available = b, have_avail = 1;
+            else if (!strcmp(key, "SwapTotal")) out->swap_total = b;
+            else if (!strcmp(key, "SwapFree")) out->swap_free = b;
+        }
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    return have_total && have_avail ? 0 : -1;
+}
+
+json_t *nodeinfo_memory_json(void) {
+    char *text = read_proc("/proc/meminfo", 64 << 10);
+    if (!text) return NULL;
+    nodeinfo_memory m;
+    int rc = nodeinfo_parse_meminfo(text, &m);
+    free(text);
+    if (rc) return NULL;
+    return json_pack("{s:o, s:o, s:o, s:o}", "ramTotal", bytes_json(m.total), "ramAvailable",
+                     bytes_json(m.available), "swapTotal", bytes_json(m.swap_total),
+                     "swapAvailable", bytes_json(m.swap_free));
+}
+
+json_t *nodeinfo_disk_json(const char *path) {
+    struct statvfs s;
+    if (statvfs(path, &s)) return NULL;
+    return json_pack("{s:s, s:o, s:o}", "path", path, "total",
+                     bytes_json((uint64_t)s.f_blocks * s.f_frsize), "available",
+                     bytes_json((uint64_t)s.f_bavail * s.f_frsize));
+}
+
+const char *nodeinfo_simd_level(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return "avx512";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2";
+    if (__builtin_cpu_supports("sse4.2")) return "sse4.2";
+    return "generic";
+#elif defined(__aarch64__)
+    return "neon";
+#else
+    return "generic";
+#endif
+}
+
+static void cpu_model(char *out, size_t n) {
+    snprintf(out, n, "unknown");
+    char *text = read_proc("/proc/cpuinfo", 64 << 10);
+    if (!text) return;
+    const char *keys[] = {"model name", "Model", "Hardware"};
+    for (size_t k = 0; k < 3; k++) {
+        char *p = strstr(text, keys[k]);
+        if (!p || (p != text && p[-1] != '\n')) continue;
+        char *colon = strchr(p, ':'), *end = strchr(p, '\n');
+        if (!colon || (end && colon > end)) continue;
+        colon++;
+        while (*colon == ' ' || *colon == '\t') colon++;
+        size_t m = end ? (size_t)(end - colon) : strlen(colon);
+        snprintf(out, n, "%.*s", (int)m, colon);
+        break;
+    }
+    free(text);
+}
+
+/* NVML, the NVIDIA driver's management library, with only the calls used here. */
+typedef struct {
+    unsigned long long total, free, used;
+} nvml_memory;
+
+static json_t *gpus_json(void) {
+    json_t *gpus = json_array();
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!lib) return gpus;
+    int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
+    int (*shutdown)(void) = (int (*)(void))dlsym(lib, "nvmlShutdown");
+    int (*count)(unsigned *) = (int (*)(unsigned *))dlsym(lib, "nvmlDeviceGetCount_v2");
+    int (*handle)(unsigned, void **) =
+        (int (*)(unsigned, void **))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    int (*name)(void *, char *, unsigned) =
+        (int (*)(void *, char *, unsigned))dlsym(lib, "nvmlDeviceGetName");
+    int (*memory)(void *, nvml_memory *) =
+        (int (*)(void *, nvml_memory *))dlsym(lib, "nvmlDeviceGetMemoryInfo");
+    unsigned n = 0;
+    if (init && shutdown && count && handle && name && memory && init() == 0) {
+        if (count(&n) == 0) {
+            for (unsigned i = 0; i < n && i < 64; i++) {
+                void *dev;
+                char gpu_name[96] = "";
+                nvml_memory mem = {0, 0, 0};
+                if (handle(i, &dev) || name(dev, gpu_name, sizeof gpu_name)) continue;
+                gpu_name[sizeof gpu_name - 1] = 0;
+                memory(dev, &mem);
+                json_array_append_new(gpus, json_pack("{s:i, s:s, s:o}", "index", (int)i, "name",
+                                                      gpu_name, "memoryTotal",
+                                                      bytes_json(mem.total)));
+            }
+        }
+        shutdown();
+    }
+    dlclose(lib);
+    return gpus;
+}
+
+json_t *nodeinfo_system_json(void) {
+    char model[256];
+    cpu_model(model, sizeof model);
+    struct utsname u;
+    if (uname(&u)) memset(&u, 0, sizeof u);
+    json_t *gpus = gpus_json();
+    json_t *backends = json_array();
+    json_array_append_new(backends, json_string("cpu"));
+#ifdef EXO_CUDA
+    if (json_array_size(gpus) > 0) json_array_append_new(backends, json_string("cuda"));
+#endif
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char os[200];
+    snprintf(os, sizeof os, "%s %s", u.sysname, u.release);
+    return json_pack("{s:s, s:i, s:s, s:o, s:o, s:s, s:s}", "cpuModel", model, "cpuCores",
+                     (int)(cores > 0 ? cores : 1), "simd", nodeinfo_simd_level(), "gpus", gpus,
+                     "backends", backends, "os", os, "arch", u.machine);
+}
+
+json_t *nodeinfo_network_json(void) {
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs)) return NULL;
+    json_t *list = json_array();
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || !(i->ifa_flags & IFF_UP)) continue;
+        int fam = i->ifa_addr->sa_family;
+        if (fam != AF_INET && fam != AF_INET6) continue;
+        char addr[INET6_ADDRSTRLEN] = "";
+        const void *src = fam == AF_INET ? (const void *)&((struct sockaddr_in *)i->ifa_addr)->sin_addr
+                                         : (const void *)&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+        if (!inet_ntop(fam, src, addr, sizeof addr)) continue;
+        json_array_append_new(list, json_pack("{s:s, s:s, s:b}", "name", i->ifa_name, "ipAddress",
+                                              addr, "isLoopback",
+                                              (i->ifa_flags & IFF_LOOPBACK) != 0));
+    }
+    freeifaddrs(ifs);
+    return json_pack("{s:o}", "interfaces", list);
+}

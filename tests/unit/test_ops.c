@@ -1,0 +1,166 @@
+/* CPU backend ops against hand-computed cases, and the fast attention path against the
+ * reference over random paged caches (f32/f16/bf16, several GQA groupings and lengths). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "compute/backend.h"
+#include "compute/cpu/ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 12345;
+static float frand(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+}
+
+static void test_rmsnorm(void **s) {
+    (void)s;
+    float x[4] = {1, 2, 3, 4}, w[4] = {1, 0.5f, 2, 1}, y[4];
+    cpu_op_rmsnorm(x, w, y, 0, 1, 4, 0.0f);
+    float r = sqrtf((1 + 4 + 9 + 16) / 4.0f);
+    assert_float_equal(y[0], 1 / r, 1e-6);
+    assert_float_equal(y[1], 2 / r * 0.5f, 1e-6);
+    assert_float_equal(y[2], 3 / r * 2, 1e-6);
+    assert_float_equal(y[3], 4 / r, 1e-6);
+}
+
+static void test_rope_rotate_half(void **s) {
+    (void)s;
+    /* one head of 4 dims: pairs (0,2) and (1,3) rotate by pos*f0 and pos*f1 */
+    float x[4] = {1, 2, 3, 4}, f[2] = {0.5f, 0.25f};
+    int32_t pos = 3;
+    cpu_op_rope(x, &pos, 0, 1, 1, 4, 4, f, 1.0f);
+    float a0 = 1.5f, a1 = 0.75f;
+    assert_float_equal(x[0], 1 * cosf(a0) - 3 * sinf(a0), 1e-6);
+    assert_float_equal(x[2], 3 * cosf(a0) + 1 * sinf(a0), 1e-6);
+    assert_float_equal(x[1], 2 * cosf(a1) - 4 * sinf(a1), 1e-6);
+    assert_float_equal(x[3], 4 * cosf(a1) + 2 * sinf(a1), 1e-6);
+    /* position 0 is the identity */
+    float y[4] = {1, 2, 3, 4};
+    pos = 0;
+    cpu_op_rope(y, &pos, 0, 1, 1, 4, 4, f, 1.0f);
+    assert_float_equal(y[2], 3, 0);
+}
+
+static void test_silu_and_route(void **s) {
+    (void)s;
+    float g[2] = {0, 2}, u[2] = {5, 3};
+    cpu_op_silu_mul(g, u, 0, 2);
+    assert_float_equal(g[0], 0, 0);
+    assert_float_equal(g[1], 2 / (1 + expf(-2)) * 3, 1e-6);
+    float logits[4] = {0.1f, 2.0f, -1.0f, 1.0f};
+    int32_t ids[2];
+    float w[2];
+    cpu_op_moe_route(logits, 1, 4, 2, 0, ids, w);
+    double z = exp(0.1) + exp(2.0) + exp(-1.0) + exp(1.0);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 3);
+    assert_float_equal(w[0], exp(2.0) / z, 1e-6);
+    assert_float_equal(w[1], exp(1.0) / z, 1e-6);
+    cpu_op_moe_route(logits, 1, 4, 2, 1, ids, w);
+    assert_float_equal(w[0], exp(2.0) / (exp(2.0) + exp(1.0)), 1e-6);
+    assert_float_equal(w[0] + w[1], 1.0, 1e-6);
+}
+
+/* Attention over one sequence of 3 positions, by hand: 1 head of 2 dims. */
+static void test_attention_by_hand(void **s) {
+    (void)s;
+    float k[3][2] = {{1, 0}, {0, 1}, {1, 1}}, v[3][2] = {{1, 2}, {3, 4}, {5, 6}};
+    kv_layer kv = {.k = k, .v = v, .type = DTYPE_F32};
+    float q[2] = {1, 2}, out[2];
+    int32_t pos = 2, seq = 0, start = 0, table = 0;
+    attention_batch ab = {.n_tokens = 1, .positions = &pos, .seq_of_token = &seq,
+                          .block_table_start = &start, .block_tables = &table, .block_size = 4,
+                          .n_heads = 1, .n_kv_heads = 1, .head_dim = 2, .scale = 0.5f};
+    cpu_op_attention(q, &kv, &ab, out, 0, 1);
+    double sc[3] = {0.5, 1.0, 1.5}, z = exp(0.5) + exp(1.0) + exp(1.5);
+    double o0 = (exp(sc[0]) * 1 + exp(sc[1]) * 3 + exp(sc[2]) * 5) / z;
+    assert_float_equal(out[0], o0, 1e-5);
+    pos = 0; /* causal: only position 0 */
+    cpu_op_attention(q, &kv, &ab, out, 0, 1);
+    assert_float_equal(out[0], 1, 1e-6);
+    assert_float_equal(out[1], 2, 1e-6);
+}
+
+static void fill_cache(kv_layer *kv, int64_t n, const float *src) {
+    for (int64_t i = 0; i < n; i++) {
+        if (kv->type == DTYPE_F32) ((float *)kv->k)[i] = src[i];
+        else if (kv->type == DTYPE_F16) ((uint16_t *)kv->k)[i] = f32_to_f16(src[i]);
+        else ((uint16_t *)kv->k)[i] = f32_to_bf16(src[i]);
+    }
+}
+
+static void test_fast_attention_matches_reference(void **s) {
+    (void)s;
+    const int bs = 16, n_blocks = 12;
+    struct { int nh, nkv, hd; } shapes[] = {{4, 2, 16}, {8, 8, 32}, {32, 8, 64}, {16, 1, 128}};
+    dtype types[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        for (int ti = 0; ti < 3; ti++) {
+            int nh = shapes[si].nh, nkv = shapes[si].nkv, hd = shapes[si].hd;
+            int64_t kvd = (int64_t)nkv * hd, slots = (int64_t)n_blocks * bs;
+            size_t es = dtype_size(types[ti]);
+            float *src = malloc(sizeof(float) * slots * kvd);
+            kv_layer kv = {.k = malloc(es * slots * kvd), .v = malloc(es * slots * kvd),
+                           .type = types[ti]};
+            for (int64_t i = 0; i < slots * kvd; i++) src[i] = frand() * 2;
+            fill_cache(&kv, slots * kvd, src);
+            void *tmp = kv.k; /* v: different values */
+            for (int64_t i = 0; i < slots * kvd; i++) src[i] = frand();
+            kv.k = kv.v;
+            fill_cache(&kv, slots * kvd, src);
+            kv.v = kv.k;
+            kv.k = tmp;
+            /* two sequences with scattered blocks; tokens at several positions */
+            int32_t tables[12] = {5, 2, 9, 0, 11, 1, 3, 7, 4, 6, 8, 10}, starts[2] = {0, 6};
+            int32_t pos[5] = {0, 17, 95, 3, 50}, seq[5] = {0, 0, 0, 1, 1};
+            float *q = malloc(sizeof(float) * 5 * nh * hd), *o1 = malloc(sizeof(float) * 5 * nh * hd),
+                  *o2 = malloc(sizeof(float) * 5 * nh * hd);
+            for (int i = 0; i < 5 * nh * hd; i++) q[i] = frand();
+            attention_batch ab = {.n_tokens = 5, .positions = pos, .seq_of_token = seq,
+                                  .block_table_start = starts, .block_tables = tables,
+                                  .block_size = bs, .n_heads = nh, .n_kv_heads = nkv,
+                                  .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
+            cpu_op_attention(q, &kv, &ab, o1, 0, 5 * nh);
+            if (cpu_op_attention_fast_ok(&ab)) {
+                cpu_op_attention_avx2(q, &kv, &ab, o2, 0, 5 * nkv);
+                for (int i = 0; i < 5 * nh * hd; i++) assert_float_equal(o1[i], o2[i], 1e-5);
+            }
+            free(src);
+            free(kv.k);
+            free(kv.v);
+            free(q);
+            free(o1);
+            free(o2);
+        }
+    }
+}
+
+static void test_kv_write_f16(void **s) {
+    (void)s;
+    uint16_t k[4 * 2], v[4 * 2];
+    kv_layer kv = {.k = k, .v = v, .type = DTYPE_F16};
+    float ks[4] = {1.5f, -2, 0.25f, 1000}, vs[4] = {3, 4, 5, 6};
+    int32_t slots[2] = {3, 1};
+    cpu_op_kv_write(&kv, ks, vs, slots, 2, 2);
+    assert_float_equal(f16_to_f32(k[3 * 2 + 0]), 1.5f, 0);
+    assert_float_equal(f16_to_f32(k[3 * 2 + 1]), -2, 0);
+    assert_float_equal(f16_to_f32(k[1 * 2 + 1]), 1000, 0);
+    assert_float_equal(f16_to_f32(v[1 * 2 + 0]), 5, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rmsnorm),           cmocka_unit_test(test_rope_rotate_half),
+        cmocka_unit_test(test_silu_and_route),    cmocka_unit_test(test_attention_by_hand),
+        cmocka_unit_test(test_fast_attention_matches_reference),
+        cmocka_unit_test(test_kv_write_f16),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
