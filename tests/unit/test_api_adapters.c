@@ -102,8 +102,8 @@ static void test_openai_tool_call_deltas(void **state) {
         "\"delta\":{\"role\":\"assistant\"",
         "\"reasoning_content\":\"let me think\"",
         "\"content\":\"Checking.\"",
-        "\"tool_calls\":[{\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":"
-        "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"},\"index\":0}]",
+        ("\"tool_calls\":[{\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":"
+         "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"},\"index\":0}]"),
         "\"finish_reason\":\"tool_calls\"",
         "\"reasoning_tokens\":1",
         "data: [DONE]",
