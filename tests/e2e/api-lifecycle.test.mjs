@@ -152,3 +152,23 @@ test('prefill progress and keep-alive comments reach SSE clients', async () => {
   assert.match(text, /^: keep-alive$/m);
   assert.match(text, /data: \[DONE\]/);
 });
+
+test('--model places the model at start; SIGTERM stops the node and its runner', async () => {
+  const dir = await tinyModel(MODEL);
+  const n = await startNode({ args: ['--models-path', path.dirname(dir), '--model', MODEL] });
+  try {
+    await waitFor(async () => {
+      const s = await (await fetch(`${n.url}/state`)).json();
+      return Object.values(s.runners).some((r) => 'RunnerReady' in r);
+    }, 60000, 'the --model runner to be Ready');
+    const pids = execFileSync('pgrep', ['-P', String(n.proc.pid)], { encoding: 'utf8' })
+      .trim().split('\n').map(Number);
+    assert.equal(pids.length, 1);
+    assert.equal(await n.stop(), 0);
+    let alive = true;
+    try { process.kill(pids[0], 0); } catch { alive = false; }
+    assert.equal(alive, false, 'the runner exited with the node');
+  } finally {
+    await n.stop();
+  }
+});
