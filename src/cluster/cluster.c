@@ -1702,6 +1702,29 @@ char *cluster_events_json(uint64_t since) {
     return strbuf_detach(&sb);
 }
 
+char *cluster_events_page(uint64_t since, uint64_t max, uint64_t *last) {
+    cluster *c = self;
+    if (!c) return NULL;
+    strbuf sb = {0};
+    pthread_mutex_lock(&c->lock);
+    uint64_t count = log_count(c), i = since + 1;
+    for (; i <= count && i <= since + max; i++) {
+        size_t len;
+        char *text = eventlog_read(c->log, i, &len);
+        if (!text) break;
+        if (sb.len) strbuf_append_char(&sb, ',');
+        strbuf_append(&sb, text, len);
+        free(text);
+    }
+    pthread_mutex_unlock(&c->lock);
+    *last = i - 1;
+    if (!sb.len) {
+        strbuf_free(&sb);
+        return NULL;
+    }
+    return strbuf_detach(&sb);
+}
+
 char *cluster_status_json(void) {
     cluster *c = self;
     if (!c) return NULL;
