@@ -35,10 +35,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# npm packages for end-to-end tests and tokenizer fixtures (pinned by the lock file).
+# npm packages for end-to-end tests and tokenizer fixtures (pinned by the lock file). The stamp
+# holds the lock file's hash, so a checkout with a newer mtime but the same lock reinstalls nothing.
 if [ -f tests/e2e/package.json ]; then
-  if [ ! -d tests/e2e/node_modules ] || [ tests/e2e/package-lock.json -nt tests/e2e/node_modules/.stamp ]; then
+  want=$(sha256sum tests/e2e/package-lock.json | cut -d' ' -f1)
+  have=$(cat tests/e2e/node_modules/.stamp 2>/dev/null || true)
+  if [ "$want" != "$have" ]; then
     echo "deps: npm ci in tests/e2e"
-    (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.stamp)
+    (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error && echo "$want" > node_modules/.stamp)
   fi
 fi

@@ -1,10 +1,18 @@
 /* exo run MODEL [PROMPT] — one model in this terminal: load it (a directory, or an id org/name
- * found as <models-dir>/org--name), run one generation, stream tokens as they come, and print
- * prefill and decode speed at the end. Refuses: serving (that is the node's job). */
+ * found as <models-dir>/org--name), render the prompt with the model's chat template (unless
+ * --raw), stream the reply as it is generated, and print prefill and decode speed at the end.
+ * Without PROMPT it is an interactive chat: each line is a user turn, the conversation is kept
+ * (the prefix cache makes earlier turns free). Refuses: serving (that is the node's job). */
 #include "base/clock.h"
 #include "base/paths.h"
+#include "base/strbuf.h"
 #include "cmd.h"
 #include "infer/engine.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
+
+#include <jansson.h>
+#include <unistd.h>
 
 #include <errno.h>
 #include <stdio.h>
@@ -19,6 +27,7 @@ typedef struct run_flags {
     float temperature;
     uint64_t seed;
     int raw;
+    int no_think;
     int threads;
     int context;
     const char *models_dir;
@@ -32,6 +41,7 @@ static void usage(void) {
             "  --temperature T     0 = greedy (default 0.7)\n"
             "  --seed N            sampling seed (default 42)\n"
             "  --raw               no chat template: the prompt is fed as is\n"
+            "  --no-think          ask thinking models (Qwen3) not to think\n"
             "  --tokens 1,2,3      the prompt as token ids (prints ids)\n"
             "  --threads N         CPU threads (default: all cores)\n"
             "  --context N         context length (default: the model's)\n"
@@ -48,6 +58,10 @@ static int parse_flags(int argc, char **argv, run_flags *f) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
         if (!strcmp(a, "--raw")) {
             f->raw = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-think")) {
+            f->no_think = 1;
             continue;
         }
         if (a[0] == '-' && a[1] == '-') {
@@ -82,6 +96,10 @@ static int parse_flags(int argc, char **argv, run_flags *f) {
         }
     }
     if (!f->model) return 1;
+    if (f->tokens && f->prompt) {
+        fprintf(stderr, "exo run: give a PROMPT or --tokens, not both\n");
+        return -1;
+    }
     if (f->max_tokens < 1) {
         fprintf(stderr, "exo run: --max-tokens must be at least 1\n");
         return -1;
@@ -134,80 +152,200 @@ static int parse_ids(const char *s, int32_t **ids, int *n) {
     return *ids && *n > 0 ? 0 : -1;
 }
 
-int cmd_run_main(int argc, char **argv) {
-    run_flags f;
-    int pr = parse_flags(argc, argv, &f);
-    if (pr != 0) {
-        usage();
-        return pr > 0 ? (f.model ? 0 : 2) : 2;
-    }
-    char dir[2048];
-    if (resolve_model(&f, dir, sizeof dir) != 0) return 1;
-    int32_t *prompt = NULL;
-    int n_prompt = 0;
-    if (!f.tokens) {
-        fprintf(stderr, "exo run: text prompts need the tokenizer, which this build lacks; "
-                "pass the prompt as --tokens 1,2,3\n");
-        return 2;
-    }
-    if (parse_ids(f.tokens, &prompt, &n_prompt) != 0) {
-        fprintf(stderr, "exo run: --tokens wants comma-separated token ids\n");
-        free(prompt);
-        return 2;
-    }
-    char err[512] = "";
-    uint64_t t0 = clock_now_ns();
-    engine_options o = {.model_dir = dir, .n_threads = f.threads, .context_length = f.context,
-                        .max_sequences = 1};
-    engine *e = engine_open(&o, err, sizeof err);
-    if (!e) {
-        fprintf(stderr, "exo run: %s\n", err);
-        free(prompt);
-        return 1;
-    }
-    const engine_info *info = engine_get_info(e);
-    fprintf(stderr, "loaded %s (%s, %d layers) in %.2f s\n", dir, info->architecture,
-            info->n_layers, (double)(clock_now_ns() - t0) / 1e9);
-    engine_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = f.max_tokens};
+/* What one conversation needs besides the engine. */
+typedef struct run_session {
+    const run_flags *f;
+    engine *e;
+    tokenizer *tok;          /* NULL: token-id mode */
+    chat_template *tmpl;     /* NULL: raw prompts */
+    json_t *messages;        /* the conversation so far (chat mode) */
+    int32_t stop_ids[4];
+    int n_stop;
+    uint64_t next_id;
+} run_session;
+
+/* Token ids of the next prompt: the rendered conversation (chat) or the text itself (raw). */
+static int encode_prompt(run_session *rs, const char *text, int32_t **ids, char *err,
+                         size_t errlen) {
+    if (!rs->tmpl) return tokenizer_encode(rs->tok, text, strlen(text), 1, ids, err, errlen);
+    json_array_append_new(rs->messages,
+                          json_pack("{s:s, s:s}", "role", "user", "content", text));
+    chat_render_options ro = {.add_generation_prompt = 1,
+                              .enable_thinking = rs->f->no_think ? 0 : -1,
+                              .bos_token = tokenizer_bos_token(rs->tok),
+                              .eos_token = tokenizer_eos_token(rs->tok)};
+    char *prompt = chat_template_render(rs->tmpl, rs->messages, NULL, &ro, err, errlen);
+    if (!prompt) return -1;
+    int n = tokenizer_encode(rs->tok, prompt, strlen(prompt), 0, ids, err, errlen);
+    free(prompt);
+    return n;
+}
+
+/* Generates one reply to `prompt` ids, streaming it; returns the reply text in chat mode. */
+static int generate(run_session *rs, const int32_t *prompt, int n_prompt, char **reply) {
+    const run_flags *f = rs->f;
+    char err[512];
+    engine_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = f->max_tokens,
+                          .stop_tokens = rs->stop_ids, .n_stop_tokens = rs->n_stop};
     req.sampling = sampling_params_default();
-    req.sampling.temperature = f.temperature;
-    req.sampling.seed = f.seed;
-    int rc = 0;
-    if (engine_submit(e, 1, &req, err, sizeof err) != 0) {
+    req.sampling.temperature = f->temperature;
+    req.sampling.seed = f->seed;
+    uint64_t id = rs->next_id++;
+    if (engine_submit(rs->e, id, &req, err, sizeof err) != 0) {
         fprintf(stderr, "exo run: %s\n", err);
-        rc = 1;
+        return -1;
     }
+    detokenizer *dt = rs->tok ? detokenizer_new(rs->tok, 1) : NULL;
+    strbuf text = {0};
+    char piece[1024];
     uint64_t start = clock_now_ns(), first = 0;
-    int n_gen = 0;
+    int n_gen = 0, cached = 0, rc = 0;
     engine_finish fin = ENGINE_FINISH_NONE;
-    while (rc == 0 && engine_pending(e)) {
+    while (engine_pending(rs->e)) {
         engine_event ev[4];
-        int n = engine_step(e, ev, 4);
+        int n = engine_step(rs->e, ev, 4);
         if (n < 0) {
             fprintf(stderr, "\nexo run: the engine failed\n");
-            rc = 1;
+            rc = -1;
             break;
         }
         for (int i = 0; i < n; i++) {
+            cached = ev[i].cached_tokens;
             if (ev[i].token >= 0) {
                 if (!n_gen++) first = clock_now_ns();
-                printf("%s%d", n_gen > 1 ? " " : "", ev[i].token);
+                if (dt) {
+                    size_t len = detokenizer_push(dt, ev[i].token, piece, sizeof piece);
+                    fwrite(piece, 1, len, stdout);
+                    strbuf_append(&text, piece, len);
+                } else {
+                    printf("%s%d", n_gen > 1 ? " " : "", ev[i].token);
+                }
                 fflush(stdout);
             }
             if (ev[i].finish) fin = ev[i].finish;
             if (ev[i].finish == ENGINE_FINISH_ERROR) fprintf(stderr, "\nexo run: %s\n", ev[i].error);
         }
     }
+    if (dt) {
+        size_t len = detokenizer_flush(dt, piece, sizeof piece);
+        fwrite(piece, 1, len, stdout);
+        strbuf_append(&text, piece, len);
+        detokenizer_free(dt);
+    }
     uint64_t end = clock_now_ns();
     printf("\n");
+    fflush(stdout);
     if (n_gen) {
         double pre = (double)(first - start) / 1e9, dec = (double)(end - first) / 1e9;
-        fprintf(stderr, "prompt: %d tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | %s\n",
-                n_prompt, n_prompt / (pre > 0 ? pre : 1e-9), n_gen,
+        fprintf(stderr,
+                "[prompt %d tokens (%d cached), %.1f tok/s | generated %d tokens, %.1f tok/s | "
+                "%s]\n",
+                n_prompt, cached, (n_prompt - cached) / (pre > 0 ? pre : 1e-9), n_gen,
                 n_gen > 1 ? (n_gen - 1) / (dec > 0 ? dec : 1e-9) : 0.0,
                 fin == ENGINE_FINISH_STOP ? "stop" : fin == ENGINE_FINISH_LENGTH ? "length" : "error");
     }
-    engine_close(e);
-    free(prompt);
+    *reply = strbuf_detach(&text);
+    return rc;
+}
+
+static int one_turn(run_session *rs, const char *text) {
+    char err[512];
+    int32_t *ids = NULL;
+    int n;
+    if (rs->f->tokens) {
+        if (parse_ids(rs->f->tokens, &ids, &n) != 0) {
+            fprintf(stderr, "exo run: --tokens wants comma-separated token ids\n");
+            free(ids);
+            return -1;
+        }
+    } else {
+        n = encode_prompt(rs, text, &ids, err, sizeof err);
+        if (n < 0) {
+            fprintf(stderr, "exo run: %s\n", err);
+            return -1;
+        }
+    }
+    char *reply = NULL;
+    int rc = generate(rs, ids, n, &reply);
+    if (rc == 0 && rs->tmpl)
+        json_array_append_new(rs->messages,
+                              json_pack("{s:s, s:s}", "role", "assistant", "content", reply));
+    free(reply);
+    free(ids);
+    return rc;
+}
+
+/* Loads the tokenizer and (unless --raw) the chat template; token-id mode needs neither. */
+static int open_text(run_session *rs, const char *dir) {
+    char err[512];
+    if (rs->f->tokens) return 0;
+    rs->tok = tokenizer_load(dir, err, sizeof err);
+    if (!rs->tok) {
+        fprintf(stderr, "exo run: %s (pass the prompt as --tokens 1,2,3 to run without one)\n", err);
+        return -1;
+    }
+    int32_t eos = tokenizer_eos_token(rs->tok) ? tokenizer_token_id(rs->tok, tokenizer_eos_token(rs->tok)) : -1;
+    if (eos >= 0) rs->stop_ids[rs->n_stop++] = eos;
+    const char *src = tokenizer_chat_template(rs->tok);
+    if (rs->f->raw || !src) {
+        if (!rs->f->raw) fprintf(stderr, "exo run: the model has no chat template; prompts are raw\n");
+        return 0;
+    }
+    rs->tmpl = chat_template_compile(src, err, sizeof err);
+    if (!rs->tmpl) {
+        fprintf(stderr, "exo run: chat template: %s\n", err);
+        return -1;
+    }
+    rs->messages = json_array();
+    return 0;
+}
+
+int cmd_run_main(int argc, char **argv) {
+    run_flags f;
+    int pr = parse_flags(argc, argv, &f);
+    if (pr != 0) {
+        usage();
+        return pr > 0 && f.model ? 0 : 2;
+    }
+    char dir[2048];
+    if (resolve_model(&f, dir, sizeof dir) != 0) return 1;
+    run_session rs = {.f = &f, .next_id = 1};
+    if (open_text(&rs, dir) != 0) return 1;
+    char err[512] = "";
+    uint64_t t0 = clock_now_ns();
+    engine_options o = {.model_dir = dir, .n_threads = f.threads, .context_length = f.context,
+                        .max_sequences = 1};
+    rs.e = engine_open(&o, err, sizeof err);
+    int rc = 0;
+    if (!rs.e) {
+        fprintf(stderr, "exo run: %s\n", err);
+        rc = 1;
+        goto done;
+    }
+    const engine_info *info = engine_get_info(rs.e);
+    fprintf(stderr, "[loaded %s: %s, %d layers, context %d, in %.2f s]\n", dir,
+            info->architecture, info->n_layers, info->context_length,
+            (double)(clock_now_ns() - t0) / 1e9);
+    if (f.prompt || f.tokens) {
+        rc = one_turn(&rs, f.prompt) ? 1 : 0;
+    } else { /* interactive chat */
+        char line[8192];
+        int tty = isatty(0);
+        for (;;) {
+            if (tty) fprintf(stderr, "> ");
+            if (!fgets(line, sizeof line, stdin)) break;
+            line[strcspn(line, "\n")] = 0;
+            if (!line[0]) continue;
+            if (one_turn(&rs, line) != 0) {
+                rc = 1;
+                break;
+            }
+        }
+    }
+done:
+    engine_close(rs.e);
+    chat_template_free(rs.tmpl);
+    json_decref(rs.messages);
+    tokenizer_free(rs.tok);
     return rc;
 }

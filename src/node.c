@@ -1,12 +1,17 @@
 /* node — `exo` with no subcommand: starts the HTTP API (api/) and runs until SIGINT/SIGTERM,
  * then stops the server and every runner it started. --model places a model at start.
- * The cluster module will join here later (discovery, election, worker). */
+ * The cluster member (cluster/) starts first: its persistent node id is the API's node id, and
+ * its State and log are served through cluster_routes. With --no-api the node is a cluster
+ * member only. */
 #include "cmd.h"
 
 #include "api/api.h"
 #include "api/routes_models.h"
 #include "api/server.h"
 #include "base/log.h"
+#include "cluster/cluster.h"
+#include "cluster_routes.h"
+#include "placement_routes.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -31,28 +36,42 @@ int node_main(const exo_options *options) {
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* Without the cluster (port taken, data dir locked, bad --cluster-key) a node still serves
+     * its own API; the reason is in the log just above. */
+    int clustered = cluster_start(options) == 0;
+    if (!clustered) log_error("cluster: not joined; this node serves alone");
     if (options->no_api) {
-        log_error("--no-api: this node would serve nothing yet (the cluster worker is not built)");
-        return 1;
+        if (!clustered) return 1;
+        int sig = 0;
+        sigwait(&stop, &sig);
+        log_info("stopping (%s)", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        cluster_stop();
+        return 0;
     }
     char node_id[64], err[1024];
-    make_node_id(node_id, sizeof node_id);
+    if (clustered) snprintf(node_id, sizeof node_id, "%s", cluster_node_id());
+    else make_node_id(node_id, sizeof node_id);
     api_service *svc = api_service_new(options, node_id, err, sizeof err);
     if (!svc) {
         log_error("%s", err);
+        cluster_stop();
         return 1;
     }
+    cluster_routes_add(api_service_server(svc), api_service_instances(svc));
+    placement_routes_add(api_service_server(svc), options);
     models_service *models = routes_models_install(api_service_server(svc), options, node_id, err,
                                                    sizeof err);
     if (!models) {
         log_error("%s", err);
         api_service_free(svc);
+        cluster_stop();
         return 1;
     }
     if (api_service_start(svc, err, sizeof err)) {
         log_error("%s", err);
         api_service_free(svc);
         models_service_free(models);
+        cluster_stop();
         return 1;
     }
     log_info("node %s: API and dashboard on http://0.0.0.0:%d", node_id,
@@ -68,5 +87,6 @@ int node_main(const exo_options *options) {
     log_info("stopping (%s)", sig == SIGINT ? "SIGINT" : "SIGTERM");
     api_service_free(svc);
     models_service_free(models);
+    cluster_stop();
     return 0;
 }

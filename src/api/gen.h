@@ -79,6 +79,13 @@ typedef struct gen_context {
     instances *instances;
 } gen_context;
 
+/* A fresh state for one request (refcount 1) and its release; gen_handle uses these, and so do
+ * tests and the fuzzer to drive an adapter's parse and encoders directly. */
+gen_state *gen_state_new(const gen_adapter *adapter, instances *m);
+void gen_state_release(gen_state *st);
+/* The adapters' shared folding of one runner message into st (accepted/delta/done). */
+void gen_state_accumulate(gen_state *st, const json_t *message);
+
 /* Runs one generation request end to end with the given adapter. */
 void gen_handle(api_request *r, const gen_adapter *adapter, gen_context *ctx, int bench);
 /* POST /v1/cancel/{id}: 0 if a generation with that id was found and cancelled. */

@@ -72,7 +72,7 @@ void gen_make_id(char *out, size_t n, const char *prefix) {
 
 /* ------------------------------------------------------------------ state */
 
-static gen_state *state_new(const gen_adapter *a, instances *m) {
+gen_state *gen_state_new(const gen_adapter *a, instances *m) {
     gen_state *st = calloc(1, sizeof *st);
     st->adapter = a;
     gen_request_init(&st->req);
@@ -107,6 +107,14 @@ static void state_unref(gen_state *st) {
     pthread_mutex_destroy(&st->lock);
     pthread_cond_destroy(&st->cond);
     free(st);
+}
+
+static void accumulate(gen_state *st, const json_t *msg, const char *type);
+void gen_state_release(gen_state *st) { state_unref(st); }
+
+void gen_state_accumulate(gen_state *st, const json_t *message) {
+    const char *type = json_string_value(json_object_get(message, "type"));
+    if (type) accumulate(st, message, type);
 }
 
 /* Folds one runner message into the accumulated result. st->lock held. */
@@ -220,7 +228,7 @@ static void respond_error(gen_state *st, api_request *r, int status, const char 
 }
 
 void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int bench) {
-    gen_state *st = state_new(a, ctx->instances);
+    gen_state *st = gen_state_new(a, ctx->instances);
     st->bench = bench;
     char err[1024];
     json_t *body = api_request_json_quiet(r, err, sizeof err);

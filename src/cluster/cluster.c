@@ -56,10 +56,12 @@
 #define PROBE_BYTES 16384
 #define PROBE_DELAY_NS (2000 * MS)
 #define PROBE_INTERVAL_NS (600000 * MS)
-#define EDGES_CHECK_NS (2000 * MS)
+#define EDGES_CHECK_NS (500 * MS)
 #define EDGES_MIN_GAP_NS (3000 * MS)
+#define EDGES_SETTLE_NS (2000 * MS)
 #define EDGES_REFRESH_NS (300000 * MS)
 #define MEMORY_CHECK_NS (10000 * MS)
+#define MEMORY_REFRESH_NS (300000 * MS)
 #define DISK_CHECK_NS (60000 * MS)
 #define NETWORK_CHECK_NS (30000 * MS)
 #define BATCH_MAX_BYTES (512u << 10)
@@ -88,6 +90,7 @@ typedef struct peer {
     double bandwidth_mbps;        /* < 0 until measured */
     uint64_t next_probe_ns;
     uint64_t connected_ns; /* when the DEALER was (re)created */
+    int hellos_left;       /* heartbeats that still carry our version and name */
 } peer;
 
 typedef struct cluster {
@@ -144,8 +147,9 @@ typedef struct cluster {
     /* Timers and last published info. */
     uint64_t next_beacon_ns, next_heartbeat_ns, next_hello_ns, next_gossip_ns, last_gossip_ns;
     uint64_t next_edges_ns, last_edges_ns, next_memory_ns, next_disk_ns, next_network_ns;
-    uint64_t last_republish_ns;
-    json_t *published_edges, *published_network;
+    uint64_t last_republish_ns, edges_refresh_ns, memory_published_ns;
+    json_t *published_edges, *published_network, *seen_edges;
+    uint64_t edges_settled_ns;
     uint64_t published_mem_avail, published_swap_free, published_disk_avail, mem_total;
     int gossip_pending;
 
@@ -259,7 +263,7 @@ static peer *add_peer(cluster *c, const char *id, const char *addr, int port) {
     if (peer_connect(c, p)) return NULL;
     c->n_peers++;
     log_debug("cluster: connecting to %s at %s:%d", id[0] ? id : "bootstrap peer", addr, port);
-    c->next_heartbeat_ns = 0; /* say hello right away */
+    c->next_hello_ns = 0; /* say hello right away */
     return p;
 }
 
@@ -837,14 +841,17 @@ static void handle_entries(cluster *c, const char *from, const json_t *m) {
 
 /* all = 0: only peers that have not answered yet (their connection may not have been ready
  * for the last hello; ZMQ_IMMEDIATE drops what cannot be sent). */
-static void send_heartbeats(cluster *c, uint64_t now, int all) {
+static void send_heartbeat_to(cluster *c, peer *p, uint64_t now) {
     int64_t now_us = (int64_t)(now / 1000);
-    for (size_t i = 0; i < c->n_peers; i++) {
-        peer *p = &c->peers[i];
-        if (!p->dealer || (!all && p->alive)) continue;
+    {
         json_t *hb = cluster_message_new(CLUSTER_MSG_HEARTBEAT, c->identity.node_id);
-        json_object_set_new(hb, "ver", json_string(EXO_VERSION));
-        json_object_set_new(hb, "name", json_string(c->identity.friendly_name));
+        /* A hello asks for an immediate answer: we have not heard from this peer yet. */
+        if (!p->alive) json_object_set_new(hb, "hello", json_true());
+        if (!p->alive || p->hellos_left > 0) { /* a hello: who we are, on (re)connection */
+            if (p->alive) p->hellos_left--;
+            json_object_set_new(hb, "ver", json_string(EXO_VERSION));
+            json_object_set_new(hb, "name", json_string(c->identity.friendly_name));
+        }
         json_object_set_new(hb, "port", json_integer(c->options.listen_port));
         json_object_set_new(hb, "sess", json_string(c->sess));
         json_object_set_new(hb, "sa", json_integer(c->started_at_ms));
@@ -863,6 +870,14 @@ static void send_heartbeats(cluster *c, uint64_t now, int all) {
     }
 }
 
+static void send_heartbeats(cluster *c, uint64_t now, int all) {
+    for (size_t i = 0; i < c->n_peers; i++) {
+        peer *p = &c->peers[i];
+        if (!p->dealer || (!all && p->alive)) continue;
+        send_heartbeat_to(c, p, now);
+    }
+}
+
 static void handle_heartbeat(cluster *c, const json_t *m, const char *from, const char *addr,
                              uint64_t now) {
     int port = (int)json_integer_value(json_object_get(m, "port"));
@@ -872,10 +887,12 @@ static void handle_heartbeat(cluster *c, const json_t *m, const char *from, cons
     const char *sess = json_string_value(json_object_get(m, "sess"));
     if (p->sess[0] && strcmp(p->sess, sess)) {
         log_info("cluster: peer %s restarted", from);
+        p->hellos_left = 3;
         p->their_ts_recv_ns = 0;
     }
     snprintf(p->sess, sizeof p->sess, "%s", sess);
-    snprintf(p->name, sizeof p->name, "%s", json_string_value(json_object_get(m, "name")));
+    json_t *name = json_object_get(m, "name");
+    if (name) snprintf(p->name, sizeof p->name, "%s", json_string_value(name));
     p->started_at_ms = json_integer_value(json_object_get(m, "sa"));
     p->term = (uint64_t)json_integer_value(json_object_get(m, "term"));
     p->last_term = (uint64_t)json_integer_value(json_object_get(m, "lt"));
@@ -897,11 +914,12 @@ static void handle_heartbeat(cluster *c, const json_t *m, const char *from, cons
     if (!p->alive) {
         p->alive = 1;
         p->alive_since_ns = now;
-        p->next_probe_ns = now + PROBE_DELAY_NS;
+        p->hellos_left = 3;
+        p->next_probe_ns = now + PROBE_DELAY_NS + randombytes_uniform(3000) * MS;
         log_info("cluster: peer %s (%s) joined from %s:%d", from, p->name, p->addr, p->port);
         membership_changed(c, now);
-        c->next_heartbeat_ns = 0; /* answer at once so it sees us promptly too */
     }
+    if (json_is_true(json_object_get(m, "hello"))) send_heartbeat_to(c, p, now);
 }
 
 static void become_master(cluster *c, uint64_t now) {
@@ -966,7 +984,10 @@ static void elect(cluster *c, uint64_t now) {
     if (c->is_master) return;
     if (c->master_id[0] && strcmp(c->master_id, c->identity.node_id)) c->master_id[0] = 0;
     if (now - c->started_ns < STARTUP_GRACE_NS) return;
-    if (now - c->membership_changed_ns < ELECTION_DEBOUNCE_NS) return;
+    /* While a cluster is booting, peers keep appearing: wait for a calmer membership. */
+    uint64_t debounce = now - c->started_ns < 5000 * MS ? 3 * ELECTION_DEBOUNCE_NS
+                                                        : ELECTION_DEBOUNCE_NS;
+    if (now - c->membership_changed_ns < debounce) return;
     if (now - c->candidate_since_ns < ELECTION_DEBOUNCE_NS) return;
     become_master(c, now);
 }
@@ -1034,11 +1055,14 @@ static void publish_memory(cluster *c, int force) {
                                                  : c->published_mem_avail - avail;
     uint64_t d2 = swap > c->published_swap_free ? swap - c->published_swap_free
                                                 : c->published_swap_free - swap;
-    if (!force && d1 * 50 < total && d2 * 50 < total) {
+    /* Placement needs the rough picture; a busy host moves by a few percent all the time. */
+    int stale = clock_now_ns() - c->memory_published_ns > MEMORY_REFRESH_NS;
+    if (!force && !stale && d1 * 20 < total && d2 * 20 < total) {
         json_decref(m);
         return;
     }
     c->mem_total = total;
+    c->memory_published_ns = clock_now_ns();
     c->published_mem_avail = avail;
     c->published_swap_free = swap;
     publish_info(c, "MemoryUsage", m);
@@ -1093,6 +1117,9 @@ static json_t *current_edges(cluster *c) {
     return edges;
 }
 
+/* Whether a fresh edge list is worth an event now. Link measurements on a busy host jitter by
+ * large factors, so value changes alone never trigger one (the periodic refresh carries them):
+ * only a new or lost peer, or a peer's first bandwidth measurement, does. */
 static int edges_changed(json_t *old, json_t *cur) {
     if (!old || json_array_size(old) != json_array_size(cur)) return 1;
     size_t i;
@@ -1105,28 +1132,32 @@ static int edges_changed(json_t *old, json_t *cur) {
             if (json_equal(json_object_get(x, "sink"), json_object_get(e, "sink"))) o = x;
         }
         if (!o) return 1;
-        double l0 = json_number_value(json_object_get(o, "latencyMs"));
-        double l1 = json_number_value(json_object_get(e, "latencyMs"));
-        if (fabs(l1 - l0) > 1.0 && fabs(l1 - l0) > 0.5 * l0) return 1;
-        json_t *b0 = json_object_get(o, "bandwidthMbps"), *b1 = json_object_get(e, "bandwidthMbps");
-        if (!b0 != !b1) return 1;
-        if (b0 && fabs(json_number_value(b1) - json_number_value(b0)) >
-                      0.5 * json_number_value(b0))
-            return 1;
+        if (!json_object_get(o, "bandwidthMbps") != !json_object_get(e, "bandwidthMbps")) return 1;
     }
     return 0;
 }
 
 static void publish_edges(cluster *c, uint64_t now) {
     json_t *cur = current_edges(c);
-    int due = now - c->last_edges_ns >= EDGES_REFRESH_NS;
-    if (now - c->last_edges_ns < EDGES_MIN_GAP_NS || (!due && !edges_changed(c->published_edges, cur))) {
+    int due = now - c->last_edges_ns >= c->edges_refresh_ns;
+    /* Debounce: while peers are still joining (or first probes still arriving), wait until the
+     * set of links has been stable for a while, then publish once. */
+    if (!c->seen_edges || edges_changed(c->seen_edges, cur)) {
+        json_decref(c->seen_edges);
+        c->seen_edges = json_deep_copy(cur);
+        c->edges_settled_ns = now;
+    }
+    int settled = now - c->edges_settled_ns >= EDGES_SETTLE_NS;
+    if (now - c->last_edges_ns < EDGES_MIN_GAP_NS ||
+        (!due && !(settled && edges_changed(c->published_edges, cur)))) {
         json_decref(cur);
         return;
     }
     json_decref(c->published_edges);
     c->published_edges = json_deep_copy(cur);
     c->last_edges_ns = now;
+    /* Spread the refreshes of many nodes over time: 4/5..6/5 of the period. */
+    c->edges_refresh_ns = EDGES_REFRESH_NS * 4 / 5 + randombytes_uniform(1000) * (EDGES_REFRESH_NS / 2500);
     submit_locked(c, json_pack("{s:{s:s, s:o}}", "TopologyEdgesMeasured", "source",
                                c->identity.node_id, "edges", cur));
 }
@@ -1352,8 +1383,10 @@ static void tick(cluster *c, uint64_t now) {
     if (now >= c->next_beacon_ns) {
         beacon_send(c);
         /* Beacon faster for the first seconds, so a starting cluster finds itself quickly. */
-        c->next_beacon_ns = now + (now - c->started_ns < 3000 * MS ? BEACON_INTERVAL_NS / 4
-                                                                   : BEACON_INTERVAL_NS);
+        uint64_t up = now - c->started_ns;
+        c->next_beacon_ns = now + (up < 3000 * MS    ? BEACON_INTERVAL_NS / 4
+                                   : up < 20000 * MS ? BEACON_INTERVAL_NS
+                                                     : BEACON_INTERVAL_NS * 4);
     }
     check_liveness(c, now);
     elect(c, now);
@@ -1449,7 +1482,10 @@ static int open_sockets(cluster *c) {
             zsock_connect(c->router_monitor, "inproc://exo-cluster-router-monitor"))
             zsock_destroy(&c->router_monitor);
     }
-    if (zsock_bind(c->router, "tcp://*:%d", c->options.listen_port) < 0) {
+    int bound = c->options.listen_port ? zsock_bind(c->router, "tcp://*:%d", c->options.listen_port)
+                                       : zsock_bind(c->router, "tcp://*:*"); /* 0: any free port */
+    if (bound > 0) c->options.listen_port = bound;
+    if (bound < 0) {
         log_error("cluster: cannot listen on port %d (%s): is another exo running? Use "
                   "--listen-port",
                   c->options.listen_port, zmq_strerror(zmq_errno()));
@@ -1485,6 +1521,7 @@ static void cluster_free(cluster *c) {
     json_decref(c->pending);
     json_decref(c->absent_since);
     json_decref(c->published_edges);
+    json_decref(c->seen_edges);
     json_decref(c->published_network);
     free(c->epochs);
     free(c->peers);
@@ -1545,6 +1582,7 @@ int cluster_start(const exo_options *options) {
     c->peer_timeout_ns = env_ms("EXO_CLUSTER_PEER_TIMEOUT_MS", 5000) * MS;
     c->node_timeout_ns = env_ms("EXO_CLUSTER_NODE_TIMEOUT_MS", 30000) * MS;
     c->snapshot_every = env_ms("EXO_CLUSTER_SNAPSHOT_EVERY", 1000);
+    c->edges_refresh_ns = EDGES_REFRESH_NS;
     c->started_at_ms = clock_unix_ms();
     c->started_ns = clock_now_ns();
     c->membership_changed_ns = c->started_ns;
@@ -1583,7 +1621,7 @@ int cluster_start(const exo_options *options) {
     }
     log_info("cluster: node %s (%s) in namespace '%s', listening on %d, discovery on %d%s",
              c->identity.node_id, c->identity.friendly_name, options->namespace_name,
-             options->listen_port, options->discovery_port,
+             c->options.listen_port, options->discovery_port,
              options->cluster_key_file[0] ? ", with --cluster-key" : "");
     self = c;
     pthread_mutex_unlock(&start_lock);

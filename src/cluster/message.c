@@ -79,7 +79,9 @@ int cluster_entry_validate(const json_t *e, char *err, size_t errlen) {
 }
 
 static int validate_heartbeat(const json_t *m, char *err, size_t errlen) {
-    if (need_string(m, "ver", 128, err, errlen) || need_string(m, "name", 256, err, errlen) ||
+    /* Version and name ride on hellos only (the first heartbeats to a peer). */
+    if ((json_object_get(m, "ver") && need_string(m, "ver", 128, err, errlen)) ||
+        (json_object_get(m, "name") && need_string(m, "name", 256, err, errlen)) ||
         need_int(m, "port", 1, 65535, err, errlen) || need_string(m, "sess", 32, err, errlen) ||
         need_int(m, "sa", 0, INT_MAX_JSON, err, errlen) ||
         need_int(m, "term", 0, INT_MAX_JSON, err, errlen) ||
@@ -87,6 +89,9 @@ static int validate_heartbeat(const json_t *m, char *err, size_t errlen) {
         need_int(m, "li", 0, INT_MAX_JSON, err, errlen) ||
         need_int(m, "ts", 0, INT64_MAX, err, errlen))
         return -1;
+    json_t *hello = json_object_get(m, "hello");
+    if (hello && !json_is_boolean(hello))
+        return fail(err, errlen, "field '%s' is not a boolean", "hello");
     if (!json_is_boolean(json_object_get(m, "m")))
         return fail(err, errlen, "field '%s' missing or not a boolean", "m");
     /* Optional echo of the receiver's last timestamp (link latency). */

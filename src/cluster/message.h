@@ -20,7 +20,8 @@
 #define CLUSTER_NODE_ID_MAX 64
 
 enum cluster_message_type {
-    CLUSTER_MSG_HEARTBEAT = 1, /* "hb": hello + liveness + election key, every second */
+    CLUSTER_MSG_HEARTBEAT = 1, /* "hb": liveness + election key, every second; the first ones
+                                * to a peer (hellos) also carry "ver" and "name" */
     CLUSTER_MSG_PEERS,         /* "peers": gossip of known peer addresses */
     CLUSTER_MSG_SUBMIT,        /* "sub": local events for the master to order */
     CLUSTER_MSG_ENTRIES,       /* "ents": log entries from the master (broadcast or sync reply) */

@@ -5,8 +5,9 @@
  *   2. decode: every running sequence whose prompt is done contributes its one pending token;
  *      when the cache has no block for it, the newest running sequence is preempted (its blocks
  *      freed, it goes back to waiting and is recomputed later: outputs do not change);
- *   3. prefill: sequences still processing their prompt (oldest first), then waiting ones while
- *      fewer than max_sequences run, take chunks of what is left of max_batch_tokens;
+ *   3. prefill: sequences still processing their prompt, then waiting ones while fewer than
+ *      max_sequences run, take chunks of what is left of max_batch_tokens -- short remainders
+ *      first, so a short request arriving during a long prefill starts at the next step;
  *   4. one forward over the flat batch; every sequence whose chunk reached its last known token
  *      samples its next token.
  * Refuses: prompts that cannot fit the context or the whole cache (engine_submit fails). */
@@ -437,26 +438,33 @@ static int plan_batch(engine *e, int max_members) {
         budget--;
         e->b_members[n_members++] = s;
     }
-/* prefill: running sequences mid-prompt, then admissions, oldest first */
-    for (int pass = 0; pass < 2; pass++) {
+/* prefill, in four passes so a short prompt never waits behind a long one: short remainders
+     * (<= a quarter of the budget) of running then waiting sequences, then long remainders of
+     * running then waiting ones, each pass oldest first */
+    int short_limit = e->max_batch_tokens / 4 > 0 ? e->max_batch_tokens / 4 : 1;
+    int admission_stuck = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        int want_waiting = pass % 2, want_short = pass < 2;
+        if (want_waiting && admission_stuck) continue;
         for (int i = 0; i < e->n_seqs && budget > 0 && n_members < max_members; i++) {
             sequence *s = e->seqs[i];
-            if (s->chunk || s->n_tokens - s->n_computed < 1) continue;
-            if (pass == 0 && (s->state != SEQ_RUNNING || s->n_tokens - s->n_computed == 1))
-                continue;
-            if (pass == 1 && s->state != SEQ_WAITING) continue;
-            if (pass == 1 && running >= e->max_sequences) break;
-            if (pass == 1 && s->n_blocks == 0) take_cached_prefix(e, s);
             int left = s->n_tokens - s->n_computed;
+            if (s->chunk || left < 1 || (left <= short_limit) != want_short) continue;
+            if (want_waiting != (s->state == SEQ_WAITING)) continue;
+            if (!want_waiting && left == 1) continue; /* decode, handled above */
+            if (want_waiting && running >= e->max_sequences) break;
+            if (want_waiting && s->n_blocks == 0) take_cached_prefix(e, s);
+            left = s->n_tokens - s->n_computed;
             int chunk = left < budget ? left : budget;
             if (ensure_blocks(e, s, s->n_computed + chunk) != 0) {
                 int have = s->n_blocks * e->block_size - s->n_computed;
                 chunk = have < chunk ? have : chunk;
             }
             if (chunk <= 0) {
-                if (pass == 1) { /* keep arrival order: nobody overtakes a stuck request */
+                if (want_waiting) { /* keep arrival order: nobody overtakes a stuck request */
                     preempt(e, s); /* hand back shared prefix blocks while waiting */
                     e->preemptions--;
+                    admission_stuck = 1;
                     break;
                 }
                 continue;

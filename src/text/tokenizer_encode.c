@@ -47,6 +47,16 @@ typedef struct bpe_merge_cand {
     int32_t rank, pos, left, right;
 } bpe_merge_cand;
 
+/* Per-call cache of BPE results for short words: natural text repeats words a lot, and the
+ * merge loop is the expensive part. Lives only for one encode call (no locking needed). */
+typedef struct word_cache_entry {
+    const char *w; /* points into the text or the arena: stable for the call */
+    uint32_t n, hash;
+    uint32_t ids_off, ids_n;
+} word_cache_entry;
+
+#define WORD_CACHE_MAX_LEN 64
+
 typedef struct encode_ctx {
     const tokenizer *t;
     arena_block *arena;
@@ -56,6 +66,9 @@ typedef struct encode_ctx {
     size_t sym_cap;
     bpe_merge_cand *heap;
     size_t heap_n, heap_cap;
+    word_cache_entry *cache;
+    size_t cache_cap, cache_n; /* cap: power of two or 0 */
+    ids_vec cache_ids;
     int oom;
 } encode_ctx;
 
@@ -250,6 +263,19 @@ static int is_ws_cp(uint32_t cp, const void *arg) {
 
 static int is_char_cp(uint32_t cp, const void *arg) { return cp == *(const uint32_t *)arg; }
 
+static int is_letter_cp(int32_t cp) {
+    if (cp < 0) return 0;
+    utf8proc_category_t k = utf8proc_category(cp);
+    return k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
+}
+
+static int32_t cp_before(const char *s, size_t at) {
+    if (at == 0) return -1;
+    size_t q = at - 1, adv;
+    while (q > 0 && ((uint8_t)s[q] & 0xC0) == 0x80) q--;
+    return tok_utf8_decode((const uint8_t *)s + q, at - q, &adv);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Normalizers                                                                                  */
 
@@ -290,6 +316,11 @@ static const char *normalize(encode_ctx *c, const char *s, size_t n, size_t *out
                 if (nm->kind == TOK_NORM_LOWERCASE) {
                     if (cp == 0x130) { /* İ lowercases to i + combining dot above */
                         strbuf_append(&sb, "i\xCC\x87", 3);
+                    } else if (cp == 0x3A3) { /* Σ: final ς after a letter when no letter follows */
+                        size_t adv2;
+                        int32_t next = i + adv < n ? tok_utf8_decode((const uint8_t *)s + i + adv, n - i - adv, &adv2) : -1;
+                        int final = is_letter_cp(cp_before(s, i)) && !is_letter_cp(next);
+                        strbuf_append(&sb, final ? "\xCF\x82" : "\xCF\x83", 2);
                     } else {
                         strbuf_append(&sb, buf, (size_t)tok_utf8_encode((uint32_t)utf8proc_tolower(cp), buf));
                     }
@@ -454,6 +485,9 @@ static int cand_less(const bpe_merge_cand *a, const bpe_merge_cand *b) {
     return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
 }
 
+/* A 4-ary min-heap on (rank, pos): half the depth of a binary heap, and the four children of a
+ * node share a cache line or two, which matters for the one huge "word" of a SentencePiece
+ * text (no pre-tokenizer: every merge of the whole text goes through this heap). */
 static void heap_push(encode_ctx *c, bpe_merge_cand m) {
     if (c->heap_n == c->heap_cap) {
         size_t cap = c->heap_cap ? c->heap_cap * 2 : 256;
@@ -467,7 +501,7 @@ static void heap_push(encode_ctx *c, bpe_merge_cand m) {
     }
     size_t i = c->heap_n++;
     while (i > 0) {
-        size_t parent = (i - 1) / 2;
+        size_t parent = (i - 1) / 4;
         if (!cand_less(&m, &c->heap[parent])) break;
         c->heap[i] = c->heap[parent];
         i = parent;
@@ -479,10 +513,10 @@ static bpe_merge_cand heap_pop(encode_ctx *c) {
     bpe_merge_cand top = c->heap[0], last = c->heap[--c->heap_n];
     size_t i = 0, n = c->heap_n;
     for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
+        size_t first = 4 * i + 1, m = i;
         const bpe_merge_cand *best = &last;
-        if (l < n && cand_less(&c->heap[l], best)) m = l, best = &c->heap[l];
-        if (r < n && cand_less(&c->heap[r], best)) m = r;
+        for (size_t k = first; k < first + 4 && k < n; k++)
+            if (cand_less(&c->heap[k], best)) m = k, best = &c->heap[k];
         if (m == i) break;
         c->heap[i] = c->heap[m];
         i = m;
@@ -516,9 +550,65 @@ static int add_symbol(encode_ctx *c, size_t *ns, int32_t id) {
     return 0;
 }
 
+static word_cache_entry *cache_slot(encode_ctx *c, const char *w, size_t n, uint32_t h) {
+    size_t i = h & (c->cache_cap - 1);
+    for (;; i = (i + 1) & (c->cache_cap - 1)) {
+        word_cache_entry *e = &c->cache[i];
+        if (!e->w || (e->hash == h && e->n == n && memcmp(e->w, w, n) == 0)) return e;
+    }
+}
+
+static int cache_grow(encode_ctx *c) {
+    size_t cap = c->cache_cap ? c->cache_cap * 2 : 1024;
+    word_cache_entry *old = c->cache, *nw = calloc(cap, sizeof *nw);
+    if (!nw) return -1;
+    size_t old_cap = c->cache_cap;
+    c->cache = nw;
+    c->cache_cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].w) *cache_slot(c, old[i].w, old[i].n, old[i].hash) = old[i];
+    free(old);
+    return 0;
+}
+
+static void bpe_word_uncached(encode_ctx *c, const char *w, size_t n);
+
 static void bpe_word(encode_ctx *c, const char *w, size_t n) {
-    const tokenizer *t = c->t;
     if (n == 0) return;
+    if (n > WORD_CACHE_MAX_LEN) {
+        bpe_word_uncached(c, w, n);
+        return;
+    }
+    if (c->cache_n * 2 >= c->cache_cap && cache_grow(c)) {
+        bpe_word_uncached(c, w, n);
+        return;
+    }
+    uint32_t h = (uint32_t)tok_hash(w, n);
+    word_cache_entry *e = cache_slot(c, w, n, h);
+    if (e->w) {
+        for (uint32_t k = 0; k < e->ids_n; k++) push_id(c, c->cache_ids.v[e->ids_off + k]);
+        return;
+    }
+    size_t before = c->out.n;
+    bpe_word_uncached(c, w, n);
+    if (c->oom) return;
+    size_t got = c->out.n - before;
+    ids_vec *ci = &c->cache_ids;
+    if (ci->n + got > ci->cap) {
+        size_t cap = (ci->n + got) * 2 + 256;
+        int32_t *p = realloc(ci->v, cap * sizeof(int32_t));
+        if (!p) return; /* not cached; the result is already out */
+        ci->v = p;
+        ci->cap = cap;
+    }
+    memcpy(ci->v + ci->n, c->out.v + before, got * sizeof(int32_t));
+    *e = (word_cache_entry){w, (uint32_t)n, h, (uint32_t)ci->n, (uint32_t)got};
+    ci->n += got;
+    c->cache_n++;
+}
+
+static void bpe_word_uncached(encode_ctx *c, const char *w, size_t n) {
+    const tokenizer *t = c->t;
     if (t->ignore_merges) {
         int32_t id = tok_strmap_get(&t->vocab_map, &t->vocab, w, n);
         if (id >= 0) {
@@ -595,13 +685,6 @@ static int is_word_cp(int32_t cp) {
     return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) || (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
 }
 
-static int32_t cp_before(const char *s, size_t at) {
-    if (at == 0) return -1;
-    size_t q = at - 1, adv;
-    while (q > 0 && ((uint8_t)s[q] & 0xC0) == 0x80) q--;
-    return tok_utf8_decode((const uint8_t *)s + q, at - q, &adv);
-}
-
 /* Longest added token starting at s[i], or -1; *end gets its end. */
 static int32_t trie_longest(const tok_trie *tr, const char *s, size_t n, size_t i, size_t *end) {
     int32_t node = tr->root[(uint8_t)s[i]], best = -1;
@@ -669,12 +752,47 @@ static void split_added(encode_ctx *c, const tok_trie *tr, const char *s, size_t
     if (n > prev || (n == 0 && prev == 0)) fn(c, s + prev, n - prev, origin && prev == 0);
 }
 
+static int is_meta_blocker(const tokenizer *t, int32_t cp) {
+    size_t lo = 0, hi = (size_t)t->n_meta_blockers;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (t->meta_blockers[mid] == cp) return 1;
+        if (t->meta_blockers[mid] < cp) lo = mid + 1;
+        else hi = mid;
+    }
+    return 0;
+}
+
+/* SentencePiece-style: a text without pre-tokenizer is one huge word; cut it before each U+2581
+ * that no token can straddle (see tokenizer_internal.h) so BPE runs on short, cacheable chunks
+ * with the same result. */
+static void bpe_text(encode_ctx *c, const char *w, size_t n) {
+    const tokenizer *t = c->t;
+    if (!t->meta_split || n <= 3) {
+        bpe_word(c, w, n);
+        return;
+    }
+    size_t start = 0, i = 0;
+    int32_t prev = -1;
+    while (i < n) {
+        size_t adv;
+        int32_t cp = tok_utf8_decode((const uint8_t *)w + i, n - i, &adv);
+        if (cp == 0x2581 && i > start && prev != 0x2581 && !is_meta_blocker(t, prev)) {
+            bpe_word(c, w + start, i - start);
+            start = i;
+        }
+        prev = cp;
+        i += adv;
+    }
+    bpe_word(c, w + start, n - start);
+}
+
 static void encode_words(encode_ctx *c, const char *s, size_t n, int origin) {
     if (n == 0) return;
     piece_list cur = {0}, next = {0};
     push_piece(c, &cur, s, n, origin);
     pre_tokenize(c, &cur, &next);
-    for (size_t i = 0; i < cur.n && !c->oom; i++) bpe_word(c, cur.v[i].s, cur.v[i].len);
+    for (size_t i = 0; i < cur.n && !c->oom; i++) bpe_text(c, cur.v[i].s, cur.v[i].len);
     free(cur.v);
     free(next.v);
 }
@@ -739,6 +857,8 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int add_s
     free(clean);
     free(c.sym);
     free(c.heap);
+    free(c.cache);
+    free(c.cache_ids.v);
     while (c.arena) {
         arena_block *nx = c.arena->next;
         free(c.arena);

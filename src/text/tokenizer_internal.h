@@ -20,8 +20,13 @@
 #define TOK_MAX_ID (1 << 24)
 
 /* ---- string -> id hash map (open addressing; keys live in the owner's string table) ---- */
+typedef struct tok_strmap_slot {
+    int32_t id;    /* -1 when empty */
+    uint32_t hash; /* low bits of the key's hash: most mismatches never touch the string */
+} tok_strmap_slot;
+
 typedef struct tok_strmap {
-    int32_t *slots; /* id, or -1 when empty */
+    tok_strmap_slot *slots;
     uint32_t mask;  /* capacity - 1 (power of two) */
     uint32_t count;
 } tok_strmap;
@@ -147,13 +152,21 @@ typedef struct tok_decoder {
 
 struct tokenizer {
     /* model (BPE) */
-    tok_strtab vocab; /* model vocabulary, id -> string */
+    tok_strtab vocab; /* model vocabulary, id -> string (strings live in vocab_arena) */
+    char *vocab_arena;
     tok_strmap vocab_map;
     tok_mergemap merges;
     int32_t unk_id; /* -1 when none */
     uint8_t byte_fallback, fuse_unk, ignore_merges;
     char *continuing_subword_prefix, *end_of_word_suffix;
     int32_t byte_token[256]; /* id of "<0xXX>" or -1 (byte fallback) */
+    /* SentencePiece-style vocabularies (a "\u2581" token exists): no merge can span the point
+     * before a U+2581 that follows a char c unless some token contains c + U+2581. Such c are
+     * listed here (sorted); BPE then works on the space-separated chunks of a long text
+     * independently, with identical results. */
+    uint8_t meta_split;
+    int32_t *meta_blockers;
+    int n_meta_blockers;
 
     /* added tokens */
     tok_added *added;

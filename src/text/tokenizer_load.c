@@ -14,6 +14,7 @@
 
 #include "base/strbuf.h"
 #include "text/tokenizer_internal.h"
+#include "text/tokenizer_json.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* UTF-8                                                                                       */
@@ -144,9 +145,9 @@ uint64_t tok_hash(const char *s, size_t n) {
 int tok_strmap_init(tok_strmap *m, size_t expected) {
     size_t cap = 16;
     while (cap < expected * 2 + 2) cap <<= 1;
-    m->slots = malloc(cap * sizeof(int32_t));
+    m->slots = malloc(cap * sizeof(tok_strmap_slot));
     if (!m->slots) return -1;
-    memset(m->slots, 0xFF, cap * sizeof(int32_t));
+    for (size_t i = 0; i < cap; i++) m->slots[i] = (tok_strmap_slot){-1, 0};
     m->mask = (uint32_t)(cap - 1);
     m->count = 0;
     return 0;
@@ -157,59 +158,54 @@ void tok_strmap_free(tok_strmap *m) {
     m->slots = NULL;
 }
 
+/* Finds the slot of key s (or the empty slot where it would go). eq(i) compares entry i. */
+#define STRMAP_FIND(m, s, n, KEY_LEN, KEY_STR)                                                   \
+    uint64_t h_ = tok_hash(s, n);                                                                \
+    uint32_t tag_ = (uint32_t)(h_ >> 32), i_ = (uint32_t)h_ & (m)->mask;                         \
+    for (;; i_ = (i_ + 1) & (m)->mask) {                                                         \
+        int32_t v_ = (m)->slots[i_].id;                                                          \
+        if (v_ < 0) break;                                                                       \
+        if ((m)->slots[i_].hash == tag_ && KEY_LEN(v_) == (n) && memcmp(KEY_STR(v_), s, n) == 0) \
+            break;                                                                               \
+    }
+
 int32_t tok_strmap_get(const tok_strmap *m, const tok_strtab *tab, const char *s, size_t n) {
     if (!m->slots) return -1;
-    uint32_t i = (uint32_t)tok_hash(s, n) & m->mask;
-    for (;;) {
-        int32_t v = m->slots[i];
-        if (v < 0) return -1;
-        if (tab->len[v] == n && memcmp(tab->str[v], s, n) == 0) return v;
-        i = (i + 1) & m->mask;
-    }
+#define TAB_LEN(v) tab->len[v]
+#define TAB_STR(v) tab->str[v]
+    STRMAP_FIND(m, s, n, TAB_LEN, TAB_STR)
+    return m->slots[i_].id;
 }
 
 /* Inserts id (whose string is tab->str[id]); a second id with the same string replaces the
  * first, as a JSON object with duplicate keys keeps the last. */
 static void strmap_put(tok_strmap *m, const tok_strtab *tab, int32_t id) {
-    uint32_t i = (uint32_t)tok_hash(tab->str[id], tab->len[id]) & m->mask;
-    for (;;) {
-        int32_t v = m->slots[i];
-        if (v < 0) {
-            m->slots[i] = id;
-            m->count++;
-            return;
-        }
-        if (tab->len[v] == tab->len[id] && memcmp(tab->str[v], tab->str[id], tab->len[id]) == 0) {
-            m->slots[i] = id;
-            return;
-        }
-        i = (i + 1) & m->mask;
-    }
+    const char *s = tab->str[id];
+    size_t n = tab->len[id];
+    STRMAP_FIND(m, s, n, TAB_LEN, TAB_STR)
+    if (m->slots[i_].id < 0) m->count++;
+    m->slots[i_] = (tok_strmap_slot){id, tag_};
+#undef TAB_LEN
+#undef TAB_STR
 }
 
 int32_t tok_addedmap_get(const tokenizer *t, const char *s, size_t n) {
-    if (!t->added_map.slots) return -1;
-    uint32_t i = (uint32_t)tok_hash(s, n) & t->added_map.mask;
-    for (;;) {
-        int32_t v = t->added_map.slots[i];
-        if (v < 0) return -1;
-        if (t->added[v].len == n && memcmp(t->added[v].content, s, n) == 0) return v;
-        i = (i + 1) & t->added_map.mask;
-    }
+    const tok_strmap *m = &t->added_map;
+    if (!m->slots) return -1;
+#define ADDED_LEN(v) t->added[v].len
+#define ADDED_STR(v) t->added[v].content
+    STRMAP_FIND(m, s, n, ADDED_LEN, ADDED_STR)
+    return m->slots[i_].id;
 }
 
 static void addedmap_put(tokenizer *t, int32_t idx) {
     tok_strmap *m = &t->added_map;
-    const tok_added *a = &t->added[idx];
-    uint32_t i = (uint32_t)tok_hash(a->content, a->len) & m->mask;
-    for (;;) {
-        int32_t v = m->slots[i];
-        if (v < 0 || (t->added[v].len == a->len && memcmp(t->added[v].content, a->content, a->len) == 0)) {
-            m->slots[i] = idx;
-            return;
-        }
-        i = (i + 1) & m->mask;
-    }
+    const char *s = t->added[idx].content;
+    size_t n = t->added[idx].len;
+    STRMAP_FIND(m, s, n, ADDED_LEN, ADDED_STR)
+    m->slots[i_] = (tok_strmap_slot){idx, tag_};
+#undef ADDED_LEN
+#undef ADDED_STR
 }
 
 static inline uint64_t merge_key(int32_t l, int32_t r) { return ((uint64_t)(uint32_t)l << 32) | (uint32_t)r; }
@@ -776,100 +772,176 @@ static int trie_add(tok_trie *tr, const char *s, size_t n, int32_t added) {
     return 0;
 }
 
-static int load_vocab(tokenizer *t, load_ctx *c, json_t *vocab) {
-    if (!json_is_object(vocab)) {
-        fail(c, "model.vocab must be an object of token -> id");
+typedef struct vocab_entry {
+    size_t off; /* into the arena */
+    uint32_t len;
+    int32_t id;
+} vocab_entry;
+
+typedef struct vocab_collect {
+    strbuf arena;
+    vocab_entry *v;
+    size_t n, cap;
+    int32_t max_id;
+    long long bad_id;
+    int bad;
+} vocab_collect;
+
+static int collect_vocab(void *user, const char *key, size_t klen, long long id) {
+    vocab_collect *vc = user;
+    if (id < 0 || id >= TOK_MAX_ID || klen > UINT32_MAX / 2) {
+        vc->bad = 1;
+        vc->bad_id = id;
         return -1;
     }
-    int32_t max_id = -1;
-    const char *key;
-    size_t klen;
-    json_t *v;
-    json_object_keylen_foreach(vocab, key, klen, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= TOK_MAX_ID) {
-            fail(c, "model.vocab: token \"%.40s\" has an id that is not an integer in [0, %d)", key, TOK_MAX_ID);
-            return -1;
-        }
-        if (json_integer_value(v) > max_id) max_id = (int32_t)json_integer_value(v);
+    if (vc->n == vc->cap) {
+        size_t cap = vc->cap ? vc->cap * 2 : 1024;
+        vocab_entry *p = realloc(vc->v, cap * sizeof *p);
+        if (!p) return -1;
+        vc->v = p;
+        vc->cap = cap;
     }
-    size_t count = json_object_size(vocab);
-    if ((size_t)max_id >= 2 * count + 65536) {
-        fail(c, "model.vocab: ids go up to %d for %zu tokens; ids must be (nearly) dense", max_id, count);
-        return -1;
-    }
-    t->vocab.n = max_id + 1;
-    t->vocab.str = calloc((size_t)t->vocab.n + 1, sizeof(char *));
-    t->vocab.len = calloc((size_t)t->vocab.n + 1, sizeof(uint32_t));
-    if (!t->vocab.str || !t->vocab.len || tok_strmap_init(&t->vocab_map, (size_t)t->vocab.n)) return -1;
-    json_object_keylen_foreach(vocab, key, klen, v) {
-        int32_t id = (int32_t)json_integer_value(v);
-        if (t->vocab.str[id]) {
-            /* two tokens with one id: keep the map consistent by refusing */
-            fail(c, "model.vocab: id %d is used by two tokens", id);
-            return -1;
-        }
-        t->vocab.str[id] = dup_bytes(key, klen);
-        if (!t->vocab.str[id]) return -1;
-        t->vocab.len[id] = (uint32_t)klen;
-        strmap_put(&t->vocab_map, &t->vocab, id);
-    }
+    vc->v[vc->n++] = (vocab_entry){vc->arena.len, (uint32_t)klen, (int32_t)id};
+    strbuf_append(&vc->arena, key, klen);
+    strbuf_append_char(&vc->arena, 0);
+    if (id > vc->max_id) vc->max_id = (int32_t)id;
     return 0;
 }
 
-static int load_merges(tokenizer *t, load_ctx *c, json_t *merges) {
-    if (!merges || json_is_null(merges)) return 0;
-    if (!json_is_array(merges)) {
+static int load_vocab(tokenizer *t, load_ctx *c, const char *json, const tok_json_spans *sp) {
+    if (!sp->vocab_len) {
+        fail(c, "model.vocab must be an object of token -> id");
+        return -1;
+    }
+    vocab_collect vc = {.max_id = -1};
+    int rc = tok_json_vocab(json + sp->vocab, sp->vocab_len, collect_vocab, &vc);
+    if (rc) {
+        if (vc.bad) fail(c, "model.vocab: id %lld is not in [0, %d)", vc.bad_id, TOK_MAX_ID);
+        else if (rc == -2) fail(c, "model.vocab: every value must be an integer id");
+        else fail(c, "model.vocab: out of memory");
+        goto fail;
+    }
+    if ((size_t)vc.max_id + 1 > 2 * vc.n + 65536) {
+        fail(c, "model.vocab: ids go up to %d for %zu tokens; ids must be (nearly) dense", vc.max_id, vc.n);
+        goto fail;
+    }
+    t->vocab.n = vc.max_id + 1;
+    t->vocab.str = calloc((size_t)t->vocab.n + 1, sizeof(char *));
+    t->vocab.len = calloc((size_t)t->vocab.n + 1, sizeof(uint32_t));
+    if (!t->vocab.str || !t->vocab.len || tok_strmap_init(&t->vocab_map, (size_t)t->vocab.n)) goto fail;
+    t->vocab_arena = strbuf_detach(&vc.arena);
+    for (size_t i = 0; i < vc.n; i++) {
+        int32_t id = vc.v[i].id;
+        if (t->vocab.str[id]) {
+            /* two tokens with one id: refuse rather than guess which one decodes */
+            fail(c, "model.vocab: id %d is used by two tokens", id);
+            goto fail;
+        }
+        t->vocab.str[id] = t->vocab_arena + vc.v[i].off;
+        t->vocab.len[id] = vc.v[i].len;
+        strmap_put(&t->vocab_map, &t->vocab, id);
+    }
+    free(vc.v);
+    return 0;
+fail:
+    strbuf_free(&vc.arena);
+    free(vc.v);
+    return -1;
+}
+
+typedef struct merge_collect {
+    tokenizer *t;
+    load_ctx *c;
+    char *joined;
+    size_t cap;
+} merge_collect;
+
+static int collect_merge(void *user, size_t i, const char *a, size_t alen, const char *b, size_t blen) {
+    merge_collect *m = user;
+    tokenizer *t = m->t;
+    if (!a || !b) {
+        fail(m->c, "model.merges[%zu]: expected \"left right\" or [left, right]", i);
+        return -1;
+    }
+    if (alen + blen > m->cap) {
+        size_t cap = (alen + blen) * 2 + 64;
+        char *p = realloc(m->joined, cap);
+        if (!p) return -1;
+        m->joined = p;
+        m->cap = cap;
+    }
+    memcpy(m->joined, a, alen);
+    memcpy(m->joined + alen, b, blen);
+    int32_t ia = tok_strmap_get(&t->vocab_map, &t->vocab, a, alen);
+    int32_t ib = tok_strmap_get(&t->vocab_map, &t->vocab, b, blen);
+    int32_t iab = tok_strmap_get(&t->vocab_map, &t->vocab, m->joined, alen + blen);
+    if (ia < 0 || ib < 0 || iab < 0) {
+        fail(m->c, "model.merges[%zu]: \"%.*s\" + \"%.*s\" is not in the vocabulary", i, (int)(alen > 30 ? 30 : alen), a,
+             (int)(blen > 30 ? 30 : blen), b);
+        return -1;
+    }
+    if (i >= INT32_MAX) return -1;
+    merges_put(&t->merges, ia, ib, (int32_t)i, iab);
+    return 0;
+}
+
+static int load_merges(tokenizer *t, load_ctx *c, const char *json, const tok_json_spans *sp, json_t *model) {
+    json_t *m = json_object_get(model, "merges");
+    if (!sp->merges_len) {
+        if (!m || json_is_null(m)) return 0;
         fail(c, "model.merges must be an array");
         return -1;
     }
-    size_t n = json_array_size(merges), cap = 16;
+    /* the span is at least "[]"; an upper bound on the element count sizes the table */
+    size_t n = sp->merges_len / 4 + 1, cap = 16;
     while (cap < n * 2 + 2) cap <<= 1;
     t->merges.slots = malloc(cap * sizeof(tok_merge_entry));
     if (!t->merges.slots) return -1;
     for (size_t i = 0; i < cap; i++) t->merges.slots[i].key = UINT64_MAX;
     t->merges.mask = cap - 1;
-    strbuf joined = {0};
-    for (size_t i = 0; i < n; i++) {
-        json_t *m = json_array_get(merges, i);
-        const char *a, *b;
-        size_t alen, blen;
-        if (json_is_string(m)) {
-            const char *s = json_string_value(m);
-            size_t sl = json_string_length(m);
-            const char *sp = memchr(s, ' ', sl);
-            if (!sp) {
-                fail(c, "model.merges[%zu]: \"%.40s\" is not \"left right\"", i, s);
-                strbuf_free(&joined);
-                return -1;
+    merge_collect mc = {t, c, NULL, 0};
+    int rc = tok_json_merges(json + sp->merges, sp->merges_len, collect_merge, &mc);
+    free(mc.joined);
+    if (rc && c->err && !c->err[0]) fail(c, "model.merges: malformed");
+    return rc ? -1 : 0;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int find_meta_blockers(tokenizer *t) {
+    static const char META[] = "\xE2\x96\x81";
+    if (t->continuing_subword_prefix || t->end_of_word_suffix) return 0;
+    if (tok_strmap_get(&t->vocab_map, &t->vocab, META, 3) < 0) return 0;
+    int cap = 0;
+    for (int32_t id = 0; id < t->vocab.n; id++) {
+        const char *s = t->vocab.str[id];
+        uint32_t n = t->vocab.len[id];
+        if (!s) continue;
+        for (uint32_t i = 1; i + 3 <= n; i++) {
+            if (memcmp(s + i, META, 3) != 0) continue;
+            uint32_t q = i - 1;
+            while (q > 0 && ((uint8_t)s[q] & 0xC0) == 0x80) q--;
+            size_t adv;
+            int32_t cp = tok_utf8_decode((const uint8_t *)s + q, i - q, &adv);
+            if (cp == 0x2581) continue;
+            if (t->n_meta_blockers == cap) {
+                cap = cap ? cap * 2 : 16;
+                int32_t *p = realloc(t->meta_blockers, sizeof(int32_t) * (size_t)cap);
+                if (!p) return -1;
+                t->meta_blockers = p;
             }
-            a = s, alen = (size_t)(sp - s), b = sp + 1, blen = sl - alen - 1;
-        } else if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
-                   json_is_string(json_array_get(m, 1))) {
-            a = json_string_value(json_array_get(m, 0)), alen = json_string_length(json_array_get(m, 0));
-            b = json_string_value(json_array_get(m, 1)), blen = json_string_length(json_array_get(m, 1));
-        } else {
-            fail(c, "model.merges[%zu]: expected \"left right\" or [left, right]", i);
-            strbuf_free(&joined);
-            return -1;
+            t->meta_blockers[t->n_meta_blockers++] = cp; /* cp < 0 (not UTF-8): blocks nothing useful */
         }
-        int32_t ia = tok_strmap_get(&t->vocab_map, &t->vocab, a, alen);
-        int32_t ib = tok_strmap_get(&t->vocab_map, &t->vocab, b, blen);
-        strbuf_clear(&joined);
-        strbuf_append(&joined, a, alen);
-        strbuf_append(&joined, b, blen);
-        int32_t iab = tok_strmap_get(&t->vocab_map, &t->vocab, joined.data, joined.len);
-        if (ia < 0 || ib < 0 || iab < 0) {
-            fail(c, "model.merges[%zu]: \"%.30s\" + \"%.30s\" is not in the vocabulary", i, a, b);
-            strbuf_free(&joined);
-            return -1;
-        }
-        merges_put(&t->merges, ia, ib, (int32_t)i, iab);
     }
-    strbuf_free(&joined);
+    if (t->n_meta_blockers) qsort(t->meta_blockers, (size_t)t->n_meta_blockers, sizeof(int32_t), cmp_i32);
+    t->meta_split = 1;
     return 0;
 }
 
-static int load_model(tokenizer *t, load_ctx *c, json_t *model) {
+static int load_model(tokenizer *t, load_ctx *c, json_t *model, const char *json, const tok_json_spans *sp) {
     const char *type = jtype(model);
     if (!json_is_object(model)) {
         fail(c, "missing \"model\" object");
@@ -883,8 +955,8 @@ static int load_model(tokenizer *t, load_ctx *c, json_t *model) {
         fail(c, "model has no \"type\" and no merges: only BPE is supported");
         return -1;
     }
-    if (load_vocab(t, c, json_object_get(model, "vocab"))) return -1;
-    if (load_merges(t, c, json_object_get(model, "merges"))) return -1;
+    if (load_vocab(t, c, json, sp)) return -1;
+    if (load_merges(t, c, json, sp, model)) return -1;
     t->byte_fallback = (uint8_t)jbool(model, "byte_fallback", 0);
     t->fuse_unk = (uint8_t)jbool(model, "fuse_unk", 0);
     t->ignore_merges = (uint8_t)jbool(model, "ignore_merges", 0);
@@ -905,7 +977,7 @@ static int load_model(tokenizer *t, load_ctx *c, json_t *model) {
         snprintf(name, sizeof name, "<0x%02X>", b);
         t->byte_token[b] = tok_strmap_get(&t->vocab_map, &t->vocab, name, 6);
     }
-    return 0;
+    return find_meta_blockers(t);
 }
 
 static int load_added(tokenizer *t, load_ctx *c, json_t *arr) {
@@ -1024,10 +1096,39 @@ tokenizer *tokenizer_load_from_json(const char *tokenizer_json, size_t len, cons
         return NULL;
     }
     json_error_t je;
-    json_t *root = json_loadb(tokenizer_json, len, JSON_ALLOW_NUL, &je);
+    tok_json_spans sp;
+    size_t bad_at = 0;
+    json_t *root = NULL;
+    if (tok_json_find_spans(tokenizer_json, len, &sp, &bad_at) == 0) {
+        /* the same document with model.vocab and model.merges emptied: jansson reads the rest */
+        strbuf small = {0};
+        size_t a = sp.vocab_len ? sp.vocab : len, b = sp.merges_len ? sp.merges : len;
+        size_t first = a < b ? a : b, second = a < b ? b : a;
+        size_t first_len = first == a ? sp.vocab_len : sp.merges_len, second_len = first == a ? sp.merges_len : sp.vocab_len;
+        strbuf_append(&small, tokenizer_json, first);
+        if (first < len) {
+            strbuf_append_str(&small, tokenizer_json[first] == '{' ? "{}" : "[]");
+            strbuf_append(&small, tokenizer_json + first + first_len, second - first - first_len);
+            if (second < len) {
+                strbuf_append_str(&small, tokenizer_json[second] == '{' ? "{}" : "[]");
+                strbuf_append(&small, tokenizer_json + second + second_len, len - second - second_len);
+            }
+        }
+        root = json_loadb(small.data ? small.data : "", small.len, JSON_ALLOW_NUL, &je);
+        strbuf_free(&small);
+    } else {
+        root = json_loadb(tokenizer_json, len, JSON_ALLOW_NUL, &je); /* for its error message */
+        if (root && json_is_object(root)) { /* jansson accepted what the scanner did not */
+            json_decref(root);
+            root = NULL;
+            snprintf(je.text, sizeof je.text, "malformed JSON near byte %zu", bad_at);
+            je.line = je.column = 0;
+        }
+    }
     if (!root || !json_is_object(root)) {
         if (root) fail(&c, "top level is not a JSON object");
-        else fail(&c, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+        else if (je.line) fail(&c, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+        else fail(&c, "invalid JSON: %s", je.text);
         json_decref(root);
         return NULL;
     }
@@ -1038,7 +1139,7 @@ tokenizer *tokenizer_load_from_json(const char *tokenizer_json, size_t len, cons
     }
     t->unk_id = -1;
     for (int b = 0; b < 256; b++) t->trie_raw.root[b] = t->trie_norm.root[b] = -1;
-    int rc = load_model(t, &c, json_object_get(root, "model"));
+    int rc = load_model(t, &c, json_object_get(root, "model"), tokenizer_json, &sp);
     if (!rc) rc = load_added(t, &c, json_object_get(root, "added_tokens"));
     if (!rc) rc = build_id_table(t);
     if (!rc) rc = parse_normalizer(t, &c, json_object_get(root, "normalizer"), 0);
@@ -1104,11 +1205,12 @@ tokenizer *tokenizer_load(const char *model_dir, char *err, size_t errlen) {
 
 void tokenizer_free(tokenizer *t) {
     if (!t) return;
-    for (int32_t i = 0; i < t->vocab.n; i++) free(t->vocab.str ? t->vocab.str[i] : NULL);
+    free(t->vocab_arena);
     free(t->vocab.str);
     free(t->vocab.len);
     tok_strmap_free(&t->vocab_map);
     free(t->merges.slots);
+    free(t->meta_blockers);
     free(t->continuing_subword_prefix);
     free(t->end_of_word_suffix);
     for (int k = 0; k < t->n_added; k++) free(t->added[k].content);

@@ -114,7 +114,10 @@ test('with --api-key, routes need the key (Bearer or x-api-key); /node_id does n
 
 test('GET /state lists instances and runners; unknown instances are 404', async () => {
   const s = await (await fetch(`${node.url}/state`)).json();
-  assert.deepEqual(Object.keys(s).sort(), ['instances', 'runners']);
+  // The cluster State in exo's shape (instances and runners plus topology, node info, ...).
+  for (const k of ['instances', 'runners', 'tasks', 'downloads', 'topology', 'nodeIdentities',
+    'nodeMemory', 'lastEventAppliedIdx']) assert.ok(k in s, `/state has ${k}`);
+  assert.equal((await fetch(`${node.url}/state/no/such/path`)).status, 404);
   assert.equal((await fetch(`${node.url}/instance/nope`)).status, 404);
   assert.equal((await fetch(`${node.url}/instance/nope`, { method: 'DELETE' })).status, 404);
   assert.equal((await post(node.url, '/v1/cancel/nope', {})).status, 404);

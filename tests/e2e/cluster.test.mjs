@@ -5,6 +5,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Cluster, sleep } from './lib/cluster.mjs';
+import { exoBin } from './lib/exo.mjs';
 
 function ids(events) {
   return events.map((e) => `${e.sess}/${e.seq}`);
@@ -161,6 +162,74 @@ test('a node with the wrong cluster key or another namespace is never admitted',
     // The outsiders only know themselves.
     assert.equal(c.get(wrongKey, '/state').topology.nodes.length, 1);
     assert.equal(c.get(otherNs, '/state').topology.nodes.length, 1);
+  } finally {
+    await c.stop();
+  }
+});
+
+test('the exo binary: 3 nodes cluster, and every node serves the same /state, /events and its /node_id', async () => {
+  const { c } = await startCluster(3, { bin: exoBin() });
+  try {
+    const master = (await c.until(() => c.oneMaster(), 5000, 'one master')).value;
+    const conv = (await c.until(() => {
+      const v = c.converged();
+      return v && Object.keys(v.state.nodeIdentities).length === 3 ? v : false;
+    }, 8000, 'identical /state on the three exo nodes')).value;
+    assert.equal(conv.state.masterNodeId, master);
+    for (const node of c.nodes) assert.equal(c.get(node, '/node_id'), node.id);
+    assert.equal(c.get(c.nodes[2], '/state/no/such/path').status, 404);
+    assert.deepEqual(c.get(c.nodes[2], `/state/nodeIdentities/${c.nodes[0].id}`), conv.state.nodeIdentities[c.nodes[0].id]);
+    const tail = c.get(c.nodes[1], `/events?since=${conv.events.length - 2}`);
+    assert.deepEqual(tail, conv.events.slice(-2));
+  } finally {
+    await c.stop();
+  }
+});
+
+test('a node restarted after a crash mid-write cuts the torn record, replays from its snapshot and catches up', async () => {
+  const { c } = await startCluster(2, { env: { EXO_CLUSTER_SNAPSHOT_EVERY: '4' } });
+  try {
+    const fs = await import('node:fs');
+    const master = (await c.until(() => c.oneMaster(), 5000, 'one master')).value;
+    const follower = c.nodes.find((x) => x.id !== master);
+    await c.until(() => {
+      const v = c.converged();
+      return v && Object.keys(v.state.nodeSystem).length === 2 ? v : false;
+    }, 8000, 'both nodes in the state');
+    c.kill(follower);
+    await c.waitExit(follower);
+    const logFile = `${follower.dataDir}/cluster/events.log`;
+    const before = fs.statSync(logFile).size;
+    assert.ok(fs.existsSync(`${follower.dataDir}/cluster/snapshot.json`), 'a snapshot was written');
+    // A record header promising 200 bytes, followed by only a few: a write cut short by a crash.
+    fs.appendFileSync(logFile, Buffer.from('EXL1\xc8\x00\x00\x00\x63\x00\x00\x00\x00\x00\x00\x00garbage', 'latin1'));
+    c.post(c.nodeByid(master), '/cluster/submit', { TaskCreated: { taskId: 'while-down', task: { T: {} } } });
+    c.start(follower);
+    const back = (await c.until(() => {
+      const v = c.converged();
+      return v && v.state.tasks['while-down'] ? v : false;
+    }, 10000, 'the restarted node to catch up')).value;
+    assertNoDuplicates(back.events);
+    const log = fs.readFileSync(follower.log, 'utf8');
+    assert.match(log, /damaged record \(\d+ bytes/);
+    assert.match(log, /replayed from a snapshot/);
+    assert.ok(fs.statSync(logFile).size > before, 'the log grew past the cut');
+  } finally {
+    await c.stop();
+  }
+});
+
+test('--peer joins nodes that cannot hear each other\'s beacons; the rest is learned by gossip', async () => {
+  const c = new Cluster();
+  try {
+    // Each node listens for beacons on its own port, so discovery cannot find anyone.
+    const a = c.addNode(['--discovery-port', '41001']);
+    const peerOf = (n) => `${n.addr}:${n.listenPort}`;
+    const b = c.addNode(['--discovery-port', '41002', '--peer', peerOf(a)]);
+    const d = c.addNode(['--discovery-port', '41003', '--peer', peerOf(a)]);
+    await c.until(() => c.meshed([a, b, d]), 10000, 'three nodes meshed through one bootstrap peer');
+    // b and d were only told about a: they found each other through a's gossip.
+    await c.until(() => c.oneMaster([a, b, d]), 5000, 'one master');
   } finally {
     await c.stop();
   }

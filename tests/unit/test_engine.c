@@ -410,6 +410,32 @@ static void test_prefix_cache_eviction(void **s) {
     engine_close(e);
 }
 
+/* A short request arriving during a long chunked prefill gets its first token at the next step,
+ * while the long prompt keeps advancing; both still produce their solo tokens. */
+static void test_short_request_not_stuck_behind_long_prefill(void **s) {
+    (void)s;
+    engine *e = open_engine(32, 0);
+    int32_t longp[200];
+    for (int i = 0; i < 200; i++) longp[i] = 4 + (i * 11) % 90;
+    engine_request rl = greedy_request(longp, 200), rs = reqs[0];
+    rl.max_tokens = 4;
+    char err[256];
+    engine_event ev[16];
+    assert_int_equal(engine_submit(e, 1, &rl, err, sizeof err), 0);
+    assert_true(engine_step(e, ev, 16) >= 0); /* first chunk of the long prompt */
+    assert_int_equal(engine_submit(e, 2, &rs, err, sizeof err), 0);
+    int n = engine_step(e, ev, 16), short_token = 0, long_progress = 0;
+    for (int i = 0; i < n; i++) {
+        if (ev[i].seq_id == 2 && ev[i].token >= 0) short_token = ev[i].token == alone[0].tokens[0];
+        if (ev[i].seq_id == 1) long_progress = ev[i].prefill_done;
+    }
+    assert_true(short_token);
+    assert_true(long_progress > 32 && long_progress < 200);
+    while (engine_pending(e)) assert_true(engine_step(e, ev, 16) >= 0);
+    expect_no_leak(e);
+    engine_close(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alone_streams_differ), cmocka_unit_test(test_batched_equals_alone),
@@ -418,6 +444,7 @@ int main(void) {
         cmocka_unit_test(test_stop_and_logprobs),    cmocka_unit_test(test_rejects_bad_requests),
         cmocka_unit_test(test_kv_dtypes),            cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_prefix_cache_eviction),
+        cmocka_unit_test(test_short_request_not_stuck_behind_long_prefill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -89,9 +89,8 @@ static void test_deepseek_v3(void **s) { (void)s; run_model("deepseek_v3"); }
 static void test_gptoss(void **s) { (void)s; run_model("gptoss"); }
 static void test_gemma3(void **s) { (void)s; run_model("gemma3"); }
 
-static void test_features(void **s) {
-    (void)s;
-    json_t *doc = load_fixture("features");
+static void run_feature_file(const char *file) {
+    json_t *doc = load_fixture(file);
     json_t *cases = json_object_get(doc, "cases");
     size_t i, failures = 0;
     json_t *c;
@@ -102,7 +101,9 @@ static void test_features(void **s) {
         char err[512] = "";
         char *out = NULL;
         jinja_template *t = jinja_compile(src, strlen(src), err, sizeof err);
-        if (t) out = jinja_render(t, json_object_get(c, "context"), NULL, err, sizeof err);
+        json_t *ctx = json_object_get(c, "context");
+        if (!ctx) ctx = json_object_get(doc, "context"); /* one context for the whole file */
+        if (t) out = jinja_render(t, ctx, NULL, err, sizeof err);
         if (want && !out) {
             print_error("feature %s: we failed (%s), Jinja2 rendered %s\n", name, err, want);
             failures++;
@@ -120,14 +121,32 @@ static void test_features(void **s) {
         free(out);
         jinja_free(t);
     }
-    print_message("features: %zu/%zu match Jinja2\n", json_array_size(cases) - failures, json_array_size(cases));
+    print_message("%s: %zu/%zu match Jinja2\n", file, json_array_size(cases) - failures, json_array_size(cases));
     json_decref(doc);
     assert_int_equal(failures, 0);
 }
 
+/* one template per feature (tools/reference/render_templates.py FEATURES) */
+static void test_features(void **s) {
+    (void)s;
+    run_feature_file("features");
+}
+
+/* random whitespace-control templates: trim_blocks, lstrip_blocks, -/+ markers */
+static void test_whitespace(void **s) {
+    (void)s;
+    run_feature_file("whitespace");
+}
+
+/* random expressions: operators, filters, tests, methods, subscripts over one context */
+static void test_expressions(void **s) {
+    (void)s;
+    run_feature_file("expressions");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_features), cmocka_unit_test(test_qwen3),       cmocka_unit_test(test_llama3_1),
+        cmocka_unit_test(test_features), cmocka_unit_test(test_whitespace), cmocka_unit_test(test_expressions), cmocka_unit_test(test_qwen3),       cmocka_unit_test(test_llama3_1),
         cmocka_unit_test(test_llama2),   cmocka_unit_test(test_deepseek_v3), cmocka_unit_test(test_gptoss),
         cmocka_unit_test(test_gemma3),
     };

@@ -69,12 +69,11 @@ static void add_range(void *p, int64_t begin, int64_t end, int thread_index) {
 
 /* Many tiny back-to-back jobs: with spin 0 every job goes through the futex sleep/wake path,
  * with the default spin most go through the spinning path. A lost wake-up hangs this test. */
-static void stress(int n_threads, int spin_us) {
+static void stress(int n_threads, int spin_us, int jobs) {
     threadpool *pool = threadpool_create(n_threads, spin_us);
     assert_non_null(pool);
     sum_ctx c;
     memset(&c, 0, sizeof c);
-    const int jobs = 20000;
     const int64_t n = 37;
     for (int j = 0; j < jobs; j++) threadpool_parallel_for(pool, n, add_range, &c);
     assert_int_equal(atomic_load(&c.total), (int64_t)jobs * (n * (n - 1) / 2));
@@ -84,13 +83,13 @@ static void stress(int n_threads, int spin_us) {
 
 static void test_stress_spinning(void **state) {
     (void)state;
-    stress(2, 300);
+    stress(2, 300, 20000);
 }
 
 static void test_stress_sleeping(void **state) {
     (void)state;
-    stress(2, 0);
-    stress(3, 0);
+    stress(2, 0, 3000);
+    stress(3, 0, 2000);
 }
 
 typedef struct nested_ctx {

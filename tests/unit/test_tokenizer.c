@@ -426,6 +426,58 @@ static void test_config(void **state) {
     tokenizer_free(t);
 }
 
+/* JSON escapes in vocabulary and merges (surrogate pairs, NUL, quotes) are decoded. */
+static void test_json_escapes(void **state) {
+    (void)state;
+    const char *tj = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\\u0000\":0,\"\\ud83d\\ude00\":1,\"x\":2,\"\\\"\":3,\"x\\\"\":4,"
+                     "\"\\ud83d\\ude00x\\\"\":5, \"\\u00e9\":6},\n \"merges\":[[\"x\",\"\\\"\"],[\"\\ud83d\\ude00\", \"x\\\"\"]]},"
+                     "\"added_tokens\":[{\"id\":7,\"content\":\"<\\/s>\",\"special\":true}]}";
+    char err[256];
+    tokenizer *t = tokenizer_load_from_json(tj, strlen(tj), NULL, 0, err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    assert_int_equal(tokenizer_token_id(t, "\xf0\x9f\x98\x80"), 1);
+    assert_int_equal(tokenizer_token_id(t, "x\""), 4);
+    assert_int_equal(tokenizer_token_id(t, "\xc3\xa9"), 6);
+    assert_int_equal(tokenizer_token_id(t, "</s>"), 7);
+    assert_memory_equal(tokenizer_token_string(t, 0), "a\0", 2);
+    int32_t *ids;
+    int n = tokenizer_encode(t, "\xf0\x9f\x98\x80x\"</s>", 10, 0, &ids, err, sizeof err);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 5);
+    assert_int_equal(ids[1], 7);
+    free(ids);
+    tokenizer_free(t);
+    const char *bad[] = {"{\"model\":{\"vocab\":{\"\\ud83d\":0}}}", "{\"model\":{\"vocab\":{\"a\":0}}", "{\"model\":{\"vocab\":{\"a\":0.5}}}",
+                         "{\"model\":{\"vocab\":{\"a\\q\":0}}}", "{\"model\":{\"vocab\":{\"a\":0},\"merges\":[[\"a\"]]}}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        if (tokenizer_load_from_json(bad[i], strlen(bad[i]), NULL, 0, err, sizeof err)) fail_msg("loaded: %s", bad[i]);
+        assert_true(err[0] != 0);
+    }
+}
+
+/* Normalizers as the Rust library applies them: Lowercase with final sigma and dotted I, NFKC. */
+static void test_lowercase_nfkc(void **state) {
+    (void)state;
+    char err[256];
+    const char *tj2 = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\\u03bf\":0,\"\\u03c3\":1,\"\\u03c2\":2,\"_\":3,\"i\":4,"
+                      "\"\\u0307\":5,\"f\":6,\"1\":7},\"merges\":[]},"
+                      "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFKC\"},{\"type\":\"Lowercase\"},"
+                      "{\"type\":\"Replace\",\"pattern\":{\"Regex\":\"\\\\s+\"},\"content\":\"_\"}]},"
+                      "\"decoder\":{\"type\":\"Fuse\"}}";
+    tokenizer *t = tokenizer_load_from_json(tj2, strlen(tj2), NULL, 0, err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    /* "ΟΣΟΣ  \u0130 \ufb01\u2460" -> "οσος_i̇_fi1" */
+    const char *in = "\xce\x9f\xce\xa3\xce\x9f\xce\xa3  \xc4\xb0 \xef\xac\x81\xe2\x91\xa0";
+    int32_t *ids;
+    int n = tokenizer_encode(t, in, strlen(in), 0, &ids, err, sizeof err);
+    int32_t want[] = {0, 1, 0, 2, 3, 4, 5, 3, 6, 4, 7};
+    assert_int_equal(n, 11);
+    assert_memory_equal(ids, want, sizeof want);
+    free(ids);
+    tokenizer_free(t);
+}
+
 /* Malformed tokenizer.json: NULL and a message naming the problem, never a crash. */
 static void test_malformed(void **state) {
     (void)state;
@@ -471,7 +523,8 @@ int main(void) {
         cmocka_unit_test(test_byte_level_stream),    cmocka_unit_test(test_leading_space),
         cmocka_unit_test(test_config),               cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_variant_llama2_metaspace), cmocka_unit_test(test_variant_qwen3_nfkc_lower),
-        cmocka_unit_test(test_metaspace_decoder),
+        cmocka_unit_test(test_metaspace_decoder),    cmocka_unit_test(test_json_escapes),
+        cmocka_unit_test(test_lowercase_nfkc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,9 +18,11 @@ strftime_now. render() gets messages, tools (None when absent), documents=None,
 add_generation_prompt, the special tokens, and any extra kwargs (enable_thinking only when set).
 transformers does not rewrite tool-call arguments: they reach the template as given.
 """
+import copy
 import json
 import os
 import random
+import re
 import sys
 from datetime import datetime
 
@@ -65,6 +67,11 @@ def make_env():
 
 
 ENV = make_env()
+# Jinja2 folds constant sub-expressions at compile time, and folding follows slightly different
+# rules (a failing constant slice becomes Undefined instead of a TypeError). Random expressions
+# whose result depends on that are skipped: their output differs between these two environments.
+ENV_UNOPTIMIZED = make_env()
+ENV_UNOPTIMIZED.optimized = False
 
 
 def token_text(t):
@@ -453,9 +460,98 @@ FEATURES = [
 ]
 
 
-def render_feature(template, ctx):
+# Random templates built from whitespace-sensitive pieces: block/var/comment tags with every
+# combination of '-'/'+' markers, indentation, blank lines, nested if/for/set/raw. They pin down
+# the lexer's trim_blocks / lstrip_blocks / marker rules against Jinja2's.
+TEXTS = ["", " ", "  ", "\n", "\n  ", "\t", "a", "b\n", "  c  \n", "\n\n", " \t\n\t ", "d"]
+
+
+def random_template(rng, depth=0):
+    out = []
+    for _ in range(rng.randint(1, 5)):
+        k = rng.random()
+        if k < 0.35 or depth > 2:
+            out.append(rng.choice(TEXTS))
+            continue
+
+        def bo():
+            return "{%" + rng.choice(["", "-", "+"]) + rng.choice([" ", "  ", "\n"])
+
+        def bc():
+            return rng.choice([" ", ""]) + rng.choice(["", "-", "+"]) + "%}"
+        if k < 0.5:
+            out.append("{{" + rng.choice(["", "-"]) + " v " + rng.choice(["", "-"]) + "}}")
+        elif k < 0.6:
+            out.append("{#" + rng.choice(["", "-", "+"]) + " c " + rng.choice(["", "-", "+"]) + "#}")
+        elif k < 0.75:
+            out.append(bo() + "if x" + bc() + random_template(rng, depth + 1)
+                       + (bo() + "else" + bc() + random_template(rng, depth + 1) if rng.random() < 0.3 else "")
+                       + bo() + "endif" + bc())
+        elif k < 0.88:
+            out.append(bo() + "for i in [1, 2]" + bc() + random_template(rng, depth + 1) + bo() + "endfor" + bc())
+        elif k < 0.95:
+            out.append(bo() + "set y = 'q'" + bc())
+        else:
+            out.append(bo() + "raw" + bc() + rng.choice(TEXTS) + "{{ v }}" + rng.choice(TEXTS) + bo() + "endraw" + bc())
+        out.append(rng.choice(TEXTS))
+    return "".join(out)
+
+
+# Random expressions over a fixed context: operators, filters, tests, methods, subscripts, each
+# printed with {{ }}. Both engines must print the same text or both fail.
+EXPR_CTX = {"n": 3, "z": 0, "f": 2.5, "g": -1.25, "s": "abc", "h": "Hello World", "e": "", "w": "  x y  ",
+            "l": [3, 1, 2], "m": ["b", "A", "c", "a"], "d": {"a": 1, "b": [1, 2], "c": None}, "b": True,
+            "o": None, "nested": [{"name": "x", "v": 2}, {"name": "y", "v": 1}], "uni": "héllo wörld"}
+ATOMS = ["n", "z", "f", "g", "s", "h", "e", "w", "l", "m", "d", "b", "o", "u", "nested", "uni", "0", "1", "2", "-1",
+         "7", "0.5", "2.0", "'a'", "'xy'", "''", "none", "true", "false", "[1, 'a']", "[]", "{'k': 1}", "(1, 2)",
+         "d.a", "d.b", "d['c']", "l[0]", "l[-1]", "s[1:]", "s[::-1]", "nested[0].name", "u.x"]
+FILTERS = ["length", "upper", "lower", "string", "list", "first", "last", "join(',')", "join", "tojson", "sort",
+           "reverse | list", "int", "float", "abs", "trim", "default('z')", "default('z', true)", "unique | list",
+           "items | list", "dictsort", "map('string') | list", "select | list", "reject | list", "count",
+           "capitalize", "title", "round", "round(1)", "sum", "min", "max", "wordcount", "replace('a', 'b')",
+           "batch(2) | list", "map(attribute='name') | list", "selectattr('v') | list", "indent(2)",
+           "tojson(indent=1)", "center(7)", "first | string", "list | length", "sort(reverse=true)"]
+TESTS = ["defined", "undefined", "none", "string", "number", "integer", "float", "mapping", "iterable", "sequence",
+         "odd", "even", "divisibleby 2", "lower", "upper", "boolean", "true", "false", "callable", "eq 3", "in [1, 2, 3]",
+         "gt 1", "sameas none"]
+METHODS = [".upper()", ".strip()", ".split()", ".split('b')", ".startswith('a')", ".endswith(('c', 'd'))",
+           ".get('a')", ".get('q', 5)", ".items() | list", ".keys() | list", ".values() | list", ".title()",
+           ".replace('l', 'L')", ".find('l')", ".count('l')", ".lstrip('H')", ".capitalize()"]
+BINOPS = ["+", "-", "*", "/", "//", "%", "~", "==", "!=", "<", ">", "<=", ">=", "in", "not in", "and", "or"]
+
+
+def random_expr(rng, depth=0):
+    k = rng.random()
+    if depth >= 3 or k < 0.3:
+        return rng.choice(ATOMS)
+    if k < 0.5:
+        return "(%s %s %s)" % (random_expr(rng, depth + 1), rng.choice(BINOPS), random_expr(rng, depth + 1))
+    if k < 0.55:
+        return "(%s ** %s)" % (rng.choice(["2", "3", "-2", "0.5", "n"]), rng.choice(["0", "1", "2", "3"]))
+    if k < 0.7:
+        return "(%s | %s)" % (random_expr(rng, depth + 1), rng.choice(FILTERS))
+    if k < 0.8:
+        return "(%s is %s%s)" % (random_expr(rng, depth + 1), rng.choice(["", "not "]), rng.choice(TESTS))
+    if k < 0.87:
+        return "(%s)%s" % (random_expr(rng, depth + 1), rng.choice(METHODS))
+    if k < 0.92:
+        return "(%s if %s else %s)" % (random_expr(rng, depth + 1), random_expr(rng, depth + 1),
+                                       random_expr(rng, depth + 1))
+    if k < 0.96:
+        return "(not %s)" % random_expr(rng, depth + 1)
+    inner = random_expr(rng, depth + 1)
+    while not has_variable(inner):  # constant sub-expressions are folded differently (see below)
+        inner = random_expr(rng, depth + 1)
+    return "(%s)%s" % (inner, rng.choice(["[0]", "[-1]", "[1:]", "[::-1]", "['a']", "[:2]"]))
+
+
+def has_variable(expr):
+    return re.search(r"\b(%s)\b" % "|".join(EXPR_CTX.keys() | {"u"}), re.sub(r"'[^']*'", "", expr)) is not None
+
+
+def render_feature(template, ctx, env=None):
     try:
-        return ENV.from_string(template).render(**ctx), None
+        return (env or ENV).from_string(template).render(**ctx), None
     except Exception as e:  # noqa: BLE001
         return None, "%s: %s" % (type(e).__name__, e)
 
@@ -484,6 +580,41 @@ def main():
                    "cases": feats}, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print("features     %3d cases, %d expected errors" % (len(feats), sum(1 for x in feats if x["error"])))
+    rng = random.Random("exo-whitespace")
+    ws = []
+    for i in range(1500):
+        tpl = random_template(rng)
+        out, err = render_feature(tpl, {"x": True, "v": "V"})
+        ws.append({"name": "ws%03d" % i, "template": tpl, "expected": out, "error": err})
+    with open(os.path.join(OUT, "whitespace.json"), "w", encoding="utf-8") as f:
+        json.dump({"generated_by": "tools/reference/render_templates.py (Jinja2 %s)" % jinja2.__version__,
+                   "context": {"x": True, "v": "V"}, "cases": ws}, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    print("whitespace   %3d cases, %d expected errors" % (len(ws), sum(1 for x in ws if x["error"])))
+    rng = random.Random("exo-expressions")
+    ex = []
+    while len(ex) < 3000:
+        tpl = "{{ %s }}" % random_expr(rng)
+        out, err = render_feature(tpl, copy.deepcopy(EXPR_CTX))
+        out2, err2 = render_feature(tpl, copy.deepcopy(EXPR_CTX), ENV_UNOPTIMIZED)
+        if out != out2 or (err is None) != (err2 is None):
+            continue
+        # an output expression without variables is evaluated while compiling (as_const), where a
+        # failing slice gives Undefined instead of a TypeError; real templates slice variables
+        if not has_variable(tpl):
+            continue
+        if out is not None and (len(out) > 2000 or any(len(t) > 15 for t in re.findall(r"[0-9]+", out))):
+            continue  # big numbers: Python ints are unbounded, ours are 64-bit
+        if err and ("generator" in err or "iterator" in err):
+            continue
+        if out is not None and ("<generator" in out or "iterator object" in out):
+            continue
+        ex.append({"name": "ex%04d" % len(ex), "template": tpl, "expected": out, "error": err})
+    with open(os.path.join(OUT, "expressions.json"), "w", encoding="utf-8") as f:
+        json.dump({"generated_by": "tools/reference/render_templates.py (Jinja2 %s)" % jinja2.__version__,
+                   "context": EXPR_CTX, "cases": ex}, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    print("expressions  %3d cases, %d expected errors" % (len(ex), sum(1 for x in ex if x["error"])))
     return 0
 
 

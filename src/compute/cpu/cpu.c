@@ -177,6 +177,33 @@ static int prepare_mlx_input(const weight_matrix *w, matvec_input *in, int want_
             for (int64_t c = 0; c < gs; c++) q[c] = (int16_t)lrintf(xs[c] * inv);
         }
     }
+    int per_byte = want_int16 ? cpu_mlx_x_permuted(w) : 0;
+    if (per_byte) { /* see cpu_mlx_x_permuted: reorder each chunk of V values */
+        int64_t V = 32 * per_byte;
+        int16_t tmp[128];
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t c0 = 0; c0 < cols; c0 += V) {
+                int16_t *q = xq + t * cols + c0;
+                for (int k = 0; k < per_byte; k++)
+                    for (int j = 0; j < 32; j++) tmp[k * 32 + j] = q[j * per_byte + k];
+                memcpy(q, tmp, (size_t)V * sizeof *q);
+            }
+    }
+    in->xsum = xsum;
+    in->xscale = xscale;
+    in->xq = xq;
+    return 0;
+}
+
+static int prepare_mlx(const cpu_kernels *k, const weight_matrix *w, matvec_input *in, void **owned) {
+    if (!k->prepare_mlx) return prepare_mlx_input(w, in, k->needs_int16_x, owned);
+    int64_t n = in->n_tokens, cols = w->cols, groups = cols / w->group_size;
+    size_t floats = (size_t)(n * groups);
+    char *mem = cpu_scratch(3, 2 * floats * sizeof(float) + (size_t)(n * cols) * 2 + 64);
+    if (!mem) return -1;
+    float *xsum = (float *)mem, *xscale = xsum + floats;
+    int16_t *xq = (int16_t *)(xscale + floats);
+    k->prepare_mlx(w, in->x, n, xsum, xscale, xq);
     in->xsum = xsum;
     in->xscale = xscale;
     in->xq = xq;
@@ -221,7 +248,7 @@ static int matvec_run(const cpu_kernels *k, const weight_matrix *w, const float 
                       int64_t n_tokens) {
     matvec_input in = {.x = x, .n_tokens = n_tokens};
     void *owned = NULL;
-    if (w->format == WEIGHT_MLX_AFFINE && prepare_mlx_input(w, &in, k->needs_int16_x, &owned) != 0)
+    if (w->format == WEIGHT_MLX_AFFINE && prepare_mlx(k, w, &in, &owned) != 0)
         return -1;
     matvec_job job = {k, w, &in, y};
     threadpool_parallel_for(cpu_thread_pool(), w->rows, matvec_range, &job);

@@ -29,6 +29,17 @@ typedef enum cpu_level {
  * x[t][c] ~= xq[t][c] * xscale[t][g] with xscale = max|x in group| / 32767, so the quantization
  * error of an activation is at most 1/65534 of its group's largest magnitude — far below the bf16
  * rounding of the weights themselves. The bias term uses the exact float group sums. */
+/* For 2- and 4-bit MLX weights whose columns are a multiple of the 32-byte chunk (128 or 64
+ * values), the int16 activations are stored permuted within each chunk so that the kernel can
+ * unpack 32 bytes with one zero-extension plus a shift/AND per value slot: with P = 8/bits values
+ * per byte and V = 32*P values per chunk, xq[c*V + k*32 + j] holds activation c*V + j*P + k.
+ * Returns P when this layout applies (only to kernels with needs_int16_x), else 0. */
+static inline int cpu_mlx_x_permuted(const weight_matrix *w) {
+    if (w->format != WEIGHT_MLX_AFFINE || (w->bits != 2 && w->bits != 4)) return 0;
+    int per_byte = 8 / w->bits;
+    return w->cols % (32 * per_byte) == 0 ? per_byte : 0;
+}
+
 typedef struct matvec_input {
     const float *x;       /* [n_tokens][cols] */
     int64_t n_tokens;     /* 1..CPU_MATVEC_MAX_TOKENS */
@@ -56,9 +67,15 @@ typedef void (*cpu_gemm_tile_fn)(const float *wpanel, const float *xpanel, int64
 typedef void (*cpu_gemm_pack_fn)(const weight_matrix *w, int64_t r0, int m_valid, int64_t c0,
                                  int64_t k_len, float *wpanel, float *tmp);
 
+/* Fills xsum/xscale/xq ([n][groups], [n][groups], [n][cols]) for MLX weights as matvec_input
+ * describes, xq in the cpu_mlx_x_permuted layout where it applies. */
+typedef void (*cpu_prepare_mlx_fn)(const weight_matrix *w, const float *x, int64_t n, float *xsum,
+                                   float *xscale, int16_t *xq);
+
 typedef struct cpu_kernels {
     const char *name;
     int needs_int16_x; /* MLX matvec wants xq/xscale */
+    cpu_prepare_mlx_fn prepare_mlx; /* NULL: the portable loop in cpu.c */
     cpu_matvec_fn matvec;
     cpu_dequant_fn dequant;
     cpu_gemm_tile_fn gemm_tile; /* NULL: sgemm */

@@ -77,6 +77,51 @@ T512 INLINE void dense_rows(const weight_matrix *w, const matvec_input *in, floa
     }
 }
 
+/* R rows at once, one accumulator per (row, token): each activation vector loaded from cache is
+ * used R times. For batches of 3+ tokens, whose activations no longer fit L1 next to the rows. */
+T512 INLINE void dense_rows_blocked(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                                    const weight_format f, const int nt, const int R) {
+    int64_t cols = w->cols, rows = w->rows;
+    size_t esize = f == WEIGHT_F32 ? 4 : 2;
+    const char *base = (const char *)w->data + (size_t)(r0 * cols) * esize;
+    __m512 acc[4][CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) acc[i][t] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < cols; c += 16) {
+        __mmask16 m = tail_mask16(cols - c);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            const void *row = base + (size_t)(i * cols) * esize;
+            wv[i] = m == 0xffff ? dense_load16_full(f, row, c) : dense_load16(f, row, c, m);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, in->x + t * cols + c);
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++) acc[i][t] = _mm512_fmadd_ps(wv[i], xv, acc[i][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) y[t * rows + r0 + i] = _mm512_reduce_add_ps(acc[i][t]);
+}
+
+T512 INLINE void dense_rows_any(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                                int64_t r1, const weight_format f, const int nt) {
+    if (nt <= 2) {
+        dense_rows(w, in, y, r0, r1, f, nt);
+        return;
+    }
+    const int R = nt <= 4 ? 4 : 2;
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) dense_rows_blocked(w, in, y, r, f, nt, R);
+    if (r < r1) dense_rows(w, in, y, r, r1, f, nt);
+}
+
 /* ---- MLX affine ---------------------------------------------------------------------------- */
 
 typedef struct unpack_consts {
@@ -117,55 +162,113 @@ T512 INLINE __m512 scales_load16(dtype t, const void *p, int64_t i, __mmask16 m)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* Per-row group constants: sd[t][g] = scale_g * xscale[t][g]; returns the bias terms
+ * sum_g bias_g * xsum[t][g] as vectors to add before the final reduction. */
+T512 INLINE void mlx_row_setup(const weight_matrix *w, const matvec_input *in, int64_t r, float *sd,
+                               __m512 *bacc, const int nt) {
+    int64_t groups = w->cols / w->group_size;
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) bacc[t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g += 16) {
+        __mmask16 m = tail_mask16(groups - g);
+        __m512 s = scales_load16(w->scale_dtype, w->scales, r * groups + g, m);
+        __m512 b = scales_load16(w->scale_dtype, w->biases, r * groups + g, m);
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            __m512 xs = _mm512_maskz_loadu_ps(m, in->xscale + t * groups + g);
+            _mm512_mask_storeu_ps(sd + t * groups + g, m, _mm512_mul_ps(s, xs));
+            bacc[t] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, in->xsum + t * groups + g), bacc[t]);
+        }
+    }
+}
+
+/* The int32 dot products of one scaling unit of a row: one group, or (2/4-bit with a chunk
+ * wider than the group) one 32-byte chunk spanning several groups. `bits` is the bytewise
+ * layout's width (2, 4, 8) or 0 for the generic vpermb unpack. Advances *q past the unit. */
+T512 INLINE void mlx_unit_dot(const uint8_t **q, const int16_t *xu, int64_t cols, int chunks,
+                              const unpack_consts *u, __m512i *iacc, const int nt, const int bits) {
+    const __m512i zero = _mm512_setzero_si512();
+    if (bits == 0) {
+        for (int c = 0; c < chunks; c++) {
+            __m512i v = unpack32(u, *q);
+            *q += u->chunk_bytes;
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++)
+                iacc[t] = _mm512_dpwssd_epi32(c == 0 ? zero : iacc[t], v, _mm512_loadu_si512(xu + t * cols + 32 * c));
+        }
+        return;
+    }
+    const int P = 8 / (bits ? bits : 8), V = 32 * P;
+    const __m512i mask = _mm512_set1_epi16((short)((1 << bits) - 1));
+    for (int c = 0; c < chunks; c++) {
+        __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)*q));
+        *q += 32;
+#pragma GCC unroll 4
+        for (int k = 0; k < P; k++) {
+            __m512i sub = P == 1 ? v
+                          : k == 0 ? _mm512_and_si512(v, mask)
+                          : k == P - 1 ? _mm512_srli_epi16(v, (unsigned)(k * bits))
+                                       : _mm512_and_si512(_mm512_srli_epi16(v, (unsigned)(k * bits)), mask);
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++)
+                iacc[t] = _mm512_dpwssd_epi32(c == 0 && k == 0 ? zero : iacc[t], sub,
+                                              _mm512_loadu_si512(xu + t * cols + c * V + 32 * k));
+        }
+    }
+}
+
+/* MLX rows. bits = 0: any width through the generic vpermb unpack (32 values per chunk);
+ * bits = 2, 4, 8: the bytewise layout — 32 bytes (V = 256/bits values) zero-extended to 32 words
+ * with one vpmovzxbw, value slot k of each byte is (w >> k*bits) & mask, dotted with the matching
+ * block of the permuted activations (cpu_mlx_x_permuted; natural order for 8 bits). When a chunk
+ * spans several groups (V > group size), int32 lane i holds values of group (2*i*P)/gs of the
+ * chunk and is scaled by a vector gathered from sd with one vpermps.
+ * Consecutive units alternate between two float accumulators when there are few tokens, so the
+ * FMA latency chain does not limit a single-token decode. */
 T512 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                          int64_t r1, float *sd, const int nt) {
+                          int64_t r1, float *sd, const int nt, const int bits) {
     int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
-    int cpg = (int)(gs / 32);
+    const int P = bits ? 8 / bits : 1, V = bits ? 32 * P : 32;
+    const int wide = V > gs; /* a chunk spans several groups */
+    int64_t unit_values = wide ? V : gs, n_units = cols / unit_values;
+    int chunks = wide ? 1 : (int)(gs / V), gpc = wide ? (int)(V / gs) : 1;
     unpack_consts u = unpack_setup(w->bits);
     size_t row_bytes = (size_t)cols * (size_t)w->bits / 8;
-    const __m512i zero = _mm512_setzero_si512();
+    int32_t lane_group[16];
+    for (int i = 0; i < 16; i++) lane_group[i] = (int32_t)((2 * i * P) / gs);
+    const __m512i lane_idx = _mm512_loadu_si512(lane_group);
+    const int two = nt <= 2;
     for (int64_t r = r0; r < r1; r++) {
-        /* Per-row group constants: sd[t][g] = scale_g * xscale[t][g]; bias term into bacc. */
-        __m512 bacc[CPU_MATVEC_MAX_TOKENS];
+        __m512 acc0[CPU_MATVEC_MAX_TOKENS], acc1[CPU_MATVEC_MAX_TOKENS];
+        mlx_row_setup(w, in, r, sd, acc0, nt);
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) bacc[t] = _mm512_setzero_ps();
-        for (int64_t g = 0; g < groups; g += 16) {
-            __mmask16 m = tail_mask16(groups - g);
-            __m512 s = scales_load16(w->scale_dtype, w->scales, r * groups + g, m);
-            __m512 b = scales_load16(w->scale_dtype, w->biases, r * groups + g, m);
+        for (int t = 0; t < nt; t++) acc1[t] = _mm512_setzero_ps();
+        const uint8_t *q = (const uint8_t *)w->data + (size_t)r * row_bytes;
+        for (int64_t un = 0; un < n_units; un += 2) {
+            int second = un + 1 < n_units;
+            __m512i ia[CPU_MATVEC_MAX_TOKENS], ib[CPU_MATVEC_MAX_TOKENS];
+            mlx_unit_dot(&q, in->xq + un * unit_values, cols, chunks, &u, ia, nt, bits);
+            if (second) {
+                mlx_unit_dot(&q, in->xq + (un + 1) * unit_values, cols, chunks, &u, ib, nt, bits);
+            } else {
+#pragma GCC unroll 8
+                for (int t = 0; t < nt; t++) ib[t] = _mm512_setzero_si512();
+            }
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
-                __m512 xs = _mm512_maskz_loadu_ps(m, in->xscale + t * groups + g);
-                _mm512_mask_storeu_ps(sd + t * groups + g, m, _mm512_mul_ps(s, xs));
-                bacc[t] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, in->xsum + t * groups + g), bacc[t]);
+                const float *st = sd + t * groups + un * gpc;
+                __m512 sa = wide ? _mm512_permutexvar_ps(lane_idx, _mm512_loadu_ps(st)) : _mm512_set1_ps(st[0]);
+                acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), sa, acc0[t]);
+                if (second) {
+                    __m512 sb = wide ? _mm512_permutexvar_ps(lane_idx, _mm512_loadu_ps(st + gpc))
+                                     : _mm512_set1_ps(st[1]);
+                    if (two) acc1[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[t]), sb, acc1[t]);
+                    else acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ib[t]), sb, acc0[t]);
+                }
             }
         }
-        const uint8_t *q = (const uint8_t *)w->data + (size_t)r * row_bytes;
-        __m512 acc[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-        for (int64_t g = 0; g < groups; g++) {
-            __m512i iacc[CPU_MATVEC_MAX_TOKENS];
-            const int16_t *xg = in->xq + g * gs;
-            __m512i v = unpack32(&u, q);
-            q += u.chunk_bytes;
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++)
-                iacc[t] = _mm512_dpwssd_epi32(zero, v, _mm512_loadu_si512(xg + t * cols));
-            for (int c = 1; c < cpg; c++) {
-                v = unpack32(&u, q);
-                q += u.chunk_bytes;
-#pragma GCC unroll 8
-                for (int t = 0; t < nt; t++)
-                    iacc[t] = _mm512_dpwssd_epi32(iacc[t], v, _mm512_loadu_si512(xg + t * cols + 32 * c));
-            }
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++)
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t]), _mm512_set1_ps(sd[t * groups + g]), acc[t]);
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < nt; t++)
-            y[t * rows + r] = _mm512_reduce_add_ps(acc[t]) + _mm512_reduce_add_ps(bacc[t]);
+        for (int t = 0; t < nt; t++) y[t * rows + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
     }
 }
 
@@ -182,19 +285,19 @@ T512 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float 
     }
 
 T512 static void matvec_f32(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_F32, n)
+#define CALL(n) dense_rows_any(w, in, y, r0, r1, WEIGHT_F32, n)
     DISPATCH_NT(CALL)
 #undef CALL
 }
 
 T512 static void matvec_f16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_F16, n)
+#define CALL(n) dense_rows_any(w, in, y, r0, r1, WEIGHT_F16, n)
     DISPATCH_NT(CALL)
 #undef CALL
 }
 
 T512 static void matvec_bf16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_BF16, n)
+#define CALL(n) dense_rows_any(w, in, y, r0, r1, WEIGHT_BF16, n)
     DISPATCH_NT(CALL)
 #undef CALL
 }
@@ -202,18 +305,30 @@ T512 static void matvec_bf16(const weight_matrix *w, const matvec_input *in, flo
 T512 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
     int64_t groups = w->cols / w->group_size;
     enum { STACK_FLOATS = 4096 };
-    float stack[STACK_FLOATS];
+    float stack[STACK_FLOATS + 16]; /* +16: a chunk's scales are read as one 16-float vector */
     float *sd = stack;
     if (groups * in->n_tokens > STACK_FLOATS) {
-        sd = malloc((size_t)(groups * in->n_tokens) * sizeof *sd);
+        sd = malloc((size_t)(groups * in->n_tokens + 16) * sizeof *sd);
         if (!sd) { /* out of memory: one token at a time fits the stack for any sane width */
             cpu_kernels_generic.matvec(w, in, y, r0, r1);
             return;
         }
     }
-#define CALL(n) mlx_rows(w, in, y, r0, r1, sd, n)
-    DISPATCH_NT(CALL)
+    int layout = w->bits == 8 ? 8 : cpu_mlx_x_permuted(w) ? w->bits : 0;
+    switch (layout) {
+#define CALL(n) mlx_rows(w, in, y, r0, r1, sd, n, 8)
+    case 8: DISPATCH_NT(CALL) break;
 #undef CALL
+#define CALL(n) mlx_rows(w, in, y, r0, r1, sd, n, 4)
+    case 4: DISPATCH_NT(CALL) break;
+#undef CALL
+#define CALL(n) mlx_rows(w, in, y, r0, r1, sd, n, 2)
+    case 2: DISPATCH_NT(CALL) break;
+#undef CALL
+#define CALL(n) mlx_rows(w, in, y, r0, r1, sd, n, 0)
+    default: DISPATCH_NT(CALL) break;
+#undef CALL
+    }
     if (sd != stack) free(sd);
 }
 
@@ -308,9 +423,57 @@ T512 static void avx512_gemm_pack(const weight_matrix *w, int64_t r0, int mv, in
     }
 }
 
+/* Activation preparation for the MLX matvec (see matvec_input): per group, the float sum, the
+ * int16 step max|x|/32767, and x rounded to that step (round to nearest even, as lrintf). */
+T512 static void avx512_prepare_mlx(const weight_matrix *w, const float *x, int64_t n, float *xsum,
+                                    float *xscale, int16_t *xq) {
+    int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int64_t t = 0; t < n; t++) {
+        const float *xt = x + t * cols;
+        int16_t *qt = xq + t * cols;
+        for (int64_t g = 0; g < groups; g++) {
+            const float *xs = xt + g * gs;
+            __m512 sum = _mm512_setzero_ps(), amax = _mm512_setzero_ps();
+            for (int64_t c = 0; c < gs; c += 16) {
+                __m512 v = _mm512_loadu_ps(xs + c);
+                sum = _mm512_add_ps(sum, v);
+                amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, v));
+            }
+            float m = _mm512_reduce_max_ps(amax);
+            xsum[t * groups + g] = _mm512_reduce_add_ps(sum);
+            xscale[t * groups + g] = m / 32767.0f;
+            __m512 inv = _mm512_set1_ps(m > 0 ? 32767.0f / m : 0.0f);
+            for (int64_t c = 0; c < gs; c += 16) {
+                __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + c), inv));
+                _mm256_storeu_si256((__m256i *)(qt + g * gs + c), _mm512_cvtsepi32_epi16(q));
+            }
+        }
+        int per_byte = cpu_mlx_x_permuted(w);
+        if (per_byte == 2) { /* chunks of 64: even values, then odd values */
+            int16_t ev[32], od[32];
+            for (int j = 0; j < 32; j++) ev[j] = (int16_t)(2 * j), od[j] = (int16_t)(2 * j + 1);
+            __m512i even = _mm512_loadu_si512(ev), odd = _mm512_loadu_si512(od);
+            for (int64_t c = 0; c < cols; c += 64) {
+                __m512i a = _mm512_loadu_si512(qt + c), b = _mm512_loadu_si512(qt + c + 32);
+                _mm512_storeu_si512(qt + c, _mm512_permutex2var_epi16(a, even, b));
+                _mm512_storeu_si512(qt + c + 32, _mm512_permutex2var_epi16(a, odd, b));
+            }
+        } else if (per_byte == 4) { /* chunks of 128: value slot k of every byte, k = 0..3 */
+            int16_t tmp[128];
+            for (int64_t c = 0; c < cols; c += 128) {
+                for (int k = 0; k < 4; k++)
+                    for (int j = 0; j < 32; j++) tmp[k * 32 + j] = qt[c + 4 * j + k];
+                for (int i = 0; i < 128; i++) qt[c + i] = tmp[i];
+            }
+        }
+    }
+}
+
 const cpu_kernels cpu_kernels_avx512 = {
     .name = "avx512",
     .needs_int16_x = 1,
+    .prepare_mlx = avx512_prepare_mlx,
     .matvec = avx512_matvec,
     .dequant = avx512_dequant,
     .gemm_tile = avx512_gemm_tile,

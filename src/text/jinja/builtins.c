@@ -304,6 +304,7 @@ static jval f_list(jctx *c, jval v, jargs *a, int line) {
 }
 
 static jval f_map(jctx *c, jval v, jargs *a, int line) {
+    if (!jv_truthy(v)) return jv_list(c, 0, false); /* Jinja2: `if value:` before iterating */
     jlist *items = jv_iterate(c, v, line);
     jval out = jv_list(c, items->n, false);
     jval attr = jarg(a, 99, "attribute", NONE_ARG);
@@ -325,6 +326,7 @@ static jval f_map(jctx *c, jval v, jargs *a, int line) {
 }
 
 static jval select_impl(jctx *c, jval v, jargs *a, int line, bool by_attr, bool want) {
+    if (!jv_truthy(v)) return jv_list(c, 0, false); /* Jinja2: `if value:` before iterating */
     jlist *items = jv_iterate(c, v, line);
     jval out = jv_list(c, items->n, false);
     size_t k = 0;
@@ -507,6 +509,7 @@ static bool parse_float_str(const char *s, size_t n, double *out) {
 static jval f_int(jctx *c, jval v, jargs *a, int line) {
     jval dflt = jarg(a, 0, "default", jv_int(0));
     int base = (int)need_int(c, jarg(a, 1, "base", jv_int(10)), "int base", line);
+    if (v.kind == JV_UNDEF) jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
     int64_t i;
     double f;
     switch (v.kind) {
@@ -527,6 +530,7 @@ static jval f_float(jctx *c, jval v, jargs *a, int line) {
     (void)c;
     (void)line;
     jval dflt = jarg(a, 0, "default", jv_float(0.0));
+    if (v.kind == JV_UNDEF) jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
     double f;
     switch (v.kind) {
     case JV_FLOAT: return v;
@@ -549,6 +553,8 @@ static jval f_unique(jctx *c, jval v, jargs *a, int line) {
         if (given(attr)) key = attr_path(c, key, attr, line);
         key = lower_if_str(c, key, cs, line);
         bool dup = false;
+        c->iterations += (long long)(seen.u.l->n >> 4); /* quadratic: charged to the work budget */
+        if (c->iterations > c->limits.max_iterations) jfail(c, line, "unique: too much work for one render");
         for (size_t k = 0; k < seen.u.l->n && !dup; k++) dup = jv_equal(seen.u.l->items[k], key);
         if (!dup) {
             jlist_push(c, seen.u.l, key);
@@ -699,7 +705,8 @@ static jval f_indent(jctx *c, jval v, jargs *a, int line) {
         memset(sp, ' ', (size_t)w);
         ind = jv_str(sp, (size_t)w);
     }
-    v = jv_stringify(c, v, line);
+    if (v.kind == JV_UNDEF) jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
+    if (v.kind != JV_STR) jfail(c, line, "indent: unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
     /* s + "\n", then splitlines() */
     jval lines = jv_list(c, 8, false);
     const char *s = v.u.s.p;
@@ -938,9 +945,22 @@ bool jtest_apply(jctx *c, const char *name, jval v, jargs *a, int line) {
         return jv_truthy(jbinop(c, JOP_IN, v, a->pos[0], line));
     }
     if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
+        /* str(v).islower() / isupper(): some cased character, and none of the other case */
         jval s = jv_stringify(c, v, line);
-        jval m = change_case(c, s, name[0] == 'l' ? CASE_LOWER : CASE_UPPER, line);
-        return jv_equal(s, m);
+        bool any_cased = false, want_lower = name[0] == 'l';
+        size_t i = 0;
+        while (i < s.u.s.n) {
+            int32_t cp = cp_at(s.u.s.p, s.u.s.n, &i);
+            utf8proc_category_t k = utf8proc_category(cp);
+            if (k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LT) {
+                if (want_lower) return false;
+                any_cased = true;
+            } else if (k == UTF8PROC_CATEGORY_LL) {
+                if (!want_lower) return false;
+                any_cased = true;
+            }
+        }
+        return any_cased;
     }
     if (!strcmp(name, "sameas")) {
         if (!a->npos) jfail(c, line, "sameas needs an argument");

@@ -186,6 +186,7 @@ static int64_t slice_index(jctx *c, jval v, int64_t n, int64_t dflt, int line) {
 static jval do_slice(jctx *c, jval obj, jval start, jval stop, jval step, int line) {
     if (obj.kind == JV_UNDEF) fail_undefined(c, obj, line);
     bool is_str = obj.kind == JV_STR;
+    /* a slice compiles to a plain Python subscript in Jinja2: a TypeError, not Undefined */
     if (!is_str && obj.kind != JV_LIST) jfail(c, line, "'%s' object is not subscriptable", jv_type_name(obj));
     jlist *items = is_str ? jv_iterate(c, obj, line) : obj.u.l;
     int64_t n = (int64_t)items->n;
@@ -285,7 +286,10 @@ static jval format_percent(jctx *c, jval fmt, jval args, int line) {
         } else
             jfail(c, line, "unsupported format character '%c'", f);
     }
-    if (al ? ai != al->n : ai != 1) jfail(c, line, "not all arguments converted during string formatting");
+    /* Python: an unused argument is an error, unless it is a mapping-like object (list, dict) */
+    bool mapping_like = args.kind == JV_DICT || (args.kind == JV_LIST && !args.u.l->tuple);
+    if (al ? ai != al->n : (ai != 1 && !(ai == 0 && mapping_like)))
+        jfail(c, line, "not all arguments converted during string formatting");
     return jcapture_end(c, prev);
 }
 
@@ -302,6 +306,8 @@ static bool contains(jctx *c, jval container, jval item, int line) {
     case JV_DICT: {
         jval out;
         if (container.u.d->is_namespace) jfail(c, line, "argument of type 'Namespace' is not iterable");
+        if (item.kind == JV_DICT || (item.kind == JV_LIST && !item.u.l->tuple))
+            jfail(c, line, "unhashable type: '%s'", jv_type_name(item));
         return jdict_get(container.u.d, item, &out);
     }
     case JV_UNDEF: return false;

@@ -343,8 +343,11 @@ static void lex(parser *p, const char *s, size_t len) {
         }
         char lead, trail;
         size_t rend = kind == '%' ? match_keyword_tag(s, len, at, "raw", &lead, &trail) : 0;
-        if (rend) {
-            size_t j = after_block_end(s, len, rend, trail), k = j, end_end = 0;
+        if (rend && trail != '+') { /* Jinja2's raw opener takes '-%}' or '%}' and no trim_blocks */
+            size_t j = rend, k, end_end = 0;
+            if (trail == '-')
+                while (j < len && is_py_space(s[j])) j++;
+            k = j;
             char elead = 0, etrail = 0;
             for (; k < len; k++)
                 if ((end_end = match_keyword_tag(s, len, k, "endraw", &elead, &etrail))) break;

@@ -77,12 +77,24 @@ static bool jv_hash_equal(jval a, jval b) {
     return jv_equal(a, b);
 }
 
+static void jdict_append(jctx *c, jdict *d, jval key, jval v);
+
 void jdict_set(jctx *c, jdict *d, jval key, jval v) {
+    /* the key scan is linear: charge it to the render's work budget so that building a huge
+     * dict fails instead of running for minutes */
+    c->iterations += (long long)(d->n >> 4);
+    if (c->iterations > c->limits.max_iterations)
+        jfail(c, 0, "template exceeded %lld loop iterations and calls", c->limits.max_iterations);
     for (size_t i = 0; i < d->n; i++)
         if (jv_hash_equal(d->keys[i], key)) {
             d->vals[i] = v;
             return;
         }
+    jdict_append(c, d, key, v);
+}
+
+/* adds a key known to be new */
+static void jdict_append(jctx *c, jdict *d, jval key, jval v) {
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 8;
         jval *k = jalloc(c, cap * sizeof(jval)), *vv = jalloc(c, cap * sizeof(jval));
@@ -126,7 +138,7 @@ jval jv_from_json(jctx *c, const json_t *j) {
         const char *k;
         json_t *v;
         json_object_foreach((json_t *)j, k, v) {
-            jdict_set(c, d.u.d, jv_str_copy(c, k, strlen(k)), jv_from_json(c, v));
+            jdict_append(c, d.u.d, jv_str_copy(c, k, strlen(k)), jv_from_json(c, v));
         }
         return d;
     }

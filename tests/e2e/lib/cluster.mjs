@@ -57,7 +57,7 @@ export class Cluster {
       (namespacesAvailable() ? 'netns' : 'loopback');
     this.tag = `exoc${process.pid}${String.fromCharCode(97 + (clusterSeq++ % 26))}`;
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'exo-cluster-'));
-    this.bin = process.env.EXO_CLUSTER_NODE_BIN || path.join(buildDir(), 'tools/cluster-node');
+    this.bin = opts.bin || process.env.EXO_CLUSTER_NODE_BIN || path.join(buildDir(), 'tools/cluster-node');
     this.env = { ...process.env, ...(opts.env || {}) };
     this.nodes = [];
     // Loopback mode: every cluster gets its own port block so leftover nodes cannot join.
@@ -76,7 +76,7 @@ export class Cluster {
   }
 
   // Adds node i (0-based) and starts it. extra: more flags (e.g. ['--namespace', 'x']).
-  addNode(extra = []) {
+  addNode(extra = [], { start = true } = {}) {
     const i = this.nodes.length;
     const node = { i, extra, dataDir: path.join(this.dir, `node${i}`), log: path.join(this.dir, `node${i}.log`) };
     if (this.mode === 'netns') {
@@ -98,7 +98,7 @@ export class Cluster {
       node.listenPort = this.portBase + i * 2 + 1;
     }
     this.nodes.push(node);
-    this.start(node);
+    if (start) this.start(node);
     return node;
   }
 
@@ -149,6 +149,21 @@ export class Cluster {
     const body = r.stdout.slice(0, cut);
     if (status !== 200) return { status, body };
     try { return JSON.parse(body); } catch { return null; }
+  }
+
+  // Like get(), without blocking: many nodes can be asked at once.
+  getAsync(node, p) {
+    const url = `http://127.0.0.1:${node.apiPort}${p}`;
+    const curl = ['-s', '-m', '3', url];
+    const [cmd, args] = this.mode === 'netns' ? ['ip', ['netns', 'exec', node.ns, 'curl', ...curl]] : ['curl', curl];
+    return new Promise((resolve) => {
+      const chunks = [];
+      const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'ignore'] });
+      child.stdout.on('data', (d) => chunks.push(d));
+      child.on('close', () => {
+        try { resolve(JSON.parse(Buffer.concat(chunks).toString('utf8'))); } catch { resolve(null); }
+      });
+    });
   }
 
   post(node, p, json) {

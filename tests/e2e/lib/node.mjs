@@ -24,7 +24,11 @@ export function freePort() {
 export async function startNode({ args = [], env = {}, modelsDir } = {}) {
   const port = await freePort();
   const dir = modelsDir || fs.mkdtempSync(path.join(os.tmpdir(), 'exo-models-'));
-  const proc = spawn(exoBin(), ['--api-port', String(port), '--models-dir', dir, ...args], {
+  // Each test node is a cluster of its own: private data dir, namespace and cluster port, so
+  // test nodes (and other people's, on a shared machine) never join each other.
+  const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'exo-data-'));
+  const isolate = ['--data-dir', dataDir, '--namespace', `e2e-${process.pid}-${port}`, '--listen-port', '0'];
+  const proc = spawn(exoBin(), ['--api-port', String(port), '--models-dir', dir, ...isolate, ...args], {
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -43,7 +47,7 @@ export async function startNode({ args = [], env = {}, modelsDir } = {}) {
     await new Promise((r) => setTimeout(r, 50));
   }
   return {
-    url, port, proc, modelsDir: dir,
+    url, port, proc, modelsDir: dir, dataDir,
     log: () => log,
     async stop() {
       if (proc.exitCode !== null) return proc.exitCode;
@@ -52,6 +56,7 @@ export async function startNode({ args = [], env = {}, modelsDir } = {}) {
         const t = setTimeout(() => { proc.kill('SIGKILL'); }, 8000);
         proc.on('exit', (c, sig) => { clearTimeout(t); resolve(c ?? sig); });
       });
+      fs.rmSync(dataDir, { recursive: true, force: true });
       return code;
     },
   };

@@ -1,0 +1,73 @@
+/* cluster_routes — HTTP handlers for the cluster's State and log (see cluster_routes.h). */
+#include "cluster_routes.h"
+
+#include "cluster/cluster.h"
+#include "cluster/state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The cluster State with the local instance manager's instances and runners folded in. */
+static json_t *merged_state(instances *local) {
+    char *text = cluster_state_json(NULL);
+    json_t *state = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    if (!state) state = cluster_state_new(); /* cluster not running: this node alone */
+    json_t *mine = local ? instances_state_json(local) : NULL;
+    static const char *fields[] = {"instances", "runners"};
+    for (size_t i = 0; mine && i < 2; i++) {
+        json_t *dst = json_object_get(state, fields[i]);
+        const char *key;
+        json_t *value;
+        json_object_foreach(json_object_get(mine, fields[i]), key, value) {
+            if (!json_object_get(dst, key)) json_object_set(dst, key, value);
+        }
+    }
+    json_decref(mine);
+    return state;
+}
+
+static void h_state(api_request *r, void *ctx) {
+    json_t *state = merged_state(ctx);
+    const char *path = api_request_param(r, "path");
+    json_t *value = cluster_state_lookup(state, path ? path : "");
+    if (!value) {
+        api_respond_error(r, 404, "'%s' is not in the cluster state", path ? path : "");
+    } else {
+        api_respond_json(r, 200, json_incref(value));
+    }
+    json_decref(state);
+}
+
+static void respond_text(api_request *r, char *text) {
+    if (!text) {
+        api_respond_error(r, 503, "the cluster is not running on this node (see its log)");
+        return;
+    }
+    api_respond_bytes(r, 200, "application/json", text, strlen(text));
+    free(text);
+}
+
+static void h_events(api_request *r, void *ctx) {
+    (void)ctx;
+    const char *since = api_request_query(r, "since");
+    char *end = NULL;
+    unsigned long long n = since ? strtoull(since, &end, 10) : 0;
+    if (since && (!*since || *end)) {
+        api_respond_error(r, 400, "'since' must be a log index (a non-negative integer)");
+        return;
+    }
+    respond_text(r, cluster_events_json(n));
+}
+
+static void h_status(api_request *r, void *ctx) {
+    (void)ctx;
+    respond_text(r, cluster_status_json());
+}
+
+void cluster_routes_add(api_server *server, instances *local) {
+    api_route_add(server, "GET", "/state", h_state, local, 0);
+    api_route_add(server, "GET", "/state/{path...}", h_state, local, 0);
+    api_route_add(server, "GET", "/events", h_events, NULL, 0);
+    api_route_add(server, "GET", "/cluster/status", h_status, NULL, 0);
+}

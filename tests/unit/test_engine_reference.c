@@ -1,0 +1,274 @@
+/* The engine against Hugging Face transformers (tests/fixtures/reference/, float32 CPU, eager
+ * attention) on the tiny models of tools/mkmodel/tiny-models.json: qwen3 (untied, tied, 4-bit),
+ * llama with llama3 rope scaling (bf16, 4-bit), qwen3_moe (HF and mlx switch_mlp layouts, bf16
+ * and 4-bit). Each model is regenerated with mkmodel from the recorded args into
+ * .cache/reference-models/ and checked against the recorded sha256 first.
+ *
+ * Teacher forcing: every prompt position's top-10 logits and logsumexp within TF_TOL.
+ * Greedy (the engine as users run it: f16 KV cache, batched scheduler): tokens equal while the
+ * reference's top-1/top-2 gap is >= 1e-2 (below that a float32 summation-order difference may
+ * legitimately flip a near-tie); every step's top-5 logprobs within 1e-3. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "arch/transformer.h"
+#include "compute/cpu/cpu.h"
+#include "base/paths.h"
+#include "infer/engine.h"
+#include "infer/kv_cache.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tolerances. With the generic or AVX2 kernels and an f32 KV cache the engine agrees with
+ * transformers to 1e-5 on every fixture (measured: max |dlogit| 1.4e-5, max |dlogprob| 4e-5), so
+ * 1e-3 -- the bar -- leaves two orders of magnitude for summation order.
+ * Two deliberate approximations are measured separately:
+ *  - the AVX-512 MLX matvec rounds activations to int16 per group (2^-16 relative) to use
+ *    VNNI integer dot products: up to 1.8e-3 on logits/logprobs of the 4-bit tiny models, so
+ *    QUANT_INT16_TOL = 3e-3 applies to MLX models when cpu_simd_level() is "avx512";
+ *  - the default f16 KV cache rounds K and V to 11 significant bits: up to 3.3e-3 on logprobs
+ *    (tokens still all equal), so F16_KV_TOL = 6e-3 for the run with the default cache. */
+#define TF_TOL 1e-3
+#define LOGPROB_TOL 1e-3
+#define QUANT_INT16_TOL 3e-3
+#define F16_KV_TOL 6e-3
+#define GAP_MIN 1e-2
+
+static int sha256_file(const char *path, char hex[65]) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    crypto_hash_sha256_state st;
+    crypto_hash_sha256_init(&st);
+    static unsigned char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) crypto_hash_sha256_update(&st, buf, n);
+    fclose(f);
+    unsigned char out[32];
+    crypto_hash_sha256_final(&st, out);
+    for (int i = 0; i < 32; i++) sprintf(hex + 2 * i, "%02x", out[i]);
+    return 0;
+}
+
+/* Makes dir hold the fixture's model (mkmodel with its recorded args) and checks the sha256. */
+static void ensure_model(json_t *fx, const char *dir) {
+    const char *want = json_string_value(json_object_get(fx, "safetensors_sha256"));
+    char path[1024], hex[65] = "";
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (sha256_file(path, hex) == 0 && !strcmp(hex, want)) return;
+    const char *build = getenv("EXO_BUILD");
+    json_t *args = json_object_get(fx, "mkmodel_args");
+    char cmd[2048];
+    int o = snprintf(cmd, sizeof cmd, "rm -rf '%s' && %s/tools/mkmodel --out '%s'", dir,
+                     build ? build : "build", dir);
+    size_t i;
+    json_t *a;
+    const char *tok = NULL;
+    json_array_foreach(args, i, a) {
+        o += snprintf(cmd + o, sizeof cmd - (size_t)o, " '%s'", json_string_value(a));
+        if (i > 0 && !strcmp(json_string_value(json_array_get(args, i - 1)), "--tokenizer"))
+            tok = json_string_value(a);
+    }
+    if (tok) {
+        char t[256];
+        snprintf(t, sizeof t, "bash scripts/tokenizers.sh %s >/dev/null", tok);
+        assert_int_equal(system(t), 0);
+    }
+    snprintf(cmd + o, sizeof cmd - (size_t)o, " >/dev/null");
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(sha256_file(path, hex), 0);
+    if (strcmp(hex, want)) fprintf(stderr, "%s: sha256 %s, fixture says %s\n", path, hex, want);
+    assert_string_equal(hex, want);
+}
+
+typedef struct stats {
+    double tf_max;     /* teacher-forced: max |logit - reference| */
+    double lp_max;     /* greedy: max |logprob - reference| over top-5 */
+    int steps_compared, tokens_equal;
+} stats;
+
+static void teacher_forced(const char *dir, json_t *prompts, stats *st) {
+    model_config c;
+    char err[512];
+    assert_int_equal(model_config_load(dir, &c, err, sizeof err), 0);
+    safetensors_set *set = safetensors_set_open(dir, err, sizeof err);
+    assert_non_null(set);
+    model_weights w;
+    assert_int_equal(model_weights_load(set, &c, 0, 0, &w, err, sizeof err), 0);
+    compute_backend *be = compute_backend_cpu(0);
+    transformer *t = transformer_create(&c, &w, be, 256, 256, err, sizeof err);
+    assert_non_null(t);
+    float *logits = malloc(sizeof(float) * 256 * (size_t)c.vocab_size);
+    size_t pi;
+    json_t *p;
+    json_array_foreach(prompts, pi, p) {
+        json_t *ids = json_object_get(p, "prompt_ids");
+        int n = (int)json_array_size(ids);
+        assert_true(n > 0 && n <= 256);
+        int32_t tok[256], pos[256], seq[256], slots[256], rows[256], table[16], start = 0;
+        for (int i = 0; i < n; i++) {
+            tok[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+            pos[i] = slots[i] = rows[i] = i;
+            seq[i] = 0;
+        }
+        for (int i = 0; i < 16; i++) table[i] = i;
+        kv_cache *kv = kv_cache_create(be, c.n_layers, (int64_t)c.n_kv_heads * c.head_dim, 16,
+                                       16, DTYPE_F32, err, sizeof err);
+        transformer_batch b = {.n_tokens = n, .tokens = tok, .positions = pos,
+                               .seq_of_token = seq, .slots = slots, .n_seqs = 1,
+                               .block_table_start = &start, .block_tables = table,
+                               .n_block_entries = 16, .n_logits = n, .logit_rows = rows};
+        assert_int_equal(transformer_forward(t, kv->layers, 16, &b, logits, err, sizeof err), 0);
+        kv_cache_destroy(kv);
+        json_t *tf = json_object_get(p, "teacher_forced");
+        json_t *top10 = json_object_get(tf, "top10"), *lse = json_object_get(tf, "logsumexp");
+        for (int i = 0; i < n; i++) {
+            const float *l = logits + (size_t)i * c.vocab_size;
+            size_t k;
+            json_t *e;
+            json_array_foreach(json_array_get(top10, (size_t)i), k, e) {
+                int id = (int)json_integer_value(json_array_get(e, 0));
+                double d = fabs(l[id] - json_number_value(json_array_get(e, 1)));
+                st->tf_max = d > st->tf_max ? d : st->tf_max;
+            }
+            double m = -INFINITY, z = 0;
+            for (int v = 0; v < c.vocab_size; v++) m = l[v] > m ? l[v] : m;
+            for (int v = 0; v < c.vocab_size; v++) z += exp((double)l[v] - m);
+            double d = fabs(m + log(z) - json_number_value(json_array_get(lse, (size_t)i)));
+            st->tf_max = d > st->tf_max ? d : st->tf_max;
+        }
+    }
+    free(logits);
+    transformer_destroy(t);
+    be->destroy(be);
+    model_weights_free(&w);
+    safetensors_set_close(set);
+}
+
+/* All prompts at once through one engine: batching is part of what is being checked. */
+static void greedy(const char *dir, json_t *prompts, const char *kv_dtype, stats *st) {
+    engine_options o = {.model_dir = dir, .max_batch_tokens = 64, .kv_cache_dtype = kv_dtype};
+    char err[512];
+    engine *e = engine_open(&o, err, sizeof err);
+    if (!e) fprintf(stderr, "%s\n", err);
+    assert_non_null(e);
+    size_t n_prompts = json_array_size(prompts);
+    for (size_t pi = 0; pi < n_prompts; pi++) {
+        json_t *ids = json_object_get(json_array_get(prompts, pi), "prompt_ids");
+        int n = (int)json_array_size(ids);
+        int32_t tok[256];
+        for (int i = 0; i < n; i++) tok[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+        engine_request r = {.prompt = tok, .n_prompt = n, .max_tokens = 32};
+        r.sampling = sampling_params_default();
+        r.sampling.temperature = 0;
+        r.sampling.top_logprobs = ENGINE_MAX_TOP_LOGPROBS;
+        assert_int_equal(engine_submit(e, pi, &r, err, sizeof err), 0);
+    }
+    int step_of[16] = {0}, diverged[16] = {0};
+    engine_event ev[16];
+    while (engine_pending(e)) {
+        int n = engine_step(e, ev, 16);
+        assert_true(n >= 0);
+        for (int i = 0; i < n; i++) {
+            if (ev[i].token < 0) continue;
+            size_t pi = ev[i].seq_id;
+            json_t *steps = json_object_get(json_object_get(json_array_get(prompts, pi), "greedy"), "steps");
+            json_t *ref = json_array_get(steps, (size_t)step_of[pi]++);
+            if (diverged[pi] || !ref) continue;
+            json_t *top5 = json_object_get(ref, "top5");
+            size_t k;
+            json_t *entry;
+            json_array_foreach(top5, k, entry) {
+                int id = (int)json_integer_value(json_array_get(entry, 0));
+                int found = 0;
+                for (int j = 0; j < ev[i].n_top; j++)
+                    if (ev[i].top_ids[j] == id) {
+                        double d = fabs(ev[i].top_logprobs[j] - json_number_value(json_array_get(entry, 1)));
+                        st->lp_max = d > st->lp_max ? d : st->lp_max;
+                        found = 1;
+                    }
+                assert_true(found);
+            }
+            st->steps_compared++;
+            int want = (int)json_integer_value(json_object_get(ref, "token"));
+            if (ev[i].token == want) {
+                st->tokens_equal++;
+            } else {
+                /* only a near-tie may flip */
+                double gap = json_number_value(json_object_get(ref, "gap"));
+                if (gap >= GAP_MIN)
+                    fprintf(stderr, "prompt %zu step %d: token %d, reference %d (gap %g)\n", pi,
+                            step_of[pi] - 1, ev[i].token, want, gap);
+                assert_true(gap < GAP_MIN);
+                diverged[pi] = 1;
+            }
+        }
+    }
+    engine_close(e);
+}
+
+static void check_fixture(const char *file) {
+    char path[512], dir[512];
+    snprintf(path, sizeof path, "tests/fixtures/reference/%s", file);
+    json_error_t jerr;
+    json_t *fx = json_load_file(path, 0, &jerr);
+    assert_non_null(fx);
+    const char *name = json_string_value(json_object_get(fx, "model"));
+    snprintf(dir, sizeof dir, ".cache/reference-models/%s", name);
+    assert_int_equal(paths_mkdir_p(".cache/reference-models"), 0);
+    ensure_model(fx, dir);
+    json_t *prompts = json_object_get(fx, "prompts");
+    stats st = {0}, st16 = {0};
+    teacher_forced(dir, prompts, &st);
+    greedy(dir, prompts, "f32", &st);
+    greedy(dir, prompts, NULL, &st16); /* the default: f16 KV cache */
+    int int16_kernels = json_array_size(json_object_get(fx, "mkmodel_args")) > 0 &&
+                        strstr(name, "4bit") && !strcmp(cpu_simd_level(), "avx512");
+    double tol = int16_kernels ? QUANT_INT16_TOL : TF_TOL;
+    printf("%-24s [%s] logits %.1e | f32 KV: %d/%d tokens, logprobs %.1e | f16 KV: %d/%d, %.1e\n",
+           name, cpu_simd_level(), st.tf_max, st.tokens_equal, st.steps_compared, st.lp_max,
+           st16.tokens_equal, st16.steps_compared, st16.lp_max);
+    assert_true(st.tf_max <= tol);
+    assert_true(st.lp_max <= (int16_kernels ? QUANT_INT16_TOL : LOGPROB_TOL));
+    assert_true(st16.lp_max <= F16_KV_TOL);
+    assert_true(st.steps_compared >= 5 * 8 && st16.steps_compared >= 5 * 8);
+    json_decref(fx);
+}
+
+#define FIXTURE_TEST(fn, file)   \
+    static void fn(void **s) {   \
+        (void)s;                 \
+        check_fixture(file);     \
+    }
+FIXTURE_TEST(test_qwen3, "qwen3-tiny.json")
+FIXTURE_TEST(test_qwen3_tied, "qwen3-tiny-tied.json")
+FIXTURE_TEST(test_qwen3_4bit, "qwen3-tiny-4bit.json")
+FIXTURE_TEST(test_llama3_rope, "llama3-tiny.json")
+FIXTURE_TEST(test_llama3_rope_4bit, "llama3-tiny-4bit.json")
+FIXTURE_TEST(test_qwen3_moe, "qwen3-moe-tiny.json")
+FIXTURE_TEST(test_qwen3_moe_4bit, "qwen3-moe-tiny-4bit.json")
+FIXTURE_TEST(test_qwen3_moe_mlx, "qwen3-moe-tiny-mlx.json")
+FIXTURE_TEST(test_qwen3_moe_4bit_mlx, "qwen3-moe-tiny-4bit-mlx.json")
+
+int main(void) {
+    if (sodium_init() < 0) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen3),          cmocka_unit_test(test_qwen3_tied),
+        cmocka_unit_test(test_qwen3_4bit),     cmocka_unit_test(test_llama3_rope),
+        cmocka_unit_test(test_llama3_rope_4bit), cmocka_unit_test(test_qwen3_moe),
+        cmocka_unit_test(test_qwen3_moe_4bit), cmocka_unit_test(test_qwen3_moe_mlx),
+        cmocka_unit_test(test_qwen3_moe_4bit_mlx),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,17 @@
+/* nodeinfo — prints what this node would publish about itself (memory, disk, system with GPUs,
+ * network) as JSON: `nodeinfo [DIR]`. A quick check of node-info gathering on a new machine. */
+#include "cluster/nodeinfo.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv) {
+    json_t *all = json_pack("{s:o*, s:o*, s:o*, s:o*}", "memory", nodeinfo_memory_json(), "disk",
+                            nodeinfo_disk_json(argc > 1 ? argv[1] : "."), "system",
+                            nodeinfo_system_json(), "network", nodeinfo_network_json());
+    char *text = json_dumps(all, JSON_INDENT(2));
+    puts(text ? text : "{}");
+    free(text);
+    json_decref(all);
+    return 0;
+}
