@@ -877,8 +877,30 @@ static enum download_error list_files(engine *e, hf_file_list *list) {
         log_info("download %s: peer %s cannot serve it (%s)", e->req->model_id, e->req->peers[i], err);
     }
     enum download_error de = hf_list_files(e->hf, e->req->model_id, list, err, sizeof err);
-    if (de != DOWNLOAD_OK) set_result(e, de, "cannot list the files of %s: %s", e->req->model_id, err);
-    return de;
+    if (de != DOWNLOAD_OK) {
+        set_result(e, de, "cannot list the files of %s: %s", e->req->model_id, err);
+        return de;
+    }
+    /* A listing without hashes (some mirrors): ask each file's HEAD for x-linked-etag / etag
+     * (and x-linked-size), so every file can still be verified. */
+    for (size_t i = 0; i < list->n; i++) {
+        hf_file *f = &list->files[i];
+        if (f->sha256[0] || f->git_sha1[0] || !strcmp(f->path, ".gitattributes")) continue;
+        hf_file_meta meta;
+        de = hf_head(e->hf, e->req->model_id, f->path, &meta, err, sizeof err);
+        if (de != DOWNLOAD_OK) {
+            set_result(e, de, "cannot read the metadata of %s: %s", f->path, err);
+            return de;
+        }
+        size_t n = strlen(meta.etag);
+        int hex = n == 64 || n == 40;
+        for (size_t k = 0; k < n && hex; k++)
+            hex = (meta.etag[k] >= '0' && meta.etag[k] <= '9') || (meta.etag[k] >= 'a' && meta.etag[k] <= 'f');
+        if (hex && n == 64) memcpy(f->sha256, meta.etag, 65);
+        else if (hex && n == 40) memcpy(f->git_sha1, meta.etag, 41);
+        if (meta.size) f->size = meta.size;
+    }
+    return DOWNLOAD_OK;
 }
 
 enum download_error download_model(const download_request *req, download_result *res) {

@@ -153,6 +153,24 @@ test('corrupt bytes: retried, then a clean failure with no corrupt file left in 
   await hf.stop();
 });
 
+test('a listing without hashes: sizes and hashes come from HEAD (x-linked-etag / etag), still verified', async (t) => {
+  const hf = await startHF(t);
+  const files = makeTinyModel();
+  hf.addModel(ID, files);
+  hf.faults.treeWithoutHashes = true;
+  const bad = 'model-00002-of-00004.safetensors';
+  hf.faults.corrupt = { [bad]: 1, 'config.json': 1 };
+  const dir = tmpdir('head');
+  const r = await get(hf, dir);
+  assert.equal(r.code, 0, r.stderr);
+  assertSameFiles(modelDir(dir), files);
+  const heads = hf.requests({ method: 'HEAD' });
+  assert.equal(heads.length, Object.keys(files).length - 1, 'one HEAD per file');
+  // the corrupted copies were caught by the HEAD-provided hashes and fetched again
+  assert.equal(hf.requests({ method: 'GET', path: `/${ID}/resolve/main/${bad}` }).length, 2);
+  assert.equal(hf.requests({ method: 'GET', path: `/${ID}/resolve/main/config.json` }).length, 2);
+});
+
 test('429: the download waits for Retry-After and then succeeds', async (t) => {
   const hf = await startHF(t);
   const files = makeTinyModel();
