@@ -571,6 +571,10 @@ static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
     } else if (pf->offset < pf->f.size) {
         schedule_retry(e, pf, -1); /* short body: resume */
     } else if (finish_file(e, pf) < 0) {
+        if (from_peer) { /* a peer sent bad bytes: get this file from the Hub instead */
+            pf->use_peer = 0;
+            return 0;
+        }
         schedule_retry(e, pf, -1);
         if (pf->attempts > e->max_retries) {
             set_result(e, DOWNLOAD_ERR_VERIFY,

@@ -459,6 +459,30 @@ test('peer without the model: falls back to the Hub', async (t) => {
   }
 });
 
+test('peer with a corrupt file: the bad copy is rejected by its hash and fetched from the Hub', async (t) => {
+  const hf = await startHF(t);
+  const files = makeTinyModel();
+  hf.addModel(ID, files);
+  const a = tmpdir('peerCorrupt');
+  assert.equal((await get(hf, a)).code, 0);
+  const w = 'model-00002-of-00004.safetensors';
+  const fd = fs.openSync(path.join(modelDir(a), w), 'r+');
+  fs.writeSync(fd, Buffer.from([0x42]), 0, 1, 1000); // same size, different bytes
+  fs.closeSync(fd);
+  const port = await freePort();
+  const server = spawn(tool, ['serve', '--models-dir', a, '--port', String(port)]);
+  t.after(() => server.kill('SIGTERM'));
+  await new Promise((r) => server.stdout.once('data', r));
+  const before = hf.bytesSent(ID, w);
+  const b = tmpdir('peerCorruptB');
+  const r = await get(hf, b, ['--peer', `http://127.0.0.1:${port}`]);
+  assert.equal(r.code, 0, r.stderr);
+  assertSameFiles(modelDir(b), files);
+  assert.equal(hf.bytesSent(ID, w) - before, files[w].length, 'the corrupt file came again from the Hub');
+  const total = Object.entries(files).filter(([p]) => p !== '.gitattributes').reduce((x, [, v]) => x + v.length, 0);
+  assert.equal(r.result.bytes_from_peers, total, 'everything else came from the peer');
+});
+
 test('search: Hub search through HF_ENDPOINT lists mlx-community first', async (t) => {
   const hf = await startHF(t);
   hf.addModel('someone/Qwen3-tiny', makeTinyModel({ nShards: 1, nLayers: 1, layerBytes: 1024 }));
