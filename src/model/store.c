@@ -112,6 +112,11 @@ int store_init(model_store *s, const char *models_dir, const char *models_path, 
         p += n;
         if (*p == ':') p++;
     }
+    /* Models that ship with exo (the demo model) are found last, read-only. */
+    if (s->n_search < STORE_MAX_PATHS &&
+        paths_shipped_dir("EXO_BUILTIN_MODELS_DIR", "resources/models", s->search[s->n_search],
+                          STORE_PATH_MAX) == 0)
+        s->n_search++;
     return 0;
 }
 
