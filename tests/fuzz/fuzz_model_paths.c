@@ -25,6 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint64_t start = 0, len = 0, filesize = size * 7 + 3;
     int st = serve_parse_range(s, filesize, &start, &len);
     if (st == 206 && (len == 0 || start + len > filesize)) abort();
+    setenv("EXO_BUILTIN_MODELS_DIR", "/nonexistent-exo-fuzz", 1); /* no shipped models here */
     model_store store;
     if (store_init(&store, "/nonexistent-exo-fuzz", NULL, NULL, 0) == 0) {
         serve_target t;

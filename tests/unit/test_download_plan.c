@@ -135,6 +135,7 @@ static void test_serve_resolve(void **state) {
 }
 
 int main(void) {
+    setenv("EXO_BUILTIN_MODELS_DIR", "/nonexistent-builtin-models", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_files),
         cmocka_unit_test(test_range),
