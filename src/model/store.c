@@ -245,8 +245,8 @@ static int remove_tree(const char *path, int depth) {
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         char child[STORE_PATH_MAX * 2];
-        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-        if (remove_tree(child, depth + 1) < 0) rc = -1;
+        int w = snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+        if (w < 0 || (size_t)w >= sizeof child || remove_tree(child, depth + 1) < 0) rc = -1;
     }
     closedir(d);
     if (rmdir(path) < 0) rc = -1;
