@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "cluster/cluster.h"
 #include "cluster_routes.h"
+#include "cluster_sync.h"
 #include "placement_routes.h"
 
 #include <pthread.h>
@@ -74,6 +75,8 @@ int node_main(const exo_options *options) {
         cluster_stop();
         return 1;
     }
+    cluster_sync *sync = clustered ? cluster_sync_start(api_service_instances(svc)) : NULL;
+    if (clustered) download_manager_set_listener(models->downloads, cluster_sync_download_listener, NULL);
     log_info("node %s: API and dashboard on http://0.0.0.0:%d", node_id,
              api_server_port(api_service_server(svc)));
     if (options->default_model[0]) {
@@ -85,6 +88,7 @@ int node_main(const exo_options *options) {
     int sig = 0;
     sigwait(&stop, &sig);
     log_info("stopping (%s)", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    cluster_sync_stop(sync);
     api_service_free(svc);
     models_service_free(models);
     cluster_stop();
