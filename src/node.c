@@ -12,6 +12,7 @@
 #include "cluster/cluster.h"
 #include "cluster_routes.h"
 #include "cluster_sync.h"
+#include "autoplace.h"
 #include "placement_routes.h"
 
 #include <pthread.h>
@@ -68,8 +69,11 @@ int node_main(const exo_options *options) {
         cluster_stop();
         return 1;
     }
+    autoplace *ap = autoplace_install(api_service_server(svc), api_service_instances(svc), models,
+                                      options->api_port);
     if (api_service_start(svc, err, sizeof err)) {
         log_error("%s", err);
+        autoplace_stop(ap);
         api_service_free(svc);
         models_service_free(models);
         cluster_stop();
@@ -89,6 +93,7 @@ int node_main(const exo_options *options) {
     sigwait(&stop, &sig);
     log_info("stopping (%s)", sig == SIGINT ? "SIGINT" : "SIGTERM");
     cluster_sync_stop(sync);
+    autoplace_stop(ap);
     api_service_free(svc);
     models_service_free(models);
     cluster_stop();
