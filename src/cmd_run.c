@@ -6,6 +6,7 @@
 #include "base/clock.h"
 #include "base/paths.h"
 #include "model/store.h"
+#include "download/download.h"
 #include "base/strbuf.h"
 #include "cmd.h"
 #include "infer/engine.h"
@@ -33,6 +34,7 @@ typedef struct run_flags {
     int context;
     const char *models_dir;
     const char *models_path;
+    int offline; /* --offline / EXO_OFFLINE: never download a missing model */
 } run_flags;
 
 static void usage(void) {
@@ -44,6 +46,7 @@ static void usage(void) {
             "  --seed N            sampling seed (default 42)\n"
             "  --raw               no chat template: the prompt is fed as is\n"
             "  --no-think          ask thinking models (Qwen3) not to think\n"
+            "  --offline           never download a missing model (env EXO_OFFLINE)\n"
             "  --tokens 1,2,3      the prompt as token ids (prints ids)\n"
             "  --threads N         CPU threads (default: all cores)\n"
             "  --context N         context length (default: the model's)\n"
@@ -65,6 +68,10 @@ static int parse_flags(int argc, char **argv, run_flags *f) {
         }
         if (!strcmp(a, "--no-think")) {
             f->no_think = 1;
+            continue;
+        }
+        if (!strcmp(a, "--offline")) {
+            f->offline = 1;
             continue;
         }
         if (a[0] == '-' && a[1] == '-') {
@@ -130,6 +137,18 @@ static int resolve_model(const run_flags *f, char *out, size_t n) {
     }
     enum store_state st = store_locate(&store, f->model, out, n);
     if (st == STORE_COMPLETE) return 0;
+    const char *off = getenv("EXO_OFFLINE");
+    int offline = f->offline || (off && off[0] && strcmp(off, "0") && strcmp(off, "false"));
+    if (!offline && strchr(f->model, '/')) {
+        /* Not here: fetch it (HF_ENDPOINT, resumable) into the models dir, with a progress bar. */
+        fprintf(stderr, "exo run: %s is not on disk; downloading it into %s\n", f->model, dir);
+        if (setenv("EXO_MODELS_DIR", dir, 1) == 0 &&
+            download_model_blocking(f->model, download_progress_bar, stderr, out, n, err,
+                                    sizeof err) == 0)
+            return 0;
+        fprintf(stderr, "exo run: cannot download '%s': %s\n", f->model, err);
+        return -1;
+    }
     fprintf(stderr, "exo run: no model '%s': %s (looked in %s%s%s and the built-in models)\n",
             f->model, st == STORE_PARTIAL ? "its download is incomplete" : "not found", dir,
             path && path[0] ? ", " : "", path && path[0] ? path : "");
