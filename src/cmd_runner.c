@@ -1,5 +1,5 @@
 /* cmd_runner — `exo runner --fd N --model DIR [--model-id ID] [--kv-cache-mem BYTES]
- * [--threads N]`: the model runner process. Started by a node, never by hand: it speaks the
+ * [--threads N]`: the model runner process (EXO_RUNNER_THREADS=N also sets the engine's threads). Started by a node, never by hand: it speaks the
  * runner protocol (runner/protocol.h) on fd N and exits when the node closes it. */
 #include "cmd.h"
 
@@ -14,6 +14,8 @@
 
 int cmd_runner_main(int argc, char **argv) {
     runner_options o = {.fd = -1};
+    const char *threads = getenv("EXO_RUNNER_THREADS"); /* engine threads; default all cores */
+    if (threads) o.n_threads = atoi(threads);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--fd") && v) o.fd = atoi(argv[++i]);

@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "cluster/cluster.h"
 #include "cluster_routes.h"
+#include "placement_routes.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -57,6 +58,7 @@ int node_main(const exo_options *options) {
         return 1;
     }
     cluster_routes_add(api_service_server(svc), api_service_instances(svc));
+    placement_routes_add(api_service_server(svc), options);
     models_service *models = routes_models_install(api_service_server(svc), options, node_id, err,
                                                    sizeof err);
     if (!models) {

@@ -3,6 +3,8 @@
  * It refuses: n > 1, images, audio. */
 #include "api/gen.h"
 
+#include "base/clock.h"
+
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -276,6 +278,11 @@ static void chat_stream_delta(gen_state *st, const json_t *d, strbuf *out) {
     else json_object_set_new(choice, "logprobs", json_null());
     json_t *c = chunk_base(st, "chat.completion.chunk");
     json_object_set_new(c, "choices", json_pack("[o]", choice));
+    if (st->bench) {
+        /* for bench/api/overhead.mjs: when the engine made the token, when the node encoded it */
+        json_object_set(c, "engine_t_ns", json_object_get(d, "t_ns"));
+        json_object_set_new(c, "node_t_ns", json_integer((json_int_t)clock_now_ns()));
+    }
     gen_sse_data(out, c);
 }
 

@@ -220,6 +220,13 @@ static void on_disconnect(void *arg) {
 
 static void release_state(void *arg) { state_unref(arg); }
 
+/* SSE keep-alive interval: 10 s as exo; EXO_SSE_KEEPALIVE_MS overrides (tests use a short one). */
+static int keepalive_ms(void) {
+    const char *v = getenv("EXO_SSE_KEEPALIVE_MS");
+    int ms = v ? atoi(v) : 0;
+    return ms > 0 ? ms : 10000;
+}
+
 /* ------------------------------------------------------------------ the handler */
 
 static void respond_error(gen_state *st, api_request *r, int status, const char *msg) {
@@ -274,7 +281,7 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
     if (st->req.stream) {
         st->stream = api_respond_stream(r, 200, a->stream_content_type);
         metrics_request(a->name, 200);
-        if (a->sse) api_stream_set_keepalive(st->stream, ": keep-alive\n\n", 10000);
+        if (a->sse) api_stream_set_keepalive(st->stream, ": keep-alive\n\n", keepalive_ms());
         strbuf out = {0};
         a->stream_begin(st, &out);
         if (out.len) api_stream_write(st->stream, out.data, out.len);

@@ -13,6 +13,8 @@
 
 #include <errno.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -397,6 +399,10 @@ api_stream *api_respond_stream(api_request *r, int status, const char *content_t
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     s->client_fd = ci ? ci->connect_fd : -1;
+    /* tokens are small writes that must leave at once: no Nagle delay */
+    int one = 1;
+    if (s->client_fd >= 0)
+        setsockopt(s->client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_reader, s,
                                           stream_free_cb);
@@ -606,6 +612,19 @@ static int authorized(const api_request *r) {
     return x && !strcmp(x, key);
 }
 
+/* 401 in the error shape of the API the client speaks (Claude and Ollama clients parse theirs). */
+static void respond_unauthorized(api_request *r) {
+    const char *msg = "missing or wrong API key: send 'Authorization: Bearer KEY' or "
+                      "'x-api-key: KEY'";
+    if (!strncmp(r->path, "/v1/messages", 12))
+        api_respond_json(r, 401, json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "type",
+                                           "authentication_error", "message", msg));
+    else if (!strncmp(r->path, "/ollama", 7))
+        api_respond_json(r, 401, json_pack("{s:s}", "error", msg));
+    else
+        api_respond_error(r, 401, "%s", msg);
+}
+
 static void dispatch(api_request *r) {
     if (!strcmp(r->method, "OPTIONS")) {
         const char *want = api_request_header(r, "Access-Control-Request-Headers");
@@ -649,7 +668,7 @@ static void dispatch(api_request *r) {
     if (!best) {
         if (serve_static(r)) return;
         if (!authorized(r)) {
-            api_respond_error(r, 401, "missing or wrong API key: send 'Authorization: Bearer KEY'");
+            respond_unauthorized(r);
             return;
         }
         if (path_matched)
@@ -659,8 +678,7 @@ static void dispatch(api_request *r) {
         return;
     }
     if (!(chosen.flags & API_ROUTE_PUBLIC) && !authorized(r)) {
-        api_respond_error(r, 401, "missing or wrong API key: send 'Authorization: Bearer KEY' "
-                                  "or 'x-api-key: KEY'");
+        respond_unauthorized(r);
         return;
     }
     chosen.handler(r, chosen.ctx);
@@ -743,6 +761,17 @@ api_server *api_server_new(const api_server_options *options) {
     return s;
 }
 
+/* libmicrohttpd's own messages (mostly clients that went away mid-response) are debug noise for
+ * a node; start-up failures are reported by api_server_start itself. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    size_t n = strlen(buf);
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) buf[--n] = 0;
+    log_debug("http: %s", buf);
+}
+
 static void raise_fd_limit(void) {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -763,7 +792,8 @@ int api_server_start(api_server *s, char *err, size_t errlen) {
             MHD_OPTION_CONNECTION_TIMEOUT, s->options.idle_timeout_s,
             MHD_OPTION_CONNECTION_LIMIT, 4096u, MHD_OPTION_PER_IP_CONNECTION_LIMIT, 0u,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512u << 10), MHD_OPTION_LISTENING_ADDRESS_REUSE,
-            1u, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256u << 10), MHD_OPTION_END);
+            1u, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256u << 10),
+            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     }
     if (!s->daemon) {
         snprintf(err, errlen, "cannot listen on port %d (in use, or not permitted); "

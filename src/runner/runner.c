@@ -284,6 +284,9 @@ static void emit(runner *r, seq *s, const char *text, size_t len, int final, jso
         any = 1;
     }
     json_object_set_new(m, "tokens", json_integer(s->generated));
+    /* when the engine produced this token (CLOCK_MONOTONIC): lets benchmarks measure the
+     * runner -> node -> client latency of each token */
+    json_object_set_new(m, "t_ns", json_integer((json_int_t)s->t_last));
     if (s->parser) output_delta_free(&d);
     else free(d.content);
     if (any) send_msg(r, m);

@@ -13,7 +13,8 @@ let node;
 
 before(async () => {
   const dir = await tinyModel(MODEL);
-  node = await startNode({ args: ['--models-path', path.dirname(dir)] });
+  node = await startNode({ args: ['--models-path', path.dirname(dir)],
+    env: { EXO_SSE_KEEPALIVE_MS: '50' } });
 });
 after(async () => { await node?.stop(); });
 
@@ -140,12 +141,34 @@ test('a runner killed mid-stream fails the request within 5 s; the next request 
   assert.notEqual(now[0], pids[0]);
 });
 
-test('prefill progress comments reach SSE clients', async () => {
+test('prefill progress and keep-alive comments reach SSE clients', async () => {
   // prefill progress needs a long prompt: > 256 tokens
   const r = await fetch(`${node.url}/v1/chat/completions`, { method: 'POST', body: chatBody({
     stream: true, max_tokens: 1,
     messages: [{ role: 'user', content: 'hello '.repeat(1500) }] }) });
   const text = await r.text();
   assert.match(text, /^: prefill_progress \{"processed_tokens":\d+,"total_tokens":\d+\}$/m);
+  // the node was started with a 50 ms keep-alive interval; the prefill is much longer
+  assert.match(text, /^: keep-alive$/m);
   assert.match(text, /data: \[DONE\]/);
+});
+
+test('--model places the model at start; SIGTERM stops the node and its runner', async () => {
+  const dir = await tinyModel(MODEL);
+  const n = await startNode({ args: ['--models-path', path.dirname(dir), '--model', MODEL] });
+  try {
+    await waitFor(async () => {
+      const s = await (await fetch(`${n.url}/state`)).json();
+      return Object.values(s.runners).some((r) => 'RunnerReady' in r);
+    }, 60000, 'the --model runner to be Ready');
+    const pids = execFileSync('pgrep', ['-P', String(n.proc.pid)], { encoding: 'utf8' })
+      .trim().split('\n').map(Number);
+    assert.equal(pids.length, 1);
+    assert.equal(await n.stop(), 0);
+    let alive = true;
+    try { process.kill(pids[0], 0); } catch { alive = false; }
+    assert.equal(alive, false, 'the runner exited with the node');
+  } finally {
+    await n.stop();
+  }
 });

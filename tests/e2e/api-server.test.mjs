@@ -110,6 +110,13 @@ test('with --api-key, routes need the key (Bearer or x-api-key); /node_id does n
     { headers: { authorization: 'Bearer sekrit' } })).status, 200);
   assert.equal((await fetch(`${keyed.url}/v1/models`,
     { headers: { 'x-api-key': 'sekrit' } })).status, 200);
+  // each API's own error shape
+  const c = await fetch(`${keyed.url}/v1/messages`, { method: 'POST', body: '{}' });
+  assert.equal(c.status, 401);
+  assert.equal((await c.json()).error.type, 'authentication_error');
+  const o = await fetch(`${keyed.url}/ollama/api/tags`);
+  assert.equal(o.status, 401);
+  assert.equal(typeof (await o.json()).error, 'string');
 });
 
 test('GET /state lists instances and runners; unknown instances are 404', async () => {

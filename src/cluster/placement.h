@@ -1,0 +1,62 @@
+/* placement — choose the nodes and the split for a model instance. Pure functions: the caller
+ * supplies what it knows of the model and of each node's free memory; nothing here reads State,
+ * files or the network, so it is tested in isolation and used by /instance/previews,
+ * /instance/placement and the master.
+ *
+ * Memory counted per node: its share of the weights, its share of the KV cache for the
+ * requested context length (exo ignores the KV cache; a placement that fits the weights but not
+ * the cache fails at the first long prompt), and a fixed activation/runtime headroom.
+ * Pipeline: layers split proportionally to free memory (floor, remainder to the largest
+ * fractions, at least one layer per node). Tensor: every node holds 1/N of every layer, which
+ * needs the attention heads and the KV heads to divide by N.
+ *
+ * It refuses: topology-aware ordering (links) and file locality; those come with the multi-node
+ * data plane. */
+#ifndef EXO_CLUSTER_PLACEMENT_H
+#define EXO_CLUSTER_PLACEMENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PLACEMENT_MAX_NODES 64
+
+typedef struct placement_model {
+    char model_id[256];
+    int n_layers;
+    int n_heads;        /* 0 = unknown (then only n_kv_heads decides tensor splits) */
+    int n_kv_heads;
+    int head_dim;       /* 0 = unknown: 128 is assumed for the KV estimate */
+    uint64_t weight_bytes;
+    int context_length; /* tokens of KV cache to reserve for */
+} placement_model;
+
+typedef struct placement_node {
+    char id[64];
+    uint64_t memory_available;
+} placement_node;
+
+typedef enum placement_sharding { PLACEMENT_PIPELINE = 0, PLACEMENT_TENSOR = 1 } placement_sharding;
+
+typedef struct placement_result {
+    int n_nodes;
+    char node_ids[PLACEMENT_MAX_NODES][64];
+    int layer_start[PLACEMENT_MAX_NODES]; /* pipeline: [start, end); tensor: 0..n_layers */
+    int layer_end[PLACEMENT_MAX_NODES];
+    uint64_t memory_by_node[PLACEMENT_MAX_NODES];
+    char error[256]; /* set when placement fails */
+} placement_result;
+
+/* Activation buffers, runtime and allocator slack per node. */
+#define PLACEMENT_HEADROOM_BYTES (256ull << 20)
+
+/* KV cache bytes for the whole model at its context length (f16 K and V). */
+uint64_t placement_kv_bytes(const placement_model *m);
+const char *placement_sharding_name(placement_sharding s);
+
+/* Places the model on exactly n_nodes of the given nodes (the ones with the most free memory).
+ * Returns 0 and fills out, or -1 with out->error saying why (too few nodes, heads do not divide,
+ * does not fit: how much is needed against how much is free). */
+int placement_place(const placement_model *m, const placement_node *nodes, int n_available,
+                    placement_sharding sharding, int n_nodes, placement_result *out);
+
+#endif

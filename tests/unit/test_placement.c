@@ -1,0 +1,91 @@
+/* Placement: layer splits proportional to memory, tensor divisibility, KV cache counted,
+ * clear reasons when a model does not fit. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "cluster/placement.h"
+
+#include <string.h>
+
+static placement_model llama_1b(void) {
+    placement_model m = {.n_layers = 16, .n_heads = 32, .n_kv_heads = 8, .head_dim = 64,
+                         .weight_bytes = 2500000000ull, .context_length = 4096};
+    strcpy(m.model_id, "meta-llama/Llama-3.2-1B");
+    return m;
+}
+
+static void test_single_node_fits(void **state) {
+    (void)state;
+    placement_model m = llama_1b();
+    placement_node n[1] = {{"a", 8ull << 30}};
+    placement_result r;
+    assert_int_equal(placement_place(&m, n, 1, PLACEMENT_PIPELINE, 1, &r), 0);
+    assert_int_equal(r.n_nodes, 1);
+    assert_int_equal(r.layer_start[0], 0);
+    assert_int_equal(r.layer_end[0], 16);
+    /* weights + KV (2*16*8*64*2*4096 = 128 MiB) + headroom */
+    assert_int_equal(r.memory_by_node[0], 2500000000ull + (128ull << 20) + PLACEMENT_HEADROOM_BYTES);
+}
+
+static void test_kv_cache_is_counted(void **state) {
+    (void)state;
+    placement_model m = llama_1b();
+    m.context_length = 131072; /* 4 GiB of KV */
+    placement_node n[1] = {{"a", 5ull << 30}};
+    placement_result r;
+    assert_int_equal(placement_place(&m, n, 1, PLACEMENT_PIPELINE, 1, &r), -1);
+    assert_non_null(strstr(r.error, "KV cache"));
+    assert_non_null(strstr(r.error, "131072"));
+}
+
+static void test_pipeline_split_proportional(void **state) {
+    (void)state;
+    placement_model m = llama_1b();
+    placement_node n[3] = {{"small", 2ull << 30}, {"big", 6ull << 30}, {"mid", 4ull << 30}};
+    placement_result r;
+    assert_int_equal(placement_place(&m, n, 3, PLACEMENT_PIPELINE, 2, &r), 0);
+    /* the two with most memory, biggest first: 6:4 of 16 layers -> 9.6 / 6.4 -> 10 / 6 */
+    assert_string_equal(r.node_ids[0], "big");
+    assert_string_equal(r.node_ids[1], "mid");
+    assert_int_equal(r.layer_end[0] - r.layer_start[0], 10);
+    assert_int_equal(r.layer_start[1], 10);
+    assert_int_equal(r.layer_end[1], 16);
+}
+
+static void test_every_node_gets_a_layer(void **state) {
+    (void)state;
+    placement_model m = llama_1b();
+    m.n_layers = 3;
+    m.weight_bytes = 1000;
+    m.context_length = 0;
+    placement_node n[3] = {{"a", 100ull << 30}, {"b", 1ull << 30}, {"c", 1ull << 30}};
+    placement_result r;
+    assert_int_equal(placement_place(&m, n, 3, PLACEMENT_PIPELINE, 3, &r), 0);
+    for (int i = 0; i < 3; i++) assert_int_equal(r.layer_end[i] - r.layer_start[i], 1);
+    assert_int_equal(placement_place(&m, n, 3, PLACEMENT_PIPELINE, 4, &r), -1);
+}
+
+static void test_tensor_needs_divisible_heads(void **state) {
+    (void)state;
+    placement_model m = llama_1b();
+    placement_node n[3] = {{"a", 8ull << 30}, {"b", 8ull << 30}, {"c", 8ull << 30}};
+    placement_result r;
+    assert_int_equal(placement_place(&m, n, 3, PLACEMENT_TENSOR, 2, &r), 0);
+    assert_int_equal(r.layer_end[1], 16);
+    assert_true(r.memory_by_node[0] < m.weight_bytes);
+    assert_int_equal(placement_place(&m, n, 3, PLACEMENT_TENSOR, 3, &r), -1);
+    assert_non_null(strstr(r.error, "divide"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_single_node_fits), cmocka_unit_test(test_kv_cache_is_counted),
+        cmocka_unit_test(test_pipeline_split_proportional),
+        cmocka_unit_test(test_every_node_gets_a_layer),
+        cmocka_unit_test(test_tensor_needs_divisible_heads),
+    };
+    return cmocka_run_group_tests_name("placement", tests, NULL, NULL);
+}
