@@ -248,6 +248,15 @@ static void test_rejects_unsupported_views(void **state) {
     bad = tw.w;
     bad.scales = NULL;
     assert_false(cpu_weight_supported(&bad));
+    /* cpu_matmul never reads through such a view: it answers zeros. */
+    float x[2 * 64], y[2 * 4];
+    for (int i = 0; i < 2 * 64; i++) x[i] = 1.0f;
+    for (int i = 0; i < 8; i++) y[i] = 42.0f;
+    cpu_matmul(&bad, x, y, 2);
+    for (int i = 0; i < 8; i++) assert_true(y[i] == 0.0f);
+    bad = tw.w;
+    bad.data = NULL;
+    assert_int_equal(cpu_matmul_with(&bad, x, y, 2, CPU_LEVEL_GENERIC, CPU_GEMM_AUTO, -1), -1);
     free_weight(&tw);
 }
 

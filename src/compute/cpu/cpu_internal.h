@@ -97,8 +97,8 @@ extern const cpu_kernels cpu_kernels_avx512;
 
 /* cpu_matmul with an explicit level and gemm engine (tests and benchmarks compare them). */
 typedef enum cpu_gemm_engine { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_OPENBLAS } cpu_gemm_engine;
-/* Returns 0, or -1 if the level is not supported here (y untouched). max_matvec_tokens < 0 uses
- * the default threshold. */
+/* Returns 0; -1 if the level is not supported here (y untouched) or the view is unsupported
+ * (y zeroed). max_matvec_tokens < 0 uses the default threshold. */
 int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_tokens,
                     cpu_level level, cpu_gemm_engine gemm, int max_matvec_tokens);
 
