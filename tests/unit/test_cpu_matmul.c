@@ -142,6 +142,7 @@ static void check_all_paths(const weight_matrix *w, int64_t n_tokens) {
         {CPU_GEMM_AUTO, -1, "default"},
         {CPU_GEMM_OWN, 0, "gemm-own"},
         {CPU_GEMM_OPENBLAS, 0, "gemm-openblas"},
+        {CPU_GEMM_AUTO, 1 << 20, "matvec-passes"},
     };
     for (int level = 0; level < CPU_LEVEL_COUNT; level++) {
         if (!cpu_kernels_for((cpu_level)level)) continue;

@@ -416,11 +416,14 @@ int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_
         if (y && w && w->rows > 0) memset(y, 0, (size_t)(n_tokens * w->rows) * sizeof *y);
         return -1;
     }
-    if (max_matvec_tokens < 0) max_matvec_tokens = CPU_MATVEC_MAX_TOKENS;
-    if (max_matvec_tokens > CPU_MATVEC_MAX_TOKENS) max_matvec_tokens = CPU_MATVEC_MAX_TOKENS;
-    int rc;
-    if (n_tokens <= max_matvec_tokens) {
-        rc = matvec_run(k, w, x, y, n_tokens);
+    if (max_matvec_tokens < 0)
+        max_matvec_tokens = w->format == WEIGHT_MLX_AFFINE ? CPU_MATVEC_PASSES_MLX : CPU_MATVEC_PASSES_DENSE;
+    int rc = 0;
+    if (n_tokens <= max_matvec_tokens) { /* passes of up to 8 tokens over the weights */
+        for (int64_t t0 = 0; t0 < n_tokens && rc == 0; t0 += CPU_MATVEC_MAX_TOKENS) {
+            int64_t m = n_tokens - t0 < CPU_MATVEC_MAX_TOKENS ? n_tokens - t0 : CPU_MATVEC_MAX_TOKENS;
+            rc = matvec_run(k, w, x + t0 * w->cols, y + t0 * w->rows, m);
+        }
     } else if (k->gemm_tile && gemm != CPU_GEMM_OPENBLAS) {
         rc = gemm_own_run(k, w, x, y, n_tokens);
     } else {
