@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark run recorded in bench/RESULTS.md (`make bench` calls it with build/release).
-#   bench/run.sh [BUILD_DIR]          kernels, then every model under .cache/bench-models/
+#   bench/run.sh [BUILD_DIR]          kernels, then every model already generated under
+#                                     .cache/bench/ (bench/models.sh generates the four)
 #   BENCH_QUICK=1 bench/run.sh        small sweeps (smoke test; numbers not meaningful)
 #   BENCH_MODELS="a b" bench/run.sh   only these model directories
 # Prints everything and keeps a copy in .cache/bench-out/<timestamp>.txt (not committed).
@@ -20,13 +21,14 @@ quick=()
   echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "# git: $(git describe --always --dirty 2>/dev/null)"
   "$exo" bench "${quick[@]}"
-  models=${BENCH_MODELS:-$(ls -d .cache/bench-models/*/ 2>/dev/null)}
+  models=${BENCH_MODELS:-$(ls -d .cache/bench/*/ .cache/bench-models/*/ 2>/dev/null)}
   for m in $models; do
     [ -f "$m/config.json" ] || continue
     if [ "${BENCH_QUICK:-0}" = 1 ]; then
       "$exo" bench --quick --model "$m" --pp 128 --tg 16 --batch 1
     else
-      "$exo" bench --model "$m"
+      echo "== $m: $exo bench --model $m --pp 128,512,2048 --tg 128 --batch 1,8"
+      "$exo" bench --model "$m" --pp 128,512,2048 --tg 128 --batch 1,8
     fi
   done
   echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -57,7 +57,27 @@ static void h_events(api_request *r, void *ctx) {
         api_respond_error(r, 400, "'since' must be a log index (a non-negative integer)");
         return;
     }
-    respond_text(r, cluster_events_json(n));
+    /* Streamed page by page, so a long log never sits in memory whole. */
+    if (!cluster_node_id()[0]) {
+        api_respond_error(r, 503, "the cluster is not running on this node (see its log)");
+        return;
+    }
+    api_stream *out = api_respond_stream(r, 200, "application/json");
+    api_stream_write(out, "[", 1);
+    uint64_t at = n, last = 0;
+    int wrote = 0;
+    for (;;) {
+        char *page = cluster_events_page(at, 500, &last);
+        if (!page) break;
+        if (wrote) api_stream_write(out, ",", 1);
+        int gone = api_stream_write(out, page, strlen(page));
+        free(page);
+        wrote = 1;
+        at = last;
+        if (gone) break;
+    }
+    api_stream_write(out, "]", 1);
+    api_stream_close(out);
 }
 
 static void h_status(api_request *r, void *ctx) {

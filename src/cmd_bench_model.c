@@ -1,7 +1,7 @@
 /* exo bench --model DIR — end-to-end prefill and decode speed of one model through the engine
  * door, each number next to its ceiling measured in the same run:
  *   prefill (pp N, one request): tok/s and GFLOP/s as a fraction of the f32 GEMM peak
- *     (OpenBLAS sgemm, measured here);
+ *     (the faster of OpenBLAS sgemm and exo's own GEMM, measured here);
  *   decode (tg N at batch B): aggregate tok/s against the roofline
  *     min(B / (bytes read per step / read bandwidth), B * flops per token / GEMM peak), where a
  *     step reads the weights (MoE: the experts B tokens can touch) and every sequence's KV cache.
@@ -49,23 +49,57 @@ static void costs_of(const model_config *c, const engine_info *info, model_costs
     m->dense_bytes = (double)info->weight_bytes - bpe * expert_elems;
 }
 
-static double gemm_peak_gflops(void) {
+typedef struct roofline {
+    double rate;       /* tok/s */
+    double step_bytes; /* bytes one decode step reads */
+    int memory_bound;
+} roofline;
+
+/* Decode roofline at batch b with an average context of ctx positions: the bytes a step reads
+ * (shared weights, the experts b tokens can reach, b KV caches) at the read bandwidth, or the
+ * flops at the GEMM peak, whichever is slower. */
+static roofline roofline_for(const model_costs *mc, int b, double ctx, const char *kv,
+                             double read_gbs, double peak) {
+    double experts = mc->moe_layers ? (b * mc->top_k < mc->n_experts ? b * mc->top_k : mc->n_experts) : 0;
+    double kv_per_pos = mc->kv_bytes_per_pos * (kv && !strcmp(kv, "f32") ? 2 : 1);
+    roofline r = {.step_bytes = mc->dense_bytes + experts * mc->expert_bytes * mc->moe_layers +
+                                b * ctx * kv_per_pos};
+    double mem = read_gbs > 0 ? b * read_gbs * 1e9 / r.step_bytes : 0;
+    double flop = peak > 0 ? peak * 1e9 / mc->flops_per_token : 0;
+    r.memory_bound = flop == 0 || mem < flop;
+    r.rate = r.memory_bound ? mem : flop;
+    return r;
+}
+
+/* The f32 GEMM peak: the better of OpenBLAS sgemm and our own f32 matmul on 1536^3. */
+static double gemm_peak_gflops(double *blas_out, double *ours_out) {
     int n = 1536;
     float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n),
           *c = malloc(sizeof(float) * n * n);
     if (!a || !b || !c) return 0;
     for (int i = 0; i < n * n; i++) a[i] = b[i] = (float)(i % 7) * 0.1f;
-    double best = 1e30;
+    weight_matrix w = {.format = WEIGHT_F32, .rows = n, .cols = n, .data = b};
+    double best_blas = 1e30, best_ours = 1e30;
     for (int r = 0; r < 4; r++) {
         uint64_t t0 = clock_now_ns();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        if (r % 2 == 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        else
+            cpu_matmul(&w, a, c, n);
         double t = (double)(clock_now_ns() - t0) * 1e-9;
-        best = t < best ? t : best;
+        best_blas = t < best_blas ? t : best_blas;
+        t0 = clock_now_ns();
+        cpu_matmul(&w, a, c, n);
+        t = (double)(clock_now_ns() - t0) * 1e-9;
+        best_ours = t < best_ours ? t : best_ours;
     }
     free(a);
     free(b);
     free(c);
-    return 2.0 * n * n * (double)n / best * 1e-9;
+    double flop = 2.0 * n * n * (double)n * 1e-9;
+    *blas_out = flop / best_blas;
+    *ours_out = flop / best_ours;
+    return *blas_out > *ours_out ? *blas_out : *ours_out;
 }
 
 static int parse_list(const char *s, int *out, int max) {
@@ -146,8 +180,76 @@ static double run_decode(engine *e, int batch, int tg, int vocab) {
     return t > 0 ? decoded / t : 0;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double percentile(double *v, int n, double q) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int i = (int)(q * (n - 1) + 0.5);
+    return v[i];
+}
+
+/* N concurrent streams arriving together (vLLM's serving metrics): prompt_len-token prompts,
+ * tg tokens each. Prints aggregate and per-stream tok/s, TTFT and inter-token latency p50/p99. */
+static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, double roof) {
+    char err[256];
+    int32_t *p = malloc(sizeof(int32_t) * (size_t)prompt_len);
+    double *ttft = calloc((size_t)n, sizeof *ttft), *last = calloc((size_t)n, sizeof *last);
+    double *first = calloc((size_t)n, sizeof *first);
+    double *itl = malloc(sizeof(double) * (size_t)n * (size_t)tg);
+    int n_itl = 0, total = 0;
+    uint64_t t0 = clock_now_ns();
+    for (int b = 0; b < n; b++) {
+        fill_prompt(p, prompt_len, vocab, 1000 + b);
+        engine_request r = {.prompt = p, .n_prompt = prompt_len, .max_tokens = tg, .ban_eos = 1,
+                            .no_prefix_cache = 1};
+        r.sampling = sampling_params_default();
+        r.sampling.temperature = 0;
+        if (engine_submit(e, (uint64_t)b, &r, err, sizeof err) != 0) {
+            fprintf(stderr, "exo bench: %s\n", err);
+            goto out;
+        }
+    }
+    engine_event ev[256];
+    while (engine_pending(e)) {
+        int k = engine_step(e, ev, 256);
+        if (k < 0) goto out;
+        double now = (double)(clock_now_ns() - t0) * 1e-9;
+        for (int i = 0; i < k; i++) {
+            if (ev[i].token < 0) continue;
+            int b = (int)ev[i].seq_id;
+            if (!ttft[b]) first[b] = ttft[b] = now;
+            else itl[n_itl++] = now - last[b];
+            last[b] = now;
+            total++;
+        }
+    }
+    double end = 0, per_stream = 0;
+    for (int b = 0; b < n; b++) {
+        end = last[b] > end ? last[b] : end;
+        per_stream += last[b] > first[b] ? (tg - 1) / (last[b] - first[b]) : 0;
+    }
+    double agg = total / end;
+    printf("streams %-3d pp%d tg%d: %8.1f tok/s aggregate (%5.1f%% of roofline %.1f), %6.1f "
+           "tok/s per stream | TTFT p50 %7.1f ms p99 %7.1f ms | ITL p50 %6.1f ms p99 %6.1f ms\n",
+           n, prompt_len, tg, agg, roof > 0 ? 100 * agg / roof : 0, roof, per_stream / n,
+           1e3 * percentile(ttft, n, 0.5), 1e3 * percentile(ttft, n, 0.99),
+           1e3 * percentile(itl, n_itl, 0.5), 1e3 * percentile(itl, n_itl, 0.99));
+    fflush(stdout);
+out:
+    free(p);
+    free(ttft);
+    free(first);
+    free(last);
+    free(itl);
+}
+
 int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs) {
     int pp[8] = {128, 512}, n_pp = 2, batch[8] = {1, 8}, n_batch = 2, tg = 64, reps = 2;
+    int streams[8] = {0}, n_streams = 0, stream_prompt = 128;
     const char *kv = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -161,12 +263,14 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
         else if (!strcmp(a, "--tg")) tg = atoi(v);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--kv-dtype")) kv = v;
+        else if (!strcmp(a, "--streams")) n_streams = parse_list(v, streams, 8);
+        else if (!strcmp(a, "--stream-prompt")) stream_prompt = atoi(v);
         else {
             fprintf(stderr, "exo bench --model: unknown option %s (--pp 128,512 --tg 64 "
-                    "--batch 1,8 --reps 2 --kv-dtype f16)\n", a);
+                    "--batch 1,8 --reps 2 --kv-dtype f16 --streams 1,8,32 --stream-prompt 128)\n", a);
             return 2;
         }
-        if (n_pp < 1 || n_batch < 1 || tg < 2 || reps < 1) {
+        if (n_pp < 1 || n_batch < 1 || tg < 2 || reps < 1 || n_streams < 0 || stream_prompt < 1) {
             fprintf(stderr, "exo bench --model: bad value '%s' for %s\n", v, a);
             return 2;
         }
@@ -174,13 +278,15 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     int max_pp = 0, max_b = 0;
     for (int i = 0; i < n_pp; i++) max_pp = pp[i] > max_pp ? pp[i] : max_pp;
     for (int i = 0; i < n_batch; i++) max_b = batch[i] > max_b ? batch[i] : max_b;
+    for (int i = 0; i < n_streams; i++) max_b = streams[i] > max_b ? streams[i] : max_b;
+    if (n_streams && stream_prompt > max_pp) max_pp = stream_prompt;
     model_config cfg;
     char err[512];
     if (model_config_load(model_dir, &cfg, err, sizeof err) != 0) {
         fprintf(stderr, "exo bench: %s\n", err);
         return 1;
     }
-    int ctx = (max_pp > 16 + tg ? max_pp : 16 + tg) + 16;
+    int ctx = max_pp + tg + 16;
     size_t kv_bytes = (size_t)((double)(max_b + 1) * ctx * cfg.n_layers * 2 *
                                cfg.n_kv_heads * cfg.head_dim * 4) + (64u << 20);
     engine_options o = {.model_dir = model_dir, .max_batch_tokens = max_pp, .max_sequences = max_b,
@@ -194,12 +300,13 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     const engine_info *info = engine_get_info(e);
     model_costs mc;
     costs_of(&cfg, info, &mc);
-    double peak = gemm_peak_gflops();
+    double blas = 0, ours = 0, peak = gemm_peak_gflops(&blas, &ours);
     printf("model %s: %s, %d layers, %.1f MB of weights read per token, %.2f GFLOP per token "
            "(opened in %.1f s)\n", model_dir, info->architecture, info->n_layers,
            info->weight_bytes / 1e6, mc.flops_per_token * 1e-9,
            (double)(clock_now_ns() - t0) * 1e-9);
-    printf("gemm  OpenBLAS sgemm 1536^3: %.1f GFLOP/s (prefill ceiling)\n", peak);
+    printf("gemm  f32 1536^3: OpenBLAS %.1f GFLOP/s, cpu_matmul %.1f GFLOP/s (peak = the better: "
+           "the prefill ceiling)\n", blas, ours);
     run_prefill(e, 16, cfg.vocab_size, 0); /* fault the weights in */
     for (int i = 0; i < n_pp; i++) {
         double best = 1e30;
@@ -219,19 +326,15 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
             double rate = run_decode(e, b, tg, cfg.vocab_size);
             best = rate > best ? rate : best;
         }
-        /* bytes one step reads: shared weights, the experts b tokens can reach, b KV caches */
-        double experts = mc.moe_layers ? (b * mc.top_k < mc.n_experts ? b * mc.top_k : mc.n_experts) : 0;
-        double kv_per_pos = mc.kv_bytes_per_pos * (kv && !strcmp(kv, "f32") ? 2 : 1);
-        double step_bytes = mc.dense_bytes + experts * mc.expert_bytes * mc.moe_layers +
-                            b * (16 + tg / 2.0) * kv_per_pos;
-        double mem_roof = read_gbs > 0 ? b * read_gbs * 1e9 / step_bytes : 0;
-        double flop_roof = peak > 0 ? peak * 1e9 / mc.flops_per_token : 0;
-        double roof = mem_roof < flop_roof || flop_roof == 0 ? mem_roof : flop_roof;
+        roofline rl = roofline_for(&mc, b, 16 + tg / 2.0, kv, read_gbs, peak);
         printf("decode  tg%-5d b%-2d: %8.1f tok/s  roofline %8.1f tok/s (%s, %.1f MB/step at "
-               "%.1f GB/s) = %5.1f%%\n", tg, b, best, roof,
-               roof == mem_roof ? "memory" : "compute", step_bytes / 1e6, read_gbs,
-               roof > 0 ? 100 * best / roof : 0);
+               "%.1f GB/s) = %5.1f%%\n", tg, b, best, rl.rate, rl.memory_bound ? "memory" : "compute",
+               rl.step_bytes / 1e6, read_gbs, rl.rate > 0 ? 100 * best / rl.rate : 0);
         fflush(stdout);
+    }
+    for (int i = 0; i < n_streams; i++) {
+        roofline rl = roofline_for(&mc, streams[i], stream_prompt + tg / 2.0, kv, read_gbs, peak);
+        run_streams(e, streams[i], stream_prompt, tg, cfg.vocab_size, rl.rate);
     }
     engine_close(e);
     return 0;

@@ -5,6 +5,7 @@
  * (the prefix cache makes earlier turns free). Refuses: serving (that is the node's job). */
 #include "base/clock.h"
 #include "base/paths.h"
+#include "model/store.h"
 #include "base/strbuf.h"
 #include "cmd.h"
 #include "infer/engine.h"
@@ -31,6 +32,7 @@ typedef struct run_flags {
     int threads;
     int context;
     const char *models_dir;
+    const char *models_path;
 } run_flags;
 
 static void usage(void) {
@@ -45,6 +47,7 @@ static void usage(void) {
             "  --tokens 1,2,3      the prompt as token ids (prints ids)\n"
             "  --threads N         CPU threads (default: all cores)\n"
             "  --context N         context length (default: the model's)\n"
+            "  --models-path DIRS  read-only model dirs, colon-separated ($EXO_MODELS_PATH)\n"
             "  --models-dir DIR    where model ids are looked up (default $EXO_MODELS_DIR or\n"
             "                      $XDG_DATA_HOME/exo/models)\n");
 }
@@ -78,6 +81,7 @@ static int parse_flags(int argc, char **argv, run_flags *f) {
             else if (!strcmp(a, "--context")) f->context = (int)strtol(v, &end, 10);
             else if (!strcmp(a, "--tokens")) f->tokens = v, end = (char *)v + strlen(v);
             else if (!strcmp(a, "--models-dir")) f->models_dir = v, end = (char *)v + strlen(v);
+            else if (!strcmp(a, "--models-path")) f->models_path = v, end = (char *)v + strlen(v);
             else {
                 fprintf(stderr, "exo run: unknown flag %s\n", a);
                 return -1;
@@ -107,28 +111,28 @@ static int parse_flags(int argc, char **argv, run_flags *f) {
     return 0;
 }
 
-/* A directory as given, else <models-dir>/org--name. */
+/* A directory as given, else the model store: --models-dir, --models-path, built-in models. */
 static int resolve_model(const run_flags *f, char *out, size_t n) {
     if (paths_is_dir(f->model)) {
         snprintf(out, n, "%s", f->model);
         return 0;
     }
-    char dir[1024];
+    char dir[1024], err[256];
     const char *env = getenv("EXO_MODELS_DIR");
     if (f->models_dir) snprintf(dir, sizeof dir, "%s", f->models_dir);
     else if (env && env[0]) snprintf(dir, sizeof dir, "%s", env);
     else if (paths_default_data_dir(dir, sizeof dir - 8) == 0) strcat(dir, "/models");
-    char id[512];
-    if (strlen(f->model) * 2 >= sizeof id) {
-        fprintf(stderr, "exo run: model id too long\n");
+    const char *path = f->models_path ? f->models_path : getenv("EXO_MODELS_PATH");
+    model_store store;
+    if (store_init(&store, dir, path, err, sizeof err) || store_id_valid(f->model, err, sizeof err)) {
+        fprintf(stderr, "exo run: %s\n", err);
         return -1;
     }
-    snprintf(id, sizeof id, "%s", f->model);
-    for (char *p = strchr(id, '/'); p; p = strchr(p, '/')) *p = '-', memmove(p + 1, p, strlen(p) + 1);
-    snprintf(out, n, "%s/%s", dir, id);
-    if (paths_is_dir(out)) return 0;
-    fprintf(stderr, "exo run: no model '%s': not a directory, and %s does not exist\n", f->model,
-            out);
+    enum store_state st = store_locate(&store, f->model, out, n);
+    if (st == STORE_COMPLETE) return 0;
+    fprintf(stderr, "exo run: no model '%s': %s (looked in %s%s%s and the built-in models)\n",
+            f->model, st == STORE_PARTIAL ? "its download is incomplete" : "not found", dir,
+            path && path[0] ? ", " : "", path && path[0] ? path : "");
     return -1;
 }
 

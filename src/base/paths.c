@@ -1,6 +1,8 @@
 #include "base/paths.h"
 
 #include <errno.h>
+#include <libgen.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,4 +73,30 @@ int paths_is_dir(const char *path) {
 int paths_is_file(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int paths_shipped_dir(const char *env_name, const char *rel, char *out, size_t n) {
+    const char *env = env_name ? getenv(env_name) : NULL;
+    if (env && *env) {
+        snprintf(out, n, "%s", env);
+        return paths_is_dir(out) ? 0 : -1;
+    }
+    char exe[2048];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) return -1;
+    exe[len] = 0;
+    const char *dir = dirname(exe);
+    const char *base = strrchr(rel, '/') ? strrchr(rel, '/') + 1 : rel;
+    char candidates[3][2300];
+    snprintf(candidates[0], sizeof candidates[0], "%s/../%s", dir, rel);
+    snprintf(candidates[1], sizeof candidates[1], "%s/../../%s", dir, rel);
+    snprintf(candidates[2], sizeof candidates[2], "%s/../share/exo/%s", dir, base);
+    for (int i = 0; i < 3; i++) {
+        if (!paths_is_dir(candidates[i])) continue;
+        char *real = realpath(candidates[i], NULL);
+        snprintf(out, n, "%s", real ? real : candidates[i]);
+        free(real);
+        return 0;
+    }
+    return -1;
 }

@@ -14,4 +14,9 @@ char *paths_read_file(const char *path, size_t max_bytes, size_t *len_out);
 int paths_is_dir(const char *path);
 int paths_is_file(const char *path);
 
+/* Finds a folder that ships with exo (dashboard, built-in model cards and models): $env_name if
+ * set, else <dir of the running binary>/../<rel>, /../../<rel> (build/ and build/release/ in a
+ * checkout), /../share/exo/<last part of rel> (an installed layout). Returns 0 or -1. */
+int paths_shipped_dir(const char *env_name, const char *rel, char *out, size_t n);
+
 #endif

@@ -1,19 +1,23 @@
 /* threadpool — see threadpool.h. Dispatch protocol:
  *
- *   caller: write job fields; remaining = workers; generation++ (seq_cst); wake sleepers if any;
- *           run its own share as thread 0; wait (spin, then futex) until `done` == generation.
- *   worker: wait (spin, then futex) until generation != the last one it served; run its share;
- *           remaining--; the last worker to finish publishes done = generation and wakes the
- *           caller if it sleeps.
+ *   caller: write the job fields; claim = bits of the workers that do not take part (as if
+ *           taken); generation++ (seq_cst); wake sleepers if any; run its own share as thread 0;
+ *           then close the job (claim |= CLOSED) and run, itself, the share of every worker that
+ *           had not claimed it by then; finally wait (spin, then futex) until the workers that
+ *           did claim have finished.
+ *   worker: wait (spin, then futex) for generation to change; claim its bit with a CAS unless
+ *           the job is closed or the bit is taken; run its share; finished++ and wake the caller
+ *           if it sleeps.
  *
- * The caller writes the next job only after every worker acknowledged the previous one, so a
- * worker never sees job fields of a generation other than the one it woke for. Sleep/wake use
- * the Dekker pattern on seq_cst atomics (announce "sleeping", then re-check the word; the other
- * side stores the word, then checks "sleeping"), and the futex re-checks the word in the kernel,
- * so a wake-up cannot be lost. */
+ * A worker reads the job fields only after winning its claim, and the caller writes the next
+ * job only after every claimed share finished, so no worker ever sees another job's fields.
+ * Because the caller takes over unclaimed shares, a worker that is asleep or descheduled (a
+ * shared machine) costs nothing: the job never waits for a thread that has not started it.
+ * Sleep/wake use the Dekker pattern on seq_cst atomics (announce "sleeping", then re-check the
+ * word; the other side stores the word, then checks "sleeping"), and the futex re-checks the
+ * word in the kernel, so a wake-up cannot be lost. */
 #include "base/threadpool.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -47,12 +51,15 @@ struct threadpool {
     int job_threads;
 
     _Atomic uint32_t generation; /* futex word the workers wait on */
-    _Atomic uint32_t done;       /* futex word the caller waits on: last finished generation */
-    _Atomic int remaining;       /* workers that have not acknowledged the current generation */
+    _Atomic uint64_t claim;      /* CLAIM_CLOSED | bit i: worker i took (or may not take) it */
+    _Atomic uint32_t finished;   /* futex word the caller waits on: claimed shares done */
     _Atomic int sleepers;        /* workers asleep (or about to sleep) on generation */
     _Atomic int caller_sleeping;
     _Atomic int stop;
 };
+
+#define CLAIM_CLOSED (1ull << 63)
+#define THREADPOOL_MAX_THREADS 63 /* worker bits 1..62 of claim */
 
 typedef struct worker_arg {
     threadpool *pool;
@@ -114,16 +121,23 @@ static void *worker_main(void *p) {
         }
         last = gen;
         if (atomic_load_explicit(&pool->stop, memory_order_acquire)) return NULL;
-        if (index < pool->job_threads) pool->fn(pool->ctx, index, pool->job_threads);
-        if (atomic_fetch_sub_explicit(&pool->remaining, 1, memory_order_acq_rel) == 1) {
-            atomic_store(&pool->done, gen);
-            if (atomic_load(&pool->caller_sleeping)) futex_wake(&pool->done);
-        }
+        uint64_t bit = 1ull << index, c = atomic_load(&pool->claim);
+        int won = 0;
+        while (!(c & (CLAIM_CLOSED | bit)))
+            if (atomic_compare_exchange_weak(&pool->claim, &c, c | bit)) {
+                won = 1;
+                break;
+            }
+        if (!won) continue; /* closed before we came, or not our job */
+        pool->fn(pool->ctx, index, pool->job_threads);
+        atomic_fetch_add(&pool->finished, 1);
+        if (atomic_load(&pool->caller_sleeping)) futex_wake(&pool->finished);
     }
 }
 
 threadpool *threadpool_create(int n_threads, int spin_us) {
     if (n_threads < 1) n_threads = 1;
+    if (n_threads > THREADPOOL_MAX_THREADS) n_threads = THREADPOOL_MAX_THREADS;
     if (spin_us < 0) {
         const char *env = getenv("EXO_THREADPOOL_SPIN_US");
         spin_us = env ? atoi(env) : 300;
@@ -179,17 +193,33 @@ void threadpool_run(threadpool *pool, int n_threads_max, threadpool_run_fn fn, v
     pool->fn = fn;
     pool->ctx = ctx;
     pool->job_threads = n;
-    atomic_store(&pool->remaining, pool->n_threads - 1);
-    uint32_t gen = atomic_fetch_add(&pool->generation, 1) + 1;
+    uint64_t absent = 0; /* workers n .. n_threads-1 sit this job out */
+    for (int i = n; i < pool->n_threads; i++) absent |= 1ull << i;
+    atomic_store(&pool->finished, 0);
+    atomic_store(&pool->claim, absent);
+    atomic_fetch_add(&pool->generation, 1);
     if (atomic_load(&pool->sleepers) > 0) futex_wake(&pool->generation);
 
     fn(ctx, 0, n);
 
-    uint32_t seen = spin_while_equal(&pool->done, gen - 1, pool->spin_ns);
-    if (seen != gen) {
-        atomic_store(&pool->caller_sleeping, 1);
-        while ((seen = atomic_load(&pool->done)) != gen) futex_wait(&pool->done, seen);
-        atomic_store(&pool->caller_sleeping, 0);
+    uint64_t claimed = atomic_fetch_or(&pool->claim, CLAIM_CLOSED) & ~absent;
+    uint32_t target = 0;
+    for (int i = 1; i < n; i++) {
+        if (claimed & (1ull << i)) target++;
+        else fn(ctx, i, n); /* nobody came for share i: do it here */
+    }
+    uint32_t seen = atomic_load(&pool->finished);
+    if (seen != target) {
+        uint64_t start = now_ns();
+        for (unsigned k = 1; (seen = atomic_load_explicit(&pool->finished, memory_order_acquire)) != target; k++) {
+            cpu_relax();
+            if ((k & 63) == 0 && now_ns() - start > pool->spin_ns) break;
+        }
+        if (seen != target) {
+            atomic_store(&pool->caller_sleeping, 1);
+            while ((seen = atomic_load(&pool->finished)) != target) futex_wait(&pool->finished, seen);
+            atomic_store(&pool->caller_sleeping, 0);
+        }
     }
     tls_current_pool = NULL;
     pthread_mutex_unlock(&pool->dispatch_lock);

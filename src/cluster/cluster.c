@@ -101,6 +101,7 @@ typedef struct cluster {
     char msess[17]; /* the master's own events (elections, timeouts) */
     int64_t started_at_ms;
     uint64_t started_ns;
+    int started_with_log; /* it restarted: it had been in a cluster before */
     char dir[1100]; /* data_dir/cluster */
     int lock_fd;
     uint64_t peer_timeout_ns, node_timeout_ns, snapshot_every;
@@ -983,7 +984,18 @@ static void elect(cluster *c, uint64_t now) {
     }
     if (c->is_master) return;
     if (c->master_id[0] && strcmp(c->master_id, c->identity.node_id)) c->master_id[0] = 0;
-    if (now - c->started_ns < STARTUP_GRACE_NS) return;
+    /* A node that restarts with a log must not found a rival cluster before it has heard the
+     * one it left (its term could collide with the term they moved on to): wait longer. */
+    uint64_t grace = c->started_with_log ? 3 * STARTUP_GRACE_NS : STARTUP_GRACE_NS;
+    if (now - c->started_ns < grace) return;
+    /* Nor while a peer we just discovered has not answered yet (it may be the master); peers
+     * that refused our key are outsiders and do not count. */
+    for (size_t i = 0; c->started_with_log && i < c->n_peers; i++) {
+        peer *p = &c->peers[i];
+        if (p->id[0] && !p->alive && !p->alive_since_ns && !p->auth_warned &&
+            now - p->connected_ns < c->peer_timeout_ns)
+            return;
+    }
     /* While a cluster is booting, peers keep appearing: wait for a calmer membership. */
     uint64_t debounce = now - c->started_ns < 5000 * MS ? 3 * ELECTION_DEBOUNCE_NS
                                                         : ELECTION_DEBOUNCE_NS;
@@ -1551,6 +1563,7 @@ static int open_log(cluster *c) {
                  "mid-write); it was cut and the entries before it kept",
                  (unsigned long long)dropped);
     rebuild(c, log_count(c));
+    c->started_with_log = log_count(c) > 0;
     log_info("cluster: event log has %llu entries (replayed from %s)",
              (unsigned long long)log_count(c), c->snapshot_idx ? "a snapshot" : "the start");
     return 0;
@@ -1686,6 +1699,29 @@ char *cluster_events_json(uint64_t since) {
     }
     pthread_mutex_unlock(&c->lock);
     strbuf_append_char(&sb, ']');
+    return strbuf_detach(&sb);
+}
+
+char *cluster_events_page(uint64_t since, uint64_t max, uint64_t *last) {
+    cluster *c = self;
+    if (!c) return NULL;
+    strbuf sb = {0};
+    pthread_mutex_lock(&c->lock);
+    uint64_t count = log_count(c), i = since + 1;
+    for (; i <= count && i <= since + max; i++) {
+        size_t len;
+        char *text = eventlog_read(c->log, i, &len);
+        if (!text) break;
+        if (sb.len) strbuf_append_char(&sb, ',');
+        strbuf_append(&sb, text, len);
+        free(text);
+    }
+    pthread_mutex_unlock(&c->lock);
+    *last = i - 1;
+    if (!sb.len) {
+        strbuf_free(&sb);
+        return NULL;
+    }
     return strbuf_detach(&sb);
 }
 

@@ -34,6 +34,10 @@ int cluster_is_master(void);
 char *cluster_state_json(const char *subpath);
 /* The log entries with index > since, as a JSON array (malloc'd). NULL if not running. */
 char *cluster_events_json(uint64_t since);
+/* One page of the log for streaming: the entries with index in (since, since + max], joined
+ * by commas without brackets (malloc'd); *last gets the last index included. NULL when there
+ * is none (or not running). */
+char *cluster_events_page(uint64_t since, uint64_t max, uint64_t *last);
 /* This node's own view, for operators and tests: node id, master, term, live peers with
  * their link latency, log length, and counters (messages, bytes, drops, rejections). */
 char *cluster_status_json(void);

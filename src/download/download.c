@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,108 @@ typedef struct plan_file {
     struct engine *eng;
 } plan_file;
 
+/* Hashing runs on its own thread so that receiving and hashing overlap (and, on a busy machine,
+ * the download gets two threads' share of the CPU). The receive path copies each chunk into a
+ * bounded queue; anything that reads or resets a file's hash drains the queue first. */
+typedef struct hash_chunk {
+    struct hash_chunk *next;
+    EVP_MD_CTX *md;
+    size_t len;
+    unsigned char data[];
+} hash_chunk;
+
+typedef struct hasher {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    hash_chunk *head, *tail;
+    size_t queued;
+    int stop, busy;
+    pthread_t thread;
+} hasher;
+
+#define HASHER_MAX_QUEUED (64u << 20)
+
+static void *hasher_main(void *arg) {
+    hasher *h = arg;
+    pthread_mutex_lock(&h->lock);
+    for (;;) {
+        while (!h->head && !h->stop) pthread_cond_wait(&h->cond, &h->lock);
+        if (!h->head) break;
+        hash_chunk *c = h->head;
+        h->head = c->next;
+        if (!h->head) h->tail = NULL;
+        h->busy = 1;
+        pthread_mutex_unlock(&h->lock);
+        EVP_DigestUpdate(c->md, c->data, c->len);
+        pthread_mutex_lock(&h->lock);
+        h->busy = 0;
+        h->queued -= c->len;
+        free(c);
+        pthread_cond_broadcast(&h->cond);
+    }
+    pthread_mutex_unlock(&h->lock);
+    return NULL;
+}
+
+static hasher *hasher_start(void) {
+    hasher *h = calloc(1, sizeof *h);
+    if (!h) return NULL;
+    pthread_mutex_init(&h->lock, NULL);
+    pthread_cond_init(&h->cond, NULL);
+    if (pthread_create(&h->thread, NULL, hasher_main, h) != 0) {
+        pthread_cond_destroy(&h->cond);
+        pthread_mutex_destroy(&h->lock);
+        free(h);
+        return NULL; /* callers then hash inline */
+    }
+    return h;
+}
+
+static void hasher_push(hasher *h, EVP_MD_CTX *md, const void *data, size_t n) {
+    hash_chunk *c = h ? malloc(sizeof *c + n) : NULL;
+    if (!c) {
+        if (h) { /* no memory for a copy: wait for the queue, then hash here */
+            pthread_mutex_lock(&h->lock);
+            while (h->head || h->busy) pthread_cond_wait(&h->cond, &h->lock);
+            pthread_mutex_unlock(&h->lock);
+        }
+        EVP_DigestUpdate(md, data, n);
+        return;
+    }
+    c->next = NULL;
+    c->md = md;
+    c->len = n;
+    memcpy(c->data, data, n);
+    pthread_mutex_lock(&h->lock);
+    while (h->queued > HASHER_MAX_QUEUED) pthread_cond_wait(&h->cond, &h->lock);
+    if (h->tail) h->tail->next = c;
+    else h->head = c;
+    h->tail = c;
+    h->queued += n;
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+}
+
+/* Waits until every queued chunk is hashed. */
+static void hasher_drain(hasher *h) {
+    if (!h) return;
+    pthread_mutex_lock(&h->lock);
+    while (h->head || h->busy) pthread_cond_wait(&h->cond, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+}
+
+static void hasher_stop(hasher *h) {
+    if (!h) return;
+    pthread_mutex_lock(&h->lock);
+    h->stop = 1;
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+    pthread_join(h->thread, NULL);
+    pthread_cond_destroy(&h->cond);
+    pthread_mutex_destroy(&h->lock);
+    free(h);
+}
+
 typedef struct engine {
     const download_request *req;
     const hf_config *hf;
@@ -56,6 +159,7 @@ typedef struct engine {
     double speed;
     int parallel, max_retries, backoff_ms, interval_ms;
     uint64_t fetched;
+    hasher *hasher;
 } engine;
 
 static double now_s(void) {
@@ -82,6 +186,7 @@ static int cancelled(const engine *e) { return e->req->cancel && *e->req->cancel
 static int hash_kind(const hf_file *f) { return f->sha256[0] ? 256 : f->git_sha1[0] ? 1 : 0; }
 
 static void md_reset(plan_file *pf) {
+    hasher_drain(pf->eng->hasher);
     if (!pf->md) pf->md = EVP_MD_CTX_new();
     if (!pf->md) abort();
     int k = hash_kind(&pf->f);
@@ -98,6 +203,7 @@ static void md_reset(plan_file *pf) {
 static int md_verify(plan_file *pf, char *got, size_t gotlen) {
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int dl = 0;
+    hasher_drain(pf->eng->hasher);
     EVP_DigestFinal_ex(pf->md, digest, &dl);
     for (unsigned i = 0; i < dl && 2 * i + 2 < gotlen; i++) sprintf(got + 2 * i, "%02x", digest[i]);
     int k = hash_kind(&pf->f);
@@ -219,7 +325,7 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud) {
         }
         written += (size_t)w;
     }
-    EVP_DigestUpdate(pf->md, ptr, n);
+    hasher_push(e->hasher, pf->md, ptr, n);
     pf->offset += n;
     e->fetched += n;
     e->res->bytes_fetched += n;
@@ -244,6 +350,7 @@ static int finish_file(engine *e, plan_file *pf) {
                  pf->f.path, got, hash_kind(&pf->f) == 256 ? pf->f.sha256 : pf->f.git_sha1);
         unlink(part);
         pf->offset = 0;
+        hasher_drain(e->hasher);
         EVP_MD_CTX_free(pf->md);
         pf->md = NULL;
         return -1;
@@ -412,6 +519,7 @@ static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
         char part[2048];
         partial_path(e, pf, part, sizeof part);
         unlink(part);
+        hasher_drain(e->hasher);
         EVP_MD_CTX_free(pf->md);
         pf->md = NULL;
         pf->offset = 0;
@@ -463,6 +571,10 @@ static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
     } else if (pf->offset < pf->f.size) {
         schedule_retry(e, pf, -1); /* short body: resume */
     } else if (finish_file(e, pf) < 0) {
+        if (from_peer) { /* a peer sent bad bytes: get this file from the Hub instead */
+            pf->use_peer = 0;
+            return 0;
+        }
         schedule_retry(e, pf, -1);
         if (pf->attempts > e->max_retries) {
             set_result(e, DOWNLOAD_ERR_VERIFY,
@@ -769,8 +881,30 @@ static enum download_error list_files(engine *e, hf_file_list *list) {
         log_info("download %s: peer %s cannot serve it (%s)", e->req->model_id, e->req->peers[i], err);
     }
     enum download_error de = hf_list_files(e->hf, e->req->model_id, list, err, sizeof err);
-    if (de != DOWNLOAD_OK) set_result(e, de, "cannot list the files of %s: %s", e->req->model_id, err);
-    return de;
+    if (de != DOWNLOAD_OK) {
+        set_result(e, de, "cannot list the files of %s: %s", e->req->model_id, err);
+        return de;
+    }
+    /* A listing without hashes (some mirrors): ask each file's HEAD for x-linked-etag / etag
+     * (and x-linked-size), so every file can still be verified. */
+    for (size_t i = 0; i < list->n; i++) {
+        hf_file *f = &list->files[i];
+        if (f->sha256[0] || f->git_sha1[0] || !strcmp(f->path, ".gitattributes")) continue;
+        hf_file_meta meta;
+        de = hf_head(e->hf, e->req->model_id, f->path, &meta, err, sizeof err);
+        if (de != DOWNLOAD_OK) {
+            set_result(e, de, "cannot read the metadata of %s: %s", f->path, err);
+            return de;
+        }
+        size_t n = strlen(meta.etag);
+        int hex = n == 64 || n == 40;
+        for (size_t k = 0; k < n && hex; k++)
+            hex = (meta.etag[k] >= '0' && meta.etag[k] <= '9') || (meta.etag[k] >= 'a' && meta.etag[k] <= 'f');
+        if (hex && n == 64) memcpy(f->sha256, meta.etag, 65);
+        else if (hex && n == 40) memcpy(f->git_sha1, meta.etag, 41);
+        if (meta.size) f->size = meta.size;
+    }
+    return DOWNLOAD_OK;
 }
 
 enum download_error download_model(const download_request *req, download_result *res) {
@@ -862,11 +996,15 @@ enum download_error download_model(const download_request *req, download_result 
         }
         if (check_space(&e) < 0) goto out;
         report(&e, DOWNLOAD_ONGOING, 1);
-        if (run_engine(&e) < 0) goto out;
+        if (!e.hasher) e.hasher = hasher_start();
+        int erc = run_engine(&e);
+        hasher_drain(e.hasher);
+        if (erc < 0) goto out;
     }
     report(&e, DOWNLOAD_COMPLETED, 1);
 out:
     if (res->error) report(&e, DOWNLOAD_FAILED, 1);
+    hasher_stop(e.hasher);
     for (size_t i = 0; i < e.n; i++) EVP_MD_CTX_free(e.files[i].md);
     free(e.files);
     return res->error;

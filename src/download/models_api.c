@@ -41,12 +41,19 @@ models_service *models_service_new(const models_service_options *o, char *err, s
         return NULL;
     }
     pthread_mutex_init(&s->lock, NULL);
-    char custom[1200] = "";
-    if (o->data_dir && *o->data_dir) snprintf(custom, sizeof custom, "%s/custom_cards", o->data_dir);
+    char custom[sizeof s->cards.custom_dir] = "";
+    if (o->data_dir && *o->data_dir) {
+        int w = snprintf(custom, sizeof custom, "%s/custom_cards", o->data_dir);
+        if (w < 0 || (size_t)w >= sizeof custom) {
+            snprintf(err, errlen, "data dir path is too long");
+            free(s);
+            return NULL;
+        }
+    }
     if (card_catalog_load(&s->cards, o->cards_dir, custom[0] ? custom : NULL) < 0) {
         log_warn("models: built-in model cards not found (set EXO_CARDS_DIR); the catalog is empty");
         card_catalog_free(&s->cards);
-        snprintf(s->cards.custom_dir, sizeof s->cards.custom_dir, "%s", custom);
+        memcpy(s->cards.custom_dir, custom, sizeof custom);
     }
     hf_config_from_env(&s->hf);
     snprintf(s->node_id, sizeof s->node_id, "%s", o->node_id ? o->node_id : "");

@@ -70,7 +70,8 @@ typedef enum engine_finish {
 typedef struct engine_event {
     uint64_t seq_id;
     int32_t token;      /* the generated token, or -1 for events without one (progress, cancel) */
-    float logprob;      /* of `token` under the sampled distribution (after temperature etc.) */
+    float logprob;      /* of `token` under the sampled distribution (after temperature etc.);
+                           0 unless sampling.logprobs or top_logprobs asked for it */
     int n_top;
     int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
     float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];

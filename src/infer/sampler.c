@@ -138,7 +138,6 @@ void sampler_sample(sampler_scratch *s, float *logits, const sampler_input *in, 
     apply_penalties(s, logits, in);
     float temp = p->temperature > 0 ? p->temperature : 1.0f;
     int greedy = p->temperature <= 0;
-    /* log_softmax of logits / temp, in s->probs (as log-probs), argmax on the way */
     float m = -INFINITY;
     int argmax = 0;
     for (int v = 0; v < vocab; v++) {
@@ -147,20 +146,26 @@ void sampler_sample(sampler_scratch *s, float *logits, const sampler_input *in, 
             argmax = v;
         }
     }
+    memset(out, 0, sizeof *out);
+    if (greedy && !p->logprobs && !p->top_logprobs) { /* nothing needs the distribution */
+        out->token = argmax;
+        return;
+    }
+    /* log_softmax of logits / temp, in s->probs (as log-probs) */
+    float inv_t = 1.0f / temp;
     double sum = 0;
-    for (int v = 0; v < vocab; v++) sum += exp((double)(logits[v] - m) / temp);
+    for (int v = 0; v < vocab; v++) sum += expf((logits[v] - m) * inv_t);
     float lse = (float)log(sum);
     float *logp = s->probs;
-    for (int v = 0; v < vocab; v++) logp[v] = (logits[v] - m) / temp - lse;
-    memset(out, 0, sizeof *out);
+    for (int v = 0; v < vocab; v++) logp[v] = (logits[v] - m) * inv_t - lse;
     if (p->top_logprobs > 0) top_logprobs(logp, vocab, p->top_logprobs, out);
     int32_t token = argmax;
     if (!greedy) {
-        float pmax = expf(logp[argmax]);
-        float min_keep = p->min_p > 0 ? pmax * p->min_p : 0;
+        /* min_p in log space: p >= min_p * p_max  <=>  logp >= logp_max + log(min_p) */
+        float min_logp = p->min_p > 0 ? logp[argmax] + logf(p->min_p) : -INFINITY;
         int n = 0;
         for (int v = 0; v < vocab; v++)
-            if (logp[v] > -INFINITY && expf(logp[v]) >= min_keep) s->candidates[n++] = v;
+            if (logp[v] > -INFINITY && logp[v] >= min_logp) s->candidates[n++] = v;
         for (int i = 0; i < n; i++) logits[s->candidates[i]] = expf(logp[s->candidates[i]]);
         qsort_r(s->candidates, (size_t)n, sizeof *s->candidates, cmp_prob_desc, logits);
         if (p->top_k > 0 && n > p->top_k) n = p->top_k;

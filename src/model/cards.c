@@ -390,24 +390,7 @@ static int load_dir(card_catalog *cat, const char *dir, int custom) {
 }
 
 int card_builtin_dir(char *out, size_t n) {
-    const char *env = getenv("EXO_CARDS_DIR");
-    if (env && *env) {
-        snprintf(out, n, "%s", env);
-        return paths_is_dir(out) ? 0 : -1;
-    }
-    char exe[1024];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len > 0) {
-        exe[len] = 0;
-        char *dir = dirname(exe);
-        const char *rel[] = {"/../resources/cards", "/../../resources/cards", "/../share/exo/cards"};
-        for (size_t i = 0; i < 3; i++) {
-            snprintf(out, n, "%s%s", dir, rel[i]);
-            if (paths_is_dir(out)) return 0;
-        }
-    }
-    snprintf(out, n, "/usr/share/exo/cards");
-    return paths_is_dir(out) ? 0 : -1;
+    return paths_shipped_dir("EXO_CARDS_DIR", "resources/cards", out, n);
 }
 
 int card_catalog_load(card_catalog *cat, const char *builtin_dir, const char *custom_dir) {

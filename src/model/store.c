@@ -112,6 +112,11 @@ int store_init(model_store *s, const char *models_dir, const char *models_path, 
         p += n;
         if (*p == ':') p++;
     }
+    /* Models that ship with exo (the demo model) are found last, read-only. */
+    if (s->n_search < STORE_MAX_PATHS &&
+        paths_shipped_dir("EXO_BUILTIN_MODELS_DIR", "resources/models", s->search[s->n_search],
+                          STORE_PATH_MAX) == 0)
+        s->n_search++;
     return 0;
 }
 
@@ -240,8 +245,8 @@ static int remove_tree(const char *path, int depth) {
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         char child[STORE_PATH_MAX * 2];
-        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-        if (remove_tree(child, depth + 1) < 0) rc = -1;
+        int w = snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+        if (w < 0 || (size_t)w >= sizeof child || remove_tree(child, depth + 1) < 0) rc = -1;
     }
     closedir(d);
     if (rmdir(path) < 0) rc = -1;

@@ -65,8 +65,10 @@ char *chat_template_render(const chat_template *t, const json_t *messages, const
     /* like transformers' special_tokens_map: a token the tokenizer lacks is not passed at all */
     if (options->bos_token) json_object_set_new(ctx, "bos_token", json_string(options->bos_token));
     if (options->eos_token) json_object_set_new(ctx, "eos_token", json_string(options->eos_token));
-    if (options->enable_thinking >= 0) json_object_set_new(ctx, "enable_thinking", json_boolean(options->enable_thinking));
-    if (options->extra_vars && json_is_object(options->extra_vars)) json_object_update(ctx, (json_t *)options->extra_vars);
+    if (options->enable_thinking >= 0)
+        json_object_set_new(ctx, "enable_thinking", json_boolean(options->enable_thinking));
+    if (options->extra_vars && json_is_object(options->extra_vars))
+        json_object_update(ctx, (json_t *)options->extra_vars);
     char *out = jinja_render(t->jt, ctx, NULL, err, errlen);
     json_decref(ctx);
     return out;

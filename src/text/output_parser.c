@@ -13,6 +13,7 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,8 +48,9 @@ output_format output_format_detect(const char *architecture, const char *chat_te
         return OUTPUT_FORMAT_HERMES;
     if (architecture && (strstr(architecture, "Qwen") || strstr(architecture, "qwen")))
         return OUTPUT_FORMAT_HERMES;
-    if (chat_template && (strstr(chat_template, PYTHON_TAG) || strstr(chat_template, "<|eom_id|>") ||
-                          (strstr(chat_template, "<|start_header_id|>") && strstr(chat_template, "tools"))))
+    if (chat_template &&
+        (strstr(chat_template, PYTHON_TAG) || strstr(chat_template, "<|eom_id|>") ||
+         (strstr(chat_template, "<|start_header_id|>") && strstr(chat_template, "tools"))))
         return OUTPUT_FORMAT_LLAMA3_JSON;
     return OUTPUT_FORMAT_PLAIN;
 }
@@ -68,7 +70,9 @@ void output_parser_free(output_parser *p) {
     free(p);
 }
 
-static bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+static bool is_ws(char c) {
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
 
 /* length of the longest suffix of s[0..n) that is a proper prefix of tag */
 static size_t partial_tag(const char *s, size_t n, const char *tag) {
@@ -81,7 +85,8 @@ static size_t partial_tag(const char *s, size_t n, const char *tag) {
 
 static void emit_content(output_parser *p, delta_builder *d, const char *s, size_t n) {
     if (p->strip_leading) {
-        while (n && is_ws(*s)) s++, n--;
+        while (n && is_ws(*s))
+            s++, n--;
         if (!n) return;
         p->strip_leading = false;
     }
@@ -108,6 +113,57 @@ static void add_call(delta_builder *d, char *name, char *args) {
     d->n_calls++;
 }
 
+/* compact JSON with the shortest round-trip form of each number (jansson prints 0.1 as
+ * 0.10000000000000001, which is not what the model wrote) */
+static void write_json(strbuf *sb, const json_t *j) {
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: {
+        const char *k;
+        json_t *v;
+        int first = 1;
+        strbuf_append_char(sb, '{');
+        json_object_foreach((json_t *)j, k, v) {
+            if (!first) strbuf_append_char(sb, ',');
+            first = 0;
+            json_t *key = json_string(k);
+            write_json(sb, key);
+            json_decref(key);
+            strbuf_append_char(sb, ':');
+            write_json(sb, v);
+        }
+        strbuf_append_char(sb, '}');
+        return;
+    }
+    case JSON_ARRAY: {
+        size_t i;
+        json_t *v;
+        strbuf_append_char(sb, '[');
+        json_array_foreach(j, i, v) {
+            if (i) strbuf_append_char(sb, ',');
+            write_json(sb, v);
+        }
+        strbuf_append_char(sb, ']');
+        return;
+    }
+    case JSON_REAL: {
+        double d = json_real_value(j);
+        char buf[40];
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(buf, sizeof buf, "%.*g", prec, d);
+            if (strtod(buf, NULL) == d) break;
+        }
+        strbuf_append_str(sb, buf);
+        if (!strpbrk(buf, ".eEni")) strbuf_append_str(sb, ".0");
+        return;
+    }
+    default: {
+        char *t = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (t) strbuf_append_str(sb, t);
+        free(t);
+    }
+    }
+}
+
 /* {"name": "...", "arguments"|"parameters": {...} or "<json object>"} -> a call, else false */
 static bool parse_call_object(json_t *obj, delta_builder *d) {
     if (!json_is_object(obj)) return false;
@@ -125,7 +181,9 @@ static bool parse_call_object(json_t *obj, delta_builder *d) {
     }
     bool ok = json_is_object(args);
     if (ok) {
-        char *text = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        strbuf sb = {0};
+        write_json(&sb, args);
+        char *text = strbuf_detach(&sb);
         char *nm = strdup(name);
         if (text && nm)
             add_call(d, nm, text);
@@ -146,16 +204,19 @@ static bool parse_hermes_call(const char *body, size_t n, delta_builder *d) {
     return ok;
 }
 
-/* the whole Llama reply: one object, or several separated by ';' or newlines, optional python_tag */
+/* the whole Llama reply: one object, or several separated by ';' or newlines, optional python_tag
+ */
 static bool parse_llama_calls(const char *s, size_t n, delta_builder *d) {
     size_t pl = strlen(PYTHON_TAG);
-    while (n && is_ws(*s)) s++, n--;
+    while (n && is_ws(*s))
+        s++, n--;
     if (n >= pl && memcmp(s, PYTHON_TAG, pl) == 0) s += pl, n -= pl;
     delta_builder tmp = {0};
     size_t i = 0;
     bool any = false;
     while (i < n) {
-        while (i < n && (is_ws(s[i]) || s[i] == ';')) i++;
+        while (i < n && (is_ws(s[i]) || s[i] == ';'))
+            i++;
         if (i >= n) break;
         json_error_t je;
         json_t *obj = json_loadb(s + i, n - i, JSON_DISABLE_EOF_CHECK, &je);
@@ -169,9 +230,11 @@ static bool parse_llama_calls(const char *s, size_t n, delta_builder *d) {
         i += je.position;
     }
     if (any)
-        for (int k = 0; k < tmp.n_calls; k++) add_call(d, tmp.calls[k].name, tmp.calls[k].arguments);
+        for (int k = 0; k < tmp.n_calls; k++)
+            add_call(d, tmp.calls[k].name, tmp.calls[k].arguments);
     else
-        for (int k = 0; k < tmp.n_calls; k++) free(tmp.calls[k].name), free(tmp.calls[k].arguments);
+        for (int k = 0; k < tmp.n_calls; k++)
+            free(tmp.calls[k].name), free(tmp.calls[k].arguments);
     free(tmp.calls);
     return any;
 }
@@ -232,7 +295,8 @@ static void process(output_parser *p, delta_builder *d, bool final) {
         if (p->format == OUTPUT_FORMAT_LLAMA3_JSON) {
             if (p->has_tools && !p->seen_text) {
                 size_t i = 0, tl = strlen(PYTHON_TAG);
-                while (i < n && is_ws(s[i])) i++;
+                while (i < n && is_ws(s[i]))
+                    i++;
                 if (i == n && !final) return; /* only whitespace so far: undecided */
                 const char *rest = s + i;
                 size_t m = n - i;
@@ -240,7 +304,8 @@ static void process(output_parser *p, delta_builder *d, bool final) {
                     p->state = IN_LLAMA_JSON;
                     continue;
                 }
-                if (m && m < tl && !memcmp(rest, PYTHON_TAG, m) && !final) return; /* maybe the tag */
+                if (m && m < tl && !memcmp(rest, PYTHON_TAG, m) && !final)
+                    return; /* maybe the tag */
             }
             emit_content(p, d, s, n);
             consume(b, n);
@@ -275,7 +340,8 @@ static void process(output_parser *p, delta_builder *d, bool final) {
         }
         if (p->after_tool_call) {
             size_t i = 0;
-            while (i < n - hold && is_ws(s[i])) i++;
+            while (i < n - hold && is_ws(s[i]))
+                i++;
             if (i == n - hold) {
                 if (final) consume(b, n); /* trailing whitespace after tool calls is dropped */
                 return;                   /* still only whitespace: keep holding it */

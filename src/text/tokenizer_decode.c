@@ -320,6 +320,16 @@ static size_t deliver(detokenizer *d, char *out, size_t out_cap) {
     return n;
 }
 
+/* A "<0xXX>" vocabulary token, when the decoder has ByteFallback. */
+static int is_fallback_byte(const tokenizer *t, int32_t id) {
+    uint32_t len;
+    const char *str = id >= 0 ? tok_id_to_string(t, id, &len) : NULL;
+    if (!str || byte_token_value(str, len) < 0 || t->added_by_id[id] >= 0) return 0;
+    for (int k = 0; k < t->n_decs; k++)
+        if (t->decs[k].kind == TOK_DEC_BYTE_FALLBACK) return 1;
+    return 0;
+}
+
 static void advance(detokenizer *d, int final) {
     strbuf raw = {0};
     tok_decode_raw(d->t, d->ids, d->n, d->skip_special, d->at_start, &raw);
@@ -327,15 +337,8 @@ static void advance(detokenizer *d, int final) {
     size_t safe = raw.len;
     int held_group = 0;
     if (!final) {
-        int32_t last = d->n ? d->ids[d->n - 1] : -1;
-        uint32_t len;
-        const char *str = last >= 0 ? tok_id_to_string(d->t, last, &len) : NULL;
-        held_group = str && byte_token_value(str, len) >= 0 && d->t->added_by_id[last] < 0;
-        if (held_group) {
-            for (int k = 0; k < d->t->n_decs; k++)
-                if (d->t->decs[k].kind == TOK_DEC_BYTE_FALLBACK) goto hold;
-            held_group = 0;
-        }
+        held_group = d->n && is_fallback_byte(d->t, d->ids[d->n - 1]);
+        if (held_group) goto hold;
         safe = incomplete_tail(s, d->emitted < raw.len ? d->emitted : raw.len, raw.len);
     }
     if (safe > d->emitted) {
@@ -362,7 +365,9 @@ size_t detokenizer_push(detokenizer *d, int32_t id, char *out, size_t out_cap) {
             d->cap = cap;
         }
         d->ids[d->n++] = id;
-        advance(d, 0);
+        /* inside a run of byte-fallback tokens nothing can be emitted until the run ends, and
+         * re-decoding the growing window each time would make a long run quadratic */
+        if (!(d->n >= 2 && is_fallback_byte(d->t, id) && is_fallback_byte(d->t, d->ids[d->n - 2]))) advance(d, 0);
     }
     return deliver(d, out, out_cap);
 }

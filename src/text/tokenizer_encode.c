@@ -772,16 +772,21 @@ static void bpe_text(encode_ctx *c, const char *w, size_t n) {
         bpe_word(c, w, n);
         return;
     }
-    size_t start = 0, i = 0;
+    size_t start = 0, i = 0, prev_at = 0, prev_len = 0;
     int32_t prev = -1;
     while (i < n) {
         size_t adv;
         int32_t cp = tok_utf8_decode((const uint8_t *)w + i, n - i, &adv);
-        if (cp == 0x2581 && i > start && prev != 0x2581 && !is_meta_blocker(t, prev)) {
+        /* a char without its own token becomes <0xXX> or <unk> symbols, whose strings end in
+         * other chars: never cut after one */
+        if (cp == 0x2581 && i > start && prev != 0x2581 && !is_meta_blocker(t, prev) &&
+            tok_strmap_get(&t->vocab_map, &t->vocab, w + prev_at, prev_len) >= 0) {
             bpe_word(c, w + start, i - start);
             start = i;
         }
         prev = cp;
+        prev_at = i;
+        prev_len = adv;
         i += adv;
     }
     bpe_word(c, w + start, n - start);

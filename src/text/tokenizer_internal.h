@@ -234,7 +234,6 @@ int tok_pattern_find_all(const tok_pattern *p, const char *s, size_t n, pcre2_ma
  * text (first-token rules: Metaspace prefix, Strip after Fuse). */
 void tok_decode_raw(const tokenizer *t, const int32_t *ids, size_t n, int skip_special, int at_start,
                     struct strbuf *out);
-int tok_is_byte_token(const tokenizer *t, int32_t id);
 const char *tok_id_to_string(const tokenizer *t, int32_t id, uint32_t *len);
 
 #endif

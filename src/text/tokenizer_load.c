@@ -1273,10 +1273,3 @@ int tokenizer_is_special(const tokenizer *t, int32_t id) {
 const char *tokenizer_bos_token(const tokenizer *t) { return t->bos_token; }
 const char *tokenizer_eos_token(const tokenizer *t) { return t->eos_token; }
 const char *tokenizer_chat_template(const tokenizer *t) { return t->chat_template; }
-
-int tok_is_byte_token(const tokenizer *t, int32_t id) {
-    if (!t->byte_fallback || id < 0 || id >= t->vocab.n || !t->vocab.str[id] || t->vocab.len[id] != 6) return 0;
-    if (t->added_by_id[id] >= 0) return 0;
-    const char *s = t->vocab.str[id];
-    return s[0] == '<' && s[1] == '0' && s[2] == 'x' && s[5] == '>';
-}

@@ -153,6 +153,24 @@ test('corrupt bytes: retried, then a clean failure with no corrupt file left in 
   await hf.stop();
 });
 
+test('a listing without hashes: sizes and hashes come from HEAD (x-linked-etag / etag), still verified', async (t) => {
+  const hf = await startHF(t);
+  const files = makeTinyModel();
+  hf.addModel(ID, files);
+  hf.faults.treeWithoutHashes = true;
+  const bad = 'model-00002-of-00004.safetensors';
+  hf.faults.corrupt = { [bad]: 1, 'config.json': 1 };
+  const dir = tmpdir('head');
+  const r = await get(hf, dir);
+  assert.equal(r.code, 0, r.stderr);
+  assertSameFiles(modelDir(dir), files);
+  const heads = hf.requests({ method: 'HEAD' });
+  assert.equal(heads.length, Object.keys(files).length - 1, 'one HEAD per file');
+  // the corrupted copies were caught by the HEAD-provided hashes and fetched again
+  assert.equal(hf.requests({ method: 'GET', path: `/${ID}/resolve/main/${bad}` }).length, 2);
+  assert.equal(hf.requests({ method: 'GET', path: `/${ID}/resolve/main/config.json` }).length, 2);
+});
+
 test('429: the download waits for Retry-After and then succeeds', async (t) => {
   const hf = await startHF(t);
   const files = makeTinyModel();
@@ -439,6 +457,30 @@ test('peer without the model: falls back to the Hub', async (t) => {
     server.kill('SIGTERM');
     await hf.stop();
   }
+});
+
+test('peer with a corrupt file: the bad copy is rejected by its hash and fetched from the Hub', async (t) => {
+  const hf = await startHF(t);
+  const files = makeTinyModel();
+  hf.addModel(ID, files);
+  const a = tmpdir('peerCorrupt');
+  assert.equal((await get(hf, a)).code, 0);
+  const w = 'model-00002-of-00004.safetensors';
+  const fd = fs.openSync(path.join(modelDir(a), w), 'r+');
+  fs.writeSync(fd, Buffer.from([0x42]), 0, 1, 1000); // same size, different bytes
+  fs.closeSync(fd);
+  const port = await freePort();
+  const server = spawn(tool, ['serve', '--models-dir', a, '--port', String(port)]);
+  t.after(() => server.kill('SIGTERM'));
+  await new Promise((r) => server.stdout.once('data', r));
+  const before = hf.bytesSent(ID, w);
+  const b = tmpdir('peerCorruptB');
+  const r = await get(hf, b, ['--peer', `http://127.0.0.1:${port}`]);
+  assert.equal(r.code, 0, r.stderr);
+  assertSameFiles(modelDir(b), files);
+  assert.equal(hf.bytesSent(ID, w) - before, files[w].length, 'the corrupt file came again from the Hub');
+  const total = Object.entries(files).filter(([p]) => p !== '.gitattributes').reduce((x, [, v]) => x + v.length, 0);
+  assert.equal(r.result.bytes_from_peers, total, 'everything else came from the peer');
 });
 
 test('search: Hub search through HF_ENDPOINT lists mlx-community first', async (t) => {

@@ -65,7 +65,8 @@ test('GET /v1/models lists the built-in catalog with exo fields; ?status=downloa
   assert.ok(body.data.length >= 20);
   const dl = await json(`${n.url}/models?status=downloaded`);
   assert.equal(dl.status, 200);
-  assert.equal(dl.body.data.length, 0);
+  // Nothing downloaded yet: only the demo model that ships with exo (resources/models) is on disk.
+  assert.deepEqual(dl.body.data.map((m) => m.id), ['exo/demo-dictionary']);
   const bad = await json(`${n.url}/models?status=bogus`);
   assert.equal(bad.status, 400);
   assert.match(bad.body.error.message, /status/);

@@ -48,7 +48,7 @@ test('exo run without a prompt chats, reusing the first turn from the prefix cac
 test('exo run names a missing model and a bad flag', () => {
   let r = spawnSync(exoBin(), ['run', 'no-org/no-model', 'hi', '--models-dir', '/nonexistent'], { encoding: 'utf8' });
   assert.equal(r.status, 1);
-  assert.match(r.stderr, /no-org--no-model/);
+  assert.match(r.stderr, /no model 'no-org\/no-model': not found .*\/nonexistent/);
   r = spawnSync(exoBin(), ['run', '/tmp', '--max-tokens', 'many'], { encoding: 'utf8' });
   assert.equal(r.status, 2);
   assert.match(r.stderr, /--max-tokens/);

@@ -436,6 +436,61 @@ static void test_short_request_not_stuck_behind_long_prefill(void **s) {
     engine_close(e);
 }
 
+/* Random arrivals, cancellations and sampling settings against a small cache for a few hundred
+ * steps: every request ends exactly once, greedy ones that ran to the end match their solo
+ * tokens, and every block comes back. */
+static void test_random_soak(void **s) {
+    (void)s;
+    engine *e = open_engine(24, 10 * 4096);
+    uint64_t r = 2024;
+#define RND() (r = r * 6364136223846793005ull + 1442695040888963407ull, (int)(r >> 33))
+    int live[64] = {0}, kind[64] = {0}, ended = 0, submitted = 0;
+    stream got[64];
+    memset(got, 0, sizeof got);
+    char err[256];
+    engine_event ev[64];
+    for (int step = 0; step < 400 || engine_pending(e); step++) {
+        assert_true(step < 5000);
+        if (step < 400 && RND() % 3 == 0 && submitted < 64) {
+            int id = submitted++, k = RND() % N_REQ;
+            engine_request q = reqs[k];
+            kind[id] = k;
+            if (RND() % 2) { /* sampled requests: only their lifecycle is checked */
+                q.sampling.temperature = 0.8f;
+                q.sampling.seed = (uint64_t)id;
+                kind[id] = -1;
+            }
+            assert_int_equal(engine_submit(e, (uint64_t)id, &q, err, sizeof err), 0);
+            live[id] = 1;
+        }
+        if (step < 400 && RND() % 7 == 0 && submitted > 0) {
+            int id = RND() % submitted;
+            engine_cancel(e, (uint64_t)id); /* may be finished already: ignored then */
+        }
+        int n = engine_step(e, ev, 64);
+        assert_true(n >= 0);
+        for (int i = 0; i < n; i++) {
+            stream *g = &got[ev[i].seq_id];
+            if (ev[i].token >= 0) g->tokens[g->n++] = ev[i].token;
+            if (ev[i].finish) {
+                assert_int_equal(live[ev[i].seq_id], 1);
+                live[ev[i].seq_id] = 0;
+                g->finish = ev[i].finish;
+                ended++;
+            }
+        }
+    }
+    printf("soak: %d requests, %d ended\n", submitted, ended);
+    assert_int_equal(ended, submitted);
+    for (int id = 0; id < submitted; id++) {
+        if (kind[id] < 0 || got[id].finish != ENGINE_FINISH_LENGTH) continue;
+        assert_memory_equal(got[id].tokens, alone[kind[id]].tokens, MAX_TOK * sizeof(int32_t));
+    }
+    expect_no_leak(e);
+    engine_close(e);
+#undef RND
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alone_streams_differ), cmocka_unit_test(test_batched_equals_alone),
@@ -445,6 +500,7 @@ int main(void) {
         cmocka_unit_test(test_kv_dtypes),            cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_prefix_cache_eviction),
         cmocka_unit_test(test_short_request_not_stuck_behind_long_prefill),
+        cmocka_unit_test(test_random_soak),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,11 +14,13 @@
 #include <time.h>
 #include <dirent.h>
 
+#include "base/strbuf.h"
 #include "text/chat.h"
 #include "text/jinja/jinja.h"
 
 /* renders src with context JSON text; returns output (malloc'd) or NULL with err */
-static char *render(const char *src, const char *ctx_json, const jinja_limits *limits, char *err, size_t errlen) {
+static char *render(const char *src, const char *ctx_json, const jinja_limits *limits, char *err,
+                    size_t errlen) {
     jinja_template *t = jinja_compile(src, strlen(src), err, errlen);
     if (!t) return NULL;
     json_t *ctx = ctx_json ? json_loads(ctx_json, 0, NULL) : NULL;
@@ -31,7 +33,8 @@ static char *render(const char *src, const char *ctx_json, const jinja_limits *l
 static void test_syntax_error_names_line(void **st) {
     (void)st;
     char err[256];
-    assert_null(render("line 1\n{% if x %}\nline 3\n{{ 1 + }}\n{% endif %}", NULL, NULL, err, sizeof err));
+    assert_null(
+        render("line 1\n{% if x %}\nline 3\n{{ 1 + }}\n{% endif %}", NULL, NULL, err, sizeof err));
     assert_non_null(strstr(err, "line 4"));
     assert_null(render("a\nb\n{% for x in y %}\nno end", NULL, NULL, err, sizeof err));
     assert_non_null(strstr(err, "line 4"));
@@ -44,8 +47,9 @@ static void test_syntax_error_names_line(void **st) {
 static void test_runtime_error_names_line(void **st) {
     (void)st;
     char err[256];
-    assert_null(render("ok\n\n{{ raise_exception('Only user and assistant roles are supported!') }}", NULL, NULL, err,
-                       sizeof err));
+    assert_null(
+        render("ok\n\n{{ raise_exception('Only user and assistant roles are supported!') }}", NULL,
+               NULL, err, sizeof err));
     assert_non_null(strstr(err, "line 3"));
     assert_non_null(strstr(err, "Only user and assistant roles are supported!"));
     assert_null(render("{% for m in messages %}\n{{ m.content.nope.deeper }}{% endfor %}",
@@ -58,26 +62,65 @@ static void test_runtime_error_names_line(void **st) {
 static void test_limits(void **st) {
     (void)st;
     char err[256];
-    jinja_limits small = {.max_output_bytes = 1000, .max_iterations = 500, .max_depth = 20, .max_memory_bytes = 1 << 20};
+    jinja_limits small = {.max_output_bytes = 1000,
+                          .max_iterations = 500,
+                          .max_depth = 20,
+                          .max_memory_bytes = 1 << 20};
     /* output */
     assert_null(render("{% for i in range(2000) %}x{% endfor %}", NULL, &small, err, sizeof err));
     assert_non_null(strstr(err, "iterations"));
-    assert_null(render("{% for i in range(400) %}xxxxx{% endfor %}", NULL, &small, err, sizeof err));
+    assert_null(
+        render("{% for i in range(400) %}xxxxx{% endfor %}", NULL, &small, err, sizeof err));
     assert_non_null(strstr(err, "output"));
     /* recursion */
-    assert_null(render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, &small, err, sizeof err));
+    assert_null(render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, &small, err,
+                       sizeof err));
     assert_non_null(strstr(err, "recursion"));
     /* memory: a string doubling in a loop */
-    assert_null(render("{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(400) %}{% set ns.s = ns.s ~ ns.s[:100] %}"
+    assert_null(render("{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(400) %}{% "
+                       "set ns.s = ns.s ~ ns.s[:100] %}"
                        "{% endfor %}{{ ns.s | length }}",
-                       NULL, &(jinja_limits){.max_memory_bytes = 1 << 20, .max_output_bytes = 1 << 20}, err, sizeof err));
+                       NULL,
+                       &(jinja_limits){.max_memory_bytes = 1 << 20, .max_output_bytes = 1 << 20},
+                       err, sizeof err));
     assert_non_null(strstr(err, "memory"));
     /* self-referencing namespace cannot hang or overflow the stack */
-    assert_null(render("{% set ns = namespace() %}{% set ns.me = [ns] %}{{ ns }}", NULL, NULL, err, sizeof err));
+    assert_null(render("{% set ns = namespace() %}{% set ns.me = [ns] %}{{ ns }}", NULL, NULL, err,
+                       sizeof err));
     /* within the limits, the same templates render */
     char *out = render("{% for i in range(3) %}x{% endfor %}", NULL, &small, err, sizeof err);
     assert_string_equal(out, "xxx");
     free(out);
+}
+
+/* long chains and deep nesting are refused while compiling, before they can exhaust the stack */
+static void test_deep_templates(void **st) {
+    (void)st;
+    const char *pieces[][3] = {
+        {"{{ 1", " ~ 1", " }}"},
+        {"{{ x", "|upper", " }}"},
+        {"{{ a", ".b", " }}"},
+        {"{{ ", "(", "1"},
+        {"{% if a %}", "{% elif a %}", "{% endif %}"},
+        {"", "{% if a %}", ""},
+        {"{{ ", "not ", "x }}"},
+        {"{{ ", "[", "]"},
+        {"{{ 1", " if a else 1", " }}"},
+        {"{{ x", "[0]", " }}"},
+    };
+    for (size_t k = 0; k < sizeof pieces / sizeof pieces[0]; k++) {
+        strbuf sb = {0};
+        strbuf_append_str(&sb, pieces[k][0]);
+        for (int i = 0; i < 20000; i++)
+            strbuf_append_str(&sb, pieces[k][1]);
+        strbuf_append_str(&sb, pieces[k][2]);
+        char err[256];
+        jinja_template *t = jinja_compile(sb.data, sb.len, err, sizeof err);
+        assert_null(t);
+        assert_non_null(strstr(err, "line 1"));
+        assert_non_null(strstr(err, "deeply") ? err : strstr(err, "expected"));
+        strbuf_free(&sb);
+    }
 }
 
 static void test_strftime_now(void **st) {
@@ -96,10 +139,11 @@ static void test_strftime_now(void **st) {
 static void test_chat_options(void **st) {
     (void)st;
     char err[256];
-    const char *src = "{{ bos_token }}{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
-                      "{{ 'T' if tools is none else tools | length }}"
-                      "{% if enable_thinking is defined %}think={{ enable_thinking }}{% endif %}"
-                      "{% if add_generation_prompt %}>{% endif %}{{ effort | default('') }}";
+    const char *src =
+        "{{ bos_token }}{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+        "{{ 'T' if tools is none else tools | length }}"
+        "{% if enable_thinking is defined %}think={{ enable_thinking }}{% endif %}"
+        "{% if add_generation_prompt %}>{% endif %}{{ effort | default('') }}";
     chat_template *t = chat_template_compile(src, err, sizeof err);
     assert_non_null(t);
     json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": \"hi\"}]", 0, NULL);
@@ -109,7 +153,8 @@ static void test_chat_options(void **st) {
     free(out);
     json_t *tools = json_loads("[{\"type\": \"function\"}, {\"type\": \"function\"}]", 0, NULL);
     json_t *extra = json_loads("{\"effort\": \"high\"}", 0, NULL);
-    o = (chat_render_options){.add_generation_prompt = 0, .enable_thinking = 0, .extra_vars = extra};
+    o = (chat_render_options){
+        .add_generation_prompt = 0, .enable_thinking = 0, .extra_vars = extra};
     out = chat_template_render(t, msgs, tools, &o, err, sizeof err);
     assert_string_equal(out, "[user:hi]2think=Falsehigh");
     free(out);
@@ -131,10 +176,12 @@ static void test_real_template_files(void **st) {
         snprintf(path, sizeof path, "tests/fixtures/templates/%s.json", names[i]);
         json_t *doc = json_load_file(path, 0, NULL);
         assert_non_null(doc);
-        chat_template *t = chat_template_compile(json_string_value(json_object_get(doc, "template")), err, sizeof err);
+        chat_template *t = chat_template_compile(
+            json_string_value(json_object_get(doc, "template")), err, sizeof err);
         assert_non_null(t);
         json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": \"Hello there\"}]", 0, NULL);
-        chat_render_options o = {.add_generation_prompt = 1, .enable_thinking = -1,
+        chat_render_options o = {.add_generation_prompt = 1,
+                                 .enable_thinking = -1,
                                  .bos_token = json_string_value(json_object_get(doc, "bos_token")),
                                  .eos_token = json_string_value(json_object_get(doc, "eos_token"))};
         char *out = chat_template_render(t, msgs, NULL, &o, err, sizeof err);
@@ -181,10 +228,14 @@ static void test_fuzz_regressions(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_syntax_error_names_line), cmocka_unit_test(test_runtime_error_names_line),
-        cmocka_unit_test(test_limits),                  cmocka_unit_test(test_strftime_now),
-        cmocka_unit_test(test_chat_options),            cmocka_unit_test(test_real_template_files),
+        cmocka_unit_test(test_syntax_error_names_line),
+        cmocka_unit_test(test_runtime_error_names_line),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_strftime_now),
+        cmocka_unit_test(test_chat_options),
+        cmocka_unit_test(test_real_template_files),
         cmocka_unit_test(test_fuzz_regressions),
+        cmocka_unit_test(test_deep_templates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,9 +27,11 @@ static json_t *load_fixture(const char *name) {
 
 static void show_diff(const char *what, const char *want, const char *got) {
     size_t i = 0;
-    while (want[i] && want[i] == got[i]) i++;
+    while (want[i] && want[i] == got[i])
+        i++;
     size_t from = i > 60 ? i - 60 : 0;
-    print_error("%s: differs at byte %zu\n  want: %.120s\n  got:  %.120s\n", what, i, want + from, got + from);
+    print_error("%s: differs at byte %zu\n  want: %.120s\n  got:  %.120s\n", what, i, want + from,
+                got + from);
 }
 
 static void run_model(const char *name) {
@@ -53,8 +55,8 @@ static void run_model(const char *name) {
             .extra_vars = json_object_get(c, "extra"),
         };
         json_t *tools = json_object_get(c, "tools");
-        char *out = chat_template_render(t, json_object_get(c, "messages"), json_is_null(tools) ? NULL : tools, &o,
-                                         err, sizeof err);
+        char *out = chat_template_render(t, json_object_get(c, "messages"),
+                                         json_is_null(tools) ? NULL : tools, &o, err, sizeof err);
         const char *want = json_string_value(json_object_get(c, "expected"));
         char what[64];
         snprintf(what, sizeof what, "%s case %zu", name, i);
@@ -82,12 +84,30 @@ static void run_model(const char *name) {
     assert_int_equal(failures, 0);
 }
 
-static void test_qwen3(void **s) { (void)s; run_model("qwen3"); }
-static void test_llama3_1(void **s) { (void)s; run_model("llama3_1"); }
-static void test_llama2(void **s) { (void)s; run_model("llama2"); }
-static void test_deepseek_v3(void **s) { (void)s; run_model("deepseek_v3"); }
-static void test_gptoss(void **s) { (void)s; run_model("gptoss"); }
-static void test_gemma3(void **s) { (void)s; run_model("gemma3"); }
+static void test_qwen3(void **s) {
+    (void)s;
+    run_model("qwen3");
+}
+static void test_llama3_1(void **s) {
+    (void)s;
+    run_model("llama3_1");
+}
+static void test_llama2(void **s) {
+    (void)s;
+    run_model("llama2");
+}
+static void test_deepseek_v3(void **s) {
+    (void)s;
+    run_model("deepseek_v3");
+}
+static void test_gptoss(void **s) {
+    (void)s;
+    run_model("gptoss");
+}
+static void test_gemma3(void **s) {
+    (void)s;
+    run_model("gemma3");
+}
 
 static void run_feature_file(const char *file) {
     json_t *doc = load_fixture(file);
@@ -121,7 +141,8 @@ static void run_feature_file(const char *file) {
         free(out);
         jinja_free(t);
     }
-    print_message("%s: %zu/%zu match Jinja2\n", file, json_array_size(cases) - failures, json_array_size(cases));
+    print_message("%s: %zu/%zu match Jinja2\n", file, json_array_size(cases) - failures,
+                  json_array_size(cases));
     json_decref(doc);
     assert_int_equal(failures, 0);
 }
@@ -144,11 +165,19 @@ static void test_expressions(void **s) {
     run_feature_file("expressions");
 }
 
+/* random programs: set/for/if/macro/namespace scoping */
+static void test_programs(void **s) {
+    (void)s;
+    run_feature_file("programs");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_features), cmocka_unit_test(test_whitespace), cmocka_unit_test(test_expressions), cmocka_unit_test(test_qwen3),       cmocka_unit_test(test_llama3_1),
-        cmocka_unit_test(test_llama2),   cmocka_unit_test(test_deepseek_v3), cmocka_unit_test(test_gptoss),
-        cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_features),    cmocka_unit_test(test_whitespace),
+        cmocka_unit_test(test_expressions), cmocka_unit_test(test_programs),
+        cmocka_unit_test(test_qwen3),       cmocka_unit_test(test_llama3_1),
+        cmocka_unit_test(test_llama2),      cmocka_unit_test(test_deepseek_v3),
+        cmocka_unit_test(test_gptoss),      cmocka_unit_test(test_gemma3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

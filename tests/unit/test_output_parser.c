@@ -30,7 +30,9 @@ static void take(result *r, output_delta *d) {
     output_delta_free(d);
 }
 
-static const char *s(strbuf *b) { return b->data ? b->data : ""; }
+static const char *s(strbuf *b) {
+    return b->data ? b->data : "";
+}
 
 static void result_free(result *r) {
     strbuf_free(&r->content);
@@ -39,7 +41,8 @@ static void result_free(result *r) {
 }
 
 /* feeds text cut at the given positions (sorted, may be empty) */
-static void run_cuts(output_format f, int think, int tools, const char *text, const size_t *cuts, int ncuts, result *r) {
+static void run_cuts(output_format f, int think, int tools, const char *text, const size_t *cuts,
+                     int ncuts, result *r) {
     memset(r, 0, sizeof *r);
     output_parser *p = output_parser_new(f, think, tools);
     assert_non_null(p);
@@ -57,8 +60,8 @@ static void run_cuts(output_format f, int think, int tools, const char *text, co
 }
 
 /* checks the whole-text result against expectations, then every split must agree */
-static void check(output_format f, int think, int tools, const char *text, const char *content, const char *reasoning,
-                  const char *calls) {
+static void check(output_format f, int think, int tools, const char *text, const char *content,
+                  const char *reasoning, const char *calls) {
     result whole;
     run_cuts(f, think, tools, text, NULL, 0, &whole);
     assert_string_equal(s(&whole.content), content);
@@ -68,13 +71,15 @@ static void check(output_format f, int think, int tools, const char *text, const
     for (size_t cut = 1; cut < n; cut++) {
         result r;
         run_cuts(f, think, tools, text, &cut, 1, &r);
-        if (strcmp(s(&r.content), content) || strcmp(s(&r.reasoning), reasoning) || strcmp(s(&r.calls), calls))
-            fail_msg("split at byte %zu of [%s]: content [%s] reasoning [%s] calls [%s]", cut, text, s(&r.content),
-                     s(&r.reasoning), s(&r.calls));
+        if (strcmp(s(&r.content), content) || strcmp(s(&r.reasoning), reasoning) ||
+            strcmp(s(&r.calls), calls))
+            fail_msg("split at byte %zu of [%s]: content [%s] reasoning [%s] calls [%s]", cut, text,
+                     s(&r.content), s(&r.reasoning), s(&r.calls));
         result_free(&r);
     }
     size_t *all = malloc(n * sizeof *all);
-    for (size_t i = 1; i < n; i++) all[i - 1] = i;
+    for (size_t i = 1; i < n; i++)
+        all[i - 1] = i;
     result r;
     run_cuts(f, think, tools, text, all, (int)(n ? n - 1 : 0), &r);
     assert_string_equal(s(&r.content), content);
@@ -89,13 +94,14 @@ static void test_plain(void **st) {
     (void)st;
     check(OUTPUT_FORMAT_PLAIN, 0, 1, "Hello <think>x</think> <tool_call>{}</tool_call>",
           "Hello <think>x</think> <tool_call>{}</tool_call>", "", "");
-    check(OUTPUT_FORMAT_HERMES, 0, 0, "Just text, with < and <b> and <thinking>.", "Just text, with < and <b> and <thinking>.", "", "");
+    check(OUTPUT_FORMAT_HERMES, 0, 0, "Just text, with < and <b> and <thinking>.",
+          "Just text, with < and <b> and <thinking>.", "", "");
 }
 
 static void test_reasoning(void **st) {
     (void)st;
-    check(OUTPUT_FORMAT_HERMES, 0, 0, "<think>\nLet me see.\n</think>\n\nThe answer is 4.", "The answer is 4.",
-          "\nLet me see.\n", "");
+    check(OUTPUT_FORMAT_HERMES, 0, 0, "<think>\nLet me see.\n</think>\n\nThe answer is 4.",
+          "The answer is 4.", "\nLet me see.\n", "");
     /* the prompt ended with <think>: the reply starts inside the block */
     check(OUTPUT_FORMAT_HERMES, 1, 0, "step 1, step 2</think>Done.", "Done.", "step 1, step 2", "");
     /* never closed: everything is reasoning */
@@ -107,43 +113,64 @@ static void test_reasoning(void **st) {
 static void test_hermes_tool_calls(void **st) {
     (void)st;
     check(OUTPUT_FORMAT_HERMES, 0, 1,
-          "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": [1, 2]}}\n</tool_call>", "", "",
-          "get_weather({\"city\":\"Zürich\",\"days\":[1,2]});");
+          "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", "
+          "\"days\": [1, 2]}}\n</tool_call>",
+          "", "", "get_weather({\"city\":\"Zürich\",\"days\":[1,2]});");
     check(OUTPUT_FORMAT_HERMES, 0, 1,
-          "Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", "
+          "Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": "
+          "{}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", "
           "\"arguments\": \"{\\\"x\\\": 1}\"}\n</tool_call>\n",
           "Let me check.\n", "", "a({});b({\"x\":1});");
-    check(OUTPUT_FORMAT_HERMES, 0, 1, "<think>plan</think>\n\n<tool_call>{\"name\":\"f\",\"parameters\":{\"q\":\"x\"}}</tool_call>", "",
-          "plan", "f({\"q\":\"x\"});");
+    check(OUTPUT_FORMAT_HERMES, 0, 1,
+          "<think>plan</think>\n\n<tool_call>{\"name\":\"f\",\"parameters\":{\"q\":\"x\"}}</"
+          "tool_call>",
+          "", "plan", "f({\"q\":\"x\"});");
+    /* numbers keep their shortest form, strings their escapes */
+    check(OUTPUT_FORMAT_HERMES, 0, 1,
+          "<tool_call>{\"name\": \"n\", \"arguments\": {\"x\": 0.1, \"y\": 3.0, \"z\": 1e300, "
+          "\"s\": \"a\\\"b\\n\"}}</tool_call>",
+          "", "", "n({\"x\":0.1,\"y\":3.0,\"z\":1e+300,\"s\":\"a\\\"b\\n\"});");
     /* a missing close tag at the end of generation still yields the call when the JSON is whole */
-    check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n", "", "", "f({\"a\":1});");
+    check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n",
+          "", "", "f({\"a\":1});");
 }
 
 static void test_malformed_tool_calls(void **st) {
     (void)st;
-    check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>{\"name\": \"f\", \"arguments\": {bad json}}</tool_call>",
+    check(OUTPUT_FORMAT_HERMES, 0, 1,
+          "<tool_call>{\"name\": \"f\", \"arguments\": {bad json}}</tool_call>",
           "<tool_call>{\"name\": \"f\", \"arguments\": {bad json}}</tool_call>", "", "");
     check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>{\"arguments\": {}}</tool_call> after",
           "<tool_call>{\"arguments\": {}}</tool_call> after", "", "");
-    check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
+    check(OUTPUT_FORMAT_HERMES, 0, 1,
+          "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
           "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>", "", "");
-    check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>{\"name\": \"f\", \"arguments\": \"not json\"}</tool_call>",
+    check(OUTPUT_FORMAT_HERMES, 0, 1,
+          "<tool_call>{\"name\": \"f\", \"arguments\": \"not json\"}</tool_call>",
           "<tool_call>{\"name\": \"f\", \"arguments\": \"not json\"}</tool_call>", "", "");
-    check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>{\"name\": \"f\"", "<tool_call>{\"name\": \"f\"", "", "");
+    check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>{\"name\": \"f\"", "<tool_call>{\"name\": \"f\"",
+          "", "");
     /* one good call, one bad: the good one is a call, the bad one text */
-    check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>{\"name\":\"g\",\"arguments\":{}}</tool_call><tool_call>oops</tool_call>",
+    check(OUTPUT_FORMAT_HERMES, 0, 1,
+          "<tool_call>{\"name\":\"g\",\"arguments\":{}}</tool_call><tool_call>oops</tool_call>",
           "<tool_call>oops</tool_call>", "", "g({});");
 }
 
 static void test_llama3_json(void **st) {
     (void)st;
-    check(OUTPUT_FORMAT_LLAMA3_JSON, 0, 1, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "", "",
+    check(OUTPUT_FORMAT_LLAMA3_JSON, 0, 1,
+          "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "", "",
           "get_weather({\"city\":\"Paris\"});");
-    check(OUTPUT_FORMAT_LLAMA3_JSON, 0, 1, "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"x\": 2}}",
+    check(OUTPUT_FORMAT_LLAMA3_JSON, 0, 1,
+          "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": "
+          "{\"x\": 2}}",
           "", "", "a({});b({\"x\":2});");
-    check(OUTPUT_FORMAT_LLAMA3_JSON, 0, 1, "  The weather is fine {really}.", "  The weather is fine {really}.", "", "");
-    check(OUTPUT_FORMAT_LLAMA3_JSON, 0, 1, "{\"name\": \"f\", \"parameters\": oops", "{\"name\": \"f\", \"parameters\": oops", "", "");
-    check(OUTPUT_FORMAT_LLAMA3_JSON, 0, 0, "{\"name\": \"f\", \"parameters\": {}}", "{\"name\": \"f\", \"parameters\": {}}", "", "");
+    check(OUTPUT_FORMAT_LLAMA3_JSON, 0, 1, "  The weather is fine {really}.",
+          "  The weather is fine {really}.", "", "");
+    check(OUTPUT_FORMAT_LLAMA3_JSON, 0, 1, "{\"name\": \"f\", \"parameters\": oops",
+          "{\"name\": \"f\", \"parameters\": oops", "", "");
+    check(OUTPUT_FORMAT_LLAMA3_JSON, 0, 0, "{\"name\": \"f\", \"parameters\": {}}",
+          "{\"name\": \"f\", \"parameters\": {}}", "", "");
 }
 
 static void test_holds_back_only_possible_tags(void **st) {
@@ -168,17 +195,24 @@ static void test_holds_back_only_possible_tags(void **st) {
 static void test_detect(void **st) {
     (void)st;
     assert_int_equal(output_format_detect("Qwen3ForCausalLM", NULL), OUTPUT_FORMAT_HERMES);
-    assert_int_equal(output_format_detect("LlamaForCausalLM", "{{ '<tool_call>' }}"), OUTPUT_FORMAT_HERMES);
-    assert_int_equal(output_format_detect("LlamaForCausalLM", "<|start_header_id|>ipython<|python_tag|>"), OUTPUT_FORMAT_LLAMA3_JSON);
-    assert_int_equal(output_format_detect("Gemma3ForCausalLM", "<start_of_turn>"), OUTPUT_FORMAT_PLAIN);
+    assert_int_equal(output_format_detect("LlamaForCausalLM", "{{ '<tool_call>' }}"),
+                     OUTPUT_FORMAT_HERMES);
+    assert_int_equal(
+        output_format_detect("LlamaForCausalLM", "<|start_header_id|>ipython<|python_tag|>"),
+        OUTPUT_FORMAT_LLAMA3_JSON);
+    assert_int_equal(output_format_detect("Gemma3ForCausalLM", "<start_of_turn>"),
+                     OUTPUT_FORMAT_PLAIN);
     assert_int_equal(output_format_detect(NULL, NULL), OUTPUT_FORMAT_PLAIN);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_plain),          cmocka_unit_test(test_reasoning),
-        cmocka_unit_test(test_hermes_tool_calls), cmocka_unit_test(test_malformed_tool_calls),
-        cmocka_unit_test(test_llama3_json),    cmocka_unit_test(test_holds_back_only_possible_tags),
+        cmocka_unit_test(test_plain),
+        cmocka_unit_test(test_reasoning),
+        cmocka_unit_test(test_hermes_tool_calls),
+        cmocka_unit_test(test_malformed_tool_calls),
+        cmocka_unit_test(test_llama3_json),
+        cmocka_unit_test(test_holds_back_only_possible_tags),
         cmocka_unit_test(test_detect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

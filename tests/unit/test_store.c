@@ -167,8 +167,26 @@ static void test_list(void **state) {
     assert_true(one && bare);
 }
 
+/* The built-in models dir (resources/models) is appended last; these tests use an empty one. */
+static void test_builtin_models_dir_is_searched_last(void **state) {
+    (void)state;
+    char tmpl[] = "/tmp/exo-store-builtin-XXXXXX";
+    char *root = mkdtemp(tmpl);
+    assert_non_null(root);
+    setenv("EXO_BUILTIN_MODELS_DIR", root, 1);
+    model_store s;
+    char err[256];
+    assert_int_equal(store_init(&s, "/tmp/none", "/a:/b", err, sizeof err), 0);
+    assert_int_equal(s.n_search, 3);
+    assert_string_equal(s.search[2], root);
+    setenv("EXO_BUILTIN_MODELS_DIR", "/nonexistent-builtin-models", 1);
+    rmdir(root);
+}
+
 int main(void) {
+    setenv("EXO_BUILTIN_MODELS_DIR", "/nonexistent-builtin-models", 1);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_builtin_models_dir_is_searched_last),
         cmocka_unit_test(test_id_validation),
         cmocka_unit_test(test_relpath_validation),
         cmocka_unit_test(test_locate_and_completeness),

@@ -8,6 +8,8 @@
 
 #include "base/threadpool.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +145,66 @@ static void test_run_limits_threads(void **state) {
     assert_int_equal(atomic_load(&seen1[7]), 1);
 }
 
+typedef struct handoff_ctx {
+    _Atomic int started[4];
+    pthread_t ran_on[4];
+} handoff_ctx;
+
+/* Share 0 (always the caller) waits until every other share has started, so the job cannot be
+ * closed before the workers claim their shares: they must run on their own threads. */
+static void wait_for_others(void *p, int i, int n) {
+    handoff_ctx *c = p;
+    c->ran_on[i] = pthread_self();
+    atomic_store(&c->started[i], 1);
+    if (i != 0) return;
+    for (int k = 1; k < n; k++)
+        while (!atomic_load(&c->started[k])) sched_yield();
+}
+
+static void test_workers_run_their_shares(void **state) {
+    (void)state;
+    int spins[] = {0, 300}; /* sleeping workers (futex wake) and spinning workers */
+    for (int s = 0; s < 2; s++) {
+        threadpool *pool = threadpool_create(3, spins[s]);
+        assert_non_null(pool);
+        for (int rep = 0; rep < 50; rep++) {
+            handoff_ctx c;
+            memset(&c, 0, sizeof c);
+            threadpool_run(pool, 0, wait_for_others, &c);
+            assert_true(pthread_equal(c.ran_on[0], pthread_self()));
+            assert_false(pthread_equal(c.ran_on[1], pthread_self()));
+            assert_false(pthread_equal(c.ran_on[2], pthread_self()));
+            assert_false(pthread_equal(c.ran_on[1], c.ran_on[2]));
+        }
+        threadpool_destroy(pool);
+    }
+}
+
+typedef struct slow_ctx {
+    _Atomic int hits[64];
+} slow_ctx;
+
+static void slow_share(void *p, int i, int n) {
+    (void)n;
+    slow_ctx *c = p;
+    atomic_fetch_add(&c->hits[i], 1);
+}
+
+/* A worker that never gets to its share (asleep, descheduled) does not hold the job up: the
+ * caller runs the share itself. With 16 workers on a 2-core machine most arrive late. */
+static void test_late_workers_shares_done_by_caller(void **state) {
+    (void)state;
+    threadpool *pool = threadpool_create(16, 0);
+    assert_non_null(pool);
+    for (int rep = 0; rep < 500; rep++) {
+        slow_ctx c;
+        memset(&c, 0, sizeof c);
+        threadpool_run(pool, 0, slow_share, &c);
+        for (int i = 0; i < 16; i++) assert_int_equal(atomic_load(&c.hits[i]), 1);
+    }
+    threadpool_destroy(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_index_once),
@@ -150,6 +212,8 @@ int main(void) {
         cmocka_unit_test(test_stress_sleeping),
         cmocka_unit_test(test_nested_job_runs_inline),
         cmocka_unit_test(test_run_limits_threads),
+        cmocka_unit_test(test_workers_run_their_shares),
+        cmocka_unit_test(test_late_workers_shares_done_by_caller),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include "text/tokenizer.h"
@@ -331,6 +332,19 @@ static void test_byte_fallback_stream(void **state) {
     assert_string_equal(buf, "\xe4\xb8\x96 Hello");
     assert_int_equal(detokenizer_flush(d, buf, sizeof buf), 0);
     detokenizer_free(d);
+    /* a long run of byte tokens (3000 bytes: 1000 x U+4E16) streams as one piece at its end */
+    int32_t *run = malloc(sizeof(int32_t) * 3001);
+    for (int i = 0; i < 1000; i++) run[3 * i] = e4, run[3 * i + 1] = b8, run[3 * i + 2] = x96;
+    run[3000] = hello;
+    size_t st_len;
+    char *st = stream_decode(t, run, 3001, 0, &st_len);
+    one = tokenizer_decode(t, run, 3001, 0, &len);
+    assert_int_equal(len, 3006);
+    assert_int_equal(st_len, len);
+    assert_memory_equal(st, one, len);
+    free(st);
+    free(one);
+    free(run);
     int32_t broken[] = {e4, b8, hello};
     one = tokenizer_decode(t, broken, 3, 0, &len);
     assert_string_equal(one, "\xef\xbf\xbd\xef\xbf\xbd Hello");
@@ -478,6 +492,72 @@ static void test_lowercase_nfkc(void **state) {
     tokenizer_free(t);
 }
 
+/* SentencePiece texts are cut before U+2581 for speed, but never where a token spans the cut:
+ * here "a\u2581b" is a token, so "a b" must stay one piece and merge into it. */
+static void test_metaspace_cut_respects_tokens(void **state) {
+    (void)state;
+    const char *tj = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\\u2581\":0,\"a\":1,\"b\":2,\"a\\u2581\":3,\"a\\u2581b\":4,"
+                     "\"\\u2581b\":5,\"c\":6},\"merges\":[\"a \\u2581\",\"a\\u2581 b\",\"\\u2581 b\"]},"
+                     "\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\u2581\"}}";
+    char err[256];
+    tokenizer *t = tokenizer_load_from_json(tj, strlen(tj), NULL, 0, err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    int32_t *ids;
+    int n = tokenizer_encode(t, "c b a b c b", 11, 0, &ids, err, sizeof err);
+    int32_t want[] = {6, 5, 0, 4, 0, 6, 5};
+    assert_int_equal(n, 7);
+    assert_memory_equal(ids, want, sizeof want);
+    free(ids);
+    tokenizer_free(t);
+}
+
+/* One loaded tokenizer used from several threads at once gives the same ids as alone. */
+typedef struct thread_job {
+    const tokenizer *t;
+    json_t *corpus;
+    int32_t **ids;
+    int *n;
+    size_t count;
+} thread_job;
+
+static void *encode_all(void *arg) {
+    thread_job *j = arg;
+    char err[128];
+    for (size_t i = 0; i < j->count; i++) {
+        json_t *s = json_array_get(j->corpus, i);
+        j->n[i] = tokenizer_encode(j->t, json_string_value(s), json_string_length(s), 1, &j->ids[i], err, sizeof err);
+    }
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    (void)state;
+    tokenizer *t = load("qwen3");
+    json_t *corpus = load_json("tests/fixtures/tokenizer/corpus.json");
+    enum { THREADS = 4, COUNT = 300 };
+    thread_job jobs[THREADS + 1];
+    pthread_t th[THREADS];
+    for (int k = 0; k <= THREADS; k++) {
+        jobs[k] = (thread_job){t, corpus, calloc(COUNT, sizeof(int32_t *)), calloc(COUNT, sizeof(int)), COUNT};
+    }
+    encode_all(&jobs[THREADS]); /* reference: alone */
+    for (int k = 0; k < THREADS; k++) assert_int_equal(pthread_create(&th[k], NULL, encode_all, &jobs[k]), 0);
+    for (int k = 0; k < THREADS; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k <= THREADS; k++) {
+        for (size_t i = 0; i < COUNT; i++) {
+            assert_int_equal(jobs[k].n[i], jobs[THREADS].n[i]);
+            if (jobs[k].n[i] > 0) assert_memory_equal(jobs[k].ids[i], jobs[THREADS].ids[i], sizeof(int32_t) * (size_t)jobs[k].n[i]);
+        }
+    }
+    for (int k = 0; k <= THREADS; k++) {
+        for (size_t i = 0; i < COUNT; i++) free(jobs[k].ids[i]);
+        free(jobs[k].ids);
+        free(jobs[k].n);
+    }
+    json_decref(corpus);
+    tokenizer_free(t);
+}
+
 /* Malformed tokenizer.json: NULL and a message naming the problem, never a crash. */
 static void test_malformed(void **state) {
     (void)state;
@@ -524,7 +604,8 @@ int main(void) {
         cmocka_unit_test(test_config),               cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_variant_llama2_metaspace), cmocka_unit_test(test_variant_qwen3_nfkc_lower),
         cmocka_unit_test(test_metaspace_decoder),    cmocka_unit_test(test_json_escapes),
-        cmocka_unit_test(test_lowercase_nfkc),
+        cmocka_unit_test(test_lowercase_nfkc),       cmocka_unit_test(test_metaspace_cut_respects_tokens),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

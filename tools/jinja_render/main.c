@@ -103,7 +103,8 @@ int main(int argc, char **argv) {
     }
     clock_gettime(CLOCK_MONOTONIC, &b);
     if (bench && !rc) {
-        double us = ((double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec)) / 1e3 / (double)runs;
+        double us = ((double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec)) / 1e3 /
+                    (double)runs;
         printf("%ld renders, %.1f us per render, %zu bytes of output\n", runs, us, out_len);
     }
     jinja_free(t);

@@ -549,6 +549,41 @@ def has_variable(expr):
     return re.search(r"\b(%s)\b" % "|".join(EXPR_CTX.keys() | {"u"}), re.sub(r"'[^']*'", "", expr)) is not None
 
 
+# Random programs: set/for/if/macro/namespace/break/continue mixing reads and writes of a few
+# names, to pin down Jinja2's scoping (loop bodies and macros are scopes, if is not).
+SVARS = ["x", "y", "i"]
+SEXPRS = ["x", "y", "i", "1", "'s'", "x ~ y", "i + 1", "loop.index", "ns.a", "ns.a + 1", "l | length",
+          "[x, y]", "x if y else i", "(x is defined)", "mm(x)"]
+
+
+def random_program(rng, depth=0, in_loop=False, in_macro=False):
+    out = []
+    for _ in range(rng.randint(1, 4)):
+        k = rng.random()
+        if k < 0.25 or depth > 2:
+            out.append("{{ %s }}," % rng.choice(SEXPRS))
+        elif k < 0.45:
+            out.append("{%% set %s = %s %%}" % (rng.choice(SVARS), rng.choice(SEXPRS)))
+        elif k < 0.52:
+            out.append("{% set ns.a = " + rng.choice(SEXPRS) + " %}")
+        elif k < 0.7:
+            out.append("{%% for %s in %s %%}%s%s{%% endfor %%}" % (
+                rng.choice(["i", "x", "y"]), rng.choice(["l", "[7, 8]", "[]", "range(3)"]),
+                random_program(rng, depth + 1, True, in_macro),
+                "{% else %}E" if rng.random() < 0.2 else ""))
+        elif k < 0.85:
+            out.append("{%% if %s %%}%s{%% else %%}%s{%% endif %%}" % (
+                rng.choice(SEXPRS), random_program(rng, depth + 1, in_loop, in_macro),
+                random_program(rng, depth + 1, in_loop, in_macro)))
+        elif k < 0.92 and in_loop:
+            out.append(rng.choice(["{% break %}", "{% continue %}"]))
+        elif not in_macro and depth == 0:
+            out.append("{%% set %s %%}B%s{%% endset %%}" % (rng.choice(SVARS), random_program(rng, depth + 1, False, False)))
+        else:
+            out.append("[%s]" % rng.choice(SEXPRS))
+    return "".join(out)
+
+
 def render_feature(template, ctx, env=None):
     try:
         return (env or ENV).from_string(template).render(**ctx), None
@@ -591,6 +626,20 @@ def main():
                    "context": {"x": True, "v": "V"}, "cases": ws}, f, ensure_ascii=False, indent=0)
         f.write("\n")
     print("whitespace   %3d cases, %d expected errors" % (len(ws), sum(1 for x in ws if x["error"])))
+    rng = random.Random("exo-programs")
+    progs = []
+    pctx = {"l": [1, 2], "x": "X"}
+    while len(progs) < 2000:
+        body = random_program(rng)
+        macro = "{%% macro mm(p, q=2) %%}<{{ p }}{{ q }}%s>{%% endmacro %%}" % random_program(rng, 2, False, True).replace("mm(x)", "p")
+        tpl = "{% set ns = namespace(a=0) %}" + macro + body + "|{{ x }}{{ y }}{{ i }}{{ ns.a }}"
+        out, err = render_feature(tpl, copy.deepcopy(pctx))
+        progs.append({"name": "pr%04d" % len(progs), "template": tpl, "expected": out, "error": err})
+    with open(os.path.join(OUT, "programs.json"), "w", encoding="utf-8") as f:
+        json.dump({"generated_by": "tools/reference/render_templates.py (Jinja2 %s)" % jinja2.__version__,
+                   "context": pctx, "cases": progs}, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    print("programs     %3d cases, %d expected errors" % (len(progs), sum(1 for x in progs if x["error"])))
     rng = random.Random("exo-expressions")
     ex = []
     while len(ex) < 3000:

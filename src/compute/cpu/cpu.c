@@ -1,8 +1,8 @@
 /* CPU backend entry points: SIMD level detection, the shared thread pool, and the matmul driver
  * that splits work over threads and picks the matvec (decode) or gemm (prefill) regime.
  *
- * Threads split matmuls over output rows in contiguous ranges of equal size; every row of one
- * matrix has the same number of bytes, so each core streams the same number of weight bytes.
+ * Threads split matmuls over output rows (every row of one matrix has the same number of bytes):
+ * matvecs in chunks handed out dynamically, gemms in contiguous ranges of equal size.
  * Refuses: weight views the kernels cannot trust (bad bits/group size) go to the reference path. */
 #include "compute/cpu/cpu_internal.h"
 
@@ -217,10 +217,31 @@ typedef struct scratch_slot {
     size_t bytes;
 } scratch_slot;
 
-static _Thread_local scratch_slot scratch_slots[4];
+/* Per-thread slots live behind a pthread key so a thread's buffers are freed when it exits. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p) {
+    scratch_slot *slots = p;
+    for (int i = 0; i < 4; i++) free(slots[i].p);
+    free(slots);
+}
+
+static void scratch_key_create(void) {
+    pthread_key_create(&scratch_key, scratch_free);
+}
 
 void *cpu_scratch(int slot, size_t bytes) {
-    scratch_slot *s = &scratch_slots[slot & 3];
+    pthread_once(&scratch_once, scratch_key_create);
+    scratch_slot *slots = pthread_getspecific(scratch_key);
+    if (!slots) {
+        slots = calloc(4, sizeof *slots);
+        if (!slots || pthread_setspecific(scratch_key, slots) != 0) {
+            free(slots);
+            return NULL;
+        }
+    }
+    scratch_slot *s = &slots[slot & 3];
     if (s->bytes >= bytes && s->p) return s->p;
     free(s->p);
     size_t rounded = (bytes + 4095) & ~(size_t)4095;
@@ -251,7 +272,13 @@ static int matvec_run(const cpu_kernels *k, const weight_matrix *w, const float 
     if (w->format == WEIGHT_MLX_AFFINE && prepare_mlx(k, w, &in, &owned) != 0)
         return -1;
     matvec_job job = {k, w, &in, y};
-    threadpool_parallel_for(cpu_thread_pool(), w->rows, matvec_range, &job);
+    /* Chunks of ~1/8 of a thread's rows, handed out first come first served: on an idle machine
+     * every thread still streams the same number of bytes, on a busy one a thread that lost its
+     * core mid-way does not hold the step up. */
+    threadpool *pool = cpu_thread_pool();
+    int64_t chunk = w->rows / ((int64_t)threadpool_size(pool) * 8);
+    chunk = chunk < 16 ? 16 : (chunk + 3) & ~(int64_t)3;
+    threadpool_parallel_for_dynamic(pool, w->rows, chunk, matvec_range, &job);
     free(owned);
     return 0;
 }

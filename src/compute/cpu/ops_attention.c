@@ -1,5 +1,6 @@
 /* Attention over the paged KV cache, reference path: one pass with an online softmax per
  * (token, head), so no score buffer is needed whatever the context length. */
+#include "compute/cpu/cpu_internal.h"
 #include "compute/cpu/ops.h"
 
 #include <math.h>
@@ -169,10 +170,9 @@ TAVX2 void cpu_op_attention_avx2(const float *q, const kv_layer *kv, const atten
 }
 
 int cpu_op_attention_fast_ok(const attention_batch *ab) {
-    static int have = -1;
+    static int have = -1; /* AVX2+FMA+F16C with OS support, unless EXO_CPU_SIMD=generic */
     if (have < 0)
-        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+        have = cpu_level_supported(CPU_LEVEL_AVX2) && strcmp(cpu_simd_level(), "generic") != 0;
     int group = ab->n_heads / ab->n_kv_heads;
     return have && ab->head_dim % 8 == 0 && ab->head_dim <= ATT_MAX_HD && group <= ATT_MAX_GROUP;
 }

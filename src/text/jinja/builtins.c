@@ -15,7 +15,9 @@
 #include "text/jinja/internal.h"
 
 #define NONE_ARG ((jval){.kind = JV_UNDEF})
-static bool given(jval v) { return v.kind != JV_UNDEF || v.u.undef_name != NULL; }
+static bool given(jval v) {
+    return v.kind != JV_UNDEF || v.u.undef_name != NULL;
+}
 
 static jval mkfunc(jctx *c, const char *name, jbuiltin_fn fn, jval self) {
     jval v = {.kind = JV_FUNC};
@@ -40,7 +42,8 @@ static int64_t need_int(jctx *c, jval v, const char *what, int line) {
 /* ---- UTF-8 code point helpers ---- */
 static int32_t cp_at(const char *s, size_t n, size_t *i) {
     int32_t cp;
-    utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + *i, (utf8proc_ssize_t)(n - *i), &cp);
+    utf8proc_ssize_t k =
+        utf8proc_iterate((const utf8proc_uint8_t *)s + *i, (utf8proc_ssize_t)(n - *i), &cp);
     if (k <= 0) {
         cp = (unsigned char)s[*i];
         k = 1;
@@ -56,9 +59,9 @@ static void put_cp(strbuf *sb, int32_t cp) {
 }
 
 static bool py_isspace(int32_t cp) {
-    return (cp >= 9 && cp <= 13) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
-           (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f ||
-           cp == 0x3000;
+    return (cp >= 9 && cp <= 13) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 ||
+           cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+           cp == 0x202f || cp == 0x205f || cp == 0x3000;
 }
 
 static bool py_isalpha(int32_t cp) {
@@ -80,15 +83,23 @@ typedef enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAPITALIZE } case_mode;
 /* the common one-to-many mappings of Unicode SpecialCasing.txt that Python applies */
 static const char *special_upper(int32_t cp, bool full_upper) {
     switch (cp) {
-    case 0xDF: return full_upper ? "SS" : "Ss";
-    case 0xFB00: return full_upper ? "FF" : "Ff";
-    case 0xFB01: return full_upper ? "FI" : "Fi";
-    case 0xFB02: return full_upper ? "FL" : "Fl";
-    case 0xFB03: return full_upper ? "FFI" : "Ffi";
-    case 0xFB04: return full_upper ? "FFL" : "Ffl";
+    case 0xDF:
+        return full_upper ? "SS" : "Ss";
+    case 0xFB00:
+        return full_upper ? "FF" : "Ff";
+    case 0xFB01:
+        return full_upper ? "FI" : "Fi";
+    case 0xFB02:
+        return full_upper ? "FL" : "Fl";
+    case 0xFB03:
+        return full_upper ? "FFI" : "Ffi";
+    case 0xFB04:
+        return full_upper ? "FFL" : "Ffl";
     case 0xFB05:
-    case 0xFB06: return full_upper ? "ST" : "St";
-    default: return NULL;
+    case 0xFB06:
+        return full_upper ? "ST" : "St";
+    default:
+        return NULL;
     }
 }
 
@@ -101,15 +112,25 @@ static jval change_case(jctx *c, jval s, case_mode mode, int line) {
         int32_t cp = cp_at(s.u.s.p, s.u.s.n, &i);
         int32_t o = cp;
         switch (mode) {
-        case CASE_UPPER: o = utf8proc_toupper(cp); break;
-        case CASE_LOWER: o = utf8proc_tolower(cp); break;
-        case CASE_TITLE: o = prev_cased ? utf8proc_tolower(cp) : utf8proc_totitle(cp); break;
-        case CASE_CAPITALIZE: o = first ? utf8proc_totitle(cp) : utf8proc_tolower(cp); break;
+        case CASE_UPPER:
+            o = utf8proc_toupper(cp);
+            break;
+        case CASE_LOWER:
+            o = utf8proc_tolower(cp);
+            break;
+        case CASE_TITLE:
+            o = prev_cased ? utf8proc_tolower(cp) : utf8proc_totitle(cp);
+            break;
+        case CASE_CAPITALIZE:
+            o = first ? utf8proc_totitle(cp) : utf8proc_tolower(cp);
+            break;
         }
-        bool to_upper = mode == CASE_UPPER || ((mode == CASE_TITLE && !prev_cased) || (mode == CASE_CAPITALIZE && first));
+        bool to_upper = mode == CASE_UPPER ||
+                        ((mode == CASE_TITLE && !prev_cased) || (mode == CASE_CAPITALIZE && first));
         prev_cased = py_iscased(cp);
         first = false;
-        const char *special = to_upper ? special_upper(cp, mode == CASE_UPPER) : (cp == 0x130 ? "i\xcc\x87" : NULL);
+        const char *special =
+            to_upper ? special_upper(cp, mode == CASE_UPPER) : (cp == 0x130 ? "i\xcc\x87" : NULL);
         if (special)
             strbuf_append_str(sb, special);
         else
@@ -138,7 +159,8 @@ static jval do_strip(jctx *c, jval s, jval chars, bool left, bool right) {
     if (right)
         while (b > a) {
             size_t st = b - 1;
-            while (st > a && ((unsigned char)s.u.s.p[st] & 0xC0) == 0x80) st--;
+            while (st > a && ((unsigned char)s.u.s.p[st] & 0xC0) == 0x80)
+                st--;
             size_t k = st;
             if (!in_chars(cp_at(s.u.s.p, b, &k), chars)) break;
             b = st;
@@ -189,11 +211,16 @@ static void sort_items(jctx *c, sort_item *items, size_t n, bool reverse, int li
     sort_item *tmp = jalloc(c, n * sizeof *tmp);
     for (size_t width = 1; width < n; width *= 2) {
         for (size_t lo = 0; lo < n; lo += 2 * width) {
-            size_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            size_t mid = lo + width < n ? lo + width : n,
+                   hi = lo + 2 * width < n ? lo + 2 * width : n;
             size_t i = lo, j = mid, k = lo;
-            while (i < mid && j < hi) tmp[k++] = sort_item_cmp(c, &items[j], &items[i], reverse, line) < 0 ? items[j++] : items[i++];
-            while (i < mid) tmp[k++] = items[i++];
-            while (j < hi) tmp[k++] = items[j++];
+            while (i < mid && j < hi)
+                tmp[k++] = sort_item_cmp(c, &items[j], &items[i], reverse, line) < 0 ? items[j++]
+                                                                                     : items[i++];
+            while (i < mid)
+                tmp[k++] = items[i++];
+            while (j < hi)
+                tmp[k++] = items[j++];
         }
         memcpy(items, tmp, n * sizeof *items);
     }
@@ -214,12 +241,15 @@ static jval f_tojson(jctx *c, jval v, jargs *a, int line) {
     jval seps = jarg(a, 2, "separators", jv_none());
     jval sk = jarg(a, 3, "sort_keys", jv_bool(false));
     int indent = -1;
-    if (ind.kind == JV_INT || ind.kind == JV_BOOL) indent = (int)need_int(c, ind, "tojson indent", line);
-    else if (ind.kind != JV_NONE && ind.kind != JV_UNDEF) jfail(c, line, "tojson: indent must be an integer");
+    if (ind.kind == JV_INT || ind.kind == JV_BOOL)
+        indent = (int)need_int(c, ind, "tojson indent", line);
+    else if (ind.kind != JV_NONE && ind.kind != JV_UNDEF)
+        jfail(c, line, "tojson: indent must be an integer");
     if (indent > 64) indent = 64;
     if (indent < -1) indent = 0;
     const char *item_sep = indent >= 0 ? "," : ", ", *key_sep = ": ";
-    if (seps.kind == JV_LIST && seps.u.l->n == 2 && seps.u.l->items[0].kind == JV_STR && seps.u.l->items[1].kind == JV_STR) {
+    if (seps.kind == JV_LIST && seps.u.l->n == 2 && seps.u.l->items[0].kind == JV_STR &&
+        seps.u.l->items[1].kind == JV_STR) {
         item_sep = jstrdup_n(c, seps.u.l->items[0].u.s.p, seps.u.l->items[0].u.s.n);
         key_sep = jstrdup_n(c, seps.u.l->items[1].u.s.p, seps.u.l->items[1].u.s.n);
     }
@@ -252,13 +282,17 @@ static jval f_tojson(jctx *c, jval v, jargs *a, int line) {
 
 static int64_t length_of(jctx *c, jval v, int line) {
     switch (v.kind) {
-    case JV_UNDEF: return 0;
-    case JV_STR: return (int64_t)utf8_count(v.u.s.p, v.u.s.n);
-    case JV_LIST: return (int64_t)v.u.l->n;
+    case JV_UNDEF:
+        return 0;
+    case JV_STR:
+        return (int64_t)utf8_count(v.u.s.p, v.u.s.n);
+    case JV_LIST:
+        return (int64_t)v.u.l->n;
     case JV_DICT:
         if (!v.u.d->is_namespace) return (int64_t)v.u.d->n;
         /* fallthrough */
-    default: jfail(c, line, "object of type '%s' has no len()", jv_type_name(v));
+    default:
+        jfail(c, line, "object of type '%s' has no len()", jv_type_name(v));
     }
 }
 
@@ -299,7 +333,8 @@ static jval f_list(jctx *c, jval v, jargs *a, int line) {
     (void)a;
     jlist *items = jv_iterate(c, v, line);
     jval out = jv_list(c, items->n, false);
-    for (size_t i = 0; i < items->n; i++) jlist_push(c, out.u.l, items->items[i]);
+    for (size_t i = 0; i < items->n; i++)
+        jlist_push(c, out.u.l, items->items[i]);
     return out;
 }
 
@@ -319,9 +354,14 @@ static jval f_map(jctx *c, jval v, jargs *a, int line) {
     }
     if (!a->npos) return out;
     jval name = need_str(c, a->pos[0], "map", line);
-    jargs rest = {.pos = a->pos + 1, .npos = a->npos - 1, .kwnames = a->kwnames, .kwvals = a->kwvals, .nkw = a->nkw};
+    jargs rest = {.pos = a->pos + 1,
+                  .npos = a->npos - 1,
+                  .kwnames = a->kwnames,
+                  .kwvals = a->kwvals,
+                  .nkw = a->nkw};
     const char *fname = jstrdup_n(c, name.u.s.p, name.u.s.n);
-    for (size_t i = 0; i < items->n; i++) jlist_push(c, out.u.l, jfilter_apply(c, fname, items->items[i], &rest, line));
+    for (size_t i = 0; i < items->n; i++)
+        jlist_push(c, out.u.l, jfilter_apply(c, fname, items->items[i], &rest, line));
     return out;
 }
 
@@ -340,7 +380,11 @@ static jval select_impl(jctx *c, jval v, jargs *a, int line, bool by_attr, bool 
         jval t = need_str(c, a->pos[k++], "select", line);
         test = jstrdup_n(c, t.u.s.p, t.u.s.n);
     }
-    jargs rest = {.pos = a->pos + k, .npos = a->npos - k, .kwnames = a->kwnames, .kwvals = a->kwvals, .nkw = a->nkw};
+    jargs rest = {.pos = a->pos + k,
+                  .npos = a->npos - k,
+                  .kwnames = a->kwnames,
+                  .kwvals = a->kwvals,
+                  .nkw = a->nkw};
     for (size_t i = 0; i < items->n; i++) {
         jval it = items->items[i];
         jval probe = by_attr ? attr_path(c, it, attr, line) : it;
@@ -349,15 +393,24 @@ static jval select_impl(jctx *c, jval v, jargs *a, int line, bool by_attr, bool 
     }
     return out;
 }
-static jval f_select(jctx *c, jval v, jargs *a, int line) { return select_impl(c, v, a, line, false, true); }
-static jval f_reject(jctx *c, jval v, jargs *a, int line) { return select_impl(c, v, a, line, false, false); }
-static jval f_selectattr(jctx *c, jval v, jargs *a, int line) { return select_impl(c, v, a, line, true, true); }
-static jval f_rejectattr(jctx *c, jval v, jargs *a, int line) { return select_impl(c, v, a, line, true, false); }
+static jval f_select(jctx *c, jval v, jargs *a, int line) {
+    return select_impl(c, v, a, line, false, true);
+}
+static jval f_reject(jctx *c, jval v, jargs *a, int line) {
+    return select_impl(c, v, a, line, false, false);
+}
+static jval f_selectattr(jctx *c, jval v, jargs *a, int line) {
+    return select_impl(c, v, a, line, true, true);
+}
+static jval f_rejectattr(jctx *c, jval v, jargs *a, int line) {
+    return select_impl(c, v, a, line, true, false);
+}
 
 static jval f_items(jctx *c, jval v, jargs *a, int line) {
     (void)a;
     if (v.kind == JV_UNDEF) return jv_list(c, 0, false);
-    if (v.kind != JV_DICT || v.u.d->is_namespace) jfail(c, line, "Can only get item pairs from a mapping.");
+    if (v.kind != JV_DICT || v.u.d->is_namespace)
+        jfail(c, line, "Can only get item pairs from a mapping.");
     jval out = jv_list(c, v.u.d->n, false);
     for (size_t i = 0; i < v.u.d->n; i++) {
         jval t = jv_list(c, 2, true);
@@ -432,7 +485,9 @@ static jval str_replace(jctx *c, jval s, jval old, jval new, int64_t count, int 
         return jcapture_end(c, prev);
     }
     while (i < s.u.s.n) {
-        const char *hit = (count < 0 || done < count) ? memmem(s.u.s.p + i, s.u.s.n - i, old.u.s.p, old.u.s.n) : NULL;
+        const char *hit = (count < 0 || done < count)
+                              ? memmem(s.u.s.p + i, s.u.s.n - i, old.u.s.p, old.u.s.n)
+                              : NULL;
         if (!hit) break;
         size_t at = (size_t)(hit - s.u.s.p);
         strbuf_append(sb, s.u.s.p + i, at - i);
@@ -450,7 +505,8 @@ static jval f_replace(jctx *c, jval v, jargs *a, int line) {
     jval old = jv_stringify(c, jarg(a, 0, "old", jv_cstr("")), line);
     jval new = jv_stringify(c, jarg(a, 1, "new", jv_cstr("")), line);
     jval cnt = jarg(a, 2, "count", jv_none());
-    return str_replace(c, v, old, new, cnt.kind == JV_NONE ? -1 : need_int(c, cnt, "replace count", line), line);
+    return str_replace(c, v, old, new,
+                       cnt.kind == JV_NONE ? -1 : need_int(c, cnt, "replace count", line), line);
 }
 
 static jval f_string(jctx *c, jval v, jargs *a, int line) {
@@ -462,12 +518,16 @@ static bool parse_int_str(const char *s, size_t n, int base, int64_t *out) {
     char buf[80];
     size_t k = 0;
     size_t i = 0;
-    while (i < n && isspace((unsigned char)s[i])) i++;
-    while (n > i && isspace((unsigned char)s[n - 1])) n--;
+    while (i < n && isspace((unsigned char)s[i]))
+        i++;
+    while (n > i && isspace((unsigned char)s[n - 1]))
+        n--;
     if (i == n || n - i >= sizeof buf) return false;
     for (; i < n; i++) {
         if (s[i] == '_') {
-            if (!k || !isalnum((unsigned char)buf[k - 1]) || i + 1 >= n || !isalnum((unsigned char)s[i + 1])) return false;
+            if (!k || !isalnum((unsigned char)buf[k - 1]) || i + 1 >= n ||
+                !isalnum((unsigned char)s[i + 1]))
+                return false;
             continue;
         }
         buf[k++] = s[i];
@@ -492,8 +552,10 @@ static bool parse_int_str(const char *s, size_t n, int base, int64_t *out) {
 
 static bool parse_float_str(const char *s, size_t n, double *out) {
     char buf[80];
-    while (n && isspace((unsigned char)*s)) s++, n--;
-    while (n && isspace((unsigned char)s[n - 1])) n--;
+    while (n && isspace((unsigned char)*s))
+        s++, n--;
+    while (n && isspace((unsigned char)s[n - 1]))
+        n--;
     if (!n || n >= sizeof buf) return false;
     memcpy(buf, s, n);
     buf[n] = 0;
@@ -509,20 +571,25 @@ static bool parse_float_str(const char *s, size_t n, double *out) {
 static jval f_int(jctx *c, jval v, jargs *a, int line) {
     jval dflt = jarg(a, 0, "default", jv_int(0));
     int base = (int)need_int(c, jarg(a, 1, "base", jv_int(10)), "int base", line);
-    if (v.kind == JV_UNDEF) jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
+    if (v.kind == JV_UNDEF)
+        jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
     int64_t i;
     double f;
     switch (v.kind) {
-    case JV_INT: return v;
-    case JV_BOOL: return jv_int(v.u.b);
+    case JV_INT:
+        return v;
+    case JV_BOOL:
+        return jv_int(v.u.b);
     case JV_FLOAT:
         if (isnan(v.u.f) || isinf(v.u.f) || fabs(v.u.f) > 9.2e18) return dflt;
         return jv_int((int64_t)v.u.f);
     case JV_STR:
         if (base >= 2 && base <= 36 && parse_int_str(v.u.s.p, v.u.s.n, base, &i)) return jv_int(i);
-        if (parse_float_str(v.u.s.p, v.u.s.n, &f) && !isnan(f) && !isinf(f) && fabs(f) < 9.2e18) return jv_int((int64_t)f);
+        if (parse_float_str(v.u.s.p, v.u.s.n, &f) && !isnan(f) && !isinf(f) && fabs(f) < 9.2e18)
+            return jv_int((int64_t)f);
         return dflt;
-    default: return dflt;
+    default:
+        return dflt;
     }
 }
 
@@ -530,16 +597,21 @@ static jval f_float(jctx *c, jval v, jargs *a, int line) {
     (void)c;
     (void)line;
     jval dflt = jarg(a, 0, "default", jv_float(0.0));
-    if (v.kind == JV_UNDEF) jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
+    if (v.kind == JV_UNDEF)
+        jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
     double f;
     switch (v.kind) {
-    case JV_FLOAT: return v;
-    case JV_INT: return jv_float((double)v.u.i);
-    case JV_BOOL: return jv_float(v.u.b);
+    case JV_FLOAT:
+        return v;
+    case JV_INT:
+        return jv_float((double)v.u.i);
+    case JV_BOOL:
+        return jv_float(v.u.b);
     case JV_STR:
         if (parse_float_str(v.u.s.p, v.u.s.n, &f)) return jv_float(f);
         return dflt;
-    default: return dflt;
+    default:
+        return dflt;
     }
 }
 
@@ -554,8 +626,10 @@ static jval f_unique(jctx *c, jval v, jargs *a, int line) {
         key = lower_if_str(c, key, cs, line);
         bool dup = false;
         c->iterations += (long long)(seen.u.l->n >> 4); /* quadratic: charged to the work budget */
-        if (c->iterations > c->limits.max_iterations) jfail(c, line, "unique: too much work for one render");
-        for (size_t k = 0; k < seen.u.l->n && !dup; k++) dup = jv_equal(seen.u.l->items[k], key);
+        if (c->iterations > c->limits.max_iterations)
+            jfail(c, line, "unique: too much work for one render");
+        for (size_t k = 0; k < seen.u.l->n && !dup; k++)
+            dup = jv_equal(seen.u.l->items[k], key);
         if (!dup) {
             jlist_push(c, seen.u.l, key);
             jlist_push(c, out.u.l, items->items[i]);
@@ -580,11 +654,13 @@ static jval f_dictsort(jctx *c, jval v, jargs *a, int line) {
         jval t = jv_list(c, 2, true);
         jlist_push(c, t.u.l, v.u.d->keys[i]);
         jlist_push(c, t.u.l, v.u.d->vals[i]);
-        items[i] = (sort_item){lower_if_str(c, pos ? v.u.d->vals[i] : v.u.d->keys[i], cs, line), t, i};
+        items[i] =
+            (sort_item){lower_if_str(c, pos ? v.u.d->vals[i] : v.u.d->keys[i], cs, line), t, i};
     }
     sort_items(c, items, n, reverse, line);
     jval out = jv_list(c, n, false);
-    for (size_t i = 0; i < n; i++) jlist_push(c, out.u.l, items[i].val);
+    for (size_t i = 0; i < n; i++)
+        jlist_push(c, out.u.l, items[i].val);
     return out;
 }
 
@@ -601,7 +677,8 @@ static jval f_sort(jctx *c, jval v, jargs *a, int line) {
     }
     sort_items(c, items, l->n, reverse, line);
     jval out = jv_list(c, l->n, false);
-    for (size_t i = 0; i < l->n; i++) jlist_push(c, out.u.l, items[i].val);
+    for (size_t i = 0; i < l->n; i++)
+        jlist_push(c, out.u.l, items[i].val);
     return out;
 }
 
@@ -611,12 +688,14 @@ static jval f_reverse(jctx *c, jval v, jargs *a, int line) {
         jlist *chars = jv_iterate(c, v, line);
         strbuf *prev = c->out;
         strbuf *sb = jcapture_begin(c, line);
-        for (size_t i = chars->n; i-- > 0;) strbuf_append(sb, chars->items[i].u.s.p, chars->items[i].u.s.n);
+        for (size_t i = chars->n; i-- > 0;)
+            strbuf_append(sb, chars->items[i].u.s.p, chars->items[i].u.s.n);
         return jcapture_end(c, prev);
     }
     jlist *l = jv_iterate(c, v, line);
     jval out = jv_list(c, l->n, false);
-    for (size_t i = l->n; i-- > 0;) jlist_push(c, out.u.l, l->items[i]);
+    for (size_t i = l->n; i-- > 0;)
+        jlist_push(c, out.u.l, l->items[i]);
     return out;
 }
 
@@ -633,12 +712,23 @@ static jval f_escape(jctx *c, jval v, jargs *a, int line) {
     for (size_t i = 0; i < v.u.s.n; i++) {
         char ch = v.u.s.p[i];
         switch (ch) {
-        case '&': strbuf_append_str(sb, "&amp;"); break;
-        case '<': strbuf_append_str(sb, "&lt;"); break;
-        case '>': strbuf_append_str(sb, "&gt;"); break;
-        case '"': strbuf_append_str(sb, "&#34;"); break;
-        case '\'': strbuf_append_str(sb, "&#39;"); break;
-        default: strbuf_append_char(sb, ch);
+        case '&':
+            strbuf_append_str(sb, "&amp;");
+            break;
+        case '<':
+            strbuf_append_str(sb, "&lt;");
+            break;
+        case '>':
+            strbuf_append_str(sb, "&gt;");
+            break;
+        case '"':
+            strbuf_append_str(sb, "&#34;");
+            break;
+        case '\'':
+            strbuf_append_str(sb, "&#39;");
+            break;
+        default:
+            strbuf_append_char(sb, ch);
         }
     }
     return jcapture_end(c, prev);
@@ -665,7 +755,8 @@ static jval f_round(jctx *c, jval v, jargs *a, int line) {
     int64_t prec = need_int(c, jarg(a, 0, "precision", jv_int(0)), "round precision", line);
     jval method = jarg(a, 1, "method", jv_cstr("common"));
     if (method.kind != JV_STR) jfail(c, line, "method must be common, ceil or floor");
-    if (v.kind != JV_INT && v.kind != JV_FLOAT && v.kind != JV_BOOL) jfail(c, line, "round: expected a number");
+    if (v.kind != JV_INT && v.kind != JV_FLOAT && v.kind != JV_BOOL)
+        jfail(c, line, "round: expected a number");
     bool common = method.u.s.n == 6 && !memcmp(method.u.s.p, "common", 6);
     bool ceil_m = method.u.s.n == 4 && !memcmp(method.u.s.p, "ceil", 4);
     bool floor_m = method.u.s.n == 5 && !memcmp(method.u.s.p, "floor", 5);
@@ -705,8 +796,11 @@ static jval f_indent(jctx *c, jval v, jargs *a, int line) {
         memset(sp, ' ', (size_t)w);
         ind = jv_str(sp, (size_t)w);
     }
-    if (v.kind == JV_UNDEF) jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
-    if (v.kind != JV_STR) jfail(c, line, "indent: unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
+    if (v.kind == JV_UNDEF)
+        jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
+    if (v.kind != JV_STR)
+        jfail(c, line, "indent: unsupported operand type(s) for +=: '%s' and 'str'",
+              jv_type_name(v));
     /* s + "\n", then splitlines() */
     jval lines = jv_list(c, 8, false);
     const char *s = v.u.s.p;
@@ -734,7 +828,9 @@ static jval f_indent(jctx *c, jval v, jargs *a, int line) {
     return jcapture_end(c, prev);
 }
 
-static bool is_word_cp(int32_t cp) { return cp == '_' || py_isalpha(cp) || py_isdigit(cp); }
+static bool is_word_cp(int32_t cp) {
+    return cp == '_' || py_isalpha(cp) || py_isdigit(cp);
+}
 
 static jval f_wordcount(jctx *c, jval v, jargs *a, int line) {
     (void)a;
@@ -765,7 +861,8 @@ static jval f_batch(jctx *c, jval v, jargs *a, int line) {
     }
     if (cur.u.l->n) {
         if (fill.kind != JV_NONE)
-            while ((int64_t)cur.u.l->n < size) jlist_push(c, cur.u.l, fill);
+            while ((int64_t)cur.u.l->n < size)
+                jlist_push(c, cur.u.l, fill);
         jlist_push(c, out.u.l, cur);
     }
     return out;
@@ -794,8 +891,12 @@ static jval minmax(jctx *c, jval v, jargs *a, int line, bool want_max) {
     }
     return l->items[best];
 }
-static jval f_min(jctx *c, jval v, jargs *a, int line) { return minmax(c, v, a, line, false); }
-static jval f_max(jctx *c, jval v, jargs *a, int line) { return minmax(c, v, a, line, true); }
+static jval f_min(jctx *c, jval v, jargs *a, int line) {
+    return minmax(c, v, a, line, false);
+}
+static jval f_max(jctx *c, jval v, jargs *a, int line) {
+    return minmax(c, v, a, line, true);
+}
 
 static jval f_sum(jctx *c, jval v, jargs *a, int line) {
     jval attr = jarg(a, 0, "attribute", NONE_ARG);
@@ -822,7 +923,8 @@ static jval f_attr(jctx *c, jval v, jargs *a, int line) {
 static jval f_format(jctx *c, jval v, jargs *a, int line) {
     v = jv_stringify(c, v, line);
     jval t = jv_list(c, a->npos, true);
-    for (size_t i = 0; i < a->npos; i++) jlist_push(c, t.u.l, a->pos[i]);
+    for (size_t i = 0; i < a->npos; i++)
+        jlist_push(c, t.u.l, a->pos[i]);
     return jbinop(c, JOP_MOD, v, t, line);
 }
 
@@ -835,9 +937,11 @@ static jval f_center(jctx *c, jval v, jargs *a, int line) {
     int64_t pad = w - n, left = pad / 2 + (pad & w & 1);
     strbuf *prev = c->out;
     strbuf *sb = jcapture_begin(c, line);
-    for (int64_t i = 0; i < left; i++) strbuf_append_char(sb, ' ');
+    for (int64_t i = 0; i < left; i++)
+        strbuf_append_char(sb, ' ');
     strbuf_append(sb, v.u.s.p, v.u.s.n);
-    for (int64_t i = 0; i < pad - left; i++) strbuf_append_char(sb, ' ');
+    for (int64_t i = 0; i < pad - left; i++)
+        strbuf_append_char(sb, ' ');
     return jcapture_end(c, prev);
 }
 
@@ -845,27 +949,48 @@ static const struct {
     const char *name;
     filter_fn fn;
 } FILTERS[] = {
-    {"abs", f_abs},         {"attr", f_attr},
-    {"batch", f_batch},     {"capitalize", f_capitalize},
-    {"center", f_center},   {"count", f_length},
-    {"d", f_default},       {"default", f_default},
-    {"dictsort", f_dictsort}, {"e", f_escape},
-    {"escape", f_escape},   {"first", f_first},
-    {"float", f_float},     {"forceescape", f_escape},
-    {"format", f_format},   {"indent", f_indent},
-    {"int", f_int},         {"items", f_items},
-    {"join", f_join},       {"last", f_last},
-    {"length", f_length},   {"list", f_list},
-    {"lower", f_lower},     {"map", f_map},
-    {"max", f_max},         {"min", f_min},
-    {"reject", f_reject},   {"rejectattr", f_rejectattr},
-    {"replace", f_replace}, {"reverse", f_reverse},
-    {"round", f_round},     {"safe", f_safe},
-    {"select", f_select},   {"selectattr", f_selectattr},
-    {"sort", f_sort},       {"string", f_string},
-    {"sum", f_sum},         {"title", f_title},
-    {"tojson", f_tojson},   {"trim", f_trim},
-    {"unique", f_unique},   {"upper", f_upper},
+    {"abs", f_abs},
+    {"attr", f_attr},
+    {"batch", f_batch},
+    {"capitalize", f_capitalize},
+    {"center", f_center},
+    {"count", f_length},
+    {"d", f_default},
+    {"default", f_default},
+    {"dictsort", f_dictsort},
+    {"e", f_escape},
+    {"escape", f_escape},
+    {"first", f_first},
+    {"float", f_float},
+    {"forceescape", f_escape},
+    {"format", f_format},
+    {"indent", f_indent},
+    {"int", f_int},
+    {"items", f_items},
+    {"join", f_join},
+    {"last", f_last},
+    {"length", f_length},
+    {"list", f_list},
+    {"lower", f_lower},
+    {"map", f_map},
+    {"max", f_max},
+    {"min", f_min},
+    {"reject", f_reject},
+    {"rejectattr", f_rejectattr},
+    {"replace", f_replace},
+    {"reverse", f_reverse},
+    {"round", f_round},
+    {"safe", f_safe},
+    {"select", f_select},
+    {"selectattr", f_selectattr},
+    {"sort", f_sort},
+    {"string", f_string},
+    {"sum", f_sum},
+    {"title", f_title},
+    {"tojson", f_tojson},
+    {"trim", f_trim},
+    {"unique", f_unique},
+    {"upper", f_upper},
     {"wordcount", f_wordcount},
 };
 
@@ -882,11 +1007,12 @@ bool jinja_filter_exists(const char *name) {
 }
 
 /* ================= tests ================= */
-static const char *const TESTS[] = {"defined", "undefined", "none", "string", "number", "integer", "float",
-                                    "mapping", "iterable", "sequence", "boolean", "true", "false", "callable",
-                                    "odd", "even", "divisibleby", "eq", "equalto", "==", "ne", "!=", "lt",
-                                    "lessthan", "<", "gt", "greaterthan", ">", "ge", ">=", "le", "<=", "in",
-                                    "lower", "upper", "sameas", "escaped", "filter", "test", NULL};
+static const char *const TESTS[] = {
+    "defined",     "undefined", "none",        "string", "number",  "integer",  "float", "mapping",
+    "iterable",    "sequence",  "boolean",     "true",   "false",   "callable", "odd",   "even",
+    "divisibleby", "eq",        "equalto",     "==",     "ne",      "!=",       "lt",    "lessthan",
+    "<",           "gt",        "greaterthan", ">",      "ge",      ">=",       "le",    "<=",
+    "in",          "lower",     "upper",       "sameas", "escaped", "filter",   "test",  NULL};
 
 bool jinja_test_exists(const char *name) {
     for (int i = 0; TESTS[i]; i++)
@@ -918,16 +1044,20 @@ bool jtest_apply(jctx *c, const char *name, jval v, jargs *a, int line) {
     if (!strcmp(name, "integer")) return v.kind == JV_INT;
     if (!strcmp(name, "float")) return v.kind == JV_FLOAT;
     if (!strcmp(name, "mapping")) return v.kind == JV_DICT && !v.u.d->is_namespace;
-    if (!strcmp(name, "iterable")) return v.kind == JV_STR || v.kind == JV_LIST || (v.kind == JV_DICT && !v.u.d->is_namespace) || v.kind == JV_UNDEF;
+    if (!strcmp(name, "iterable"))
+        return v.kind == JV_STR || v.kind == JV_LIST ||
+               (v.kind == JV_DICT && !v.u.d->is_namespace) || v.kind == JV_UNDEF;
     if (!strcmp(name, "sequence"))
-        return v.kind == JV_STR || v.kind == JV_LIST || (v.kind == JV_DICT && !v.u.d->is_namespace) || v.kind == JV_UNDEF;
+        return v.kind == JV_STR || v.kind == JV_LIST ||
+               (v.kind == JV_DICT && !v.u.d->is_namespace) || v.kind == JV_UNDEF;
     if (!strcmp(name, "boolean")) return v.kind == JV_BOOL;
     if (!strcmp(name, "true")) return v.kind == JV_BOOL && v.u.b;
     if (!strcmp(name, "false")) return v.kind == JV_BOOL && !v.u.b;
     if (!strcmp(name, "callable")) return v.kind == JV_FUNC;
     if (!strcmp(name, "escaped")) return false;
     if (!strcmp(name, "odd") || !strcmp(name, "even")) {
-        if (v.kind == JV_UNDEF) jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
+        if (v.kind == JV_UNDEF)
+            jfail(c, line, "%s", v.u.undef_name ? v.u.undef_name : "value is undefined");
         if (v.kind == JV_FLOAT) {
             double m = fmod(v.u.f, 2.0);
             if (m < 0) m += 2.0;
@@ -938,7 +1068,8 @@ bool jtest_apply(jctx *c, const char *name, jval v, jargs *a, int line) {
     }
     if (!strcmp(name, "divisibleby")) {
         if (!a->npos) jfail(c, line, "divisibleby needs an argument");
-        return jv_truthy(jbinop(c, JOP_EQ, jbinop(c, JOP_MOD, v, a->pos[0], line), jv_int(0), line));
+        return jv_truthy(
+            jbinop(c, JOP_EQ, jbinop(c, JOP_MOD, v, a->pos[0], line), jv_int(0), line));
     }
     if (!strcmp(name, "in")) {
         if (!a->npos) jfail(c, line, "test 'in' needs an argument");
@@ -983,7 +1114,9 @@ bool jtest_apply(jctx *c, const char *name, jval v, jargs *a, int line) {
 }
 
 /* ================= methods ================= */
-static jval s_self(jval self) { return self; }
+static jval s_self(jval self) {
+    return self;
+}
 
 static jval m_strip(jctx *c, jval self, jargs *a, int line) {
     (void)line;
@@ -1024,7 +1157,8 @@ static jval m_split(jctx *c, jval self, jargs *a, int line) {
                 size_t e = n;
                 while (e > i) {
                     size_t st = e - 1;
-                    while (st > i && ((unsigned char)s[st] & 0xC0) == 0x80) st--;
+                    while (st > i && ((unsigned char)s[st] & 0xC0) == 0x80)
+                        st--;
                     size_t k = st;
                     if (!py_isspace(cp_at(s, n, &k))) break;
                     e = st;
@@ -1048,7 +1182,8 @@ static jval m_split(jctx *c, jval self, jargs *a, int line) {
     size_t i = 0;
     int64_t splits = 0;
     for (;;) {
-        const char *hit = (maxsplit < 0 || splits < maxsplit) ? memmem(s + i, n - i, sep.u.s.p, sep.u.s.n) : NULL;
+        const char *hit =
+            (maxsplit < 0 || splits < maxsplit) ? memmem(s + i, n - i, sep.u.s.p, sep.u.s.n) : NULL;
         if (!hit) {
             jlist_push(c, out.u.l, jv_str(s + i, n - i));
             break;
@@ -1067,9 +1202,11 @@ static bool affix_match(jctx *c, jval self, jval arg, bool prefix, int line) {
         return false;
     }
     if (arg.kind != JV_STR)
-        jfail(c, line, "%s first arg must be str or a tuple of str, not %s", prefix ? "startswith" : "endswith", jv_type_name(arg));
+        jfail(c, line, "%s first arg must be str or a tuple of str, not %s",
+              prefix ? "startswith" : "endswith", jv_type_name(arg));
     if (arg.u.s.n > self.u.s.n) return false;
-    return memcmp(prefix ? self.u.s.p : self.u.s.p + self.u.s.n - arg.u.s.n, arg.u.s.p, arg.u.s.n) == 0;
+    return memcmp(prefix ? self.u.s.p : self.u.s.p + self.u.s.n - arg.u.s.n, arg.u.s.p,
+                  arg.u.s.n) == 0;
 }
 
 static jval m_startswith(jctx *c, jval self, jargs *a, int line) {
@@ -1081,7 +1218,8 @@ static jval m_endswith(jctx *c, jval self, jargs *a, int line) {
 static jval m_replace(jctx *c, jval self, jargs *a, int line) {
     jval old = need_str(c, jarg(a, 0, NULL, jv_none()), "replace", line);
     jval new = need_str(c, jarg(a, 1, NULL, jv_none()), "replace", line);
-    return str_replace(c, self, old, new, need_int(c, jarg(a, 2, "count", jv_int(-1)), "replace count", line), line);
+    return str_replace(c, self, old, new,
+                       need_int(c, jarg(a, 2, "count", jv_int(-1)), "replace count", line), line);
 }
 static jval m_upper(jctx *c, jval self, jargs *a, int line) {
     (void)a;
@@ -1116,14 +1254,19 @@ static jval find_impl(jctx *c, jval self, jargs *a, int line, bool reverse) {
     if (!hit) return jv_int(-1);
     return jv_int((int64_t)utf8_count(s, (size_t)(hit - s)));
 }
-static jval m_find(jctx *c, jval self, jargs *a, int line) { return find_impl(c, self, a, line, false); }
-static jval m_rfind(jctx *c, jval self, jargs *a, int line) { return find_impl(c, self, a, line, true); }
+static jval m_find(jctx *c, jval self, jargs *a, int line) {
+    return find_impl(c, self, a, line, false);
+}
+static jval m_rfind(jctx *c, jval self, jargs *a, int line) {
+    return find_impl(c, self, a, line, true);
+}
 
 static jval m_count(jctx *c, jval self, jargs *a, int line) {
     jval sub = jarg(a, 0, NULL, jv_none());
     if (self.kind == JV_LIST) {
         int64_t k = 0;
-        for (size_t i = 0; i < self.u.l->n; i++) k += jv_equal(self.u.l->items[i], sub);
+        for (size_t i = 0; i < self.u.l->n; i++)
+            k += jv_equal(self.u.l->items[i], sub);
         return jv_int(k);
     }
     need_str(c, sub, "count", line);
@@ -1144,7 +1287,8 @@ static jval m_join(jctx *c, jval self, jargs *a, int line) {
     strbuf *sb = jcapture_begin(c, line);
     for (size_t i = 0; i < items->n; i++) {
         if (items->items[i].kind != JV_STR)
-            jfail(c, line, "sequence item %zu: expected str instance, %s found", i, jv_type_name(items->items[i]));
+            jfail(c, line, "sequence item %zu: expected str instance, %s found", i,
+                  jv_type_name(items->items[i]));
         if (i) strbuf_append(sb, self.u.s.p, self.u.s.n);
         strbuf_append(sb, items->items[i].u.s.p, items->items[i].u.s.n);
         if (sb->len > c->limits.max_output_bytes) jfail(c, line, "join: result too long");
@@ -1167,15 +1311,18 @@ static jval m_format(jctx *c, jval self, jargs *a, int line) {
             i++;
         } else if (s[i] == '{') {
             size_t e = i + 1;
-            while (e < n && s[e] != '}') e++;
+            while (e < n && s[e] != '}')
+                e++;
             if (e >= n) jfail(c, line, "Single '{' encountered in format string");
             const char *f = s + i + 1;
             size_t fl = e - i - 1;
-            if (memchr(f, ':', fl) || memchr(f, '!', fl) || memchr(f, '.', fl) || memchr(f, '[', fl))
+            if (memchr(f, ':', fl) || memchr(f, '!', fl) || memchr(f, '.', fl) ||
+                memchr(f, '[', fl))
                 jfail(c, line, "format: conversions and format specs are not supported");
             jval v;
             if (fl == 0) {
-                if (auto_idx >= a->npos) jfail(c, line, "Replacement index %zu out of range", auto_idx);
+                if (auto_idx >= a->npos)
+                    jfail(c, line, "Replacement index %zu out of range", auto_idx);
                 v = a->pos[auto_idx++];
             } else if (isdigit((unsigned char)f[0])) {
                 size_t idx = (size_t)strtoul(f, NULL, 10);
@@ -1243,19 +1390,23 @@ static jval m_splitlines(jctx *c, jval self, jargs *a, int line) {
     return out;
 }
 
-static jval m_items(jctx *c, jval self, jargs *a, int line) { return f_items(c, self, a, line); }
+static jval m_items(jctx *c, jval self, jargs *a, int line) {
+    return f_items(c, self, a, line);
+}
 static jval m_keys(jctx *c, jval self, jargs *a, int line) {
     (void)a;
     (void)line;
     jval out = jv_list(c, self.u.d->n, false);
-    for (size_t i = 0; i < self.u.d->n; i++) jlist_push(c, out.u.l, self.u.d->keys[i]);
+    for (size_t i = 0; i < self.u.d->n; i++)
+        jlist_push(c, out.u.l, self.u.d->keys[i]);
     return out;
 }
 static jval m_values(jctx *c, jval self, jargs *a, int line) {
     (void)a;
     (void)line;
     jval out = jv_list(c, self.u.d->n, false);
-    for (size_t i = 0; i < self.u.d->n; i++) jlist_push(c, out.u.l, self.u.d->vals[i]);
+    for (size_t i = 0; i < self.u.d->n; i++)
+        jlist_push(c, out.u.l, self.u.d->vals[i]);
     return out;
 }
 static jval m_get(jctx *c, jval self, jargs *a, int line) {
@@ -1270,7 +1421,8 @@ static jval m_copy(jctx *c, jval self, jargs *a, int line) {
     (void)a;
     if (self.kind == JV_LIST) return f_list(c, self, a, line);
     jval d = jv_dict(c, self.u.d->n);
-    for (size_t i = 0; i < self.u.d->n; i++) jdict_set(c, d.u.d, self.u.d->keys[i], self.u.d->vals[i]);
+    for (size_t i = 0; i < self.u.d->n; i++)
+        jdict_set(c, d.u.d, self.u.d->keys[i], self.u.d->vals[i]);
     return d;
 }
 static jval m_index(jctx *c, jval self, jargs *a, int line) {
@@ -1287,24 +1439,39 @@ typedef struct method_entry {
 } method_entry;
 
 static const method_entry METHODS[] = {
-    {JV_STR, "strip", m_strip},           {JV_STR, "lstrip", m_lstrip},
-    {JV_STR, "rstrip", m_rstrip},         {JV_STR, "split", m_split},
-    {JV_STR, "startswith", m_startswith}, {JV_STR, "endswith", m_endswith},
-    {JV_STR, "replace", m_replace},       {JV_STR, "upper", m_upper},
-    {JV_STR, "lower", m_lower},           {JV_STR, "title", m_title},
-    {JV_STR, "capitalize", m_capitalize}, {JV_STR, "find", m_find},
-    {JV_STR, "rfind", m_rfind},           {JV_STR, "count", m_count},
-    {JV_STR, "join", m_join},             {JV_STR, "format", m_format},
-    {JV_STR, "isdigit", m_isdigit},       {JV_STR, "isspace", m_isspace},
-    {JV_STR, "isalpha", m_isalpha},       {JV_STR, "splitlines", m_splitlines},
-    {JV_DICT, "items", m_items},          {JV_DICT, "keys", m_keys},
-    {JV_DICT, "values", m_values},        {JV_DICT, "get", m_get},
-    {JV_DICT, "copy", m_copy},            {JV_LIST, "count", m_count},
-    {JV_LIST, "index", m_index},          {JV_LIST, "copy", m_copy},
+    {JV_STR, "strip", m_strip},
+    {JV_STR, "lstrip", m_lstrip},
+    {JV_STR, "rstrip", m_rstrip},
+    {JV_STR, "split", m_split},
+    {JV_STR, "startswith", m_startswith},
+    {JV_STR, "endswith", m_endswith},
+    {JV_STR, "replace", m_replace},
+    {JV_STR, "upper", m_upper},
+    {JV_STR, "lower", m_lower},
+    {JV_STR, "title", m_title},
+    {JV_STR, "capitalize", m_capitalize},
+    {JV_STR, "find", m_find},
+    {JV_STR, "rfind", m_rfind},
+    {JV_STR, "count", m_count},
+    {JV_STR, "join", m_join},
+    {JV_STR, "format", m_format},
+    {JV_STR, "isdigit", m_isdigit},
+    {JV_STR, "isspace", m_isspace},
+    {JV_STR, "isalpha", m_isalpha},
+    {JV_STR, "splitlines", m_splitlines},
+    {JV_DICT, "items", m_items},
+    {JV_DICT, "keys", m_keys},
+    {JV_DICT, "values", m_values},
+    {JV_DICT, "get", m_get},
+    {JV_DICT, "copy", m_copy},
+    {JV_LIST, "count", m_count},
+    {JV_LIST, "index", m_index},
+    {JV_LIST, "copy", m_copy},
 };
 
-static const char *const UNSAFE[] = {"append", "extend", "insert", "pop", "remove", "reverse", "sort",
-                                     "clear", "update", "setdefault", "popitem", "add", "discard", NULL};
+static const char *const UNSAFE[] = {"append",  "extend", "insert",  "pop",    "remove",
+                                     "reverse", "sort",   "clear",   "update", "setdefault",
+                                     "popitem", "add",    "discard", NULL};
 
 jval jmethod_get(jctx *c, jval obj, const char *name, bool *found) {
     *found = false;
@@ -1319,7 +1486,8 @@ jval jmethod_get(jctx *c, jval obj, const char *name, bool *found) {
             if (!strcmp(UNSAFE[i], name)) {
                 *found = true;
                 char buf[160];
-                snprintf(buf, sizeof buf, "access to attribute '%s' of '%s' object is unsafe.", name, jv_type_name(obj));
+                snprintf(buf, sizeof buf, "access to attribute '%s' of '%s' object is unsafe.",
+                         name, jv_type_name(obj));
                 return jv_undef(jstrdup_n(c, buf, strlen(buf)));
             }
     return NONE_ARG;
@@ -1339,10 +1507,13 @@ static jval g_range(jctx *c, jval self, jargs *a, int line) {
     } else
         jfail(c, line, "range expected 1 to 3 arguments, got %zu", a->npos);
     if (step == 0) jfail(c, line, "range() arg 3 must not be zero");
-    double count = step > 0 ? ceil(((double)stop - (double)start) / (double)step) : ceil(((double)start - (double)stop) / (double)-step);
-    if (count > 100000) jfail(c, line, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+    double count = step > 0 ? ceil(((double)stop - (double)start) / (double)step)
+                            : ceil(((double)start - (double)stop) / (double)-step);
+    if (count > 100000)
+        jfail(c, line, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     jval out = jv_list(c, count > 0 ? (size_t)count : 0, false);
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) jlist_push(c, out.u.l, jv_int(i));
+    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+        jlist_push(c, out.u.l, jv_int(i));
     return out;
 }
 
@@ -1353,17 +1524,20 @@ static jval g_dict(jctx *c, jval self, jargs *a, int line) {
     if (a->npos == 1) {
         jval src = a->pos[0];
         if (src.kind == JV_DICT && !src.u.d->is_namespace)
-            for (size_t i = 0; i < src.u.d->n; i++) jdict_set(c, d.u.d, src.u.d->keys[i], src.u.d->vals[i]);
+            for (size_t i = 0; i < src.u.d->n; i++)
+                jdict_set(c, d.u.d, src.u.d->keys[i], src.u.d->vals[i]);
         else {
             jlist *items = jv_iterate(c, src, line);
             for (size_t i = 0; i < items->n; i++) {
                 jlist *pair = jv_iterate(c, items->items[i], line);
-                if (pair->n != 2) jfail(c, line, "dictionary update sequence element has wrong length");
+                if (pair->n != 2)
+                    jfail(c, line, "dictionary update sequence element has wrong length");
                 jdict_set(c, d.u.d, pair->items[0], pair->items[1]);
             }
         }
     }
-    for (size_t i = 0; i < a->nkw; i++) jdict_set(c, d.u.d, jv_cstr(a->kwnames[i]), a->kwvals[i]);
+    for (size_t i = 0; i < a->nkw; i++)
+        jdict_set(c, d.u.d, jv_cstr(a->kwnames[i]), a->kwvals[i]);
     return d;
 }
 
@@ -1398,6 +1572,7 @@ void jglobals_install(jctx *c, jframe *root) {
     jframe_set(c, root, "range", mkfunc(c, "range", g_range, NONE_ARG));
     jframe_set(c, root, "dict", mkfunc(c, "dict", g_dict, NONE_ARG));
     jframe_set(c, root, "namespace", mkfunc(c, "namespace", g_namespace, NONE_ARG));
-    jframe_set(c, root, "raise_exception", mkfunc(c, "raise_exception", g_raise_exception, NONE_ARG));
+    jframe_set(c, root, "raise_exception",
+               mkfunc(c, "raise_exception", g_raise_exception, NONE_ARG));
     jframe_set(c, root, "strftime_now", mkfunc(c, "strftime_now", g_strftime_now, NONE_ARG));
 }

@@ -12,13 +12,6 @@
 static void exec_node(jctx *c, jframe *f, const jnode *n);
 
 /* ---- frames ---- */
-jval jframe_lookup(jframe *f, const char *name) {
-    for (; f; f = f->parent)
-        for (size_t i = f->n; i-- > 0;)
-            if (!strcmp(f->names[i], name)) return f->vals[i];
-    return (jval){.kind = JV_UNDEF, .u.undef_name = NULL};
-}
-
 static bool jframe_find(jframe *f, const char *name, jval *out) {
     for (; f; f = f->parent)
         for (size_t i = f->n; i-- > 0;)
@@ -57,6 +50,17 @@ static jframe *frame_new(jctx *c, jframe *parent) {
     return f;
 }
 
+/* a new scope for `owner`: its assigned-but-unread names start out missing (see jnode) */
+static jframe *scope_new(jctx *c, jframe *parent, const jnode *owner) {
+    jframe *f = frame_new(c, parent);
+    for (size_t i = 0; i < owner->nmissing; i++) {
+        char buf[160];
+        snprintf(buf, sizeof buf, "'%s' is undefined", owner->missing[i]);
+        jframe_set(c, f, owner->missing[i], jv_undef(jstrdup_n(c, buf, strlen(buf))));
+    }
+    return f;
+}
+
 static jval undef_msg(jctx *c, const char *fmt, const char *a, const char *b) {
     char buf[300];
     snprintf(buf, sizeof buf, fmt, a, b);
@@ -77,12 +81,15 @@ static void emit(jctx *c, const char *s, size_t n, int line) {
 /* ---- iteration ---- */
 jlist *jv_iterate(jctx *c, jval v, int line) {
     switch (v.kind) {
-    case JV_UNDEF: return jv_list(c, 0, false).u.l;
-    case JV_LIST: return v.u.l;
+    case JV_UNDEF:
+        return jv_list(c, 0, false).u.l;
+    case JV_LIST:
+        return v.u.l;
     case JV_DICT: {
         if (v.u.d->is_namespace) jfail(c, line, "'Namespace' object is not iterable");
         jval l = jv_list(c, v.u.d->n, false);
-        for (size_t i = 0; i < v.u.d->n; i++) jlist_push(c, l.u.l, v.u.d->keys[i]);
+        for (size_t i = 0; i < v.u.d->n; i++)
+            jlist_push(c, l.u.l, v.u.d->keys[i]);
         return l.u.l;
     }
     case JV_STR: {
@@ -91,12 +98,14 @@ jlist *jv_iterate(jctx *c, jval v, int line) {
         size_t n = v.u.s.n, i = 0;
         while (i < n) {
             size_t st = i++;
-            while (i < n && ((unsigned char)s[i] & 0xC0) == 0x80) i++;
+            while (i < n && ((unsigned char)s[i] & 0xC0) == 0x80)
+                i++;
             jlist_push(c, l.u.l, jv_str(s + st, i - st));
         }
         return l.u.l;
     }
-    default: jfail(c, line, "'%s' object is not iterable", jv_type_name(v));
+    default:
+        jfail(c, line, "'%s' object is not iterable", jv_type_name(v));
     }
 }
 
@@ -106,7 +115,8 @@ static jval loop_attr(jctx *c, jloop *lp, const char *name, int line);
 jval jgetattr(jctx *c, jval obj, const char *name, int line) {
     jval out;
     switch (obj.kind) {
-    case JV_UNDEF: fail_undefined(c, obj, line);
+    case JV_UNDEF:
+        fail_undefined(c, obj, line);
     case JV_DICT:
         if (obj.u.d->is_namespace) {
             if (jdict_get_str(obj.u.d, name, &out)) return out;
@@ -119,7 +129,8 @@ jval jgetattr(jctx *c, jval obj, const char *name, int line) {
         }
         if (jdict_get_str(obj.u.d, name, &out)) return out;
         return undef_msg(c, "'dict object' has no attribute '%s'%s", name, "");
-    case JV_LOOP: return loop_attr(c, obj.u.loop, name, line);
+    case JV_LOOP:
+        return loop_attr(c, obj.u.loop, name, line);
     default: {
         bool found;
         jval m = jmethod_get(c, obj, name, &found);
@@ -150,7 +161,8 @@ jval jgetitem(jctx *c, jval obj, jval key, int line) {
     jval out;
     size_t idx;
     switch (obj.kind) {
-    case JV_UNDEF: fail_undefined(c, obj, line);
+    case JV_UNDEF:
+        fail_undefined(c, obj, line);
     case JV_DICT:
         if (!obj.u.d->is_namespace && jdict_get(obj.u.d, key, &out)) return out;
         if (key.kind == JV_STR) return jgetattr(c, obj, jstrdup_n(c, key.u.s.p, key.u.s.n), line);
@@ -158,20 +170,24 @@ jval jgetitem(jctx *c, jval obj, jval key, int line) {
     case JV_LIST:
         if (index_of(c, key, obj.u.l->n, &idx)) return obj.u.l->items[idx];
         if (key.kind == JV_STR) return jgetattr(c, obj, jstrdup_n(c, key.u.s.p, key.u.s.n), line);
-        return undef_msg(c, "'%s object' has no element %s", jv_type_name(obj), "(index out of range)");
+        return undef_msg(c, "'%s object' has no element %s", jv_type_name(obj),
+                         "(index out of range)");
     case JV_STR: {
         size_t cps = utf8_count(obj.u.s.p, obj.u.s.n);
         if (index_of(c, key, cps, &idx)) {
-            size_t a = utf8_offset(obj.u.s.p, obj.u.s.n, idx), b = utf8_offset(obj.u.s.p, obj.u.s.n, idx + 1);
+            size_t a = utf8_offset(obj.u.s.p, obj.u.s.n, idx),
+                   b = utf8_offset(obj.u.s.p, obj.u.s.n, idx + 1);
             return jv_str(obj.u.s.p + a, b - a);
         }
         if (key.kind == JV_STR) return jgetattr(c, obj, jstrdup_n(c, key.u.s.p, key.u.s.n), line);
         return undef_msg(c, "'str object' has no element %s%s", "(index out of range)", "");
     }
     case JV_LOOP:
-        if (key.kind == JV_STR) return loop_attr(c, obj.u.loop, jstrdup_n(c, key.u.s.p, key.u.s.n), line);
+        if (key.kind == JV_STR)
+            return loop_attr(c, obj.u.loop, jstrdup_n(c, key.u.s.p, key.u.s.n), line);
         return jv_undef("loop has no such item");
-    default: return undef_msg(c, "'%s object' has no item %s", jv_type_name(obj), "");
+    default:
+        return undef_msg(c, "'%s object' has no item %s", jv_type_name(obj), "");
     }
 }
 
@@ -187,7 +203,8 @@ static jval do_slice(jctx *c, jval obj, jval start, jval stop, jval step, int li
     if (obj.kind == JV_UNDEF) fail_undefined(c, obj, line);
     bool is_str = obj.kind == JV_STR;
     /* a slice compiles to a plain Python subscript in Jinja2: a TypeError, not Undefined */
-    if (!is_str && obj.kind != JV_LIST) jfail(c, line, "'%s' object is not subscriptable", jv_type_name(obj));
+    if (!is_str && obj.kind != JV_LIST)
+        jfail(c, line, "'%s' object is not subscriptable", jv_type_name(obj));
     jlist *items = is_str ? jv_iterate(c, obj, line) : obj.u.l;
     int64_t n = (int64_t)items->n;
     int64_t st = slice_index(c, step, n, 1, line);
@@ -226,28 +243,39 @@ static jval do_slice(jctx *c, jval obj, jval start, jval stop, jval step, int li
 }
 
 /* ---- arithmetic ---- */
-static bool num(jval v) { return v.kind == JV_INT || v.kind == JV_FLOAT || v.kind == JV_BOOL; }
-static double fval(jval v) { return v.kind == JV_FLOAT ? v.u.f : v.kind == JV_INT ? (double)v.u.i : v.u.b; }
-static int64_t ival(jval v) { return v.kind == JV_INT ? v.u.i : v.u.b; }
+static bool num(jval v) {
+    return v.kind == JV_INT || v.kind == JV_FLOAT || v.kind == JV_BOOL;
+}
+static double fval(jval v) {
+    return v.kind == JV_FLOAT ? v.u.f : v.kind == JV_INT ? (double)v.u.i : v.u.b;
+}
+static int64_t ival(jval v) {
+    return v.kind == JV_INT ? v.u.i : v.u.b;
+}
 
 static const char *op_symbol(int op) {
-    static const char *const s[] = {"", "+", "-", "*", "/", "//", "%", "**", "~", "==", "!=", "<", "<=", ">", ">=", "in", "not in"};
+    static const char *const s[] = {"",   "+",  "-", "*",  "/", "//", "%",  "**",    "~",
+                                    "==", "!=", "<", "<=", ">", ">=", "in", "not in"};
     return op > 0 && op <= JOP_NOTIN ? s[op] : "?";
 }
 
 static jval repeat(jctx *c, jval seq, int64_t k, int line) {
     if (k < 0) k = 0;
     if (seq.kind == JV_STR) {
-        if (seq.u.s.n && (uint64_t)k > c->limits.max_output_bytes / seq.u.s.n) jfail(c, line, "string repetition too large");
+        if (seq.u.s.n && (uint64_t)k > c->limits.max_output_bytes / seq.u.s.n)
+            jfail(c, line, "string repetition too large");
         size_t total = seq.u.s.n * (size_t)k;
         char *p = jalloc(c, total + 1);
-        for (int64_t i = 0; i < k; i++) memcpy(p + (size_t)i * seq.u.s.n, seq.u.s.p, seq.u.s.n);
+        for (int64_t i = 0; i < k; i++)
+            memcpy(p + (size_t)i * seq.u.s.n, seq.u.s.p, seq.u.s.n);
         return jv_str(p, total);
     }
-    if (seq.u.l->n && (uint64_t)k > 10000000 / seq.u.l->n) jfail(c, line, "list repetition too large");
+    if (seq.u.l->n && (uint64_t)k > 10000000 / seq.u.l->n)
+        jfail(c, line, "list repetition too large");
     jval out = jv_list(c, seq.u.l->n * (size_t)k, seq.u.l->tuple);
     for (int64_t i = 0; i < k; i++)
-        for (size_t j = 0; j < seq.u.l->n; j++) jlist_push(c, out.u.l, seq.u.l->items[j]);
+        for (size_t j = 0; j < seq.u.l->n; j++)
+            jlist_push(c, out.u.l, seq.u.l->items[j]);
     return out;
 }
 
@@ -281,7 +309,8 @@ static jval format_percent(jctx *c, jval fmt, jval args, int line) {
         else if (f == 'r')
             jv_repr(c, a, sb, line);
         else if (f == 'd' || f == 'i') {
-            if (!num(a)) jfail(c, line, "%%d format: a number is required, not %s", jv_type_name(a));
+            if (!num(a))
+                jfail(c, line, "%%d format: a number is required, not %s", jv_type_name(a));
             strbuf_appendf(sb, "%lld", (long long)(a.kind == JV_FLOAT ? (int64_t)a.u.f : ival(a)));
         } else
             jfail(c, line, "unsupported format character '%c'", f);
@@ -296,7 +325,9 @@ static jval format_percent(jctx *c, jval fmt, jval args, int line) {
 static bool contains(jctx *c, jval container, jval item, int line) {
     switch (container.kind) {
     case JV_STR:
-        if (item.kind != JV_STR) jfail(c, line, "'in <string>' requires string as left operand, not %s", jv_type_name(item));
+        if (item.kind != JV_STR)
+            jfail(c, line, "'in <string>' requires string as left operand, not %s",
+                  jv_type_name(item));
         if (!item.u.s.n) return true;
         return memmem(container.u.s.p, container.u.s.n, item.u.s.p, item.u.s.n) != NULL;
     case JV_LIST:
@@ -305,13 +336,16 @@ static bool contains(jctx *c, jval container, jval item, int line) {
         return false;
     case JV_DICT: {
         jval out;
-        if (container.u.d->is_namespace) jfail(c, line, "argument of type 'Namespace' is not iterable");
+        if (container.u.d->is_namespace)
+            jfail(c, line, "argument of type 'Namespace' is not iterable");
         if (item.kind == JV_DICT || (item.kind == JV_LIST && !item.u.l->tuple))
             jfail(c, line, "unhashable type: '%s'", jv_type_name(item));
         return jdict_get(container.u.d, item, &out);
     }
-    case JV_UNDEF: return false;
-    default: jfail(c, line, "argument of type '%s' is not iterable", jv_type_name(container));
+    case JV_UNDEF:
+        return false;
+    default:
+        jfail(c, line, "argument of type '%s' is not iterable", jv_type_name(container));
     }
 }
 
@@ -324,17 +358,25 @@ jval jbinop(jctx *c, int op, jval a, jval b, int line) {
         jv_to_str(c, b, sb, line);
         return jcapture_end(c, prev);
     }
-    case JOP_EQ: return jv_bool(jv_equal(a, b));
-    case JOP_NE: return jv_bool(!jv_equal(a, b));
-    case JOP_IN: return jv_bool(contains(c, b, a, line));
-    case JOP_NOTIN: return jv_bool(!contains(c, b, a, line));
-    default: break;
+    case JOP_EQ:
+        return jv_bool(jv_equal(a, b));
+    case JOP_NE:
+        return jv_bool(!jv_equal(a, b));
+    case JOP_IN:
+        return jv_bool(contains(c, b, a, line));
+    case JOP_NOTIN:
+        return jv_bool(!contains(c, b, a, line));
+    default:
+        break;
     }
     if (a.kind == JV_UNDEF) fail_undefined(c, a, line);
     if (b.kind == JV_UNDEF) fail_undefined(c, b, line);
     if (op >= JOP_LT && op <= JOP_GE) {
         int r = jv_compare(c, a, b, line);
-        return jv_bool(op == JOP_LT ? r < 0 : op == JOP_LE ? r <= 0 : op == JOP_GT ? r > 0 : r >= 0);
+        return jv_bool(op == JOP_LT   ? r < 0
+                       : op == JOP_LE ? r <= 0
+                       : op == JOP_GT ? r > 0
+                                      : r >= 0);
     }
     if (num(a) && num(b)) {
         bool ints = a.kind != JV_FLOAT && b.kind != JV_FLOAT;
@@ -397,16 +439,21 @@ jval jbinop(jctx *c, int op, jval a, jval b, int line) {
     }
     if (op == JOP_ADD && a.kind == JV_LIST && b.kind == JV_LIST && a.u.l->tuple == b.u.l->tuple) {
         jval out = jv_list(c, a.u.l->n + b.u.l->n, a.u.l->tuple);
-        for (size_t i = 0; i < a.u.l->n; i++) jlist_push(c, out.u.l, a.u.l->items[i]);
-        for (size_t i = 0; i < b.u.l->n; i++) jlist_push(c, out.u.l, b.u.l->items[i]);
+        for (size_t i = 0; i < a.u.l->n; i++)
+            jlist_push(c, out.u.l, a.u.l->items[i]);
+        for (size_t i = 0; i < b.u.l->n; i++)
+            jlist_push(c, out.u.l, b.u.l->items[i]);
         return out;
     }
-    if (op == JOP_MUL && (a.kind == JV_STR || a.kind == JV_LIST) && (b.kind == JV_INT || b.kind == JV_BOOL))
+    if (op == JOP_MUL && (a.kind == JV_STR || a.kind == JV_LIST) &&
+        (b.kind == JV_INT || b.kind == JV_BOOL))
         return repeat(c, a, ival(b), line);
-    if (op == JOP_MUL && (b.kind == JV_STR || b.kind == JV_LIST) && (a.kind == JV_INT || a.kind == JV_BOOL))
+    if (op == JOP_MUL && (b.kind == JV_STR || b.kind == JV_LIST) &&
+        (a.kind == JV_INT || a.kind == JV_BOOL))
         return repeat(c, b, ival(a), line);
     if (op == JOP_MOD && a.kind == JV_STR) return format_percent(c, a, b, line);
-    jfail(c, line, "unsupported operand type(s) for %s: '%s' and '%s'", op_symbol(op), jv_type_name(a), jv_type_name(b));
+    jfail(c, line, "unsupported operand type(s) for %s: '%s' and '%s'", op_symbol(op),
+          jv_type_name(a), jv_type_name(b));
 }
 
 /* ---- loop object ---- */
@@ -420,7 +467,8 @@ static jval loop_changed(jctx *c, jval self, jargs *a, int line) {
     (void)line;
     jloop *lp = self.u.loop;
     jval cur = jv_list(c, a->npos, true);
-    for (size_t i = 0; i < a->npos; i++) jlist_push(c, cur.u.l, a->pos[i]);
+    for (size_t i = 0; i < a->npos; i++)
+        jlist_push(c, cur.u.l, a->pos[i]);
     if (lp->has_changed && jv_equal(lp->last_changed, cur)) return jv_bool(false);
     lp->has_changed = true;
     lp->last_changed = cur;
@@ -450,8 +498,10 @@ static jval loop_attr(jctx *c, jloop *lp, const char *name, int line) {
     if (!strcmp(name, "revindex0")) return jv_int((int64_t)(n - i - 1));
     if (!strcmp(name, "depth")) return jv_int(lp->depth0 + 1);
     if (!strcmp(name, "depth0")) return jv_int(lp->depth0);
-    if (!strcmp(name, "previtem")) return i > 0 ? lp->items->items[i - 1] : jv_undef("there is no previous item");
-    if (!strcmp(name, "nextitem")) return i + 1 < n ? lp->items->items[i + 1] : jv_undef("there is no next item");
+    if (!strcmp(name, "previtem"))
+        return i > 0 ? lp->items->items[i - 1] : jv_undef("there is no previous item");
+    if (!strcmp(name, "nextitem"))
+        return i + 1 < n ? lp->items->items[i + 1] : jv_undef("there is no next item");
     if (!strcmp(name, "cycle")) return bound(c, "cycle", loop_cycle, self);
     if (!strcmp(name, "changed")) return bound(c, "changed", loop_changed, self);
     return undef_msg(c, "'LoopContext object' has no attribute '%s'%s", name, "");
@@ -477,9 +527,12 @@ static void exec_body_captured(jctx *c, jframe *f, const jnode *body, jval *out,
 
 static jval call_macro(jctx *c, jfunc *fn, jargs *a, int line) {
     const jnode *m = fn->macro;
-    if (++c->depth > c->limits.max_depth) jfail(c, line, "maximum recursion depth exceeded calling '%s'", fn->name);
-    if (++c->iterations > c->limits.max_iterations) jfail(c, line, "template exceeded %lld loop iterations and calls", c->limits.max_iterations);
-    jframe *f = frame_new(c, fn->closure);
+    if (++c->depth > c->limits.max_depth)
+        jfail(c, line, "maximum recursion depth exceeded calling '%s'", fn->name);
+    if (++c->iterations > c->limits.max_iterations)
+        jfail(c, line, "template exceeded %lld loop iterations and calls",
+              c->limits.max_iterations);
+    jframe *f = scope_new(c, fn->closure, m);
     size_t np = m->nnames;
     for (size_t i = 0; i < np; i++) {
         jval v;
@@ -493,11 +546,15 @@ static jval call_macro(jctx *c, jfunc *fn, jargs *a, int line) {
             v = a->pos[i];
             have = true;
         }
-        if (!have) v = m->items2 && m->items2[i] ? jeval(c, f, m->items2[i]) : undef_msg(c, "parameter '%s' was not provided%s", m->names[i], "");
+        if (!have)
+            v = m->items2 && m->items2[i]
+                    ? jeval(c, f, m->items2[i])
+                    : undef_msg(c, "parameter '%s' was not provided%s", m->names[i], "");
         jframe_set(c, f, m->names[i], v);
     }
     jval varargs = jv_list(c, 0, true), kwargs = jv_dict(c, 0);
-    for (size_t i = np; i < a->npos; i++) jlist_push(c, varargs.u.l, a->pos[i]);
+    for (size_t i = np; i < a->npos; i++)
+        jlist_push(c, varargs.u.l, a->pos[i]);
     for (size_t k = 0; k < a->nkw; k++) {
         bool is_param = false;
         for (size_t i = 0; i < np; i++)
@@ -526,7 +583,8 @@ jval jcall(jctx *c, jval fn, jargs *a, int line) {
 static void eval_args(jctx *c, jframe *f, const jnode *n, jargs *a, size_t extra_kw) {
     a->npos = n->nitems;
     a->pos = jalloc(c, (n->nitems + 1) * sizeof(jval));
-    for (size_t i = 0; i < n->nitems; i++) a->pos[i] = jeval(c, f, n->items[i]);
+    for (size_t i = 0; i < n->nitems; i++)
+        a->pos[i] = jeval(c, f, n->items[i]);
     a->nkw = n->nitems2;
     a->kwnames = jalloc(c, (n->nitems2 + extra_kw + 1) * sizeof(char *));
     a->kwvals = jalloc(c, (n->nitems2 + extra_kw + 1) * sizeof(jval));
@@ -548,7 +606,9 @@ static jval eval_call(jctx *c, jframe *f, const jnode *n, jval caller) {
 }
 
 static jval eval_filter(jctx *c, jframe *f, const jnode *n, jval block_input) {
-    jval input = n->a ? (n->a->type == N_FILTER ? eval_filter(c, f, n->a, block_input) : jeval(c, f, n->a)) : block_input;
+    jval input =
+        n->a ? (n->a->type == N_FILTER ? eval_filter(c, f, n->a, block_input) : jeval(c, f, n->a))
+             : block_input;
     jargs a;
     eval_args(c, f, n, &a, 0);
     return jfilter_apply(c, n->str, input, &a, n->line);
@@ -556,7 +616,8 @@ static jval eval_filter(jctx *c, jframe *f, const jnode *n, jval block_input) {
 
 jval jeval(jctx *c, jframe *f, const jnode *n) {
     switch (n->type) {
-    case N_LIT: return n->lit;
+    case N_LIT:
+        return n->lit;
     case N_NAME: {
         jval v;
         if (jframe_find(f, n->str, &v)) return v;
@@ -565,7 +626,8 @@ jval jeval(jctx *c, jframe *f, const jnode *n) {
     case N_LIST:
     case N_TUPLE: {
         jval l = jv_list(c, n->nitems, n->type == N_TUPLE);
-        for (size_t i = 0; i < n->nitems; i++) jlist_push(c, l.u.l, jeval(c, f, n->items[i]));
+        for (size_t i = 0; i < n->nitems; i++)
+            jlist_push(c, l.u.l, jeval(c, f, n->items[i]));
         return l;
     }
     case N_DICT: {
@@ -582,13 +644,16 @@ jval jeval(jctx *c, jframe *f, const jnode *n) {
     case N_POS: {
         jval v = jeval(c, f, n->a);
         if (v.kind == JV_UNDEF) fail_undefined(c, v, n->line);
-        if (!num(v)) jfail(c, n->line, "bad operand type for unary %c: '%s'", n->type == N_NEG ? '-' : '+', jv_type_name(v));
+        if (!num(v))
+            jfail(c, n->line, "bad operand type for unary %c: '%s'", n->type == N_NEG ? '-' : '+',
+                  jv_type_name(v));
         if (n->type == N_POS) return v.kind == JV_BOOL ? jv_int(v.u.b) : v;
         if (v.kind == JV_FLOAT) return jv_float(-v.u.f);
         if (ival(v) == INT64_MIN) jfail(c, n->line, "integer overflow");
         return jv_int(-ival(v));
     }
-    case N_NOT: return jv_bool(!jv_truthy(jeval(c, f, n->a)));
+    case N_NOT:
+        return jv_bool(!jv_truthy(jeval(c, f, n->a)));
     case N_BINOP: {
         jval a = jeval(c, f, n->a);
         jval b = jeval(c, f, n->b);
@@ -613,8 +678,11 @@ jval jeval(jctx *c, jframe *f, const jnode *n) {
     }
     case N_COND:
         if (jv_truthy(jeval(c, f, n->a))) return jeval(c, f, n->b);
-        return n->c ? jeval(c, f, n->c) : jv_undef("the inline if-expression evaluated to false and no else section was defined");
-    case N_GETATTR: return jgetattr(c, jeval(c, f, n->a), n->str, n->line);
+        return n->c ? jeval(c, f, n->c)
+                    : jv_undef("the inline if-expression evaluated to false and no else section "
+                               "was defined");
+    case N_GETATTR:
+        return jgetattr(c, jeval(c, f, n->a), n->str, n->line);
     case N_GETITEM: {
         jval obj = jeval(c, f, n->a);
         return jgetitem(c, obj, jeval(c, f, n->b), n->line);
@@ -626,8 +694,10 @@ jval jeval(jctx *c, jframe *f, const jnode *n) {
         jval step = n->d ? jeval(c, f, n->d) : jv_none();
         return do_slice(c, obj, st, sp, step, n->line);
     }
-    case N_CALL: return eval_call(c, f, n, jv_undef(NULL));
-    case N_FILTER: return eval_filter(c, f, n, jv_undef(NULL));
+    case N_CALL:
+        return eval_call(c, f, n, jv_undef(NULL));
+    case N_FILTER:
+        return eval_filter(c, f, n, jv_undef(NULL));
     case N_TEST: {
         jval v = jeval(c, f, n->a);
         jargs a;
@@ -635,7 +705,8 @@ jval jeval(jctx *c, jframe *f, const jnode *n) {
         bool r = jtest_apply(c, n->str, v, &a, n->line);
         return jv_bool(n->flag ? !r : r);
     }
-    default: jfail(c, n->line, "internal error: statement used as expression");
+    default:
+        jfail(c, n->line, "internal error: statement used as expression");
     }
 }
 
@@ -648,7 +719,8 @@ static void assign(jctx *c, jframe *f, const jnode *n, jval v) {
     jlist *items = jv_iterate(c, v, n->line);
     if (items->n != n->nnames)
         jfail(c, n->line, "cannot unpack %zu values into %zu names", items->n, n->nnames);
-    for (size_t i = 0; i < n->nnames; i++) jframe_set(c, f, n->names[i], items->items[i]);
+    for (size_t i = 0; i < n->nnames; i++)
+        jframe_set(c, f, n->names[i], items->items[i]);
 }
 
 static void exec_for(jctx *c, jframe *f, const jnode *n) {
@@ -666,11 +738,15 @@ static void exec_for(jctx *c, jframe *f, const jnode *n) {
     lp->items = items;
     jval lv = {.kind = JV_LOOP};
     lv.u.loop = lp;
+    /* Jinja2 clears its "no iteration" flag at the end of the body, so an iteration cut short by
+     * break/continue does not count: the else block runs unless one body ran to its end */
+    bool completed = false;
     for (size_t i = 0; i < items->n; i++) {
         if (++c->iterations > c->limits.max_iterations)
-            jfail(c, n->line, "template exceeded %lld loop iterations and calls", c->limits.max_iterations);
+            jfail(c, n->line, "template exceeded %lld loop iterations and calls",
+                  c->limits.max_iterations);
         lp->index0 = i;
-        jframe *bf = frame_new(c, f);
+        jframe *bf = scope_new(c, f, n);
         assign(c, bf, n, items->items[i]);
         jframe_set(c, bf, "loop", lv);
         exec_node(c, bf, n->c);
@@ -678,9 +754,10 @@ static void exec_for(jctx *c, jframe *f, const jnode *n) {
             c->loop_control = 0;
             break;
         }
+        if (!c->loop_control) completed = true;
         c->loop_control = 0;
     }
-    if (!items->n && n->d) exec_node(c, f, n->d);
+    if (!completed && n->d) exec_node(c, f, n->d);
 }
 
 static jval make_macro(jctx *c, jframe *f, const jnode *n, const char *name) {
@@ -696,9 +773,12 @@ static jval make_macro(jctx *c, jframe *f, const jnode *n, const char *name) {
 static void exec_node(jctx *c, jframe *f, const jnode *n) {
     switch (n->type) {
     case S_BODY:
-        for (size_t i = 0; i < n->nitems && !c->loop_control; i++) exec_node(c, f, n->items[i]);
+        for (size_t i = 0; i < n->nitems && !c->loop_control; i++)
+            exec_node(c, f, n->items[i]);
         return;
-    case S_TEXT: emit(c, n->str, n->len, n->line); return;
+    case S_TEXT:
+        emit(c, n->str, n->len, n->line);
+        return;
     case S_OUTPUT: {
         jval v = jeval(c, f, n->a);
         if (v.kind == JV_STR)
@@ -719,8 +799,12 @@ static void exec_node(jctx *c, jframe *f, const jnode *n) {
         else if (n->c)
             exec_node(c, f, n->c);
         return;
-    case S_FOR: exec_for(c, f, n); return;
-    case S_SET: assign(c, f, n, jeval(c, f, n->a)); return;
+    case S_FOR:
+        exec_for(c, f, n);
+        return;
+    case S_SET:
+        assign(c, f, n, jeval(c, f, n->a));
+        return;
     case S_SET_ATTR: {
         jval ns;
         if (!jframe_find(f, n->str, &ns)) jfail(c, n->line, "'%s' is undefined", n->str);
@@ -731,12 +815,14 @@ static void exec_node(jctx *c, jframe *f, const jnode *n) {
     }
     case S_SET_BLOCK: {
         jval v;
-        exec_body_captured(c, frame_new(c, f), n->c, &v, n->line);
+        exec_body_captured(c, scope_new(c, f, n), n->c, &v, n->line);
         if (n->b) v = eval_filter(c, f, n->b, v);
         jframe_set(c, f, n->names[0], v);
         return;
     }
-    case S_MACRO: jframe_set(c, f, n->str, make_macro(c, f, n, n->str)); return;
+    case S_MACRO:
+        jframe_set(c, f, n->str, make_macro(c, f, n, n->str));
+        return;
     case S_CALL_BLOCK: {
         jval caller = make_macro(c, f, n, "caller");
         jval r = eval_call(c, f, n->b, caller);
@@ -748,15 +834,20 @@ static void exec_node(jctx *c, jframe *f, const jnode *n) {
     }
     case S_FILTER_BLOCK: {
         jval v;
-        exec_body_captured(c, frame_new(c, f), n->a, &v, n->line);
+        exec_body_captured(c, scope_new(c, f, n), n->a, &v, n->line);
         v = eval_filter(c, f, n->b, v);
         v = jv_stringify(c, v, n->line);
         emit(c, v.u.s.p, v.u.s.n, n->line);
         return;
     }
-    case S_BREAK: c->loop_control = 1; return;
-    case S_CONTINUE: c->loop_control = 2; return;
-    default: jfail(c, n->line, "internal error: expression used as statement");
+    case S_BREAK:
+        c->loop_control = 1;
+        return;
+    case S_CONTINUE:
+        c->loop_control = 2;
+        return;
+    default:
+        jfail(c, n->line, "internal error: expression used as statement");
     }
 }
 
@@ -784,8 +875,8 @@ void jinja_free(jinja_template *t) {
     free(t);
 }
 
-char *jinja_render(const jinja_template *t, const json_t *context, const jinja_limits *limits, char *err,
-                   size_t errlen) {
+char *jinja_render(const jinja_template *t, const json_t *context, const jinja_limits *limits,
+                   char *err, size_t errlen) {
     jctx *c = calloc(1, sizeof *c);
     if (!c) {
         if (errlen) snprintf(err, errlen, "out of memory");
@@ -793,8 +884,10 @@ char *jinja_render(const jinja_template *t, const json_t *context, const jinja_l
     }
     c->err = err;
     c->errlen = errlen;
-    c->limits = (jinja_limits){.max_output_bytes = 64u << 20, .max_memory_bytes = 512u << 20,
-                               .max_iterations = 10000000, .max_depth = 200};
+    c->limits = (jinja_limits){.max_output_bytes = 64u << 20,
+                               .max_memory_bytes = 512u << 20,
+                               .max_iterations = 10000000,
+                               .max_depth = 200};
     if (limits) {
         if (limits->max_output_bytes) c->limits.max_output_bytes = limits->max_output_bytes;
         if (limits->max_memory_bytes) c->limits.max_memory_bytes = limits->max_memory_bytes;
@@ -817,10 +910,11 @@ char *jinja_render(const jinja_template *t, const json_t *context, const jinja_l
                 jframe_set(c, vars, jstrdup_n(c, k, strlen(k)), jv_from_json(c, v));
             }
         }
-        exec_node(c, vars, t->body);
+        exec_node(c, scope_new(c, vars, t->body), t->body); /* template locals over the context */
         result = strbuf_detach(&out);
     } else {
-        for (int i = 0; i < c->ncaptures; i++) strbuf_free(&c->captures[i]);
+        for (int i = 0; i < c->ncaptures; i++)
+            strbuf_free(&c->captures[i]);
         strbuf_free(&out);
     }
     jarena_free(&c->arena);

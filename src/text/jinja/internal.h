@@ -2,7 +2,8 @@
  *
  * Memory: every value and node lives in an arena (the template's for the tree, the render's for
  * values) and is freed all at once, so values are plain structs passed by copy with no reference
- * counts. Errors unwind with longjmp to the compile or render entry point, which frees the arena. */
+ * counts. Errors unwind with longjmp to the compile or render entry point, which frees the arena.
+ */
 #ifndef EXO_TEXT_JINJA_INTERNAL_H
 #define EXO_TEXT_JINJA_INTERNAL_H
 
@@ -100,7 +101,7 @@ struct jfunc {
     jval self;           /* bound receiver for methods */
     const jnode *macro;  /* macro definition */
     jframe *closure;
-    jval caller;         /* `caller` for call blocks (JV_UNDEF if none) */
+    jval caller; /* `caller` for call blocks (JV_UNDEF if none) */
 };
 
 /* ---- syntax tree ---- */
@@ -164,18 +165,24 @@ struct jnode {
     jnode_type type;
     int line;
     int op;
-    int flag;                /* tests: negated; for: recursive; tuple targets */
-    jnode *a, *b, *c, *d;    /* operands; for: a=iter b=filter; set: a=value */
-    jnode **items;           /* args, list items, statement bodies, compare operands */
+    int flag;             /* tests: negated; for: recursive; tuple targets */
+    int height;           /* expression nesting below this node (bounds evaluation recursion) */
+    jnode *a, *b, *c, *d; /* operands; for: a=iter b=filter; set: a=value */
+    jnode **items;        /* args, list items, statement bodies, compare operands */
     size_t nitems;
-    jnode **items2;          /* kwarg values, dict values, else bodies, macro defaults */
+    jnode **items2; /* kwarg values, dict values, else bodies, macro defaults */
     size_t nitems2;
-    const char **names;      /* kwarg names, targets, macro params */
+    const char **names; /* kwarg names, targets, macro params */
     size_t nnames;
-    int *ops;                /* compare operators */
-    const char *str;         /* names, text */
+    int *ops;        /* compare operators */
+    const char *str; /* names, text */
     size_t len;
     jval lit;
+    /* scope-owning nodes (the template body, for, macro, call, set and filter blocks): names this
+     * scope assigns but never reads itself. Jinja2 binds them to "missing" when the scope starts,
+     * so a nested scope reading one sees Undefined until the assignment, not an outer value. */
+    const char **missing;
+    size_t nmissing;
 };
 
 struct jinja_template {
@@ -197,7 +204,7 @@ struct jctx {
     char *err;
     size_t errlen;
     jinja_limits limits;
-    strbuf *out;           /* where output goes now */
+    strbuf *out;          /* where output goes now */
     strbuf captures[256]; /* capture buffers in use (a stack; freed on error) */
     int ncaptures;
     long long iterations;
@@ -259,7 +266,6 @@ jval jeval(jctx *c, jframe *f, const jnode *n);
 jval jcall(jctx *c, jval fn, jargs *a, int line);
 jval jgetattr(jctx *c, jval obj, const char *name, int line);
 jval jgetitem(jctx *c, jval obj, jval key, int line);
-jval jframe_lookup(jframe *f, const char *name);
 void jframe_set(jctx *c, jframe *f, const char *name, jval v);
 jlist *jv_iterate(jctx *c, jval v, int line); /* list of items, as Python's iter() gives */
 jval jbinop(jctx *c, int op, jval a, jval b, int line);

@@ -21,10 +21,10 @@
 typedef struct jinja_template jinja_template;
 
 typedef struct jinja_limits {
-    size_t max_output_bytes;   /* rendered text; default 64 MiB */
-    size_t max_memory_bytes;   /* values made while rendering; default 512 MiB */
-    long long max_iterations;  /* loop iterations + macro calls in one render; default 10M */
-    int max_depth;             /* nesting of macro calls / expressions; default 200 */
+    size_t max_output_bytes;  /* rendered text; default 64 MiB */
+    size_t max_memory_bytes;  /* values made while rendering; default 512 MiB */
+    long long max_iterations; /* loop iterations + macro calls in one render; default 10M */
+    int max_depth;            /* nesting of macro calls / expressions; default 200 */
 } jinja_limits;
 
 /* Compiles template source (UTF-8, len bytes). NULL + err ("line N: ...") on syntax errors. */

@@ -48,7 +48,8 @@ typedef struct parser {
     int loop_depth; /* for bodies we are inside (break/continue need one); a macro resets it */
 } parser;
 
-static _Noreturn void pfail(parser *p, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static _Noreturn void pfail(parser *p, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void pfail(parser *p, int line, const char *fmt, ...) {
     char msg[400];
     va_list ap;
@@ -116,48 +117,95 @@ static char *decode_string(parser *p, const char *s, size_t n, size_t *outlen, i
         }
         char e = s[++i];
         switch (e) {
-        case 'n': o[k++] = '\n'; break;
-        case 't': o[k++] = '\t'; break;
-        case 'r': o[k++] = '\r'; break;
-        case '\\': o[k++] = '\\'; break;
-        case '\'': o[k++] = '\''; break;
-        case '"': o[k++] = '"'; break;
-        case 'a': o[k++] = '\a'; break;
-        case 'b': o[k++] = '\b'; break;
-        case 'f': o[k++] = '\f'; break;
-        case 'v': o[k++] = '\v'; break;
-        case '\n': break;
-        case '0': case '1': case '2': case '3': case '4': case '5': case '6': case '7': {
+        case 'n':
+            o[k++] = '\n';
+            break;
+        case 't':
+            o[k++] = '\t';
+            break;
+        case 'r':
+            o[k++] = '\r';
+            break;
+        case '\\':
+            o[k++] = '\\';
+            break;
+        case '\'':
+            o[k++] = '\'';
+            break;
+        case '"':
+            o[k++] = '"';
+            break;
+        case 'a':
+            o[k++] = '\a';
+            break;
+        case 'b':
+            o[k++] = '\b';
+            break;
+        case 'f':
+            o[k++] = '\f';
+            break;
+        case 'v':
+            o[k++] = '\v';
+            break;
+        case '\n':
+            break;
+        case '0':
+        case '1':
+        case '2':
+        case '3':
+        case '4':
+        case '5':
+        case '6':
+        case '7': {
             unsigned v = 0;
             int d = 0;
-            while (d < 3 && i < n && s[i] >= '0' && s[i] <= '7') v = v * 8 + (unsigned)(s[i++] - '0'), d++;
+            while (d < 3 && i < n && s[i] >= '0' && s[i] <= '7')
+                v = v * 8 + (unsigned)(s[i++] - '0'), d++;
             i--;
-            if (v < 0x80) o[k++] = (char)v;
-            else { o[k++] = (char)(0xC0 | (v >> 6)); o[k++] = (char)(0x80 | (v & 0x3F)); }
+            if (v < 0x80)
+                o[k++] = (char)v;
+            else {
+                o[k++] = (char)(0xC0 | (v >> 6));
+                o[k++] = (char)(0x80 | (v & 0x3F));
+            }
             break;
         }
-        case 'x': case 'u': case 'U': {
+        case 'x':
+        case 'u':
+        case 'U': {
             int digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
             uint32_t v = 0;
             if (i + (size_t)digits >= n) pfail(p, line, "truncated \\%c escape in string", e);
             for (int d = 0; d < digits; d++) {
                 char h = s[i + 1 + (size_t)d];
-                if (!isxdigit((unsigned char)h)) pfail(p, line, "truncated \\%c escape in string", e);
-                v = v * 16 + (uint32_t)(isdigit((unsigned char)h) ? h - '0' : (tolower((unsigned char)h) - 'a' + 10));
+                if (!isxdigit((unsigned char)h))
+                    pfail(p, line, "truncated \\%c escape in string", e);
+                v = v * 16 + (uint32_t)(isdigit((unsigned char)h)
+                                            ? h - '0'
+                                            : (tolower((unsigned char)h) - 'a' + 10));
             }
             i += (size_t)digits;
             if (v > 0x10FFFF) pfail(p, line, "illegal Unicode character in string escape");
-            if (v < 0x80) o[k++] = (char)v;
-            else if (v < 0x800) { o[k++] = (char)(0xC0 | (v >> 6)); o[k++] = (char)(0x80 | (v & 0x3F)); }
-            else if (v < 0x10000) {
-                o[k++] = (char)(0xE0 | (v >> 12)); o[k++] = (char)(0x80 | ((v >> 6) & 0x3F)); o[k++] = (char)(0x80 | (v & 0x3F));
+            if (v < 0x80)
+                o[k++] = (char)v;
+            else if (v < 0x800) {
+                o[k++] = (char)(0xC0 | (v >> 6));
+                o[k++] = (char)(0x80 | (v & 0x3F));
+            } else if (v < 0x10000) {
+                o[k++] = (char)(0xE0 | (v >> 12));
+                o[k++] = (char)(0x80 | ((v >> 6) & 0x3F));
+                o[k++] = (char)(0x80 | (v & 0x3F));
             } else {
-                o[k++] = (char)(0xF0 | (v >> 18)); o[k++] = (char)(0x80 | ((v >> 12) & 0x3F));
-                o[k++] = (char)(0x80 | ((v >> 6) & 0x3F)); o[k++] = (char)(0x80 | (v & 0x3F));
+                o[k++] = (char)(0xF0 | (v >> 18));
+                o[k++] = (char)(0x80 | ((v >> 12) & 0x3F));
+                o[k++] = (char)(0x80 | ((v >> 6) & 0x3F));
+                o[k++] = (char)(0x80 | (v & 0x3F));
             }
             break;
         }
-        default: o[k++] = '\\'; o[k++] = e;
+        default:
+            o[k++] = '\\';
+            o[k++] = e;
         }
     }
     o[k] = 0;
@@ -169,19 +217,23 @@ static const char *const OPS2[] = {"//", "**", "==", "!=", "<=", ">=", NULL};
 static const char OPS1[] = "+-*/%~()[]{},.:|=<>;";
 
 /* lexes one {{ }} or {% %} interior starting at *pos; returns after the closing delimiter */
-static void lex_expr(parser *p, const char *s, size_t len, size_t *pos, bool block, size_t *lc_pos, int *lc_line) {
+static void lex_expr(parser *p, const char *s, size_t len, size_t *pos, bool block, size_t *lc_pos,
+                     int *lc_line) {
     size_t i = *pos;
     int braces = 0;
     for (;;) {
-        while (i < len && is_py_space(s[i])) i++;
+        while (i < len && is_py_space(s[i]))
+            i++;
         int line = line_at(s, i, lc_pos, lc_line);
-        if (i >= len) pfail(p, line, "unexpected end of template, expected '%s'", block ? "%}" : "}}");
+        if (i >= len)
+            pfail(p, line, "unexpected end of template, expected '%s'", block ? "%}" : "}}");
         char end = block ? '%' : '}';
         /* closing delimiter, possibly with a - or + marker */
         if (braces == 0) {
             size_t j = i;
             char mark = 0;
-            if ((s[j] == '-' || (block && s[j] == '+')) && j + 2 < len + 1 && j + 1 < len && s[j + 1] == end && j + 2 < len && s[j + 2] == '}') {
+            if ((s[j] == '-' || (block && s[j] == '+')) && j + 2 < len + 1 && j + 1 < len &&
+                s[j + 1] == end && j + 2 < len && s[j + 2] == '}') {
                 mark = s[j];
                 j++;
             }
@@ -189,7 +241,8 @@ static void lex_expr(parser *p, const char *s, size_t len, size_t *pos, bool blo
                 j += 2;
                 push_tok(p, (token){.type = block ? T_BLOCK_END : T_VAR_END, .line = line});
                 if (mark == '-') {
-                    while (j < len && is_py_space(s[j])) j++;
+                    while (j < len && is_py_space(s[j]))
+                        j++;
                 } else if (block && mark != '+' && j < len && s[j] == '\n') {
                     j++; /* trim_blocks */
                 }
@@ -200,18 +253,23 @@ static void lex_expr(parser *p, const char *s, size_t len, size_t *pos, bool blo
         char ch = s[i];
         if (isalpha((unsigned char)ch) || ch == '_') {
             size_t st = i;
-            while (i < len && (isalnum((unsigned char)s[i]) || s[i] == '_')) i++;
-            push_tok(p, (token){.type = T_NAME, .line = line, .s = pstrdup(p, s + st, i - st), .n = i - st});
+            while (i < len && (isalnum((unsigned char)s[i]) || s[i] == '_'))
+                i++;
+            push_tok(
+                p, (token){
+                       .type = T_NAME, .line = line, .s = pstrdup(p, s + st, i - st), .n = i - st});
             continue;
         }
         if (isdigit((unsigned char)ch)) {
             size_t st = i;
-            while (i < len && (isdigit((unsigned char)s[i]) || s[i] == '_')) i++;
+            while (i < len && (isdigit((unsigned char)s[i]) || s[i] == '_'))
+                i++;
             bool is_float = false;
             if (i + 1 < len && s[i] == '.' && isdigit((unsigned char)s[i + 1])) {
                 is_float = true;
                 i++;
-                while (i < len && (isdigit((unsigned char)s[i]) || s[i] == '_')) i++;
+                while (i < len && (isdigit((unsigned char)s[i]) || s[i] == '_'))
+                    i++;
             }
             if (i < len && (s[i] == 'e' || s[i] == 'E')) {
                 size_t k = i + 1;
@@ -219,7 +277,8 @@ static void lex_expr(parser *p, const char *s, size_t len, size_t *pos, bool blo
                 if (k < len && isdigit((unsigned char)s[k])) {
                     is_float = true;
                     i = k;
-                    while (i < len && isdigit((unsigned char)s[i])) i++;
+                    while (i < len && isdigit((unsigned char)s[i]))
+                        i++;
                 }
             }
             char buf[64];
@@ -269,17 +328,20 @@ static void lex_expr(parser *p, const char *s, size_t len, size_t *pos, bool blo
 }
 
 /* matches {%[-+]? raw [-+]?%} at s[i]; returns end index or 0 */
-static size_t match_keyword_tag(const char *s, size_t len, size_t i, const char *kw, char *lead, char *trail) {
+static size_t match_keyword_tag(const char *s, size_t len, size_t i, const char *kw, char *lead,
+                                char *trail) {
     if (i + 1 >= len || s[i] != '{' || s[i + 1] != '%') return 0;
     size_t j = i + 2;
     *lead = 0;
     if (j < len && (s[j] == '-' || s[j] == '+')) *lead = s[j++];
-    while (j < len && is_py_space(s[j])) j++;
+    while (j < len && is_py_space(s[j]))
+        j++;
     size_t kl = strlen(kw);
     if (j + kl > len || memcmp(s + j, kw, kl) != 0) return 0;
     j += kl;
     if (j < len && (isalnum((unsigned char)s[j]) || s[j] == '_')) return 0;
-    while (j < len && is_py_space(s[j])) j++;
+    while (j < len && is_py_space(s[j]))
+        j++;
     *trail = 0;
     if (j < len && (s[j] == '-' || s[j] == '+')) *trail = s[j++];
     if (j + 1 < len && s[j] == '%' && s[j + 1] == '}') return j + 2;
@@ -288,7 +350,8 @@ static size_t match_keyword_tag(const char *s, size_t len, size_t i, const char 
 
 static size_t after_block_end(const char *s, size_t len, size_t j, char trail) {
     if (trail == '-')
-        while (j < len && is_py_space(s[j])) j++;
+        while (j < len && is_py_space(s[j]))
+            j++;
     else if (trail != '+' && j < len && s[j] == '\n')
         j++;
     return j;
@@ -299,14 +362,17 @@ static void emit_data(parser *p, const char *s, size_t n, int line) {
 }
 
 /* lstrip_blocks / '-' handling of the text in front of a tag */
-static size_t strip_before_tag(const char *s, size_t data_start, size_t data_end, char mark, bool is_var) {
+static size_t strip_before_tag(const char *s, size_t data_start, size_t data_end, char mark,
+                               bool is_var) {
     if (mark == '-') {
-        while (data_end > data_start && is_py_space(s[data_end - 1])) data_end--;
+        while (data_end > data_start && is_py_space(s[data_end - 1]))
+            data_end--;
         return data_end;
     }
     if (mark == '+' || is_var) return data_end;
     size_t lpos = data_end;
-    while (lpos > data_start && s[lpos - 1] != '\n') lpos--;
+    while (lpos > data_start && s[lpos - 1] != '\n')
+        lpos--;
     bool line_starting = data_start == 0 || s[data_start - 1] == '\n';
     if (lpos > data_start || line_starting) {
         if (lpos == data_end) return data_end;
@@ -335,7 +401,8 @@ static void lex(parser *p, const char *s, size_t len) {
         int tline = line_at(s, at, &lc_pos, &lc_line);
         if (kind == '#') {
             size_t j = at + 2;
-            while (j + 1 < len && !(s[j] == '#' && s[j + 1] == '}')) j++;
+            while (j + 1 < len && !(s[j] == '#' && s[j + 1] == '}'))
+                j++;
             if (j + 1 >= len) pfail(p, tline, "missing end of comment tag");
             char trail = j > at + 2 && (s[j - 1] == '-' || s[j - 1] == '+') ? s[j - 1] : 0;
             pos = after_block_end(s, len, j + 2, trail);
@@ -346,7 +413,8 @@ static void lex(parser *p, const char *s, size_t len) {
         if (rend && trail != '+') { /* Jinja2's raw opener takes '-%}' or '%}' and no trim_blocks */
             size_t j = rend, k, end_end = 0;
             if (trail == '-')
-                while (j < len && is_py_space(s[j])) j++;
+                while (j < len && is_py_space(s[j]))
+                    j++;
             k = j;
             char elead = 0, etrail = 0;
             for (; k < len; k++)
@@ -366,13 +434,19 @@ static void lex(parser *p, const char *s, size_t len) {
 
 /* ================= parser ================= */
 
-static token *cur(parser *p) { return &p->toks[p->pos]; }
+static token *cur(parser *p) {
+    return &p->toks[p->pos];
+}
 static token *peek(parser *p, size_t k) {
     size_t i = p->pos + k;
     return &p->toks[i < p->ntoks ? i : p->ntoks - 1];
 }
-static bool is_op(token *t, const char *op) { return t->type == T_OP && strcmp(t->s, op) == 0; }
-static bool is_name(token *t, const char *nm) { return t->type == T_NAME && strcmp(t->s, nm) == 0; }
+static bool is_op(token *t, const char *op) {
+    return t->type == T_OP && strcmp(t->s, op) == 0;
+}
+static bool is_name(token *t, const char *nm) {
+    return t->type == T_NAME && strcmp(t->s, nm) == 0;
+}
 static token *advance(parser *p) {
     token *t = cur(p);
     if (t->type != T_EOF) p->pos++;
@@ -381,16 +455,26 @@ static token *advance(parser *p) {
 
 static const char *tok_desc(token *t) {
     switch (t->type) {
-    case T_EOF: return "end of template";
-    case T_DATA: return "template data";
-    case T_VAR_BEGIN: return "'{{'";
-    case T_VAR_END: return "'}}'";
-    case T_BLOCK_BEGIN: return "'{%'";
-    case T_BLOCK_END: return "'%}'";
-    case T_STRING: return "string";
-    case T_INT: return "integer";
-    case T_FLOAT: return "float";
-    default: return t->s;
+    case T_EOF:
+        return "end of template";
+    case T_DATA:
+        return "template data";
+    case T_VAR_BEGIN:
+        return "'{{'";
+    case T_VAR_END:
+        return "'}}'";
+    case T_BLOCK_BEGIN:
+        return "'{%'";
+    case T_BLOCK_END:
+        return "'%}'";
+    case T_STRING:
+        return "string";
+    case T_INT:
+        return "integer";
+    case T_FLOAT:
+        return "float";
+    default:
+        return t->s;
     }
 }
 
@@ -411,6 +495,25 @@ static jnode *mk(parser *p, jnode_type type, int line) {
     jnode *n = palloc(p, sizeof *n);
     n->type = type;
     n->line = line;
+    return n;
+}
+
+/* expression trees are evaluated recursively: their height is bounded like block nesting */
+#define MAX_EXPR_HEIGHT 400
+static int height_of(const jnode *n) {
+    return n ? n->height : 0;
+}
+static jnode *grown(parser *p, jnode *n) {
+    int h = height_of(n->a);
+    if (height_of(n->b) > h) h = height_of(n->b);
+    if (height_of(n->c) > h) h = height_of(n->c);
+    if (height_of(n->d) > h) h = height_of(n->d);
+    for (size_t i = 0; i < n->nitems; i++)
+        if (height_of(n->items[i]) > h) h = height_of(n->items[i]);
+    for (size_t i = 0; i < n->nitems2; i++)
+        if (height_of(n->items2[i]) > h) h = height_of(n->items2[i]);
+    n->height = h + 1;
+    if (n->height > MAX_EXPR_HEIGHT) pfail(p, n->line, "expression nests too deeply");
     return n;
 }
 
@@ -447,10 +550,11 @@ static jnode *parse_expression(parser *p, bool with_condexpr);
 static jnode *parse_unary(parser *p, bool with_filter);
 static jnode *parse_primary(parser *p);
 static jnode *parse_postfix(parser *p, jnode *node);
-static jnode *parse_tuple(parser *p, bool with_condexpr, bool explicit_parens, const char *extra_end);
+static jnode *parse_tuple(parser *p, bool with_condexpr, bool explicit_parens,
+                          const char *extra_end);
 
 static void enter(parser *p) {
-    if (++p->depth > 200) pfail(p, cur(p)->line, "expression nests too deeply");
+    if (++p->depth > 200) pfail(p, cur(p)->line, "template nests too deeply");
 }
 
 /* (args, kw=args) after '(' has been seen */
@@ -502,7 +606,7 @@ static jnode *parse_filter(parser *p, jnode *input, bool start_inline) {
         f->a = input;
         f->str = name;
         if (is_op(cur(p), "(")) parse_call_args(p, f);
-        input = f;
+        input = grown(p, f);
     }
     return input;
 }
@@ -524,8 +628,8 @@ static jnode *parse_test(parser *p, jnode *node) {
     token *c = cur(p);
     if (is_op(c, "(")) {
         parse_call_args(p, t);
-    } else if ((c->type == T_NAME || c->type == T_STRING || c->type == T_INT || c->type == T_FLOAT ||
-                is_op(c, "(") || is_op(c, "[") || is_op(c, "{")) &&
+    } else if ((c->type == T_NAME || c->type == T_STRING || c->type == T_INT ||
+                c->type == T_FLOAT || is_op(c, "(") || is_op(c, "[") || is_op(c, "{")) &&
                !is_name(c, "else") && !is_name(c, "or") && !is_name(c, "and")) {
         if (is_name(c, "is")) pfail(p, c->line, "You cannot chain multiple tests with is");
         jnode *arg = parse_postfix(p, parse_primary(p));
@@ -533,7 +637,7 @@ static jnode *parse_test(parser *p, jnode *node) {
         t->items[0] = arg;
         t->nitems = 1;
     }
-    return t;
+    return grown(p, t);
 }
 
 static jnode *parse_filter_expr(parser *p, jnode *node) {
@@ -546,7 +650,7 @@ static jnode *parse_filter_expr(parser *p, jnode *node) {
             jnode *call = mk(p, N_CALL, cur(p)->line);
             call->a = node;
             parse_call_args(p, call);
-            node = call;
+            node = grown(p, call);
         } else
             return node;
     }
@@ -563,7 +667,8 @@ static jnode *parse_subscribed(parser *p) {
         advance(p);
         args[0] = e;
     }
-    if (!is_op(cur(p), "]") && !is_op(cur(p), ",") && !is_op(cur(p), ":")) args[1] = parse_expression(p, true);
+    if (!is_op(cur(p), "]") && !is_op(cur(p), ",") && !is_op(cur(p), ":"))
+        args[1] = parse_expression(p, true);
     if (is_op(cur(p), ":")) {
         advance(p);
         if (!is_op(cur(p), "]") && !is_op(cur(p), ",")) args[2] = parse_expression(p, true);
@@ -585,13 +690,13 @@ static jnode *parse_postfix(parser *p, jnode *node) {
                 jnode *g = mk(p, N_GETATTR, t->line);
                 g->a = node;
                 g->str = a->s;
-                node = g;
+                node = grown(p, g);
             } else if (a->type == T_INT) {
                 jnode *g = mk(p, N_GETITEM, t->line);
                 g->a = node;
                 g->b = mk(p, N_LIT, t->line);
                 g->b->lit = jv_int(a->i);
-                node = g;
+                node = grown(p, g);
             } else
                 pfail(p, a->line, "expected name or number after '.'");
         } else if (is_op(t, "[")) {
@@ -609,7 +714,8 @@ static jnode *parse_postfix(parser *p, jnode *node) {
             jnode *key = idx.v[0];
             if (idx.n > 1)
                 for (size_t k = 0; k < idx.n; k++)
-                    if (idx.v[k]->type == N_SLICE) pfail(p, t->line, "slices inside a tuple subscript are not supported");
+                    if (idx.v[k]->type == N_SLICE)
+                        pfail(p, t->line, "slices inside a tuple subscript are not supported");
             if (idx.n > 1) {
                 key = mk(p, N_TUPLE, t->line);
                 key->items = idx.v;
@@ -617,18 +723,18 @@ static jnode *parse_postfix(parser *p, jnode *node) {
             }
             if (key->type == N_SLICE) {
                 key->a = node;
-                node = key;
+                node = grown(p, key);
             } else {
                 jnode *g = mk(p, N_GETITEM, t->line);
                 g->a = node;
                 g->b = key;
-                node = g;
+                node = grown(p, g);
             }
         } else if (is_op(t, "(")) {
             jnode *call = mk(p, N_CALL, t->line);
             call->a = node;
             parse_call_args(p, call);
-            node = call;
+            node = grown(p, call);
         } else
             return node;
     }
@@ -657,7 +763,8 @@ static jnode *parse_primary(parser *p) {
         advance(p);
         size_t total = t->n;
         size_t k = 0;
-        while (peek(p, k)->type == T_STRING) total += peek(p, k++)->n;
+        while (peek(p, k)->type == T_STRING)
+            total += peek(p, k++)->n;
         char *buf = palloc(p, total + 1);
         memcpy(buf, t->s, t->n);
         size_t off = t->n;
@@ -699,6 +806,7 @@ static jnode *parse_primary(parser *p) {
             n = mk(p, N_LIST, t->line);
             n->items = items.v;
             n->nitems = items.n;
+            grown(p, n);
             break;
         }
         if (is_op(t, "{")) {
@@ -717,10 +825,12 @@ static jnode *parse_primary(parser *p) {
             n->nitems = keys.n;
             n->items2 = vals.v;
             n->nitems2 = vals.n;
+            grown(p, n);
             break;
         }
         /* fallthrough */
-    default: pfail(p, t->line, "unexpected %s", tok_desc(t));
+    default:
+        pfail(p, t->line, "unexpected %s", tok_desc(t));
     }
     p->depth--;
     return n;
@@ -734,6 +844,7 @@ static jnode *parse_unary(parser *p, bool with_filter) {
         advance(p);
         node = mk(p, is_op(t, "-") ? N_NEG : N_POS, t->line);
         node->a = parse_unary(p, false);
+        grown(p, node);
     } else {
         node = parse_primary(p);
     }
@@ -748,7 +859,7 @@ static jnode *binop(parser *p, int op, jnode *a, jnode *b, int line) {
     n->op = op;
     n->a = a;
     n->b = b;
-    return n;
+    return grown(p, n);
 }
 
 static jnode *parse_pow(parser *p) {
@@ -764,7 +875,11 @@ static jnode *parse_math2(parser *p) {
     jnode *l = parse_pow(p);
     for (;;) {
         token *t = cur(p);
-        int op = is_op(t, "*") ? JOP_MUL : is_op(t, "/") ? JOP_DIV : is_op(t, "//") ? JOP_FLOORDIV : is_op(t, "%") ? JOP_MOD : 0;
+        int op = is_op(t, "*")    ? JOP_MUL
+                 : is_op(t, "/")  ? JOP_DIV
+                 : is_op(t, "//") ? JOP_FLOORDIV
+                 : is_op(t, "%")  ? JOP_MOD
+                                  : 0;
         if (!op) return l;
         advance(p);
         l = binop(p, op, l, parse_pow(p), t->line);
@@ -799,8 +914,13 @@ static jnode *parse_compare(parser *p) {
     size_t nops = 0;
     for (;;) {
         token *t = cur(p);
-        int op = is_op(t, "==") ? JOP_EQ : is_op(t, "!=") ? JOP_NE : is_op(t, "<") ? JOP_LT : is_op(t, "<=") ? JOP_LE
-               : is_op(t, ">") ? JOP_GT : is_op(t, ">=") ? JOP_GE : 0;
+        int op = is_op(t, "==")   ? JOP_EQ
+                 : is_op(t, "!=") ? JOP_NE
+                 : is_op(t, "<")  ? JOP_LT
+                 : is_op(t, "<=") ? JOP_LE
+                 : is_op(t, ">")  ? JOP_GT
+                 : is_op(t, ">=") ? JOP_GE
+                                  : 0;
         if (op)
             advance(p);
         else if (is_name(t, "in")) {
@@ -823,7 +943,7 @@ static jnode *parse_compare(parser *p) {
     n->nitems = operands.n;
     n->ops = palloc(p, nops * sizeof(int));
     memcpy(n->ops, ops, nops * sizeof(int));
-    return n;
+    return grown(p, n);
 }
 
 static jnode *parse_not(parser *p) {
@@ -832,7 +952,7 @@ static jnode *parse_not(parser *p) {
         jnode *n = mk(p, N_NOT, advance(p)->line);
         n->a = parse_not(p);
         p->depth--;
-        return n;
+        return grown(p, n);
     }
     return parse_compare(p);
 }
@@ -843,7 +963,7 @@ static jnode *parse_and(parser *p) {
         jnode *n = mk(p, N_AND, advance(p)->line);
         n->a = l;
         n->b = parse_not(p);
-        l = n;
+        l = grown(p, n);
     }
     return l;
 }
@@ -854,7 +974,7 @@ static jnode *parse_or(parser *p) {
         jnode *n = mk(p, N_OR, advance(p)->line);
         n->a = l;
         n->b = parse_and(p);
-        l = n;
+        l = grown(p, n);
     }
     return l;
 }
@@ -870,7 +990,7 @@ static jnode *parse_condexpr(parser *p) {
             advance(p);
             n->c = parse_condexpr(p);
         }
-        e1 = n;
+        e1 = grown(p, n);
     }
     p->depth--;
     return e1;
@@ -888,7 +1008,8 @@ static bool tuple_end(parser *p, const char *extra_end) {
     return false;
 }
 
-static jnode *parse_tuple(parser *p, bool with_condexpr, bool explicit_parens, const char *extra_end) {
+static jnode *parse_tuple(parser *p, bool with_condexpr, bool explicit_parens,
+                          const char *extra_end) {
     int line = cur(p)->line;
     nodevec items = {0};
     bool is_tuple = false;
@@ -908,14 +1029,16 @@ static jnode *parse_tuple(parser *p, bool with_condexpr, bool explicit_parens, c
     jnode *n = mk(p, N_TUPLE, line);
     n->items = items.v;
     n->nitems = items.n;
-    return n;
+    return grown(p, n);
 }
 
 /* ---- statements ---- */
 
 static jnode *parse_body(parser *p, const char *const *ends, const char **ended_by);
 
-static void expect_block_end(parser *p) { expect_type(p, T_BLOCK_END, "'%}'"); }
+static void expect_block_end(parser *p) {
+    expect_type(p, T_BLOCK_END, "'%}'");
+}
 
 static void parse_targets(parser *p, jnode *n, const char *extra_end) {
     namevec names = {0};
@@ -947,7 +1070,8 @@ static jnode *parse_for(parser *p, int line) {
         advance(p);
         n->b = parse_expression(p, true);
     }
-    if (is_name(cur(p), "recursive")) pfail(p, cur(p)->line, "recursive for loops are not supported");
+    if (is_name(cur(p), "recursive"))
+        pfail(p, cur(p)->line, "recursive for loops are not supported");
     expect_block_end(p);
     static const char *const ends[] = {"endfor", "else", NULL};
     const char *by;
@@ -969,10 +1093,13 @@ static jnode *parse_if(parser *p, int line) {
     const char *by;
     n->b = parse_body(p, ends, &by);
     if (!strcmp(by, "elif")) {
+        if (++p->depth > 200) pfail(p, cur(p)->line, "too many elif branches");
         n->c = mk(p, S_BODY, cur(p)->line);
+        n->c->flag = 1; /* an elif: kept apart from a plain else for scope analysis */
         n->c->items = palloc(p, sizeof(jnode *));
         n->c->nitems = 1;
         n->c->items[0] = parse_if(p, cur(p)->line);
+        p->depth--;
     } else if (!strcmp(by, "else")) {
         static const char *const ends2[] = {"endif", NULL};
         n->c = parse_body(p, ends2, &by);
@@ -1025,7 +1152,8 @@ static void parse_signature(parser *p, jnode *n) {
             nv_push(p, &defaults, parse_expression(p, true));
             any_default = true;
         } else {
-            if (any_default) pfail(p, cur(p)->line, "non-default argument follows default argument");
+            if (any_default)
+                pfail(p, cur(p)->line, "non-default argument follows default argument");
             nv_push(p, &defaults, NULL);
         }
     }
@@ -1052,8 +1180,7 @@ static jnode *parse_macro(parser *p, int line) {
 
 static jnode *parse_call_block(parser *p, int line) {
     jnode *n = mk(p, S_CALL_BLOCK, line);
-    if (is_op(cur(p), "("))
-        parse_signature(p, n);
+    if (is_op(cur(p), "(")) parse_signature(p, n);
     n->b = parse_expression(p, true);
     if (n->b->type != N_CALL) pfail(p, line, "expected a call after 'call'");
     expect_block_end(p);
@@ -1103,8 +1230,9 @@ static jnode *parse_statement(parser *p) {
         return parse_body(p, ends, &by);
     }
     (void)t;
-    if (!strcmp(k, "extends") || !strcmp(k, "include") || !strcmp(k, "import") || !strcmp(k, "from") ||
-        !strcmp(k, "block") || !strcmp(k, "do") || !strcmp(k, "with") || !strcmp(k, "autoescape"))
+    if (!strcmp(k, "extends") || !strcmp(k, "include") || !strcmp(k, "import") ||
+        !strcmp(k, "from") || !strcmp(k, "block") || !strcmp(k, "do") || !strcmp(k, "with") ||
+        !strcmp(k, "autoescape"))
         pfail(p, line, "the '%s' tag is not supported", k);
     pfail(p, line, "Encountered unknown tag '%s'.", k);
 }
@@ -1146,7 +1274,8 @@ static jnode *parse_body(parser *p, const char *const *ends, const char **ended_
                 if (strcmp(*ended_by, "elif") != 0) expect_block_end(p);
                 break;
             }
-            if (kw->type == T_NAME && (!strncmp(kw->s, "end", 3) || !strcmp(kw->s, "else") || !strcmp(kw->s, "elif")))
+            if (kw->type == T_NAME &&
+                (!strncmp(kw->s, "end", 3) || !strcmp(kw->s, "else") || !strcmp(kw->s, "elif")))
                 pfail(p, kw->line, "Encountered unknown tag '%s'.%s", kw->s,
                       ends ? "" : " There is no block open to close here.");
             nv_push(p, &body, parse_statement(p));
@@ -1166,16 +1295,200 @@ static jnode *parse_body(parser *p, const char *const *ends, const char **ended_
  * to run time. A for body or a macro starts a new scope. */
 static void check_names(parser *p, const jnode *n, int depth, bool deferred) {
     if (!n || depth > 10000) return;
-    if (!deferred && n->type == N_FILTER && !jinja_filter_exists(n->str)) pfail(p, n->line, "No filter named '%s'.", n->str);
-    if (!deferred && n->type == N_TEST && !jinja_test_exists(n->str)) pfail(p, n->line, "No test named '%s'.", n->str);
+    if (!deferred && n->type == N_FILTER && !jinja_filter_exists(n->str))
+        pfail(p, n->line, "No filter named '%s'.", n->str);
+    if (!deferred && n->type == N_TEST && !jinja_test_exists(n->str))
+        pfail(p, n->line, "No test named '%s'.", n->str);
     if (n->type == S_IF || n->type == N_COND) deferred = true;
     if (n->type == S_FOR || n->type == S_MACRO || n->type == S_CALL_BLOCK) deferred = false;
     check_names(p, n->a, depth + 1, deferred);
     check_names(p, n->b, depth + 1, deferred);
     check_names(p, n->c, depth + 1, deferred);
     check_names(p, n->d, depth + 1, deferred);
-    for (size_t i = 0; i < n->nitems; i++) check_names(p, n->items[i], depth + 1, deferred);
-    for (size_t i = 0; i < n->nitems2; i++) check_names(p, n->items2[i], depth + 1, deferred);
+    for (size_t i = 0; i < n->nitems; i++)
+        check_names(p, n->items[i], depth + 1, deferred);
+    for (size_t i = 0; i < n->nitems2; i++)
+        check_names(p, n->items2[i], depth + 1, deferred);
+}
+
+/* ---- scope analysis: Jinja2's idtracking, as far as it shows in output ----
+ * Each scope (the template, a for body, a macro, a call/set/filter block body) gets a symbol
+ * table filled in source order. A name whose first occurrence in a scope is an assignment, and
+ * that no enclosing scope knows, starts out "missing" there: nested scopes reading it see
+ * Undefined until it is assigned -- not a context variable of the same name. */
+typedef struct scope_tab {
+    struct scope_tab *parent;
+    namevec names;   /* declared here */
+    namevec missing; /* declared here by an assignment first */
+    namevec stores;  /* assigned here */
+} scope_tab;
+
+static bool nv_has(const namevec *v, const char *s) {
+    for (size_t i = 0; i < v->n; i++)
+        if (!strcmp(v->v[i], s)) return true;
+    return false;
+}
+
+static bool scope_find(const scope_tab *t, const char *name) {
+    for (; t; t = t->parent)
+        if (nv_has(&t->names, name)) return true;
+    return false;
+}
+
+static void declare_load(parser *p, scope_tab *t, const char *name) {
+    if (!nv_has(&t->names, name) && !scope_find(t->parent, name)) sv_push(p, &t->names, name);
+}
+
+static void declare_store(parser *p, scope_tab *t, const char *name) {
+    if (!nv_has(&t->stores, name)) sv_push(p, &t->stores, name);
+    if (nv_has(&t->names, name)) return;
+    sv_push(p, &t->names, name);
+    if (!scope_find(t->parent, name)) sv_push(p, &t->missing, name);
+}
+
+static void walk_scope(parser *p, const jnode *n, scope_tab *t, nodevec *children, int depth);
+
+typedef struct branch_result {
+    namevec names, missing, stores;
+} branch_result;
+
+static void take_new(parser *p, namevec *from, size_t old_n, namevec *to) {
+    for (size_t i = old_n; i < from->n; i++)
+        sv_push(p, to, from->v[i]);
+    from->n = old_n;
+}
+
+/* Jinja2 analyses if/elifs/else as three branches on copies of the table, then merges them: a
+ * name assigned in only some of the three reads through to the outer value until assigned. */
+static void walk_if(parser *p, scope_tab *t, nodevec *children, const jnode *test,
+                    const jnode *body, const jnode *const *elifs, size_t nelifs,
+                    const jnode *else_body, int depth) {
+    walk_scope(p, test, t, children, depth + 1);
+    size_t n0 = t->names.n, m0 = t->missing.n, s0 = t->stores.n;
+    branch_result br[3];
+    memset(br, 0, sizeof br);
+    for (int g = 0; g < 3; g++) {
+        if (g == 0) walk_scope(p, body, t, children, depth + 1);
+        if (g == 1)
+            for (size_t i = 0; i < nelifs; i++)
+                walk_if(p, t, children, elifs[i]->a, elifs[i]->b, NULL, 0, NULL, depth + 1);
+        if (g == 2) walk_scope(p, else_body, t, children, depth + 1);
+        take_new(p, &t->names, n0, &br[g].names);
+        take_new(p, &t->missing, m0, &br[g].missing);
+        take_new(p, &t->stores, s0, &br[g].stores);
+    }
+    for (int g = 0; g < 3; g++) {
+        for (size_t i = 0; i < br[g].names.n; i++)
+            if (!nv_has(&t->names, br[g].names.v[i])) sv_push(p, &t->names, br[g].names.v[i]);
+        for (size_t i = 0; i < br[g].stores.n; i++)
+            if (!nv_has(&t->stores, br[g].stores.v[i])) sv_push(p, &t->stores, br[g].stores.v[i]);
+    }
+    /* still missing only if every branch assigned it, as the else branch left it */
+    for (size_t i = 0; i < br[2].missing.n; i++) {
+        const char *name = br[2].missing.v[i];
+        if (nv_has(&br[0].stores, name) && nv_has(&br[1].stores, name) &&
+            !nv_has(&t->missing, name))
+            sv_push(p, &t->missing, name);
+    }
+}
+
+/* records this scope's own loads and stores in order; nested scopes are queued in `children` */
+static void walk_scope(parser *p, const jnode *n, scope_tab *t, nodevec *children, int depth) {
+    if (!n || depth > 10000) return;
+    switch (n->type) {
+    case S_IF: {
+        nodevec elifs = {0};
+        const jnode *cur = n;
+        while (cur->c && cur->c->type == S_BODY && cur->c->flag == 1 && cur->c->nitems == 1) {
+            nv_push(p, &elifs, cur->c->items[0]);
+            cur = cur->c->items[0];
+        }
+        walk_if(p, t, children, n->a, n->b, (const jnode *const *)elifs.v, elifs.n, cur->c, depth);
+        return;
+    }
+    case N_NAME:
+        declare_load(p, t, n->str);
+        return;
+    case S_SET:
+        walk_scope(p, n->a, t, children, depth + 1);
+        for (size_t i = 0; i < n->nnames; i++)
+            declare_store(p, t, n->names[i]);
+        return;
+    case S_SET_ATTR:
+        declare_load(p, t, n->str);
+        walk_scope(p, n->a, t, children, depth + 1);
+        return;
+    case S_FOR:
+        walk_scope(p, n->a, t, children, depth + 1); /* the iterable is read out here */
+        nv_push(p, children, (jnode *)n);
+        walk_scope(p, n->d, t, children, depth + 1); /* and so is the else block */
+        return;
+    case S_MACRO:
+        declare_store(p, t, n->str);
+        nv_push(p, children, (jnode *)n);
+        return;
+    case S_CALL_BLOCK:
+        walk_scope(p, n->b, t, children, depth + 1);
+        nv_push(p, children, (jnode *)n);
+        return;
+    case S_SET_BLOCK:
+        declare_store(p, t, n->names[0]);
+        walk_scope(p, n->b, t, children, depth + 1);
+        nv_push(p, children, (jnode *)n);
+        return;
+    case S_FILTER_BLOCK:
+        walk_scope(p, n->b, t, children, depth + 1);
+        nv_push(p, children, (jnode *)n);
+        return;
+    default:
+        walk_scope(p, n->a, t, children, depth + 1);
+        walk_scope(p, n->b, t, children, depth + 1);
+        walk_scope(p, n->c, t, children, depth + 1);
+        walk_scope(p, n->d, t, children, depth + 1);
+        for (size_t i = 0; i < n->nitems; i++)
+            walk_scope(p, n->items[i], t, children, depth + 1);
+        for (size_t i = 0; i < n->nitems2; i++)
+            walk_scope(p, n->items2[i], t, children, depth + 1);
+    }
+}
+
+static void analyze_scope(parser *p, jnode *owner, scope_tab *parent, int depth) {
+    if (depth > 400) pfail(p, owner->line, "blocks nest too deeply");
+    scope_tab t = {.parent = parent};
+    nodevec children = {0};
+    const jnode *body = owner;
+    switch (owner->type) {
+    case S_FOR:
+        for (size_t i = 0; i < owner->nnames; i++)
+            declare_store(p, &t, owner->names[i]);
+        walk_scope(p, owner->b, &t, &children, depth + 1); /* loop filter */
+        body = owner->c;
+        break;
+    case S_MACRO:
+    case S_CALL_BLOCK:
+        for (size_t i = 0; i < owner->nnames; i++)
+            sv_push(p, &t.names, owner->names[i]);
+        sv_push(p, &t.names, "varargs");
+        sv_push(p, &t.names, "kwargs");
+        sv_push(p, &t.names, "caller");
+        for (size_t i = 0; i < owner->nitems2; i++)
+            walk_scope(p, owner->items2[i], &t, &children, depth + 1);
+        body = owner->a;
+        break;
+    case S_SET_BLOCK:
+        body = owner->c;
+        break;
+    case S_FILTER_BLOCK:
+        body = owner->a;
+        break;
+    default:
+        break;
+    }
+    walk_scope(p, body, &t, &children, depth + 1);
+    owner->missing = t.missing.v;
+    owner->nmissing = t.missing.n;
+    for (size_t i = 0; i < children.n; i++)
+        analyze_scope(p, children.v[i], &t, depth + 1);
 }
 
 jnode *jparse(jinja_template *t, const char *src, size_t len, char *err, size_t errlen) {
@@ -1197,5 +1510,6 @@ jnode *jparse(jinja_template *t, const char *src, size_t len, char *err, size_t 
     lex(&p, s, n);
     jnode *body = parse_body(&p, NULL, NULL);
     check_names(&p, body, 0, false);
+    analyze_scope(&p, body, NULL, 0);
     return body;
 }

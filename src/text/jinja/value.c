@@ -14,7 +14,9 @@ jval jv_undef(const char *name) {
     v.u.undef_name = name;
     return v;
 }
-jval jv_none(void) { return (jval){.kind = JV_NONE}; }
+jval jv_none(void) {
+    return (jval){.kind = JV_NONE};
+}
 jval jv_bool(bool b) {
     jval v = {.kind = JV_BOOL};
     v.u.b = b;
@@ -36,8 +38,12 @@ jval jv_str(const char *p, size_t n) {
     v.u.s.n = n;
     return v;
 }
-jval jv_cstr(const char *s) { return jv_str(s, strlen(s)); }
-jval jv_str_copy(jctx *c, const char *p, size_t n) { return jv_str(jstrdup_n(c, p, n), n); }
+jval jv_cstr(const char *s) {
+    return jv_str(s, strlen(s));
+}
+jval jv_str_copy(jctx *c, const char *p, size_t n) {
+    return jv_str(jstrdup_n(c, p, n), n);
+}
 
 jval jv_list(jctx *c, size_t cap, bool tuple) {
     jval v = {.kind = JV_LIST};
@@ -123,7 +129,8 @@ bool jdict_get(const jdict *d, jval key, jval *out) {
 bool jdict_get_str(const jdict *d, const char *key, jval *out) {
     size_t n = strlen(key);
     for (size_t i = 0; i < d->n; i++)
-        if (d->keys[i].kind == JV_STR && d->keys[i].u.s.n == n && memcmp(d->keys[i].u.s.p, key, n) == 0) {
+        if (d->keys[i].kind == JV_STR && d->keys[i].u.s.n == n &&
+            memcmp(d->keys[i].u.s.p, key, n) == 0) {
             *out = d->vals[i];
             return true;
         }
@@ -149,12 +156,18 @@ jval jv_from_json(jctx *c, const json_t *j) {
         json_array_foreach(j, i, v) jlist_push(c, l.u.l, jv_from_json(c, v));
         return l;
     }
-    case JSON_STRING: return jv_str_copy(c, json_string_value(j), json_string_length(j));
-    case JSON_INTEGER: return jv_int(json_integer_value(j));
-    case JSON_REAL: return jv_float(json_real_value(j));
-    case JSON_TRUE: return jv_bool(true);
-    case JSON_FALSE: return jv_bool(false);
-    case JSON_NULL: return jv_none();
+    case JSON_STRING:
+        return jv_str_copy(c, json_string_value(j), json_string_length(j));
+    case JSON_INTEGER:
+        return jv_int(json_integer_value(j));
+    case JSON_REAL:
+        return jv_float(json_real_value(j));
+    case JSON_TRUE:
+        return jv_bool(true);
+    case JSON_FALSE:
+        return jv_bool(false);
+    case JSON_NULL:
+        return jv_none();
     }
     return jv_none();
 }
@@ -162,24 +175,36 @@ jval jv_from_json(jctx *c, const json_t *j) {
 bool jv_truthy(jval v) {
     switch (v.kind) {
     case JV_UNDEF:
-    case JV_NONE: return false;
-    case JV_BOOL: return v.u.b;
-    case JV_INT: return v.u.i != 0;
-    case JV_FLOAT: return v.u.f != 0.0;
-    case JV_STR: return v.u.s.n != 0;
-    case JV_LIST: return v.u.l->n != 0;
-    case JV_DICT: return v.u.d->is_namespace || v.u.d->n != 0;
-    default: return true;
+    case JV_NONE:
+        return false;
+    case JV_BOOL:
+        return v.u.b;
+    case JV_INT:
+        return v.u.i != 0;
+    case JV_FLOAT:
+        return v.u.f != 0.0;
+    case JV_STR:
+        return v.u.s.n != 0;
+    case JV_LIST:
+        return v.u.l->n != 0;
+    case JV_DICT:
+        return v.u.d->is_namespace || v.u.d->n != 0;
+    default:
+        return true;
     }
 }
 
-static bool jv_is_number(jval v) { return v.kind == JV_INT || v.kind == JV_FLOAT || v.kind == JV_BOOL; }
+static bool jv_is_number(jval v) {
+    return v.kind == JV_INT || v.kind == JV_FLOAT || v.kind == JV_BOOL;
+}
 static double jv_num(jval v) {
     return v.kind == JV_FLOAT ? v.u.f : v.kind == JV_INT ? (double)v.u.i : (double)v.u.b;
 }
 
 static bool jv_equal_depth(jval a, jval b, int depth);
-bool jv_equal(jval a, jval b) { return jv_equal_depth(a, b, 0); }
+bool jv_equal(jval a, jval b) {
+    return jv_equal_depth(a, b, 0);
+}
 
 /* values nested deeper than this compare unequal instead of exhausting the stack */
 #define JV_MAX_NESTING 1000
@@ -196,8 +221,10 @@ static bool jv_equal_depth(jval a, jval b, int depth) {
     if (a.kind != b.kind) return false;
     switch (a.kind) {
     case JV_UNDEF:
-    case JV_NONE: return true;
-    case JV_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
+    case JV_NONE:
+        return true;
+    case JV_STR:
+        return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
     case JV_LIST:
         if (a.u.l->n != b.u.l->n || a.u.l->tuple != b.u.l->tuple) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
@@ -208,33 +235,50 @@ static bool jv_equal_depth(jval a, jval b, int depth) {
         if (a.u.d->n != b.u.d->n) return false;
         for (size_t i = 0; i < a.u.d->n; i++) {
             jval other;
-            if (!jdict_get(b.u.d, a.u.d->keys[i], &other) || !jv_equal_depth(a.u.d->vals[i], other, depth + 1)) return false;
+            if (!jdict_get(b.u.d, a.u.d->keys[i], &other) ||
+                !jv_equal_depth(a.u.d->vals[i], other, depth + 1))
+                return false;
         }
         return true;
-    case JV_FUNC: return a.u.fn == b.u.fn;
-    case JV_LOOP: return a.u.loop == b.u.loop;
-    default: return false;
+    case JV_FUNC:
+        return a.u.fn == b.u.fn;
+    case JV_LOOP:
+        return a.u.loop == b.u.loop;
+    default:
+        return false;
     }
 }
 
 const char *jv_type_name(jval v) {
     switch (v.kind) {
-    case JV_UNDEF: return "Undefined";
-    case JV_NONE: return "NoneType";
-    case JV_BOOL: return "bool";
-    case JV_INT: return "int";
-    case JV_FLOAT: return "float";
-    case JV_STR: return "str";
-    case JV_LIST: return v.u.l->tuple ? "tuple" : "list";
-    case JV_DICT: return v.u.d->is_namespace ? "Namespace" : "dict";
-    case JV_FUNC: return v.u.fn->macro ? "Macro" : "function";
-    case JV_LOOP: return "LoopContext";
+    case JV_UNDEF:
+        return "Undefined";
+    case JV_NONE:
+        return "NoneType";
+    case JV_BOOL:
+        return "bool";
+    case JV_INT:
+        return "int";
+    case JV_FLOAT:
+        return "float";
+    case JV_STR:
+        return "str";
+    case JV_LIST:
+        return v.u.l->tuple ? "tuple" : "list";
+    case JV_DICT:
+        return v.u.d->is_namespace ? "Namespace" : "dict";
+    case JV_FUNC:
+        return v.u.fn->macro ? "Macro" : "function";
+    case JV_LOOP:
+        return "LoopContext";
     }
     return "object";
 }
 
 static int jv_compare_depth(jctx *c, jval a, jval b, int line, int depth);
-int jv_compare(jctx *c, jval a, jval b, int line) { return jv_compare_depth(c, a, b, line, 0); }
+int jv_compare(jctx *c, jval a, jval b, int line) {
+    return jv_compare_depth(c, a, b, line, 0);
+}
 
 static int jv_compare_depth(jctx *c, jval a, jval b, int line, int depth) {
     if (depth > JV_MAX_NESTING) jfail(c, line, "values nested too deeply to compare");
@@ -260,7 +304,8 @@ static int jv_compare_depth(jctx *c, jval a, jval b, int line, int depth) {
         }
         return (a.u.l->n > b.u.l->n) - (a.u.l->n < b.u.l->n);
     }
-    jfail(c, line, "'<' not supported between instances of '%s' and '%s'", jv_type_name(a), jv_type_name(b));
+    jfail(c, line, "'<' not supported between instances of '%s' and '%s'", jv_type_name(a),
+          jv_type_name(b));
 }
 
 /* ---- UTF-8 ---- */
@@ -288,7 +333,8 @@ static uint32_t utf8_next(const char *s, size_t n, size_t *i) {
     int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
     if (*i + (size_t)len > n) len = 1;
     uint32_t cp = len == 1 ? b : len == 2 ? (b & 0x1F) : len == 3 ? (b & 0x0F) : (b & 0x07);
-    for (int k = 1; k < len; k++) cp = (cp << 6) | ((unsigned char)s[*i + (size_t)k] & 0x3F);
+    for (int k = 1; k < len; k++)
+        cp = (cp << 6) | ((unsigned char)s[*i + (size_t)k] & 0x3F);
     *i += (size_t)len;
     return cp;
 }
@@ -320,16 +366,19 @@ void jv_format_float(double f, strbuf *sb) {
     for (; *p && *p != 'e'; p++)
         if (*p != '.') digits[nd++] = *p;
     int exp = atoi(p + 1);
-    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    while (nd > 1 && digits[nd - 1] == '0')
+        nd--;
     digits[nd] = 0;
     if (neg) strbuf_append_char(sb, '-');
     if (exp >= -5 + 1 && exp < 16) {
         if (exp < 0) {
             strbuf_append_str(sb, "0.");
-            for (int i = 0; i < -exp - 1; i++) strbuf_append_char(sb, '0');
+            for (int i = 0; i < -exp - 1; i++)
+                strbuf_append_char(sb, '0');
             strbuf_append(sb, digits, (size_t)nd);
         } else {
-            for (int i = 0; i <= exp; i++) strbuf_append_char(sb, i < nd ? digits[i] : '0');
+            for (int i = 0; i <= exp; i++)
+                strbuf_append_char(sb, i < nd ? digits[i] : '0');
             strbuf_append_char(sb, '.');
             if (nd > exp + 1)
                 strbuf_append(sb, digits + exp + 1, (size_t)(nd - exp - 1));
@@ -374,14 +423,21 @@ static void repr_str(const char *s, size_t n, strbuf *sb) {
 }
 
 static void jv_repr_depth(jctx *c, jval v, strbuf *sb, int line, int depth);
-void jv_repr(jctx *c, jval v, strbuf *sb, int line) { jv_repr_depth(c, v, sb, line, 0); }
+void jv_repr(jctx *c, jval v, strbuf *sb, int line) {
+    jv_repr_depth(c, v, sb, line, 0);
+}
 
 static void jv_repr_depth(jctx *c, jval v, strbuf *sb, int line, int depth) {
     if (depth > JV_MAX_NESTING) jfail(c, line, "value nested too deeply to print");
-    if (sb->len > c->limits.max_output_bytes) jfail(c, line, "printed value exceeds %zu bytes", c->limits.max_output_bytes);
+    if (sb->len > c->limits.max_output_bytes)
+        jfail(c, line, "printed value exceeds %zu bytes", c->limits.max_output_bytes);
     switch (v.kind) {
-    case JV_STR: repr_str(v.u.s.p, v.u.s.n, sb); return;
-    case JV_UNDEF: strbuf_append_str(sb, "Undefined"); return;
+    case JV_STR:
+        repr_str(v.u.s.p, v.u.s.n, sb);
+        return;
+    case JV_UNDEF:
+        strbuf_append_str(sb, "Undefined");
+        return;
     case JV_LIST: {
         jlist *l = v.u.l;
         strbuf_append_char(sb, l->tuple ? '(' : '[');
@@ -407,27 +463,43 @@ static void jv_repr_depth(jctx *c, jval v, strbuf *sb, int line, int depth) {
         if (d->is_namespace) strbuf_append_char(sb, '>');
         return;
     }
-    default: jv_to_str(c, v, sb, line);
+    default:
+        jv_to_str(c, v, sb, line);
     }
 }
 
 void jv_to_str(jctx *c, jval v, strbuf *sb, int line) {
     switch (v.kind) {
-    case JV_UNDEF: return;
-    case JV_NONE: strbuf_append_str(sb, "None"); return;
-    case JV_BOOL: strbuf_append_str(sb, v.u.b ? "True" : "False"); return;
-    case JV_INT: strbuf_appendf(sb, "%lld", (long long)v.u.i); return;
-    case JV_FLOAT: jv_format_float(v.u.f, sb); return;
-    case JV_STR: strbuf_append(sb, v.u.s.p, v.u.s.n); return;
+    case JV_UNDEF:
+        return;
+    case JV_NONE:
+        strbuf_append_str(sb, "None");
+        return;
+    case JV_BOOL:
+        strbuf_append_str(sb, v.u.b ? "True" : "False");
+        return;
+    case JV_INT:
+        strbuf_appendf(sb, "%lld", (long long)v.u.i);
+        return;
+    case JV_FLOAT:
+        jv_format_float(v.u.f, sb);
+        return;
+    case JV_STR:
+        strbuf_append(sb, v.u.s.p, v.u.s.n);
+        return;
     case JV_LIST:
-    case JV_DICT: jv_repr(c, v, sb, line); return;
+    case JV_DICT:
+        jv_repr(c, v, sb, line);
+        return;
     case JV_FUNC:
         if (v.u.fn->macro)
             strbuf_appendf(sb, "<Macro '%s'>", v.u.fn->name);
         else
             strbuf_appendf(sb, "<built-in function %s>", v.u.fn->name);
         return;
-    case JV_LOOP: strbuf_append_str(sb, "<LoopContext>"); return;
+    case JV_LOOP:
+        strbuf_append_str(sb, "<LoopContext>");
+        return;
     }
 }
 
@@ -444,13 +516,27 @@ static void json_str(const char *s, size_t n, strbuf *sb) {
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
         switch (ch) {
-        case '"': strbuf_append_str(sb, "\\\""); break;
-        case '\\': strbuf_append_str(sb, "\\\\"); break;
-        case '\n': strbuf_append_str(sb, "\\n"); break;
-        case '\r': strbuf_append_str(sb, "\\r"); break;
-        case '\t': strbuf_append_str(sb, "\\t"); break;
-        case '\b': strbuf_append_str(sb, "\\b"); break;
-        case '\f': strbuf_append_str(sb, "\\f"); break;
+        case '"':
+            strbuf_append_str(sb, "\\\"");
+            break;
+        case '\\':
+            strbuf_append_str(sb, "\\\\");
+            break;
+        case '\n':
+            strbuf_append_str(sb, "\\n");
+            break;
+        case '\r':
+            strbuf_append_str(sb, "\\r");
+            break;
+        case '\t':
+            strbuf_append_str(sb, "\\t");
+            break;
+        case '\b':
+            strbuf_append_str(sb, "\\b");
+            break;
+        case '\f':
+            strbuf_append_str(sb, "\\f");
+            break;
         default:
             if (ch < 0x20)
                 strbuf_appendf(sb, "\\u%04x", ch);
@@ -463,21 +549,31 @@ static void json_str(const char *s, size_t n, strbuf *sb) {
 
 static void json_newline(strbuf *sb, int indent, int level) {
     strbuf_append_char(sb, '\n');
-    for (int i = 0; i < indent * level; i++) strbuf_append_char(sb, ' ');
+    for (int i = 0; i < indent * level; i++)
+        strbuf_append_char(sb, ' ');
 }
 
 static void json_key(jctx *c, jval k, strbuf *sb, int line) {
     switch (k.kind) {
-    case JV_STR: json_str(k.u.s.p, k.u.s.n, sb); return;
-    case JV_INT: strbuf_appendf(sb, "\"%lld\"", (long long)k.u.i); return;
-    case JV_BOOL: strbuf_append_str(sb, k.u.b ? "\"true\"" : "\"false\""); return;
-    case JV_NONE: strbuf_append_str(sb, "\"null\""); return;
+    case JV_STR:
+        json_str(k.u.s.p, k.u.s.n, sb);
+        return;
+    case JV_INT:
+        strbuf_appendf(sb, "\"%lld\"", (long long)k.u.i);
+        return;
+    case JV_BOOL:
+        strbuf_append_str(sb, k.u.b ? "\"true\"" : "\"false\"");
+        return;
+    case JV_NONE:
+        strbuf_append_str(sb, "\"null\"");
+        return;
     case JV_FLOAT:
         strbuf_append_char(sb, '"');
         jv_format_float(k.u.f, sb);
         strbuf_append_char(sb, '"');
         return;
-    default: jfail(c, line, "keys must be str, int, float, bool or None, not %s", jv_type_name(k));
+    default:
+        jfail(c, line, "keys must be str, int, float, bool or None, not %s", jv_type_name(k));
     }
 }
 
@@ -492,11 +588,18 @@ static int key_cmp(const void *x, const void *y) {
 void jv_tojson(jctx *c, jval v, strbuf *sb, int indent, const char *item_sep, const char *key_sep,
                bool sort_keys, int level, int line) {
     if (level > JV_MAX_NESTING) jfail(c, line, "tojson: value nested too deeply");
-    if (sb->len > c->limits.max_output_bytes) jfail(c, line, "tojson output exceeds %zu bytes", c->limits.max_output_bytes);
+    if (sb->len > c->limits.max_output_bytes)
+        jfail(c, line, "tojson output exceeds %zu bytes", c->limits.max_output_bytes);
     switch (v.kind) {
-    case JV_NONE: strbuf_append_str(sb, "null"); return;
-    case JV_BOOL: strbuf_append_str(sb, v.u.b ? "true" : "false"); return;
-    case JV_INT: strbuf_appendf(sb, "%lld", (long long)v.u.i); return;
+    case JV_NONE:
+        strbuf_append_str(sb, "null");
+        return;
+    case JV_BOOL:
+        strbuf_append_str(sb, v.u.b ? "true" : "false");
+        return;
+    case JV_INT:
+        strbuf_appendf(sb, "%lld", (long long)v.u.i);
+        return;
     case JV_FLOAT:
         if (isnan(v.u.f))
             strbuf_append_str(sb, "NaN");
@@ -505,7 +608,9 @@ void jv_tojson(jctx *c, jval v, strbuf *sb, int indent, const char *item_sep, co
         else
             jv_format_float(v.u.f, sb);
         return;
-    case JV_STR: json_str(v.u.s.p, v.u.s.n, sb); return;
+    case JV_STR:
+        json_str(v.u.s.p, v.u.s.n, sb);
+        return;
     case JV_LIST: {
         jlist *l = v.u.l;
         if (!l->n) {
@@ -530,15 +635,18 @@ void jv_tojson(jctx *c, jval v, strbuf *sb, int indent, const char *item_sep, co
             return;
         }
         size_t *order = jalloc(c, d->n * sizeof(size_t));
-        for (size_t i = 0; i < d->n; i++) order[i] = i;
+        for (size_t i = 0; i < d->n; i++)
+            order[i] = i;
         if (sort_keys) {
             const jval **ks = jalloc(c, d->n * sizeof(jval *));
             for (size_t i = 0; i < d->n; i++) {
-                if (d->keys[i].kind != JV_STR) jfail(c, line, "tojson: sort_keys needs string keys");
+                if (d->keys[i].kind != JV_STR)
+                    jfail(c, line, "tojson: sort_keys needs string keys");
                 ks[i] = &d->keys[i];
             }
             qsort(ks, d->n, sizeof *ks, key_cmp);
-            for (size_t i = 0; i < d->n; i++) order[i] = (size_t)(ks[i] - d->keys);
+            for (size_t i = 0; i < d->n; i++)
+                order[i] = (size_t)(ks[i] - d->keys);
         }
         strbuf_append_char(sb, '{');
         for (size_t k = 0; k < d->n; k++) {
@@ -553,6 +661,7 @@ void jv_tojson(jctx *c, jval v, strbuf *sb, int indent, const char *item_sep, co
         strbuf_append_char(sb, '}');
         return;
     }
-    default: jfail(c, line, "Object of type %s is not JSON serializable", jv_type_name(v));
+    default:
+        jfail(c, line, "Object of type %s is not JSON serializable", jv_type_name(v));
     }
 }

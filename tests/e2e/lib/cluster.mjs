@@ -234,6 +234,12 @@ export class Cluster {
   }
 
   stopSync() {
+    if (process.env.EXO_CLUSTER_KEEP_LOGS) { // a folder to copy the node logs into
+      fs.mkdirSync(process.env.EXO_CLUSTER_KEEP_LOGS, { recursive: true });
+      for (const n of this.nodes) {
+        try { fs.copyFileSync(n.log, path.join(process.env.EXO_CLUSTER_KEEP_LOGS, `${this.tag}-node${n.i}.log`)); } catch { /* none */ }
+      }
+    }
     for (const n of this.nodes) {
       if (n.proc && !n.exited) { try { n.proc.kill('SIGKILL'); } catch { /* gone */ } }
     }

@@ -150,6 +150,7 @@ export class FakeHF {
       for (const [p, e] of model) {
         const item = { type: 'file', oid: e.sha1, size: e.size, path: p };
         if (e.lfs) item.lfs = { oid: e.sha256, size: e.size, pointerSize: 134 };
+        if (this.faults.treeWithoutHashes) { delete item.oid; delete item.lfs; }
         list.push(item);
       }
       res.writeHead(200, { 'content-type': 'application/json' });
