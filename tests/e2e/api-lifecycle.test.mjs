@@ -178,6 +178,7 @@ test('a model that fails to load is a 503 naming the reason, in each API shape',
   const broken = path.join(node.modelsDir, 'org--broken');
   fs.mkdirSync(broken, { recursive: true });
   fs.writeFileSync(path.join(broken, 'config.json'), '{"model_type": "llama"}');
+  fs.writeFileSync(path.join(broken, 'model.safetensors'), 'not a safetensors file');
   const r = await fetch(`${node.url}/v1/chat/completions`, { method: 'POST',
     body: JSON.stringify({ model: 'org/broken', messages: [{ role: 'user', content: 'hi' }] }) });
   assert.equal(r.status, 503);
