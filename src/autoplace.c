@@ -156,6 +156,19 @@ static void h_place_instance(api_request *r, void *ctx) {
     json_decref(b);
 }
 
+/* DELETE /download/{node_id}/{model_id}: as models_api, and State forgets the download, so no
+ * node takes this one for a peer that holds the model. */
+static void h_download_delete(api_request *r, void *ctx) {
+    autoplace *a = ctx;
+    const char *node = api_request_param(r, "node_id"), *model = api_request_param(r, "model_id");
+    json_t *body;
+    int status = models_api_download_delete(a->models, node, model, &body);
+    if (status == 200 && cluster_node_id()[0])
+        cluster_submit(json_pack("{s:{s:s,s:s}}", "DownloadDeleted", "nodeId", node, "modelId",
+                                 model));
+    api_respond_json(r, status, body);
+}
+
 autoplace *autoplace_install(api_server *server, instances *local, models_service *models,
                              int api_port) {
     autoplace *a = calloc(1, sizeof *a);
@@ -165,6 +178,7 @@ autoplace *autoplace_install(api_server *server, instances *local, models_servic
     a->api_port = api_port;
     pthread_mutex_init(&a->lock, NULL);
     api_route_add(server, "POST", "/place_instance", h_place_instance, a, 0);
+    api_route_add(server, "DELETE", "/download/{node_id}/{model_id...}", h_download_delete, a, 0);
     return a;
 }
 

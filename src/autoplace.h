@@ -15,7 +15,8 @@
 
 typedef struct autoplace autoplace;
 
-/* Replaces POST /place_instance. api_port is this node's (peers are assumed to use the same). */
+/* Replaces POST /place_instance, and DELETE /download/{node_id}/{model_id} (which now also
+ * submits DownloadDeleted). api_port is this node's (peers are assumed to use the same). */
 autoplace *autoplace_install(api_server *server, instances *local, models_service *models,
                              int api_port);
 /* Cancels downloads still waiting to be placed, joins their threads, frees. Call before the

@@ -2,6 +2,7 @@
 // DownloadOngoing/DownloadCompleted shapes, under downloads[nodeId] on every node.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { Cluster } from './lib/cluster.mjs';
 import { exoBin } from './lib/exo.mjs';
@@ -39,4 +40,13 @@ test('a download on node A is visible in /state on node B, through completion', 
   // The same entry on A itself, and nothing for B (it downloaded nothing).
   assert.ok(entry(c.get(a, '/state'), a.id, ID).DownloadCompleted);
   assert.equal(entry(c.get(b, '/state'), b.id, ID), undefined);
+
+  // Deleting the files on A removes the entry from State everywhere.
+  const del = spawnSync('curl', ['-s', '-m', '5', '-X', 'DELETE', '-o', '/dev/null', '-w', '%{http_code}',
+    `http://127.0.0.1:${a.apiPort}/download/${a.id}/${ID}`], { encoding: 'utf8' });
+  assert.equal(del.stdout, '200');
+  await c.until(() => {
+    const st = c.get(b, '/state');
+    return st && st.downloads && !entry(st, a.id, ID);
+  }, 10000, 'node B to see node A\'s download deleted');
 });
