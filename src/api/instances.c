@@ -146,6 +146,8 @@ static void instance_unref_locked(instances *m, instance *in) {
     free(in);
 }
 
+/* Takes in out of the table and drops the table's reference (the caller holds another: the
+ * reader thread's, or one taken for the call). */
 static void unlink_locked(instances *m, instance *in) {
     if (in->removed) return;
     in->removed = 1;
@@ -154,6 +156,7 @@ static void unlink_locked(instances *m, instance *in) {
             *pp = in->next;
             break;
         }
+    instance_unref_locked(m, in);
 }
 
 static int send_message(instance *in, json_t *msg) {
