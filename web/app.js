@@ -116,7 +116,8 @@ export function linksOf(s) {
     const [, v] = untag(c);
     const a = v.source ?? v.from ?? v.localNodeId ?? v.a;
     const b = v.sink ?? v.to ?? v.sendBackNodeId ?? v.b;
-    if (a && b) out.push({ a, b, latencyMs: v.latencyMs ?? v.latency_ms ?? null, bandwidth: v.bandwidthBytesPerSecond ?? v.bandwidth ?? null });
+    if (a && b) out.push({ a, b, latencyMs: v.latencyMs ?? v.latency_ms ?? null,
+      bandwidth: v.bandwidthMbps != null ? (v.bandwidthMbps * 1e6) / 8 : (v.bandwidthBytesPerSecond ?? v.bandwidth ?? null) });
   }
   return out;
 }

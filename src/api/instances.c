@@ -229,14 +229,24 @@ static void *reader_main(void *arg) {
     instances *m = args[0];
     instance *in = args[1];
     free(args);
-    char err[256];
-    json_t *msg;
-    while ((msg = protocol_recv(in->fd, err, sizeof err))) {
-        const char *type = json_string_value(json_object_get(msg, "type"));
-        if (type && !strcmp(type, "status")) handle_status(m, in, msg);
-        else if (type) dispatch_call_message(m, in, msg);
-        json_decref(msg);
+    /* Buffered: one read takes every message the runner wrote for an engine step. */
+    protocol_reader pr = {0};
+    char *buf = malloc(1 << 16);
+    for (int bad = 0; buf && !bad;) {
+        ssize_t n = read(in->fd, buf, 1 << 16);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        protocol_reader_feed(&pr, buf, (size_t)n);
+        json_t *msg;
+        while ((msg = protocol_reader_next(&pr, &bad))) {
+            const char *type = json_string_value(json_object_get(msg, "type"));
+            if (type && !strcmp(type, "status")) handle_status(m, in, msg);
+            else if (type) dispatch_call_message(m, in, msg);
+            json_decref(msg);
+        }
     }
+    free(buf);
+    protocol_reader_free(&pr);
     char why[128];
     reap(in, why, sizeof why);
     pthread_mutex_lock(&m->lock);

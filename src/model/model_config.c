@@ -296,8 +296,9 @@ static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
     int hd_default = c->hidden_size % c->n_heads ? 0 : c->hidden_size / c->n_heads;
     if (get_int(root, "head_dim", hd_default == 0, hd_default, 2, 1024, &c->head_dim, err, errlen))
         return -1;
-    if (c->head_dim < 2 || c->head_dim % 2) {
-        set_err(err, errlen, "config.json: head_dim %d must be even and >= 2", c->head_dim);
+    if (c->head_dim < 2 || c->head_dim % 2 || c->head_dim > 1024) {
+        set_err(err, errlen, "config.json: head_dim %d must be even and in [2, 1024] "
+                "(hidden_size / num_attention_heads when absent)", c->head_dim);
         return -1;
     }
     double eps;

@@ -1,6 +1,8 @@
 /* protocol — gen_request JSON codec and length-prefixed framing (see protocol.h). */
 #include "runner/protocol.h"
 
+#include "base/strbuf.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,6 +165,17 @@ int protocol_send(int fd, const json_t *message) {
     free(frame);
     free(text);
     return rc;
+}
+
+void protocol_append(strbuf *out, const json_t *message) {
+    char *text = json_dumps(message, JSON_COMPACT);
+    if (!text) return;
+    size_t n = strlen(text);
+    char hdr[4] = {(char)(n & 0xff), (char)((n >> 8) & 0xff), (char)((n >> 16) & 0xff),
+                   (char)((n >> 24) & 0xff)};
+    strbuf_append(out, hdr, 4);
+    strbuf_append(out, text, n);
+    free(text);
 }
 
 static json_t *parse_payload(const unsigned char *p, size_t n) {

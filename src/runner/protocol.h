@@ -69,6 +69,10 @@ int gen_request_from_json(const json_t *j, gen_request *r, char *err, size_t err
 int protocol_send(int fd, const json_t *message);
 json_t *protocol_recv(int fd, char *err, size_t errlen);
 
+/* Appends one framed message to out (for writers that batch several messages per write). */
+struct strbuf;
+void protocol_append(struct strbuf *out, const json_t *message);
+
 /* Incremental decoder for non-blocking readers: feed bytes, pop complete messages. */
 typedef struct protocol_reader {
     unsigned char *buf;

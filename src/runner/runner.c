@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define MAX_EVENTS 256
@@ -48,14 +49,29 @@ typedef struct runner {
     output_format format;
     seq *seqs;
     protocol_reader reader;
+    strbuf out; /* framed messages not yet written: one write per engine step */
     int shutdown;
     const char *model_id;
 } runner;
 
 /* ------------------------------------------------------------------ messages to the node */
 
+static void flush(runner *r) {
+    size_t off = 0;
+    while (off < r->out.len) {
+        ssize_t w = send(r->fd, r->out.data + off, r->out.len - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            r->shutdown = 1; /* the node is gone */
+            break;
+        }
+        off += (size_t)w;
+    }
+    strbuf_clear(&r->out);
+}
+
 static void send_msg(runner *r, json_t *msg) {
-    if (protocol_send(r->fd, msg)) r->shutdown = 1; /* the node is gone */
+    protocol_append(&r->out, msg);
     json_decref(msg);
 }
 
@@ -66,6 +82,7 @@ static void send_status(runner *r, const char *status, json_t *extra) {
         json_decref(extra);
     }
     send_msg(r, m);
+    flush(r);
 }
 
 static void send_done_error(runner *r, uint64_t id, int status, const char *message) {
@@ -471,6 +488,7 @@ int runner_run(const runner_options *o) {
     while (!r.shutdown) {
         int busy = engine_pending(r.engine) > 0;
         if (read_messages(&r, busy ? 0 : -1)) break; /* node gone */
+        flush(&r); /* accepted / rejected answers */
         if (!engine_pending(r.engine)) continue;
         int n = engine_step(r.engine, events, MAX_EVENTS);
         if (n < 0) {
@@ -484,12 +502,15 @@ int runner_run(const runner_options *o) {
             break;
         }
         for (int i = 0; i < n; i++) handle_event(&r, &events[i]);
+        flush(&r);
     }
     free(events);
     rc = r.shutdown ? 0 : 1;
     if (!r.shutdown) log_info("the node closed the connection; exiting");
 out:
     while (r.seqs) seq_remove(&r, r.seqs);
+    flush(&r);
+    strbuf_free(&r.out);
     protocol_reader_free(&r.reader);
     if (r.tmpl) chat_template_free(r.tmpl);
     if (r.engine) engine_close(r.engine);

@@ -172,3 +172,23 @@ test('--model places the model at start; SIGTERM stops the node and its runner',
     await n.stop();
   }
 });
+
+test('a model that fails to load is a 503 naming the reason, in each API shape', async () => {
+  const fs = await import('node:fs');
+  const broken = path.join(node.modelsDir, 'org--broken');
+  fs.mkdirSync(broken, { recursive: true });
+  fs.writeFileSync(path.join(broken, 'config.json'), '{"model_type": "llama"}');
+  fs.writeFileSync(path.join(broken, 'model.safetensors'), 'not a safetensors file');
+  const r = await fetch(`${node.url}/v1/chat/completions`, { method: 'POST',
+    body: JSON.stringify({ model: 'org/broken', messages: [{ role: 'user', content: 'hi' }] }) });
+  assert.equal(r.status, 503);
+  const j = await r.json();
+  assert.match(j.error.message, /runner for org\/broken failed: \S+/);
+  const c = await fetch(`${node.url}/v1/messages`, { method: 'POST', body: JSON.stringify({
+    model: 'org/broken', max_tokens: 2, messages: [{ role: 'user', content: 'hi' }] }) });
+  assert.equal(c.status, 503);
+  assert.equal((await c.json()).error.type, 'overloaded_error');
+  // the failed instance is removed once its runner has exited
+  await waitFor(async () => !Object.values((await json('/state')).instances).some((i) =>
+    Object.values(i)[0].shardAssignments.modelId === 'org/broken'), 5000, 'failed instance removal');
+});

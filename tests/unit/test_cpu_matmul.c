@@ -142,6 +142,7 @@ static void check_all_paths(const weight_matrix *w, int64_t n_tokens) {
         {CPU_GEMM_AUTO, -1, "default"},
         {CPU_GEMM_OWN, 0, "gemm-own"},
         {CPU_GEMM_OPENBLAS, 0, "gemm-openblas"},
+        {CPU_GEMM_AUTO, 1 << 20, "matvec-passes"},
     };
     for (int level = 0; level < CPU_LEVEL_COUNT; level++) {
         if (!cpu_kernels_for((cpu_level)level)) continue;
@@ -248,6 +249,15 @@ static void test_rejects_unsupported_views(void **state) {
     bad = tw.w;
     bad.scales = NULL;
     assert_false(cpu_weight_supported(&bad));
+    /* cpu_matmul never reads through such a view: it answers zeros. */
+    float x[2 * 64], y[2 * 4];
+    for (int i = 0; i < 2 * 64; i++) x[i] = 1.0f;
+    for (int i = 0; i < 8; i++) y[i] = 42.0f;
+    cpu_matmul(&bad, x, y, 2);
+    for (int i = 0; i < 8; i++) assert_true(y[i] == 0.0f);
+    bad = tw.w;
+    bad.data = NULL;
+    assert_int_equal(cpu_matmul_with(&bad, x, y, 2, CPU_LEVEL_GENERIC, CPU_GEMM_AUTO, -1), -1);
     free_weight(&tw);
 }
 

@@ -99,6 +99,15 @@ static void test_rejects(void **s) {
     expect_error(llama32, "\"vocab_size\": 128256", "\"vocab_size\": 99999999999", "vocab_size");
     expect_error(llama32, "\"vocab_size\": 128256", "\"vocab_size\": \"big\"", "vocab_size");
     expect_error(llama32, "\"head_dim\": 64", "\"head_dim\": 63", "head_dim");
+    /* found by fuzz_model_config: a head_dim derived from hidden_size / heads (no head_dim
+     * field) was not range-checked */
+    const char *derived = "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 1516, "
+                          "\"hidden_size\": 6284, \"intermediate_size\": 128, "
+                          "\"num_hidden_layers\": 2, \"num_attention_heads\": 2}";
+    model_config c;
+    char err[256] = "";
+    assert_int_equal(model_config_parse(derived, strlen(derived), &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "head_dim"));
     expect_error(llama32, "\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": -1", "rms_norm_eps");
     expect_error(llama32, "LlamaForCausalLM", "GPT2LMHeadModel", "GPT2LMHeadModel");
     expect_error(llama32, "\"rope_type\": \"llama3\"", "\"rope_type\": \"dynamic\"", "dynamic");

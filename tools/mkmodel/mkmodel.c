@@ -397,7 +397,7 @@ static int read_tokenizer(const char *dir, mk_config *c, int64_t *vocab, char *e
     }
     json_decref(tok);
     if (*vocab <= 0) {
-        snprintf(err, errlen, "%s/tokenizer.json has no vocabulary", dir);
+        snprintf(err, errlen, "%.400s/tokenizer.json has no vocabulary", dir);
         return -1;
     }
     return 0;
