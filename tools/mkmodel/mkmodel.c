@@ -545,7 +545,7 @@ int main(int argc, char **argv) {
     }
     if (rc) return rc;
     mk_config *c = &o.cfg;
-    char err[PATH_MAX + 256] = {0}, tokdir[PATH_MAX] = {0};
+    char err[512] = {0}, tokdir[PATH_MAX] = {0};
     int64_t tok_vocab = 0;
     int with_tokenizer = strcmp(o.tokenizer, "none") != 0;
     c->bos_id = c->eos_id = -1;
