@@ -6,6 +6,7 @@
 #   make CUDA=1     also build the CUDA backend (needs nvcc), into build/cuda/
 #   make test       install deps if missing, build, run every test (unit + e2e)
 #   make run        install deps if missing, build, start a node with the demo model
+#   make test-san   the whole suite under ASan + UBSan + LSan (build/san/)
 #   make fuzz       build the libFuzzer targets (clang) into build/fuzz/
 #
 # Sources are discovered: every src/**/*.c goes into libexo.a, every tests/unit/test_*.c
@@ -61,7 +62,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TOOLS := $(notdir $(patsubst %/,%,$(sort $(dir $(wildcard tools/*/*.c)))))
 TOOL_BIN := $(TOOLS:%=$(BUILD)/tools/%)
 
-.PHONY: all test unit e2e run fuzz clean format deps bench
+.PHONY: all test test-san unit e2e run fuzz clean format deps bench
 all: $(BUILD)/exo $(TOOL_BIN) $(UNIT_BIN)
 
 $(BUILD)/obj/%.o: %.c
@@ -104,6 +105,10 @@ NPROC := $(shell nproc 2>/dev/null || echo 2)
 test: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all
 	@bash tests/run-all.sh $(BUILD)
+
+# Whole suite (unit + e2e) against build/san; sanitizer reports fail it.
+test-san: deps
+	@$(MAKE) --no-print-directory SAN=1 test
 
 unit:
 	@$(MAKE) --no-print-directory -j$(NPROC) all

@@ -146,14 +146,17 @@ static void instance_unref_locked(instances *m, instance *in) {
     free(in);
 }
 
-static void unlink_locked(instances *m, instance *in) {
-    if (in->removed) return;
+/* Takes in out of the table. Returns 1 when it was still there: the caller then owns the
+ * table's reference and must drop it. */
+static int unlink_locked(instances *m, instance *in) {
+    if (in->removed) return 0;
     in->removed = 1;
     for (instance **pp = &m->list; *pp; pp = &(*pp)->next)
         if (*pp == in) {
             *pp = in->next;
             break;
         }
+    return 1;
 }
 
 static int send_message(instance *in, json_t *msg) {
@@ -254,7 +257,7 @@ static void *reader_main(void *arg) {
     } else if (expected) {
         in->status = RUNNER_SHUTDOWN;
     }
-    unlink_locked(m, in);
+    int table_ref = unlink_locked(m, in);
     call *calls = in->calls;
     in->calls = NULL;
     in->n_calls = 0;
@@ -275,6 +278,7 @@ static void *reader_main(void *arg) {
         free(c);
     }
     pthread_mutex_lock(&m->lock);
+    in->refs -= table_ref; /* the table's reference, when this thread unlinked it */
     instance_unref_locked(m, in);
     m->live_readers--;
     pthread_cond_broadcast(&m->cond);
@@ -502,9 +506,8 @@ json_t *instances_get_json(instances *m, const char *id) {
 }
 
 static void shutdown_instance(instances *m, instance *in) {
-    /* m->lock held on entry and exit. */
+    /* m->lock held on entry and exit; in was just unlinked: this drops the table's reference. */
     in->status = RUNNER_SHUTTING_DOWN;
-    in->refs++;
     pthread_mutex_unlock(&m->lock);
     send_message(in, json_pack("{s:s}", "type", "shutdown"));
     pthread_mutex_lock(&m->lock);
