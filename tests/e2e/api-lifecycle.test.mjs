@@ -142,15 +142,23 @@ test('a runner killed mid-stream fails the request within 5 s; the next request 
 });
 
 test('prefill progress and keep-alive comments reach SSE clients', async () => {
-  // prefill progress needs a long prompt: > 256 tokens
-  const r = await fetch(`${node.url}/v1/chat/completions`, { method: 'POST', body: chatBody({
-    stream: true, max_tokens: 1,
-    messages: [{ role: 'user', content: 'hello '.repeat(1500) }] }) });
-  const text = await r.text();
-  assert.match(text, /^: prefill_progress \{"processed_tokens":\d+,"total_tokens":\d+\}$/m);
-  // the node was started with a 50 ms keep-alive interval; the prefill is much longer
-  assert.match(text, /^: keep-alive$/m);
-  assert.match(text, /data: \[DONE\]/);
+  // A node of its own with a 1 ms keep-alive interval: any pause in the stream (template,
+  // tokenization, a prefill chunk) is longer than that, however fast the machine is. (With the
+  // file's 50 ms interval this test failed on a quiet machine whose prefill finished sooner.)
+  const dir = await tinyModel(MODEL);
+  const fast = await startNode({ args: ['--models-path', path.dirname(dir)], env: { EXO_SSE_KEEPALIVE_MS: '1' } });
+  try {
+    // prefill progress needs a long prompt: > 256 tokens
+    const r = await fetch(`${fast.url}/v1/chat/completions`, { method: 'POST', body: chatBody({
+      stream: true, max_tokens: 1,
+      messages: [{ role: 'user', content: 'hello '.repeat(1500) }] }) });
+    const text = await r.text();
+    assert.match(text, /^: prefill_progress \{"processed_tokens":\d+,"total_tokens":\d+\}$/m);
+    assert.match(text, /^: keep-alive$/m);
+    assert.match(text, /data: \[DONE\]/);
+  } finally {
+    await fast.stop();
+  }
 });
 
 test('--model places the model at start; SIGTERM stops the node and its runner', async () => {
