@@ -46,22 +46,6 @@ static void h_metrics(api_request *r, void *ctx) {
     strbuf_free(&out);
 }
 
-static json_t *model_entry(const char *id) {
-    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:s}", "id", id, "object", "model", "created",
-                     (json_int_t)0, "owned_by", "exo", "hugging_face_id", id, "name", id);
-}
-
-static void h_models(api_request *r, void *ctx) {
-    api_service *s = ctx;
-    json_t *ids = instances_local_models(s->instances);
-    json_t *data = json_array();
-    size_t i;
-    json_t *v;
-    json_array_foreach(ids, i, v) json_array_append_new(data, model_entry(json_string_value(v)));
-    json_decref(ids);
-    api_respond_json(r, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
-}
-
 static void h_state(api_request *r, void *ctx) {
     api_service *s = ctx;
     api_respond_json(r, 200, instances_state_json(s->instances));
@@ -267,8 +251,7 @@ api_service *api_service_new(const exo_options *o, const char *node_id, char *er
     api_route_add(sv, "GET", "/node_id", h_node_id, s, API_ROUTE_PUBLIC);
     api_route_add(sv, "GET", "/health", h_health, s, API_ROUTE_PUBLIC);
     api_route_add(sv, "GET", "/metrics", h_metrics, s, 0);
-    api_route_add(sv, "GET", "/v1/models", h_models, s, 0);
-    api_route_add(sv, "GET", "/models", h_models, s, 0);
+    /* /models and /v1/models belong to the model store (api/routes_models.c). */
     api_route_add(sv, "GET", "/state", h_state, s, 0);
     api_route_add(sv, "POST", "/place_instance", h_place_instance, s, 0);
     api_route_add(sv, "POST", "/instance", h_create_instance, s, 0);
