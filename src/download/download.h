@@ -92,4 +92,22 @@ void download_progress_bar(const download_progress *p, void *ud);
 int download_shard_files(const char *index_json, int n_layers, int tie_embeddings, int start,
                          int end, json_t *out, char *err, size_t errlen);
 
+/* A byte range [start, end) of a file. */
+typedef struct download_range {
+    uint64_t start, end;
+} download_range;
+
+/* Which bytes of one safetensors file a pipeline stage needs: `head` holds the file's first
+ * head_len bytes (at least the 8-byte length and the JSON header), file_size is the file's
+ * listed size. Writes to out (up to max entries, sorted, merged where they touch or lie closer
+ * than 64 KiB) the header [0, 8+N) plus the data of every tensor of layers [start, end)
+ * (embeddings for the first stage, final norm / lm_head for the last, with tie_embeddings the
+ * last stage also gets the embeddings; other non-layer tensors go with both ends, as
+ * download_shard_files). Returns the number of ranges, or -1 with a message if the header is
+ * malformed or names bytes outside the file. If head_len is too short for the header, returns
+ * -2 and sets *need to the bytes required. */
+int download_shard_ranges(const void *head, size_t head_len, uint64_t file_size, int n_layers,
+                          int tie_embeddings, int start, int end, download_range *out, int max,
+                          uint64_t *need, char *err, size_t errlen);
+
 #endif
