@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Download throughput: exo's downloader (curl multi + SHA-256 verification + .partial/rename)
 # against plain `curl -o` fetching the same file from the same local server, interleaved.
-# Prints both rates per run and the median ratio (target >= 0.80).
+# Prints per run: wall time and MB/s, CPU seconds (user+sys) of the client and of the server
+# during that download; then medians and the median ratio curl time / exo time (target >= 0.80).
 #   bash bench/download/run.sh [build/release] [SIZE_MB]
 # Environment:
-#   RUNS=5          paired runs (curl then exo, back to back)
-#   SERVER=node     the fake Hub (tests/e2e/lib/fake-hf.mjs, Node.js streams; ~1 CPU-s per GB)
-#   SERVER=peer     exo's own peer file server (`download serve`, libmicrohttpd + sendfile;
-#                   ~0.15 CPU-s per GB), exo fetching it as a peer (manifest + files route)
+#   RUNS=5          paired runs (curl, exo[, baseline] back to back)
+#   BASE=DIR        also time DIR/tools/download (e.g. a build of main) in the same runs (A/B)
+#   SERVER=node     the fake Hub (tests/e2e/lib/fake-hf.mjs, Node.js streams from disk)
+#   SERVER=peer     exo's own peer file server (`download serve`: libmicrohttpd + sendfile),
+#                   exo fetching it as a peer (manifest + files routes)
 #   WORK=DIR        scratch dir (default a mktemp dir under /tmp; must hold 2x SIZE_MB)
 set -eu
 build=${1:-build/release}
@@ -16,13 +18,14 @@ server=${SERVER:-node}
 cd "$(dirname "$0")/../.."
 dl="$build/tools/download"
 [ -x "$dl" ] || { echo "no $dl: run make RELEASE=1 $dl"; exit 1; }
+base=${BASE:+$BASE/tools/download}
 work=$(mktemp -d "${WORK:-/tmp}/exo-bench-dl-XXXXXX")
 srv=
 trap '[ -n "$srv" ] && kill $srv 2>/dev/null; rm -rf "$work"' EXIT
 bytes=$((size_mb * 1024 * 1024))
 mkdir -p "$work/src/bench--big"
-head -c "$bytes" /dev/urandom > "$work/src/bench--big/model.safetensors"
 src="$work/src/bench--big/model.safetensors"
+head -c "$bytes" /dev/urandom > "$src"
 if [ "$server" = peer ]; then
   sha=$(sha256sum "$src" | cut -d' ' -f1)
   printf '{"model_id":"bench/big","revision":"main","files":[{"path":"model.safetensors","size":%s,"sha256":"%s"}]}\n' \
@@ -45,32 +48,49 @@ else
   export HF_ENDPOINT="$url"
 fi
 cat "$src" > /dev/null # the source file is in the page cache for every run
+tck=$(getconf CLK_TCK)
+srv_cpu() { awk -v t="$tck" '{ printf "%.2f", ($14 + $15) / t }' "/proc/$srv/stat"; }
+# timed NAME CMD...: runs CMD after a sync with no dirty pages left (writeback throttling would
+# otherwise charge one tool for the other's bytes); sets T (wall s), C (client CPU s), S (server CPU s)
+TIMEFORMAT='%R %U %S'
+timed() {
+  sync
+  local s0 s1 out
+  s0=$(srv_cpu)
+  out=$( { time "$@" > /dev/null 2>&1; } 2>&1 )
+  s1=$(srv_cpu)
+  T=$(echo "$out" | awk '{ print $1 }')
+  C=$(echo "$out" | awk '{ printf "%.2f", $2 + $3 }')
+  S=$(awk -v a="$s0" -v b="$s1" 'BEGIN { printf "%.2f", b - a }')
+}
 rate() { awk -v b="$bytes" -v s="$1" 'BEGIN { printf "%.0f", b / s / 1e6 }'; }
-now() { date +%s.%N; }
 runs=${RUNS:-5}
-ratios=""; curls=""; exos=""
-echo "server $server, $size_mb MiB, load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+declare -A col
+add() { col[$1]="${col[$1]:-} $2"; }
+echo "server $server, $size_mb MiB, $(nproc) cores, load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for run in $(seq 1 "$runs"); do
-  # each timed download starts with no dirty pages left by the previous one (writeback
-  # throttling would otherwise charge one tool for the other's bytes); both write a new file
-  # on the same filesystem
-  rm -f "$work/curl.bin"; rm -rf "$work/models"; sync
-  t0=$(now); curl -s -o "$work/curl.bin" "$curl_url"; t1=$(now)
-  c=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+  rm -f "$work/curl.bin"
+  timed curl -s -o "$work/curl.bin" "$curl_url"
   cmp -s "$src" "$work/curl.bin" || { echo "curl download differs"; exit 1; }
-  rm -f "$work/curl.bin"; sync
-  t0=$(now)
-  "$dl" get bench/big --models-dir "$work/models" "${exo_args[@]}" --json > "$work/exo.out"
-  t1=$(now)
-  e=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
-  cmp -s "$src" "$work/models/bench--big/model.safetensors" || { echo "exo download differs"; exit 1; }
-  rm -rf "$work/models"
-  echo "run $run: curl $(rate "$c") MB/s (${c}s)  exo $(rate "$e") MB/s (${e}s, verified)"
-  ratios="$ratios $(awk -v a="$c" -v b="$e" 'BEGIN { printf "%.3f", a / b }')"
-  curls="$curls $(rate "$c")"; exos="$exos $(rate "$e")"
+  rm -f "$work/curl.bin"
+  ct=$T; add curl "$(rate "$T")"; add curl_cpu "$C"; add curl_srv "$S"
+  line="run $run: curl $(rate "$T") MB/s (${T}s, cpu ${C}s, server cpu ${S}s)"
+  for v in exo ${base:+base}; do
+    bin=$dl; [ "$v" = base ] && bin=$base
+    rm -rf "$work/models"
+    timed "$bin" get bench/big --models-dir "$work/models" "${exo_args[@]}" --json
+    cmp -s "$src" "$work/models/bench--big/model.safetensors" || { echo "$v download differs"; exit 1; }
+    rm -rf "$work/models"
+    add "$v" "$(rate "$T")"; add "${v}_cpu" "$C"; add "${v}_srv" "$S"
+    add "${v}_ratio" "$(awk -v a="$ct" -v b="$T" 'BEGIN { printf "%.3f", a / b }')"
+    line="$line  $v $(rate "$T") MB/s (${T}s, cpu ${C}s, server cpu ${S}s)"
+  done
+  echo "$line"
 done
 med() { echo $1 | tr ' ' '\n' | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
-echo "curl MB/s:$curls (median $(med "$curls"))"
-echo "exo MB/s:$exos (median $(med "$exos"))"
-echo "per-run ratios (curl time / exo time):$ratios; median $(med "$ratios") (target >= 0.80)"
+for v in curl exo ${base:+base}; do
+  echo "$v MB/s:${col[$v]} (median $(med "${col[$v]}")); client CPU s:${col[${v}_cpu]} (median $(med "${col[${v}_cpu]}")); server CPU s median $(med "${col[${v}_srv]}")"
+done
+echo "exo: per-run ratios (curl time / exo time):${col[exo_ratio]}; median $(med "${col[exo_ratio]}") (target >= 0.80)"
+[ -n "$base" ] && echo "base: per-run ratios (curl time / base time):${col[base_ratio]}; median $(med "${col[base_ratio]}")"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -60,8 +60,9 @@ typedef struct hash_job {
 } hash_job;
 
 #define HASHER_JOBS 256
-#define HASHER_RING (64ull << 20)
-#define HASHER_STEP (1u << 20) /* bytes hashed per lock round trip */
+#define HASHER_RING (16ull << 20) /* small enough to stay in the last-level cache */
+#define HASHER_STEP (1u << 20)    /* bytes hashed per lock round trip */
+#define HASHER_WAKE (1u << 20)    /* the hasher sleeps until this much is queued (or a drain) */
 
 typedef struct hasher {
     pthread_mutex_t lock;
@@ -69,7 +70,7 @@ typedef struct hasher {
     hash_job jobs[HASHER_JOBS];
     unsigned jhead, jcount;   /* jobs[jhead] is the oldest */
     uint64_t head, tail;      /* ring positions (monotonic): [head, tail) is queued */
-    int stop, busy;
+    int stop, busy, draining, sleeping;
     unsigned char *ring;
     pthread_t thread;
 } hasher;
@@ -78,7 +79,12 @@ static void *hasher_main(void *arg) {
     hasher *h = arg;
     pthread_mutex_lock(&h->lock);
     for (;;) {
-        while (!h->jcount && !h->stop) pthread_cond_wait(&h->cond, &h->lock);
+        /* batch: one wake-up per HASHER_WAKE bytes, not one per received chunk */
+        while (!h->stop && (!h->jcount || (h->tail - h->head < HASHER_WAKE && !h->draining))) {
+            h->sleeping = 1;
+            pthread_cond_wait(&h->cond, &h->lock);
+            h->sleeping = 0;
+        }
         if (!h->jcount) break;
         hash_job *j = &h->jobs[h->jhead];
         EVP_MD_CTX *md = j->md;
@@ -122,7 +128,10 @@ static hasher *hasher_start(void) {
 static void hasher_drain(hasher *h) {
     if (!h) return;
     pthread_mutex_lock(&h->lock);
+    h->draining++;
+    pthread_cond_broadcast(&h->cond);
     while (h->jcount || h->busy) pthread_cond_wait(&h->cond, &h->lock);
+    h->draining--;
     pthread_mutex_unlock(&h->lock);
 }
 
@@ -134,13 +143,20 @@ static void hasher_push(hasher *h, EVP_MD_CTX *md, const void *data, size_t n) {
         return;
     }
     pthread_mutex_lock(&h->lock);
+    int waited = 0;
     for (;;) {
         int room = h->tail + n - h->head <= HASHER_RING;
         hash_job *t = h->jcount ? &h->jobs[(h->jhead + h->jcount - 1) % HASHER_JOBS] : NULL;
         int slot = (t && t->md == md) || h->jcount < HASHER_JOBS;
         if (room && slot) break;
+        if (!waited) { /* full (of bytes or of small jobs): the hasher must run whatever is queued */
+            waited = 1;
+            h->draining++;
+            pthread_cond_broadcast(&h->cond);
+        }
         pthread_cond_wait(&h->cond, &h->lock);
     }
+    if (waited) h->draining--;
     uint64_t tail = h->tail;
     pthread_mutex_unlock(&h->lock);
     /* [tail, tail+n) is free: only this thread writes, and the hasher never reads past tail */
@@ -155,7 +171,7 @@ static void hasher_push(hasher *h, EVP_MD_CTX *md, const void *data, size_t n) {
         h->jcount++;
     }
     h->tail += n;
-    pthread_cond_broadcast(&h->cond);
+    if (h->sleeping && h->tail - h->head >= HASHER_WAKE) pthread_cond_broadcast(&h->cond);
     pthread_mutex_unlock(&h->lock);
 }
 
