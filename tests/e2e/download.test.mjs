@@ -456,6 +456,28 @@ test('pipeline shard, one file holding every layer: each stage fetches only its 
   await hf.stop();
 });
 
+test('pipeline shard ranges: a connection dropped mid-range resumes from the byte it reached', async (t) => {
+  const hf = await startHF(t);
+  const files = makeTinyModel({ nLayers: 8, nShards: 1, layerBytes: 256 * 1024 });
+  hf.addModel(ID, files);
+  const file = Object.keys(files).find((p) => p.endsWith('.safetensors'));
+  const { headerEnd, tensors } = tensorsOf(files[file]);
+  hf.faults.dropAfter = { [file]: { times: 4, bytes: 300000 } }; // 2 header requests, then 2 drops
+  const sd = tmpdir('rangedrop');
+  const r = await get(hf, sd, ['--layers', '4:8']);
+  assert.equal(r.code, 0, r.stderr);
+  const need = tensors.filter(([name]) => !/embed|layers\.[0-3]\./.test(name));
+  const got = fs.readFileSync(path.join(modelDir(sd), file));
+  for (const [name, s0, e0] of need) assert.ok(got.subarray(s0, e0).equals(files[file].subarray(s0, e0)), name);
+  const wantBytes = headerEnd + need.reduce((a, [, s0, e0]) => a + e0 - s0, 0);
+  assert.equal(hf.bytesSent(ID, file), wantBytes, 'no byte fetched twice');
+  const ranges = hf.requests({ path: `/${ID}/resolve/main/${file}` }).map((q) => q.range);
+  const starts = ranges.map((x) => Number(x.match(/bytes=(\d+)-/)[1]));
+  const dataStart = need.reduce((a, [, s0]) => Math.min(a, s0), Infinity);
+  assert.ok(starts.includes(dataStart + 300000) && starts.includes(dataStart + 600000),
+    `resumed where each drop happened: ${ranges.join(' ')}`);
+});
+
 test('pipeline shard ranges: a server that ignores Range gets the file fetched whole', async (t) => {
   const hf = await startHF(t);
   const files = makeTinyModel({ nLayers: 4, nShards: 1 });
