@@ -1,6 +1,7 @@
 /* autoplace — POST /place_instance for models that are not on disk yet: a model in the catalog
  * is downloaded first (from peers whose State says they hold it, else from HF_ENDPOINT), then
- * placed on this node's instance manager. Progress is in State's downloads[nodeId]. With
+ * placed on this node's instance manager. The same download path serves generation requests
+ * for such models (autoplace_fetcher -> api_service_set_fetcher). Progress is in State's downloads[nodeId]. With
  * --offline a missing model is a 404 naming it. Models already on disk are placed at once, as
  * api/ does.
  *

@@ -6,9 +6,16 @@
  * layers, chosen via model.safetensors.index.json), check free space (statvfs), then fetch up
  * to `parallel` files at once with curl multi. Each file streams into "<file>.partial" (resumed
  * with Range after a drop or a restart), is verified (SHA-256 for LFS files, git blob SHA-1
- * for small files) and only then renamed into place; a mismatch deletes the partial and
- * retries. 429 waits for Retry-After; other transient failures back off exponentially.
- * ".exo-manifest.json" records every repo file with its size and hash (store.h reads it).
+ * for small files; hashed on a second thread while it arrives) and only then renamed into
+ * place; a mismatch deletes the partial and retries. 429 waits for Retry-After; other
+ * transient failures back off exponentially. ".exo-manifest.json" records every repo file with
+ * its size and hash (store.h reads it).
+ *
+ * Byte ranges: a stage that needs only some tensors of a safetensors file fetches its header
+ * and the byte ranges of those tensors into a sparse file at their offsets, listed in
+ * STORE_RANGES (the model then stays incomplete for the store). Such bytes are checked by
+ * Content-Range and the header's bounds only: a whole-file hash cannot check part of a file; a
+ * whole-model download refetches those files whole and verifies them.
  *
  * It refuses to write outside <models_dir>/<org--name>/, to trust sizes/paths from servers
  * unchecked, and to leave an unverified file under its final name. It never deletes files
