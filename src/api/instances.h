@@ -2,8 +2,11 @@
  * placed model, follows its status (exo's runner status names), forwards generation requests to
  * it over the runner protocol (runner/protocol.h) and hands every message back to the caller.
  *
- * A runner that dies fails its in-flight requests at once (EOF on its socket) and its instance is
- * removed, so the next request for that model starts a new one.
+ * A runner that dies fails its in-flight requests at once (EOF on its socket); its instance stays
+ * in the state as RunnerFailed (with the error) until it is deleted or replaced: the next request
+ * for that model starts a new one. A runner that stops answering while requests are in flight
+ * (alive but silent for watchdog_s) is killed, its requests fail with 504, and a new runner is
+ * started for the model at once.
  *
  * It refuses: multi-node placement (the cluster module takes that over) and more than one
  * instance per model. */
@@ -25,7 +28,13 @@ typedef struct instances_options {
     const char *node_id;
     size_t kv_cache_bytes;   /* passed to runners; 0 = automatic */
     int ready_timeout_s;     /* how long a request waits for a runner to be Ready; 0 = 600 */
+    int watchdog_s;          /* a busy runner silent this long is restarted; 0 = default,
+                                < 0 = no watchdog */
 } instances_options;
+
+/* Default watchdog: long enough for one prefill chunk (256 tokens, each progress message) of a
+ * large model on a slow CPU, short enough that a stopped runner does not hold clients for ever. */
+#define INSTANCES_WATCHDOG_DEFAULT_S 120
 
 instances *instances_new(const instances_options *options);
 /* Stops every runner (shutdown message, then SIGKILL after a grace period) and frees. */

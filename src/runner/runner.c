@@ -52,6 +52,7 @@ typedef struct runner {
     strbuf out; /* framed messages not yet written: one write per engine step */
     int shutdown;
     const char *model_id;
+    uint64_t last_send_ns; /* for the "alive" heartbeat the node's watchdog listens to */
 } runner;
 
 /* ------------------------------------------------------------------ messages to the node */
@@ -67,6 +68,7 @@ static void flush(runner *r) {
         }
         off += (size_t)w;
     }
+    if (r->out.len) r->last_send_ns = clock_now_ns();
     strbuf_clear(&r->out);
 }
 
@@ -502,6 +504,10 @@ int runner_run(const runner_options *o) {
             break;
         }
         for (int i = 0; i < n; i++) handle_event(&r, &events[i]);
+        /* Busy but silent (a long prefill chunk, a tool call held back by the parser): tell the
+         * node's watchdog this runner is alive, at most once a second. */
+        if (!r.out.len && clock_now_ns() - r.last_send_ns > 1000000000ull)
+            send_msg(&r, json_pack("{s:s}", "type", "alive"));
         flush(&r);
     }
     free(events);
