@@ -1,8 +1,18 @@
 // Per-token and time-to-first-token overhead of the API path (runner -> node -> SSE -> client)
-// versus the engine alone, measured inside the same requests: the runner stamps each token with
-// the CLOCK_MONOTONIC time the engine produced it (`engine_t_ns` in /bench stream chunks) and
-// reports the engine's own TTFT (submit -> first token) in `: generation_stats`; this client
-// reads the same clock (process.hrtime) when each SSE frame arrives.
+// versus the engine alone, same model, same prompt, same number of tokens, A/B interleaved.
+//
+// 1. Per-token time (the issue's definition): per round, the client's time per streamed token
+//    through the API, (last frame - first frame) / (tokens generated between them), minus the engine's own time per token
+//    when it runs alone (build/tools/engine-pace: the same chat-templated prompt, EOS banned,
+//    same thread count, no runner, no node), measured right before or after it (the order
+//    alternates). Overhead = median over rounds of (API - engine alone).
+// 2. Per-token latency: the runner stamps each token with the CLOCK_MONOTONIC time the engine
+//    produced it (`engine_t_ns` in /bench stream chunks), the node stamps when it encoded the
+//    frame, and this client reads the same clock (process.hrtime) when the frame arrives.
+//    This is how long each token takes to reach the client; it does not slow generation down
+//    (the runner does not wait for the node), so it is reported next to, not as, the overhead.
+// 3. TTFT overhead: client TTFT minus the engine's own submit -> first token in the same request
+//    (`: generation_stats`).
 //
 //   node bench/api/overhead.mjs [--model DIR] [--rounds 20] [--tokens 64] [--rt]
 // --rt (root): run the node (all its threads) and this client under SCHED_FIFO, with
@@ -10,9 +20,13 @@
 // work this measures the API path itself rather than how long the OS scheduler makes it wait.
 // Prints one line per round and a summary; exit 1 if a request fails.
 import fs from 'node:fs';
+import http from 'node:http';
 import path from 'node:path';
+import readline from 'node:readline';
+import { spawn } from 'node:child_process';
 import { startNode } from '../../tests/e2e/lib/node.mjs';
 import { tinyModel } from '../../tests/e2e/lib/models.mjs';
+import { buildDir } from '../../tests/e2e/lib/exo.mjs';
 
 const arg = (name, def) => {
   const i = process.argv.indexOf(`--${name}`);
@@ -22,6 +36,23 @@ const rounds = Number(arg('rounds', 20));
 const tokens = Number(arg('tokens', 64));
 const dir = arg('model', null) || await tinyModel('qwen3-tiny');
 const model = path.basename(dir);
+const PROMPT = 'Write a long story about a lighthouse keeper.';
+const threads = Number(process.env.EXO_RUNNER_THREADS || 0);
+
+// The engine alone: one process, loaded once, one generation per line we write.
+const pace = spawn(path.join(buildDir(), 'tools/engine-pace'),
+  [dir, PROMPT, String(tokens), String(threads)], { stdio: ['pipe', 'pipe', 'inherit'] });
+const paceLines = readline.createInterface({ input: pace.stdout })[Symbol.asyncIterator]();
+const paceNext = async () => {
+  const { value, done } = await paceLines.next();
+  if (done) throw new Error('engine-pace exited');
+  return JSON.parse(value);
+};
+await paceNext(); // {"ready":true}
+async function engineAlone() {
+  pace.stdin.write('go\n');
+  return paceNext();
+}
 const node = await startNode({ args: ['--models-path', path.dirname(dir)] });
 if (process.argv.includes('--rt')) {
   const { execFileSync } = await import('node:child_process');
@@ -29,42 +60,57 @@ if (process.argv.includes('--rt')) {
     execFileSync('chrt', ['-a', '-f', '-R', '-p', '10', String(pid)]);
 }
 const now = () => Number(process.hrtime.bigint());
+const agent = new http.Agent({ keepAlive: true });
 const median = (a) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 const pct = (a, p) => [...a].sort((x, y) => x - y)[Math.min(a.length - 1, Math.floor(a.length * p))];
 
-async function once() {
-  const t0 = now();
-  const r = await fetch(`${node.url}/bench/chat/completions`, { method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model, stream: true, max_tokens: tokens,
-      messages: [{ role: 'user', content: 'Write a long story about a lighthouse keeper.' }] }) });
-  if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
-  const reader = r.body.getReader();
-  const dec = new TextDecoder();
-  let buf = '', first = 0, stats = null;
-  const lat = [], hop1 = [], hop2 = [];
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    const t = now();
-    buf += dec.decode(value, { stream: true });
-    let k;
-    while ((k = buf.indexOf('\n\n')) >= 0) {
-      const frame = buf.slice(0, k);
-      buf = buf.slice(k + 2);
-      if (frame.startsWith(': generation_stats ')) stats = JSON.parse(frame.slice(19));
-      if (!frame.startsWith('data: {')) continue;
-      const c = JSON.parse(frame.slice(6));
-      if (c.error) throw new Error(c.error.message);
-      if (c.engine_t_ns) {
-        if (!first) first = t;
-        lat.push((t - c.engine_t_ns) / 1e6);
-        hop1.push((c.node_t_ns - c.engine_t_ns) / 1e6);
-        hop2.push((t - c.node_t_ns) / 1e6);
+// One streamed /bench request through node:http (a lean client: the time a frame arrives is
+// when its bytes reach this process, not how long a WHATWG stream takes to hand them over).
+function once() {
+  return new Promise((resolve, reject) => {
+    const t0 = now();
+    const body = JSON.stringify({ model, stream: true, max_tokens: tokens, temperature: 0,
+      messages: [{ role: 'user', content: PROMPT }] });
+    const req = http.request(`${node.url}/bench/chat/completions`, { method: 'POST', agent,
+      headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } },
+    (res) => {
+      if (res.statusCode !== 200) {
+        let t = '';
+        res.on('data', (d) => { t += d; });
+        res.on('end', () => reject(new Error(`HTTP ${res.statusCode}: ${t}`)));
+        return;
       }
-    }
-  }
-  return { ttftClient: (first - t0) / 1e6, ttftEngine: stats.ttft_ms, lat, hop1, hop2, n: lat.length };
+      res.setEncoding('utf8');
+      let buf = '', first = 0, last = 0, tokFirst = 0, tokLast = 0, stats = null;
+      const lat = [], hop1 = [], hop2 = [];
+      res.on('data', (chunk) => {
+        const t = now();
+        buf += chunk;
+        let k;
+        while ((k = buf.indexOf('\n\n')) >= 0) {
+          const frame = buf.slice(0, k);
+          buf = buf.slice(k + 2);
+          if (frame.startsWith(': generation_stats ')) stats = JSON.parse(frame.slice(19));
+          if (!frame.startsWith('data: {')) continue;
+          const c = JSON.parse(frame.slice(6));
+          if (c.error) return reject(new Error(c.error.message));
+          if (c.engine_t_ns) {
+            if (!first) { first = t; tokFirst = c.engine_tokens; }
+            last = t;
+            tokLast = c.engine_tokens;
+            lat.push((t - c.engine_t_ns) / 1e6);
+            hop1.push((c.node_t_ns - c.engine_t_ns) / 1e6);
+            hop2.push((t - c.node_t_ns) / 1e6);
+          }
+        }
+      });
+      res.on('end', () => resolve({ ttftClient: (first - t0) / 1e6, ttftEngine: stats.ttft_ms, lat,
+        hop1, hop2, n: stats.generation_tokens, perToken: (last - first) / 1e6 / (tokLast - tokFirst) }));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
 }
 
 // CPU seconds (user + system, all threads, 100 Hz ticks) the node process has used so far.
@@ -75,20 +121,31 @@ const nodeCpu = () => {
 
 try {
   await once(); // load the runner and warm up
+  await engineAlone();
   const cpu0 = nodeCpu();
   let total = 0;
-  const perToken = [], ttftOver = [], h1 = [], h2 = [];
+  const perToken = [], ttftOver = [], h1 = [], h2 = [], api = [], alone = [], diff = [];
   for (let i = 0; i < rounds; i++) {
-    const r = await once();
+    let r, e;
+    if (i % 2) { e = await engineAlone(); r = await once(); } else { r = await once(); e = await engineAlone(); }
+    if (e.tokens !== r.n) throw new Error(`engine alone made ${e.tokens} tokens, the API ${r.n}`);
     perToken.push(...r.lat);
-    total += r.n;
+    total += r.lat.length;
     h1.push(...r.hop1);
     h2.push(...r.hop2);
+    api.push(r.perToken);
+    alone.push(e.per_token_ms);
+    diff.push(r.perToken - e.per_token_ms);
     ttftOver.push(r.ttftClient - r.ttftEngine);
-    console.log(`round ${i + 1}: ${r.n} tokens, token latency median ${median(r.lat).toFixed(3)} ms, ` +
+    console.log(`round ${i + 1}: ${r.n} tokens, per token: API ${r.perToken.toFixed(3)} ms, engine alone ` +
+      `${e.per_token_ms.toFixed(3)} ms; token latency median ${median(r.lat).toFixed(3)} ms; ` +
       `TTFT client ${r.ttftClient.toFixed(2)} ms vs engine ${r.ttftEngine.toFixed(2)} ms`);
   }
-  console.log(`\nper-token API overhead (engine emit -> client receives SSE frame): ` +
+  console.log(`\nper-token time: through the API median ${median(api).toFixed(3)} ms, engine alone median ` +
+    `${median(alone).toFixed(3)} ms (${rounds} rounds of ${tokens} tokens, A/B interleaved)`);
+  console.log(`per-token API overhead (API - engine alone, per round): median ${median(diff).toFixed(3)} ms, ` +
+    `p90 ${pct(diff, 0.9).toFixed(3)} ms`);
+  console.log(`per-token latency (engine emit -> client receives SSE frame): ` +
     `median ${median(perToken).toFixed(3)} ms, p90 ${pct(perToken, 0.9).toFixed(3)} ms, ` +
     `p99 ${pct(perToken, 0.99).toFixed(3)} ms over ${perToken.length} tokens`);
   console.log(`  runner (detokenize, stop strings, parser, socket) -> node encoded: median ` +
@@ -101,5 +158,6 @@ try {
   console.log(`TTFT overhead (client TTFT - engine submit->first token): ` +
     `median ${median(ttftOver).toFixed(2)} ms, p90 ${pct(ttftOver, 0.9).toFixed(2)} ms`);
 } finally {
+  pace.stdin.end();
   await node.stop();
 }

@@ -281,6 +281,7 @@ static void chat_stream_delta(gen_state *st, const json_t *d, strbuf *out) {
     if (st->bench) {
         /* for bench/api/overhead.mjs: when the engine made the token, when the node encoded it */
         json_object_set(c, "engine_t_ns", json_object_get(d, "t_ns"));
+        json_object_set(c, "engine_tokens", json_object_get(d, "tokens"));
         json_object_set_new(c, "node_t_ns", json_integer((json_int_t)clock_now_ns()));
     }
     gen_sse_data(out, c);
