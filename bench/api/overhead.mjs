@@ -105,7 +105,7 @@ function once() {
         }
       });
       res.on('end', () => resolve({ ttftClient: (first - t0) / 1e6, ttftEngine: stats.ttft_ms, lat,
-        hop1, hop2, n: stats.generation_tokens, perToken: (last - first) / 1e6 / (tokLast - tokFirst) }));
+        hop1, hop2, n: stats.generation_tokens, runnerPerToken: 1000 / stats.generation_tps, perToken: (last - first) / 1e6 / (tokLast - tokFirst) }));
       res.on('error', reject);
     });
     req.on('error', reject);
@@ -137,7 +137,8 @@ try {
     alone.push(e.per_token_ms);
     diff.push(r.perToken - e.per_token_ms);
     ttftOver.push(r.ttftClient - r.ttftEngine);
-    console.log(`round ${i + 1}: ${r.n} tokens, per token: API ${r.perToken.toFixed(3)} ms, engine alone ` +
+    console.log(`round ${i + 1}: ${r.n} tokens, per token: API ${r.perToken.toFixed(3)} ms (runner's own ` +
+      `${r.runnerPerToken.toFixed(3)}), engine alone ` +
       `${e.per_token_ms.toFixed(3)} ms; token latency median ${median(r.lat).toFixed(3)} ms; ` +
       `TTFT client ${r.ttftClient.toFixed(2)} ms vs engine ${r.ttftEngine.toFixed(2)} ms`);
   }
