@@ -119,10 +119,23 @@ const nodeCpu = () => {
   return (Number(f[11]) + Number(f[12])) / 100;
 };
 
+// Context switches of all the node's threads so far (each one a thread that slept and woke).
+const nodeSwitches = () => {
+  let n = 0;
+  for (const t of fs.readdirSync(`/proc/${node.proc.pid}/task`)) {
+    try {
+      const st = fs.readFileSync(`/proc/${node.proc.pid}/task/${t}/status`, 'utf8');
+      for (const m of st.matchAll(/^(?:non)?voluntary_ctxt_switches:\s+(\d+)$/mg)) n += Number(m[1]);
+    } catch { /* thread ended */ }
+  }
+  return n;
+};
+
 try {
   await once(); // load the runner and warm up
   await engineAlone();
   const cpu0 = nodeCpu();
+  const sw0 = nodeSwitches();
   let total = 0;
   const perToken = [], ttftOver = [], h1 = [], h2 = [], api = [], alone = [], diff = [];
   for (let i = 0; i < rounds; i++) {
@@ -154,6 +167,9 @@ try {
   console.log(`  node encoded -> client read (SSE write, TCP, client parse): median ` +
     `${median(h2).toFixed(3)} ms, p90 ${pct(h2, 0.9).toFixed(3)} ms`);
   const cpu = nodeCpu() - cpu0;
+  const sw = nodeSwitches() - sw0;
+  console.log(`node context switches: ${(sw / total).toFixed(2)} per streamed token (${sw} for ${total} ` +
+    `tokens incl. ${rounds} requests; threads that ended during the run are not counted)`);
   console.log(`node process CPU (HTTP + JSON + SSE, runner excluded): ${(cpu * 1e6 / total).toFixed(1)} us ` +
     `per streamed token (${cpu.toFixed(2)} s for ${total} tokens incl. ${rounds} requests)`);
   console.log(`TTFT overhead (client TTFT - engine submit->first token): ` +

@@ -465,6 +465,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         int nfds = s->client_fd >= 0 ? 2 : 1;
         int rc = poll(fds, (nfds_t)nfds, ka_ms > 0 ? ka_ms : -1);
         if (rc < 0 && errno != EINTR) {
+            /* producers must never write to the socket once this callback has returned */
+            stream_mark_gone(s);
             if (direct) direct_end(s);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
