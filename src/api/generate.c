@@ -246,6 +246,8 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
         return;
     }
     int status = a->parse(body, st, err, sizeof err);
+    if (!status && bench) /* bench/api/overhead.mjs: the engine's own pace, same runner */
+        status = gen_get_bool(body, "engine_only", &st->req.engine_only, err, sizeof err);
     json_decref(body);
     if (status) {
         respond_error(st, r, status, err);

@@ -55,6 +55,8 @@ typedef struct gen_request {
     int top_logprobs;      /* 0..20 alternatives */
     int enable_thinking;   /* -1 = model default, 0/1 */
     int ban_eos;           /* exactly max_tokens (benchmarks) */
+    int engine_only;       /* benchmarks: the runner only counts and times tokens (no detokenizing,
+                              no deltas), so the engine's own pace is measured in the same process */
     int no_prefix_cache;
     int stream;            /* API-side only: answer as a stream */
 } gen_request;

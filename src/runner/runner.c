@@ -35,6 +35,7 @@ typedef struct seq {
     int has_tools;
     int prompt_tokens, cached_tokens, generated, reasoning_tokens, n_tool_calls;
     int stopped_by_string; /* we cancelled it after a stop string matched */
+    int engine_only;       /* count and time tokens only (gen_request.engine_only) */
     int last_progress;
     uint64_t t_submit, t_first, t_last;
     struct seq *next;
@@ -215,6 +216,7 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
     stop_strings_init(&s->stops, q.stop, q.n_stop);
     s->logprobs = q.logprobs;
     s->top_logprobs = q.top_logprobs;
+    s->engine_only = q.engine_only;
     s->prompt_tokens = n;
     s->t_submit = clock_now_ns();
     s->next = r->seqs;
@@ -372,6 +374,11 @@ static void handle_event(runner *r, const engine_event *ev) {
         if (!s->t_first) s->t_first = now;
         s->t_last = now;
         s->generated++;
+        if (s->engine_only) {
+            if (ev->finish == ENGINE_FINISH_STOP) finish(r, s, "stop", NULL);
+            else if (ev->finish == ENGINE_FINISH_LENGTH) finish(r, s, "length", NULL);
+            return;
+        }
         char piece[512];
         size_t n = detokenizer_push(s->detok, ev->token, piece, sizeof piece);
         strbuf out = {0};

@@ -179,6 +179,16 @@ test('/bench/chat/completions generates exactly max_tokens and reports stats', a
   assert.equal(j.generation_stats.generation_tokens, 12);
   assert.ok(j.generation_stats.generation_tps > 0);
   assert.ok(j.generation_stats.peak_memory_usage > 0);
+  // engine_only: the runner only steps and times the engine (the overhead benchmark's baseline)
+  const e = await (await fetch(`${node.url}/bench/chat/completions`, { method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, messages: hi, max_tokens: 12, engine_only: true }) })).json();
+  assert.equal(e.usage.completion_tokens, 12);
+  assert.equal(e.choices[0].message.content, '');
+  assert.ok(e.generation_stats.generation_tps > 0);
+  const bad = await fetch(`${node.url}/bench/chat/completions`, { method: 'POST',
+    body: JSON.stringify({ model: MODEL, messages: hi, engine_only: 'yes' }) });
+  assert.equal(bad.status, 400);
 });
 
 // Tokens are written to the client socket by the node's runner-reader thread; what a socket does
