@@ -59,6 +59,7 @@ typedef struct instance {
     int exited;  /* the reader saw EOF and reaped the process */
     int hung;    /* killed by the watchdog: its reader starts a replacement */
     _Atomic uint64_t last_rx_ns; /* when the runner last sent anything */
+    _Atomic uint64_t step_ms;    /* its last heartbeat: how long its current engine step ran */
     uint64_t busy_since_ns;      /* when n_calls last went from 0 to 1 */
     pthread_mutex_t send_lock;
     struct instance *next;
@@ -262,7 +263,9 @@ static void *reader_main(void *arg) {
         while ((msg = protocol_reader_next(&pr, &bad))) {
             const char *type = json_string_value(json_object_get(msg, "type"));
             if (type && !strcmp(type, "status")) handle_status(m, in, msg);
-            else if (type && strcmp(type, "alive")) dispatch_call_message(m, in, msg);
+            else if (type && !strcmp(type, "alive"))
+                atomic_store(&in->step_ms, (uint64_t)json_integer_value(json_object_get(msg, "step_ms")));
+            else if (type) dispatch_call_message(m, in, msg);
             json_decref(msg);
         }
     }
@@ -338,16 +341,25 @@ static void *watchdog_main(void *arg) {
                 continue;
             uint64_t rx = atomic_load(&in->last_rx_ns);
             uint64_t since = rx > in->busy_since_ns ? rx : in->busy_since_ns;
-            if (now <= since || now - since < limit) continue;
+            uint64_t step_ms = atomic_load(&in->step_ms);
+            int silent = now > since && now - since >= limit;
+            int stuck = step_ms / 1000 >= (uint64_t)m->watchdog_s * INSTANCES_WATCHDOG_STEP_FACTOR;
+            if (!silent && !stuck) continue;
             in->hung = 1;
             in->status = RUNNER_FAILED;
-            snprintf(in->error, sizeof in->error,
-                     "it did not answer for %d s (hung; watchdog EXO_RUNNER_WATCHDOG_S) and was "
-                     "restarted",
-                     m->watchdog_s);
-            log_error("runner for %s (pid %d) sent nothing for %d s with %d request(s) in "
-                      "flight; killing it",
-                      in->model_id, (int)in->pid, m->watchdog_s, in->n_calls);
+            if (silent)
+                snprintf(in->error, sizeof in->error,
+                         "it did not answer for %d s (hung; watchdog EXO_RUNNER_WATCHDOG_S) and "
+                         "was restarted",
+                         m->watchdog_s);
+            else
+                snprintf(in->error, sizeof in->error,
+                         "one engine step ran for %llu s (stuck; watchdog %d x "
+                         "EXO_RUNNER_WATCHDOG_S) and it was restarted",
+                         (unsigned long long)(step_ms / 1000),
+                         INSTANCES_WATCHDOG_STEP_FACTOR);
+            log_error("runner for %s (pid %d) with %d request(s) in flight: %s; killing it",
+                      in->model_id, (int)in->pid, in->n_calls, in->error);
             kill(in->pid, SIGKILL);
         }
     }

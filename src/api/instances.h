@@ -5,8 +5,8 @@
  * A runner that dies fails its in-flight requests at once (EOF on its socket); its instance stays
  * in the state as RunnerFailed (with the error) until it is deleted or replaced: the next request
  * for that model starts a new one. A runner that stops answering while requests are in flight
- * (alive but silent for watchdog_s) is killed, its requests fail with 504, and a new runner is
- * started for the model at once.
+ * (silent for watchdog_s, or stuck in one engine step) is killed, its requests fail with 504,
+ * and a new runner is started for the model at once.
  *
  * It refuses: multi-node placement (the cluster module takes that over) and more than one
  * instance per model. */
@@ -32,9 +32,13 @@ typedef struct instances_options {
                                 < 0 = no watchdog */
 } instances_options;
 
-/* Default watchdog: long enough for one prefill chunk (256 tokens, each progress message) of a
- * large model on a slow CPU, short enough that a stopped runner does not hold clients for ever. */
-#define INSTANCES_WATCHDOG_DEFAULT_S 120
+/* Watchdog. A runner's heartbeat thread reports once a second, also in the middle of a long
+ * engine step; a runner with requests in flight that sends nothing for watchdog_s seconds is
+ * stopped or frozen. One engine step running longer than WATCHDOG_STEP_FACTOR x watchdog_s
+ * (default 10 minutes; a 512-token prefill chunk of a large model on a slow CPU takes a minute or
+ * two) is stuck. Either way the runner is killed, its requests fail and a new one starts. */
+#define INSTANCES_WATCHDOG_DEFAULT_S 30
+#define INSTANCES_WATCHDOG_STEP_FACTOR 20
 
 instances *instances_new(const instances_options *options);
 /* Stops every runner (shutdown message, then SIGKILL after a grace period) and frees. */

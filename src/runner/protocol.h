@@ -17,7 +17,9 @@
  *     {"type":"status","status":"Failed","error":"..."}          then the runner exits
  *     {"type":"accepted","id":U64,"prompt_tokens":N}              prompt rendered, tokenized, queued
  *     {"type":"progress","id":U64,"processed":N,"total":N}        prefill progress
- *     {"type":"alive"}                 busy and silent for a second (the node's watchdog hears it)
+ *     {"type":"alive","step_ms":N}     every second from a heartbeat thread; N = how long the engine
+ *                                      step in progress has run (0 between steps): the node's
+ *                                      watchdog restarts a runner that is silent or stuck in a step
  *     {"type":"delta","id":U64,"content"?,"reasoning"?,"tool_calls"?:[{id,name,arguments}],
  *      "logprobs"?:[{token,logprob,bytes:[..],top_logprobs:[{token,logprob,bytes}]}],"tokens":N}
  *     {"type":"done","id":U64,"finish_reason":"stop|length|tool_calls|cancelled|error",
