@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs);
 
@@ -247,9 +248,106 @@ out:
     free(itl);
 }
 
+/* Short requests arriving during a long chunked prefill: the long prompt (long_len tokens) is
+ * prefilled in chunks of `chunk` tokens while n_short requests of short_len tokens arrive at
+ * random times spread over it. Arrivals follow a schedule on the clock; the loop submits every
+ * request whose time has come before each step -- exactly what a runner does with requests that
+ * arrive while a step runs -- and a request's TTFT runs from its scheduled arrival to its first
+ * token. The chunk time is the median step that advanced the long prompt by a full chunk, in the
+ * same run. Prints TTFT p50/p99/max and p99 / chunk time (the target is below 1.5). */
+static void run_interrupt(const char *model_dir, const char *kv, int long_len, int short_len,
+                          int n_short, int chunk, int reps, int vocab) {
+    engine_options o = {.model_dir = model_dir, .max_batch_tokens = chunk, .max_sequences = 64,
+                        .context_length = long_len + 64, .kv_cache_dtype = kv};
+    char err[512];
+    engine *e = engine_open(&o, err, sizeof err);
+    if (!e) {
+        fprintf(stderr, "exo bench: %s\n", err);
+        return;
+    }
+    int32_t *lp = malloc(sizeof(int32_t) * (size_t)long_len);
+    int32_t *sp = malloc(sizeof(int32_t) * (size_t)short_len);
+    int n_all = n_short * reps;
+    double *ttft = calloc((size_t)n_all + 1, sizeof *ttft);
+    double *at = calloc((size_t)n_short + 1, sizeof *at);
+    double *steps = calloc(4096, sizeof *steps);
+    int n_ttft = 0, n_steps = 0;
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    /* warm-up (faults the weights in) and a first estimate of the chunk time for the schedule */
+    double est = run_prefill(e, chunk, vocab, 77);
+    est = run_prefill(e, chunk, vocab, 78);
+    for (int rep = 0; rep < reps && lp && sp && ttft && at && steps; rep++) {
+        fill_prompt(lp, long_len, vocab, 5000 + rep);
+        engine_request r = {.prompt = lp, .n_prompt = long_len, .max_tokens = 2, .ban_eos = 1,
+                            .no_prefix_cache = 1};
+        r.sampling = sampling_params_default();
+        r.sampling.temperature = 0;
+        if (engine_submit(e, 0, &r, err, sizeof err) != 0) {
+            fprintf(stderr, "exo bench: %s\n", err);
+            break;
+        }
+        double span = 0.9 * est * long_len / chunk; /* arrivals spread over the expected prefill */
+        for (int i = 0; i < n_short; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            at[i] = span * (double)(x % 1000000) / 1e6;
+        }
+        qsort(at, (size_t)n_short, sizeof *at, cmp_double);
+        int next = 0, long_done = 0, got_first[1024] = {0};
+        uint64_t t0 = clock_now_ns();
+        engine_event ev[256];
+        while (engine_pending(e) || next < n_short) {
+            double now = (double)(clock_now_ns() - t0) * 1e-9;
+            while (next < n_short && at[next] <= now) {
+                fill_prompt(sp, short_len, vocab, 9000 + rep * 1000 + next);
+                engine_request q = r;
+                q.prompt = sp;
+                q.n_prompt = short_len;
+                q.max_tokens = 4;
+                if (engine_submit(e, (uint64_t)next + 1, &q, err, sizeof err) != 0)
+                    fprintf(stderr, "exo bench: %s\n", err);
+                next++;
+            }
+            if (!engine_pending(e)) { /* idle until the next arrival */
+                usleep(200);
+                continue;
+            }
+            int k = engine_step(e, ev, 256);
+            if (k < 0) break;
+            double end = (double)(clock_now_ns() - t0) * 1e-9;
+            for (int i = 0; i < k; i++) {
+                int id = (int)ev[i].seq_id;
+                if (id == 0 && ev[i].token < 0) {
+                    if (ev[i].prefill_done - long_done >= chunk - n_short && n_steps < 4096)
+                        steps[n_steps++] = end - now;
+                    long_done = ev[i].prefill_done;
+                } else if (id > 0 && id <= n_short && ev[i].token >= 0 && !got_first[id]) {
+                    got_first[id] = 1;
+                    ttft[n_ttft++] = end - at[id - 1];
+                }
+            }
+        }
+    }
+    double chunk_s = percentile(steps, n_steps, 0.5);
+    double p50 = percentile(ttft, n_ttft, 0.5), p99 = percentile(ttft, n_ttft, 0.99);
+    double mx = percentile(ttft, n_ttft, 1.0);
+    printf("interrupt pp%d chunk %d: %d short requests (%d tokens) arriving during the prefill: "
+           "chunk time %.1f ms (median of %d full-chunk steps; alone %.1f ms) | TTFT p50 %.1f ms "
+           "p99 %.1f ms max %.1f ms | p99 / chunk time = %.2f (target < 1.5)\n",
+           long_len, chunk, n_ttft, short_len, 1e3 * chunk_s, n_steps, 1e3 * est, 1e3 * p50,
+           1e3 * p99, 1e3 * mx, chunk_s > 0 ? p99 / chunk_s : 0);
+    fflush(stdout);
+    free(lp);
+    free(sp);
+    free(ttft);
+    free(at);
+    free(steps);
+    engine_close(e);
+}
+
 int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs) {
     int pp[8] = {128, 512}, n_pp = 2, batch[8] = {1, 8}, n_batch = 2, tg = 64, reps = 2;
     int streams[8] = {0}, n_streams = 0, stream_prompt = 128;
+    int interrupt = 0, short_prompt = 32, n_short = 24, chunk = 512, set_pp = 0, set_batch = 0;
     const char *kv = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -258,28 +356,39 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
             return 2;
         }
         i++;
-        if (!strcmp(a, "--pp")) n_pp = parse_list(v, pp, 8);
-        else if (!strcmp(a, "--batch")) n_batch = parse_list(v, batch, 8);
+        if (!strcmp(a, "--pp")) n_pp = parse_list(v, pp, 8), set_pp = 1;
+        else if (!strcmp(a, "--batch")) n_batch = parse_list(v, batch, 8), set_batch = 1;
         else if (!strcmp(a, "--tg")) tg = atoi(v);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--kv-dtype")) kv = v;
         else if (!strcmp(a, "--streams")) n_streams = parse_list(v, streams, 8);
         else if (!strcmp(a, "--stream-prompt")) stream_prompt = atoi(v);
+        else if (!strcmp(a, "--interrupt")) interrupt = atoi(v);
+        else if (!strcmp(a, "--short-prompt")) short_prompt = atoi(v);
+        else if (!strcmp(a, "--shorts")) n_short = atoi(v);
+        else if (!strcmp(a, "--chunk")) chunk = atoi(v);
         else {
             fprintf(stderr, "exo bench --model: unknown option %s (--pp 128,512 --tg 64 "
-                    "--batch 1,8 --reps 2 --kv-dtype f16 --streams 1,8,32 --stream-prompt 128)\n", a);
+                    "--batch 1,8 --reps 2 --kv-dtype f16 --streams 1,8,32 --stream-prompt 128 "
+                    "--interrupt 4096 --short-prompt 32 --shorts 24 --chunk 512)\n", a);
             return 2;
         }
-        if (n_pp < 1 || n_batch < 1 || tg < 2 || reps < 1 || n_streams < 0 || stream_prompt < 1) {
+        if (n_pp < 1 || n_batch < 1 || tg < 2 || reps < 1 || n_streams < 0 || stream_prompt < 1 ||
+            interrupt < 0 || short_prompt < 1 || n_short < 1 || n_short > 1000 || chunk < 16) {
             fprintf(stderr, "exo bench --model: bad value '%s' for %s\n", v, a);
             return 2;
         }
     }
+    /* --streams / --interrupt alone run only those sections */
+    if ((n_streams || interrupt) && !set_pp) n_pp = 0;
+    if ((n_streams || interrupt) && !set_batch) n_batch = 0;
     int max_pp = 0, max_b = 0;
     for (int i = 0; i < n_pp; i++) max_pp = pp[i] > max_pp ? pp[i] : max_pp;
     for (int i = 0; i < n_batch; i++) max_b = batch[i] > max_b ? batch[i] : max_b;
     for (int i = 0; i < n_streams; i++) max_b = streams[i] > max_b ? streams[i] : max_b;
     if (n_streams && stream_prompt > max_pp) max_pp = stream_prompt;
+    if (max_pp < 16) max_pp = 16;
+    if (max_b < 1) max_b = 1;
     model_config cfg;
     char err[512];
     if (model_config_load(model_dir, &cfg, err, sizeof err) != 0) {
@@ -337,5 +446,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
         run_streams(e, streams[i], stream_prompt, tg, cfg.vocab_size, rl.rate);
     }
     engine_close(e);
+    if (interrupt)
+        run_interrupt(model_dir, kv, interrupt, short_prompt, n_short, chunk, reps, cfg.vocab_size);
     return 0;
 }
