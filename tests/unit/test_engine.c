@@ -437,12 +437,12 @@ static void test_short_request_not_stuck_behind_long_prefill(void **s) {
 }
 
 /* The step that gives a newly arrived short prompt its first token is itself short: long
- * prefills in it are capped at a quarter of the budget (at least a block), so time to first token
+ * prefills in it are capped at an eighth of the budget (at least a block), so time to first token
  * is about the step the request arrived during, not two full chunks. The step after that runs a
  * full chunk again, and the long prompt's tokens do not change. */
 static void test_first_token_step_caps_long_prefill(void **s) {
     (void)s;
-    engine *e = open_engine(64, 0); /* quarter of the budget: 16 tokens = one block */
+    engine *e = open_engine(64, 0); /* an eighth of the budget is less than a block: 16 */
     int32_t longp[220];
     for (int i = 0; i < 220; i++) longp[i] = 4 + (i * 13) % 90;
     engine_request rl = greedy_request(longp, 220), rs = reqs[0];
@@ -460,9 +460,9 @@ static void test_first_token_step_caps_long_prefill(void **s) {
         }
     }
     assert_int_equal(short_first, 1);                 /* first token at the next step */
-    assert_int_equal(progress[0], 64);                /* a full chunk alone */
-    assert_int_equal(progress[1], 64 + 16);           /* capped while the short one starts */
-    assert_int_equal(progress[2], 64 + 16 + 64 - 1);  /* full again (the short one decodes) */
+    assert_int_equal(progress[0], 64);               /* a full chunk alone */
+    assert_int_equal(progress[1], 64 + 16);          /* capped while the short one starts */
+    assert_int_equal(progress[2], 64 + 16 + 64 - 1); /* full again (the short one decodes) */
     stream got[3];
     memset(got, 0, sizeof got);
     while (engine_pending(e)) {
