@@ -198,7 +198,12 @@ export async function soak({ duration = 600, concurrency = 12, kvCacheMem = '384
     const summary = {
       duration_s: (Date.now() - t0) / 1000, ...c, kvBlocksTotal: last.total, kvBlocksUsedEnd: last.used,
       kvBlocksCachedEnd: last.cached, kvBlocksUsedPeak: peak(samples, (s) => s.used ?? 0),
-      preemptions: last.preemptions, samples: samples.length, rss, failures,
+      preemptions: last.preemptions, samples: samples.length, rss,
+      // RSS (MiB, node / runner) and KV blocks used, about ten points over the run
+      timeline: samples.filter((s, i) => i % Math.max(1, Math.floor(samples.length / 10)) === 0 ||
+        i === samples.length - 1).map((s) => `${s.t.toFixed(0)}s ${(s.nodeKiB / 1024).toFixed(1)}/` +
+        `${(s.runnerKiB / 1024).toFixed(1)} MiB kv ${s.used}`),
+      failures,
     };
     log(JSON.stringify(summary));
     return summary;
