@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs);
 
@@ -214,18 +215,28 @@ static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, dou
         }
     }
     engine_event ev[256];
+    /* the decode window: from the step where the last stream got its first token (every
+     * stream decoding from then on) to the step where the first one finished */
+    int n_started = 0, window_tokens = 0, window_open = 0, window_closed = 0;
+    double t_open = 0, t_close = 0;
     while (engine_pending(e)) {
         int k = engine_step(e, ev, 256);
         if (k < 0) goto out;
         double now = (double)(clock_now_ns() - t0) * 1e-9;
+        int step_tokens = 0, finished = 0;
         for (int i = 0; i < k; i++) {
             if (ev[i].token < 0) continue;
             int b = (int)ev[i].seq_id;
-            if (!ttft[b]) first[b] = ttft[b] = now;
+            if (!ttft[b]) first[b] = ttft[b] = now, n_started++;
             else itl[n_itl++] = now - last[b];
             last[b] = now;
             total++;
+            step_tokens++;
+            finished |= ev[i].finish != ENGINE_FINISH_NONE;
         }
+        if (window_open && !window_closed) window_tokens += step_tokens;
+        if (window_open && !window_closed && finished) window_closed = 1, t_close = now;
+        if (!window_open && n_started == n) window_open = 1, t_open = now;
     }
     double end = 0, per_stream = 0;
     for (int b = 0; b < n; b++) {
@@ -233,11 +244,14 @@ static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, dou
         per_stream += last[b] > first[b] ? (tg - 1) / (last[b] - first[b]) : 0;
     }
     double agg = total / end;
-    printf("streams %-3d pp%d tg%d: %8.1f tok/s aggregate (%5.1f%% of roofline %.1f), %6.1f "
-           "tok/s per stream | TTFT p50 %7.1f ms p99 %7.1f ms | ITL p50 %6.1f ms p99 %6.1f ms\n",
-           n, prompt_len, tg, agg, roof > 0 ? 100 * agg / roof : 0, roof, per_stream / n,
-           1e3 * percentile(ttft, n, 0.5), 1e3 * percentile(ttft, n, 0.99),
-           1e3 * percentile(itl, n_itl, 0.5), 1e3 * percentile(itl, n_itl, 0.99));
+    double decode = window_closed && t_close > t_open ? window_tokens / (t_close - t_open) : 0;
+    printf("streams %-3d pp%d tg%d: %8.1f tok/s output (all of it / wall time), %6.1f tok/s per "
+           "stream | TTFT p50 %7.1f ms p99 %7.1f ms | ITL p50 %6.1f ms p99 %6.1f ms | decode "
+           "with all %d streams in the batch %8.1f tok/s = %5.1f%% of roofline %.1f\n",
+           n, prompt_len, tg, agg, per_stream / n, 1e3 * percentile(ttft, n, 0.5),
+           1e3 * percentile(ttft, n, 0.99), 1e3 * percentile(itl, n_itl, 0.5),
+           1e3 * percentile(itl, n_itl, 0.99), n, decode, roof > 0 ? 100 * decode / roof : 0,
+           roof);
     fflush(stdout);
 out:
     free(p);
@@ -247,9 +261,140 @@ out:
     free(itl);
 }
 
+/* Short requests arriving during a long chunked prefill: the long prompt (long_len tokens) is
+ * prefilled in chunks of `chunk` tokens while n_short requests of short_len tokens arrive at
+ * random times spread over it. Arrivals follow a schedule on the clock; the loop submits every
+ * request whose time has come before each step -- exactly what a runner does with requests that
+ * arrive while a step runs -- and a request's TTFT runs from its scheduled arrival to its first
+ * token. Its chunk time is the duration of the full-chunk step nearest to its arrival (the one
+ * it arrived during, when that was one), measured in the same run, so a machine whose speed
+ * drifts (shared, throttled) still gives a fair ratio. Prints TTFT p50/p99/max, the median chunk
+ * time and the p99 and max of TTFT / chunk time (target below 1.5). */
+typedef struct bench_step {
+    double start, end;
+    int full; /* the long prompt advanced by (nearly) a whole chunk */
+} bench_step;
+
+static double nearest_full_step(const bench_step *st, int n, double t) {
+    double best = 0, dist = 1e30;
+    for (int i = 0; i < n; i++) {
+        if (!st[i].full) continue;
+        double d = t < st[i].start ? st[i].start - t : t > st[i].end ? t - st[i].end : 0;
+        if (d < dist) dist = d, best = st[i].end - st[i].start;
+    }
+    return best;
+}
+
+static void run_interrupt(const char *model_dir, const char *kv, int long_len, int short_len,
+                          int n_short, int chunk, int reps, int vocab) {
+    engine_options o = {.model_dir = model_dir, .max_batch_tokens = chunk, .max_sequences = 64,
+                        .context_length = long_len + 64, .kv_cache_dtype = kv};
+    char err[512];
+    engine *e = engine_open(&o, err, sizeof err);
+    if (!e) {
+        fprintf(stderr, "exo bench: %s\n", err);
+        return;
+    }
+    int32_t *lp = malloc(sizeof(int32_t) * (size_t)long_len);
+    int32_t *sp = malloc(sizeof(int32_t) * (size_t)short_len);
+    int n_all = n_short * reps, max_steps = 4 * (long_len / chunk + n_short + 8);
+    double *ttft = calloc((size_t)n_all + 1, sizeof *ttft);
+    double *ratio = calloc((size_t)n_all + 1, sizeof *ratio);
+    double *chunks = calloc((size_t)max_steps * (size_t)reps + 1, sizeof *chunks);
+    double *at = calloc((size_t)n_short + 1, sizeof *at), *first = calloc((size_t)n_short + 1, 8);
+    bench_step *st = calloc((size_t)max_steps, sizeof *st);
+    int n_ttft = 0, n_chunks = 0;
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    /* warm-up (faults the weights in) and a first estimate of the chunk time for the schedule */
+    double est = run_prefill(e, chunk, vocab, 77);
+    est = run_prefill(e, chunk, vocab, 78);
+    for (int rep = 0; rep < reps && lp && sp && ttft && ratio && chunks && at && first && st;
+         rep++) {
+        fill_prompt(lp, long_len, vocab, 5000 + rep);
+        engine_request r = {.prompt = lp, .n_prompt = long_len, .max_tokens = 2, .ban_eos = 1,
+                            .no_prefix_cache = 1};
+        r.sampling = sampling_params_default();
+        r.sampling.temperature = 0;
+        if (engine_submit(e, 0, &r, err, sizeof err) != 0) {
+            fprintf(stderr, "exo bench: %s\n", err);
+            break;
+        }
+        double span = 0.9 * est * long_len / chunk; /* arrivals spread over the expected prefill */
+        for (int i = 0; i < n_short; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            at[i] = span * (double)(x % 1000000) / 1e6;
+            first[i] = 0;
+        }
+        qsort(at, (size_t)n_short, sizeof *at, cmp_double);
+        int next = 0, long_done = 0, n_st = 0;
+        uint64_t t0 = clock_now_ns();
+        engine_event ev[256];
+        while (engine_pending(e) || next < n_short) {
+            double now = (double)(clock_now_ns() - t0) * 1e-9;
+            while (next < n_short && at[next] <= now) {
+                fill_prompt(sp, short_len, vocab, 9000 + rep * 1000 + next);
+                engine_request q = r;
+                q.prompt = sp;
+                q.n_prompt = short_len;
+                q.max_tokens = 4;
+                if (engine_submit(e, (uint64_t)next + 1, &q, err, sizeof err) != 0)
+                    fprintf(stderr, "exo bench: %s\n", err);
+                next++;
+            }
+            if (!engine_pending(e)) { /* idle until the next arrival */
+                usleep(200);
+                continue;
+            }
+            int k = engine_step(e, ev, 256);
+            if (k < 0) break;
+            double end = (double)(clock_now_ns() - t0) * 1e-9;
+            int full = 0;
+            for (int i = 0; i < k; i++) {
+                int id = (int)ev[i].seq_id;
+                if (id == 0 && ev[i].token < 0) {
+                    full = ev[i].prefill_done - long_done >= chunk - n_short;
+                    long_done = ev[i].prefill_done;
+                } else if (id > 0 && id <= n_short && ev[i].token >= 0 && !first[id - 1]) {
+                    first[id - 1] = end;
+                }
+            }
+            if (n_st < max_steps) st[n_st++] = (bench_step){now, end, full};
+            if (full) chunks[n_chunks++] = end - now;
+        }
+        for (int i = 0; i < n_short; i++) {
+            if (!first[i]) continue;
+            double c = nearest_full_step(st, n_st, at[i]);
+            ttft[n_ttft] = first[i] - at[i];
+            ratio[n_ttft++] = c > 0 ? (first[i] - at[i]) / c : 0;
+        }
+    }
+    double chunk_s = percentile(chunks, n_chunks, 0.5);
+    double p50 = percentile(ttft, n_ttft, 0.5), p99 = percentile(ttft, n_ttft, 0.99);
+    double mx = percentile(ttft, n_ttft, 1.0);
+    double r50 = percentile(ratio, n_ttft, 0.5), r99 = percentile(ratio, n_ttft, 0.99);
+    double rmax = percentile(ratio, n_ttft, 1.0);
+    printf("interrupt pp%d chunk %d: %d short requests (%d tokens) arriving during the prefill: "
+           "chunk time median %.1f ms (%d full-chunk steps; first chunk alone %.1f ms) | TTFT p50 "
+           "%.1f ms p99 %.1f ms max %.1f ms | TTFT / chunk time of its arrival: p50 %.2f p99 "
+           "%.2f max %.2f (target p99 < 1.5) | p99 TTFT / median chunk %.2f\n",
+           long_len, chunk, n_ttft, short_len, 1e3 * chunk_s, n_chunks, 1e3 * est, 1e3 * p50,
+           1e3 * p99, 1e3 * mx, r50, r99, rmax, chunk_s > 0 ? p99 / chunk_s : 0);
+    fflush(stdout);
+    free(lp);
+    free(sp);
+    free(ttft);
+    free(ratio);
+    free(chunks);
+    free(at);
+    free(first);
+    free(st);
+    engine_close(e);
+}
+
 int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs) {
     int pp[8] = {128, 512}, n_pp = 2, batch[8] = {1, 8}, n_batch = 2, tg = 64, reps = 2;
     int streams[8] = {0}, n_streams = 0, stream_prompt = 128;
+    int interrupt = 0, short_prompt = 32, n_short = 24, chunk = 512, set_pp = 0, set_batch = 0;
     const char *kv = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -258,28 +403,39 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
             return 2;
         }
         i++;
-        if (!strcmp(a, "--pp")) n_pp = parse_list(v, pp, 8);
-        else if (!strcmp(a, "--batch")) n_batch = parse_list(v, batch, 8);
+        if (!strcmp(a, "--pp")) n_pp = parse_list(v, pp, 8), set_pp = 1;
+        else if (!strcmp(a, "--batch")) n_batch = parse_list(v, batch, 8), set_batch = 1;
         else if (!strcmp(a, "--tg")) tg = atoi(v);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--kv-dtype")) kv = v;
         else if (!strcmp(a, "--streams")) n_streams = parse_list(v, streams, 8);
         else if (!strcmp(a, "--stream-prompt")) stream_prompt = atoi(v);
+        else if (!strcmp(a, "--interrupt")) interrupt = atoi(v);
+        else if (!strcmp(a, "--short-prompt")) short_prompt = atoi(v);
+        else if (!strcmp(a, "--shorts")) n_short = atoi(v);
+        else if (!strcmp(a, "--chunk")) chunk = atoi(v);
         else {
             fprintf(stderr, "exo bench --model: unknown option %s (--pp 128,512 --tg 64 "
-                    "--batch 1,8 --reps 2 --kv-dtype f16 --streams 1,8,32 --stream-prompt 128)\n", a);
+                    "--batch 1,8 --reps 2 --kv-dtype f16 --streams 1,8,32 --stream-prompt 128 "
+                    "--interrupt 4096 --short-prompt 32 --shorts 24 --chunk 512)\n", a);
             return 2;
         }
-        if (n_pp < 1 || n_batch < 1 || tg < 2 || reps < 1 || n_streams < 0 || stream_prompt < 1) {
+        if (n_pp < 1 || n_batch < 1 || tg < 2 || reps < 1 || n_streams < 0 || stream_prompt < 1 ||
+            interrupt < 0 || short_prompt < 1 || n_short < 1 || n_short > 1000 || chunk < 16) {
             fprintf(stderr, "exo bench --model: bad value '%s' for %s\n", v, a);
             return 2;
         }
     }
+    /* --streams / --interrupt alone run only those sections */
+    if ((n_streams || interrupt) && !set_pp) n_pp = 0;
+    if ((n_streams || interrupt) && !set_batch) n_batch = 0;
     int max_pp = 0, max_b = 0;
     for (int i = 0; i < n_pp; i++) max_pp = pp[i] > max_pp ? pp[i] : max_pp;
     for (int i = 0; i < n_batch; i++) max_b = batch[i] > max_b ? batch[i] : max_b;
     for (int i = 0; i < n_streams; i++) max_b = streams[i] > max_b ? streams[i] : max_b;
     if (n_streams && stream_prompt > max_pp) max_pp = stream_prompt;
+    if (max_pp < 16) max_pp = 16;
+    if (max_b < 1) max_b = 1;
     model_config cfg;
     char err[512];
     if (model_config_load(model_dir, &cfg, err, sizeof err) != 0) {
@@ -289,7 +445,9 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     int ctx = max_pp + tg + 16;
     size_t kv_bytes = (size_t)((double)(max_b + 1) * ctx * cfg.n_layers * 2 *
                                cfg.n_kv_heads * cfg.head_dim * 4) + (64u << 20);
-    engine_options o = {.model_dir = model_dir, .max_batch_tokens = max_pp, .max_sequences = max_b,
+    /* prefill benchmarks run each prompt in one step; otherwise the server's default chunk */
+    engine_options o = {.model_dir = model_dir, .max_batch_tokens = max_pp > 512 ? max_pp : 512,
+                        .max_sequences = max_b,
                         .context_length = ctx, .kv_cache_bytes = kv_bytes, .kv_cache_dtype = kv};
     uint64_t t0 = clock_now_ns();
     engine *e = engine_open(&o, err, sizeof err);
@@ -337,5 +495,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
         run_streams(e, streams[i], stream_prompt, tg, cfg.vocab_size, rl.rate);
     }
     engine_close(e);
+    if (interrupt)
+        run_interrupt(model_dir, kv, interrupt, short_prompt, n_short, chunk, reps, cfg.vocab_size);
     return 0;
 }

@@ -42,6 +42,7 @@ static void h_metrics(api_request *r, void *ctx) {
     strbuf out = {0};
     metrics_render(&out, instances_in_flight(s->instances),
                    api_server_open_connections(s->server));
+    instances_render_metrics(s->instances, &out);
     api_respond_bytes(r, 200, "text/plain; version=0.0.4; charset=utf-8", out.data, out.len);
     strbuf_free(&out);
 }

@@ -10,6 +10,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/paths.h"
+#include "base/strbuf.h"
 #include "model/store.h"
 
 #include <errno.h>
@@ -54,6 +55,9 @@ typedef struct instance {
     json_t *info;
     call *calls;
     int n_calls;
+    /* the runner's last kv_stats (runner/protocol.h); has_kv_stats = 0 until the first */
+    int has_kv_stats, kv_total, kv_free, kv_cached, kv_block_tokens, sched_running, sched_waiting;
+    long long preemptions;
     int refs;
     int removed;
     int exited;  /* the reader saw EOF and reaped the process */
@@ -222,6 +226,21 @@ static void handle_status(instances *m, instance *in, const json_t *msg) {
     else log_info("runner for %s: %s", in->model_id, s);
 }
 
+static void handle_kv_stats(instances *m, instance *in, const json_t *msg) {
+#define FIELD(name) (int)json_integer_value(json_object_get(msg, name))
+    pthread_mutex_lock(&m->lock);
+    in->has_kv_stats = 1;
+    in->kv_total = FIELD("blocks_total");
+    in->kv_free = FIELD("blocks_free");
+    in->kv_cached = FIELD("blocks_cached");
+    in->kv_block_tokens = FIELD("block_tokens");
+    in->sched_running = FIELD("running");
+    in->sched_waiting = FIELD("waiting");
+    in->preemptions = (long long)json_integer_value(json_object_get(msg, "preemptions"));
+    pthread_mutex_unlock(&m->lock);
+#undef FIELD
+}
+
 static void dispatch_call_message(instances *m, instance *in, const json_t *msg) {
     uint64_t id = (uint64_t)json_integer_value(json_object_get(msg, "id"));
     int done = !strcmp(json_string_value(json_object_get(msg, "type")), "done");
@@ -265,6 +284,7 @@ static void *reader_main(void *arg) {
             if (type && !strcmp(type, "status")) handle_status(m, in, msg);
             else if (type && !strcmp(type, "alive"))
                 atomic_store(&in->step_ms, (uint64_t)json_integer_value(json_object_get(msg, "step_ms")));
+            else if (type && !strcmp(type, "kv_stats")) handle_kv_stats(m, in, msg);
             else if (type) dispatch_call_message(m, in, msg);
             json_decref(msg);
         }
@@ -622,6 +642,43 @@ int instances_in_flight(instances *m) {
     for (instance *in = m->list; in; in = in->next) n += in->n_calls;
     pthread_mutex_unlock(&m->lock);
     return n;
+}
+
+/* A model id as a Prometheus label value (backslash, quote and newline escaped). */
+static void append_label(strbuf *out, const char *v) {
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"') strbuf_appendf(out, "\\%c", *v);
+        else if (*v == '\n') strbuf_appendf(out, "\\n");
+        else strbuf_appendf(out, "%c", *v);
+    }
+}
+
+void instances_render_metrics(instances *m, strbuf *out) {
+    static const char *names[][2] = {
+        {"exo_kv_blocks_total", "KV cache blocks of the instance's runner."},
+        {"exo_kv_blocks_used", "KV cache blocks held by queued or running sequences."},
+        {"exo_kv_blocks_cached", "Unused KV cache blocks kept for the prefix cache (evictable)."},
+        {"exo_kv_blocks_free", "KV cache blocks an allocation can take now (free + cached)."},
+        {"exo_kv_block_tokens", "Token positions per KV cache block."},
+        {"exo_scheduler_running", "Sequences holding KV blocks."},
+        {"exo_scheduler_waiting", "Sequences queued for admission (new or preempted)."},
+        {"exo_scheduler_preemptions_total", "Sequences preempted because the KV cache was full."},
+    };
+    pthread_mutex_lock(&m->lock);
+    for (int k = 0; k < 8; k++) {
+        strbuf_appendf(out, "# HELP %s %s\n# TYPE %s %s\n", names[k][0], names[k][1],
+                       names[k][0], k == 7 ? "counter" : "gauge");
+        for (instance *in = m->list; in; in = in->next) {
+            if (!in->has_kv_stats) continue;
+            long long v[8] = {in->kv_total, in->kv_total - in->kv_free, in->kv_cached,
+                              in->kv_free, in->kv_block_tokens, in->sched_running,
+                              in->sched_waiting, in->preemptions};
+            strbuf_appendf(out, "%s{model=\"", names[k][0]);
+            append_label(out, in->model_id);
+            strbuf_appendf(out, "\"} %lld\n", v[k]);
+        }
+    }
+    pthread_mutex_unlock(&m->lock);
 }
 
 json_t *instances_running_models(instances *m) {

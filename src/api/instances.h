@@ -77,5 +77,9 @@ int instances_delete(instances *m, const char *instance_id);
 /* Generations in flight, and model ids with a Ready instance (JSON array, new reference). */
 int instances_in_flight(instances *m);
 json_t *instances_running_models(instances *m);
+/* Appends the runners' KV cache and scheduler gauges (exo_kv_blocks_*, exo_scheduler_*), one
+ * series per instance labelled by model, in the Prometheus text format. */
+struct strbuf;
+void instances_render_metrics(instances *m, struct strbuf *out);
 
 #endif

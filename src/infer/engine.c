@@ -7,7 +7,9 @@
  *      freed, it goes back to waiting and is recomputed later: outputs do not change);
  *   3. prefill: sequences still processing their prompt, then waiting ones while fewer than
  *      max_sequences run, take chunks of what is left of max_batch_tokens -- short remainders
- *      first, so a short request arriving during a long prefill starts at the next step;
+ *      first, so a short request arriving during a long prefill starts at the next step; a step
+ *      that gives some prompt its first token caps the step to an eighth of the budget (long
+ *      prefills still get at least a block), so that step is short too;
  *   4. one forward over the flat batch; every sequence whose chunk reached its last known token
  *      samples its next token.
  * Refuses: prompts that cannot fit the context or the whole cache (engine_submit fails). */
@@ -442,9 +444,19 @@ static int plan_batch(engine *e, int max_members) {
      * (<= a quarter of the budget) of running then waiting sequences, then long remainders of
      * running then waiting ones, each pass oldest first */
     int short_limit = e->max_batch_tokens / 4 > 0 ? e->max_batch_tokens / 4 : 1;
-    int admission_stuck = 0;
+    int admission_stuck = 0, first_token_soon = 0;
     for (int pass = 0; pass < 4; pass++) {
         int want_waiting = pass % 2, want_short = pass < 2;
+        if (pass == 2 && first_token_soon) {
+            /* a short prompt gets its first token from this step: keep the step short (an eighth
+             * of the budget, at least a block, for long prefills), so its time to first token is
+             * the step it arrived during plus a fraction of a chunk. Long
+             * prefills still advance (at least a block), so a stream of short arrivals slows a
+             * long prompt but cannot starve it. */
+            int used = e->max_batch_tokens - budget, eighth = e->max_batch_tokens / 8;
+            int cap = eighth - used > e->block_size ? eighth - used : e->block_size;
+            if (budget > cap) budget = cap;
+        }
         if (want_waiting && admission_stuck) continue;
         for (int i = 0; i < e->n_seqs && budget > 0 && n_members < max_members; i++) {
             sequence *s = e->seqs[i];
@@ -470,6 +482,7 @@ static int plan_batch(engine *e, int max_members) {
                 continue;
             }
             if (s->state == SEQ_WAITING) running++;
+            if (want_short && chunk == left && s->n_generated == 0) first_token_soon = 1;
             s->state = SEQ_RUNNING;
             s->chunk = chunk;
             budget -= chunk;

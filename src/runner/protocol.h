@@ -25,6 +25,9 @@
  *     {"type":"done","id":U64,"finish_reason":"stop|length|tool_calls|cancelled|error",
  *      "stop_sequence"?,"error"?,"error_status"?,"usage":{prompt_tokens,completion_tokens,
  *      cached_tokens,reasoning_tokens},"stats":{prompt_tps,generation_tps,ttft_ms,peak_memory}}
+ *     {"type":"kv_stats","blocks_total":N,"blocks_free":N,"blocks_cached":N,"block_tokens":N,
+ *      "running":N,"waiting":N,"preemptions":N}   scheduler and KV cache state, on change
+ *      (free counts cached blocks too: they are evictable; used = total - free)
  *   A request rejected before it starts (e.g. prompt longer than the context) gets only "done"
  *   with finish_reason "error" and error_status 400.
  *

@@ -60,6 +60,8 @@ typedef struct runner {
     pthread_mutex_t send_lock;        /* one writer on the socket at a time */
     _Atomic uint64_t step_started_ns; /* 0 between steps */
     _Atomic int heartbeat_stop;
+    engine_stats sent_stats; /* last kv_stats sent to the node */
+    uint64_t t_stats;        /* when */
 } runner;
 
 /* ------------------------------------------------------------------ messages to the node */
@@ -408,6 +410,27 @@ static void handle_event(runner *r, const engine_event *ev) {
     else if (ev->finish == ENGINE_FINISH_LENGTH) finish(r, s, "length", NULL);
 }
 
+/* Tells the node the scheduler's and KV cache's state (for /metrics) when it changed: at most
+ * every 100 ms while busy, and always once the engine goes idle, so the last word is exact. */
+static void send_stats(runner *r, int force) {
+    engine_stats st;
+    engine_get_stats(r->engine, &st);
+    uint64_t now = clock_now_ns();
+    const engine_stats *o = &r->sent_stats;
+    if (st.kv_blocks_total == o->kv_blocks_total && st.kv_blocks_free == o->kv_blocks_free &&
+        st.kv_blocks_cached == o->kv_blocks_cached && st.n_running == o->n_running &&
+        st.n_waiting == o->n_waiting && st.preemptions == o->preemptions)
+        return;
+    if (!force && now - r->t_stats < 100000000u) return;
+    r->sent_stats = st;
+    r->t_stats = now;
+    send_msg(r, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:I}", "type", "kv_stats",
+                          "blocks_total", st.kv_blocks_total, "blocks_free", st.kv_blocks_free,
+                          "blocks_cached", st.kv_blocks_cached, "block_tokens",
+                          st.kv_block_tokens, "running", st.n_running, "waiting", st.n_waiting,
+                          "preemptions", (json_int_t)st.preemptions));
+}
+
 /* ------------------------------------------------------------------ load, warm up, serve */
 
 static int config_layers(const char *dir) {
@@ -528,6 +551,9 @@ int runner_run(const runner_options *o) {
     int heartbeat_started = 0;
     if (load(&r, o)) goto out;
     heartbeat_started = pthread_create(&heartbeat, NULL, heartbeat_main, &r) == 0;
+    r.sent_stats.kv_blocks_total = -1; /* the first report always goes out */
+    send_stats(&r, 1);
+    flush(&r);
     engine_event *events = calloc(MAX_EVENTS, sizeof *events);
     while (!r.shutdown) {
         int busy = engine_pending(r.engine) > 0;
@@ -548,6 +574,7 @@ int runner_run(const runner_options *o) {
             break;
         }
         for (int i = 0; i < n; i++) handle_event(&r, &events[i]);
+        send_stats(&r, engine_pending(r.engine) == 0);
         flush(&r);
     }
     free(events);

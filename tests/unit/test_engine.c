@@ -436,6 +436,57 @@ static void test_short_request_not_stuck_behind_long_prefill(void **s) {
     engine_close(e);
 }
 
+/* The step that gives a newly arrived short prompt its first token is itself short: long
+ * prefills in it are capped at an eighth of the budget (at least a block), so time to first token
+ * is about the step the request arrived during, not two full chunks. The step after that runs a
+ * full chunk again, and the long prompt's tokens do not change. */
+static void test_first_token_step_caps_long_prefill(void **s) {
+    (void)s;
+    engine *e = open_engine(64, 0); /* an eighth of the budget is less than a block: 16 */
+    int32_t longp[220];
+    for (int i = 0; i < 220; i++) longp[i] = 4 + (i * 13) % 90;
+    engine_request rl = greedy_request(longp, 220), rs = reqs[0];
+    char err[256];
+    engine_event ev[16];
+    int progress[4] = {0}, short_first = -1;
+    assert_int_equal(engine_submit(e, 1, &rl, err, sizeof err), 0);
+    for (int step = 0; step < 3; step++) {
+        if (step == 1) assert_int_equal(engine_submit(e, 2, &rs, err, sizeof err), 0);
+        int n = engine_step(e, ev, 16);
+        assert_true(n >= 0);
+        for (int i = 0; i < n; i++) {
+            if (ev[i].seq_id == 1) progress[step] = ev[i].prefill_done;
+            if (ev[i].seq_id == 2 && ev[i].token >= 0 && short_first < 0) short_first = step;
+        }
+    }
+    assert_int_equal(short_first, 1);                 /* first token at the next step */
+    assert_int_equal(progress[0], 64);               /* a full chunk alone */
+    assert_int_equal(progress[1], 64 + 16);          /* capped while the short one starts */
+    assert_int_equal(progress[2], 64 + 16 + 64 - 1); /* full again (the short one decodes) */
+    stream got[3];
+    memset(got, 0, sizeof got);
+    while (engine_pending(e)) {
+        int n = engine_step(e, ev, 16);
+        assert_true(n >= 0);
+        for (int i = 0; i < n; i++)
+            if (ev[i].token >= 0) got[ev[i].seq_id].tokens[got[ev[i].seq_id].n++] = ev[i].token;
+    }
+    expect_no_leak(e);
+    engine_close(e);
+    /* the same long prompt alone, unchunked */
+    engine *solo = open_engine(512, 0);
+    stream alone_long = {0};
+    assert_int_equal(engine_submit(solo, 1, &rl, err, sizeof err), 0);
+    while (engine_pending(solo)) {
+        int n = engine_step(solo, ev, 16);
+        for (int i = 0; i < n; i++)
+            if (ev[i].token >= 0) alone_long.tokens[alone_long.n++] = ev[i].token;
+    }
+    engine_close(solo);
+    assert_int_equal(got[1].n, MAX_TOK);
+    assert_memory_equal(got[1].tokens, alone_long.tokens, MAX_TOK * sizeof(int32_t));
+}
+
 /* Random arrivals, cancellations and sampling settings against a small cache for a few hundred
  * steps: every request ends exactly once, greedy ones that ran to the end match their solo
  * tokens, and every block comes back. */
@@ -500,6 +551,7 @@ int main(void) {
         cmocka_unit_test(test_kv_dtypes),            cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_prefix_cache_eviction),
         cmocka_unit_test(test_short_request_not_stuck_behind_long_prefill),
+        cmocka_unit_test(test_first_token_step_caps_long_prefill),
         cmocka_unit_test(test_random_soak),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
