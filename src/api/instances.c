@@ -699,18 +699,42 @@ void instances_free(instances *m) {
     pthread_mutex_unlock(&m->lock);
     if (m->watchdog_started) pthread_join(m->watchdog, NULL);
     pthread_mutex_lock(&m->lock);
+    /* Runners asked to stop are kept referenced through the grace period: one that is still
+     * alive after it (busy in a long engine step, or stopped) gets SIGKILL, so no runner
+     * outlives its node. */
+    instance **stopping = NULL;
+    int n_stopping = 0;
     while (m->list) {
         instance *in = m->list;
         unlink_locked(m, in);
-        if (in->exited) instance_unref_locked(m, in);
-        else shutdown_instance(m, in);
+        if (in->exited) {
+            instance_unref_locked(m, in);
+            continue;
+        }
+        instance **grown = realloc(stopping, (size_t)(n_stopping + 1) * sizeof *grown);
+        if (grown) {
+            stopping = grown;
+            stopping[n_stopping++] = in;
+            in->refs++;
+        }
+        shutdown_instance(m, in);
     }
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += 5;
-    while (m->live_readers &&
-           pthread_cond_timedwait(&m->cond, &m->lock, &deadline) != ETIMEDOUT) {
+    for (int round = 0; round < 2; round++) {
+        struct timespec deadline;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        deadline.tv_sec += round == 0 ? 5 : 2; /* grace, then time for the readers to reap */
+        while (m->live_readers &&
+               pthread_cond_timedwait(&m->cond, &m->lock, &deadline) != ETIMEDOUT) {
+        }
+        if (round == 0)
+            for (int i = 0; i < n_stopping; i++)
+                if (!stopping[i]->exited) {
+                    log_warn("runner for %s did not stop within 5 s: killing it", stopping[i]->model_id);
+                    kill(stopping[i]->pid, SIGKILL);
+                }
     }
+    for (int i = 0; i < n_stopping; i++) instance_unref_locked(m, stopping[i]);
+    free(stopping);
     int left = m->live_readers;
     pthread_mutex_unlock(&m->lock);
     if (left) return; /* a reader is still reaping; leave the table to the exiting process */

@@ -263,6 +263,28 @@ test('--model places the model at start; SIGTERM stops the node and its runner',
   }
 });
 
+test('SIGTERM with a runner that does not answer (SIGSTOP): the node kills it after the grace period', async () => {
+  const dir = await tinyModel(MODEL);
+  const n = await startNode({ args: ['--models-path', path.dirname(dir), '--model', MODEL],
+    env: { EXO_RUNNER_WATCHDOG_S: '0' } }); // the watchdog must not be the one that kills it
+  try {
+    await waitFor(async () => {
+      const s = await (await fetch(`${n.url}/state`)).json();
+      return Object.values(s.runners).some((r) => 'RunnerReady' in r);
+    }, 60000, 'the --model runner to be Ready');
+    const [pid] = execFileSync('pgrep', ['-P', String(n.proc.pid)], { encoding: 'utf8' })
+      .trim().split('\n').map(Number);
+    process.kill(pid, 'SIGSTOP'); // as a runner deep in a long engine step: it reads nothing
+    assert.equal(await n.stop(), 0, 'the node exits by itself (before the harness SIGKILLs it at 8 s)');
+    let alive = true;
+    try { process.kill(pid, 0); } catch { alive = false; }
+    if (alive) process.kill(pid, 'SIGKILL');
+    assert.equal(alive, false, 'the stopped runner was killed, not left behind');
+  } finally {
+    await n.stop();
+  }
+});
+
 test('a model that fails to load is a 503 naming the reason, in each API shape', async () => {
   const fs = await import('node:fs');
   const broken = path.join(node.modelsDir, 'org--broken');
