@@ -255,35 +255,125 @@ void *cpu_scratch(int slot, size_t bytes) {
 
 /* ---- matvec regime ------------------------------------------------------------------------- */
 
+/* One matvec job covers up to CPU_MATMUL_MULTI_MAX matrices that read the same activations
+ * (q/k/v, gate/up): one dispatch and one barrier for all of them, and each thread streams one
+ * contiguous run of bytes across them. */
+typedef struct matvec_part {
+    const weight_matrix *w;
+    matvec_input in;
+    float *y;
+    size_t row_bytes; /* weight bytes per row: data + scales + biases */
+    size_t first_byte; /* offset of the part's first row in the job's byte space */
+    int64_t first_chunk; /* dynamic split: the part's first chunk index */
+    int64_t chunk_rows;
+} matvec_part;
+
 typedef struct matvec_job {
     const cpu_kernels *k;
-    const weight_matrix *w;
-    const matvec_input *in;
-    float *y;
+    int n_parts;
+    matvec_part parts[CPU_MATMUL_MULTI_MAX];
+    size_t total_bytes;
+    int64_t total_chunks;
+    _Atomic int64_t next_chunk;
 } matvec_job;
 
-static void matvec_range(void *p, int64_t begin, int64_t end, int thread_index) {
-    (void)thread_index;
-    matvec_job *job = p;
-    job->k->matvec(job->w, job->in, job->y, begin, end);
+/* EXO_MATVEC_SPLIT=static|dynamic: one equal run of bytes per thread (default), or chunks of
+ * ~1/8 of a thread's share handed out first come first served (a thread that loses its core
+ * mid-way does not hold the step up, at the cost of shorter streams). */
+static _Atomic int matvec_split = -1; /* -1: not read yet */
+
+void cpu_matvec_set_split(int dynamic) {
+    atomic_store(&matvec_split, dynamic ? 1 : 0);
 }
 
-static int matvec_run(const cpu_kernels *k, const weight_matrix *w, const float *x, float *y,
-                      int64_t n_tokens) {
-    matvec_input in = {.x = x, .n_tokens = n_tokens};
-    void *owned = NULL;
-    if (w->format == WEIGHT_MLX_AFFINE && prepare_mlx(k, w, &in, &owned) != 0)
-        return -1;
-    matvec_job job = {k, w, &in, y};
-    /* Chunks of ~1/8 of a thread's rows, handed out first come first served: on an idle machine
-     * every thread still streams the same number of bytes, on a busy one a thread that lost its
-     * core mid-way does not hold the step up. */
+static int matvec_dynamic(void) {
+    int m = atomic_load_explicit(&matvec_split, memory_order_relaxed);
+    if (m < 0) {
+        const char *e = getenv("EXO_MATVEC_SPLIT");
+        m = e && !strcmp(e, "dynamic");
+        atomic_store(&matvec_split, m);
+    }
+    return m;
+}
+
+static void matvec_static_share(void *p, int i, int nth) {
+    matvec_job *job = p;
+    size_t b0 = job->total_bytes / (size_t)nth * (size_t)i, b1 = job->total_bytes / (size_t)nth * (size_t)(i + 1);
+    if (i == nth - 1) b1 = job->total_bytes;
+    for (int k = 0; k < job->n_parts; k++) {
+        const matvec_part *pt = &job->parts[k];
+        size_t lo = pt->first_byte, hi = lo + (size_t)pt->w->rows * pt->row_bytes;
+        if (b1 <= lo || b0 >= hi) continue;
+        /* Row r belongs to the thread whose byte range holds the row's first byte. */
+        int64_t r0 = b0 <= lo ? 0 : (int64_t)((b0 - lo + pt->row_bytes - 1) / pt->row_bytes);
+        int64_t r1 = b1 >= hi ? pt->w->rows : (int64_t)((b1 - lo + pt->row_bytes - 1) / pt->row_bytes);
+        if (r1 > r0) job->k->matvec(pt->w, &pt->in, pt->y, r0, r1);
+    }
+}
+
+static void matvec_dynamic_share(void *p, int i, int nth) {
+    (void)i;
+    (void)nth;
+    matvec_job *job = p;
+    for (;;) {
+        int64_t c = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed);
+        if (c >= job->total_chunks) return;
+        int k = 0;
+        while (k + 1 < job->n_parts && job->parts[k + 1].first_chunk <= c) k++;
+        const matvec_part *pt = &job->parts[k];
+        int64_t r0 = (c - pt->first_chunk) * pt->chunk_rows;
+        int64_t r1 = r0 + pt->chunk_rows < pt->w->rows ? r0 + pt->chunk_rows : pt->w->rows;
+        job->k->matvec(pt->w, &pt->in, pt->y, r0, r1);
+    }
+}
+
+/* One pass of n_tokens <= CPU_MATVEC_MAX_TOKENS over n matrices; x_off/y_off select the pass's
+ * tokens. Returns 0 or -1 (out of memory). */
+static int matvec_run(const cpu_kernels *k, const weight_matrix *const *ws, int n, const float *x,
+                      float *const *ys, int64_t t0, int64_t n_tokens) {
+    matvec_job job = {.k = k, .n_parts = n};
+    void *owned[CPU_MATMUL_MULTI_MAX] = {0};
     threadpool *pool = cpu_thread_pool();
-    int64_t chunk = w->rows / ((int64_t)threadpool_size(pool) * 8);
-    chunk = chunk < 16 ? 16 : (chunk + 3) & ~(int64_t)3;
-    threadpool_parallel_for_dynamic(pool, w->rows, chunk, matvec_range, &job);
-    free(owned);
-    return 0;
+    int nth = threadpool_size(pool);
+    int rc = 0, slot3_used = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        matvec_part *pt = &job.parts[i];
+        const weight_matrix *w = ws[i];
+        pt->w = w;
+        pt->y = ys[i] + t0 * w->rows;
+        pt->in = (matvec_input){.x = x + t0 * w->cols, .n_tokens = n_tokens};
+        pt->row_bytes = weight_matrix_bytes(w) / (size_t)w->rows;
+        pt->first_byte = job.total_bytes;
+        job.total_bytes += pt->row_bytes * (size_t)w->rows;
+        int64_t chunk = w->rows / ((int64_t)nth * 8);
+        pt->chunk_rows = chunk < 16 ? 16 : (chunk + 3) & ~(int64_t)3;
+        pt->first_chunk = job.total_chunks;
+        job.total_chunks += (w->rows + pt->chunk_rows - 1) / pt->chunk_rows;
+        if (w->format != WEIGHT_MLX_AFFINE) continue;
+        /* Matrices of the same shape and quantization share the prepared activations. */
+        const matvec_part *same = NULL;
+        for (int j = 0; j < i && !same; j++) {
+            const weight_matrix *v = ws[j];
+            if (v->format == WEIGHT_MLX_AFFINE && v->cols == w->cols && v->bits == w->bits &&
+                v->group_size == w->group_size)
+                same = &job.parts[j];
+        }
+        if (same) {
+            pt->in = same->in;
+        } else if (!slot3_used) { /* the kernel's own preparation into thread scratch slot 3 */
+            rc = prepare_mlx(k, w, &pt->in, &owned[i]);
+            slot3_used = k->prepare_mlx != NULL;
+        } else {
+            rc = prepare_mlx_input(w, &pt->in, k->needs_int16_x, &owned[i]);
+        }
+    }
+    if (rc == 0) {
+        atomic_init(&job.next_chunk, 0);
+        int use = (int)(job.total_chunks < nth ? job.total_chunks : nth);
+        threadpool_run(pool, use, matvec_dynamic() ? matvec_dynamic_share : matvec_static_share, &job);
+    }
+    for (int i = 0; i < n; i++) free(owned[i]);
+    return rc;
 }
 
 /* ---- gemm regime, own micro-kernel --------------------------------------------------------- */
@@ -400,39 +490,79 @@ static int gemm_openblas_run(const cpu_kernels *k, const weight_matrix *w, const
 
 /* ---- entry points -------------------------------------------------------------------------- */
 
+static int check_view(const weight_matrix *w, float *y, int64_t n_tokens) {
+    if (cpu_weight_supported(w)) return 0;
+    /* The model loader validates views, so this is a bug upstream: answer zeros (never read
+     * through a bad view) and say so once. */
+    static _Atomic int warned;
+    if (!atomic_exchange(&warned, 1))
+        log_error("cpu_matmul: unsupported weight view (format %d, %lldx%lld, bits %d, group %d); "
+                  "output set to zero", w ? (int)w->format : -1, w ? (long long)w->rows : 0LL,
+                  w ? (long long)w->cols : 0LL, w ? w->bits : 0, w ? w->group_size : 0);
+    if (y && w && w->rows > 0) memset(y, 0, (size_t)(n_tokens * w->rows) * sizeof *y);
+    return -1;
+}
+
+static int max_matvec_default(const weight_matrix *w) {
+    return w->format == WEIGHT_MLX_AFFINE ? CPU_MATVEC_PASSES_MLX : CPU_MATVEC_PASSES_DENSE;
+}
+
+int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                          int64_t n_tokens, cpu_level level, cpu_gemm_engine gemm,
+                          int max_matvec_tokens) {
+    const cpu_kernels *k = cpu_kernels_for(level);
+    if (!k || n < 1 || n > CPU_MATMUL_MULTI_MAX) return -1;
+    if (n_tokens <= 0) return 0;
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        if (check_view(ws[i], ys[i], n_tokens)) bad = 1;
+        else if (ws[i]->cols != ws[0]->cols) { /* they must share x */
+            memset(ys[i], 0, (size_t)(n_tokens * ws[i]->rows) * sizeof(float));
+            bad = 1;
+        }
+    }
+    if (bad) return -1;
+    int mv = max_matvec_tokens;
+    for (int i = 0; i < n && max_matvec_tokens < 0; i++) {
+        int d = max_matvec_default(ws[i]);
+        mv = i == 0 || d < mv ? d : mv;
+    }
+    if (n_tokens <= mv) { /* passes of up to 8 tokens over all the weights */
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += CPU_MATVEC_MAX_TOKENS) {
+            int64_t m = n_tokens - t0 < CPU_MATVEC_MAX_TOKENS ? n_tokens - t0 : CPU_MATVEC_MAX_TOKENS;
+            if (matvec_run(k, ws, n, x, ys, t0, m) != 0) { /* out of memory: slow but right */
+                for (int i = 0; i < n; i++) cpu_matmul_reference(ws[i], x, ys[i], n_tokens);
+                return 0;
+            }
+        }
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const weight_matrix *w = ws[i];
+        int rc;
+        if (k->gemm_tile && gemm != CPU_GEMM_OPENBLAS) rc = gemm_own_run(k, w, x, ys[i], n_tokens);
+        else rc = gemm_openblas_run(k, w, x, ys[i], n_tokens);
+        if (rc != 0) cpu_matmul_reference(w, x, ys[i], n_tokens); /* out of memory */
+    }
+    return 0;
+}
+
 int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_tokens,
                     cpu_level level, cpu_gemm_engine gemm, int max_matvec_tokens) {
-    const cpu_kernels *k = cpu_kernels_for(level);
-    if (!k) return -1;
-    if (n_tokens <= 0) return 0;
-    if (!cpu_weight_supported(w)) {
-        /* The model loader validates views, so this is a bug upstream: answer zeros (never read
-         * through a bad view) and say so once. */
-        static _Atomic int warned;
-        if (!atomic_exchange(&warned, 1))
-            log_error("cpu_matmul: unsupported weight view (format %d, %lldx%lld, bits %d, group %d); "
-                      "output set to zero", w ? (int)w->format : -1, w ? (long long)w->rows : 0LL,
-                      w ? (long long)w->cols : 0LL, w ? w->bits : 0, w ? w->group_size : 0);
-        if (y && w && w->rows > 0) memset(y, 0, (size_t)(n_tokens * w->rows) * sizeof *y);
-        return -1;
-    }
-    if (max_matvec_tokens < 0)
-        max_matvec_tokens = w->format == WEIGHT_MLX_AFFINE ? CPU_MATVEC_PASSES_MLX : CPU_MATVEC_PASSES_DENSE;
-    int rc = 0;
-    if (n_tokens <= max_matvec_tokens) { /* passes of up to 8 tokens over the weights */
-        for (int64_t t0 = 0; t0 < n_tokens && rc == 0; t0 += CPU_MATVEC_MAX_TOKENS) {
-            int64_t m = n_tokens - t0 < CPU_MATVEC_MAX_TOKENS ? n_tokens - t0 : CPU_MATVEC_MAX_TOKENS;
-            rc = matvec_run(k, w, x + t0 * w->cols, y + t0 * w->rows, m);
-        }
-    } else if (k->gemm_tile && gemm != CPU_GEMM_OPENBLAS) {
-        rc = gemm_own_run(k, w, x, y, n_tokens);
-    } else {
-        rc = gemm_openblas_run(k, w, x, y, n_tokens);
-    }
-    if (rc != 0) cpu_matmul_reference(w, x, y, n_tokens); /* out of memory: slow but right */
-    return 0;
+    return cpu_matmul_multi_with(1, &w, x, &y, n_tokens, level, gemm, max_matvec_tokens);
 }
 
 void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_tokens) {
     cpu_matmul_with(w, x, y, n_tokens, cpu_best_level(), CPU_GEMM_AUTO, -1);
+}
+
+void cpu_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                      int64_t n_tokens) {
+    if (n > CPU_MATMUL_MULTI_MAX) { /* more than one job holds: split */
+        cpu_matmul_multi(CPU_MATMUL_MULTI_MAX, ws, x, ys, n_tokens);
+        cpu_matmul_multi(n - CPU_MATMUL_MULTI_MAX, ws + CPU_MATMUL_MULTI_MAX, x,
+                         ys + CPU_MATMUL_MULTI_MAX, n_tokens);
+        return;
+    }
+    cpu_matmul_multi_with(n, ws, x, ys, n_tokens, cpu_best_level(), CPU_GEMM_AUTO, -1);
 }

@@ -108,6 +108,16 @@ typedef enum cpu_gemm_engine { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_OPENBLA
  * (y zeroed). max_matvec_tokens < 0 uses the default threshold. */
 int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_tokens,
                     cpu_level level, cpu_gemm_engine gemm, int max_matvec_tokens);
+/* cpu_matmul_multi with an explicit level (1 <= n <= CPU_MATMUL_MULTI_MAX; the matrices must
+ * have the same number of columns, else their outputs are zeroed and -1 returned). */
+int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                          int64_t n_tokens, cpu_level level, cpu_gemm_engine gemm,
+                          int max_matvec_tokens);
+
+/* How matvec jobs split rows over threads: 0 = one contiguous, equal run of bytes per thread,
+ * 1 = chunks handed out first come first served. Default: EXO_MATVEC_SPLIT (static|dynamic),
+ * else static. For tests and benchmarks. */
+void cpu_matvec_set_split(int dynamic);
 
 /* Thread-local scratch memory, 64-byte aligned, grown on demand and kept for the thread's life
  * (slot 0..3; a slot's previous contents are lost when it grows). NULL when out of memory. */
