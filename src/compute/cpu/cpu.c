@@ -296,6 +296,20 @@ static int matvec_dynamic(void) {
     return m;
 }
 
+static _Atomic long matvec_prefetch = -1;
+
+size_t cpu_matvec_prefetch(void) {
+    long v = atomic_load_explicit(&matvec_prefetch, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("EXO_MATVEC_PREFETCH");
+        v = e ? atol(e) : CPU_MATVEC_PREFETCH_DEFAULT;
+        if (v < 0 || v > (1l << 20)) v = CPU_MATVEC_PREFETCH_DEFAULT;
+        v &= ~63l;
+        atomic_store(&matvec_prefetch, v);
+    }
+    return (size_t)v;
+}
+
 static void matvec_static_share(void *p, int i, int nth) {
     matvec_job *job = p;
     size_t b0 = job->total_bytes / (size_t)nth * (size_t)i, b1 = job->total_bytes / (size_t)nth * (size_t)(i + 1);
@@ -556,8 +570,24 @@ void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_toke
     cpu_matmul_with(w, x, y, n_tokens, cpu_best_level(), CPU_GEMM_AUTO, -1);
 }
 
+/* EXO_MATMUL_FUSE=0 runs the matrices of cpu_matmul_multi one job each (for A/B runs). */
+static int matmul_fuse(void) {
+    static _Atomic int fuse = -1;
+    int f = atomic_load_explicit(&fuse, memory_order_relaxed);
+    if (f < 0) {
+        const char *e = getenv("EXO_MATMUL_FUSE");
+        f = !(e && !strcmp(e, "0"));
+        atomic_store(&fuse, f);
+    }
+    return f;
+}
+
 void cpu_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
                       int64_t n_tokens) {
+    if (!matmul_fuse()) {
+        for (int i = 0; i < n; i++) cpu_matmul(ws[i], x, ys[i], n_tokens);
+        return;
+    }
     if (n > CPU_MATMUL_MULTI_MAX) { /* more than one job holds: split */
         cpu_matmul_multi(CPU_MATMUL_MULTI_MAX, ws, x, ys, n_tokens);
         cpu_matmul_multi(n - CPU_MATMUL_MULTI_MAX, ws + CPU_MATMUL_MULTI_MAX, x,

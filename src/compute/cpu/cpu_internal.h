@@ -13,6 +13,7 @@
 
 #include "compute/cpu/cpu.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define CPU_MATVEC_MAX_TOKENS 8
@@ -22,6 +23,7 @@
  * matvecs vs 1.03/1.37/1.71 ms as gemm; bf16 at 16: 0.54 vs 0.68 ms, at 24: 0.81 vs 0.70). */
 #define CPU_MATVEC_PASSES_MLX 32
 #define CPU_MATVEC_PASSES_DENSE 16
+#define CPU_MATVEC_PREFETCH_DEFAULT 0
 
 typedef enum cpu_level {
     CPU_LEVEL_GENERIC = 0,
@@ -118,6 +120,10 @@ int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x,
  * 1 = chunks handed out first come first served. Default: EXO_MATVEC_SPLIT (static|dynamic),
  * else static. For tests and benchmarks. */
 void cpu_matvec_set_split(int dynamic);
+
+/* Bytes ahead of the current row that matvec kernels prefetch (0 = none): EXO_MATVEC_PREFETCH,
+ * read once, else CPU_MATVEC_PREFETCH_DEFAULT. */
+size_t cpu_matvec_prefetch(void);
 
 /* Thread-local scratch memory, 64-byte aligned, grown on demand and kept for the thread's life
  * (slot 0..3; a slot's previous contents are lost when it grows). NULL when out of memory. */
