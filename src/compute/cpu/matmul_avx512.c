@@ -192,16 +192,6 @@ T512 INLINE void mlx_row_setup(const weight_matrix *w, const matvec_input *in, i
     }
 }
 
-/* vpmultishiftqb control that moves bits [shift, shift+8) of every 16-bit word into its low byte
- * and zeroes the high byte (it reads the word's zero high byte): a per-word right shift for
- * words whose value is below 256 (zero-extended bytes). */
-T512 INLINE __m512i slot_ctrl(int shift) {
-    uint64_t c = 0;
-    for (int j = 0; j < 8; j++)
-        c |= (uint64_t)((j & 1) ? 16 * (j >> 1) + 8 : 16 * (j >> 1) + shift) << (8 * j);
-    return _mm512_set1_epi64((long long)c);
-}
-
 /* The int32 dot products of one scaling unit of a row: one group, or (2/4-bit with a chunk
  * wider than the group) one 32-byte chunk spanning several groups. `bits` is the bytewise
  * layout's width (2, 4, 8) or 0 for the generic vpermb unpack. Advances *q past the unit. */
@@ -225,12 +215,10 @@ T512 INLINE void mlx_unit_dot(const uint8_t **q, const int16_t *xu, int64_t cols
         *q += 32;
 #pragma GCC unroll 4
         for (int k = 0; k < P; k++) {
-            /* Slots k > 0 come out of one vpmultishiftqb (port 5) instead of a 16-bit shift
-             * (port 0, which the vpdpwssd already saturate); the top slot needs no mask. */
             __m512i sub = P == 1 ? v
                           : k == 0 ? _mm512_and_si512(v, mask)
-                          : k == P - 1 ? _mm512_multishift_epi64_epi8(slot_ctrl(k * bits), v)
-                                       : _mm512_and_si512(_mm512_multishift_epi64_epi8(slot_ctrl(k * bits), v), mask);
+                          : k == P - 1 ? _mm512_srli_epi16(v, (unsigned)(k * bits))
+                                       : _mm512_and_si512(_mm512_srli_epi16(v, (unsigned)(k * bits)), mask);
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++)
                 iacc[t] = _mm512_dpwssd_epi32(c == 0 && k == 0 ? zero : iacc[t], sub,
