@@ -262,7 +262,48 @@ static void chat_stream_begin(gen_state *st, strbuf *out) {
     gen_sse_data(out, c);
 }
 
+/* The hot path: a delta with only text, no logprobs. Same bytes as the general encoder below
+ * (same keys, same order, jansson's escaping) from a prefix built once per request, without
+ * building and dumping a JSON tree per token. */
+static int chat_stream_text_delta(gen_state *st, const json_t *d, strbuf *out) {
+    json_t *content = json_object_get(d, "content");
+    if (!json_is_string(content) || json_object_get(d, "reasoning") ||
+        json_array_size(json_object_get(d, "tool_calls")) ||
+        (st->req.logprobs && json_object_get(d, "logprobs")))
+        return 0;
+    strbuf *p = &st->frame_prefix;
+    if (!p->len) {
+        strbuf_append_str(p, "data: {\"id\":");
+        gen_json_string(p, st->id, strlen(st->id));
+        strbuf_append_str(p, ",\"object\":\"chat.completion.chunk\",\"created\":");
+        gen_append_i64(p, (long long)st->created);
+        strbuf_append_str(p, ",\"model\":");
+        gen_json_string(p, st->req.model, strlen(st->req.model));
+        strbuf_append_str(p, ",\"system_fingerprint\":\"exo\",\"choices\":[{\"index\":0,"
+                             "\"delta\":{\"content\":");
+    }
+    strbuf_append(out, p->data, p->len);
+    gen_json_string(out, json_string_value(content), json_string_length(content));
+    strbuf_append_str(out, "},\"finish_reason\":null,\"logprobs\":null}]");
+    if (st->bench) {
+        json_t *t = json_object_get(d, "t_ns"), *n = json_object_get(d, "tokens");
+        if (t) {
+            strbuf_append_str(out, ",\"engine_t_ns\":");
+            gen_append_i64(out, (long long)json_integer_value(t));
+        }
+        if (n) {
+            strbuf_append_str(out, ",\"engine_tokens\":");
+            gen_append_i64(out, (long long)json_integer_value(n));
+        }
+        strbuf_append_str(out, ",\"node_t_ns\":");
+        gen_append_i64(out, (long long)clock_now_ns());
+    }
+    strbuf_append_str(out, "}\n\n");
+    return 1;
+}
+
 static void chat_stream_delta(gen_state *st, const json_t *d, strbuf *out) {
+    if (chat_stream_text_delta(st, d, out)) return;
     json_t *delta = json_object();
     json_t *v;
     if ((v = json_object_get(d, "content"))) json_object_set(delta, "content", v);
@@ -281,6 +322,7 @@ static void chat_stream_delta(gen_state *st, const json_t *d, strbuf *out) {
     if (st->bench) {
         /* for bench/api/overhead.mjs: when the engine made the token, when the node encoded it */
         json_object_set(c, "engine_t_ns", json_object_get(d, "t_ns"));
+        json_object_set(c, "engine_tokens", json_object_get(d, "tokens"));
         json_object_set_new(c, "node_t_ns", json_integer((json_int_t)clock_now_ns()));
     }
     gen_sse_data(out, c);

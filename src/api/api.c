@@ -235,7 +235,11 @@ api_service *api_service_new(const exo_options *o, const char *node_id, char *er
                             .models_dir = o->models_dir,
                             .models_path = o->models_path,
                             .node_id = node_id,
-                            .kv_cache_bytes = o->kv_cache_bytes};
+                            .kv_cache_bytes = o->kv_cache_bytes,
+                            .watchdog_s = getenv("EXO_RUNNER_WATCHDOG_S")
+                                              ? atoi(getenv("EXO_RUNNER_WATCHDOG_S"))
+                                              : 0};
+    if (io.watchdog_s == 0 && getenv("EXO_RUNNER_WATCHDOG_S")) io.watchdog_s = -1; /* "0": off */
     s->instances = instances_new(&io);
     s->gen.instances = s->instances;
 

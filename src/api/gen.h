@@ -63,6 +63,7 @@ struct gen_state {
     int n_blocks;
     int n_tool_calls_streamed;
     json_t *scratch;    /* adapter-owned (freed with the state) */
+    strbuf frame_prefix; /* adapter-owned: the constant head of its per-token frame */
     /* driver */
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -110,6 +111,12 @@ int gen_content_text(const json_t *content, const char *field, strbuf *out, char
 /* Builds the usual tool call JSON for templates: {"id","type":"function","function":{"name",
  * "arguments": object}} from a name and arguments (object or JSON string). */
 json_t *gen_template_tool_call(const char *id, const char *name, const json_t *arguments);
+
+/* s (n bytes of valid UTF-8) as a quoted JSON string, escaped exactly as jansson's json_dumps
+ * does (", \\ and control characters), for adapters that build hot frames from templates. */
+void gen_json_string(strbuf *out, const char *s, size_t n);
+/* Decimal text of v. */
+void gen_append_i64(strbuf *out, long long v);
 
 /* JSON -> "data: ...\n\n" / "event: X\ndata: ...\n\n" / "...\n" appended to out; steals j. */
 void gen_sse_data(strbuf *out, json_t *j);

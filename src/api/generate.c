@@ -102,6 +102,7 @@ static void state_unref(gen_state *st) {
     json_decref(st->backlog);
     json_decref(st->stats);
     json_decref(st->scratch);
+    strbuf_free(&st->frame_prefix);
     free(st->stop_sequence);
     free(st->error);
     pthread_mutex_destroy(&st->lock);
@@ -245,6 +246,8 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
         return;
     }
     int status = a->parse(body, st, err, sizeof err);
+    if (!status && bench) /* bench/api/overhead.mjs: the engine's own pace, same runner */
+        status = gen_get_bool(body, "engine_only", &st->req.engine_only, err, sizeof err);
     json_decref(body);
     if (status) {
         respond_error(st, r, status, err);
@@ -465,6 +468,47 @@ json_t *gen_template_tool_call(const char *id, const char *name, const json_t *a
     if (!args) args = json_object();
     return json_pack("{s:s,s:s,s:{s:s,s:o}}", "id", id ? id : "", "type", "function", "function",
                      "name", name ? name : "", "arguments", args);
+}
+
+void gen_json_string(strbuf *out, const char *s, size_t n) {
+    static const char hex[] = "0123456789ABCDEF";
+    strbuf_append(out, "\"", 1);
+    size_t run = 0; /* bytes copied as they are, flushed in one append */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        strbuf_append(out, s + run, i - run);
+        run = i + 1;
+        char e[6] = {'\\', 0};
+        size_t k = 2;
+        switch (c) {
+        case '"': e[1] = '"'; break;
+        case '\\': e[1] = '\\'; break;
+        case '\b': e[1] = 'b'; break;
+        case '\f': e[1] = 'f'; break;
+        case '\n': e[1] = 'n'; break;
+        case '\r': e[1] = 'r'; break;
+        case '\t': e[1] = 't'; break;
+        default:
+            memcpy(e + 1, "u00", 3);
+            e[4] = hex[c >> 4];
+            e[5] = hex[c & 15];
+            k = 6;
+        }
+        strbuf_append(out, e, k);
+    }
+    strbuf_append(out, s + run, n - run);
+    strbuf_append(out, "\"", 1);
+}
+
+void gen_append_i64(strbuf *out, long long v) {
+    char b[24];
+    int i = (int)sizeof b;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do b[--i] = (char)('0' + u % 10);
+    while ((u /= 10) && i > 1);
+    if (v < 0) b[--i] = '-';
+    strbuf_append(out, b + i, sizeof b - (size_t)i);
 }
 
 void gen_sse_data(strbuf *out, json_t *j) {

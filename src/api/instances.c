@@ -1,6 +1,10 @@
 /* instances — runner child processes, their status, and the generation calls in flight on them
  * (see instances.h). One lock guards the whole table: it is touched a few times per request,
- * never per token (tokens flow from a reader thread per runner straight to the caller). */
+ * never per token (tokens flow from a reader thread per runner straight to the caller).
+ *
+ * A watchdog thread checks, a few times per second, every runner with calls in flight: one that
+ * has sent nothing for watchdog_s (stopped, deadlocked, swapping to death) is killed; its reader
+ * thread then fails the calls and starts a replacement. */
 #include "api/instances.h"
 
 #include "base/clock.h"
@@ -10,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -51,6 +56,11 @@ typedef struct instance {
     int n_calls;
     int refs;
     int removed;
+    int exited;  /* the reader saw EOF and reaped the process */
+    int hung;    /* killed by the watchdog: its reader starts a replacement */
+    _Atomic uint64_t last_rx_ns; /* when the runner last sent anything */
+    _Atomic uint64_t step_ms;    /* its last heartbeat: how long its current engine step ran */
+    uint64_t busy_since_ns;      /* when n_calls last went from 0 to 1 */
     pthread_mutex_t send_lock;
     struct instance *next;
 } instance;
@@ -59,11 +69,14 @@ struct instances {
     char *runner_exe, *models_dir, *models_path, *node_id;
     size_t kv_cache_bytes;
     int ready_timeout_s;
+    int watchdog_s;
     pthread_mutex_t lock;
     pthread_cond_t cond;
     instance *list;
     uint64_t next_call_id;
     int live_readers;
+    pthread_t watchdog;
+    int watchdog_started, stopping;
 };
 
 static void make_uuid(char *out, size_t n) {
@@ -78,6 +91,8 @@ static void make_uuid(char *out, size_t n) {
              b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
              b[14], b[15]);
 }
+
+static void *watchdog_main(void *arg);
 
 instances *instances_new(const instances_options *o) {
     instances *m = calloc(1, sizeof *m);
@@ -95,6 +110,9 @@ instances *instances_new(const instances_options *o) {
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&m->cond, &ca);
     pthread_condattr_destroy(&ca);
+    m->watchdog_s = o->watchdog_s ? o->watchdog_s : INSTANCES_WATCHDOG_DEFAULT_S;
+    if (m->watchdog_s > 0)
+        m->watchdog_started = pthread_create(&m->watchdog, NULL, watchdog_main, m) == 0;
     return m;
 }
 
@@ -224,6 +242,9 @@ static void dispatch_call_message(instances *m, instance *in, const json_t *msg)
     if (done) free(c);
 }
 
+static instance *place_locked(instances *m, const char *model_id, int *status, char *err,
+                              size_t errlen);
+
 static void *reader_main(void *arg) {
     void **args = arg;
     instances *m = args[0];
@@ -236,11 +257,14 @@ static void *reader_main(void *arg) {
         ssize_t n = read(in->fd, buf, 1 << 16);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
+        atomic_store(&in->last_rx_ns, clock_now_ns());
         protocol_reader_feed(&pr, buf, (size_t)n);
         json_t *msg;
         while ((msg = protocol_reader_next(&pr, &bad))) {
             const char *type = json_string_value(json_object_get(msg, "type"));
             if (type && !strcmp(type, "status")) handle_status(m, in, msg);
+            else if (type && !strcmp(type, "alive"))
+                atomic_store(&in->step_ms, (uint64_t)json_integer_value(json_object_get(msg, "step_ms")));
             else if (type) dispatch_call_message(m, in, msg);
             json_decref(msg);
         }
@@ -257,7 +281,10 @@ static void *reader_main(void *arg) {
     } else if (expected) {
         in->status = RUNNER_SHUTDOWN;
     }
-    int table_ref = unlink_locked(m, in);
+    in->exited = 1;
+    /* A failed runner stays in the table (RunnerFailed with its error in /state) until its
+     * instance is deleted or replaced; a hung one is replaced at once, below. */
+    int table_ref = expected || in->hung ? unlink_locked(m, in) : 0;
     call *calls = in->calls;
     in->calls = NULL;
     in->n_calls = 0;
@@ -272,16 +299,70 @@ static void *reader_main(void *arg) {
     for (call *c = calls, *next; c; c = next) {
         next = c->next;
         json_t *done = json_pack("{s:s,s:I,s:s,s:s,s:i}", "type", "done", "id", (json_int_t)c->id,
-                                 "finish_reason", "error", "error", message, "error_status", 500);
+                                 "finish_reason", "error", "error", message, "error_status",
+                                 in->hung ? 504 : 500);
         c->fn(c->arg, done);
         json_decref(done);
         free(c);
     }
     pthread_mutex_lock(&m->lock);
+    if (in->hung && table_ref && !m->stopping) {
+        int status = 0;
+        char err[256];
+        log_warn("restarting the runner for %s", in->model_id);
+        if (!place_locked(m, in->model_id, &status, err, sizeof err))
+            log_error("cannot restart the runner for %s: %s", in->model_id, err);
+    }
     in->refs -= table_ref; /* the table's reference, when this thread unlinked it */
     instance_unref_locked(m, in);
     m->live_readers--;
     pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+    return NULL;
+}
+
+/* Kills runners that have calls in flight but have sent nothing for watchdog_s. */
+static void *watchdog_main(void *arg) {
+    instances *m = arg;
+    uint64_t limit = (uint64_t)m->watchdog_s * 1000000000ull;
+    long tick_ms = m->watchdog_s >= 4 ? 1000 : 250;
+    pthread_mutex_lock(&m->lock);
+    while (!m->stopping) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        t.tv_nsec += tick_ms * 1000000L;
+        t.tv_sec += t.tv_nsec / 1000000000L;
+        t.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&m->cond, &m->lock, &t);
+        uint64_t now = clock_now_ns();
+        for (instance *in = m->list; in && !m->stopping; in = in->next) {
+            if (!in->n_calls || in->hung || in->exited || in->status == RUNNER_FAILED ||
+                in->status == RUNNER_SHUTTING_DOWN)
+                continue;
+            uint64_t rx = atomic_load(&in->last_rx_ns);
+            uint64_t since = rx > in->busy_since_ns ? rx : in->busy_since_ns;
+            uint64_t step_ms = atomic_load(&in->step_ms);
+            int silent = now > since && now - since >= limit;
+            int stuck = step_ms / 1000 >= (uint64_t)m->watchdog_s * INSTANCES_WATCHDOG_STEP_FACTOR;
+            if (!silent && !stuck) continue;
+            in->hung = 1;
+            in->status = RUNNER_FAILED;
+            if (silent)
+                snprintf(in->error, sizeof in->error,
+                         "it did not answer for %d s (hung; watchdog EXO_RUNNER_WATCHDOG_S) and "
+                         "was restarted",
+                         m->watchdog_s);
+            else
+                snprintf(in->error, sizeof in->error,
+                         "one engine step ran for %llu s (stuck; watchdog %d x "
+                         "EXO_RUNNER_WATCHDOG_S) and it was restarted",
+                         (unsigned long long)(step_ms / 1000),
+                         INSTANCES_WATCHDOG_STEP_FACTOR);
+            log_error("runner for %s (pid %d) with %d request(s) in flight: %s; killing it",
+                      in->model_id, (int)in->pid, in->n_calls, in->error);
+            kill(in->pid, SIGKILL);
+        }
+    }
     pthread_mutex_unlock(&m->lock);
     return NULL;
 }
@@ -375,6 +456,13 @@ static instance *place_locked(instances *m, const char *model_id, int *status, c
                  model_id, m->models_dir);
         return NULL;
     }
+    /* A failed instance of this model (kept for /state) is replaced by the new one. */
+    for (instance *f = m->list, *next; f; f = next) {
+        next = f->next;
+        if (strcmp(f->model_id, model_id) || f->status != RUNNER_FAILED) continue;
+        if (!f->exited) kill(f->pid, SIGKILL);
+        if (unlink_locked(m, f)) instance_unref_locked(m, f);
+    }
     in = spawn_locked(m, model_id, dir, err, errlen);
     if (!in) *status = 500;
     return in;
@@ -421,7 +509,7 @@ int instances_generate(instances *m, const gen_request *request, instances_messa
     c->arg = arg;
     c->next = in->calls;
     in->calls = c;
-    in->n_calls++;
+    if (!in->n_calls++) in->busy_since_ns = clock_now_ns();
     *call_id = c->id;
     pthread_mutex_unlock(&m->lock);
 
@@ -522,7 +610,8 @@ int instances_delete(instances *m, const char *id) {
         return -1;
     }
     unlink_locked(m, in);
-    shutdown_instance(m, in);
+    if (in->exited) instance_unref_locked(m, in); /* a failed runner: nothing left to stop */
+    else shutdown_instance(m, in);
     pthread_mutex_unlock(&m->lock);
     return 0;
 }
@@ -548,10 +637,16 @@ json_t *instances_running_models(instances *m) {
 void instances_free(instances *m) {
     if (!m) return;
     pthread_mutex_lock(&m->lock);
+    m->stopping = 1;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->lock);
+    if (m->watchdog_started) pthread_join(m->watchdog, NULL);
+    pthread_mutex_lock(&m->lock);
     while (m->list) {
         instance *in = m->list;
         unlink_locked(m, in);
-        shutdown_instance(m, in);
+        if (in->exited) instance_unref_locked(m, in);
+        else shutdown_instance(m, in);
     }
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);

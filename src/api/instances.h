@@ -2,8 +2,11 @@
  * placed model, follows its status (exo's runner status names), forwards generation requests to
  * it over the runner protocol (runner/protocol.h) and hands every message back to the caller.
  *
- * A runner that dies fails its in-flight requests at once (EOF on its socket) and its instance is
- * removed, so the next request for that model starts a new one.
+ * A runner that dies fails its in-flight requests at once (EOF on its socket); its instance stays
+ * in the state as RunnerFailed (with the error) until it is deleted or replaced: the next request
+ * for that model starts a new one. A runner that stops answering while requests are in flight
+ * (silent for watchdog_s, or stuck in one engine step) is killed, its requests fail with 504,
+ * and a new runner is started for the model at once.
  *
  * It refuses: multi-node placement (the cluster module takes that over) and more than one
  * instance per model. */
@@ -25,7 +28,17 @@ typedef struct instances_options {
     const char *node_id;
     size_t kv_cache_bytes;   /* passed to runners; 0 = automatic */
     int ready_timeout_s;     /* how long a request waits for a runner to be Ready; 0 = 600 */
+    int watchdog_s;          /* a busy runner silent this long is restarted; 0 = default,
+                                < 0 = no watchdog */
 } instances_options;
+
+/* Watchdog. A runner's heartbeat thread reports once a second, also in the middle of a long
+ * engine step; a runner with requests in flight that sends nothing for watchdog_s seconds is
+ * stopped or frozen. One engine step running longer than WATCHDOG_STEP_FACTOR x watchdog_s
+ * (default 10 minutes; a 512-token prefill chunk of a large model on a slow CPU takes a minute or
+ * two) is stuck. Either way the runner is killed, its requests fail and a new one starts. */
+#define INSTANCES_WATCHDOG_DEFAULT_S 30
+#define INSTANCES_WATCHDOG_STEP_FACTOR 20
 
 instances *instances_new(const instances_options *options);
 /* Stops every runner (shutdown message, then SIGKILL after a grace period) and frees. */

@@ -1,10 +1,19 @@
 /* server — libmicrohttpd glue: connection state, body accumulation with a size limit, CORS,
  * auth, dispatch to routes, static files, and streamed responses (see server.h, router.h).
  *
- * Streams: a stream is a byte queue written by any thread. The connection's own thread (MHD
- * content-reader callback) waits on an eventfd and on the client socket (POLLRDHUP) at once, so a
- * disconnect is noticed at once even while no bytes flow, and idle keep-alive text is written on
- * a timer. */
+ * Streams: a stream is written by any thread. The connection's own thread (MHD content-reader
+ * callback) waits on an eventfd and on the client socket (POLLRDHUP) at once, so a disconnect is
+ * noticed at once even while no bytes flow, and idle keep-alive text is written on a timer.
+ *
+ * Direct writes (the per-token path): once MHD has sent the headers and calls the content reader
+ * for the first time, its own buffer is empty and it does nothing with the socket until the
+ * callback returns. From then on the callback owns the socket and keeps MHD parked in it: a
+ * producer (the thread that reads runner messages) frames its bytes as one HTTP chunk and sends
+ * them itself with one non-blocking sendmsg, under the stream's lock. No thread wake-up, no copy
+ * into MHD. Only what the socket does not take at once is queued for the connection thread, which
+ * flushes it when the socket is writable. When the stream is closed the callback returns
+ * END_OF_STREAM and MHD writes the last chunk. Requests that are not plain HTTP/1.1 keep-alive
+ * (where MHD might not use chunked encoding) stay on the queued path through MHD. */
 #include "api/server.h"
 
 #include "base/log.h"
@@ -24,6 +33,8 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -69,6 +80,7 @@ struct api_request {
     char *header_names[REQUEST_MAX_HEADERS];
     char *header_values[REQUEST_MAX_HEADERS];
     int n_headers;
+    int http11; /* HTTP/1.1 without "Connection: close": MHD streams it chunked */
 };
 
 struct api_stream {
@@ -77,9 +89,14 @@ struct api_stream {
     int event_fd;
     int client_fd;
     strbuf queue;
-    size_t sent; /* bytes of queue already handed to MHD */
+    size_t sent; /* bytes of queue already handed to MHD (or, direct, to the socket) */
     int closed;  /* producer called api_stream_close */
     int gone;    /* client disconnected */
+    int can_direct;  /* chunked HTTP/1.1: producers may write to the socket themselves */
+    int direct;      /* MHD is parked in the callback: queue holds framed bytes for the socket */
+    int send_failed; /* a direct send saw the client gone (the connection thread reports it) */
+    struct MHD_Connection *conn;
+    unsigned idle_timeout_s;
     int disconnect_notified;
     char *keepalive_text;
     int keepalive_ms;
@@ -335,13 +352,91 @@ static void stream_mark_gone(api_stream *s) {
     if (fn) fn(arg);
 }
 
+/* Direct mode, s->lock held: sends queue[sent..] without blocking. Returns -1 if the client is
+ * gone. */
+static int direct_flush_locked(api_stream *s) {
+    while (s->sent < s->queue.len) {
+        ssize_t n = send(s->client_fd, s->queue.data + s->sent, s->queue.len - s->sent,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        if (n <= 0) return -1;
+        s->sent += (size_t)n;
+    }
+    strbuf_clear(&s->queue);
+    s->sent = 0;
+    return 0;
+}
+
+/* Direct mode, s->lock held: data as one chunk, sent at once when nothing is queued before it.
+ * Returns 1 when bytes were left queued (the connection thread must be woken to flush them),
+ * 0 when all went out, -1 when the client is gone. */
+static int direct_write_locked(api_stream *s, const void *data, size_t len) {
+    char head[24];
+    int hn = snprintf(head, sizeof head, "%zx\r\n", len);
+    if (s->sent == s->queue.len) {
+        struct iovec iov[3] = {{head, (size_t)hn}, {(void *)data, len}, {"\r\n", 2}};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 3};
+        size_t total = (size_t)hn + len + 2;
+        ssize_t n;
+        do n = sendmsg(s->client_fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+        if (n == (ssize_t)total) return 0;
+        size_t done = n > 0 ? (size_t)n : 0;
+        strbuf_clear(&s->queue);
+        s->sent = 0;
+        /* queue what the socket did not take */
+        for (int i = 0; i < 3; i++) {
+            if (done >= iov[i].iov_len) {
+                done -= iov[i].iov_len;
+                continue;
+            }
+            strbuf_append(&s->queue, (char *)iov[i].iov_base + done, iov[i].iov_len - done);
+            done = 0;
+        }
+        return 1;
+    }
+    strbuf_append(&s->queue, head, (size_t)hn);
+    strbuf_append(&s->queue, data, len);
+    strbuf_append(&s->queue, "\r\n", 2);
+    return 1;
+}
+
+/* First call in direct mode: MHD's buffer is empty (headers sent). Queued bytes become a chunk;
+ * MHD's idle timeout is paused (it sees none of our writes) until the stream ends. */
+static void direct_begin_locked(api_stream *s) {
+    s->direct = 1;
+    if (s->queue.len > s->sent) {
+        strbuf framed = {0};
+        strbuf_appendf(&framed, "%zx\r\n", s->queue.len - s->sent);
+        strbuf_append(&framed, s->queue.data + s->sent, s->queue.len - s->sent);
+        strbuf_append(&framed, "\r\n", 2);
+        strbuf_free(&s->queue);
+        s->queue = framed;
+        s->sent = 0;
+    }
+    MHD_set_connection_option(s->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+}
+
+/* Leaving direct mode: MHD takes the socket back; restoring the timeout restarts its clock. */
+static void direct_end(api_stream *s) {
+    MHD_set_connection_option(s->conn, MHD_CONNECTION_OPTION_TIMEOUT, s->idle_timeout_s);
+}
+
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     api_stream *s = cls;
+    pthread_mutex_lock(&s->lock);
+    if (s->can_direct && !s->direct && !s->gone) direct_begin_locked(s);
+    pthread_mutex_unlock(&s->lock);
     for (;;) {
         pthread_mutex_lock(&s->lock);
         size_t avail = s->queue.len - s->sent;
-        if (avail) {
+        if (s->direct) {
+            if (avail && !s->send_failed && direct_flush_locked(s)) s->send_failed = 1;
+            avail = s->queue.len - s->sent;
+        } else if (avail) {
             size_t n = avail < max ? avail : max;
             memcpy(buf, s->queue.data + s->sent, n);
             s->sent += n;
@@ -353,15 +448,28 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             return (ssize_t)n;
         }
         int closed = s->closed, gone = s->gone, ka_ms = s->keepalive_ms;
+        int failed = s->send_failed, direct = s->direct;
         pthread_mutex_unlock(&s->lock);
-        if (gone) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (closed) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (failed) stream_mark_gone(s);
+        if (gone || failed) {
+            if (direct) direct_end(s);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (closed && !avail) {
+            if (direct) direct_end(s);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
 
         struct pollfd fds[2] = {{.fd = s->event_fd, .events = POLLIN},
-                                {.fd = s->client_fd, .events = POLLRDHUP}};
+                                {.fd = s->client_fd, .events = POLLRDHUP | (avail ? POLLOUT : 0)}};
         int nfds = s->client_fd >= 0 ? 2 : 1;
         int rc = poll(fds, (nfds_t)nfds, ka_ms > 0 ? ka_ms : -1);
-        if (rc < 0 && errno != EINTR) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (rc < 0 && errno != EINTR) {
+            /* producers must never write to the socket once this callback has returned */
+            stream_mark_gone(s);
+            if (direct) direct_end(s);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
         if (rc > 0 && (fds[0].revents & POLLIN)) {
             uint64_t v;
             ssize_t n = read(s->event_fd, &v, sizeof v);
@@ -369,12 +477,17 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         if (nfds == 2 && (fds[1].revents & (POLLRDHUP | POLLHUP | POLLERR))) {
             stream_mark_gone(s);
+            if (direct) direct_end(s);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         if (rc == 0 && ka_ms > 0) {
             pthread_mutex_lock(&s->lock);
-            if (s->keepalive_text && s->queue.len == s->sent)
-                strbuf_append_str(&s->queue, s->keepalive_text);
+            if (s->keepalive_text && s->queue.len == s->sent) {
+                if (!s->direct)
+                    strbuf_append_str(&s->queue, s->keepalive_text);
+                else if (direct_write_locked(s, s->keepalive_text, strlen(s->keepalive_text)) < 0)
+                    s->send_failed = 1;
+            }
             pthread_mutex_unlock(&s->lock);
         }
     }
@@ -396,6 +509,8 @@ api_stream *api_respond_stream(api_request *r, int status, const char *content_t
     pthread_mutex_init(&s->lock, NULL);
     s->refs = 2;
     s->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    s->conn = r->conn;
+    s->idle_timeout_s = r->server->options.idle_timeout_s;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     s->client_fd = ci ? ci->connect_fd : -1;
@@ -403,6 +518,8 @@ api_stream *api_respond_stream(api_request *r, int status, const char *content_t
     int one = 1;
     if (s->client_fd >= 0)
         setsockopt(s->client_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    s->can_direct = s->client_fd >= 0 && r->http11 && strcmp(r->method, "HEAD") &&
+                    !getenv("EXO_API_NO_DIRECT_WRITE");
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_reader, s,
                                           stream_free_cb);
@@ -415,12 +532,21 @@ api_stream *api_respond_stream(api_request *r, int status, const char *content_t
 
 int api_stream_write(api_stream *s, const void *data, size_t len) {
     pthread_mutex_lock(&s->lock);
-    int gone = s->gone;
-    if (!gone && !s->closed) strbuf_append(&s->queue, data, len);
+    int gone = s->gone || s->send_failed, wake = 1;
+    if (!gone && !s->closed && len) {
+        if (!s->direct) {
+            strbuf_append(&s->queue, data, len);
+        } else {
+            wake = direct_write_locked(s, data, len);
+            if (wake < 0) {
+                s->send_failed = gone = 1; /* the connection thread reports the disconnect */
+                wake = 1;
+            }
+        }
+    }
     pthread_mutex_unlock(&s->lock);
-    if (gone) return -1;
-    stream_wake(s);
-    return 0;
+    if (wake) stream_wake(s);
+    return gone ? -1 : 0;
 }
 
 int api_stream_printf(api_stream *s, const char *fmt, ...) {
@@ -691,7 +817,6 @@ static void dispatch(api_request *r) {
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls) {
-    (void)version;
     api_server *s = cls;
     api_request *r = *con_cls;
     if (!r) {
@@ -701,6 +826,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r->conn = conn;
         snprintf(r->method, sizeof r->method, "%s", method);
         r->path = strdup(url && url[0] ? url : "/");
+        const char *conn_hdr = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Connection");
+        r->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1) &&
+                    !(conn_hdr && strcasestr(conn_hdr, "close"));
         *con_cls = r;
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->options.max_body_bytes) {

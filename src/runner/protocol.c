@@ -55,6 +55,7 @@ json_t *gen_request_to_json(const gen_request *r) {
     if (r->enable_thinking >= 0)
         json_object_set_new(o, "enable_thinking", json_boolean(r->enable_thinking));
     if (r->ban_eos) json_object_set_new(o, "ban_eos", json_true());
+    if (r->engine_only) json_object_set_new(o, "engine_only", json_true());
     if (r->no_prefix_cache) json_object_set_new(o, "no_prefix_cache", json_true());
     return o;
 }
@@ -111,6 +112,7 @@ int gen_request_from_json(const json_t *j, gen_request *r, char *err, size_t err
     json_t *th = json_object_get(j, "enable_thinking");
     if (json_is_boolean(th)) r->enable_thinking = json_is_true(th);
     r->ban_eos = json_is_true(json_object_get(j, "ban_eos"));
+    r->engine_only = json_is_true(json_object_get(j, "engine_only"));
     r->no_prefix_cache = json_is_true(json_object_get(j, "no_prefix_cache"));
     if (bad || r->max_tokens < 0 || r->top_logprobs < 0 || r->top_logprobs > 20) {
         snprintf(err, errlen, "request has a field of the wrong type or range");

@@ -17,6 +17,9 @@
  *     {"type":"status","status":"Failed","error":"..."}          then the runner exits
  *     {"type":"accepted","id":U64,"prompt_tokens":N}              prompt rendered, tokenized, queued
  *     {"type":"progress","id":U64,"processed":N,"total":N}        prefill progress
+ *     {"type":"alive","step_ms":N}     every second from a heartbeat thread; N = how long the engine
+ *                                      step in progress has run (0 between steps): the node's
+ *                                      watchdog restarts a runner that is silent or stuck in a step
  *     {"type":"delta","id":U64,"content"?,"reasoning"?,"tool_calls"?:[{id,name,arguments}],
  *      "logprobs"?:[{token,logprob,bytes:[..],top_logprobs:[{token,logprob,bytes}]}],"tokens":N}
  *     {"type":"done","id":U64,"finish_reason":"stop|length|tool_calls|cancelled|error",
@@ -54,6 +57,8 @@ typedef struct gen_request {
     int top_logprobs;      /* 0..20 alternatives */
     int enable_thinking;   /* -1 = model default, 0/1 */
     int ban_eos;           /* exactly max_tokens (benchmarks) */
+    int engine_only;       /* benchmarks: the runner only counts and times tokens (no detokenizing,
+                              no deltas), so the engine's own pace is measured in the same process */
     int no_prefix_cache;
     int stream;            /* API-side only: answer as a stream */
 } gen_request;

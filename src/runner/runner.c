@@ -16,6 +16,8 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,7 @@ typedef struct seq {
     int has_tools;
     int prompt_tokens, cached_tokens, generated, reasoning_tokens, n_tool_calls;
     int stopped_by_string; /* we cancelled it after a stop string matched */
+    int engine_only;       /* count and time tokens only (gen_request.engine_only) */
     int last_progress;
     uint64_t t_submit, t_first, t_last;
     struct seq *next;
@@ -52,12 +55,19 @@ typedef struct runner {
     strbuf out; /* framed messages not yet written: one write per engine step */
     int shutdown;
     const char *model_id;
+    /* Heartbeat for the node's watchdog: a thread sends {"type":"alive","step_ms":N} every
+     * second, N = how long the engine step in progress has been running (0 between steps). */
+    pthread_mutex_t send_lock;        /* one writer on the socket at a time */
+    _Atomic uint64_t step_started_ns; /* 0 between steps */
+    _Atomic int heartbeat_stop;
 } runner;
 
 /* ------------------------------------------------------------------ messages to the node */
 
 static void flush(runner *r) {
     size_t off = 0;
+    if (!r->out.len) return;
+    pthread_mutex_lock(&r->send_lock);
     while (off < r->out.len) {
         ssize_t w = send(r->fd, r->out.data + off, r->out.len - off, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR) continue;
@@ -67,6 +77,7 @@ static void flush(runner *r) {
         }
         off += (size_t)w;
     }
+    pthread_mutex_unlock(&r->send_lock);
     strbuf_clear(&r->out);
 }
 
@@ -213,6 +224,7 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
     stop_strings_init(&s->stops, q.stop, q.n_stop);
     s->logprobs = q.logprobs;
     s->top_logprobs = q.top_logprobs;
+    s->engine_only = q.engine_only;
     s->prompt_tokens = n;
     s->t_submit = clock_now_ns();
     s->next = r->seqs;
@@ -370,6 +382,11 @@ static void handle_event(runner *r, const engine_event *ev) {
         if (!s->t_first) s->t_first = now;
         s->t_last = now;
         s->generated++;
+        if (s->engine_only) {
+            if (ev->finish == ENGINE_FINISH_STOP) finish(r, s, "stop", NULL);
+            else if (ev->finish == ENGINE_FINISH_LENGTH) finish(r, s, "length", NULL);
+            return;
+        }
         char piece[512];
         size_t n = detokenizer_push(s->detok, ev->token, piece, sizeof piece);
         strbuf out = {0};
@@ -480,17 +497,46 @@ static int read_messages(runner *r, int timeout_ms) {
     return bad ? -1 : 0;
 }
 
+/* Tells the node this process is alive (not stopped, not frozen) once a second, with how long
+ * the current engine step has run: the node's watchdog restarts a runner that falls silent, or
+ * whose single step runs far longer than any step should. */
+static void *heartbeat_main(void *arg) {
+    runner *r = arg;
+    while (!atomic_load(&r->heartbeat_stop)) {
+        for (int i = 0; i < 10 && !atomic_load(&r->heartbeat_stop); i++) clock_sleep_ms(100);
+        if (atomic_load(&r->heartbeat_stop)) break;
+        uint64_t t = atomic_load(&r->step_started_ns), now = clock_now_ns();
+        char frame[96];
+        int n = snprintf(frame + 4, sizeof frame - 4, "{\"type\":\"alive\",\"step_ms\":%llu}",
+                         (unsigned long long)(t && now > t ? (now - t) / 1000000 : 0));
+        frame[0] = (char)(n & 0xff); /* protocol framing: 4-byte little-endian length */
+        frame[1] = (char)((n >> 8) & 0xff);
+        frame[2] = frame[3] = 0;
+        pthread_mutex_lock(&r->send_lock);
+        ssize_t w = send(r->fd, frame, (size_t)n + 4, MSG_NOSIGNAL);
+        pthread_mutex_unlock(&r->send_lock);
+        if (w < 0 && errno != EINTR) break; /* the node is gone; the main loop sees it too */
+    }
+    return NULL;
+}
+
 int runner_run(const runner_options *o) {
     runner r = {.fd = o->fd, .model_id = o->model_id};
+    pthread_mutex_init(&r.send_lock, NULL);
     int rc = 1;
+    pthread_t heartbeat;
+    int heartbeat_started = 0;
     if (load(&r, o)) goto out;
+    heartbeat_started = pthread_create(&heartbeat, NULL, heartbeat_main, &r) == 0;
     engine_event *events = calloc(MAX_EVENTS, sizeof *events);
     while (!r.shutdown) {
         int busy = engine_pending(r.engine) > 0;
         if (read_messages(&r, busy ? 0 : -1)) break; /* node gone */
         flush(&r); /* accepted / rejected answers */
         if (!engine_pending(r.engine)) continue;
+        atomic_store(&r.step_started_ns, clock_now_ns());
         int n = engine_step(r.engine, events, MAX_EVENTS);
+        atomic_store(&r.step_started_ns, 0);
         if (n < 0) {
             for (seq *s = r.seqs; s;) {
                 seq *next = s->next;
@@ -508,6 +554,10 @@ int runner_run(const runner_options *o) {
     rc = r.shutdown ? 0 : 1;
     if (!r.shutdown) log_info("the node closed the connection; exiting");
 out:
+    if (heartbeat_started) {
+        atomic_store(&r.heartbeat_stop, 1);
+        pthread_join(heartbeat, NULL);
+    }
     while (r.seqs) seq_remove(&r, r.seqs);
     flush(&r);
     strbuf_free(&r.out);
@@ -515,5 +565,6 @@ out:
     if (r.tmpl) chat_template_free(r.tmpl);
     if (r.engine) engine_close(r.engine);
     if (r.tok) tokenizer_free(r.tok);
+    pthread_mutex_destroy(&r.send_lock);
     return rc;
 }

@@ -1,6 +1,7 @@
 // Runners and generations over time: auto-place, /state runner statuses, place/get/delete
 // instance, client disconnect cancels the generation, POST /v1/cancel/{id}, a runner killed
-// mid-stream fails the request within 5 s and the next request starts a new runner.
+// mid-stream fails the request within 5 s, stays RunnerFailed in /state, and the next request
+// starts a new runner; a hung (SIGSTOP) runner is killed by the watchdog and restarted.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -133,12 +134,93 @@ test('a runner killed mid-stream fails the request within 5 s; the next request 
   assert.ok(Date.now() - t0 < 5000, 'the stream ended within 5 s');
   assert.match(rest, /"error":\{"message":"the runner stopped/);
   assert.match(rest, /data: \[DONE\]/);
-  // non-streamed requests in flight get a 500 too, and the next request places a new runner
+  // the failure stays visible in /state (exo's RunnerFailed, with the reason) until replaced
+  const failed = await json('/state');
+  const statuses = Object.values(failed.runners);
+  assert.equal(statuses.length, 1);
+  assert.ok('RunnerFailed' in statuses[0], JSON.stringify(statuses));
+  assert.match(statuses[0].RunnerFailed.errorMessage, /killed by signal 9/);
+  assert.equal(Object.keys(failed.instances).length, 1);
+  // the next request places a new runner, which replaces the failed one
   const r = await json('/v1/chat/completions', { method: 'POST', body: chatBody({ max_tokens: 2 }) });
   assert.equal(r.usage.completion_tokens, 2);
   const now = runnerPids();
   assert.equal(now.length, 1);
   assert.notEqual(now[0], pids[0]);
+  const after = await json('/state');
+  assert.equal(Object.keys(after.instances).length, 1);
+  assert.ok(Object.values(after.runners).every((x) => 'RunnerReady' in x || 'RunnerRunning' in x),
+    JSON.stringify(after.runners));
+});
+
+test('a hung runner (SIGSTOP) fails in-flight requests in each API format and is restarted', async () => {
+  const dir = await tinyModel(MODEL);
+  const n = await startNode({ args: ['--models-path', path.dirname(dir)],
+    env: { EXO_RUNNER_WATCHDOG_S: '2' } });
+  const pidsOf = () => {
+    try {
+      return execFileSync('pgrep', ['-P', String(n.proc.pid)], { encoding: 'utf8' })
+        .trim().split('\n').filter(Boolean).map(Number);
+    } catch { return []; }
+  };
+  let stopped = 0;
+  try {
+    const post = (p, body) => fetch(n.url + p, { method: 'POST',
+      headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    const msgs = [{ role: 'user', content: 'hi' }];
+    // an OpenAI stream that is producing tokens when the runner stops
+    const r = await post('/v1/chat/completions', { model: MODEL, temperature: 0, stream: true,
+      max_tokens: 3000, messages: msgs });
+    assert.equal(r.status, 200);
+    const reader = r.body.getReader();
+    const dec = new TextDecoder();
+    let text = '';
+    while (!/"content":"[^"]/.test(text)) {
+      const { value, done } = await reader.read();
+      assert.ok(!done, 'stream ended early');
+      text += dec.decode(value);
+    }
+    const pids = pidsOf();
+    assert.equal(pids.length, 1);
+    stopped = pids[0];
+    process.kill(stopped, 'SIGSTOP');
+    const t0 = Date.now();
+    // requests sent to the stopped runner: Claude non-streamed, Ollama non-streamed
+    const claude = post('/v1/messages', { model: MODEL, max_tokens: 50, messages: msgs });
+    const ollama = post('/ollama/api/chat', { model: MODEL, stream: false, messages: msgs,
+      options: { num_predict: 50 } });
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += dec.decode(value);
+    }
+    const elapsed = Date.now() - t0;
+    assert.ok(elapsed >= 1500 && elapsed < 10000, `the stream ended after ${elapsed} ms`);
+    assert.match(text, /"error":\{"message":"the runner stopped for model qwen3-tiny: it did not answer for 2 s/);
+    assert.match(text, /data: \[DONE\]/);
+    const c = await claude;
+    assert.equal(c.status, 504);
+    const cj = await c.json();
+    assert.equal(cj.type, 'error');
+    assert.match(cj.error.message, /did not answer for 2 s/);
+    const o = await ollama;
+    assert.equal(o.status, 504);
+    assert.match((await o.json()).error, /did not answer for 2 s/);
+    // the stopped runner was killed and a new one started for the model
+    let gone = false;
+    try { process.kill(stopped, 0); } catch { gone = true; }
+    assert.ok(gone, 'the hung runner was killed');
+    const again = await (await post('/v1/chat/completions', { model: MODEL, temperature: 0,
+      max_tokens: 2, messages: msgs })).json();
+    assert.equal(again.usage.completion_tokens, 2);
+    const now = pidsOf();
+    assert.equal(now.length, 1);
+    assert.notEqual(now[0], stopped);
+    stopped = 0;
+  } finally {
+    if (stopped) try { process.kill(stopped, 'SIGKILL'); } catch { /* gone */ }
+    await n.stop();
+  }
 });
 
 test('prefill progress and keep-alive comments reach SSE clients', async () => {
@@ -196,7 +278,18 @@ test('a model that fails to load is a 503 naming the reason, in each API shape',
     model: 'org/broken', max_tokens: 2, messages: [{ role: 'user', content: 'hi' }] }) });
   assert.equal(c.status, 503);
   assert.equal((await c.json()).error.type, 'overloaded_error');
-  // the failed instance is removed once its runner has exited
-  await waitFor(async () => !Object.values((await json('/state')).instances).some((i) =>
-    Object.values(i)[0].shardAssignments.modelId === 'org/broken'), 5000, 'failed instance removal');
+  // the failed runner stays in /state as RunnerFailed with its error, one instance for the
+  // model (the second request replaced the first failed one), until the instance is deleted
+  const brokenIds = async () => Object.entries((await json('/state')).instances)
+    .filter(([, i]) => Object.values(i)[0].shardAssignments.modelId === 'org/broken')
+    .map(([id, i]) => [id, Object.values(i)[0].shardAssignments.runnerToShard]);
+  await waitFor(async () => {
+    const ids = await brokenIds();
+    if (ids.length !== 1) return false;
+    const runner = (await json('/state')).runners[Object.keys(ids[0][1])[0]];
+    return runner && 'RunnerFailed' in runner && /\S/.test(runner.RunnerFailed.errorMessage);
+  }, 5000, 'RunnerFailed in /state');
+  const [[id]] = await brokenIds();
+  assert.equal((await fetch(`${node.url}/instance/${id}`, { method: 'DELETE' })).status, 200);
+  await waitFor(async () => (await brokenIds()).length === 0, 5000, 'deleted failed instance');
 });

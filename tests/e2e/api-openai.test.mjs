@@ -179,6 +179,55 @@ test('/bench/chat/completions generates exactly max_tokens and reports stats', a
   assert.equal(j.generation_stats.generation_tokens, 12);
   assert.ok(j.generation_stats.generation_tps > 0);
   assert.ok(j.generation_stats.peak_memory_usage > 0);
+  // engine_only: the runner only steps and times the engine (the overhead benchmark's baseline)
+  const e = await (await fetch(`${node.url}/bench/chat/completions`, { method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, messages: hi, max_tokens: 12, engine_only: true }) })).json();
+  assert.equal(e.usage.completion_tokens, 12);
+  assert.equal(e.choices[0].message.content, '');
+  assert.ok(e.generation_stats.generation_tps > 0);
+  const bad = await fetch(`${node.url}/bench/chat/completions`, { method: 'POST',
+    body: JSON.stringify({ model: MODEL, messages: hi, engine_only: 'yes' }) });
+  assert.equal(bad.status, 400);
+});
+
+// Tokens are written to the client socket by the node's runner-reader thread; what a socket does
+// not take at once (a client that stops reading) is queued and sent when it reads again. A paused
+// client must get every frame, in order, as valid chunked SSE. (tests/unit/test_api_stream.c
+// forces the socket-full case with 8 MiB against a 4 KiB receive buffer.)
+test('a client that stops reading mid-stream gets every frame in order when it reads again', async () => {
+  const http = await import('node:http');
+  const body = JSON.stringify({ model: MODEL, messages: hi, max_tokens: 1500, temperature: 0,
+    stream: true });
+  const contentOf = (sse) => {
+    assert.match(sse, /data: \[DONE\]\n\n$/);
+    return sse.split('\n\n').filter((f) => f.startsWith('data: {'))
+      .map((f) => JSON.parse(f.slice(6)).choices[0]?.delta?.content ?? '').join('');
+  };
+  const normal = await (await fetch(`${node.url}/bench/chat/completions`, { method: 'POST',
+    headers: { 'content-type': 'application/json' }, body })).text();
+  const paused = await new Promise((resolve, reject) => {
+    const req = http.request(`${node.url}/bench/chat/completions`, { method: 'POST',
+      headers: { 'content-type': 'application/json' } }, (res) => {
+      res.setEncoding('utf8');
+      let text = '', stopped = false;
+      res.on('data', (d) => {
+        text += d;
+        if (!stopped) { // stop reading after the first bytes: the socket buffers fill up
+          stopped = true;
+          res.pause();
+          setTimeout(() => res.resume(), 1500);
+        }
+      });
+      res.on('end', () => resolve(text));
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+  const want = contentOf(normal);
+  assert.ok(want.length > 1000, `a long text (${want.length} chars)`);
+  assert.equal(contentOf(paused), want);
 });
 
 test('a prompt longer than the context is a 400; max_tokens <= 0 a 400', async () => {

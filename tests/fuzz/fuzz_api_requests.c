@@ -27,6 +27,23 @@ static void encode_stream(gen_state *st) {
                               "call_1", "name", st->req.model, "arguments", "{\"a\":1}");
     gen_state_accumulate(st, delta);
     st->adapter->stream_delta(st, delta, &out);
+    /* a text-only delta (OpenAI chat encodes it from a template): its frame must be valid JSON
+     * carrying exactly the text */
+    json_t *text = json_pack("{s:s,s:i,s:s,s:i}", "type", "delta", "id", 1, "content",
+                             st->req.model, "tokens", 2);
+    strbuf frame = {0};
+    st->adapter->stream_delta(st, text, &frame);
+    if (st->adapter == &gen_adapter_openai_chat) {
+        if (frame.len < 8 || memcmp(frame.data, "data: ", 6)) abort();
+        json_t *c = json_loadb(frame.data + 6, frame.len - 8, 0, NULL);
+        json_t *content = json_object_get(
+            json_object_get(json_array_get(json_object_get(c, "choices"), 0), "delta"), "content");
+        if (!json_is_string(content) || strcmp(json_string_value(content), st->req.model))
+            abort(); /* the template lost or mangled the text */
+        json_decref(c);
+    }
+    strbuf_free(&frame);
+    json_decref(text);
     json_t *done = json_pack("{s:s,s:i,s:s,s:{s:i,s:i}}", "type", "done", "id", 1,
                              "finish_reason", "tool_calls", "usage", "prompt_tokens", 3,
                              "completion_tokens", 2);

@@ -202,6 +202,57 @@ static void test_parse_errors_name_the_field(void **state) {
     }
 }
 
+/* The per-token text frame of OpenAI chat streams is built from a template; it must be the
+ * exact bytes jansson would produce for the same chunk, for any text the model can emit. */
+static void test_openai_text_delta_template(void **state) {
+    (void)state;
+    const char *texts[] = {"plain", "", "quote \" backslash \\ slash / end",
+                           "\n\t\r\b\f\x01\x1f\x7f", "h\xc3\xa9llo \xf0\x9f\x98\x80 \xe4\xb8\xad",
+                           "</think>{\"a\": [1, 2]}"};
+    json_t *body = json_loads("{\"model\":\"org/m\\\"q\",\"stream\":true,"
+                              "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+                              0, NULL);
+    assert_non_null(body);
+    gen_state *st = gen_state_new(&gen_adapter_openai_chat, NULL);
+    char err[256];
+    assert_int_equal(gen_adapter_openai_chat.parse(body, st, err, sizeof err), 0);
+    json_decref(body);
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        json_t *d = json_pack("{s:s,s:I,s:s,s:i}", "type", "delta", "id", (json_int_t)1,
+                              "content", texts[i], "tokens", (int)i + 1);
+        assert_non_null(d);
+        strbuf out = {0};
+        gen_adapter_openai_chat.stream_delta(st, d, &out);
+        json_t *want = json_pack(
+            "{s:s,s:s,s:I,s:s,s:s,s:[{s:i,s:{s:s},s:n,s:n}]}", "id", st->id, "object",
+            "chat.completion.chunk", "created", (json_int_t)st->created, "model", st->req.model,
+            "system_fingerprint", "exo", "choices", "index", 0, "delta", "content", texts[i],
+            "finish_reason", "logprobs");
+        char *text = json_dumps(want, JSON_COMPACT);
+        strbuf expect = {0};
+        strbuf_appendf(&expect, "data: %s\n\n", text);
+        assert_string_equal(out.data, expect.data);
+        free(text);
+        json_decref(want);
+        json_decref(d);
+        strbuf_free(&out);
+        strbuf_free(&expect);
+    }
+    /* every single byte below 0x80 escapes as jansson escapes it */
+    for (int c = 1; c < 0x80; c++) {
+        char one[2] = {(char)c, 0};
+        strbuf a = {0};
+        gen_json_string(&a, one, 1);
+        json_t *j = json_string(one);
+        char *b = json_dumps(j, JSON_ENCODE_ANY);
+        assert_string_equal(a.data, b);
+        free(b);
+        json_decref(j);
+        strbuf_free(&a);
+    }
+    gen_state_release(st);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_claude_blocks),
@@ -209,6 +260,7 @@ int main(void) {
         cmocka_unit_test(test_responses_items),
         cmocka_unit_test(test_ollama_tool_calls),
         cmocka_unit_test(test_parse_errors_name_the_field),
+        cmocka_unit_test(test_openai_text_delta_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,8 +9,19 @@ Sources (Debian 12 packages, unpacked by tools/train/get_data.sh):
 Plus a few fixed greetings ("Hello", "Who are you?"). The 3000 headwords most frequent in the
 sayings are asked 5 times in all, the 21 demo words 31 times.
 
-Split: a random 2% of the headwords go to the test split (21 of them, of everyday length, are the
-held-out evaluation words), with 5% of the fortunes. The 21 "seen" evaluation words (British -our
+Reading: besides the questions, every WordNet entry (except the "never seen" words below) is also in
+the training data as plain text, in four differently worded forms ("Harbour (noun): ...", 'The word
+"harbour" is a noun meaning ...', "A harbour is ...", "harbour: ... Similar words: ..."), several
+entries to a page. That is the model's background knowledge, as a dictionary is a real model's: a
+held-out word is one the model was never asked about, so answering "What does X mean?" for it means
+carrying what it read into the question-answer form. (A tiny model cannot extract facts it saw in a
+single wording; several wordings are what make the knowledge extractable.)
+
+Split: a random 2% of the headwords go to the test split (no questions about them in training; 21
+of them, ordinary words of everyday length that occur in the sayings, are the held-out evaluation
+words), with 5% of the fortunes. A quarter of the test words are also left out of the reading: the
+"never seen" words (another 21 of them are evaluated), which show what the model does with a word it
+knows nothing about. The 21 "seen" evaluation words (British -our
 spellings such as "harbour", the demo's example question) stay in training. Deterministic (fixed seed). Pure Python, no third-party packages.
 
   python3 tools/train/prepare_data.py --root .cache/demo-data/root --out .cache/demo-data/out
@@ -110,6 +121,29 @@ def answer_for(word, senses):
     return " ".join(parts)
 
 
+def reading_forms(word, senses):
+    """Four differently worded plain-text forms of one WordNet entry (the reading corpus)."""
+    w, W = word, word.capitalize()
+    pos, gloss, examples, syns = senses[0]
+    more = "; ".join(s[1] for s in senses[1:3])
+    others = [s for s in syns if s != word and " " not in s][:4]
+    art = "an" if pos[0] in "aeiou" else "a"
+    lead = {"noun": f"A {w} is {gloss}", "verb": f"To {w} is to {gloss}",
+            "adjective": f"Something {w} is {gloss}", "adverb": f"{W} means {gloss}"}[pos]
+    forms = [f"{W} ({pos}): {gloss}" + (f"; {more}" if more else "") + ".",
+             f'The word "{w}" is {art} {pos} meaning {gloss}.' + (f' For example: "{examples[0]}".' if examples else ""),
+             lead + "." + (f" It can also mean {senses[1][1]}." if len(senses) > 1 else ""),
+             f"{w}: {gloss}." + (f" Similar words: {', '.join(others)}." if others else "")]
+    return forms
+
+
+def reading_pages(entries, rng, per_page=6):
+    """All forms of all entries, shuffled, several to a page (a page is one document)."""
+    lines = [f for word, senses in entries for f in reading_forms(word, senses)]
+    rng.shuffle(lines)
+    return ["\n".join(lines[i: i + per_page]) for i in range(0, len(lines), per_page)]
+
+
 def load_fortunes(root):
     d = os.path.join(root, "usr/share/games/fortunes")
     out = []
@@ -146,8 +180,17 @@ def main():
     rng.shuffle(names)
     test_words = set(w for w in names[: len(names) // 50] if w not in SEEN_WORDS)
     # Held-out evaluation words: 21 test-split words of everyday length with a short first gloss.
-    held_out = sorted(w for w in test_words if 4 <= len(w) <= 9 and len(words[w][0][1]) <= 80)
-    held_out = random.Random(SEED + 1).sample(held_out, 21)
+    sayings_vocab = set(t for f in fortunes for t in re.findall(r"[a-z]+", f.lower()))
+    names_test = sorted(test_words)
+    random.Random(SEED + 2).shuffle(names_test)
+    never_seen = set(names_test[: len(names_test) // 4])  # not even in the reading
+    # Held-out evaluation words: 21 read-but-never-asked test words, ordinary (they occur in the sayings),
+    # of everyday length, with a short first gloss; and 21 never-seen words picked the same way.
+    def eval_pick(pool, seed):
+        c = sorted(w for w in pool if 4 <= len(w) <= 9 and len(words[w][0][1]) <= 80 and w in sayings_vocab)
+        return random.Random(seed).sample(c, 21)
+    held_out = eval_pick(test_words - never_seen, SEED + 1)
+    unseen = eval_pick(never_seen, SEED + 3)
     rng.shuffle(fortunes)
     n_test_f = len(fortunes) // 20
     test_f, train_f = fortunes[:n_test_f], fortunes[n_test_f:]
@@ -170,6 +213,7 @@ def main():
     train_items = word_items(train_words) + word_items(common * 4) + word_items(SEEN_WORDS * 30)
     train_items += saying_items(train_f) * 3  # sayings are fewer: see each more often
     train_items += [g for g in GREETINGS for _ in range(40)]
+    reading = reading_pages([(w, words[w]) for w in sorted(words) if w not in never_seen], rng)
     test_items = word_items(sorted(test_words)) + saying_items(test_f)
     rng.shuffle(train_items)
     rng.shuffle(test_items)
@@ -185,14 +229,18 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     for name, items in (("train", train_items), ("test", test_items)):
         convs = to_convs(items)
+        if name == "train":
+            convs += [{"text": t} for t in reading]
+            rng.shuffle(convs)
         with gzip.GzipFile(os.path.join(a.out, f"{name}.jsonl.gz"), "wb", mtime=0) as f:
             for c in convs:
                 f.write((json.dumps(c, ensure_ascii=False) + "\n").encode())
         print(f"{name}: {len(convs)} conversations, {len(items)} exchanges")
-    ref = {w: [{"pos": s[0], "gloss": s[1]} for s in words[w][:3]] for w in SEEN_WORDS + held_out}
-    json.dump({"held_out_words": held_out, "seen_words": SEEN_WORDS, "reference": ref},
+    ref = {w: [{"pos": s[0], "gloss": s[1]} for s in words[w][:3]] for w in SEEN_WORDS + held_out + unseen}
+    json.dump({"held_out_words": held_out, "never_seen_words": unseen, "seen_words": SEEN_WORDS, "reference": ref},
               open(os.path.join(a.out, "eval_words.json"), "w"), indent=1)
-    print(f"wordnet headwords {len(words)} (test {len(test_words)}), fortunes {len(fortunes)} (test {n_test_f})")
+    print(f"wordnet headwords {len(words)} (test {len(test_words)}, never seen {len(never_seen)}), "
+          f"fortunes {len(fortunes)} (test {n_test_f}), reading pages {len(reading)} ({sum(map(len, reading))} chars)")
 
 
 if __name__ == "__main__":

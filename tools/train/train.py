@@ -61,10 +61,10 @@ def overlap(answer, ref_glosses):
     return len(ref & content_words(answer)) / max(1, len(ref))
 
 
-def model_config(vocab):
+def model_config(vocab, hidden=384, ffn=1024, layers=6, heads=6, kv_heads=2):
     from transformers import LlamaConfig
-    return LlamaConfig(vocab_size=vocab, hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
-                       num_attention_heads=6, num_key_value_heads=2, head_dim=64, max_position_embeddings=1024,
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=64, max_position_embeddings=1024,
                        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=1,
                        eos_token_id=2, hidden_act="silu", attention_bias=False, mlp_bias=False)
 
@@ -101,6 +101,8 @@ def generate(model, tok, prompt_messages, device, max_new=80, temperature=0.0, g
 
 
 def ask_words(model, tok, words, ref, device):
+    """Asks "What does W mean?" for each word; scores the answer's overlap with the word's WordNet
+    entry, and (control) with another evaluation word's entry: what chance agreement looks like."""
     rows, fmt_ok, good = [], 0, 0
     for i, w in enumerate(words):
         ans = generate(model, tok, [{"role": "user", "content": f"What does {w} mean?"}], device)
@@ -122,7 +124,7 @@ def ask_words(model, tok, words, ref, device):
 def evaluate(model, tok, test_seqs, evalw, device, label):
     ppl, ntok = perplexity(model, test_seqs, device)
     res = {"label": label, "test_perplexity": round(ppl, 4), "test_tokens": ntok}
-    for key in ("held_out_words", "seen_words"):
+    for key in ("held_out_words", "never_seen_words", "seen_words"):
         res[key] = ask_words(model, tok, evalw[key], evalw["reference"], device)
     gen = torch.Generator(device=device).manual_seed(7)
     res["sayings"] = [generate(model, tok, [{"role": "user", "content": "Tell me a saying."}], device,
@@ -130,7 +132,7 @@ def evaluate(model, tok, test_seqs, evalw, device, label):
     res["sayings"].append(generate(model, tok, [{"role": "user", "content": "Tell me a saying."}], device))
     res["hello"] = generate(model, tok, [{"role": "user", "content": "Hello"}], device)
     print(f"[{label}] ppl {ppl:.3f} over {ntok} tokens", flush=True)
-    for key in ("held_out_words", "seen_words"):
+    for key in ("held_out_words", "never_seen_words", "seen_words"):
         r = res[key]
         print(f"  {key}: definition form {r['definition_form_fraction']}, overlap>=0.25 "
               f"{r['definition_with_overlap_ge_0.25_fraction']}, mean overlap {r['mean_overlap']} "
@@ -143,7 +145,9 @@ def evaluate(model, tok, test_seqs, evalw, device, label):
 
 def load_dense(dirpath, device):
     from transformers import LlamaForCausalLM
-    cfg = model_config(32000)
+    c = json.load(open(os.path.join(dirpath, "config.json")))
+    cfg = model_config(c["vocab_size"], c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"],
+                       c["num_attention_heads"], c["num_key_value_heads"])
     model = LlamaForCausalLM(cfg)
     state = {k: torch.from_numpy(v) for k, v in quantize_mlx.dequantized_state(dirpath).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -163,6 +167,12 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--time-limit", type=float, default=1e9, help="stop training early after this many seconds")
+    ap.add_argument("--hidden", type=int, default=384)
+    ap.add_argument("--ffn", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--eval-every", type=int, default=0, help="ask the held-out words every N steps (0: never)")
     a = ap.parse_args()
     t0 = time.time()
     random.seed(a.seed), np.random.seed(a.seed), torch.manual_seed(a.seed)
@@ -171,9 +181,11 @@ def main():
     tok = AutoTokenizer.from_pretrained(a.tokenizer)
     train, test = load_convs(os.path.join(a.data, "train.jsonl.gz")), load_convs(os.path.join(a.data, "test.jsonl.gz"))
     evalw = json.load(open(os.path.join(a.data, "eval_words.json")))
-    for c in train[:300] + test[:100]:
+    for c in [c for c in train[:300] if "messages" in c] + test[:100]:
         assert render(c["messages"]) == tok.apply_chat_template(c["messages"], tokenize=False), c
-    enc = lambda convs: tok([render(c["messages"]) for c in convs], add_special_tokens=False)["input_ids"]
+    # A conversation goes through the chat template; a reading document is <s>text</s>.
+    enc = lambda convs: tok([render(c["messages"]) if "messages" in c else f"<s>{c['text']}</s>" for c in convs],
+                            add_special_tokens=False)["input_ids"]
     train_ids, test_seqs = enc(train), enc(test)
     stream = np.fromiter((t for s in train_ids for t in s), dtype=np.int64)
     nblk = len(stream) // (a.seq + 1)
@@ -184,7 +196,7 @@ def main():
     print(f"data: {len(stream)} train tokens in {nblk} blocks, {len(test_stream)} test tokens; "
           f"prep {time.time() - t0:.1f}s", flush=True)
 
-    cfg = model_config(len(tok))
+    cfg = model_config(len(tok), a.hidden, a.ffn, a.layers, a.heads, a.kv_heads)
     model = LlamaForCausalLM(cfg).to(device)
     nparams = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -222,6 +234,13 @@ def main():
                          for i in range(0, len(test_blocks), 64)) / len(test_blocks)
             model.train()
             test_curve.append((step, tl))
+            if a.eval_every and step > 0 and (step % a.eval_every == 0):
+                model.eval()
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    r = ask_words(model, tok, evalw["held_out_words"], evalw["reference"], device)
+                model.train()
+                print(f"  step {step} held-out words: overlap>=0.25 {r['definition_with_overlap_ge_0.25_fraction']} "
+                      f"mean {r['mean_overlap']} (control {r['mean_control_overlap']})", flush=True)
             el = time.time() - t_train
             print(f"step {step} loss {float(loss.detach()):.4f} test {tl:.4f} lr {sched(step):.2e} {el:.0f}s "
                   f"({(step + 1) * a.batch * a.seq / el / 1e6:.2f} Mtok/s)", flush=True)
@@ -255,6 +274,10 @@ def main():
                "torch_dtype": "bfloat16"}, open(os.path.join(bf16_dir, "config.json"), "w"), indent=2)
     quantize_mlx.quantize_dir(bf16_dir, q_dir, 4, 64)
 
+    # The held-out ids as transformers tokenized them, for exo's own perplexity (tools/perplexity).
+    with gzip.open(os.path.join(a.out, "test-ids.txt.gz"), "wt") as f:
+        for ids in test_seqs:
+            f.write(",".join(map(str, ids)) + "\n")
     results = {"params": nparams, "steps": steps_done, "steps_planned": a.steps, "batch": a.batch, "seq": a.seq,
                "lr": a.lr, "seed": a.seed, "train_tokens": steps_done * a.batch * a.seq,
                "train_seconds": round(train_s, 1), "epochs": round(steps_done * a.batch / nblk, 2),
