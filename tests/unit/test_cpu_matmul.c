@@ -287,7 +287,7 @@ static void test_multi_shared_x(void **state) {
         }
         for (int level = 0; level < CPU_LEVEL_COUNT; level++) {
             if (!cpu_kernels_for((cpu_level)level)) continue;
-            for (int split = 0; split < 2; split++) {
+            for (int split = CPU_SPLIT_STATIC; split <= CPU_SPLIT_STEAL; split++) {
                 cpu_matvec_set_split(split);
                 for (int parts = 1; parts <= 4; parts++) {
                     for (int i = 0; i < parts; i++)
@@ -308,7 +308,7 @@ static void test_multi_shared_x(void **state) {
             }
         }
         /* The public entry point agrees too. */
-        cpu_matvec_set_split(0);
+        cpu_matvec_set_split(CPU_SPLIT_STEAL);
         cpu_matmul_multi(4, ws, x, y, n);
         for (int i = 0; i < 4; i++)
             for (int64_t j = 0; j < n * ws[i]->rows; j++)

@@ -268,6 +268,15 @@ typedef struct matvec_part {
     int64_t chunk_rows;
 } matvec_part;
 
+/* [front, back) of a thread's chunk indices in one word: the owner takes from the front, a thread
+ * that has finished its own takes from the back. */
+typedef struct steal_range {
+    _Atomic uint64_t range;
+    char pad[56]; /* one cache line each */
+} steal_range;
+
+#define CPU_STEAL_MAX_THREADS 64
+
 typedef struct matvec_job {
     const cpu_kernels *k;
     int n_parts;
@@ -275,22 +284,28 @@ typedef struct matvec_job {
     size_t total_bytes;
     int64_t total_chunks;
     _Atomic int64_t next_chunk;
+    steal_range ranges[CPU_STEAL_MAX_THREADS]; /* split 2: each thread's chunks, front and back */
 } matvec_job;
 
-/* EXO_MATVEC_SPLIT=static|dynamic: one equal run of bytes per thread (default), or chunks of
- * ~1/8 of a thread's share handed out first come first served (a thread that loses its core
- * mid-way does not hold the step up, at the cost of shorter streams). */
-static _Atomic int matvec_split = -1; /* -1: not read yet */
+/* How a matvec job's rows are split over threads (EXO_MATVEC_SPLIT):
+ *   steal (default): each thread owns one contiguous run of equal bytes, cut into chunks of ~1/8
+ *     of it, and works through them front to back; a thread that has finished takes chunks from
+ *     the back of another's run. On an idle machine every thread streams one run, as static; on a
+ *     busy one a thread that lost its core does not hold the step up, as dynamic.
+ *   static: one contiguous run of equal bytes per thread, nothing else.
+ *   dynamic: chunks handed out first come first served from one counter. */
+static _Atomic int matvec_split = -1; /* -1: not read yet; else a CPU_SPLIT_* */
 
-void cpu_matvec_set_split(int dynamic) {
-    atomic_store(&matvec_split, dynamic ? 1 : 0);
+void cpu_matvec_set_split(int split) {
+    atomic_store(&matvec_split, split >= CPU_SPLIT_STATIC && split <= CPU_SPLIT_STEAL ? split : CPU_SPLIT_STEAL);
 }
 
-static int matvec_dynamic(void) {
+static int matvec_split_mode(void) {
     int m = atomic_load_explicit(&matvec_split, memory_order_relaxed);
     if (m < 0) {
         const char *e = getenv("EXO_MATVEC_SPLIT");
-        m = e && !strcmp(e, "dynamic");
+        m = !e ? CPU_SPLIT_STEAL : !strcmp(e, "static") ? CPU_SPLIT_STATIC
+            : !strcmp(e, "dynamic") ? CPU_SPLIT_DYNAMIC : CPU_SPLIT_STEAL;
         atomic_store(&matvec_split, m);
     }
     return m;
@@ -325,6 +340,15 @@ static void matvec_static_share(void *p, int i, int nth) {
     }
 }
 
+static void matvec_chunk(const matvec_job *job, int64_t c) {
+    int k = 0;
+    while (k + 1 < job->n_parts && job->parts[k + 1].first_chunk <= c) k++;
+    const matvec_part *pt = &job->parts[k];
+    int64_t r0 = (c - pt->first_chunk) * pt->chunk_rows;
+    int64_t r1 = r0 + pt->chunk_rows < pt->w->rows ? r0 + pt->chunk_rows : pt->w->rows;
+    job->k->matvec(pt->w, &pt->in, pt->y, r0, r1);
+}
+
 static void matvec_dynamic_share(void *p, int i, int nth) {
     (void)i;
     (void)nth;
@@ -332,12 +356,33 @@ static void matvec_dynamic_share(void *p, int i, int nth) {
     for (;;) {
         int64_t c = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed);
         if (c >= job->total_chunks) return;
-        int k = 0;
-        while (k + 1 < job->n_parts && job->parts[k + 1].first_chunk <= c) k++;
-        const matvec_part *pt = &job->parts[k];
-        int64_t r0 = (c - pt->first_chunk) * pt->chunk_rows;
-        int64_t r1 = r0 + pt->chunk_rows < pt->w->rows ? r0 + pt->chunk_rows : pt->w->rows;
-        job->k->matvec(pt->w, &pt->in, pt->y, r0, r1);
+        matvec_chunk(job, c);
+    }
+}
+
+/* Takes one chunk from the front (owner) or the back (thief) of a range; 0 when it is empty. */
+static int steal_take(steal_range *s, int from_back, int64_t *chunk) {
+    uint64_t v = atomic_load_explicit(&s->range, memory_order_relaxed);
+    for (;;) {
+        uint32_t front = (uint32_t)(v >> 32), back = (uint32_t)v;
+        if (front >= back) return 0;
+        uint64_t next = from_back ? ((uint64_t)front << 32) | (back - 1)
+                                  : ((uint64_t)(front + 1) << 32) | back;
+        if (atomic_compare_exchange_weak_explicit(&s->range, &v, next, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *chunk = from_back ? back - 1 : front;
+            return 1;
+        }
+    }
+}
+
+static void matvec_steal_share(void *p, int i, int nth) {
+    matvec_job *job = p;
+    int64_t c;
+    while (steal_take(&job->ranges[i], 0, &c)) matvec_chunk(job, c);
+    for (int k = 1; k < nth; k++) {
+        steal_range *victim = &job->ranges[(i + k) % nth];
+        while (steal_take(victim, 1, &c)) matvec_chunk(job, c);
     }
 }
 
@@ -384,7 +429,17 @@ static int matvec_run(const cpu_kernels *k, const weight_matrix *const *ws, int 
     if (rc == 0) {
         atomic_init(&job.next_chunk, 0);
         int use = (int)(job.total_chunks < nth ? job.total_chunks : nth);
-        threadpool_run(pool, use, matvec_dynamic() ? matvec_dynamic_share : matvec_static_share, &job);
+        int mode = matvec_split_mode();
+        if (mode == CPU_SPLIT_STEAL && (use > CPU_STEAL_MAX_THREADS || job.total_chunks > UINT32_MAX))
+            mode = CPU_SPLIT_DYNAMIC;
+        if (mode == CPU_SPLIT_STEAL)
+            for (int i = 0; i < use; i++) {
+                uint64_t f = (uint64_t)(job.total_chunks * i / use), b = (uint64_t)(job.total_chunks * (i + 1) / use);
+                atomic_init(&job.ranges[i].range, f << 32 | b);
+            }
+        threadpool_run(pool, use, mode == CPU_SPLIT_STATIC ? matvec_static_share
+                                  : mode == CPU_SPLIT_DYNAMIC ? matvec_dynamic_share
+                                                              : matvec_steal_share, &job);
     }
     for (int i = 0; i < n; i++) free(owned[i]);
     return rc;

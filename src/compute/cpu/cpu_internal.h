@@ -116,10 +116,12 @@ int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x,
                           int64_t n_tokens, cpu_level level, cpu_gemm_engine gemm,
                           int max_matvec_tokens);
 
-/* How matvec jobs split rows over threads: 0 = one contiguous, equal run of bytes per thread,
- * 1 = chunks handed out first come first served. Default: EXO_MATVEC_SPLIT (static|dynamic),
- * else static. For tests and benchmarks. */
-void cpu_matvec_set_split(int dynamic);
+/* How matvec jobs split rows over threads (see cpu.c): STATIC = one contiguous, equal run of
+ * bytes per thread; DYNAMIC = chunks first come first served; STEAL = STATIC's runs in chunks,
+ * finished threads take chunks from the back of the others' runs. Default: EXO_MATVEC_SPLIT
+ * (static|dynamic|steal), else STEAL. For tests and benchmarks. */
+enum { CPU_SPLIT_STATIC = 0, CPU_SPLIT_DYNAMIC = 1, CPU_SPLIT_STEAL = 2 };
+void cpu_matvec_set_split(int split);
 
 /* Bytes ahead of the current row that matvec kernels prefetch (0 = none): EXO_MATVEC_PREFETCH,
  * read once, else CPU_MATVEC_PREFETCH_DEFAULT. */
