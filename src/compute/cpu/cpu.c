@@ -2,7 +2,9 @@
  * that splits work over threads and picks the matvec (decode) or gemm (prefill) regime.
  *
  * Threads split matmuls over output rows (every row of one matrix has the same number of bytes):
- * matvecs in chunks handed out dynamically, gemms in contiguous ranges of equal size.
+ * matvecs in one contiguous run of equal bytes per thread with stealing of chunks at the end
+ * (see matvec_split_mode), several matrices that share x in one job (cpu_matmul_multi); gemms in
+ * contiguous ranges of equal size.
  * Refuses: weight views the kernels cannot trust (bad bits/group size, missing pointers): the
  * output is zeroed and the error logged once (the loader validates views; this is a bug guard). */
 #include "compute/cpu/cpu_internal.h"
