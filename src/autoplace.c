@@ -93,6 +93,63 @@ static void respond_placed(api_request *r, const char *model_id, const char *ins
     api_respond_json(r, 200, body);
 }
 
+/* Starts the download of a catalog model that is not on disk (peers first, then the Hub).
+ * Returns 0 (started or already running), or an HTTP status with err. */
+static int start_download(autoplace *a, const char *model_id, char *err, size_t errlen) {
+    models_service *m = a->models;
+    pthread_mutex_lock(&m->lock);
+    int known = card_catalog_find(&m->cards, model_id) != NULL;
+    pthread_mutex_unlock(&m->lock);
+    if (!known) {
+        snprintf(err, errlen, "model '%s' not found: it is not on disk and not in the model "
+                              "catalog (add it with POST /models/add)", model_id);
+        return 404;
+    }
+    if (m->offline) {
+        snprintf(err, errlen, "model '%s' is not downloaded and this node is offline "
+                              "(--offline / EXO_OFFLINE): download it first or start without "
+                              "--offline", model_id);
+        return 404;
+    }
+    char urls[8][96];
+    const char *peers[8];
+    int n = find_peers(model_id, a->api_port, urls, 8);
+    for (int i = 0; i < n; i++) peers[i] = urls[i];
+    char why[512];
+    int rc = download_manager_start(m->downloads, model_id, 0, 0, peers, n, why, sizeof why);
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot download '%s': %s", model_id, why);
+        return 400;
+    }
+    if (rc == 0) log_info("downloading %s from %s", model_id, n ? "a peer" : "the Hub");
+    return 0;
+}
+
+/* api_model_fetcher for generation requests (see api.h). */
+static int fetch_start(void *ud, const char *model_id, char *err, size_t errlen) {
+    return start_download(ud, model_id, err, errlen);
+}
+
+static int fetch_poll(void *ud, const char *model_id, json_t **progress, char *err, size_t errlen) {
+    autoplace *a = ud;
+    int st = download_manager_status(a->models->downloads, model_id, progress);
+    if (st == 0) return 0;
+    if (st == 1) return 1;
+    json_t *failed = json_object_get(*progress, "DownloadFailed");
+    const char *why = json_string_value(json_object_get(failed, "errorMessage"));
+    snprintf(err, errlen, "download of '%s' failed: %s", model_id,
+             why ? why : st < 0 ? "it stopped (deleted?)" : "unknown error");
+    return -1;
+}
+
+void autoplace_fetcher(autoplace *a, api_model_fetcher *out) {
+    memset(out, 0, sizeof *out);
+    if (!a) return;
+    out->start = fetch_start;
+    out->poll = fetch_poll;
+    out->ud = a;
+}
+
 static void place(api_request *r, autoplace *a, const char *model_id) {
     char dir[1024], id[64], err[1024];
     if (instances_resolve_model(a->local, model_id, dir, sizeof dir) == 0) {
@@ -101,27 +158,9 @@ static void place(api_request *r, autoplace *a, const char *model_id) {
         else respond_placed(r, model_id, id);
         return;
     }
-    models_service *m = a->models;
-    pthread_mutex_lock(&m->lock);
-    int known = card_catalog_find(&m->cards, model_id) != NULL;
-    pthread_mutex_unlock(&m->lock);
-    if (!known) {
-        api_respond_error(r, 404, "model '%s' not found: it is not on disk and not in the model "
-                                  "catalog (add it with POST /models/add)", model_id);
-        return;
-    }
-    if (m->offline) {
-        api_respond_error(r, 404, "model '%s' is not downloaded and this node is offline "
-                                  "(--offline / EXO_OFFLINE): download it first or start without "
-                                  "--offline", model_id);
-        return;
-    }
-    char urls[8][96];
-    const char *peers[8];
-    int n = find_peers(model_id, a->api_port, urls, 8);
-    for (int i = 0; i < n; i++) peers[i] = urls[i];
-    if (download_manager_start(m->downloads, model_id, 0, 0, peers, n, err, sizeof err) < 0) {
-        api_respond_error(r, 400, "cannot download '%s': %s", model_id, err);
+    int status = start_download(a, model_id, err, sizeof err);
+    if (status) {
+        api_respond_error(r, status, "%s", err);
         return;
     }
     pending *p = calloc(1, sizeof *p);
@@ -140,7 +179,6 @@ static void place(api_request *r, autoplace *a, const char *model_id) {
     p->next = a->list;
     a->list = p;
     pthread_mutex_unlock(&a->lock);
-    log_info("downloading %s from %s before placing it", model_id, n ? "a peer" : "the Hub");
     respond_placed(r, model_id, NULL);
 }
 

@@ -1,6 +1,7 @@
 /* autoplace — POST /place_instance for models that are not on disk yet: a model in the catalog
  * is downloaded first (from peers whose State says they hold it, else from HF_ENDPOINT), then
- * placed on this node's instance manager. Progress is in State's downloads[nodeId]. With
+ * placed on this node's instance manager. The same download path serves generation requests
+ * for such models (autoplace_fetcher -> api_service_set_fetcher). Progress is in State's downloads[nodeId]. With
  * --offline a missing model is a 404 naming it. Models already on disk are placed at once, as
  * api/ does.
  *
@@ -9,6 +10,7 @@
 #ifndef EXO_AUTOPLACE_H
 #define EXO_AUTOPLACE_H
 
+#include "api/api.h"
 #include "api/instances.h"
 #include "api/router.h"
 #include "download/models_api.h"
@@ -19,6 +21,9 @@ typedef struct autoplace autoplace;
  * submits DownloadDeleted). api_port is this node's (peers are assumed to use the same). */
 autoplace *autoplace_install(api_server *server, instances *local, models_service *models,
                              int api_port);
+/* The fetcher for generation requests (api_service_set_fetcher): a chat request for a catalog
+ * model that is not on disk downloads it the same way (peers, then the Hub). */
+void autoplace_fetcher(autoplace *a, api_model_fetcher *out);
 /* Cancels downloads still waiting to be placed, joins their threads, frees. Call before the
  * instance manager and the models service are freed. Safe with NULL. */
 void autoplace_stop(autoplace *a);

@@ -71,6 +71,9 @@ int node_main(const exo_options *options) {
     }
     autoplace *ap = autoplace_install(api_service_server(svc), api_service_instances(svc), models,
                                       options->api_port);
+    api_model_fetcher fetcher;
+    autoplace_fetcher(ap, &fetcher);
+    api_service_set_fetcher(svc, &fetcher);
     if (api_service_start(svc, err, sizeof err)) {
         log_error("%s", err);
         autoplace_stop(ap);

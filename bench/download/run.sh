@@ -1,43 +1,96 @@
 #!/usr/bin/env bash
 # Download throughput: exo's downloader (curl multi + SHA-256 verification + .partial/rename)
-# against plain `curl -o` fetching the same 2 GB file from the same local fake-Hub server.
-# Prints both rates and the ratio (target >= 0.80).
+# against plain `curl -o` fetching the same file from the same local server, interleaved.
+# Prints per run: wall time and MB/s, CPU seconds (user+sys) of the client and of the server
+# during that download; then medians and the median ratio curl time / exo time (target >= 0.80).
 #   bash bench/download/run.sh [build/release] [SIZE_MB]
+# Environment:
+#   RUNS=5          paired runs (curl, exo[, baseline] back to back)
+#   BASE=DIR        also time DIR/tools/download (e.g. a build of main) in the same runs (A/B)
+#   SERVER=node     the fake Hub (tests/e2e/lib/fake-hf.mjs, Node.js streams from disk)
+#   SERVER=peer     exo's own peer file server (`download serve`: libmicrohttpd + sendfile),
+#                   exo fetching it as a peer (manifest + files routes)
+#   WORK=DIR        scratch dir (default a mktemp dir under /tmp; must hold 2x SIZE_MB)
 set -eu
 build=${1:-build/release}
 size_mb=${2:-2048}
+server=${SERVER:-node}
 cd "$(dirname "$0")/../.."
-work=$(mktemp -d /tmp/exo-bench-dl-XXXXXX)
-trap 'kill $srv 2>/dev/null || true; rm -rf "$work"' EXIT
-head -c $((size_mb * 1024 * 1024)) /dev/urandom > "$work/src.bin"
-node bench/download/serve.mjs "$work/src.bin" > "$work/url" &
-srv=$!
-for _ in $(seq 1 600); do [ -s "$work/url" ] && break; sleep 0.1; done
-url=$(cat "$work/url")
+dl="$build/tools/download"
+[ -x "$dl" ] || { echo "no $dl: run make RELEASE=1 $dl"; exit 1; }
+base=${BASE:+$BASE/tools/download}
+work=$(mktemp -d "${WORK:-/tmp}/exo-bench-dl-XXXXXX")
+srv=
+trap '[ -n "$srv" ] && kill $srv 2>/dev/null; rm -rf "$work"' EXIT
 bytes=$((size_mb * 1024 * 1024))
+mkdir -p "$work/src/bench--big"
+src="$work/src/bench--big/model.safetensors"
+head -c "$bytes" /dev/urandom > "$src"
+if [ "$server" = peer ]; then
+  sha=$(sha256sum "$src" | cut -d' ' -f1)
+  printf '{"model_id":"bench/big","revision":"main","files":[{"path":"model.safetensors","size":%s,"sha256":"%s"}]}\n' \
+    "$bytes" "$sha" > "$work/src/bench--big/.exo-manifest.json"
+  port=$((20000 + RANDOM % 20000))
+  "$dl" serve --models-dir "$work/src" --port "$port" > "$work/serve.log" 2>&1 &
+  srv=$!
+  url="http://127.0.0.1:$port"
+  for _ in $(seq 1 100); do curl -sf -o /dev/null "$url/models/bench/big/manifest" && break; sleep 0.1; done
+  curl_url="$url/models/bench/big/files/model.safetensors"
+  exo_args=(--peer "$url")
+  export HF_ENDPOINT=http://127.0.0.1:9 # never used: the peer has the model
+else
+  node bench/download/serve.mjs "$src" > "$work/url" &
+  srv=$!
+  for _ in $(seq 1 600); do [ -s "$work/url" ] && break; sleep 0.1; done
+  url=$(cat "$work/url")
+  curl_url="$url/bench/big/resolve/main/model.safetensors"
+  exo_args=()
+  export HF_ENDPOINT="$url"
+fi
+cat "$src" > /dev/null # the source file is in the page cache for every run
+tck=$(getconf CLK_TCK)
+srv_cpu() { awk -v t="$tck" '{ printf "%.2f", ($14 + $15) / t }' "/proc/$srv/stat"; }
+# timed NAME CMD...: runs CMD after a sync with no dirty pages left (writeback throttling would
+# otherwise charge one tool for the other's bytes); sets T (wall s), C (client CPU s), S (server CPU s)
+TIMEFORMAT='%R %U %S'
+timed() {
+  sync
+  local s0 s1 out
+  s0=$(srv_cpu)
+  out=$( { time "$@" > /dev/null 2>&1; } 2>&1 )
+  s1=$(srv_cpu)
+  T=$(echo "$out" | awk '{ print $1 }')
+  C=$(echo "$out" | awk '{ printf "%.2f", $2 + $3 }')
+  S=$(awk -v a="$s0" -v b="$s1" 'BEGIN { printf "%.2f", b - a }')
+}
 rate() { awk -v b="$bytes" -v s="$1" 'BEGIN { printf "%.0f", b / s / 1e6 }'; }
-now() { date +%s.%N; }
 runs=${RUNS:-5}
-best_curl=0; best_exo=0; ratios=""
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+declare -A col
+add() { col[$1]="${col[$1]:-} $2"; }
+echo "server $server, $size_mb MiB, $(nproc) cores, load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for run in $(seq 1 "$runs"); do
-  # each timed download starts with no dirty pages left by the previous one (writeback
-  # throttling would otherwise charge one tool for the other's 2 GB)
-  rm -f "$work/curl.bin"; rm -rf "$work/models"; sync
-  t0=$(now); curl -s -o "$work/curl.bin" "$url/bench/big/resolve/main/model.safetensors"; t1=$(now)
-  c=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
-  rm -f "$work/curl.bin"; sync
-  t0=$(now)
-  HF_ENDPOINT="$url" "$build/tools/download" get bench/big --models-dir "$work/models" --json > "$work/exo.out"
-  t1=$(now)
-  e=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
-  cmp -s "$work/src.bin" "$work/models/bench--big/model.safetensors" || { echo "exo download differs"; exit 1; }
-  rm -rf "$work/models"
-  echo "run $run: curl $(rate "$c") MB/s (${c}s)  exo $(rate "$e") MB/s (${e}s, verified)"
-  ratios="$ratios $(awk -v a="$c" -v b="$e" 'BEGIN { printf "%.3f", a / b }')"
-  best_curl=$(awk -v a="$best_curl" -v b="$(rate "$c")" 'BEGIN { print (b > a) ? b : a }')
-  best_exo=$(awk -v a="$best_exo" -v b="$(rate "$e")" 'BEGIN { print (b > a) ? b : a }')
+  rm -f "$work/curl.bin"
+  timed curl -s -o "$work/curl.bin" "$curl_url"
+  cmp -s "$src" "$work/curl.bin" || { echo "curl download differs"; exit 1; }
+  rm -f "$work/curl.bin"
+  ct=$T; add curl "$(rate "$T")"; add curl_cpu "$C"; add curl_srv "$S"
+  line="run $run: curl $(rate "$T") MB/s (${T}s, cpu ${C}s, server cpu ${S}s)"
+  for v in exo ${base:+base}; do
+    bin=$dl; [ "$v" = base ] && bin=$base
+    rm -rf "$work/models"
+    timed "$bin" get bench/big --models-dir "$work/models" "${exo_args[@]}" --json
+    cmp -s "$src" "$work/models/bench--big/model.safetensors" || { echo "$v download differs"; exit 1; }
+    rm -rf "$work/models"
+    add "$v" "$(rate "$T")"; add "${v}_cpu" "$C"; add "${v}_srv" "$S"
+    add "${v}_ratio" "$(awk -v a="$ct" -v b="$T" 'BEGIN { printf "%.3f", a / b }')"
+    line="$line  $v $(rate "$T") MB/s (${T}s, cpu ${C}s, server cpu ${S}s)"
+  done
+  echo "$line"
 done
-median=$(echo $ratios | tr ' ' '\n' | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
-echo "per-run ratios (curl time / exo time):$ratios; median $median"
-echo "best: curl ${best_curl} MB/s, exo ${best_exo} MB/s, ratio $(awk -v a="$best_exo" -v b="$best_curl" 'BEGIN { printf "%.2f", a / b }') (target >= 0.80)"
+med() { echo $1 | tr ' ' '\n' | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+for v in curl exo ${base:+base}; do
+  echo "$v MB/s:${col[$v]} (median $(med "${col[$v]}")); client CPU s:${col[${v}_cpu]} (median $(med "${col[${v}_cpu]}")); server CPU s median $(med "${col[${v}_srv]}")"
+done
+echo "exo: per-run ratios (curl time / exo time):${col[exo_ratio]}; median $(med "${col[exo_ratio]}") (target >= 0.80)"
+[ -n "$base" ] && echo "base: per-run ratios (curl time / base time):${col[base_ratio]}; median $(med "${col[base_ratio]}")"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

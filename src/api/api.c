@@ -281,6 +281,11 @@ int api_service_start(api_service *s, char *err, size_t errlen) {
     return api_server_start(s->server, err, errlen);
 }
 
+void api_service_set_fetcher(api_service *svc, const api_model_fetcher *fetcher) {
+    if (fetcher) svc->gen.fetcher = *fetcher;
+    else memset(&svc->gen.fetcher, 0, sizeof svc->gen.fetcher);
+}
+
 api_server *api_service_server(api_service *s) { return s->server; }
 instances *api_service_instances(api_service *s) { return s->instances; }
 

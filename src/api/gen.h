@@ -10,6 +10,7 @@
 #ifndef EXO_API_GEN_H
 #define EXO_API_GEN_H
 
+#include "api/api.h"
 #include "api/instances.h"
 #include "api/router.h"
 #include "base/strbuf.h"
@@ -78,6 +79,7 @@ struct gen_state {
 
 typedef struct gen_context {
     instances *instances;
+    api_model_fetcher fetcher; /* models not on disk (see api.h); zeroed = none */
 } gen_context;
 
 /* A fresh state for one request (refcount 1) and its release; gen_handle uses these, and so do

@@ -235,6 +235,93 @@ static void respond_error(gen_state *st, api_request *r, int status, const char 
     st->adapter->error(r, status, msg);
 }
 
+/* An error after the SSE stream was opened for a download (early != NULL) goes into the stream
+ * in the API's own error shape; otherwise it is the HTTP answer. */
+static void fail(gen_state *st, api_request *r, api_stream *early, int status, const char *msg) {
+    if (!early) {
+        respond_error(st, r, status, msg);
+        return;
+    }
+    strbuf out = {0};
+    st->adapter->stream_error(st, msg, &out);
+    if (out.len) api_stream_write(early, out.data, out.len);
+    strbuf_free(&out);
+    api_stream_close(early);
+}
+
+/* How long a request that cannot show progress (non-streamed, NDJSON) waits for a download
+ * before a 503 with Retry-After: EXO_DOWNLOAD_WAIT_S, default 30 s. */
+static double download_wait_s(void) {
+    const char *v = getenv("EXO_DOWNLOAD_WAIT_S");
+    return v && *v ? atof(v) : 30.0;
+}
+
+static void progress_text(const json_t *entry, char *out, size_t n) {
+    json_t *on = json_object_get(entry, "DownloadOngoing");
+    json_t *dp = json_object_get(on, "downloadProgress");
+    double done = json_number_value(json_object_get(json_object_get(dp, "downloaded"), "inBytes"));
+    double total = json_number_value(json_object_get(json_object_get(dp, "total"), "inBytes"));
+    if (total > 0)
+        snprintf(out, n, "%.0f%%, %.1f of %.1f MB", 100.0 * done / total, done / 1e6, total / 1e6);
+    else snprintf(out, n, "starting");
+}
+
+/* The model is not on disk: start its download (ctx->fetcher) and wait for it. An SSE stream
+ * opens at once and carries ": download_progress {state.downloads entry}" comments about once a
+ * second until the download ends (*early = that stream). Other requests wait up to
+ * download_wait_s() and then get 503 + Retry-After with the progress in the message; the
+ * download keeps running. Returns 0 when the model is on disk, an HTTP status with err, or -1
+ * when the client went away (the stream is closed; the download goes on). */
+static int fetch_model(gen_state *st, api_request *r, gen_context *ctx, api_stream **early,
+                       char *err, size_t errlen) {
+    const api_model_fetcher *f = &ctx->fetcher;
+    int rc = f->start(f->ud, st->req.model, err, errlen);
+    if (rc) return rc;
+    log_info("%s: model %s is not on disk; downloading it first", st->id, st->req.model);
+    if (st->req.stream && st->adapter->sse) {
+        *early = api_respond_stream(r, 200, st->adapter->stream_content_type);
+        metrics_request(st->adapter->name, 200);
+        api_stream_set_keepalive(*early, ": keep-alive\n\n", keepalive_ms());
+    }
+    uint64_t t0 = clock_now_ns(), last_sent = 0;
+    for (;;) {
+        json_t *entry = NULL;
+        int p = f->poll(f->ud, st->req.model, &entry, err, errlen);
+        uint64_t now = clock_now_ns();
+        if (*early && entry && (p != 0 || !last_sent || now - last_sent >= 1000000000ull)) {
+            char *text = json_dumps(entry, JSON_COMPACT);
+            int w = text ? api_stream_printf(*early, ": download_progress %s\n\n", text) : 0;
+            free(text);
+            last_sent = now;
+            if (w < 0) {
+                json_decref(entry);
+                api_stream_close(*early);
+                *early = NULL;
+                return -1;
+            }
+        }
+        if (p != 0) {
+            json_decref(entry);
+            if (p < 0) return 503;
+            return 0;
+        }
+        if (!*early && (double)(now - t0) / 1e9 >= download_wait_s()) {
+            char prog[96];
+            progress_text(entry, prog, sizeof prog);
+            json_decref(entry);
+            api_request_add_response_header(r, "Retry-After", "10");
+            snprintf(err, errlen,
+                     "model '%s' is being downloaded to this node (%s); retry in a few seconds "
+                     "(progress: GET /download/status, or stream the request to wait for it)",
+                     st->req.model, prog);
+            return 503;
+        }
+        json_decref(entry);
+        if (!*early && api_request_client_gone(r)) return -1;
+        clock_sleep_ms(200);
+    }
+}
+
 void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int bench) {
     gen_state *st = gen_state_new(a, ctx->instances);
     st->bench = bench;
@@ -258,6 +345,17 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
         st->req.ban_eos = 1;
         if (!st->req.max_tokens) st->req.max_tokens = 128;
     }
+    api_stream *early = NULL; /* an SSE stream opened while the model downloads */
+    char dir[1024];
+    if (ctx->fetcher.start &&
+        instances_resolve_model(ctx->instances, st->req.model, dir, sizeof dir) < 0) {
+        status = fetch_model(st, r, ctx, &early, err, sizeof err);
+        if (status) {
+            if (status > 0) fail(st, r, early, status, err);
+            state_unref(st);
+            return;
+        }
+    }
     st->refs++; /* the call's reference, dropped after "done" */
     active_add(st);
     status = instances_generate(ctx->instances, &st->req, on_message, st, &st->call_id, err,
@@ -265,7 +363,7 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
     if (status) {
         active_remove(st);
         st->refs--;
-        respond_error(st, r, status, err);
+        fail(st, r, early, status, err);
         state_unref(st);
         return;
     }
@@ -277,14 +375,17 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
         int code = st->error_status ? st->error_status : 500;
         snprintf(err, sizeof err, "%s", st->error ? st->error : "generation failed");
         pthread_mutex_unlock(&st->lock);
-        respond_error(st, r, code, err);
+        fail(st, r, early, code, err);
         state_unref(st);
         return;
     }
     if (st->req.stream) {
-        st->stream = api_respond_stream(r, 200, a->stream_content_type);
-        metrics_request(a->name, 200);
-        if (a->sse) api_stream_set_keepalive(st->stream, ": keep-alive\n\n", keepalive_ms());
+        if (early) st->stream = early;
+        else {
+            st->stream = api_respond_stream(r, 200, a->stream_content_type);
+            metrics_request(a->name, 200);
+            if (a->sse) api_stream_set_keepalive(st->stream, ": keep-alive\n\n", keepalive_ms());
+        }
         strbuf out = {0};
         a->stream_begin(st, &out);
         if (out.len) api_stream_write(st->stream, out.data, out.len);

@@ -6,9 +6,16 @@
  * layers, chosen via model.safetensors.index.json), check free space (statvfs), then fetch up
  * to `parallel` files at once with curl multi. Each file streams into "<file>.partial" (resumed
  * with Range after a drop or a restart), is verified (SHA-256 for LFS files, git blob SHA-1
- * for small files) and only then renamed into place; a mismatch deletes the partial and
- * retries. 429 waits for Retry-After; other transient failures back off exponentially.
- * ".exo-manifest.json" records every repo file with its size and hash (store.h reads it).
+ * for small files; hashed on a second thread while it arrives) and only then renamed into
+ * place; a mismatch deletes the partial and retries. 429 waits for Retry-After; other
+ * transient failures back off exponentially. ".exo-manifest.json" records every repo file with
+ * its size and hash (store.h reads it).
+ *
+ * Byte ranges: a stage that needs only some tensors of a safetensors file fetches its header
+ * and the byte ranges of those tensors into a sparse file at their offsets, listed in
+ * STORE_RANGES (the model then stays incomplete for the store). Such bytes are checked by
+ * Content-Range and the header's bounds only: a whole-file hash cannot check part of a file; a
+ * whole-model download refetches those files whole and verifies them.
  *
  * It refuses to write outside <models_dir>/<org--name>/, to trust sizes/paths from servers
  * unchecked, and to leave an unverified file under its final name. It never deletes files
@@ -91,5 +98,23 @@ void download_progress_bar(const download_progress *p, void *ud);
  * last. Returns 0, or -1 with a message if the index is malformed. */
 int download_shard_files(const char *index_json, int n_layers, int tie_embeddings, int start,
                          int end, json_t *out, char *err, size_t errlen);
+
+/* A byte range [start, end) of a file. */
+typedef struct download_range {
+    uint64_t start, end;
+} download_range;
+
+/* Which bytes of one safetensors file a pipeline stage needs: `head` holds the file's first
+ * head_len bytes (at least the 8-byte length and the JSON header), file_size is the file's
+ * listed size. Writes to out (up to max entries, sorted, merged where they touch or lie closer
+ * than 64 KiB) the header [0, 8+N) plus the data of every tensor of layers [start, end)
+ * (embeddings for the first stage, final norm / lm_head for the last, with tie_embeddings the
+ * last stage also gets the embeddings; other non-layer tensors go with both ends, as
+ * download_shard_files). Returns the number of ranges, or -1 with a message if the header is
+ * malformed or names bytes outside the file. If head_len is too short for the header, returns
+ * -2 and sets *need to the bytes required. */
+int download_shard_ranges(const void *head, size_t head_len, uint64_t file_size, int n_layers,
+                          int tie_embeddings, int start, int end, download_range *out, int max,
+                          uint64_t *need, char *err, size_t errlen);
 
 #endif

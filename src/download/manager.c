@@ -206,18 +206,30 @@ json_t *download_progress_json(const char *node_id, const download_progress *p) 
     return json_pack("{s:o}", tag, body);
 }
 
+static json_t *job_json(download_manager *m, const job *j) {
+    download_progress p = j->last;
+    p.model_id = j->model_id;
+    p.message = j->message[0] ? j->message : NULL;
+    json_t *e = download_progress_json(m->node_id, &p);
+    json_t *inner = json_object_iter_value(json_object_iter(e));
+    if (j->model_dir[0]) json_object_set_new(inner, "modelDirectory", json_string(j->model_dir));
+    return e;
+}
+
+int download_manager_status(download_manager *m, const char *model_id, json_t **entry) {
+    if (entry) *entry = NULL;
+    pthread_mutex_lock(&m->lock);
+    job *j = find(m, model_id);
+    int st = !j ? -1 : j->running ? 0 : j->last.status == DOWNLOAD_COMPLETED ? 1 : 2;
+    if (j && entry) *entry = job_json(m, j);
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
 json_t *download_manager_state_json(download_manager *m) {
     json_t *arr = json_array();
     pthread_mutex_lock(&m->lock);
-    for (job *j = m->jobs; j; j = j->next) {
-        download_progress p = j->last;
-        p.model_id = j->model_id;
-        p.message = j->message[0] ? j->message : NULL;
-        json_t *e = download_progress_json(m->node_id, &p);
-        json_t *inner = json_object_iter_value(json_object_iter(e));
-        if (j->model_dir[0]) json_object_set_new(inner, "modelDirectory", json_string(j->model_dir));
-        json_array_append_new(arr, e);
-    }
+    for (job *j = m->jobs; j; j = j->next) json_array_append_new(arr, job_json(m, j));
     pthread_mutex_unlock(&m->lock);
     return arr;
 }

@@ -41,6 +41,11 @@ int download_manager_cancel(download_manager *m, const char *model_id);
 /* Waits until the download of model_id is no longer running (tests, `exo run`). */
 void download_manager_wait(download_manager *m, const char *model_id);
 
+/* Where the download of model_id stands: 0 running (pending or ongoing), 1 completed, 2 failed
+ * or cancelled, -1 no download known. entry (may be NULL) receives its state.downloads entry
+ * (new reference; NULL when none). */
+int download_manager_status(download_manager *m, const char *model_id, json_t **entry);
+
 /* All known downloads as exo's state.downloads entries for this node:
  * [{"DownloadOngoing"|"DownloadCompleted"|"DownloadFailed"|"DownloadPending": {...}}]. */
 json_t *download_manager_state_json(download_manager *m);

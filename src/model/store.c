@@ -139,6 +139,7 @@ static int file_size_is(const char *dir, const char *rel, int64_t want) {
 static enum store_state manifest_state(const char *dir, json_t *m) {
     json_t *files = json_object_get(m, "files");
     if (!json_is_array(files) || json_array_size(files) == 0) return STORE_PARTIAL;
+    if (file_size_is(dir, STORE_RANGES, -1)) return STORE_PARTIAL; /* a stage's sparse files */
     size_t i;
     json_t *f;
     json_array_foreach(files, i, f) {

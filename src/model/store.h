@@ -21,6 +21,9 @@
 #define STORE_MAX_PATHS 16
 #define STORE_PATH_MAX 1024
 #define STORE_MANIFEST ".exo-manifest.json"
+/* Files present at full size but holding only a pipeline stage's byte ranges (sparse); while it
+ * lists any, the model is not complete. Written by download/. */
+#define STORE_RANGES ".exo-ranges.json"
 
 typedef struct model_store {
     char models_dir[STORE_PATH_MAX];                   /* writable */

@@ -397,6 +397,100 @@ test('pipeline shard: each of 2 stages downloads only the files holding its laye
   await hf.stop();
 });
 
+// The tensors of one safetensors file as [name, start, end) in file offsets.
+function tensorsOf(buf) {
+  const n = Number(buf.readBigUInt64LE(0));
+  const header = JSON.parse(buf.subarray(8, 8 + n).toString());
+  return { headerEnd: 8 + n, tensors: Object.entries(header).filter(([k]) => k !== '__metadata__')
+    .map(([name, t]) => [name, 8 + n + t.data_offsets[0], 8 + n + t.data_offsets[1]]) };
+}
+
+test('pipeline shard, one file holding every layer: each stage fetches only its byte ranges', async (t) => {
+  const hf = await startHF(t);
+  const files = makeTinyModel({ nLayers: 8, nShards: 1, layerBytes: 256 * 1024 });
+  hf.addModel(ID, files);
+  const file = Object.keys(files).find((p) => p.endsWith('.safetensors'));
+  const src = files[file];
+  const { headerEnd, tensors } = tensorsOf(src);
+  const dir = tmpdir('ranges');
+  for (const [start, end] of [[0, 4], [4, 8]]) {
+    const need = tensors.filter(([name]) => {
+      const m = name.match(/layers\.(\d+)\./);
+      return m ? m[1] >= start && m[1] < end : name.includes('embed') ? start === 0 : end === 8;
+    });
+    const sd = tmpdir(`ranges${start}`);
+    const before = hf.bytesSent(ID, file);
+    const r = await get(hf, sd, ['--layers', `${start}:${end}`]);
+    assert.equal(r.code, 0, r.stderr);
+    const fetched = hf.bytesSent(ID, file) - before;
+    const wantBytes = headerEnd + need.reduce((a, [, s0, e0]) => a + e0 - s0, 0);
+    assert.equal(fetched, wantBytes, 'bytes fetched = the header + this stage\'s tensors');
+    assert.ok(fetched < src.length * 0.6, `${fetched} of ${src.length} bytes`);
+    const ranged = hf.requests({ path: `/${ID}/resolve/main/${file}` });
+    assert.ok(ranged.length >= 3 && ranged.every((q) => q.range && q.status === 206), 'only range requests');
+    // the file is in place at full size: this stage's tensors hold the served bytes, the rest is a hole
+    const got = fs.readFileSync(path.join(modelDir(sd), file));
+    assert.equal(got.length, src.length);
+    assert.ok(got.subarray(0, headerEnd).equals(src.subarray(0, headerEnd)), 'header');
+    for (const [name, s0, e0] of tensors) {
+      const same = got.subarray(s0, e0).equals(src.subarray(s0, e0));
+      if (need.some(([n]) => n === name)) assert.ok(same, `${name} fetched`);
+      else assert.ok(got.subarray(s0, e0).every((b) => b === 0), `${name} not fetched`);
+    }
+    const sparse = JSON.parse(fs.readFileSync(path.join(modelDir(sd), '.exo-ranges.json')));
+    assert.deepEqual(sparse.files[file].layers, [start, end]);
+    // the same stage again fetches nothing
+    const again = await get(hf, sd, ['--layers', `${start}:${end}`]);
+    assert.equal(again.code, 0, again.stderr);
+    assert.equal(again.result.bytes_fetched, 0);
+    hf.log.length = 0;
+    if (start === 4) {
+      // a whole-model download over the sparse copy fetches the file whole and verifies it
+      const whole = await get(hf, sd);
+      assert.equal(whole.code, 0, whole.stderr);
+      assert.ok(fs.readFileSync(path.join(modelDir(sd), file)).equals(src), 'whole file, verified');
+      assert.ok(!fs.existsSync(path.join(modelDir(sd), '.exo-ranges.json')), 'no sparse files left');
+    }
+  }
+  void dir;
+  await hf.stop();
+});
+
+test('pipeline shard ranges: a connection dropped mid-range resumes from the byte it reached', async (t) => {
+  const hf = await startHF(t);
+  const files = makeTinyModel({ nLayers: 8, nShards: 1, layerBytes: 256 * 1024 });
+  hf.addModel(ID, files);
+  const file = Object.keys(files).find((p) => p.endsWith('.safetensors'));
+  const { headerEnd, tensors } = tensorsOf(files[file]);
+  hf.faults.dropAfter = { [file]: { times: 4, bytes: 300000 } }; // 2 header requests, then 2 drops
+  const sd = tmpdir('rangedrop');
+  const r = await get(hf, sd, ['--layers', '4:8']);
+  assert.equal(r.code, 0, r.stderr);
+  const need = tensors.filter(([name]) => !/embed|layers\.[0-3]\./.test(name));
+  const got = fs.readFileSync(path.join(modelDir(sd), file));
+  for (const [name, s0, e0] of need) assert.ok(got.subarray(s0, e0).equals(files[file].subarray(s0, e0)), name);
+  const wantBytes = headerEnd + need.reduce((a, [, s0, e0]) => a + e0 - s0, 0);
+  assert.equal(hf.bytesSent(ID, file), wantBytes, 'no byte fetched twice');
+  const ranges = hf.requests({ path: `/${ID}/resolve/main/${file}` }).map((q) => q.range);
+  const starts = ranges.map((x) => Number(x.match(/bytes=(\d+)-/)[1]));
+  const dataStart = need.reduce((a, [, s0]) => Math.min(a, s0), Infinity);
+  assert.ok(starts.includes(dataStart + 300000) && starts.includes(dataStart + 600000),
+    `resumed where each drop happened: ${ranges.join(' ')}`);
+});
+
+test('pipeline shard ranges: a server that ignores Range gets the file fetched whole', async (t) => {
+  const hf = await startHF(t);
+  const files = makeTinyModel({ nLayers: 4, nShards: 1 });
+  hf.addModel(ID, files);
+  const file = Object.keys(files).find((p) => p.endsWith('.safetensors'));
+  hf.faults.ignoreRange = true;
+  const sd = tmpdir('norange');
+  const r = await get(hf, sd, ['--layers', '0:2']);
+  assert.equal(r.code, 0, r.stderr);
+  assert.ok(fs.readFileSync(path.join(modelDir(sd), file)).equals(files[file]), 'whole file, verified');
+  assert.ok(!fs.existsSync(path.join(modelDir(sd), '.exo-ranges.json')));
+});
+
 async function freePort() {
   return new Promise((resolve) => {
     const s = net.createServer();

@@ -134,11 +134,87 @@ static void test_serve_resolve(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* A safetensors image: header + data offsets as given (data bytes are not needed to plan). */
+static size_t st_image(unsigned char *buf, size_t cap, const char *json) {
+    size_t n = strlen(json);
+    assert_true(8 + n <= cap);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)n >> (8 * i));
+    memcpy(buf + 8, json, n);
+    return 8 + n;
+}
+
+static void test_shard_ranges(void **state) {
+    (void)state;
+    /* 4 layers, 100 bytes each (split in 2 tensors), embed 1000 bytes first, norm+lm_head last;
+     * one tensor of layer 2 stored out of order at the end */
+    const char *hdr =
+        "{\"__metadata__\":{\"format\":\"pt\"},"
+        "\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[250],\"data_offsets\":[0,1000]},"
+        "\"model.layers.0.a\":{\"dtype\":\"F32\",\"shape\":[25],\"data_offsets\":[1000,1100]},"
+        "\"model.layers.1.a\":{\"dtype\":\"F32\",\"shape\":[25],\"data_offsets\":[1100,1200]},"
+        "\"model.layers.2.a\":{\"dtype\":\"F32\",\"shape\":[25],\"data_offsets\":[1200,1300]},"
+        "\"model.layers.3.a\":{\"dtype\":\"F32\",\"shape\":[25],\"data_offsets\":[1300,1400]},"
+        "\"model.norm.weight\":{\"dtype\":\"F32\",\"shape\":[25],\"data_offsets\":[1400,1500]},"
+        "\"lm_head.weight\":{\"dtype\":\"F32\",\"shape\":[250],\"data_offsets\":[1500,2500]},"
+        "\"model.layers.2.b\":{\"dtype\":\"F32\",\"shape\":[25000],\"data_offsets\":[2500,102500]}}";
+    unsigned char buf[4096];
+    size_t len = st_image(buf, sizeof buf, hdr);
+    uint64_t data0 = len, size = data0 + 102500, need = 0;
+    download_range r[16];
+    char err[256];
+    /* too short: asks for the length, then for the whole header */
+    assert_int_equal(download_shard_ranges(buf, 4, size, 4, 0, 0, 2, r, 16, &need, err, sizeof err), -2);
+    assert_int_equal(need, 8);
+    assert_int_equal(download_shard_ranges(buf, 8, size, 4, 0, 0, 2, r, 16, &need, err, sizeof err), -2);
+    assert_int_equal(need, data0);
+    /* stage 0 (layers 0-1): header + embed + layers 0,1: one contiguous range */
+    assert_int_equal(download_shard_ranges(buf, len, size, 4, 0, 0, 2, r, 16, &need, err, sizeof err), 1);
+    assert_int_equal(r[0].start, 0);
+    assert_int_equal(r[0].end, data0 + 1200);
+    /* stage 1 (layers 2-3): header, then layers 2,3 + norm + lm_head (merged: within 64 KiB of
+     * the header), and layer 2's far tensor */
+    int n = download_shard_ranges(buf, len, size, 4, 0, 2, 4, r, 16, &need, err, sizeof err);
+    assert_int_equal(n, 1); /* everything after the embeddings lies within the merge gap ... */
+    assert_int_equal(r[0].end, size);
+    /* ... so use a file where the gap is large: embeddings of 1 MB */
+    const char *hdr2 =
+        "{\"model.embed_tokens.weight\":{\"dtype\":\"F32\",\"shape\":[262144],\"data_offsets\":[0,1048576]},"
+        "\"model.layers.0.a\":{\"dtype\":\"F32\",\"shape\":[25],\"data_offsets\":[1048576,1048676]},"
+        "\"model.layers.1.a\":{\"dtype\":\"F32\",\"shape\":[262144],\"data_offsets\":[1048676,2097252]},"
+        "\"lm_head.weight\":{\"dtype\":\"F32\",\"shape\":[25],\"data_offsets\":[2097252,2097352]}}";
+    len = st_image(buf, sizeof buf, hdr2);
+    data0 = len;
+    size = data0 + 2097352;
+    n = download_shard_ranges(buf, len, size, 2, 0, 1, 2, r, 16, &need, err, sizeof err);
+    assert_int_equal(n, 2);
+    assert_int_equal(r[0].start, 0);
+    assert_int_equal(r[0].end, data0);
+    assert_int_equal(r[1].start, data0 + 1048676);
+    assert_int_equal(r[1].end, size);
+    /* tied embeddings: the last stage also needs them; layer 0's 100 bytes between are merged */
+    n = download_shard_ranges(buf, len, size, 2, 1, 1, 2, r, 16, &need, err, sizeof err);
+    assert_int_equal(n, 1);
+    assert_int_equal(r[0].start, 0);
+    assert_int_equal(r[0].end, size);
+    /* out of slots: still covers every needed byte */
+    n = download_shard_ranges(buf, len, size, 2, 0, 1, 2, r, 1, &need, err, sizeof err);
+    assert_int_equal(n, 1);
+    assert_int_equal(r[0].start, 0);
+    assert_int_equal(r[0].end, size);
+    /* offsets past the file, a header longer than the file, not JSON: errors */
+    assert_int_equal(download_shard_ranges(buf, len, size - 1, 2, 0, 1, 2, r, 16, &need, err, sizeof err), -1);
+    assert_non_null(strstr(err, "outside the file"));
+    assert_int_equal(download_shard_ranges(buf, len, 20, 2, 0, 1, 2, r, 16, &need, err, sizeof err), -1);
+    len = st_image(buf, sizeof buf, "[1,2,3]");
+    assert_int_equal(download_shard_ranges(buf, len, 100, 2, 0, 1, 2, r, 16, &need, err, sizeof err), -1);
+}
+
 int main(void) {
     setenv("EXO_BUILTIN_MODELS_DIR", "/nonexistent-builtin-models", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_files),
         cmocka_unit_test(test_range),
+        cmocka_unit_test(test_shard_ranges),
         cmocka_unit_test(test_serve_resolve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

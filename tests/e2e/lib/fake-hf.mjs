@@ -195,7 +195,7 @@ export class FakeHF {
       headers['x-linked-etag'] = `"${e.sha256}"`;
     }
     let start = 0, end = e.size - 1, status = 200;
-    const range = req.headers.range;
+    const range = f.ignoreRange ? undefined : req.headers.range; // ignoreRange: an old server
     if (range) {
       const r = range.match(/^bytes=(\d+)-(\d*)$/);
       if (!r || Number(r[1]) >= e.size) {
