@@ -252,6 +252,16 @@ static int upload_batch(transformer *t, const transformer_batch *b, char *err, s
     return 0;
 }
 
+/* ys[i] = x W_i^T for matrices that share x: one job when the backend can fuse them. */
+static void matmul_shared_x(compute_backend *be, int n, const weight_matrix *const *w,
+                            const float *x, float *const *ys, int64_t n_tokens) {
+    if (be->matmul_multi) {
+        be->matmul_multi(be, n, w, x, ys, n_tokens);
+        return;
+    }
+    for (int i = 0; i < n; i++) be->matmul(be, w[i], x, ys[i], n_tokens);
+}
+
 static void attention_block(transformer *t, int li, const kv_layer *kv,
                             const attention_batch *ab, int64_t n) {
     compute_backend *be = t->be;
@@ -259,9 +269,9 @@ static void attention_block(transformer *t, int li, const kv_layer *kv,
     const layer_weights *l = &t->w->layers[li];
     const layer_vectors *v = &t->vec[li];
     be->rmsnorm(be, t->x, v->attn_norm, t->xn, n, t->dim, c->rms_norm_eps);
-    be->matmul(be, &l->wq, t->xn, t->q, n);
-    be->matmul(be, &l->wk, t->xn, t->k, n);
-    be->matmul(be, &l->wv, t->xn, t->v, n);
+    const weight_matrix *qkv[3] = {&l->wq, &l->wk, &l->wv};
+    float *qkv_out[3] = {t->q, t->k, t->v};
+    matmul_shared_x(be, 3, qkv, t->xn, qkv_out, n);
     if (c->attention_bias) {
         be->add_row(be, t->q, v->bq, n, t->q_dim);
         be->add_row(be, t->k, v->bk, n, t->kv_dim);
@@ -293,8 +303,9 @@ static void mlp_block(transformer *t, int li, int64_t n) {
         be->moe_ffn(be, &t->experts[li], t->xn, n, t->route_ids, t->route_w,
                     c->n_experts_per_tok, t->ffn_out);
     } else {
-        be->matmul(be, &l->w_gate, t->xn, t->gate, n);
-        be->matmul(be, &l->w_up, t->xn, t->up, n);
+        const weight_matrix *gu[2] = {&l->w_gate, &l->w_up};
+        float *gu_out[2] = {t->gate, t->up};
+        matmul_shared_x(be, 2, gu, t->xn, gu_out, n);
         be->silu_mul(be, t->gate, t->up, n * t->inter);
         be->matmul(be, &l->w_down, t->gate, t->ffn_out, n);
     }

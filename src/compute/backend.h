@@ -64,6 +64,10 @@ struct compute_backend {
     /* y[t][r] = sum_c x[t][c] * W[r][c] */
     void (*matmul)(compute_backend *b, const weight_matrix *w, const float *x, float *y,
                    int64_t n_tokens);
+    /* ys[i] = the matmul of w[i] with the same x, for n (<= 4) matrices of equal cols (q/k/v,
+     * gate/up); may run them as one job. NULL: the forward pass calls matmul n times. */
+    void (*matmul_multi)(compute_backend *b, int n, const weight_matrix *const *w, const float *x,
+                         float *const *ys, int64_t n_tokens);
     /* out[t] = row ids[t] of the table, dequantized */
     void (*embed)(compute_backend *b, const weight_matrix *table, const int32_t *ids,
                   int64_t n_tokens, float *out);

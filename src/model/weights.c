@@ -1,10 +1,14 @@
 /* Weight views from safetensors by name, shape-checked against the config. See weights.h. */
 #include "model/weights.h"
 
+#include "base/log.h"
+
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -251,6 +255,185 @@ static size_t layer_bytes(const model_config *c, const layer_weights *l) {
     return b + weight_matrix_bytes(&l->router) + (size_t)c->n_experts_per_tok * expert;
 }
 
+/* ---- placement: copy the viewed bytes into a huge-page arena ---------------------------------- */
+
+typedef void (*view_fn)(weight_matrix *m, void *ctx);
+
+/* Calls fn on every view that holds data (the tied lm_head too: its ranges merge with the
+ * embedding's). */
+static void for_each_view(model_weights *w, view_fn fn, void *ctx) {
+    if (w->has_embed) fn(&w->embed, ctx);
+    if (w->has_head) {
+        fn(&w->final_norm, ctx);
+        fn(&w->lm_head, ctx);
+    }
+    for (int i = 0; w->layers && i < w->layer_end - w->layer_start; i++) {
+        layer_weights *l = &w->layers[i];
+        weight_matrix *m[] = {&l->attn_norm, &l->wq, &l->wk, &l->wv, &l->wo, &l->bq, &l->bk,
+                              &l->bv, &l->q_norm, &l->k_norm, &l->ffn_norm, &l->w_gate, &l->w_up,
+                              &l->w_down, &l->router};
+        for (size_t j = 0; j < sizeof m / sizeof *m; j++) fn(m[j], ctx);
+        for (int e = 0; l->is_moe && e < w->n_experts; e++) {
+            if (l->expert_gate) fn(&l->expert_gate[e], ctx);
+            if (l->expert_up) fn(&l->expert_up[e], ctx);
+            if (l->expert_down) fn(&l->expert_down[e], ctx);
+        }
+    }
+}
+
+typedef struct byte_range {
+    uintptr_t src;
+    size_t len;
+    size_t dst; /* offset in the arena */
+} byte_range;
+
+typedef struct range_list {
+    byte_range *r;
+    size_t n, cap;
+    int oom;
+} range_list;
+
+static void range_add(range_list *l, const void *p, size_t len) {
+    if (!p || !len || l->oom) return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 256;
+        byte_range *r = realloc(l->r, cap * sizeof *r);
+        if (!r) {
+            l->oom = 1;
+            return;
+        }
+        l->r = r;
+        l->cap = cap;
+    }
+    l->r[l->n++] = (byte_range){(uintptr_t)p, len, 0};
+}
+
+/* The byte ranges a view reads: data, and scales + biases for MLX. */
+static void view_ranges(weight_matrix *m, void *ctx) {
+    if (!m->data) return;
+    size_t n = (size_t)m->rows * (size_t)m->cols;
+    if (m->format != WEIGHT_MLX_AFFINE) {
+        range_add(ctx, m->data, n * (m->format == WEIGHT_F32 ? 4 : 2));
+        return;
+    }
+    size_t sb = n / (size_t)m->group_size * dtype_size(m->scale_dtype);
+    range_add(ctx, m->data, n * (size_t)m->bits / 8);
+    range_add(ctx, m->scales, sb);
+    range_add(ctx, m->biases, sb);
+}
+
+static int range_cmp(const void *a, const void *b) {
+    uintptr_t x = ((const byte_range *)a)->src, y = ((const byte_range *)b)->src;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct relocation {
+    const range_list *l;
+    char *arena;
+} relocation;
+
+static const void *relocate(const relocation *rl, const void *p) {
+    if (!p) return p;
+    uintptr_t a = (uintptr_t)p;
+    size_t lo = 0, hi = rl->l->n; /* the last range whose src <= a */
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (rl->l->r[mid].src <= a) lo = mid;
+        else hi = mid;
+    }
+    const byte_range *r = &rl->l->r[lo];
+    if (a < r->src || a >= r->src + r->len) return p; /* cannot happen: every view was added */
+    return rl->arena + r->dst + (a - r->src);
+}
+
+static void view_relocate(weight_matrix *m, void *ctx) {
+    m->data = relocate(ctx, m->data);
+    m->scales = relocate(ctx, m->scales);
+    m->biases = relocate(ctx, m->biases);
+}
+
+/* MemAvailable from /proc/meminfo in bytes, or 0 when unknown. */
+static size_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (size_t)kb * 1024;
+}
+
+static weights_memory weights_memory_from_env(void) {
+    const char *v = getenv("EXO_WEIGHTS_MEM");
+    if (!v || !*v || !strcmp(v, "auto")) return WEIGHTS_MEM_AUTO;
+    if (!strcmp(v, "copy")) return WEIGHTS_MEM_COPY;
+    if (!strcmp(v, "mmap")) return WEIGHTS_MEM_MMAP;
+    log_warn("EXO_WEIGHTS_MEM=%s is not auto, copy or mmap; using auto", v);
+    return WEIGHTS_MEM_AUTO;
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+int model_weights_place(model_weights *w, weights_memory how) {
+    return model_weights_place_within(w, how, how == WEIGHTS_MEM_AUTO ? mem_available() : 0);
+}
+
+int model_weights_place_within(model_weights *w, weights_memory how, size_t avail) {
+    if (w->arena || how == WEIGHTS_MEM_MMAP) return w->arena != NULL;
+    range_list l = {0};
+    for_each_view(w, view_ranges, &l);
+    if (l.oom || l.n == 0) {
+        free(l.r);
+        return 0;
+    }
+    qsort(l.r, l.n, sizeof *l.r, range_cmp);
+    size_t m = 0; /* merge overlapping and touching ranges (tied embeddings, stacked experts) */
+    for (size_t i = 1; i < l.n; i++) {
+        byte_range *last = &l.r[m];
+        if (l.r[i].src <= last->src + last->len) {
+            uintptr_t end = l.r[i].src + l.r[i].len;
+            if (end > last->src + last->len) last->len = end - last->src;
+        } else {
+            l.r[++m] = l.r[i];
+        }
+    }
+    l.n = m + 1;
+    size_t total = 0, copied = 0; /* each range keeps its offset mod 64 (cache-line alignment) */
+    for (size_t i = 0; i < l.n; i++) {
+        total = (total + 63) & ~(size_t)63;
+        l.r[i].dst = total + (l.r[i].src & 63);
+        total = l.r[i].dst + l.r[i].len;
+        copied += l.r[i].len;
+    }
+    if (how == WEIGHTS_MEM_AUTO && (avail == 0 || total > avail / 2)) {
+        log_info("weights: %.0f MB stay on the file mapping (more than half of the %.0f MB "
+                 "available)", (double)total / 1e6, (double)avail / 1e6);
+        free(l.r);
+        return 0;
+    }
+    size_t len = (total + 2 * HUGE_PAGE - 1) & ~(HUGE_PAGE - 1); /* room to align to 2 MiB */
+    char *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
+        log_warn("weights: cannot allocate %.0f MB to copy the weights into; reading them from "
+                 "the file mapping", (double)total / 1e6);
+        free(l.r);
+        return 0;
+    }
+    char *arena = (char *)(((uintptr_t)base + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+#ifdef MADV_HUGEPAGE
+    madvise(arena, (total + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
+#endif
+    for (size_t i = 0; i < l.n; i++) memcpy(arena + l.r[i].dst, (const void *)l.r[i].src, l.r[i].len);
+    relocation rl = {&l, arena};
+    for_each_view(w, view_relocate, &rl);
+    free(l.r);
+    w->arena = base;
+    w->arena_len = len;
+    w->copied_bytes = copied;
+    return 1;
+}
+
 int model_weights_load(const safetensors_set *st, const model_config *c, int layer_start,
                        int layer_end, model_weights *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
@@ -262,6 +445,7 @@ int model_weights_load(const safetensors_set *st, const model_config *c, int lay
     }
     out->layer_start = layer_start;
     out->layer_end = layer_end;
+    out->n_experts = c->n_experts;
     out->layers = calloc((size_t)(layer_end - layer_start), sizeof *out->layers);
     if (!out->layers) {
         set_err(err, errlen, "out of memory");
@@ -287,6 +471,7 @@ int model_weights_load(const safetensors_set *st, const model_config *c, int lay
     }
     for (int i = layer_start; i < layer_end; i++)
         out->bytes_per_token += layer_bytes(c, &out->layers[i - layer_start]);
+    model_weights_place(out, weights_memory_from_env());
     return 0;
 fail:
     model_weights_free(out);
@@ -294,6 +479,9 @@ fail:
 }
 
 void model_weights_free(model_weights *w) {
+    if (w->arena) munmap(w->arena, w->arena_len);
+    w->arena = NULL;
+    w->arena_len = w->copied_bytes = 0;
     if (!w->layers) return;
     for (int i = 0; i < w->layer_end - w->layer_start; i++) {
         free(w->layers[i].expert_gate);

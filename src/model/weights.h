@@ -1,5 +1,8 @@
 /* weights — views of a model's weight tensors, resolved by name from the safetensors files and
- * checked against the shapes the config implies. Views point into the mmap; nothing is copied.
+ * checked against the shapes the config implies. Views first point into the file mapping; then
+ * model_weights_place may copy the bytes the views cover into anonymous memory backed by
+ * transparent huge pages (decode streams every weight byte once per token: 2 MiB pages keep the
+ * TLB and the hardware prefetchers going, where 4 KiB page-cache pages stop them every 4 KiB).
  *
  * A matrix named P is either dense (P.weight in F32/F16/BF16, [rows][cols]) or MLX affine
  * quantized (P.weight U32 [rows][cols*bits/32], P.scales and P.biases [rows][cols/group]); bits
@@ -44,11 +47,33 @@ typedef struct model_weights {
     weight_matrix final_norm; /* [1][dim] */
     weight_matrix lm_head;  /* [vocab][dim] (the embedding when tied) */
     layer_weights *layers;  /* layer_end - layer_start, index = layer - layer_start */
+    int n_experts;          /* entries of each MoE layer's expert arrays */
     size_t bytes_per_token; /* weight bytes one decode token reads (experts: top-k share) */
+    void *arena;            /* owned copy of the viewed bytes (model_weights_place), or NULL */
+    size_t arena_len;       /* bytes mapped at arena */
+    size_t copied_bytes;    /* weight bytes copied there (0: views point into the mmap) */
 } model_weights;
 
+/* Where the weights live once loaded:
+ *   AUTO: copy when the viewed bytes fit in half of MemAvailable (else keep the mmap, so a model
+ *         near the machine's RAM still runs from the page cache); the default.
+ *   COPY: always copy (falls back to the mmap, with a warning, if the memory cannot be had).
+ *   MMAP: never copy.
+ * EXO_WEIGHTS_MEM=auto|copy|mmap overrides what model_weights_load uses. */
+typedef enum weights_memory { WEIGHTS_MEM_AUTO = 0, WEIGHTS_MEM_COPY, WEIGHTS_MEM_MMAP } weights_memory;
+
+/* Resolves the views of layers [layer_start, layer_end) (0, 0 = all), then places them as
+ * EXO_WEIGHTS_MEM says (default AUTO). Returns 0, or -1 with err. */
 int model_weights_load(const safetensors_set *st, const model_config *c, int layer_start,
                        int layer_end, model_weights *out, char *err, size_t errlen);
+/* Copies every byte the views cover (only this shard's tensors) into one huge-page-advised
+ * anonymous arena and repoints the views there, or leaves them on the mmap (see weights_memory).
+ * Returns 1 if the weights were copied, 0 if they stay on the mmap (never fails: the mmap views
+ * are always valid). Idempotent: a second call does nothing. */
+int model_weights_place(model_weights *w, weights_memory how);
+/* The same with MemAvailable given (bytes; AUTO copies only when the copy needs at most half of
+ * it, 0 = unknown: never). For tests of the fallback. */
+int model_weights_place_within(model_weights *w, weights_memory how, size_t mem_available);
 void model_weights_free(model_weights *w);
 
 #endif

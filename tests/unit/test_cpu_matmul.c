@@ -261,6 +261,75 @@ static void test_rejects_unsupported_views(void **state) {
     free_weight(&tw);
 }
 
+/* cpu_matmul_multi: matrices of different rows and formats that share x, in one job, both ways
+ * of splitting rows over threads, every level, one pass / several passes / gemm: each output must
+ * match the reference of its own matrix. Same-quantization parts share prepared activations;
+ * a third kind of quantization in the job takes the portable preparation path. */
+static void test_multi_shared_x(void **state) {
+    (void)state;
+    int64_t cols = 256;
+    test_weight tw[4] = {
+        make_weight(WEIGHT_MLX_AFFINE, 37, cols, 4, 64, DTYPE_BF16),
+        make_weight(WEIGHT_MLX_AFFINE, 13, cols, 3, 32, DTYPE_F16),
+        make_weight(WEIGHT_MLX_AFFINE, 21, cols, 4, 64, DTYPE_BF16),
+        make_weight(WEIGHT_BF16, 19, cols, 0, 0, DTYPE_F32),
+    };
+    const weight_matrix *ws[4] = {&tw[0].w, &tw[1].w, &tw[2].w, &tw[3].w};
+    int64_t token_counts[] = {1, 3, 8, 9, 40};
+    for (size_t nc = 0; nc < sizeof token_counts / sizeof *token_counts; nc++) {
+        int64_t n = token_counts[nc];
+        float *x = random_x(n, cols);
+        float *ref[4], *y[4];
+        for (int i = 0; i < 4; i++) {
+            ref[i] = malloc((size_t)(n * ws[i]->rows) * sizeof(float));
+            y[i] = malloc((size_t)(n * ws[i]->rows) * sizeof(float));
+            cpu_matmul_reference(ws[i], x, ref[i], n);
+        }
+        for (int level = 0; level < CPU_LEVEL_COUNT; level++) {
+            if (!cpu_kernels_for((cpu_level)level)) continue;
+            for (int split = CPU_SPLIT_STATIC; split <= CPU_SPLIT_STEAL; split++) {
+                cpu_matvec_set_split(split);
+                for (int parts = 1; parts <= 4; parts++) {
+                    for (int i = 0; i < parts; i++)
+                        for (int64_t j = 0; j < n * ws[i]->rows; j++) y[i][j] = NAN;
+                    assert_int_equal(cpu_matmul_multi_with(parts, ws, x, y, n, (cpu_level)level,
+                                                           CPU_GEMM_AUTO, -1), 0);
+                    for (int i = 0; i < parts; i++)
+                        for (int64_t j = 0; j < n * ws[i]->rows; j++) {
+                            double tol = 4e-5 * tolerance_scale(ws[i], x, j / ws[i]->rows, j % ws[i]->rows) + 1e-6;
+                            double err = fabs((double)y[i][j] - (double)ref[i][j]);
+                            if (!(err <= tol))
+                                fail_msg("multi %s split=%d parts=%d n=%lld: matrix %d element %lld: "
+                                         "got %.7g, reference %.7g", cpu_kernels_for((cpu_level)level)->name,
+                                         split, parts, (long long)n, i, (long long)j, y[i][j], ref[i][j]);
+                        }
+                    checks_run++;
+                }
+            }
+        }
+        /* The public entry point agrees too. */
+        cpu_matvec_set_split(CPU_SPLIT_STEAL);
+        cpu_matmul_multi(4, ws, x, y, n);
+        for (int i = 0; i < 4; i++)
+            for (int64_t j = 0; j < n * ws[i]->rows; j++)
+                assert_true(fabs(y[i][j] - ref[i][j]) <=
+                            4e-5 * tolerance_scale(ws[i], x, j / ws[i]->rows, j % ws[i]->rows) + 1e-6);
+        for (int i = 0; i < 4; i++) free(ref[i]), free(y[i]);
+        free(x);
+    }
+    /* Matrices that do not share a column count are refused: outputs zeroed, -1. */
+    test_weight other = make_weight(WEIGHT_BF16, 3, cols + 16, 0, 0, DTYPE_F32);
+    const weight_matrix *mixed[2] = {&tw[3].w, &other.w};
+    float *x = random_x(1, cols + 16), y0[19], y1[3];
+    float *ys[2] = {y0, y1};
+    for (int i = 0; i < 3; i++) y1[i] = 42.0f;
+    assert_int_equal(cpu_matmul_multi_with(2, mixed, x, ys, 1, CPU_LEVEL_GENERIC, CPU_GEMM_AUTO, -1), -1);
+    for (int i = 0; i < 3; i++) assert_true(y1[i] == 0.0f);
+    free(x);
+    free_weight(&other);
+    for (int i = 0; i < 4; i++) free_weight(&tw[i]);
+}
+
 static int report_checks(void **state) {
     (void)state;
     print_message("matmul comparisons run: %d\n", checks_run);
@@ -268,12 +337,14 @@ static int report_checks(void **state) {
 }
 
 int main(void) {
+    cpu_set_threads(3); /* an odd thread count: uneven byte shares, rows split mid-matrix */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dense_formats),
         cmocka_unit_test(test_mlx_every_bits_and_group),
         cmocka_unit_test(test_large_shapes),
         cmocka_unit_test(test_public_entry_and_level),
         cmocka_unit_test(test_rejects_unsupported_views),
+        cmocka_unit_test(test_multi_shared_x),
     };
     return cmocka_run_group_tests(tests, NULL, report_checks);
 }

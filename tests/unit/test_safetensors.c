@@ -1,5 +1,7 @@
 /* safetensors: a written file reads back exactly; sharded directories resolve through the index;
- * every kind of corrupt header is rejected with a message naming the file and the tensor. */
+ * every kind of corrupt header is rejected with a message naming the file and the tensor; weights
+ * copied into the huge-page arena are byte-identical to the mapped ones, and the mmap fallback
+ * keeps the views on the file. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -181,12 +183,133 @@ static void test_weights_shape_errors(void **s) {
     safetensors_set_close(set);
 }
 
+/* Every view of a (the mapped load) and b (the same shard, placed) as pointer/length pairs. */
+typedef struct view_bytes {
+    const void *p;
+    size_t n;
+} view_bytes;
+
+static int views_of(const weight_matrix *m, view_bytes *out) {
+    if (!m->data) return 0;
+    size_t n = (size_t)m->rows * (size_t)m->cols;
+    if (m->format != WEIGHT_MLX_AFFINE) {
+        out[0] = (view_bytes){m->data, n * (m->format == WEIGHT_F32 ? 4 : 2)};
+        return 1;
+    }
+    size_t sb = n / (size_t)m->group_size * dtype_size(m->scale_dtype);
+    out[0] = (view_bytes){m->data, n * (size_t)m->bits / 8};
+    out[1] = (view_bytes){m->scales, sb};
+    out[2] = (view_bytes){m->biases, sb};
+    return 3;
+}
+
+/* Compares the bytes of matching views; counts views whose pointers differ (copied). */
+static int compare_matrix(const weight_matrix *a, const weight_matrix *b, int *moved) {
+    view_bytes va[3], vb[3];
+    int n = views_of(a, va);
+    assert_int_equal(views_of(b, vb), n);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(va[i].n, vb[i].n);
+        assert_memory_equal(va[i].p, vb[i].p, va[i].n);
+        *moved += va[i].p != vb[i].p;
+    }
+    return n;
+}
+
+static int compare_weights(const model_weights *a, const model_weights *b, int n_experts, int *moved) {
+    int views = 0;
+    views += compare_matrix(&a->embed, &b->embed, moved);
+    views += compare_matrix(&a->lm_head, &b->lm_head, moved);
+    views += compare_matrix(&a->final_norm, &b->final_norm, moved);
+    for (int i = 0; i < a->layer_end - a->layer_start; i++) {
+        const layer_weights *x = &a->layers[i], *y = &b->layers[i];
+        const weight_matrix *mx[] = {&x->attn_norm, &x->wq, &x->wk, &x->wv, &x->wo, &x->q_norm,
+                                     &x->k_norm, &x->ffn_norm, &x->w_gate, &x->w_up, &x->w_down,
+                                     &x->router};
+        const weight_matrix *my[] = {&y->attn_norm, &y->wq, &y->wk, &y->wv, &y->wo, &y->q_norm,
+                                     &y->k_norm, &y->ffn_norm, &y->w_gate, &y->w_up, &y->w_down,
+                                     &y->router};
+        for (size_t j = 0; j < sizeof mx / sizeof *mx; j++) views += compare_matrix(mx[j], my[j], moved);
+        for (int e = 0; x->is_moe && e < n_experts; e++) {
+            views += compare_matrix(&x->expert_gate[e], &y->expert_gate[e], moved);
+            views += compare_matrix(&x->expert_up[e], &y->expert_up[e], moved);
+            views += compare_matrix(&x->expert_down[e], &y->expert_down[e], moved);
+        }
+    }
+    return views;
+}
+
+static void check_placement(const tiny_spec *spec, const char *name, int ls, int le) {
+    char dir[256], err[512];
+    tiny_dir(dir, sizeof dir, name);
+    assert_int_equal(tiny_model_write(dir, spec), 0);
+    model_config c;
+    assert_int_equal(model_config_load(dir, &c, err, sizeof err), 0);
+    safetensors_set *set = safetensors_set_open(dir, err, sizeof err);
+    assert_non_null(set);
+    setenv("EXO_WEIGHTS_MEM", "mmap", 1);
+    model_weights mapped, placed;
+    assert_int_equal(model_weights_load(set, &c, ls, le, &mapped, err, sizeof err), 0);
+    assert_null(mapped.arena);
+    assert_int_equal(mapped.copied_bytes, 0);
+    assert_int_equal(model_weights_load(set, &c, ls, le, &placed, err, sizeof err), 0);
+    /* AUTO with too little memory available: the views stay on the mmap. */
+    assert_int_equal(model_weights_place_within(&placed, WEIGHTS_MEM_AUTO, 1000), 0);
+    assert_null(placed.arena);
+    int moved = 0;
+    int views = compare_weights(&mapped, &placed, c.n_experts, &moved);
+    assert_true(views > 0);
+    assert_int_equal(moved, 0);
+    /* AUTO with room: copied, every view moved, bytes identical. */
+    assert_int_equal(model_weights_place_within(&placed, WEIGHTS_MEM_AUTO, (size_t)1 << 34), 1);
+    assert_non_null(placed.arena);
+    assert_true(placed.copied_bytes > 0);
+    assert_int_equal(model_weights_place(&placed, WEIGHTS_MEM_COPY), 1); /* idempotent */
+    moved = 0;
+    assert_int_equal(compare_weights(&mapped, &placed, c.n_experts, &moved), views);
+    assert_int_equal(moved, views);
+    for (int i = 0; i < placed.layer_end - placed.layer_start; i++) {
+        const char *p = placed.layers[i].wq.data;
+        assert_true(p >= (const char *)placed.arena && p < (const char *)placed.arena + placed.arena_len);
+    }
+    if (spec->tie && placed.has_head) assert_ptr_equal(placed.lm_head.data, placed.embed.data);
+    /* The copy holds only this shard's bytes: a later stage copies less than the whole model. */
+    if (ls > 0) {
+        model_weights all;
+        unsetenv("EXO_WEIGHTS_MEM");
+        assert_int_equal(model_weights_load(set, &c, 0, 0, &all, err, sizeof err), 0);
+        assert_int_equal(model_weights_place(&all, WEIGHTS_MEM_COPY), 1);
+        assert_true(placed.copied_bytes < all.copied_bytes);
+        model_weights_free(&all);
+    }
+    unsetenv("EXO_WEIGHTS_MEM");
+    model_weights_free(&mapped);
+    model_weights_free(&placed);
+    assert_null(placed.arena);
+    safetensors_set_close(set);
+}
+
+static void test_weights_placement(void **s) {
+    (void)s;
+    tiny_spec dense = {.arch = "LlamaForCausalLM", .vocab = 40, .dim = 32, .layers = 2, .heads = 2,
+                       .kv_heads = 1, .head_dim = 16, .inter = 64, .dtype = ST_BF16, .tie = 1,
+                       .seed = 5};
+    check_placement(&dense, "place_dense", 0, 0);
+    tiny_spec moe = {.arch = "Qwen3MoeForCausalLM", .vocab = 48, .dim = 64, .layers = 2, .heads = 2,
+                     .kv_heads = 1, .head_dim = 32, .inter = 64, .experts = 4, .topk = 2,
+                     .moe_inter = 32, .norm_topk = 1, .stacked_experts = 1, .quant_bits = 4,
+                     .group_size = 32, .dtype = ST_BF16, .seed = 6};
+    check_placement(&moe, "place_moe", 0, 0);
+    check_placement(&moe, "place_moe_stage", 1, 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_parse),
         cmocka_unit_test(test_corrupt_headers),
         cmocka_unit_test(test_write_read_and_shards),
         cmocka_unit_test(test_weights_shape_errors),
+        cmocka_unit_test(test_weights_placement),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tiny_cleanup();

@@ -54,6 +54,12 @@ static void cpu_copy(compute_backend *b, void *dst, const void *src, size_t byte
     if (bytes) memcpy(dst, src, bytes);
 }
 
+static void cpu_matmul_multi_op(compute_backend *b, int n, const weight_matrix *const *w,
+                                const float *x, float *const *ys, int64_t n_tokens) {
+    (void)b;
+    cpu_matmul_multi(n, w, x, ys, n_tokens);
+}
+
 static void cpu_matmul_op(compute_backend *b, const weight_matrix *w, const float *x, float *y,
                           int64_t n) {
     (void)b;
@@ -251,7 +257,7 @@ compute_backend *compute_backend_cpu(int n_threads) {
     if (n_threads > 0) cpu_set_threads(n_threads);
     *b = (compute_backend){
         .name = "cpu", .ctx = c, .alloc = cpu_alloc, .free = cpu_free, .upload = cpu_copy,
-        .download = cpu_copy, .matmul = cpu_matmul_op, .embed = cpu_embed,
+        .download = cpu_copy, .matmul = cpu_matmul_op, .matmul_multi = cpu_matmul_multi_op, .embed = cpu_embed,
         .rmsnorm = cpu_rmsnorm, .add = cpu_add, .add_row = cpu_add_row, .silu_mul = cpu_silu_mul,
         .rope = cpu_rope, .kv_write = cpu_kv_write, .attention = cpu_attention,
         .gather_rows = cpu_gather_rows, .moe_route = cpu_moe_route, .moe_ffn = cpu_moe_ffn,

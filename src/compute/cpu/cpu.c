@@ -2,7 +2,9 @@
  * that splits work over threads and picks the matvec (decode) or gemm (prefill) regime.
  *
  * Threads split matmuls over output rows (every row of one matrix has the same number of bytes):
- * matvecs in chunks handed out dynamically, gemms in contiguous ranges of equal size.
+ * matvecs in one contiguous run of equal bytes per thread with stealing of chunks at the end
+ * (see matvec_split_mode), several matrices that share x in one job (cpu_matmul_multi); gemms in
+ * contiguous ranges of equal size.
  * Refuses: weight views the kernels cannot trust (bad bits/group size, missing pointers): the
  * output is zeroed and the error logged once (the loader validates views; this is a bug guard). */
 #include "compute/cpu/cpu_internal.h"
@@ -255,35 +257,194 @@ void *cpu_scratch(int slot, size_t bytes) {
 
 /* ---- matvec regime ------------------------------------------------------------------------- */
 
+/* One matvec job covers up to CPU_MATMUL_MULTI_MAX matrices that read the same activations
+ * (q/k/v, gate/up): one dispatch and one barrier for all of them, and each thread streams one
+ * contiguous run of bytes across them. */
+typedef struct matvec_part {
+    const weight_matrix *w;
+    matvec_input in;
+    float *y;
+    size_t row_bytes; /* weight bytes per row: data + scales + biases */
+    size_t first_byte; /* offset of the part's first row in the job's byte space */
+    int64_t first_chunk; /* dynamic split: the part's first chunk index */
+    int64_t chunk_rows;
+} matvec_part;
+
+/* [front, back) of a thread's chunk indices in one word: the owner takes from the front, a thread
+ * that has finished its own takes from the back. */
+typedef struct steal_range {
+    _Atomic uint64_t range;
+    char pad[56]; /* one cache line each */
+} steal_range;
+
+#define CPU_STEAL_MAX_THREADS 64
+
 typedef struct matvec_job {
     const cpu_kernels *k;
-    const weight_matrix *w;
-    const matvec_input *in;
-    float *y;
+    int n_parts;
+    matvec_part parts[CPU_MATMUL_MULTI_MAX];
+    size_t total_bytes;
+    int64_t total_chunks;
+    _Atomic int64_t next_chunk;
+    steal_range ranges[CPU_STEAL_MAX_THREADS]; /* split 2: each thread's chunks, front and back */
 } matvec_job;
 
-static void matvec_range(void *p, int64_t begin, int64_t end, int thread_index) {
-    (void)thread_index;
-    matvec_job *job = p;
-    job->k->matvec(job->w, job->in, job->y, begin, end);
+/* How a matvec job's rows are split over threads (EXO_MATVEC_SPLIT):
+ *   steal (default): each thread owns one contiguous run of equal bytes, cut into chunks of ~1/8
+ *     of it, and works through them front to back; a thread that has finished takes chunks from
+ *     the back of another's run. On an idle machine every thread streams one run, as static; on a
+ *     busy one a thread that lost its core does not hold the step up, as dynamic.
+ *   static: one contiguous run of equal bytes per thread, nothing else.
+ *   dynamic: chunks handed out first come first served from one counter. */
+static _Atomic int matvec_split = -1; /* -1: not read yet; else a CPU_SPLIT_* */
+
+void cpu_matvec_set_split(int split) {
+    atomic_store(&matvec_split, split >= CPU_SPLIT_STATIC && split <= CPU_SPLIT_STEAL ? split : CPU_SPLIT_STEAL);
 }
 
-static int matvec_run(const cpu_kernels *k, const weight_matrix *w, const float *x, float *y,
-                      int64_t n_tokens) {
-    matvec_input in = {.x = x, .n_tokens = n_tokens};
-    void *owned = NULL;
-    if (w->format == WEIGHT_MLX_AFFINE && prepare_mlx(k, w, &in, &owned) != 0)
-        return -1;
-    matvec_job job = {k, w, &in, y};
-    /* Chunks of ~1/8 of a thread's rows, handed out first come first served: on an idle machine
-     * every thread still streams the same number of bytes, on a busy one a thread that lost its
-     * core mid-way does not hold the step up. */
+static int matvec_split_mode(void) {
+    int m = atomic_load_explicit(&matvec_split, memory_order_relaxed);
+    if (m < 0) {
+        const char *e = getenv("EXO_MATVEC_SPLIT");
+        m = !e ? CPU_SPLIT_STEAL : !strcmp(e, "static") ? CPU_SPLIT_STATIC
+            : !strcmp(e, "dynamic") ? CPU_SPLIT_DYNAMIC : CPU_SPLIT_STEAL;
+        atomic_store(&matvec_split, m);
+    }
+    return m;
+}
+
+static _Atomic long matvec_prefetch = -1;
+
+size_t cpu_matvec_prefetch(void) {
+    long v = atomic_load_explicit(&matvec_prefetch, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("EXO_MATVEC_PREFETCH");
+        v = e ? atol(e) : CPU_MATVEC_PREFETCH_DEFAULT;
+        if (v < 0 || v > (1l << 20)) v = CPU_MATVEC_PREFETCH_DEFAULT;
+        v &= ~63l;
+        atomic_store(&matvec_prefetch, v);
+    }
+    return (size_t)v;
+}
+
+static void matvec_static_share(void *p, int i, int nth) {
+    matvec_job *job = p;
+    size_t b0 = job->total_bytes / (size_t)nth * (size_t)i, b1 = job->total_bytes / (size_t)nth * (size_t)(i + 1);
+    if (i == nth - 1) b1 = job->total_bytes;
+    for (int k = 0; k < job->n_parts; k++) {
+        const matvec_part *pt = &job->parts[k];
+        size_t lo = pt->first_byte, hi = lo + (size_t)pt->w->rows * pt->row_bytes;
+        if (b1 <= lo || b0 >= hi) continue;
+        /* Row r belongs to the thread whose byte range holds the row's first byte. */
+        int64_t r0 = b0 <= lo ? 0 : (int64_t)((b0 - lo + pt->row_bytes - 1) / pt->row_bytes);
+        int64_t r1 = b1 >= hi ? pt->w->rows : (int64_t)((b1 - lo + pt->row_bytes - 1) / pt->row_bytes);
+        if (r1 > r0) job->k->matvec(pt->w, &pt->in, pt->y, r0, r1);
+    }
+}
+
+static void matvec_chunk(const matvec_job *job, int64_t c) {
+    int k = 0;
+    while (k + 1 < job->n_parts && job->parts[k + 1].first_chunk <= c) k++;
+    const matvec_part *pt = &job->parts[k];
+    int64_t r0 = (c - pt->first_chunk) * pt->chunk_rows;
+    int64_t r1 = r0 + pt->chunk_rows < pt->w->rows ? r0 + pt->chunk_rows : pt->w->rows;
+    job->k->matvec(pt->w, &pt->in, pt->y, r0, r1);
+}
+
+static void matvec_dynamic_share(void *p, int i, int nth) {
+    (void)i;
+    (void)nth;
+    matvec_job *job = p;
+    for (;;) {
+        int64_t c = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed);
+        if (c >= job->total_chunks) return;
+        matvec_chunk(job, c);
+    }
+}
+
+/* Takes one chunk from the front (owner) or the back (thief) of a range; 0 when it is empty. */
+static int steal_take(steal_range *s, int from_back, int64_t *chunk) {
+    uint64_t v = atomic_load_explicit(&s->range, memory_order_relaxed);
+    for (;;) {
+        uint32_t front = (uint32_t)(v >> 32), back = (uint32_t)v;
+        if (front >= back) return 0;
+        uint64_t next = from_back ? ((uint64_t)front << 32) | (back - 1)
+                                  : ((uint64_t)(front + 1) << 32) | back;
+        if (atomic_compare_exchange_weak_explicit(&s->range, &v, next, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *chunk = from_back ? back - 1 : front;
+            return 1;
+        }
+    }
+}
+
+static void matvec_steal_share(void *p, int i, int nth) {
+    matvec_job *job = p;
+    int64_t c;
+    while (steal_take(&job->ranges[i], 0, &c)) matvec_chunk(job, c);
+    for (int k = 1; k < nth; k++) {
+        steal_range *victim = &job->ranges[(i + k) % nth];
+        while (steal_take(victim, 1, &c)) matvec_chunk(job, c);
+    }
+}
+
+/* One pass of n_tokens <= CPU_MATVEC_MAX_TOKENS over n matrices; x_off/y_off select the pass's
+ * tokens. Returns 0 or -1 (out of memory). */
+static int matvec_run(const cpu_kernels *k, const weight_matrix *const *ws, int n, const float *x,
+                      float *const *ys, int64_t t0, int64_t n_tokens) {
+    matvec_job job = {.k = k, .n_parts = n};
+    void *owned[CPU_MATMUL_MULTI_MAX] = {0};
     threadpool *pool = cpu_thread_pool();
-    int64_t chunk = w->rows / ((int64_t)threadpool_size(pool) * 8);
-    chunk = chunk < 16 ? 16 : (chunk + 3) & ~(int64_t)3;
-    threadpool_parallel_for_dynamic(pool, w->rows, chunk, matvec_range, &job);
-    free(owned);
-    return 0;
+    int nth = threadpool_size(pool);
+    int rc = 0, slot3_used = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        matvec_part *pt = &job.parts[i];
+        const weight_matrix *w = ws[i];
+        pt->w = w;
+        pt->y = ys[i] + t0 * w->rows;
+        pt->in = (matvec_input){.x = x + t0 * w->cols, .n_tokens = n_tokens};
+        pt->row_bytes = weight_matrix_bytes(w) / (size_t)w->rows;
+        pt->first_byte = job.total_bytes;
+        job.total_bytes += pt->row_bytes * (size_t)w->rows;
+        int64_t chunk = w->rows / ((int64_t)nth * 8);
+        pt->chunk_rows = chunk < 16 ? 16 : (chunk + 3) & ~(int64_t)3;
+        pt->first_chunk = job.total_chunks;
+        job.total_chunks += (w->rows + pt->chunk_rows - 1) / pt->chunk_rows;
+        if (w->format != WEIGHT_MLX_AFFINE) continue;
+        /* Matrices of the same shape and quantization share the prepared activations. */
+        const matvec_part *same = NULL;
+        for (int j = 0; j < i && !same; j++) {
+            const weight_matrix *v = ws[j];
+            if (v->format == WEIGHT_MLX_AFFINE && v->cols == w->cols && v->bits == w->bits &&
+                v->group_size == w->group_size)
+                same = &job.parts[j];
+        }
+        if (same) {
+            pt->in = same->in;
+        } else if (!slot3_used) { /* the kernel's own preparation into thread scratch slot 3 */
+            rc = prepare_mlx(k, w, &pt->in, &owned[i]);
+            slot3_used = k->prepare_mlx != NULL;
+        } else {
+            rc = prepare_mlx_input(w, &pt->in, k->needs_int16_x, &owned[i]);
+        }
+    }
+    if (rc == 0) {
+        atomic_init(&job.next_chunk, 0);
+        int use = (int)(job.total_chunks < nth ? job.total_chunks : nth);
+        int mode = matvec_split_mode();
+        if (mode == CPU_SPLIT_STEAL && (use > CPU_STEAL_MAX_THREADS || job.total_chunks > UINT32_MAX))
+            mode = CPU_SPLIT_DYNAMIC;
+        if (mode == CPU_SPLIT_STEAL)
+            for (int i = 0; i < use; i++) {
+                uint64_t f = (uint64_t)(job.total_chunks * i / use), b = (uint64_t)(job.total_chunks * (i + 1) / use);
+                atomic_init(&job.ranges[i].range, f << 32 | b);
+            }
+        threadpool_run(pool, use, mode == CPU_SPLIT_STATIC ? matvec_static_share
+                                  : mode == CPU_SPLIT_DYNAMIC ? matvec_dynamic_share
+                                                              : matvec_steal_share, &job);
+    }
+    for (int i = 0; i < n; i++) free(owned[i]);
+    return rc;
 }
 
 /* ---- gemm regime, own micro-kernel --------------------------------------------------------- */
@@ -400,39 +561,95 @@ static int gemm_openblas_run(const cpu_kernels *k, const weight_matrix *w, const
 
 /* ---- entry points -------------------------------------------------------------------------- */
 
+static int check_view(const weight_matrix *w, float *y, int64_t n_tokens) {
+    if (cpu_weight_supported(w)) return 0;
+    /* The model loader validates views, so this is a bug upstream: answer zeros (never read
+     * through a bad view) and say so once. */
+    static _Atomic int warned;
+    if (!atomic_exchange(&warned, 1))
+        log_error("cpu_matmul: unsupported weight view (format %d, %lldx%lld, bits %d, group %d); "
+                  "output set to zero", w ? (int)w->format : -1, w ? (long long)w->rows : 0LL,
+                  w ? (long long)w->cols : 0LL, w ? w->bits : 0, w ? w->group_size : 0);
+    if (y && w && w->rows > 0) memset(y, 0, (size_t)(n_tokens * w->rows) * sizeof *y);
+    return -1;
+}
+
+static int max_matvec_default(const weight_matrix *w) {
+    return w->format == WEIGHT_MLX_AFFINE ? CPU_MATVEC_PASSES_MLX : CPU_MATVEC_PASSES_DENSE;
+}
+
+int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                          int64_t n_tokens, cpu_level level, cpu_gemm_engine gemm,
+                          int max_matvec_tokens) {
+    const cpu_kernels *k = cpu_kernels_for(level);
+    if (!k || n < 1 || n > CPU_MATMUL_MULTI_MAX) return -1;
+    if (n_tokens <= 0) return 0;
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        if (check_view(ws[i], ys[i], n_tokens)) bad = 1;
+        else if (ws[i]->cols != ws[0]->cols) { /* they must share x */
+            memset(ys[i], 0, (size_t)(n_tokens * ws[i]->rows) * sizeof(float));
+            bad = 1;
+        }
+    }
+    if (bad) return -1;
+    int mv = max_matvec_tokens;
+    for (int i = 0; i < n && max_matvec_tokens < 0; i++) {
+        int d = max_matvec_default(ws[i]);
+        mv = i == 0 || d < mv ? d : mv;
+    }
+    if (n_tokens <= mv) { /* passes of up to 8 tokens over all the weights */
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += CPU_MATVEC_MAX_TOKENS) {
+            int64_t m = n_tokens - t0 < CPU_MATVEC_MAX_TOKENS ? n_tokens - t0 : CPU_MATVEC_MAX_TOKENS;
+            if (matvec_run(k, ws, n, x, ys, t0, m) != 0) { /* out of memory: slow but right */
+                for (int i = 0; i < n; i++) cpu_matmul_reference(ws[i], x, ys[i], n_tokens);
+                return 0;
+            }
+        }
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const weight_matrix *w = ws[i];
+        int rc;
+        if (k->gemm_tile && gemm != CPU_GEMM_OPENBLAS) rc = gemm_own_run(k, w, x, ys[i], n_tokens);
+        else rc = gemm_openblas_run(k, w, x, ys[i], n_tokens);
+        if (rc != 0) cpu_matmul_reference(w, x, ys[i], n_tokens); /* out of memory */
+    }
+    return 0;
+}
+
 int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_tokens,
                     cpu_level level, cpu_gemm_engine gemm, int max_matvec_tokens) {
-    const cpu_kernels *k = cpu_kernels_for(level);
-    if (!k) return -1;
-    if (n_tokens <= 0) return 0;
-    if (!cpu_weight_supported(w)) {
-        /* The model loader validates views, so this is a bug upstream: answer zeros (never read
-         * through a bad view) and say so once. */
-        static _Atomic int warned;
-        if (!atomic_exchange(&warned, 1))
-            log_error("cpu_matmul: unsupported weight view (format %d, %lldx%lld, bits %d, group %d); "
-                      "output set to zero", w ? (int)w->format : -1, w ? (long long)w->rows : 0LL,
-                      w ? (long long)w->cols : 0LL, w ? w->bits : 0, w ? w->group_size : 0);
-        if (y && w && w->rows > 0) memset(y, 0, (size_t)(n_tokens * w->rows) * sizeof *y);
-        return -1;
-    }
-    if (max_matvec_tokens < 0)
-        max_matvec_tokens = w->format == WEIGHT_MLX_AFFINE ? CPU_MATVEC_PASSES_MLX : CPU_MATVEC_PASSES_DENSE;
-    int rc = 0;
-    if (n_tokens <= max_matvec_tokens) { /* passes of up to 8 tokens over the weights */
-        for (int64_t t0 = 0; t0 < n_tokens && rc == 0; t0 += CPU_MATVEC_MAX_TOKENS) {
-            int64_t m = n_tokens - t0 < CPU_MATVEC_MAX_TOKENS ? n_tokens - t0 : CPU_MATVEC_MAX_TOKENS;
-            rc = matvec_run(k, w, x + t0 * w->cols, y + t0 * w->rows, m);
-        }
-    } else if (k->gemm_tile && gemm != CPU_GEMM_OPENBLAS) {
-        rc = gemm_own_run(k, w, x, y, n_tokens);
-    } else {
-        rc = gemm_openblas_run(k, w, x, y, n_tokens);
-    }
-    if (rc != 0) cpu_matmul_reference(w, x, y, n_tokens); /* out of memory: slow but right */
-    return 0;
+    return cpu_matmul_multi_with(1, &w, x, &y, n_tokens, level, gemm, max_matvec_tokens);
 }
 
 void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_tokens) {
     cpu_matmul_with(w, x, y, n_tokens, cpu_best_level(), CPU_GEMM_AUTO, -1);
+}
+
+/* EXO_MATMUL_FUSE=0 runs the matrices of cpu_matmul_multi one job each (for A/B runs). */
+static int matmul_fuse(void) {
+    static _Atomic int fuse = -1;
+    int f = atomic_load_explicit(&fuse, memory_order_relaxed);
+    if (f < 0) {
+        const char *e = getenv("EXO_MATMUL_FUSE");
+        f = !(e && !strcmp(e, "0"));
+        atomic_store(&fuse, f);
+    }
+    return f;
+}
+
+void cpu_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                      int64_t n_tokens) {
+    if (!matmul_fuse()) {
+        for (int i = 0; i < n; i++) cpu_matmul(ws[i], x, ys[i], n_tokens);
+        return;
+    }
+    if (n > CPU_MATMUL_MULTI_MAX) { /* more than one job holds: split */
+        cpu_matmul_multi(CPU_MATMUL_MULTI_MAX, ws, x, ys, n_tokens);
+        cpu_matmul_multi(n - CPU_MATMUL_MULTI_MAX, ws + CPU_MATMUL_MULTI_MAX, x,
+                         ys + CPU_MATMUL_MULTI_MAX, n_tokens);
+        return;
+    }
+    cpu_matmul_multi_with(n, ws, x, ys, n_tokens, cpu_best_level(), CPU_GEMM_AUTO, -1);
 }

@@ -22,6 +22,12 @@ const char *cpu_simd_level(void);
 /* y[t][r] = sum_c x[t][c] * W[r][c] for t < n_tokens. x: [n_tokens][w->cols], y: [n_tokens][w->rows].
  * Every weight format of compute.h. */
 void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_tokens);
+/* The same for n matrices with the same number of columns that read the same x (q/k/v,
+ * gate/up): ys[i] = x W_i^T. At decode sizes they run as one parallel job (one barrier, one
+ * contiguous stream of weight bytes per thread). */
+#define CPU_MATMUL_MULTI_MAX 4
+void cpu_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                      int64_t n_tokens);
 void cpu_matmul_reference(const weight_matrix *w, const float *x, float *y, int64_t n_tokens);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "compute/cpu/cpu.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define CPU_MATVEC_MAX_TOKENS 8
@@ -22,6 +23,7 @@
  * matvecs vs 1.03/1.37/1.71 ms as gemm; bf16 at 16: 0.54 vs 0.68 ms, at 24: 0.81 vs 0.70). */
 #define CPU_MATVEC_PASSES_MLX 32
 #define CPU_MATVEC_PASSES_DENSE 16
+#define CPU_MATVEC_PREFETCH_DEFAULT 0
 
 typedef enum cpu_level {
     CPU_LEVEL_GENERIC = 0,
@@ -108,6 +110,22 @@ typedef enum cpu_gemm_engine { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_OPENBLA
  * (y zeroed). max_matvec_tokens < 0 uses the default threshold. */
 int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_tokens,
                     cpu_level level, cpu_gemm_engine gemm, int max_matvec_tokens);
+/* cpu_matmul_multi with an explicit level (1 <= n <= CPU_MATMUL_MULTI_MAX; the matrices must
+ * have the same number of columns, else their outputs are zeroed and -1 returned). */
+int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                          int64_t n_tokens, cpu_level level, cpu_gemm_engine gemm,
+                          int max_matvec_tokens);
+
+/* How matvec jobs split rows over threads (see cpu.c): STATIC = one contiguous, equal run of
+ * bytes per thread; DYNAMIC = chunks first come first served; STEAL = STATIC's runs in chunks,
+ * finished threads take chunks from the back of the others' runs. Default: EXO_MATVEC_SPLIT
+ * (static|dynamic|steal), else STEAL. For tests and benchmarks. */
+enum { CPU_SPLIT_STATIC = 0, CPU_SPLIT_DYNAMIC = 1, CPU_SPLIT_STEAL = 2 };
+void cpu_matvec_set_split(int split);
+
+/* Bytes ahead of the current row that matvec kernels prefetch (0 = none): EXO_MATVEC_PREFETCH,
+ * read once, else CPU_MATVEC_PREFETCH_DEFAULT. */
+size_t cpu_matvec_prefetch(void);
 
 /* Thread-local scratch memory, 64-byte aligned, grown on demand and kept for the thread's life
  * (slot 0..3; a slot's previous contents are lost when it grows). NULL when out of memory. */

@@ -30,6 +30,14 @@ T512 INLINE __mmask16 tail_mask16(int64_t n) {
     return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
 }
 
+/* Software prefetch, once per row (block), of the same span `ahead` bytes further on: the next
+ * rows' bytes are requested while this row is computed (ahead = 0: none). */
+T512 INLINE void prefetch_span(const void *p, size_t len, size_t ahead) {
+    if (!ahead) return;
+    const char *a = (const char *)p + ahead;
+    for (size_t o = 0; o < len; o += 64) _mm_prefetch(a + o, _MM_HINT_T0);
+}
+
 /* 16 weights of a dense row starting at element i, widened to f32; lanes outside m read as 0. */
 T512 INLINE __m512 dense_load16(weight_format f, const void *row, int64_t i, __mmask16 m) {
     if (f == WEIGHT_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
@@ -48,9 +56,10 @@ T512 INLINE __m512 dense_load16_full(weight_format f, const void *row, int64_t i
 T512 INLINE void dense_rows(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
                             int64_t r1, const weight_format f, const int nt) {
     int64_t cols = w->cols, rows = w->rows;
-    size_t esize = f == WEIGHT_F32 ? 4 : 2;
+    size_t esize = f == WEIGHT_F32 ? 4 : 2, ahead = cpu_matvec_prefetch();
     for (int64_t r = r0; r < r1; r++) {
         const void *row = (const char *)w->data + (size_t)(r * cols) * esize;
+        prefetch_span(row, (size_t)cols * esize, ahead);
         __m512 acc[CPU_MATVEC_MAX_TOKENS][2];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
@@ -84,6 +93,7 @@ T512 INLINE void dense_rows_blocked(const weight_matrix *w, const matvec_input *
     int64_t cols = w->cols, rows = w->rows;
     size_t esize = f == WEIGHT_F32 ? 4 : 2;
     const char *base = (const char *)w->data + (size_t)(r0 * cols) * esize;
+    prefetch_span(base, (size_t)(R * cols) * esize, cpu_matvec_prefetch());
     __m512 acc[4][CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 4
     for (int i = 0; i < R; i++)
@@ -238,12 +248,34 @@ T512 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float 
     for (int i = 0; i < 16; i++) lane_group[i] = (int32_t)((2 * i * P) / gs);
     const __m512i lane_idx = _mm512_loadu_si512(lane_group);
     const int two = nt <= 2;
+    size_t ahead = cpu_matvec_prefetch(), sbytes = (size_t)groups * dtype_size(w->scale_dtype);
+    size_t ahead_rows = ahead ? ahead / row_bytes + 1 : 0;
     for (int64_t r = r0; r < r1; r++) {
+        if (ahead) {
+            prefetch_span((const uint8_t *)w->data + (size_t)r * row_bytes, row_bytes, ahead);
+            prefetch_span((const uint8_t *)w->scales + (size_t)r * sbytes, sbytes, ahead_rows * sbytes);
+            prefetch_span((const uint8_t *)w->biases + (size_t)r * sbytes, sbytes, ahead_rows * sbytes);
+        }
         __m512 acc0[CPU_MATVEC_MAX_TOKENS], acc1[CPU_MATVEC_MAX_TOKENS];
         mlx_row_setup(w, in, r, sd, acc0, nt);
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc1[t] = _mm512_setzero_ps();
         const uint8_t *q = (const uint8_t *)w->data + (size_t)r * row_bytes;
+        if (nt > 2) { /* one unit at a time: nt int32 + nt float accumulators stay in registers */
+            for (int64_t un = 0; un < n_units; un++) {
+                __m512i ia[CPU_MATVEC_MAX_TOKENS];
+                mlx_unit_dot(&q, in->xq + un * unit_values, cols, chunks, &u, ia, nt, bits);
+#pragma GCC unroll 8
+                for (int t = 0; t < nt; t++) {
+                    const float *st = sd + t * groups + un * gpc;
+                    __m512 sa = wide ? _mm512_permutexvar_ps(lane_idx, _mm512_loadu_ps(st)) : _mm512_set1_ps(st[0]);
+                    acc0[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), sa, acc0[t]);
+                }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) y[t * rows + r] = _mm512_reduce_add_ps(acc0[t]);
+            continue;
+        }
         for (int64_t un = 0; un < n_units; un += 2) {
             int second = un + 1 < n_units;
             __m512i ia[CPU_MATVEC_MAX_TOKENS], ib[CPU_MATVEC_MAX_TOKENS];
