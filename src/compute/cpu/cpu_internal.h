@@ -23,7 +23,10 @@
  * matvecs vs 1.03/1.37/1.71 ms as gemm; bf16 at 16: 0.54 vs 0.68 ms, at 24: 0.81 vs 0.70). */
 #define CPU_MATVEC_PASSES_MLX 32
 #define CPU_MATVEC_PASSES_DENSE 16
-#define CPU_MATVEC_PREFETCH_DEFAULT 0
+/* Software prefetch 2 KiB ahead in the matvec kernels: on this 2-core VM (quiet, 2026-11-30) b1 decode
+ * went 15.6 -> 21-24 tok/s on the 4-bit 1B model and 6.7 -> 8.0 tok/s on bf16; 1-8 KiB all helped
+ * about as much (bench/RESULTS.md). The L2 streamer alone leaves the core stalled at each page. */
+#define CPU_MATVEC_PREFETCH_DEFAULT 2048
 
 typedef enum cpu_level {
     CPU_LEVEL_GENERIC = 0,
