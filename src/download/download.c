@@ -226,6 +226,20 @@ static int cancelled(const engine *e) { return e->req->cancel && *e->req->cancel
 
 /* ---- hashing ---- */
 
+/* Writes all n bytes at off (retrying short writes and EINTR). Returns 0 or the errno. */
+static int pwrite_all(int fd, const char *p, size_t n, uint64_t off) {
+    size_t written = 0;
+    while (written < n) {
+        ssize_t w = pwrite(fd, p + written, n - written, (off_t)(off + written));
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        written += (size_t)w;
+    }
+    return 0;
+}
+
 static int hash_kind(const hf_file *f) { return f->sha256[0] ? 256 : f->git_sha1[0] ? 1 : 0; }
 
 static void md_reset(plan_file *pf) {
@@ -361,16 +375,11 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud) {
         pf->oversize = 1;
         return 0;
     }
-    size_t written = 0;
-    while (written < n) {
-        ssize_t w = pwrite(pf->fd, ptr + written, n - written, (off_t)(pf->offset + written));
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            if (errno == ENOSPC || errno == EDQUOT) pf->disk_full = 1;
-            else pf->io_error = errno;
-            return 0;
-        }
-        written += (size_t)w;
+    int err = pwrite_all(pf->fd, ptr, n, pf->offset);
+    if (err) {
+        if (err == ENOSPC || err == EDQUOT) pf->disk_full = 1;
+        else pf->io_error = err;
+        return 0;
     }
     hasher_push(e->hasher, pf->md, ptr, n);
     pf->offset += n;
@@ -1118,16 +1127,11 @@ static size_t range_body(char *ptr, size_t size, size_t nmemb, void *ud) {
         x->oversize = 1;
         return 0;
     }
-    size_t written = 0;
-    while (written < n) {
-        ssize_t w = pwrite(x->fd, ptr + written, n - written, (off_t)(x->pos + written));
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            if (errno == ENOSPC || errno == EDQUOT) x->disk_full = 1;
-            else x->io_error = errno;
-            return 0;
-        }
-        written += (size_t)w;
+    int err = pwrite_all(x->fd, ptr, n, x->pos);
+    if (err) {
+        if (err == ENOSPC || err == EDQUOT) x->disk_full = 1;
+        else x->io_error = err;
+        return 0;
     }
     x->pos += n;
     x->pf->range_done += n;
