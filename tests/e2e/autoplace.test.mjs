@@ -31,9 +31,7 @@ test('place_instance of a catalog model not on disk downloads it, then runs it',
   const dir = await tinyModel('qwen3-tiny');
   const hf = await new FakeHF().start();
   t.after(() => hf.stop());
-  const files = {};
-  for (const f of fs.readdirSync(dir)) files[f] = fs.readFileSync(path.join(dir, f));
-  hf.addModel(ID, files);
+  hf.addModelDir(ID, dir);
   const n = await startNode({ env: { HF_ENDPOINT: hf.url, HF_TOKEN: '' } });
   t.after(() => n.stop());
   const nodeId = await (await fetch(`${n.url}/node_id`)).json();

@@ -18,9 +18,7 @@ async function hubWithTinyModel(t, bytesPerSec) {
   const dir = await tinyModel('qwen3-tiny');
   const hf = await new FakeHF().start();
   t.after(() => hf.stop());
-  const files = {};
-  for (const f of fs.readdirSync(dir)) if (!f.startsWith('.')) files[f] = fs.readFileSync(path.join(dir, f));
-  hf.addModel(ID, files);
+  hf.addModelDir(ID, dir);
   hf.faults.bytesPerSec = bytesPerSec;
   return hf;
 }

@@ -27,9 +27,7 @@ test('exo run downloads a missing model with a progress bar, then runs it; --off
   const dir = await tinyModel('qwen3-tiny');
   const hf = await new FakeHF().start();
   t.after(() => hf.stop());
-  const files = {};
-  for (const f of fs.readdirSync(dir)) files[f] = fs.readFileSync(path.join(dir, f));
-  hf.addModel(ID, files);
+  hf.addModelDir(ID, dir);
   const models = fs.mkdtempSync(path.join(os.tmpdir(), 'exo-run-dl-'));
   t.after(() => fs.rmSync(models, { recursive: true, force: true }));
 

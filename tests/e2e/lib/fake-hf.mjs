@@ -4,6 +4,7 @@
 import http from 'node:http';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import path from 'node:path';
 
 const sha256 = (buf) => crypto.createHash('sha256').update(buf).digest('hex');
 const gitSha1 = (buf) =>
@@ -86,6 +87,13 @@ export class FakeHF {
     }
     this.models.set(id, m);
     return m;
+  }
+
+  // Every file of a model directory on disk (dotfiles, e.g. our own markers, left out).
+  addModelDir(id, dir) {
+    const files = {};
+    for (const f of fs.readdirSync(dir)) if (!f.startsWith('.')) files[f] = fs.readFileSync(path.join(dir, f));
+    return this.addModel(id, files);
   }
 
   // A big file served from disk (benchmarks): sha256 given by the caller.
