@@ -529,16 +529,13 @@ static void *heartbeat_main(void *arg) {
         for (int i = 0; i < 10 && !atomic_load(&r->heartbeat_stop); i++) clock_sleep_ms(100);
         if (atomic_load(&r->heartbeat_stop)) break;
         uint64_t t = atomic_load(&r->step_started_ns), now = clock_now_ns();
-        char frame[96];
-        int n = snprintf(frame + 4, sizeof frame - 4, "{\"type\":\"alive\",\"step_ms\":%llu}",
-                         (unsigned long long)(t && now > t ? (now - t) / 1000000 : 0));
-        frame[0] = (char)(n & 0xff); /* protocol framing: 4-byte little-endian length */
-        frame[1] = (char)((n >> 8) & 0xff);
-        frame[2] = frame[3] = 0;
+        json_t *alive = json_pack("{s:s,s:I}", "type", "alive", "step_ms",
+                                  (json_int_t)(t && now > t ? (now - t) / 1000000 : 0));
         pthread_mutex_lock(&r->send_lock);
-        ssize_t w = send(r->fd, frame, (size_t)n + 4, MSG_NOSIGNAL);
+        int rc = alive ? protocol_send(r->fd, alive) : 0;
         pthread_mutex_unlock(&r->send_lock);
-        if (w < 0 && errno != EINTR) break; /* the node is gone; the main loop sees it too */
+        json_decref(alive);
+        if (rc) break; /* the node is gone; the main loop sees it too */
     }
     return NULL;
 }
