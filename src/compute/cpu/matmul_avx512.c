@@ -11,6 +11,9 @@
  * values with int16-quantized activations (see matvec_input), 32 products per instruction, into
  * int32 lanes that are converted once per group and scaled by scale*activation_scale; the bias
  * term is sum_g bias_g * sum(x in group g), computed 16 groups at a time.
+ * 4-bit weights with columns a multiple of 128 skip the widening: the nibbles stay bytes and meet
+ * the int16 activations split into byte planes (x = 256*hi + lo) through vpdpbusd, the same exact
+ * integer products with fewer instructions (mlx4_planes_rows; EXO_MATVEC_Q4=int16 for A/B).
  *
  * gemm: a 32-row x 12-token register tile (24 zmm accumulators), weights dequantized per K block
  * into a transposed panel that stays in L1, activations packed per 12-token block.
