@@ -10,6 +10,7 @@
 #   SERVER=node     the fake Hub (tests/e2e/lib/fake-hf.mjs, Node.js streams from disk)
 #   SERVER=peer     exo's own peer file server (`download serve`: libmicrohttpd + sendfile),
 #                   exo fetching it as a peer (manifest + files routes)
+#   LOCK=FILE       flock held around each timed download (default /tmp/exo-bench.lock; empty: none)
 #   WORK=DIR        scratch dir (default a mktemp dir under /tmp; must hold 2x SIZE_MB)
 set -eu
 build=${1:-build/release}
@@ -53,12 +54,18 @@ srv_cpu() { awk -v t="$tck" '{ printf "%.2f", ($14 + $15) / t }' "/proc/$srv/sta
 # timed NAME CMD...: runs CMD after a sync with no dirty pages left (writeback throttling would
 # otherwise charge one tool for the other's bytes); sets T (wall s), C (client CPU s), S (server CPU s)
 TIMEFORMAT='%R %U %S'
+# Each timed download holds the shared benchmark lock (LOCK, default /tmp/exo-bench.lock; LOCK=
+# turns it off) so that other people's measurements do not overlap it; waiting is not timed.
+lock=${LOCK-/tmp/exo-bench.lock}
+[ -n "$lock" ] && exec 9>>"$lock"
 timed() {
   sync
   local s0 s1 out
+  [ -n "$lock" ] && flock 9
   s0=$(srv_cpu)
   out=$( { time "$@" > /dev/null 2>&1; } 2>&1 )
   s1=$(srv_cpu)
+  [ -n "$lock" ] && flock -u 9
   T=$(echo "$out" | awk '{ print $1 }')
   C=$(echo "$out" | awk '{ printf "%.2f", $2 + $3 }')
   S=$(awk -v a="$s0" -v b="$s1" 'BEGIN { printf "%.2f", b - a }')
