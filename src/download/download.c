@@ -775,6 +775,11 @@ static int run_engine(engine *e) {
         }
         if (rc < 0) break;
         report(e, DOWNLOAD_ONGOING, 0);
+        int still = 0;
+        for (size_t i = 0; i < e->n; i++) still += e->files[i].active;
+        if (still < active) continue; /* a transfer ended: start the next file, or finish, now
+                                       * (polling an engine with nothing left in it would just
+                                       * sleep out the timeout: 200 ms at the end of every run) */
         int wait_ms = (int)((next_wake - now_s()) * 1000);
         if (wait_ms > 200) wait_ms = 200;
         if (wait_ms < 1) wait_ms = 1;
