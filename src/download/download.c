@@ -63,7 +63,7 @@ typedef struct ring_job {
     plan_file *pf;
     EVP_MD_CTX *md;
     uint64_t off; /* file offset of the job's first byte */
-    uint64_t len; /* grows while the job is the last one and no consumer has passed it */
+    uint64_t len; /* grows while the job is the last one */
 } ring_job;
 
 enum { RING_HASH, RING_WRITE, RING_CONSUMERS };
@@ -79,7 +79,7 @@ typedef struct ring {
     ring_job jobs[RING_JOBS];
     uint64_t jtail;                 /* jobs queued so far (jobs[i % RING_JOBS]) */
     uint64_t tail;                  /* bytes queued so far (ring position, monotonic) */
-    uint64_t jpos[RING_CONSUMERS];  /* each consumer's current job */
+    uint64_t jpos[RING_CONSUMERS];  /* each consumer's current job (never past the last one) */
     uint64_t jdone[RING_CONSUMERS]; /* bytes of that job it has done */
     uint64_t pos[RING_CONSUMERS];   /* ring position it has reached */
     int busy[RING_CONSUMERS], sleeping[RING_CONSUMERS];
@@ -130,13 +130,18 @@ static void *ring_main(void *arg) {
     pthread_mutex_lock(&r->lock);
     for (;;) {
         /* batch: one wake-up per RING_WAKE bytes, not one per received chunk */
-        while (!r->stop && (r->jpos[k] == r->jtail || (r->tail - r->pos[k] < RING_WAKE && !r->draining))) {
+        while (!r->stop && (r->pos[k] == r->tail || (r->tail - r->pos[k] < RING_WAKE && !r->draining))) {
             r->sleeping[k] = 1;
             pthread_cond_wait(&r->cond, &r->lock);
             r->sleeping[k] = 0;
         }
-        if (r->jpos[k] == r->jtail) break; /* stopping, nothing left */
+        if (r->pos[k] == r->tail) break; /* stopping, nothing left */
         ring_job *j = &r->jobs[r->jpos[k] % RING_JOBS];
+        if (r->jdone[k] == j->len) { /* done with it, and bytes are queued: a later job exists */
+            r->jpos[k]++;
+            r->jdone[k] = 0;
+            continue;
+        }
         uint64_t at = r->pos[k] % RING_BYTES, n = j->len - r->jdone[k];
         if (n > RING_STEP) n = RING_STEP;
         if (n > RING_BYTES - at) n = RING_BYTES - at; /* up to the wrap */
@@ -153,11 +158,7 @@ static void *ring_main(void *arg) {
         if (err) write_failed(r, pf, err);
         r->busy[k] = 0;
         r->pos[k] += n;
-        r->jdone[k] += n;
-        if (r->jdone[k] == j->len) { /* a job that is done is never grown again (see ring_push) */
-            r->jpos[k]++;
-            r->jdone[k] = 0;
-        }
+        r->jdone[k] += n; /* a consumer stays on the last job even when done: it may grow */
         pthread_cond_broadcast(&r->cond);
     }
     pthread_mutex_unlock(&r->lock);
@@ -261,10 +262,9 @@ static int ring_push(ring *r, plan_file *pf, const void *data, size_t n) {
     if (first < n) memcpy(r->ring, (const unsigned char *)data + first, (size_t)(n - first));
     pthread_mutex_lock(&r->lock);
     ring_job *t = r->jtail ? &r->jobs[(r->jtail - 1) % RING_JOBS] : NULL;
-    /* grow the last job only while both consumers are at or before it: one that finished it has
-     * moved on and would never see the extra bytes */
-    if (t && t->pf == pf && t->md == pf->md && t->off + t->len == pf->offset &&
-        r->jpos[0] < r->jtail && r->jpos[1] < r->jtail)
+    /* consecutive bytes of one file grow the last job (no consumer moves past the last job),
+     * so a consumer that keeps up still hashes and writes a MiB at a time */
+    if (t && t->pf == pf && t->md == pf->md && t->off + t->len == pf->offset)
         t->len += n;
     else {
         r->jobs[r->jtail % RING_JOBS] = (ring_job){.pf = pf, .md = pf->md, .off = pf->offset, .len = n};
@@ -775,6 +775,11 @@ static int run_engine(engine *e) {
         }
         if (rc < 0) break;
         report(e, DOWNLOAD_ONGOING, 0);
+        int still = 0;
+        for (size_t i = 0; i < e->n; i++) still += e->files[i].active;
+        if (still < active) continue; /* a transfer ended: start the next file, or finish, now
+                                       * (polling an engine with nothing left in it would just
+                                       * sleep out the timeout: 200 ms at the end of every run) */
         int wait_ms = (int)((next_wake - now_s()) * 1000);
         if (wait_ms > 200) wait_ms = 200;
         if (wait_ms < 1) wait_ms = 1;

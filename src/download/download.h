@@ -6,7 +6,7 @@
  * layers, chosen via model.safetensors.index.json), check free space (statvfs), then fetch up
  * to `parallel` files at once with curl multi. Each file streams into "<file>.partial" (resumed
  * with Range after a drop or a restart), is verified (SHA-256 for LFS files, git blob SHA-1
- * for small files; hashed on a second thread while it arrives) and only then renamed into
+ * for small files; hashed and written by two threads while it arrives) and only then renamed into
  * place; a mismatch deletes the partial and retries. 429 waits for Retry-After; other
  * transient failures back off exponentially. ".exo-manifest.json" records every repo file with
  * its size and hash (store.h reads it).
