@@ -630,6 +630,19 @@ static int mlx_gemm_run(int n, const weight_matrix *const *ws, const float *x, f
     return rc;
 }
 
+/* EXO_MLX_GEMM=0 leaves 9..256-token MLX matmuls to the matvec passes and the f32 gemm, as
+ * before the MLX int16 gemm existed (A/B runs only). */
+static int mlx_gemm_enabled(void) {
+    static _Atomic int on = -1;
+    int v = atomic_load_explicit(&on, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("EXO_MLX_GEMM");
+        v = !(e && !strcmp(e, "0"));
+        atomic_store(&on, v);
+    }
+    return v;
+}
+
 /* Whether cpu_matmul_multi_with runs the MLX int16 gemm for these matrices. */
 static int use_mlx_gemm(const cpu_kernels *k, int n, const weight_matrix *const *ws,
                         int64_t n_tokens, cpu_gemm_engine gemm, int max_matvec_tokens) {
@@ -637,7 +650,8 @@ static int use_mlx_gemm(const cpu_kernels *k, int n, const weight_matrix *const 
     for (int i = 0; i < n; i++)
         if (ws[i]->format != WEIGHT_MLX_AFFINE) return 0;
     if (gemm == CPU_GEMM_MLX_INT) return n_tokens > (max_matvec_tokens < 0 ? 0 : max_matvec_tokens);
-    return gemm == CPU_GEMM_AUTO && max_matvec_tokens < 0 && n_tokens >= CPU_MLX_GEMM_MIN_TOKENS &&
+    return gemm == CPU_GEMM_AUTO && max_matvec_tokens < 0 && mlx_gemm_enabled() &&
+           n_tokens >= CPU_MLX_GEMM_MIN_TOKENS &&
            n_tokens <= CPU_MLX_GEMM_MAX_TOKENS;
 }
 #endif
