@@ -24,7 +24,6 @@
 #if defined(__x86_64__)
 
 #include <immintrin.h>
-#include <string.h>
 
 #define G512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,avx2,fma,f16c")))
 #define GINLINE static inline __attribute__((always_inline))
@@ -110,14 +109,18 @@ G512 GINLINE __m512i gunpack32(const gunpack *u, const uint8_t *p) {
     return _mm512_and_si512(_mm512_srlv_epi16(v, u->shifts), u->mask);
 }
 
-G512 GINLINE float gscalar(dtype t, const void *p, int64_t i) {
-    if (t == DTYPE_F32) return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    if (t == DTYPE_F16) return _cvtsh_ss(h);
-    uint32_t b = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &b, sizeof f);
-    return f;
+/* n <= 16 consecutive scales (or biases) from element i, widened to f32 into out[0..n). */
+G512 GINLINE void gscales16(dtype t, const void *p, int64_t i, int64_t n, float *out) {
+    __mmask16 m = (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1u);
+    __m512 v;
+    if (t == DTYPE_F32) {
+        v = _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    } else {
+        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+        v = t == DTYPE_F16 ? _mm512_cvtph_ps(h)
+                           : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    _mm512_storeu_ps(out, v);
 }
 
 /* Rows r0 .. r0+R-1 (rows past nr repeat the last valid one; their results are dropped) times
@@ -135,6 +138,13 @@ G512 GINLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, fl
     for (int i = 0; i < R; i++) {
         ridx[i] = r0 + (i < nr ? i : nr - 1);
         rows[i] = (const uint8_t *)w->data + (size_t)ridx[i] * row_bytes;
+    }
+    /* this K block's scales and biases of the R rows as f32 (g1 - g0 <= 16), read by broadcast */
+    float sb[12][16], bb[12][16];
+#pragma GCC unroll 12
+    for (int i = 0; i < R; i++) {
+        gscales16(w->scale_dtype, w->scales, ridx[i] * groups + g0, g1 - g0, sb[i]);
+        gscales16(w->scale_dtype, w->biases, ridx[i] * groups + g0, g1 - g0, bb[i]);
     }
     __m512 facc[12][4];
 #pragma GCC unroll 12
@@ -167,16 +177,15 @@ G512 GINLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, fl
             }
         }
         const float *xs = px->xscale + g * tpad + tv0 * 16, *xm = px->xsum + g * tpad + tv0 * 16;
-#pragma GCC unroll 12
-        for (int i = 0; i < R; i++) {
-            int64_t gi = ridx[i] * groups + g;
-            __m512 s = _mm512_set1_ps(gscalar(w->scale_dtype, w->scales, gi));
-            __m512 b = _mm512_set1_ps(gscalar(w->scale_dtype, w->biases, gi));
+        /* y += scale * (xscale * dot) + bias * xsum: the scalars come as memory broadcasts */
 #pragma GCC unroll 4
-            for (int j = 0; j < T; j++) {
-                __m512 sx = _mm512_mul_ps(s, _mm512_load_ps(xs + j * 16));
-                facc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[i][j]), sx, facc[i][j]);
-                facc[i][j] = _mm512_fmadd_ps(b, _mm512_load_ps(xm + j * 16), facc[i][j]);
+        for (int j = 0; j < T; j++) {
+            __m512 xsj = _mm512_load_ps(xs + j * 16), xmj = _mm512_load_ps(xm + j * 16);
+#pragma GCC unroll 12
+            for (int i = 0; i < R; i++) {
+                __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[i][j]), xsj);
+                facc[i][j] = _mm512_fmadd_ps(d, _mm512_set1_ps(sb[i][g - g0]), facc[i][j]);
+                facc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(bb[i][g - g0]), xmj, facc[i][j]);
             }
         }
     }
