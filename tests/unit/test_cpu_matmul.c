@@ -220,6 +220,36 @@ static void test_mlx_batched_decode_sizes(void **state) {
             check_all_paths(&tw.w, counts[(k + 5) % 10]);
             free_weight(&tw);
         }
+    /* One job over matrices whose activations must be laid out differently (4-bit pair order,
+     * 8-bit, another group size) or can be shared (the two 4-bit g64). */
+    test_weight tw[4] = {
+        make_weight(WEIGHT_MLX_AFFINE, 29, 256, 4, 64, DTYPE_BF16),
+        make_weight(WEIGHT_MLX_AFFINE, 13, 256, 8, 64, DTYPE_F16),
+        make_weight(WEIGHT_MLX_AFFINE, 40, 256, 4, 64, DTYPE_BF16),
+        make_weight(WEIGHT_MLX_AFFINE, 7, 256, 4, 128, DTYPE_F32),
+    };
+    const weight_matrix *ws[4] = {&tw[0].w, &tw[1].w, &tw[2].w, &tw[3].w};
+    for (int64_t n = 37; n <= 77; n += 40) { /* with and without the 4-bit pair order */
+        float *x = random_x(n, 256), *ys[4], *ref = malloc(sizeof(float) * (size_t)(n * 40));
+        for (int i = 0; i < 4; i++) ys[i] = malloc(sizeof(float) * (size_t)(n * ws[i]->rows));
+        if (cpu_kernels_for(CPU_LEVEL_AVX512)) {
+            assert_int_equal(cpu_matmul_multi_with(4, ws, x, ys, n, CPU_LEVEL_AVX512, CPU_GEMM_AUTO, -1), 0);
+            for (int i = 0; i < 4; i++) {
+                cpu_matmul_reference(ws[i], x, ref, n);
+                for (int64_t j = 0; j < n * ws[i]->rows; j++) {
+                    double tol = 4e-5 * tolerance_scale(ws[i], x, j / ws[i]->rows, j % ws[i]->rows) + 1e-6;
+                    if (!(fabs((double)ys[i][j] - (double)ref[j]) <= tol))
+                        fail_msg("mlx gemm multi: matrix %d element %lld: got %.7g, reference %.7g", i,
+                                 (long long)j, ys[i][j], ref[j]);
+                }
+                checks_run++;
+            }
+        }
+        for (int i = 0; i < 4; i++) free(ys[i]);
+        free(x);
+        free(ref);
+    }
+    for (int i = 0; i < 4; i++) free_weight(&tw[i]);
 }
 
 /* Wider rows (accumulation over thousands of columns) and a batch spanning several token tiles. */

@@ -606,7 +606,9 @@ static int mlx_gemm_run(int n, const weight_matrix *const *ws, const float *x, f
         job.ys[i] = ys[i];
         int same = -1;
         for (int j = 0; j < n_px && same < 0; j++)
-            if (job.px[j].group_size == w->group_size) same = j;
+            if (job.px[j].group_size == w->group_size &&
+                job.px[j].pairs4 == cpu_mlx_gemm_pairs4(w->bits, n_tokens))
+                same = j;
         if (same < 0) {
             size_t bytes = cpu_mlx_gemm_x_bytes(n_tokens, w->cols, w->group_size);
             void *mem = n_px == 0 ? cpu_scratch(0, bytes) : (owned[n_px] = aligned_alloc(64, (bytes + 63) & ~(size_t)63));
@@ -614,7 +616,7 @@ static int mlx_gemm_run(int n, const weight_matrix *const *ws, const float *x, f
                 rc = -1;
                 break;
             }
-            cpu_mlx_gemm_x_init(&job.px[n_px], mem, n_tokens, w->cols, w->group_size);
+            cpu_mlx_gemm_x_init(&job.px[n_px], mem, n_tokens, w->cols, w->group_size, w->bits);
             job.prep = n_px;
             threadpool_parallel_for(pool, w->cols / w->group_size, mlx_gemm_prepare_range, &job);
             same = n_px++;

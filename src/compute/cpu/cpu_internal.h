@@ -112,13 +112,16 @@ typedef struct cpu_kernels {
  * (xq[t][2kp], xq[t][2kp+1]) as one 32-bit word, xscale/xsum are [groups][tpad] (padding 0);
  * the same int16 quantization as matvec_input. Memory: cpu_mlx_gemm_x_bytes, 64-byte aligned. */
 typedef struct mlx_gemm_x {
+    int pairs4; /* 4-bit weights: the pair order of the 4-bit unpack (gemm_mlx_avx512.c) */
     int64_t n_tokens, tpad, cols, group_size;
     uint32_t *xp;
     float *xscale, *xsum;
 } mlx_gemm_x;
 size_t cpu_mlx_gemm_x_bytes(int64_t n_tokens, int64_t cols, int64_t group_size);
 void cpu_mlx_gemm_x_init(mlx_gemm_x *px, void *mem, int64_t n_tokens, int64_t cols,
-                         int64_t group_size);
+                         int64_t group_size, int bits);
+/* Whether weights of `bits` at n_tokens use the 4-bit pair order (then px must be prepared so). */
+int cpu_mlx_gemm_pairs4(int bits, int64_t n_tokens);
 /* Fills groups [g0, g1) of px from x [n_tokens][cols] (threads may fill disjoint ranges). */
 void cpu_mlx_gemm_prepare(const float *x, mlx_gemm_x *px, int64_t g0, int64_t g1);
 /* y[t][r] for rows [r0, r1) and every token of px; y is [n_tokens][w->rows]. */
