@@ -36,6 +36,10 @@ typedef struct bench_options {
     const char *model_dir;
     size_t sweep_bytes;   /* weight bytes per matvec sweep */
     int cpu_time;         /* time with this thread's CPU clock (kernel cost, immune to sharing) */
+    const char *formats;  /* matvec: comma-separated substrings of format names to run (NULL = all) */
+    int mv_tokens[8];     /* matvec: decode batch sizes (default 1 and 8) */
+    int n_mv_tokens;
+    int no_prefill;       /* matvec: skip the 512-token column */
 } bench_options;
 
 static int use_cpu_time;
@@ -441,14 +445,36 @@ static void run_sweep(void *p) {
     }
 }
 
+static int format_selected(const char *list, const char *name) {
+    if (!list) return 1;
+    const char *p = list;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        for (const char *h = name; n && *h; h++)
+            if (!strncmp(h, p, n)) return 1;
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
+
 static void bench_matvec(const bench_options *o, double read_gbs, double gemm_peak) {
     int64_t shapes[][2] = {{8192, 2048}, {2048, 8192}};
     size_t min_bytes = o->sweep_bytes;
     printf("matvec weights: sweeps of >= %zu MiB (Llama-3.2-1B shapes); roofline = read-only %.2f GB/s\n",
            min_bytes >> 20, read_gbs);
-    printf("%-12s %-10s %9s %8s %9s %8s %12s %8s\n", "format", "shape", "b1 GB/s", "b1 roof", "b8 GB/s",
-           "b8 roof", "pp512 GFLOP", "of peak");
+    printf("%-12s %-10s", "format", "shape");
+    for (int b = 0; b < o->n_mv_tokens; b++) {
+        char h[2][16];
+        snprintf(h[0], sizeof h[0], "b%d GB/s", o->mv_tokens[b]);
+        snprintf(h[1], sizeof h[1], "b%d roof", o->mv_tokens[b]);
+        printf(" %9s %8s", h[0], h[1]);
+    }
+    if (!o->no_prefill) printf(" %12s %8s", "pp512 GFLOP", "of peak");
+    printf("\n");
     for (size_t f = 0; f < sizeof bench_formats / sizeof *bench_formats; f++) {
+        if (!format_selected(o->formats, bench_formats[f].name)) continue;
         for (size_t sh = 0; sh < 2; sh++) {
             sweep s;
             int64_t rows = shapes[sh][0], cols = shapes[sh][1];
@@ -465,29 +491,29 @@ static void bench_matvec(const bench_options *o, double read_gbs, double gemm_pe
                 continue;
             }
             double bytes = (double)weight_matrix_bytes(&s.all);
-            double gbs[2];
-            int64_t batches[2] = {1, 8};
-            for (int b = 0; b < 2; b++) {
-                s.n_tokens = batches[b];
+            char shape[32];
+            snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
+            printf("%-12s %-10s", bench_formats[f].name, shape);
+            for (int b = 0; b < o->n_mv_tokens; b++) {
+                s.n_tokens = o->mv_tokens[b];
                 s.max_matvec = -1;
                 run_sweep(&s);
                 double t = time_best(run_sweep, &s, o->reps, NULL);
-                gbs[b] = bytes / t * 1e-9;
+                double gbs = bytes / t * 1e-9;
+                printf(" %9.2f %7.0f%%", gbs, read_gbs > 0 ? 100 * gbs / read_gbs : 0);
             }
-            /* Prefill: one matrix of the shape, 512 tokens (compute-bound, no need to sweep). */
-            s.n_tokens = o->quick ? 64 : 512;
-            s.max_matvec = -1;
-            sweep one = s;
-            one.count = 1;
-            run_sweep(&one);
-            double t = time_best(run_sweep, &one, o->reps > 3 ? 3 : o->reps, NULL);
-            double gflops = 2.0 * (double)s.rows * (double)s.all.cols * (double)s.n_tokens / t * 1e-9;
-            char shape[32];
-            snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
-            printf("%-12s %-10s %9.2f %7.0f%% %9.2f %7.0f%% %12.1f %7.0f%%\n", bench_formats[f].name, shape,
-                   gbs[0], read_gbs > 0 ? 100 * gbs[0] / read_gbs : 0, gbs[1],
-                   read_gbs > 0 ? 100 * gbs[1] / read_gbs : 0, gflops,
-                   gemm_peak > 0 ? 100 * gflops / gemm_peak : 0);
+            if (!o->no_prefill) {
+                /* Prefill: one matrix of the shape, 512 tokens (compute-bound, no need to sweep). */
+                s.n_tokens = o->quick ? 64 : 512;
+                s.max_matvec = -1;
+                sweep one = s;
+                one.count = 1;
+                run_sweep(&one);
+                double t = time_best(run_sweep, &one, o->reps > 3 ? 3 : o->reps, NULL);
+                double gflops = 2.0 * (double)s.rows * (double)s.all.cols * (double)s.n_tokens / t * 1e-9;
+                printf(" %12.1f %7.0f%%", gflops, gemm_peak > 0 ? 100 * gflops / gemm_peak : 0);
+            }
+            printf("\n");
             fflush(stdout);
             sweep_free(&s);
         }
@@ -566,6 +592,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: exo bench [--section mem|pool|gemm|matvec|batch] [--quick] [--reps N] [--threads N]\n"
             "                 [--mem-mib N] [--sweep-mib N] [--cpu-time]\n"
+            "                 [--formats q4,bf16] [--tokens 1,2,4,8] [--no-prefill]   (matvec section)\n"
             "       exo bench --model DIR [model options, see exo bench --model DIR --help]\n");
 }
 
@@ -594,6 +621,29 @@ int cmd_bench_main(int argc, char **argv) {
         } else if (!strcmp(a, "--sweep-mib") && v) {
             o.sweep_bytes = (size_t)atol(v) << 20;
             i++;
+        } else if (!strcmp(a, "--formats") && v) {
+            o.formats = v;
+            i++;
+        } else if (!strcmp(a, "--tokens") && v) {
+            o.n_mv_tokens = 0;
+            for (const char *p = v; *p && o.n_mv_tokens < 8;) {
+                char *e;
+                long n = strtol(p, &e, 10);
+                if (e == p || n < 1 || n > CPU_MATVEC_MAX_TOKENS) {
+                    fprintf(stderr, "exo bench: --tokens wants numbers 1..%d, comma-separated\n",
+                            CPU_MATVEC_MAX_TOKENS);
+                    return 2;
+                }
+                o.mv_tokens[o.n_mv_tokens++] = (int)n;
+                p = *e == ',' ? e + 1 : e;
+                if (*e && *e != ',') {
+                    fprintf(stderr, "exo bench: --tokens: unexpected '%s'\n", e);
+                    return 2;
+                }
+            }
+            i++;
+        } else if (!strcmp(a, "--no-prefill")) {
+            o.no_prefill = 1;
         } else if (!strcmp(a, "--model") && v) {
             o.model_dir = v;
             i += 2;
@@ -606,6 +656,11 @@ int cmd_bench_main(int argc, char **argv) {
             usage();
             return 2;
         }
+    }
+    if (!o.n_mv_tokens) {
+        o.mv_tokens[0] = 1;
+        o.mv_tokens[1] = 8;
+        o.n_mv_tokens = 2;
     }
     if (o.reps < 1 || o.reps > 64) {
         fprintf(stderr, "exo bench: --reps must be 1..64\n");
@@ -637,7 +692,7 @@ int cmd_bench_main(int argc, char **argv) {
     if (o.model_dir || !sec || !strcmp(sec, "mem") || !strcmp(sec, "matvec")) read_gbs = bench_memory(&o);
     if (o.model_dir) return bench_model_main(o.model_dir, argc - i, argv + i, read_gbs);
     if (!sec || !strcmp(sec, "pool")) bench_pool(&o);
-    if (!sec || !strcmp(sec, "gemm") || !strcmp(sec, "matvec")) peak = bench_gemm(&o);
+    if (!sec || !strcmp(sec, "gemm") || (!strcmp(sec, "matvec") && !o.no_prefill)) peak = bench_gemm(&o);
     if (!sec || !strcmp(sec, "matvec")) bench_matvec(&o, read_gbs, peak);
     if (sec && !strcmp(sec, "batch")) bench_batch(&o);
     return 0;

@@ -4,7 +4,9 @@
  *
  * A watchdog thread checks, a few times per second, every runner with calls in flight: one that
  * has sent nothing for watchdog_s (stopped, deadlocked, swapping to death) is killed; its reader
- * thread then fails the calls and starts a replacement. */
+ * thread then fails the calls and starts a replacement. The same thread kills a runner that was
+ * asked to stop (instance deleted, node exiting) and is still alive INSTANCES_STOP_GRACE_S later,
+ * so no runner outlives its instance. */
 #include "api/instances.h"
 
 #include "base/clock.h"
@@ -62,6 +64,8 @@ typedef struct instance {
     int removed;
     int exited;  /* the reader saw EOF and reaped the process */
     int hung;    /* killed by the watchdog: its reader starts a replacement */
+    uint64_t kill_at_ns;            /* asked to stop: SIGKILL if still alive then */
+    struct instance *next_stopping; /* in instances.stopping, which holds the table's reference */
     _Atomic uint64_t last_rx_ns; /* when the runner last sent anything */
     _Atomic uint64_t step_ms;    /* its last heartbeat: how long its current engine step ran */
     uint64_t busy_since_ns;      /* when n_calls last went from 0 to 1 */
@@ -77,10 +81,11 @@ struct instances {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     instance *list;
+    instance *stopping; /* asked to stop, not yet exited (see sweep_stopping_locked) */
     uint64_t next_call_id;
     int live_readers;
     pthread_t watchdog;
-    int watchdog_started, stopping;
+    int watchdog_started, closing; /* closing: instances_free has begun */
 };
 
 static void make_uuid(char *out, size_t n) {
@@ -115,8 +120,8 @@ instances *instances_new(const instances_options *o) {
     pthread_cond_init(&m->cond, &ca);
     pthread_condattr_destroy(&ca);
     m->watchdog_s = o->watchdog_s ? o->watchdog_s : INSTANCES_WATCHDOG_DEFAULT_S;
-    if (m->watchdog_s > 0)
-        m->watchdog_started = pthread_create(&m->watchdog, NULL, watchdog_main, m) == 0;
+    /* Runs even with the hang check off (watchdog_s < 0): it also enforces the stop grace. */
+    m->watchdog_started = pthread_create(&m->watchdog, NULL, watchdog_main, m) == 0;
     return m;
 }
 
@@ -326,7 +331,7 @@ static void *reader_main(void *arg) {
         free(c);
     }
     pthread_mutex_lock(&m->lock);
-    if (in->hung && table_ref && !m->stopping) {
+    if (in->hung && table_ref && !m->closing) {
         int status = 0;
         char err[256];
         log_warn("restarting the runner for %s", in->model_id);
@@ -341,13 +346,33 @@ static void *reader_main(void *arg) {
     return NULL;
 }
 
-/* Kills runners that have calls in flight but have sent nothing for watchdog_s. */
+/* Drops the runners asked to stop that have exited; SIGKILLs those past their grace. */
+static void sweep_stopping_locked(instances *m, uint64_t now) {
+    for (instance **pp = &m->stopping; *pp;) {
+        instance *in = *pp;
+        if (in->exited) {
+            *pp = in->next_stopping;
+            instance_unref_locked(m, in);
+            continue;
+        }
+        if (in->kill_at_ns && now >= in->kill_at_ns) {
+            log_warn("runner for %s (pid %d) did not stop within %d s: killing it", in->model_id,
+                     (int)in->pid, INSTANCES_STOP_GRACE_S);
+            kill(in->pid, SIGKILL);
+            in->kill_at_ns = 0; /* once; its reader reaps it and sets exited */
+        }
+        pp = &in->next_stopping;
+    }
+}
+
+/* Kills runners that have calls in flight but have sent nothing for watchdog_s, and runners
+ * that outlive their stop grace. */
 static void *watchdog_main(void *arg) {
     instances *m = arg;
-    uint64_t limit = (uint64_t)m->watchdog_s * 1000000000ull;
-    long tick_ms = m->watchdog_s >= 4 ? 1000 : 250;
+    uint64_t limit = (uint64_t)(m->watchdog_s > 0 ? m->watchdog_s : 0) * 1000000000ull;
+    long tick_ms = m->watchdog_s >= 4 || m->watchdog_s <= 0 ? 1000 : 250;
     pthread_mutex_lock(&m->lock);
-    while (!m->stopping) {
+    while (!m->closing) {
         struct timespec t;
         clock_gettime(CLOCK_MONOTONIC, &t);
         t.tv_nsec += tick_ms * 1000000L;
@@ -355,7 +380,8 @@ static void *watchdog_main(void *arg) {
         t.tv_nsec %= 1000000000L;
         pthread_cond_timedwait(&m->cond, &m->lock, &t);
         uint64_t now = clock_now_ns();
-        for (instance *in = m->list; in && !m->stopping; in = in->next) {
+        sweep_stopping_locked(m, now);
+        for (instance *in = m->list; in && !m->closing && limit; in = in->next) {
             if (!in->n_calls || in->hung || in->exited || in->status == RUNNER_FAILED ||
                 in->status == RUNNER_SHUTTING_DOWN)
                 continue;
@@ -614,8 +640,13 @@ json_t *instances_get_json(instances *m, const char *id) {
 }
 
 static void shutdown_instance(instances *m, instance *in) {
-    /* m->lock held on entry and exit; in was just unlinked: this drops the table's reference. */
+    /* m->lock held on entry and exit; in was just unlinked: the table's reference moves to the
+     * stopping list, where the watchdog kills it if it is still alive after the grace. */
     in->status = RUNNER_SHUTTING_DOWN;
+    in->kill_at_ns = clock_now_ns() + (uint64_t)INSTANCES_STOP_GRACE_S * 1000000000ull;
+    in->next_stopping = m->stopping;
+    m->stopping = in;
+    in->refs++; /* held across the unlocked send */
     pthread_mutex_unlock(&m->lock);
     send_message(in, json_pack("{s:s}", "type", "shutdown"));
     pthread_mutex_lock(&m->lock);
@@ -694,47 +725,32 @@ json_t *instances_running_models(instances *m) {
 void instances_free(instances *m) {
     if (!m) return;
     pthread_mutex_lock(&m->lock);
-    m->stopping = 1;
+    m->closing = 1;
     pthread_cond_broadcast(&m->cond);
     pthread_mutex_unlock(&m->lock);
     if (m->watchdog_started) pthread_join(m->watchdog, NULL);
     pthread_mutex_lock(&m->lock);
-    /* Runners asked to stop are kept referenced through the grace period: one that is still
-     * alive after it (busy in a long engine step, or stopped) gets SIGKILL, so no runner
-     * outlives its node. */
-    instance **stopping = NULL;
-    int n_stopping = 0;
     while (m->list) {
         instance *in = m->list;
         unlink_locked(m, in);
-        if (in->exited) {
-            instance_unref_locked(m, in);
-            continue;
-        }
-        instance **grown = realloc(stopping, (size_t)(n_stopping + 1) * sizeof *grown);
-        if (grown) {
-            stopping = grown;
-            stopping[n_stopping++] = in;
-            in->refs++;
-        }
-        shutdown_instance(m, in);
+        if (in->exited) instance_unref_locked(m, in);
+        else shutdown_instance(m, in);
     }
-    for (int round = 0; round < 2; round++) {
-        struct timespec deadline;
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        deadline.tv_sec += round == 0 ? 5 : 2; /* grace, then time for the readers to reap */
-        while (m->live_readers &&
-               pthread_cond_timedwait(&m->cond, &m->lock, &deadline) != ETIMEDOUT) {
-        }
-        if (round == 0)
-            for (int i = 0; i < n_stopping; i++)
-                if (!stopping[i]->exited) {
-                    log_warn("runner for %s did not stop within 5 s: killing it", stopping[i]->model_id);
-                    kill(stopping[i]->pid, SIGKILL);
-                }
+    /* The watchdog has stopped: sweep here until every runner asked to stop has been reaped
+     * (one still alive after the grace, busy in a long engine step or stopped, gets SIGKILL),
+     * plus 2 s for the readers to reap the killed ones. */
+    uint64_t give_up = clock_now_ns() + (uint64_t)(INSTANCES_STOP_GRACE_S + 2) * 1000000000ull;
+    for (uint64_t now = clock_now_ns(); (m->stopping || m->live_readers) && now < give_up;
+         now = clock_now_ns()) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        t.tv_nsec += 100 * 1000000L;
+        t.tv_sec += t.tv_nsec / 1000000000L;
+        t.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&m->cond, &m->lock, &t);
+        sweep_stopping_locked(m, clock_now_ns());
     }
-    for (int i = 0; i < n_stopping; i++) instance_unref_locked(m, stopping[i]);
-    free(stopping);
+    sweep_stopping_locked(m, clock_now_ns());
     int left = m->live_readers;
     pthread_mutex_unlock(&m->lock);
     if (left) return; /* a reader is still reaping; leave the table to the exiting process */

@@ -39,6 +39,8 @@ typedef struct instances_options {
  * two) is stuck. Either way the runner is killed, its requests fail and a new one starts. */
 #define INSTANCES_WATCHDOG_DEFAULT_S 30
 #define INSTANCES_WATCHDOG_STEP_FACTOR 20
+/* A runner asked to stop (instance deleted, node exiting) gets this long before SIGKILL. */
+#define INSTANCES_STOP_GRACE_S 5
 
 instances *instances_new(const instances_options *options);
 /* Stops every runner (shutdown message, then SIGKILL after a grace period) and frees. */

@@ -48,144 +48,233 @@ typedef struct plan_file {
     struct engine *eng;
 } plan_file;
 
-/* Hashing runs on its own thread so that receiving and hashing overlap (the download gets two
- * cores). The receive path copies each chunk, still hot in the CPU cache from the pwrite, into
- * one preallocated byte ring; the hasher hashes straight out of the ring. No allocation and no
- * page faults per chunk, and no second read of the data from the page cache (which perf showed
- * costing more than the copy). Consecutive chunks of one file coalesce into one job. Anything
- * that reads or resets a file's hash drains the ring first. */
-typedef struct hash_job {
+/* The receive path (libcurl's write callback) only copies each chunk libcurl hands over (16 KiB
+ * at a time, whatever CURLOPT_BUFFERSIZE is), still hot in the CPU cache, into one
+ * preallocated byte ring. Two threads consume the ring: one hashes it, one writes it to the
+ * .partial files in blocks of up to RING_STEP bytes (one pwrite per MiB instead of one per
+ * 16 KiB chunk). So receiving, hashing and writing overlap on up to three cores and none of
+ * them is the long pole that receive + write + hash in one thread would be. A ring byte is
+ * reused once it is both hashed and written. No allocation and no page faults per chunk, and
+ * no second read of the data from the page cache (which perf showed costing more than the
+ * copy). Consecutive chunks of one file coalesce into one job. Anything that reads, truncates,
+ * closes or verifies a .partial first drains the ring (ring_drain); a failed write is recorded
+ * in werr_pf / werr, and the engine stops the download with it. */
+typedef struct ring_job {
+    plan_file *pf;
     EVP_MD_CTX *md;
-    uint64_t len;
-} hash_job;
+    uint64_t off; /* file offset of the job's first byte */
+    uint64_t len; /* grows while the job is the last one and no consumer has passed it */
+} ring_job;
 
-#define HASHER_JOBS 256
-#define HASHER_RING (16ull << 20) /* small enough to stay in the last-level cache */
-#define HASHER_STEP (1u << 20)    /* bytes hashed per lock round trip */
-#define HASHER_WAKE (1u << 20)    /* the hasher sleeps until this much is queued (or a drain) */
+enum { RING_HASH, RING_WRITE, RING_CONSUMERS };
 
-typedef struct hasher {
+#define RING_JOBS 256
+#define RING_BYTES (16ull << 20) /* small enough to stay in the last-level cache */
+#define RING_STEP (1u << 20)     /* bytes hashed or written per lock round trip */
+#define RING_WAKE (1u << 20)     /* a consumer sleeps until this much is queued (or a drain) */
+
+typedef struct ring {
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    hash_job jobs[HASHER_JOBS];
-    unsigned jhead, jcount;   /* jobs[jhead] is the oldest */
-    uint64_t head, tail;      /* ring positions (monotonic): [head, tail) is queued */
-    int stop, busy, draining, sleeping;
+    ring_job jobs[RING_JOBS];
+    uint64_t jtail;                 /* jobs queued so far (jobs[i % RING_JOBS]) */
+    uint64_t tail;                  /* bytes queued so far (ring position, monotonic) */
+    uint64_t jpos[RING_CONSUMERS];  /* each consumer's current job */
+    uint64_t jdone[RING_CONSUMERS]; /* bytes of that job it has done */
+    uint64_t pos[RING_CONSUMERS];   /* ring position it has reached */
+    int busy[RING_CONSUMERS], sleeping[RING_CONSUMERS];
+    int stop, draining, nthreads;
+    plan_file *werr_pf;             /* first file whose write failed, and the errno */
+    int werr;
     unsigned char *ring;
-    pthread_t thread;
-} hasher;
+    pthread_t thread[RING_CONSUMERS];
+} ring;
 
-static void *hasher_main(void *arg) {
-    hasher *h = arg;
-    pthread_mutex_lock(&h->lock);
-    for (;;) {
-        /* batch: one wake-up per HASHER_WAKE bytes, not one per received chunk */
-        while (!h->stop && (!h->jcount || (h->tail - h->head < HASHER_WAKE && !h->draining))) {
-            h->sleeping = 1;
-            pthread_cond_wait(&h->cond, &h->lock);
-            h->sleeping = 0;
+typedef struct ring_arg {
+    ring *r;
+    int k;
+} ring_arg;
+
+static uint64_t ring_min(const uint64_t *v) { return v[0] < v[1] ? v[0] : v[1]; }
+
+/* Writes all n bytes at off (retrying short writes and EINTR). Returns 0 or the errno. */
+static int pwrite_all(int fd, const char *p, size_t n, uint64_t off) {
+    size_t written = 0;
+    while (written < n) {
+        ssize_t w = pwrite(fd, p + written, n - written, (off_t)(off + written));
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errno;
         }
-        if (!h->jcount) break;
-        hash_job *j = &h->jobs[h->jhead];
-        EVP_MD_CTX *md = j->md;
-        uint64_t at = h->head % HASHER_RING;
-        uint64_t n = j->len < HASHER_STEP ? j->len : HASHER_STEP;
-        if (n > HASHER_RING - at) n = HASHER_RING - at; /* up to the wrap */
-        j->len -= n; /* the bytes stay reserved until head moves */
-        if (!j->len) {
-            h->jhead = (h->jhead + 1) % HASHER_JOBS;
-            h->jcount--;
-        }
-        h->busy = 1;
-        pthread_mutex_unlock(&h->lock);
-        EVP_DigestUpdate(md, h->ring + at, (size_t)n);
-        pthread_mutex_lock(&h->lock);
-        h->busy = 0;
-        h->head += n;
-        pthread_cond_broadcast(&h->cond);
+        written += (size_t)w;
     }
-    pthread_mutex_unlock(&h->lock);
+    return 0;
+}
+
+/* Records a failed write of pf's bytes: on the ring (called with it locked) when the consumer
+ * threads write, else on the file. The engine turns it into the download's error. */
+static void write_failed(ring *r, plan_file *pf, int err) {
+    if (r) {
+        if (!r->werr_pf) r->werr_pf = pf, r->werr = err;
+    } else if (err == ENOSPC || err == EDQUOT) {
+        pf->disk_full = 1;
+    } else {
+        pf->io_error = err;
+    }
+}
+
+static void *ring_main(void *arg) {
+    ring *r = ((ring_arg *)arg)->r;
+    int k = ((ring_arg *)arg)->k;
+    free(arg);
+    pthread_mutex_lock(&r->lock);
+    for (;;) {
+        /* batch: one wake-up per RING_WAKE bytes, not one per received chunk */
+        while (!r->stop && (r->jpos[k] == r->jtail || (r->tail - r->pos[k] < RING_WAKE && !r->draining))) {
+            r->sleeping[k] = 1;
+            pthread_cond_wait(&r->cond, &r->lock);
+            r->sleeping[k] = 0;
+        }
+        if (r->jpos[k] == r->jtail) break; /* stopping, nothing left */
+        ring_job *j = &r->jobs[r->jpos[k] % RING_JOBS];
+        uint64_t at = r->pos[k] % RING_BYTES, n = j->len - r->jdone[k];
+        if (n > RING_STEP) n = RING_STEP;
+        if (n > RING_BYTES - at) n = RING_BYTES - at; /* up to the wrap */
+        plan_file *pf = j->pf;
+        EVP_MD_CTX *md = j->md;
+        uint64_t off = j->off + r->jdone[k];
+        int fd = k == RING_WRITE && !r->werr_pf ? pf->fd : -2; /* after a failure: drop the bytes */
+        r->busy[k] = 1;
+        pthread_mutex_unlock(&r->lock);
+        int err = 0;
+        if (k == RING_HASH) EVP_DigestUpdate(md, r->ring + at, (size_t)n);
+        else if (fd != -2) err = fd < 0 ? EBADF : pwrite_all(fd, (const char *)r->ring + at, (size_t)n, off);
+        pthread_mutex_lock(&r->lock);
+        if (err) write_failed(r, pf, err);
+        r->busy[k] = 0;
+        r->pos[k] += n;
+        r->jdone[k] += n;
+        if (r->jdone[k] == j->len) { /* a job that is done is never grown again (see ring_push) */
+            r->jpos[k]++;
+            r->jdone[k] = 0;
+        }
+        pthread_cond_broadcast(&r->cond);
+    }
+    pthread_mutex_unlock(&r->lock);
     return NULL;
 }
 
-static hasher *hasher_start(void) {
-    hasher *h = calloc(1, sizeof *h);
-    if (!h) return NULL;
-    h->ring = malloc(HASHER_RING);
-    pthread_mutex_init(&h->lock, NULL);
-    pthread_cond_init(&h->cond, NULL);
-    if (!h->ring || pthread_create(&h->thread, NULL, hasher_main, h) != 0) {
-        pthread_cond_destroy(&h->cond);
-        pthread_mutex_destroy(&h->lock);
-        free(h->ring);
-        free(h);
-        return NULL; /* callers then hash inline */
-    }
-    return h;
+static void ring_stop(ring *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->lock);
+    r->stop = 1;
+    pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+    for (int k = 0; k < r->nthreads; k++) pthread_join(r->thread[k], NULL);
+    pthread_cond_destroy(&r->cond);
+    pthread_mutex_destroy(&r->lock);
+    free(r->ring);
+    free(r);
 }
 
-/* Waits until every queued byte is hashed. */
-static void hasher_drain(hasher *h) {
-    if (!h) return;
-    pthread_mutex_lock(&h->lock);
-    h->draining++;
-    pthread_cond_broadcast(&h->cond);
-    while (h->jcount || h->busy) pthread_cond_wait(&h->cond, &h->lock);
-    h->draining--;
-    pthread_mutex_unlock(&h->lock);
+/* NULL when threads or memory are short: callers then hash and write inline. */
+static ring *ring_start(void) {
+    ring *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->ring = malloc(RING_BYTES);
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->cond, NULL);
+    for (int k = 0; r->ring && k < RING_CONSUMERS; k++) {
+        ring_arg *a = malloc(sizeof *a);
+        if (!a) break;
+        *a = (ring_arg){.r = r, .k = k};
+        if (pthread_create(&r->thread[k], NULL, ring_main, a) != 0) {
+            free(a);
+            break;
+        }
+        r->nthreads++;
+    }
+    if (r->nthreads < RING_CONSUMERS) {
+        ring_stop(r);
+        return NULL;
+    }
+    return r;
 }
 
-/* Queues the hash of n bytes of one file (in order). */
-static void hasher_push(hasher *h, EVP_MD_CTX *md, const void *data, size_t n) {
-    if (!h || n > HASHER_RING / 4) {
-        hasher_drain(h);
-        EVP_DigestUpdate(md, data, n);
-        return;
+/* Waits until every queued byte is hashed and written. */
+static void ring_drain(ring *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->lock);
+    r->draining++;
+    pthread_cond_broadcast(&r->cond);
+    while (ring_min(r->pos) != r->tail || r->busy[0] || r->busy[1]) pthread_cond_wait(&r->cond, &r->lock);
+    r->draining--;
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* 1 when a write has failed (the download must stop). */
+static int ring_failed(ring *r) {
+    if (!r) return 0;
+    pthread_mutex_lock(&r->lock);
+    int f = r->werr_pf != NULL;
+    pthread_mutex_unlock(&r->lock);
+    return f;
+}
+
+/* Queues n received bytes of pf (at pf->offset, in order) to be hashed and written. Returns 0,
+ * or -1 when a write failed (this one inline, or any earlier one on the threads). */
+static int ring_push(ring *r, plan_file *pf, const void *data, size_t n) {
+    if (!r || n > RING_BYTES / 4) { /* no consumer threads (or a huge chunk): inline */
+        ring_drain(r);
+        if (ring_failed(r)) return -1;
+        int err = pwrite_all(pf->fd, data, n, pf->offset);
+        if (err) {
+            if (r) pthread_mutex_lock(&r->lock);
+            write_failed(r, pf, err);
+            if (r) pthread_mutex_unlock(&r->lock);
+            return -1;
+        }
+        EVP_DigestUpdate(pf->md, data, n);
+        return 0;
     }
-    pthread_mutex_lock(&h->lock);
+    pthread_mutex_lock(&r->lock);
     int waited = 0;
     for (;;) {
-        int room = h->tail + n - h->head <= HASHER_RING;
-        hash_job *t = h->jcount ? &h->jobs[(h->jhead + h->jcount - 1) % HASHER_JOBS] : NULL;
-        int slot = (t && t->md == md) || h->jcount < HASHER_JOBS;
+        int room = r->tail + n - ring_min(r->pos) <= RING_BYTES;
+        int slot = r->jtail - ring_min(r->jpos) < RING_JOBS;
         if (room && slot) break;
-        if (!waited) { /* full (of bytes or of small jobs): the hasher must run whatever is queued */
+        if (!waited) { /* full (of bytes or of small jobs): the consumers must run what is queued */
             waited = 1;
-            h->draining++;
-            pthread_cond_broadcast(&h->cond);
+            r->draining++;
+            pthread_cond_broadcast(&r->cond);
         }
-        pthread_cond_wait(&h->cond, &h->lock);
+        pthread_cond_wait(&r->cond, &r->lock);
     }
-    if (waited) h->draining--;
-    uint64_t tail = h->tail;
-    pthread_mutex_unlock(&h->lock);
-    /* [tail, tail+n) is free: only this thread writes, and the hasher never reads past tail */
-    uint64_t at = tail % HASHER_RING, first = HASHER_RING - at < n ? HASHER_RING - at : n;
-    memcpy(h->ring + at, data, (size_t)first);
-    if (first < n) memcpy(h->ring, (const unsigned char *)data + first, (size_t)(n - first));
-    pthread_mutex_lock(&h->lock);
-    hash_job *t = h->jcount ? &h->jobs[(h->jhead + h->jcount - 1) % HASHER_JOBS] : NULL;
-    if (t && t->md == md) t->len += n;
+    if (waited) r->draining--;
+    int failed = r->werr_pf != NULL;
+    uint64_t tail = r->tail;
+    pthread_mutex_unlock(&r->lock);
+    if (failed) return -1;
+    /* [tail, tail+n) is free: only this thread writes there, and no consumer reads past tail */
+    uint64_t at = tail % RING_BYTES, first = RING_BYTES - at < n ? RING_BYTES - at : n;
+    memcpy(r->ring + at, data, (size_t)first);
+    if (first < n) memcpy(r->ring, (const unsigned char *)data + first, (size_t)(n - first));
+    pthread_mutex_lock(&r->lock);
+    ring_job *t = r->jtail ? &r->jobs[(r->jtail - 1) % RING_JOBS] : NULL;
+    /* grow the last job only while both consumers are at or before it: one that finished it has
+     * moved on and would never see the extra bytes */
+    if (t && t->pf == pf && t->md == pf->md && t->off + t->len == pf->offset &&
+        r->jpos[0] < r->jtail && r->jpos[1] < r->jtail)
+        t->len += n;
     else {
-        h->jobs[(h->jhead + h->jcount) % HASHER_JOBS] = (hash_job){.md = md, .len = n};
-        h->jcount++;
+        r->jobs[r->jtail % RING_JOBS] = (ring_job){.pf = pf, .md = pf->md, .off = pf->offset, .len = n};
+        r->jtail++;
     }
-    h->tail += n;
-    if (h->sleeping && h->tail - h->head >= HASHER_WAKE) pthread_cond_broadcast(&h->cond);
-    pthread_mutex_unlock(&h->lock);
-}
-
-static void hasher_stop(hasher *h) {
-    if (!h) return;
-    pthread_mutex_lock(&h->lock);
-    h->stop = 1;
-    pthread_cond_broadcast(&h->cond);
-    pthread_mutex_unlock(&h->lock);
-    pthread_join(h->thread, NULL);
-    pthread_cond_destroy(&h->cond);
-    pthread_mutex_destroy(&h->lock);
-    free(h->ring);
-    free(h);
+    r->tail += n;
+    if ((r->sleeping[0] && r->tail - r->pos[0] >= RING_WAKE) || (r->sleeping[1] && r->tail - r->pos[1] >= RING_WAKE))
+        pthread_cond_broadcast(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+    return 0;
 }
 
 typedef struct engine {
@@ -201,7 +290,7 @@ typedef struct engine {
     double speed;
     int parallel, max_retries, backoff_ms, interval_ms;
     uint64_t fetched;
-    hasher *hasher;
+    ring *ring;
     int n_layers, tie; /* shard plans */
 } engine;
 
@@ -226,24 +315,10 @@ static int cancelled(const engine *e) { return e->req->cancel && *e->req->cancel
 
 /* ---- hashing ---- */
 
-/* Writes all n bytes at off (retrying short writes and EINTR). Returns 0 or the errno. */
-static int pwrite_all(int fd, const char *p, size_t n, uint64_t off) {
-    size_t written = 0;
-    while (written < n) {
-        ssize_t w = pwrite(fd, p + written, n - written, (off_t)(off + written));
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return errno;
-        }
-        written += (size_t)w;
-    }
-    return 0;
-}
-
 static int hash_kind(const hf_file *f) { return f->sha256[0] ? 256 : f->git_sha1[0] ? 1 : 0; }
 
 static void md_reset(plan_file *pf) {
-    hasher_drain(pf->eng->hasher);
+    ring_drain(pf->eng->ring);
     if (!pf->md) pf->md = EVP_MD_CTX_new();
     if (!pf->md) abort();
     int k = hash_kind(&pf->f);
@@ -260,7 +335,7 @@ static void md_reset(plan_file *pf) {
 static int md_verify(plan_file *pf, char *got, size_t gotlen) {
     unsigned char digest[EVP_MAX_MD_SIZE];
     unsigned int dl = 0;
-    hasher_drain(pf->eng->hasher);
+    ring_drain(pf->eng->ring);
     EVP_DigestFinal_ex(pf->md, digest, &dl);
     for (unsigned i = 0; i < dl && 2 * i + 2 < gotlen; i++) sprintf(got + 2 * i, "%02x", digest[i]);
     int k = hash_kind(&pf->f);
@@ -362,7 +437,7 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud) {
         if (code < 200 || code >= 300) pf->body_ignored = 1;
         else if (code == 200 && pf->offset > 0) {
             /* server ignored Range: start over */
-            hasher_drain(e->hasher);
+            ring_drain(e->ring);
             if (ftruncate(pf->fd, 0) < 0) {
                 pf->io_error = errno;
                 return 0;
@@ -375,13 +450,7 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud) {
         pf->oversize = 1;
         return 0;
     }
-    int err = pwrite_all(pf->fd, ptr, n, pf->offset);
-    if (err) {
-        if (err == ENOSPC || err == EDQUOT) pf->disk_full = 1;
-        else pf->io_error = err;
-        return 0;
-    }
-    hasher_push(e->hasher, pf->md, ptr, n);
+    if (ring_push(e->ring, pf, ptr, n) < 0) return 0; /* a write failed: stop */
     pf->offset += n;
     e->fetched += n;
     e->res->bytes_fetched += n;
@@ -389,8 +458,28 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud) {
     return n;
 }
 
+/* When a write failed (on the ring's writer thread or inline), sets the download's error and
+ * returns 1. Call after ring_drain. */
+static int write_error(engine *e, const plan_file *pf) {
+    int err = 0;
+    if (e->ring && e->ring->werr_pf) pf = e->ring->werr_pf, err = e->ring->werr;
+    else if (pf && (pf->disk_full || pf->io_error)) err = pf->disk_full ? ENOSPC : pf->io_error;
+    if (!err) return 0;
+    if (err == ENOSPC || err == EDQUOT) {
+        struct statvfs vfs;
+        unsigned long long avail = statvfs(e->dir, &vfs) == 0 ? (unsigned long long)vfs.f_bavail * vfs.f_frsize : 0;
+        set_result(e, DOWNLOAD_ERR_DISK_FULL,
+                   "disk full while writing %s (%llu bytes free in %s); free space or use "
+                   "--models-dir on a larger disk, then retry (finished files are kept)",
+                   pf->f.path, avail, e->dir);
+    } else {
+        set_result(e, DOWNLOAD_ERR_IO, "cannot write %s: %s", pf->f.path, strerror(err));
+    }
+    return 1;
+}
+
 static void close_partial(plan_file *pf) {
-    if (pf->fd >= 0 && pf->eng) hasher_drain(pf->eng->hasher); /* queued ranges still read it */
+    if (pf->fd >= 0 && pf->eng) ring_drain(pf->eng->ring); /* queued ranges still read it */
     if (pf->fd >= 0) close(pf->fd);
     pf->fd = -1;
 }
@@ -404,12 +493,13 @@ static int finish_file(engine *e, plan_file *pf) {
     final_path(e, pf, fin, sizeof fin);
     int ok = md_verify(pf, got, sizeof got);
     close_partial(pf);
+    if (write_error(e, pf)) return 0; /* hashed, but not all of it written */
     if (!ok) {
         log_warn("download %s: %s failed verification (got %s, want %s); removing it", e->req->model_id,
                  pf->f.path, got, hash_kind(&pf->f) == 256 ? pf->f.sha256 : pf->f.git_sha1);
         unlink(part);
         pf->offset = 0;
-        hasher_drain(e->hasher);
+        ring_drain(e->ring);
         EVP_MD_CTX_free(pf->md);
         pf->md = NULL;
         return -1;
@@ -546,19 +636,8 @@ static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
         set_result(e, DOWNLOAD_ERR_CANCELLED, "download of %s was cancelled", e->req->model_id);
         return -1;
     }
-    if (pf->disk_full) {
-        struct statvfs vfs;
-        unsigned long long avail = statvfs(e->dir, &vfs) == 0 ? (unsigned long long)vfs.f_bavail * vfs.f_frsize : 0;
-        set_result(e, DOWNLOAD_ERR_DISK_FULL,
-                   "disk full while writing %s (%llu bytes free in %s); free space or use "
-                   "--models-dir on a larger disk, then retry (finished files are kept)",
-                   pf->f.path, avail, e->dir);
-        return -1;
-    }
-    if (pf->io_error) {
-        set_result(e, DOWNLOAD_ERR_IO, "cannot write %s: %s", pf->f.path, strerror(pf->io_error));
-        return -1;
-    }
+    ring_drain(e->ring); /* a write that failed is known before deciding what comes next */
+    if (write_error(e, pf)) return -1;
     if (from_peer && (rc != CURLE_OK || status < 200 || status >= 300 || pf->oversize)) {
         /* the peer could not serve it: get it from the Hub instead, keeping what arrived */
         log_info("download %s: peer failed for %s (%s), falling back to the Hub", e->req->model_id,
@@ -580,7 +659,7 @@ static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
         char part[2048];
         partial_path(e, pf, part, sizeof part);
         unlink(part);
-        hasher_drain(e->hasher);
+        ring_drain(e->ring);
         EVP_MD_CTX_free(pf->md);
         pf->md = NULL;
         pf->offset = 0;
@@ -1511,9 +1590,10 @@ enum download_error download_model(const download_request *req, download_result 
         }
         if (check_space(&e) < 0) goto out;
         report(&e, DOWNLOAD_ONGOING, 1);
-        if (!e.hasher) e.hasher = hasher_start();
+        if (!e.ring) e.ring = ring_start();
         int erc = run_engine(&e);
-        hasher_drain(e.hasher);
+        ring_drain(e.ring);
+        if (write_error(&e, NULL)) goto out; /* a write failed after its transfer ended */
         if (erc < 0) goto out;
         if (phase == 1 && !whole) {
             int any_whole = 0;
@@ -1525,7 +1605,7 @@ enum download_error download_model(const download_request *req, download_result 
     report(&e, DOWNLOAD_COMPLETED, 1);
 out:
     if (res->error) report(&e, DOWNLOAD_FAILED, 1);
-    hasher_stop(e.hasher);
+    ring_stop(e.ring);
     for (size_t i = 0; i < e.n; i++) EVP_MD_CTX_free(e.files[i].md);
     free(e.files);
     return res->error;

@@ -285,6 +285,34 @@ test('SIGTERM with a runner that does not answer (SIGSTOP): the node kills it af
   }
 });
 
+test('DELETE /instance of a runner that does not answer (SIGSTOP): the node kills it after the grace period', async () => {
+  const dir = await tinyModel(MODEL);
+  const n = await startNode({ args: ['--models-path', path.dirname(dir)],
+    env: { EXO_RUNNER_WATCHDOG_S: '0' } }); // the hang watchdog must not be the one that kills it
+  let pid;
+  try {
+    const { instance_id: id } = await (await fetch(`${n.url}/place_instance`, { method: 'POST',
+      body: JSON.stringify({ model_id: MODEL }) })).json();
+    await waitFor(async () => {
+      const s = await (await fetch(`${n.url}/state`)).json();
+      return Object.values(s.runners).some((r) => 'RunnerReady' in r);
+    }, 60000, 'the runner to be Ready');
+    [pid] = execFileSync('pgrep', ['-P', String(n.proc.pid)], { encoding: 'utf8' })
+      .trim().split('\n').map(Number);
+    process.kill(pid, 'SIGSTOP'); // as a runner deep in a long engine step: it reads nothing
+    assert.equal((await fetch(`${n.url}/instance/${id}`, { method: 'DELETE' })).status, 200);
+    const gone = () => { try { process.kill(pid, 0); return false; } catch { return true; } };
+    await sleep(2000);
+    assert.equal(gone(), false, 'still inside its grace period');
+    await waitFor(gone, 8000, 'the stopped runner to be killed (5 s grace)');
+    assert.equal((await fetch(`${n.url}/instance/${id}`)).status, 404);
+    assert.equal((await fetch(`${n.url}/health`)).status, 200, 'the node is unaffected');
+  } finally {
+    if (pid) try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
+    await n.stop();
+  }
+});
+
 test('a model that fails to load is a 503 naming the reason, in each API shape', async () => {
   const fs = await import('node:fs');
   const broken = path.join(node.modelsDir, 'org--broken');

@@ -125,6 +125,42 @@ test('resume: a connection dropped mid-file continues with Range, and so does a 
   await hf.stop();
 });
 
+test('CDN redirect, big files: LFS bytes come from another host via 302 without the token; three 8-24 MB files at once; a drop resumes', async (t) => {
+  const hub = await startHF(t);
+  const cdn = await startHF(t);
+  // 48 MB in 3 files fetched in parallel: their chunks interleave in the download's 16 MiB
+  // receive ring, which wraps around several times while it is hashed and written
+  const files = makeTinyModel({ nLayers: 4, nShards: 3, layerBytes: 8 << 20 });
+  hub.addModel(ID, files);
+  cdn.addModel(ID, files);
+  hub.cdn = (id, p) => `${cdn.url}/${id}/resolve/main/${encodeURIComponent(p)}`;
+  hub.faults.requireToken = 'hf_secret';
+  const shards = Object.keys(files).filter((p) => p.endsWith('.safetensors'));
+  assert.equal(shards.length, 3);
+  const dropped = shards[1];
+  cdn.faults.dropAfter = { [dropped]: { bytes: 5_000_000, times: 1 } };
+  const dir = tmpdir('cdn');
+  const r = await get(hub, dir, [], { env: { HF_TOKEN: 'hf_secret' } });
+  assert.equal(r.code, 0, r.stderr);
+  assert.equal(r.result.error, 'ok');
+  assertSameFiles(modelDir(dir), files);
+  for (const p of shards) {
+    assert.equal(hub.bytesSent(ID, p), 0, `${p}: no byte from the Hub itself`);
+    assert.equal(cdn.bytesSent(ID, p), files[p].length, `${p}: every byte once from the CDN`);
+    assert.ok(hub.requests({ method: 'GET', path: `/${ID}/resolve/main/${p}` }).every((q) => q.status === 302));
+  }
+  assert.ok(cdn.log.length >= 4);
+  assert.ok(cdn.log.every((q) => q.auth === null), 'HF_TOKEN is never sent to the CDN host');
+  assert.ok(hub.log.every((q) => q.auth === 'Bearer hf_secret'), 'the Hub gets the token');
+  const cdnGets = cdn.requests({ method: 'GET', path: `/${ID}/resolve/main/${dropped}` });
+  assert.equal(cdnGets.length, 2);
+  assert.equal(cdnGets[1].range, 'bytes=5000000-', 'resumed through the redirect from the byte reached');
+  const manifest = JSON.parse(fs.readFileSync(path.join(modelDir(dir), '.exo-manifest.json'), 'utf8'));
+  assert.equal(manifest.files.length, Object.keys(files).length - 1); // .gitattributes skipped
+  await hub.stop();
+  await cdn.stop();
+});
+
 test('corrupt bytes: retried, then a clean failure with no corrupt file left in place', async (t) => {
   const hf = await startHF(t);
   const files = makeTinyModel();

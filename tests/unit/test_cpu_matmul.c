@@ -383,6 +383,72 @@ static void test_multi_shared_x(void **state) {
     for (int i = 0; i < 4; i++) free_weight(&tw[i]);
 }
 
+/* The 4-bit kernel's two activation layouts (byte planes, the default; int16 for A/B runs) on
+ * every group size, columns a multiple of 128 (where the planes apply) and not, odd row counts,
+ * 1..8 tokens; and a job where the 4-bit matrix is the second quantization (the portable
+ * preparation in cpu.c builds the planes). */
+static void test_q4_layouts(void **state) {
+    (void)state;
+    int groups[] = {32, 64, 128};
+    int64_t shapes[][2] = {{1, 128}, {7, 384}, {33, 1152}, {5, 192}, {19, 2048}};
+    for (int planes = 1; planes >= 0; planes--) {
+        cpu_matvec_set_q4_planes(planes);
+        for (size_t g = 0; g < 3; g++)
+            for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+                if (shapes[sh][1] % groups[g]) continue;
+                test_weight tw = make_weight(WEIGHT_MLX_AFFINE, shapes[sh][0], shapes[sh][1], 4, groups[g],
+                                             (dtype)(g == 0 ? DTYPE_F16 : g == 1 ? DTYPE_BF16 : DTYPE_F32));
+                for (int64_t n = 1; n <= CPU_MATVEC_MAX_TOKENS; n++) check_all_paths(&tw.w, n);
+                free_weight(&tw);
+            }
+        test_weight a = make_weight(WEIGHT_MLX_AFFINE, 11, 256, 3, 32, DTYPE_F16);
+        test_weight b = make_weight(WEIGHT_MLX_AFFINE, 23, 256, 4, 64, DTYPE_BF16);
+        const weight_matrix *ws[2] = {&a.w, &b.w};
+        for (int64_t n = 1; n <= CPU_MATVEC_MAX_TOKENS; n++) {
+            float *x = random_x(n, 256), *ref = malloc((size_t)(n * 23) * sizeof(float));
+            float *y0 = malloc((size_t)(n * 11) * sizeof(float)), *y1 = malloc((size_t)(n * 23) * sizeof(float));
+            float *ys[2] = {y0, y1};
+            cpu_matmul_reference(&b.w, x, ref, n);
+            for (int level = 0; level < CPU_LEVEL_COUNT; level++) {
+                if (!cpu_kernels_for((cpu_level)level)) continue;
+                assert_int_equal(cpu_matmul_multi_with(2, ws, x, ys, n, (cpu_level)level, CPU_GEMM_AUTO, -1), 0);
+                for (int64_t j = 0; j < n * 23; j++) {
+                    double tol = 4e-5 * tolerance_scale(&b.w, x, j / 23, j % 23) + 1e-6;
+                    if (!(fabs((double)y1[j] - (double)ref[j]) <= tol))
+                        fail_msg("q4 second in a job, %s planes=%d n=%lld element %lld: got %.7g, reference %.7g",
+                                 cpu_kernels_for((cpu_level)level)->name, planes, (long long)n, (long long)j,
+                                 y1[j], ref[j]);
+                }
+                checks_run++;
+            }
+            free(x), free(ref), free(y0), free(y1);
+        }
+        free_weight(&a);
+        free_weight(&b);
+    }
+    cpu_matvec_set_q4_planes(1);
+}
+
+/* The byte planes hold exactly the int16 activations: x = 256 * hi (signed) + lo (unsigned). */
+static void test_q4_planes_split_is_exact(void **state) {
+    (void)state;
+    int16_t q[256];
+    for (int i = 0; i < 256; i++) q[i] = (int16_t)((int)(rng_u32() % 65535) - 32767);
+    int16_t edge[] = {-32767, 32767, -1, 0, 1, 255, 256, -256, -255, 127, -128, 128, -32768 + 1};
+    for (size_t i = 0; i < sizeof edge / sizeof *edge; i++) q[i * 3] = edge[i];
+    int16_t orig[256];
+    memcpy(orig, q, sizeof q);
+    cpu_mlx_x_to_planes(q, 256);
+    for (int c0 = 0; c0 < 256; c0 += 128) {
+        const uint8_t *b = (const uint8_t *)(q + c0);
+        for (int j = 0; j < 64; j++)
+            for (int k = 0; k < 2; k++) {
+                int hi = (int8_t)b[64 * k + j], lo = b[128 + 64 * k + j];
+                assert_int_equal(256 * hi + lo, orig[c0 + 2 * j + k]);
+            }
+    }
+}
+
 static int report_checks(void **state) {
     (void)state;
     print_message("matmul comparisons run: %d\n", checks_run);
@@ -399,6 +465,8 @@ int main(void) {
         cmocka_unit_test(test_public_entry_and_level),
         cmocka_unit_test(test_rejects_unsupported_views),
         cmocka_unit_test(test_multi_shared_x),
+        cmocka_unit_test(test_q4_layouts),
+        cmocka_unit_test(test_q4_planes_split_is_exact),
     };
     return cmocka_run_group_tests(tests, NULL, report_checks);
 }

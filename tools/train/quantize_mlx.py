@@ -6,7 +6,12 @@ uint32 [out, in*bits/32] (value i of a row at bit i*bits, little-endian), `<name
 bias = min per group, q rounded against the bf16-rounded scale and bias. Norms stay bf16.
 config.json gets "quantization" and "quantization_config".
 
-  python3 quantize_mlx.py SRC_DIR DST_DIR [--bits 4] [--group-size 64]
+--method mse (default minmax) keeps the format and lowers the error: per group it tries ranges
+narrower than [min, max] (clipping a few outliers often helps the other 63 values), then refits
+scale and bias by least squares to the codes chosen, keeping whichever reconstructs the group's
+weights with the smallest squared error (never worse than min/max: that is one of the candidates).
+
+  python3 quantize_mlx.py SRC_DIR DST_DIR [--bits 4] [--group-size 64] [--method minmax|mse]
 
 Needs numpy only (reads and writes safetensors itself). Also importable: quantize_dir().
 """
@@ -65,17 +70,52 @@ def f32_to_bf16(f):
     return u.astype(np.uint16)
 
 
-def quantize(w, bits, group):
+def codes(g, scales, biases, qmax):
+    """Round groups g [..., group] against bf16 scales/biases -> (q float32, reconstruction)."""
+    s, b = bf16_to_f32(scales)[..., None], bf16_to_f32(biases)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s > 0, np.floor((g - b) / s + np.float32(0.5)), 0)
+    q = np.clip(q, 0, qmax).astype(np.float32)
+    return q, q * s + b
+
+
+def mse_search(g, qmax, scales, biases):
+    """Error-minimizing scales/biases (see the top of the file), starting from min/max."""
+    _, rec = codes(g, scales, biases, qmax)
+    best = ((rec - g) ** 2).sum(axis=-1)
+    mn, mx = g.min(axis=-1), g.max(axis=-1)
+    for shrink in np.linspace(0.0, 0.2, 11, dtype=np.float32):
+        for lo_share in (0.0, 0.5, 1.0):  # clip the low end, both ends, or the high end
+            cut = (mx - mn) * shrink
+            lo, hi = mn + cut * lo_share, mx - cut * (1 - lo_share)
+            s_try, b_try = f32_to_bf16((hi - lo) / np.float32(qmax)), f32_to_bf16(lo)
+            for _ in range(2):  # codes for this range, then least-squares scale and bias for them
+                q, rec = codes(g, s_try, b_try, qmax)
+                err = ((rec - g) ** 2).sum(axis=-1)
+                better = err < best
+                best = np.where(better, err, best)
+                scales, biases = np.where(better, s_try, scales), np.where(better, b_try, biases)
+                qm, gm = q.mean(axis=-1, keepdims=True), g.mean(axis=-1, keepdims=True)
+                var = ((q - qm) ** 2).sum(axis=-1)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    s_fit = np.where(var > 0, ((q - qm) * (g - gm)).sum(axis=-1) / var, 0)
+                s_fit = np.maximum(s_fit, 0).astype(np.float32)
+                s_try = f32_to_bf16(s_fit)
+                b_try = f32_to_bf16((gm[..., 0] - s_fit * qm[..., 0]).astype(np.float32))
+    return scales, biases
+
+
+def quantize(w, bits, group, method="minmax"):
     """w float32 [..., in] -> (packed uint32, scales bf16 bits, biases bf16 bits)."""
     qmax = (1 << bits) - 1
     g = w.reshape(*w.shape[:-1], w.shape[-1] // group, group)
     mn, mx = g.min(axis=-1), g.max(axis=-1)
     scales = f32_to_bf16((mx - mn) / np.float32(qmax))
     biases = f32_to_bf16(mn)
-    s, b = bf16_to_f32(scales)[..., None], bf16_to_f32(biases)[..., None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(s > 0, np.floor((g - b) / s + np.float32(0.5)), 0)
-    q = np.clip(q, 0, qmax).astype(np.uint64).reshape(*w.shape[:-1], w.shape[-1])
+    if method == "mse":
+        scales, biases = mse_search(g, qmax, scales, biases)
+    q, _ = codes(g, scales, biases, qmax)
+    q = q.astype(np.uint64).reshape(*w.shape[:-1], w.shape[-1])
     # bit stream: value i at bit i*bits
     n = w.shape[-1]
     words = np.zeros((*w.shape[:-1], n * bits // 32), dtype=np.uint64)
@@ -102,7 +142,7 @@ def quantizable(name, arr):
     return name.endswith(".weight") and arr.ndim >= 2
 
 
-def quantize_dir(src, dst, bits=4, group=64):
+def quantize_dir(src, dst, bits=4, group=64, method="minmax"):
     os.makedirs(dst, exist_ok=True)
     tensors = read_safetensors(os.path.join(src, "model.safetensors"))
     out = {}
@@ -110,7 +150,7 @@ def quantize_dir(src, dst, bits=4, group=64):
         if dt != "BF16":
             raise SystemExit(f"{name}: expected a bf16 checkpoint, got {dt}")
         if quantizable(name, arr) and arr.shape[-1] % group == 0:
-            packed, s, b = quantize(bf16_to_f32(arr), bits, group)
+            packed, s, b = quantize(bf16_to_f32(arr), bits, group, method)
             base = name[: -len(".weight")]
             out[name] = ("U32", packed)
             out[base + ".scales"] = ("BF16", s)
@@ -153,6 +193,7 @@ if __name__ == "__main__":
     ap.add_argument("dst")
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--method", choices=("minmax", "mse"), default="minmax")
     a = ap.parse_args()
-    quantize_dir(a.src, a.dst, a.bits, a.group_size)
+    quantize_dir(a.src, a.dst, a.bits, a.group_size, a.method)
     sys.exit(0)

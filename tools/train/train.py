@@ -173,6 +173,8 @@ def main():
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=0, help="ask the held-out words every N steps (0: never)")
+    ap.add_argument("--quant-method", choices=("minmax", "mse"), default="minmax", help="see quantize_mlx.py")
+    ap.add_argument("--quant-group", type=int, default=64)
     a = ap.parse_args()
     t0 = time.time()
     random.seed(a.seed), np.random.seed(a.seed), torch.manual_seed(a.seed)
@@ -198,6 +200,9 @@ def main():
 
     cfg = model_config(len(tok), a.hidden, a.ffn, a.layers, a.heads, a.kv_heads)
     model = LlamaForCausalLM(cfg).to(device)
+    # Compiled for the training steps only (1.65x the eager speed on the H200, measured); evaluation
+    # and generation use the eager module, which shares the parameters, so they never recompile.
+    train_model = torch.compile(model)
     nparams = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -218,7 +223,7 @@ def main():
         for grp in opt.param_groups:
             grp["lr"] = sched(step)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(b[:, :-1]).logits
+            logits = train_model(b[:, :-1]).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -272,7 +277,7 @@ def main():
                "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "pretraining_tp": 1,
                "bos_token_id": 1, "eos_token_id": 2, "initializer_range": 0.02, "use_cache": True,
                "torch_dtype": "bfloat16"}, open(os.path.join(bf16_dir, "config.json"), "w"), indent=2)
-    quantize_mlx.quantize_dir(bf16_dir, q_dir, 4, 64)
+    quantize_mlx.quantize_dir(bf16_dir, q_dir, 4, a.quant_group, a.quant_method)
 
     # The held-out ids as transformers tokenized them, for exo's own perplexity (tools/perplexity).
     with gzip.open(os.path.join(a.out, "test-ids.txt.gz"), "wt") as f:

@@ -194,6 +194,8 @@ static int prepare_mlx_input(const weight_matrix *w, matvec_input *in, int want_
                 memcpy(q, tmp, (size_t)V * sizeof *q);
             }
     }
+    if (want_int16 && cpu_mlx_x_planes(w))
+        for (int64_t t = 0; t < n; t++) cpu_mlx_x_to_planes(xq + t * cols, cols);
     in->xsum = xsum;
     in->xscale = xscale;
     in->xq = xq;
@@ -311,6 +313,22 @@ static int matvec_split_mode(void) {
         atomic_store(&matvec_split, m);
     }
     return m;
+}
+
+static _Atomic int matvec_q4_planes = -1;
+
+int cpu_matvec_q4_planes(void) {
+    int v = atomic_load_explicit(&matvec_q4_planes, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("EXO_MATVEC_Q4");
+        v = !(e && !strcmp(e, "int16"));
+        atomic_store(&matvec_q4_planes, v);
+    }
+    return v;
+}
+
+void cpu_matvec_set_q4_planes(int on) {
+    atomic_store(&matvec_q4_planes, on ? 1 : 0);
 }
 
 static _Atomic long matvec_prefetch = -1;

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define CPU_MATVEC_MAX_TOKENS 8
 /* Up to this many tokens, cpu_matmul runs matvec passes of <= 8 tokens instead of the gemm: at
@@ -46,8 +47,41 @@ typedef enum cpu_level {
  * unpack 32 bytes with one zero-extension plus a shift/AND per value slot: with P = 8/bits values
  * per byte and V = 32*P values per chunk, xq[c*V + k*32 + j] holds activation c*V + j*P + k.
  * Returns P when this layout applies (only to kernels with needs_int16_x), else 0. */
+/* 4-bit kernel choice for A/B runs and tests: 1 = byte planes (the default; see cpu_mlx_x_planes),
+ * 0 = the int16 layout below. Default from EXO_MATVEC_Q4 (planes|int16), read once. */
+int cpu_matvec_q4_planes(void);
+void cpu_matvec_set_q4_planes(int on);
+
+/* For 4-bit MLX weights whose columns are a multiple of 128, the AVX-512 kernel dots the packed
+ * nibbles (u8) directly with the int16 activations split into bytes, x = 256*hi + lo (hi signed,
+ * lo unsigned: exactly the int16 value), through VNNI vpdpbusd (u8 x s8). Within each chunk of 128
+ * values the xq row is then 256 bytes: hi bytes of the 64 even values (s8), hi bytes of the odd
+ * values, lo bytes (u8) of the even values, lo bytes of the odd values; byte j of each plane
+ * meets weight byte j of the chunk (its low nibble is the even value 2j, its high nibble 2j+1).
+ * Returns 1 when this layout applies (only to kernels with needs_int16_x), else 0. */
+static inline int cpu_mlx_x_planes(const weight_matrix *w) {
+    return w->format == WEIGHT_MLX_AFFINE && w->bits == 4 && w->cols % 128 == 0 && cpu_matvec_q4_planes();
+}
+
+/* Rewrites a row of int16 activations (natural order, cols a multiple of 128) into the byte-plane
+ * layout of cpu_mlx_x_planes, in place. */
+static inline void cpu_mlx_x_to_planes(int16_t *q, int64_t cols) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 128) {
+        uint8_t tmp[256];
+        for (int j = 0; j < 64; j++)
+            for (int k = 0; k < 2; k++) {
+                int v = q[c0 + 2 * j + k];
+                int lo = v & 0xff, hi = (v - lo) / 256; /* v = 256*hi + lo, hi in [-128, 127] */
+                tmp[64 * k + j] = (uint8_t)(hi & 0xff);
+                tmp[128 + 64 * k + j] = (uint8_t)lo;
+            }
+        memcpy(q + c0, tmp, sizeof tmp);
+    }
+}
+
 static inline int cpu_mlx_x_permuted(const weight_matrix *w) {
     if (w->format != WEIGHT_MLX_AFFINE || (w->bits != 2 && w->bits != 4)) return 0;
+    if (cpu_mlx_x_planes(w)) return 0;
     int per_byte = 8 / w->bits;
     return w->cols % (32 * per_byte) == 0 ? per_byte : 0;
 }

@@ -77,6 +77,7 @@ export class FakeHF {
     this.log = []; // {t, method, path, range, status, auth}
     this.sent = new Map(); // "id/path" -> bytes of body sent
     this.sockets = new Set();
+    this.cdn = null; // (id, path) -> URL: LFS files answer 302 to it (the Hub's CDN redirect)
   }
 
   addModel(id, files) {
@@ -201,6 +202,11 @@ export class FakeHF {
     if (e.lfs) {
       headers['x-linked-size'] = String(e.size);
       headers['x-linked-etag'] = `"${e.sha256}"`;
+    }
+    if (e.lfs && this.cdn) { // like huggingface.co: LFS bytes come from a CDN host via a redirect
+      this.record(req, pathName, 302);
+      res.writeHead(302, { ...headers, location: this.cdn(id, p), 'content-length': '0' });
+      return res.end();
     }
     let start = 0, end = e.size - 1, status = 200;
     const range = f.ignoreRange ? undefined : req.headers.range; // ignoreRange: an old server
