@@ -520,11 +520,77 @@ static void bench_matvec(const bench_options *o, double read_gbs, double gemm_pe
     }
 }
 
+/* ---- batched decode: each matmul regime at 8..256 tokens ------------------------------------- */
+
+typedef struct batch_case {
+    weight_matrix w;
+    const float *x;
+    float *y;
+    int64_t n;
+    cpu_gemm_engine gemm;
+    int max_matvec;
+} batch_case;
+
+static void run_batch_case(void *p) {
+    batch_case *c = p;
+    cpu_matmul_with(&c->w, c->x, c->y, c->n, cpu_level_supported(CPU_LEVEL_AVX512) ? CPU_LEVEL_AVX512
+                                             : cpu_level_supported(CPU_LEVEL_AVX2) ? CPU_LEVEL_AVX2
+                                                                                    : CPU_LEVEL_GENERIC,
+                    c->gemm, c->max_matvec);
+}
+
+/* MLX 4-bit g64 on the two Llama-3.2-1B MLP shapes at the token counts of batched decode: the
+ * matvec passes (8 tokens per pass), the f32 gemm (dequantized panels) and the MLX int16 gemm,
+ * reps interleaved, median GFLOP/s; "auto" is what cpu_matmul picks. */
+static void bench_batch(const bench_options *o) {
+    static const format_case q4 = {"mlx q4 g64", WEIGHT_MLX_AFFINE, 4, 64};
+    int64_t shapes[][2] = {{8192, 2048}, {2048, 8192}};
+    int64_t counts[] = {8, 9, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+    struct { const char *name; cpu_gemm_engine gemm; int max_matvec; } regimes[] = {
+        {"matvec", CPU_GEMM_AUTO, 1 << 20}, {"gemm f32", CPU_GEMM_OWN, 0},
+        {"mlx int16", CPU_GEMM_MLX_INT, 0}, {"auto", CPU_GEMM_AUTO, -1}};
+    enum { NREG = 4 };
+    printf("batched matmul, %s, GFLOP/s (median of %d, regimes interleaved)\n", q4.name, o->reps);
+    for (size_t sh = 0; sh < 2; sh++) {
+        sweep s;
+        if (sweep_alloc(&s, &q4, shapes[sh][0], shapes[sh][1], 1, 256) != 0) {
+            fprintf(stderr, "exo bench: out of memory\n");
+            return;
+        }
+        printf("%lldx%-6lld %6s", (long long)shapes[sh][0], (long long)shapes[sh][1], "tokens");
+        for (int r = 0; r < NREG; r++) printf(" %10s", regimes[r].name);
+        printf("\n");
+        for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
+            batch_case c = {.w = sweep_matrix(&s, 0), .x = s.x, .y = s.y, .n = counts[ci]};
+            double t[NREG][64];
+            int reps = o->reps > 64 ? 64 : o->reps;
+            for (int k = 0; k < reps; k++)
+                for (int r = 0; r < NREG; r++) {
+                    c.gemm = regimes[r].gemm;
+                    c.max_matvec = regimes[r].max_matvec;
+                    if (k == 0) run_batch_case(&c); /* warm */
+                    uint64_t t0 = bench_now_ns();
+                    run_batch_case(&c);
+                    t[r][k] = seconds(bench_now_ns() - t0);
+                }
+            double flop = 2.0 * (double)c.w.rows * (double)c.w.cols * (double)c.n;
+            printf("%-13s %6lld", "", (long long)c.n);
+            for (int r = 0; r < NREG; r++) {
+                qsort(t[r], (size_t)reps, sizeof(double), cmp_double);
+                printf(" %10.1f", flop / t[r][reps / 2] * 1e-9);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+        sweep_free(&s);
+    }
+}
+
 /* ---- command line ---------------------------------------------------------------------------- */
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: exo bench [--section mem|pool|gemm|matvec] [--quick] [--reps N] [--threads N]\n"
+            "usage: exo bench [--section mem|pool|gemm|matvec|batch] [--quick] [--reps N] [--threads N]\n"
             "                 [--mem-mib N] [--sweep-mib N] [--cpu-time]\n"
             "                 [--formats q4,bf16] [--tokens 1,2,4,8] [--no-prefill]   (matvec section)\n"
             "       exo bench --model DIR [model options, see exo bench --model DIR --help]\n");
@@ -614,8 +680,9 @@ int cmd_bench_main(int argc, char **argv) {
         use_cpu_time = 1;
     }
     const char *sec = o.section;
-    if (sec && strcmp(sec, "mem") && strcmp(sec, "pool") && strcmp(sec, "gemm") && strcmp(sec, "matvec")) {
-        fprintf(stderr, "exo bench: unknown section '%s' (mem, pool, gemm, matvec)\n", sec);
+    if (sec && strcmp(sec, "mem") && strcmp(sec, "pool") && strcmp(sec, "gemm") && strcmp(sec, "matvec") &&
+        strcmp(sec, "batch")) {
+        fprintf(stderr, "exo bench: unknown section '%s' (mem, pool, gemm, matvec, batch)\n", sec);
         return 2;
     }
     printf("exo bench: %d threads, SIMD %s%s\n", threadpool_size(cpu_thread_pool()), cpu_simd_level(),
@@ -627,5 +694,6 @@ int cmd_bench_main(int argc, char **argv) {
     if (!sec || !strcmp(sec, "pool")) bench_pool(&o);
     if (!sec || !strcmp(sec, "gemm") || (!strcmp(sec, "matvec") && !o.no_prefill)) peak = bench_gemm(&o);
     if (!sec || !strcmp(sec, "matvec")) bench_matvec(&o, read_gbs, peak);
+    if (sec && !strcmp(sec, "batch")) bench_batch(&o);
     return 0;
 }

@@ -143,6 +143,7 @@ static void check_all_paths(const weight_matrix *w, int64_t n_tokens) {
         {CPU_GEMM_OWN, 0, "gemm-own"},
         {CPU_GEMM_OPENBLAS, 0, "gemm-openblas"},
         {CPU_GEMM_AUTO, 1 << 20, "matvec-passes"},
+        {CPU_GEMM_MLX_INT, 0, "mlx-int-gemm"}, /* AVX-512 + MLX only; the others fall through */
     };
     for (int level = 0; level < CPU_LEVEL_COUNT; level++) {
         if (!cpu_kernels_for((cpu_level)level)) continue;
@@ -200,6 +201,57 @@ static void test_mlx_every_bits_and_group(void **state) {
         }
 }
 
+/* The batched-decode sizes (9..130 tokens: one to nine 16-token vectors, partial last vectors,
+ * row counts that are not a multiple of any tile height) for every MLX bits/group: the MLX int16
+ * gemm (forced, and by default where it applies) against the reference. */
+static void test_mlx_batched_decode_sizes(void **state) {
+    (void)state;
+    int bits[] = {2, 3, 4, 5, 6, 8};
+    int groups[] = {32, 64, 128};
+    int64_t counts[] = {9, 16, 17, 31, 33, 48, 64, 65, 100, 130};
+    dtype sdts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    int k = 0;
+    for (size_t b = 0; b < 6; b++)
+        for (size_t g = 0; g < 3; g++) {
+            k++;
+            int64_t rows = 1 + (int64_t)(rng_u32() % 40), cols = groups[g] * (1 + (int64_t)(rng_u32() % 4));
+            test_weight tw = make_weight(WEIGHT_MLX_AFFINE, rows, cols, bits[b], groups[g], sdts[k % 3]);
+            check_all_paths(&tw.w, counts[k % 10]);
+            check_all_paths(&tw.w, counts[(k + 5) % 10]);
+            free_weight(&tw);
+        }
+    /* One job over matrices whose activations must be laid out differently (4-bit pair order,
+     * 8-bit, another group size) or can be shared (the two 4-bit g64). */
+    test_weight tw[4] = {
+        make_weight(WEIGHT_MLX_AFFINE, 29, 256, 4, 64, DTYPE_BF16),
+        make_weight(WEIGHT_MLX_AFFINE, 13, 256, 8, 64, DTYPE_F16),
+        make_weight(WEIGHT_MLX_AFFINE, 40, 256, 4, 64, DTYPE_BF16),
+        make_weight(WEIGHT_MLX_AFFINE, 7, 256, 4, 128, DTYPE_F32),
+    };
+    const weight_matrix *ws[4] = {&tw[0].w, &tw[1].w, &tw[2].w, &tw[3].w};
+    for (int64_t n = 37; n <= 77; n += 40) { /* with and without the 4-bit pair order */
+        float *x = random_x(n, 256), *ys[4], *ref = malloc(sizeof(float) * (size_t)(n * 40));
+        for (int i = 0; i < 4; i++) ys[i] = malloc(sizeof(float) * (size_t)(n * ws[i]->rows));
+        if (cpu_kernels_for(CPU_LEVEL_AVX512)) {
+            assert_int_equal(cpu_matmul_multi_with(4, ws, x, ys, n, CPU_LEVEL_AVX512, CPU_GEMM_AUTO, -1), 0);
+            for (int i = 0; i < 4; i++) {
+                cpu_matmul_reference(ws[i], x, ref, n);
+                for (int64_t j = 0; j < n * ws[i]->rows; j++) {
+                    double tol = 4e-5 * tolerance_scale(ws[i], x, j / ws[i]->rows, j % ws[i]->rows) + 1e-6;
+                    if (!(fabs((double)ys[i][j] - (double)ref[j]) <= tol))
+                        fail_msg("mlx gemm multi: matrix %d element %lld: got %.7g, reference %.7g", i,
+                                 (long long)j, ys[i][j], ref[j]);
+                }
+                checks_run++;
+            }
+        }
+        for (int i = 0; i < 4; i++) free(ys[i]);
+        free(x);
+        free(ref);
+    }
+    for (int i = 0; i < 4; i++) free_weight(&tw[i]);
+}
+
 /* Wider rows (accumulation over thousands of columns) and a batch spanning several token tiles. */
 static void test_large_shapes(void **state) {
     (void)state;
@@ -211,6 +263,7 @@ static void test_large_shapes(void **state) {
     check_all_paths(&q4.w, 1);
     check_all_paths(&q4.w, 8);
     check_all_paths(&q4.w, 40);
+    check_all_paths(&q4.w, 64);
     free_weight(&q4);
     test_weight q3 = make_weight(WEIGHT_MLX_AFFINE, 35, 1536, 3, 128, DTYPE_F16);
     check_all_paths(&q3.w, 3);
@@ -275,7 +328,7 @@ static void test_multi_shared_x(void **state) {
         make_weight(WEIGHT_BF16, 19, cols, 0, 0, DTYPE_F32),
     };
     const weight_matrix *ws[4] = {&tw[0].w, &tw[1].w, &tw[2].w, &tw[3].w};
-    int64_t token_counts[] = {1, 3, 8, 9, 40};
+    int64_t token_counts[] = {1, 3, 8, 9, 40, 70};
     for (size_t nc = 0; nc < sizeof token_counts / sizeof *token_counts; nc++) {
         int64_t n = token_counts[nc];
         float *x = random_x(n, cols);
@@ -407,6 +460,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dense_formats),
         cmocka_unit_test(test_mlx_every_bits_and_group),
+        cmocka_unit_test(test_mlx_batched_decode_sizes),
         cmocka_unit_test(test_large_shapes),
         cmocka_unit_test(test_public_entry_and_level),
         cmocka_unit_test(test_rejects_unsupported_views),

@@ -142,6 +142,87 @@ static void test_fast_attention_matches_reference(void **s) {
     }
 }
 
+/* The AVX-512 blocked path against the reference: prefill-like runs of one sequence (tiles of
+ * 16 tokens and a partial one, positions crossing cache blocks in a scattered block table),
+ * decode-like single tokens of other sequences, every KV dtype and GQA shape. And a token's
+ * result does not depend on its tile: computed alone it is bit for bit the same (batching and
+ * chunking cannot change outputs). */
+static void test_avx512_attention_matches_reference(void **s) {
+    (void)s;
+    const int bs = 16, n_blocks = 12;
+    struct { int nh, nkv, hd; } shapes[] = {{4, 2, 16}, {8, 8, 32}, {32, 8, 64}, {16, 1, 128}, {6, 3, 48}};
+    dtype types[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+    enum { NT = 45 };
+    int32_t pos[NT], seq[NT];
+    for (int i = 0; i < 40; i++) pos[i] = 70 + i, seq[i] = 0; /* a 40-token chunk at 70..109 */
+    /* then single tokens, sequences interleaved, positions not in order */
+    int32_t extra_pos[5] = {0, 79, 15, 16, 3}, extra_seq[5] = {1, 1, 0, 1, 1};
+    for (int i = 0; i < 5; i++) pos[40 + i] = extra_pos[i], seq[40 + i] = extra_seq[i];
+    int checked = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        for (int ti = 0; ti < 3; ti++) {
+            int nh = shapes[si].nh, nkv = shapes[si].nkv, hd = shapes[si].hd;
+            int64_t kvd = (int64_t)nkv * hd, slots = (int64_t)n_blocks * bs;
+            size_t es = dtype_size(types[ti]);
+            float *src = malloc(sizeof(float) * slots * kvd);
+            kv_layer kv = {.k = malloc(es * slots * kvd), .v = malloc(es * slots * kvd),
+                           .type = types[ti]};
+            for (int64_t i = 0; i < slots * kvd; i++) src[i] = frand() * 3;
+            fill_cache(&kv, slots * kvd, src);
+            void *tmp = kv.k;
+            for (int64_t i = 0; i < slots * kvd; i++) src[i] = frand();
+            kv.k = kv.v;
+            fill_cache(&kv, slots * kvd, src);
+            kv.v = kv.k;
+            kv.k = tmp;
+            /* seq 0: blocks 5 2 9 0 11 1 10 (112 positions), seq 1: 3 7 4 6 8 (80) */
+            int32_t tables[12] = {5, 2, 9, 0, 11, 1, 10, 3, 7, 4, 6, 8}, starts[2] = {0, 7};
+            size_t qn = (size_t)NT * nh * hd;
+            float *q = malloc(sizeof(float) * qn), *o1 = malloc(sizeof(float) * qn),
+                  *o2 = malloc(sizeof(float) * qn), *o3 = malloc(sizeof(float) * nh * hd);
+            for (size_t i = 0; i < qn; i++) q[i] = frand();
+            attention_batch ab = {.n_tokens = NT, .positions = pos, .seq_of_token = seq,
+                                  .block_table_start = starts, .block_tables = tables,
+                                  .block_size = bs, .n_heads = nh, .n_kv_heads = nkv,
+                                  .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
+            cpu_op_attention(q, &kv, &ab, o1, 0, (int64_t)NT * nh);
+            if (cpu_op_attention_avx512_ok(&ab)) {
+                int32_t tiles[NT + 1];
+                int64_t n_tiles = cpu_op_attention_tiles(&ab, tiles);
+                assert_int_equal(n_tiles, 6); /* 16 + 16 + 8 of seq 0, then 2, 1, 2 */
+                float *scratch = aligned_alloc(64, (cpu_op_attention_avx512_scratch(&ab) + 63) & ~(size_t)63);
+                cpu_op_attention_avx512(q, &kv, &ab, tiles, o2, 0, n_tiles * nkv, scratch);
+                for (size_t i = 0; i < qn; i++) assert_float_equal(o1[i], o2[i], 1e-5);
+                for (int t = 0; t < NT; t += 7) { /* the same token alone: identical bits */
+                    attention_batch one = ab;
+                    one.n_tokens = 1;
+                    one.positions = &pos[t];
+                    one.seq_of_token = &seq[t];
+                    int32_t one_starts[1] = {starts[seq[t]]}, one_seq = 0, one_tiles[2];
+                    one.block_table_start = one_starts;
+                    one.seq_of_token = &one_seq;
+                    assert_int_equal(cpu_op_attention_tiles(&one, one_tiles), 1);
+                    cpu_op_attention_avx512(q + (size_t)t * nh * hd, &kv, &one, one_tiles, o3, 0,
+                                            nkv, scratch);
+                    assert_memory_equal(o3, o2 + (size_t)t * nh * hd, sizeof(float) * nh * hd);
+                }
+                free(scratch);
+                checked++;
+            }
+            free(src);
+            free(kv.k);
+            free(kv.v);
+            free(q);
+            free(o1);
+            free(o2);
+            free(o3);
+        }
+    }
+    /* every shape ran where the CPU has AVX-512; none can run without it */
+    int have = cpu_op_attention_avx512_ok(&(attention_batch){.n_heads = 4, .n_kv_heads = 2, .head_dim = 16});
+    assert_int_equal(checked, have ? 15 : 0);
+}
+
 static void test_kv_write_f16(void **s) {
     (void)s;
     uint16_t k[4 * 2], v[4 * 2];
@@ -160,6 +241,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm),           cmocka_unit_test(test_rope_rotate_half),
         cmocka_unit_test(test_silu_and_route),    cmocka_unit_test(test_attention_by_hand),
         cmocka_unit_test(test_fast_attention_matches_reference),
+        cmocka_unit_test(test_avx512_attention_matches_reference),
         cmocka_unit_test(test_kv_write_f16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

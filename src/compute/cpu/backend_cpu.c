@@ -3,8 +3,10 @@
  * Refuses: nothing beyond backend.h; it is glue. */
 #include "compute/backend.h"
 #include "compute/cpu/cpu.h"
+#include "compute/cpu/cpu_internal.h"
 #include "compute/cpu/ops.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -164,10 +166,58 @@ static void attention_fast_range(void *ctx, int64_t begin, int64_t end, int thre
     cpu_op_attention_avx2(j->x, j->kv, j->ab, j->y, begin, end);
 }
 
+typedef struct att512_job {
+    const float *q;
+    const kv_layer *kv;
+    const attention_batch *ab;
+    const int32_t *tile_start;
+    float *out;
+    _Atomic int failed;
+} att512_job;
+
+static void attention_avx512_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    att512_job *j = ctx;
+    float *scratch = cpu_scratch(1, cpu_op_attention_avx512_scratch(j->ab));
+    if (!scratch) {
+        atomic_store(&j->failed, 1);
+        return;
+    }
+    cpu_op_attention_avx512(j->q, j->kv, j->ab, j->tile_start, j->out, begin, end, scratch);
+}
+
+/* EXO_ATTENTION=avx2 keeps the per-position AVX2 path on AVX-512 machines (A/B runs only). */
+static int attention_avx512_enabled(const attention_batch *ab) {
+    static _Atomic int on = -1;
+    int v = atomic_load_explicit(&on, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("EXO_ATTENTION");
+        v = !(e && !strcmp(e, "avx2"));
+        atomic_store(&on, v);
+    }
+    return v && cpu_op_attention_avx512_ok(ab);
+}
+
+/* Returns 0, or -1 (out of memory: nothing reliable written, the caller recomputes). */
+static int attention_avx512(const float *q, const kv_layer *kv, const attention_batch *ab,
+                            float *out) {
+    int32_t *tiles = malloc(sizeof(int32_t) * (size_t)(ab->n_tokens + 1));
+    if (!tiles) return -1;
+    att512_job j = {.q = q, .kv = kv, .ab = ab, .tile_start = tiles, .out = out};
+    int64_t items = cpu_op_attention_tiles(ab, tiles) * ab->n_kv_heads;
+    if (items < 2)
+        attention_avx512_range(&j, 0, items, 0);
+    else
+        threadpool_parallel_for_dynamic(cpu_thread_pool(), items, 1, attention_avx512_range, &j);
+    free(tiles);
+    return atomic_load(&j.failed) ? -1 : 0;
+}
+
 /* Work items (token, head) cost what their context length costs: handed out dynamically. */
 static void cpu_attention(compute_backend *b, const float *q, const kv_layer *kv,
                           const attention_batch *ab, float *out) {
     (void)b;
+    if (attention_avx512_enabled(ab) && attention_avx512(q, kv, ab, out) == 0) return;
     rows_job j = {.x = q, .kv = kv, .ab = ab, .y = out};
     int fast = cpu_op_attention_fast_ok(ab);
     int64_t items = ab->n_tokens * (fast ? ab->n_kv_heads : ab->n_heads);

@@ -577,6 +577,105 @@ static int gemm_openblas_run(const cpu_kernels *k, const weight_matrix *w, const
     return atomic_load(&job.failed) ? -1 : 0;
 }
 
+/* ---- MLX int16 gemm (AVX-512, batched decode) ------------------------------------------------ */
+
+#if defined(__x86_64__)
+typedef struct mlx_gemm_job {
+    int n;
+    const weight_matrix *ws[CPU_MATMUL_MULTI_MAX];
+    float *ys[CPU_MATMUL_MULTI_MAX];
+    mlx_gemm_x px[CPU_MATMUL_MULTI_MAX];
+    int px_of[CPU_MATMUL_MULTI_MAX]; /* which px each matrix reads (matrices share one per group size) */
+    int64_t chunk_rows[CPU_MATMUL_MULTI_MAX], first_chunk[CPU_MATMUL_MULTI_MAX + 1];
+    const float *x;
+    int prep; /* the px being prepared */
+} mlx_gemm_job;
+
+static void mlx_gemm_prepare_range(void *p, int64_t g0, int64_t g1, int thread_index) {
+    (void)thread_index;
+    mlx_gemm_job *job = p;
+    cpu_mlx_gemm_prepare(job->x, &job->px[job->prep], g0, g1);
+}
+
+static void mlx_gemm_chunks(void *p, int64_t c0, int64_t c1, int thread_index) {
+    (void)thread_index;
+    mlx_gemm_job *job = p;
+    for (int64_t c = c0; c < c1; c++) {
+        int i = 0;
+        while (c >= job->first_chunk[i + 1]) i++;
+        const weight_matrix *w = job->ws[i];
+        int64_t r0 = (c - job->first_chunk[i]) * job->chunk_rows[i];
+        int64_t r1 = r0 + job->chunk_rows[i] < w->rows ? r0 + job->chunk_rows[i] : w->rows;
+        cpu_mlx_gemm_rows(w, &job->px[job->px_of[i]], job->ys[i], r0, r1);
+    }
+}
+
+/* Returns 0, or -1 when out of memory (nothing written). */
+static int mlx_gemm_run(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                        int64_t n_tokens) {
+    mlx_gemm_job job = {.n = n, .x = x};
+    void *owned[CPU_MATMUL_MULTI_MAX] = {0};
+    int n_px = 0, rc = 0;
+    threadpool *pool = cpu_thread_pool();
+    int64_t nth = threadpool_size(pool);
+    for (int i = 0; i < n && rc == 0; i++) {
+        const weight_matrix *w = ws[i];
+        job.ws[i] = w;
+        job.ys[i] = ys[i];
+        int same = -1;
+        for (int j = 0; j < n_px && same < 0; j++)
+            if (job.px[j].group_size == w->group_size &&
+                job.px[j].pairs4 == cpu_mlx_gemm_pairs4(w->bits, n_tokens))
+                same = j;
+        if (same < 0) {
+            size_t bytes = cpu_mlx_gemm_x_bytes(n_tokens, w->cols, w->group_size);
+            void *mem = n_px == 0 ? cpu_scratch(0, bytes) : (owned[n_px] = aligned_alloc(64, (bytes + 63) & ~(size_t)63));
+            if (!mem) {
+                rc = -1;
+                break;
+            }
+            cpu_mlx_gemm_x_init(&job.px[n_px], mem, n_tokens, w->cols, w->group_size, w->bits);
+            job.prep = n_px;
+            threadpool_parallel_for(pool, w->cols / w->group_size, mlx_gemm_prepare_range, &job);
+            same = n_px++;
+        }
+        job.px_of[i] = same;
+        /* ~8 chunks per thread, in multiples of 12 rows (every tile height divides 12) */
+        int64_t chunk = (w->rows / (nth * 8) + 11) / 12 * 12;
+        job.chunk_rows[i] = chunk < 12 ? 12 : chunk;
+        job.first_chunk[i + 1] = job.first_chunk[i] + (w->rows + job.chunk_rows[i] - 1) / job.chunk_rows[i];
+    }
+    if (rc == 0) threadpool_parallel_for_dynamic(pool, job.first_chunk[n], 1, mlx_gemm_chunks, &job);
+    for (int i = 0; i < n; i++) free(owned[i]);
+    return rc;
+}
+
+/* EXO_MLX_GEMM=0 leaves 9..256-token MLX matmuls to the matvec passes and the f32 gemm, as
+ * before the MLX int16 gemm existed (A/B runs only). */
+static int mlx_gemm_enabled(void) {
+    static _Atomic int on = -1;
+    int v = atomic_load_explicit(&on, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("EXO_MLX_GEMM");
+        v = !(e && !strcmp(e, "0"));
+        atomic_store(&on, v);
+    }
+    return v;
+}
+
+/* Whether cpu_matmul_multi_with runs the MLX int16 gemm for these matrices. */
+static int use_mlx_gemm(const cpu_kernels *k, int n, const weight_matrix *const *ws,
+                        int64_t n_tokens, cpu_gemm_engine gemm, int max_matvec_tokens) {
+    if (k != &cpu_kernels_avx512) return 0;
+    for (int i = 0; i < n; i++)
+        if (ws[i]->format != WEIGHT_MLX_AFFINE) return 0;
+    if (gemm == CPU_GEMM_MLX_INT) return n_tokens > (max_matvec_tokens < 0 ? 0 : max_matvec_tokens);
+    return gemm == CPU_GEMM_AUTO && max_matvec_tokens < 0 && mlx_gemm_enabled() &&
+           n_tokens >= CPU_MLX_GEMM_MIN_TOKENS &&
+           n_tokens <= CPU_MLX_GEMM_MAX_TOKENS;
+}
+#endif
+
 /* ---- entry points -------------------------------------------------------------------------- */
 
 static int check_view(const weight_matrix *w, float *y, int64_t n_tokens) {
@@ -611,6 +710,11 @@ int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x,
         }
     }
     if (bad) return -1;
+#if defined(__x86_64__)
+    if (use_mlx_gemm(k, n, ws, n_tokens, gemm, max_matvec_tokens) &&
+        mlx_gemm_run(n, ws, x, ys, n_tokens) == 0)
+        return 0;
+#endif
     int mv = max_matvec_tokens;
     for (int i = 0; i < n && max_matvec_tokens < 0; i++) {
         int d = max_matvec_default(ws[i]);

@@ -134,6 +134,34 @@ typedef struct cpu_kernels {
 #define CPU_GEMM_NR 12
 #define CPU_GEMM_KC 256
 
+/* MLX affine weights times 9..CPU_MLX_GEMM_MAX_TOKENS tokens on AVX-512 VNNI (gemm_mlx_avx512.c):
+ * weights unpacked to int16 pairs once per call, vpdpwssd against 16 tokens per vector. Beyond
+ * 8 tokens it beats both the matvec passes (which unpack every weight again per 8 tokens) and
+ * the f32 gemm (which dequantizes and transposes every weight per call); measured per N in
+ * bench/RESULTS.md ("Batched decode"). Above the limit the f32 gemm wins back. */
+#define CPU_MLX_GEMM_MIN_TOKENS 9
+#define CPU_MLX_GEMM_MAX_TOKENS 256
+
+/* Activations of the MLX gemm: tokens padded to tpad (a multiple of 16); xp[kp][tpad] holds
+ * (xq[t][2kp], xq[t][2kp+1]) as one 32-bit word, xscale/xsum are [groups][tpad] (padding 0);
+ * the same int16 quantization as matvec_input. Memory: cpu_mlx_gemm_x_bytes, 64-byte aligned. */
+typedef struct mlx_gemm_x {
+    int pairs4; /* 4-bit weights: the pair order of the 4-bit unpack (gemm_mlx_avx512.c) */
+    int64_t n_tokens, tpad, cols, group_size;
+    uint32_t *xp;
+    float *xscale, *xsum;
+} mlx_gemm_x;
+size_t cpu_mlx_gemm_x_bytes(int64_t n_tokens, int64_t cols, int64_t group_size);
+void cpu_mlx_gemm_x_init(mlx_gemm_x *px, void *mem, int64_t n_tokens, int64_t cols,
+                         int64_t group_size, int bits);
+/* Whether weights of `bits` at n_tokens use the 4-bit pair order (then px must be prepared so). */
+int cpu_mlx_gemm_pairs4(int bits, int64_t n_tokens);
+/* Fills groups [g0, g1) of px from x [n_tokens][cols] (threads may fill disjoint ranges). */
+void cpu_mlx_gemm_prepare(const float *x, mlx_gemm_x *px, int64_t g0, int64_t g1);
+/* y[t][r] for rows [r0, r1) and every token of px; y is [n_tokens][w->rows]. */
+void cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float *y, int64_t r0,
+                       int64_t r1);
+
 /* Kernel table for a level, or NULL when this build or this CPU lacks it. */
 const cpu_kernels *cpu_kernels_for(cpu_level level);
 int cpu_level_supported(cpu_level level);
@@ -142,7 +170,11 @@ extern const cpu_kernels cpu_kernels_avx2;
 extern const cpu_kernels cpu_kernels_avx512;
 
 /* cpu_matmul with an explicit level and gemm engine (tests and benchmarks compare them). */
-typedef enum cpu_gemm_engine { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_OPENBLAS } cpu_gemm_engine;
+/* AUTO: the MLX int16 gemm for MLX weights at 9..CPU_MLX_GEMM_MAX_TOKENS tokens on AVX-512,
+ * else OWN where the level has a micro-kernel, else OPENBLAS. MLX_INT forces the MLX int16 gemm
+ * whenever the level is AVX-512 and the weights are MLX (any token count above the matvec
+ * threshold); OWN and OPENBLAS never use it. */
+typedef enum cpu_gemm_engine { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_OPENBLAS, CPU_GEMM_MLX_INT } cpu_gemm_engine;
 /* Returns 0; -1 if the level is not supported here (y untouched) or the view is unsupported
  * (y zeroed). max_matvec_tokens < 0 uses the default threshold. */
 int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_tokens,

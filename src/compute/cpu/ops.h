@@ -28,6 +28,20 @@ void cpu_op_attention_avx2(const float *q, const kv_layer *kv, const attention_b
                            float *out, int64_t begin, int64_t end);
 int cpu_op_attention_fast_ok(const attention_batch *ab);
 
+/* AVX-512 path in blocks of 16 cached positions (ops_attention_avx512.c). Work items are
+ * (tile, kv head) pairs, item i = tile * n_kv_heads + kvh, where a tile is a run of up to
+ * CPU_ATT_TILE_TOKENS consecutive tokens of one sequence: cpu_op_attention_tiles fills
+ * tile_start[0..n] (n + 1 entries, room for n_tokens + 1) and returns n. scratch: per thread,
+ * cpu_op_attention_avx512_scratch(ab) bytes, 64-byte aligned. Only when
+ * cpu_op_attention_avx512_ok(ab). */
+#define CPU_ATT_TILE_TOKENS 16
+int cpu_op_attention_avx512_ok(const attention_batch *ab);
+int64_t cpu_op_attention_tiles(const attention_batch *ab, int32_t *tile_start);
+size_t cpu_op_attention_avx512_scratch(const attention_batch *ab);
+void cpu_op_attention_avx512(const float *q, const kv_layer *kv, const attention_batch *ab,
+                             const int32_t *tile_start, float *out, int64_t begin, int64_t end,
+                             float *scratch);
+
 void cpu_op_moe_route(const float *logits, int64_t n_tokens, int n_experts, int k, int norm_topk,
                       int32_t *ids, float *weights);
 
