@@ -408,6 +408,12 @@ T512 static void matvec_bf16(const weight_matrix *w, const matvec_input *in, flo
 }
 
 T512 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
+    if (cpu_mlx_x_planes(w)) { /* scales in registers: no sd array */
+#define CALL(n) mlx4_planes_rows(w, in, y, r0, r1, n)
+        DISPATCH_NT(CALL)
+#undef CALL
+        return;
+    }
     int64_t groups = w->cols / w->group_size;
     enum { STACK_FLOATS = 4096 };
     float stack[STACK_FLOATS + 16]; /* +16: a chunk's scales are read as one 16-float vector */
@@ -419,11 +425,8 @@ T512 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, floa
             return;
         }
     }
-    int layout = cpu_mlx_x_planes(w) ? 1 : w->bits == 8 ? 8 : cpu_mlx_x_permuted(w) ? w->bits : 0;
+    int layout = w->bits == 8 ? 8 : cpu_mlx_x_permuted(w) ? w->bits : 0;
     switch (layout) {
-#define CALL(n) mlx4_planes_rows(w, in, y, r0, r1, n)
-    case 1: DISPATCH_NT(CALL) break;
-#undef CALL
 #define CALL(n) mlx_rows(w, in, y, r0, r1, sd, n, 8)
     case 8: DISPATCH_NT(CALL) break;
 #undef CALL
