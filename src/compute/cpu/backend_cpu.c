@@ -189,13 +189,7 @@ static void attention_avx512_range(void *ctx, int64_t begin, int64_t end, int th
 /* EXO_ATTENTION=avx2 keeps the per-position AVX2 path on AVX-512 machines (A/B runs only). */
 static int attention_avx512_enabled(const attention_batch *ab) {
     static _Atomic int on = -1;
-    int v = atomic_load_explicit(&on, memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("EXO_ATTENTION");
-        v = !(e && !strcmp(e, "avx2"));
-        atomic_store(&on, v);
-    }
-    return v && cpu_op_attention_avx512_ok(ab);
+    return cpu_env_switch(&on, "EXO_ATTENTION", "avx2") && cpu_op_attention_avx512_ok(ab);
 }
 
 /* Returns 0, or -1 (out of memory: nothing reliable written, the caller recomputes). */

@@ -315,16 +315,20 @@ static int matvec_split_mode(void) {
     return m;
 }
 
+int cpu_env_switch(_Atomic int *cache, const char *name, const char *off_word) {
+    int v = atomic_load_explicit(cache, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv(name);
+        v = !(e && !strcmp(e, off_word));
+        atomic_store(cache, v);
+    }
+    return v;
+}
+
 static _Atomic int matvec_q4_planes = -1;
 
 int cpu_matvec_q4_planes(void) {
-    int v = atomic_load_explicit(&matvec_q4_planes, memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("EXO_MATVEC_Q4");
-        v = !(e && !strcmp(e, "int16"));
-        atomic_store(&matvec_q4_planes, v);
-    }
-    return v;
+    return cpu_env_switch(&matvec_q4_planes, "EXO_MATVEC_Q4", "int16");
 }
 
 void cpu_matvec_set_q4_planes(int on) {
@@ -654,13 +658,7 @@ static int mlx_gemm_run(int n, const weight_matrix *const *ws, const float *x, f
  * before the MLX int16 gemm existed (A/B runs only). */
 static int mlx_gemm_enabled(void) {
     static _Atomic int on = -1;
-    int v = atomic_load_explicit(&on, memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("EXO_MLX_GEMM");
-        v = !(e && !strcmp(e, "0"));
-        atomic_store(&on, v);
-    }
-    return v;
+    return cpu_env_switch(&on, "EXO_MLX_GEMM", "0");
 }
 
 /* Whether cpu_matmul_multi_with runs the MLX int16 gemm for these matrices. */
@@ -752,13 +750,7 @@ void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_toke
 /* EXO_MATMUL_FUSE=0 runs the matrices of cpu_matmul_multi one job each (for A/B runs). */
 static int matmul_fuse(void) {
     static _Atomic int fuse = -1;
-    int f = atomic_load_explicit(&fuse, memory_order_relaxed);
-    if (f < 0) {
-        const char *e = getenv("EXO_MATMUL_FUSE");
-        f = !(e && !strcmp(e, "0"));
-        atomic_store(&fuse, f);
-    }
-    return f;
+    return cpu_env_switch(&fuse, "EXO_MATMUL_FUSE", "0");
 }
 
 void cpu_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,

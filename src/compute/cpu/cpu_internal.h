@@ -13,6 +13,7 @@
 
 #include "compute/cpu/cpu.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -37,16 +38,11 @@ typedef enum cpu_level {
     CPU_LEVEL_COUNT
 } cpu_level;
 
-/* Activations prepared once per matmul call, shared read-only by all threads.
- * For MLX-affine weights the AVX-512 kernels dot integer weights with int16 activations:
- * x[t][c] ~= xq[t][c] * xscale[t][g] with xscale = max|x in group| / 32767, so the quantization
- * error of an activation is at most 1/65534 of its group's largest magnitude — far below the bf16
- * rounding of the weights themselves. The bias term uses the exact float group sums. */
-/* For 2- and 4-bit MLX weights whose columns are a multiple of the 32-byte chunk (128 or 64
- * values), the int16 activations are stored permuted within each chunk so that the kernel can
- * unpack 32 bytes with one zero-extension plus a shift/AND per value slot: with P = 8/bits values
- * per byte and V = 32*P values per chunk, xq[c*V + k*32 + j] holds activation c*V + j*P + k.
- * Returns P when this layout applies (only to kernels with needs_int16_x), else 0. */
+/* An A/B switch read once from the environment: 1 unless variable `name` equals off_word.
+ * *cache starts at -1 (not read yet). For the EXO_* knobs that keep an older path in the same
+ * binary (docs/kernels.md lists them). */
+int cpu_env_switch(_Atomic int *cache, const char *name, const char *off_word);
+
 /* 4-bit kernel choice for A/B runs and tests: 1 = byte planes (the default; see cpu_mlx_x_planes),
  * 0 = the int16 layout below. Default from EXO_MATVEC_Q4 (planes|int16), read once. */
 int cpu_matvec_q4_planes(void);
@@ -79,6 +75,11 @@ static inline void cpu_mlx_x_to_planes(int16_t *q, int64_t cols) {
     }
 }
 
+/* For 2- and 4-bit MLX weights whose columns are a multiple of the 32-byte chunk (128 or 64
+ * values), the int16 activations are stored permuted within each chunk so that the kernel can
+ * unpack 32 bytes with one zero-extension plus a shift/AND per value slot: with P = 8/bits values
+ * per byte and V = 32*P values per chunk, xq[c*V + k*32 + j] holds activation c*V + j*P + k.
+ * Returns P when this layout applies (only to kernels with needs_int16_x), else 0. */
 static inline int cpu_mlx_x_permuted(const weight_matrix *w) {
     if (w->format != WEIGHT_MLX_AFFINE || (w->bits != 2 && w->bits != 4)) return 0;
     if (cpu_mlx_x_planes(w)) return 0;
@@ -86,6 +87,11 @@ static inline int cpu_mlx_x_permuted(const weight_matrix *w) {
     return w->cols % (32 * per_byte) == 0 ? per_byte : 0;
 }
 
+/* Activations prepared once per matmul call, shared read-only by all threads.
+ * For MLX-affine weights the AVX-512 kernels dot integer weights with int16 activations:
+ * x[t][c] ~= xq[t][c] * xscale[t][g] with xscale = max|x in group| / 32767, so the quantization
+ * error of an activation is at most 1/65534 of its group's largest magnitude — far below the bf16
+ * rounding of the weights themselves. The bias term uses the exact float group sums. */
 typedef struct matvec_input {
     const float *x;       /* [n_tokens][cols] */
     int64_t n_tokens;     /* 1..CPU_MATVEC_MAX_TOKENS */
