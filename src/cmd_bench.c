@@ -52,6 +52,7 @@ static uint64_t bench_now_ns(void) {
 }
 
 int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs);
+double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
 
 static double seconds(uint64_t ns) {
     return (double)ns * 1e-9;
@@ -156,31 +157,39 @@ static void fill_range(void *p, int64_t begin, int64_t end, int thread_index) {
     }
 }
 
-/* Returns the best read-only bandwidth in GB/s (0 on failure). */
-static double bench_memory(const bench_options *o) {
-    size_t n = o->mem_bytes / sizeof(float);
+/* The read-only bandwidth of all threads over a fresh array of `bytes`: best of reps in GB/s
+ * (the median in *median_gbs when not NULL); 0 when the memory cannot be had. The model bench
+ * calls it again after its measurements (cmd_bench_model.c). */
+double bench_read_gbs(size_t bytes, int reps, double *median_gbs) {
+    size_t n = bytes / sizeof(float);
     mem_job job = {.n = n};
     job.a = malloc(n * sizeof(float));
-    if (!job.a) {
+    if (!job.a) return 0;
+    threadpool_parallel_for(cpu_thread_pool(), (int64_t)n, fill_range, &job); /* first touch */
+    double med, best = time_best(run_read, &job, reps, &med);
+    free(job.a);
+    if (median_gbs) *median_gbs = (double)(n * sizeof(float)) / med * 1e-9;
+    return (double)(n * sizeof(float)) / best * 1e-9;
+}
+
+/* Returns the best read-only bandwidth in GB/s (0 on failure). */
+static double bench_memory(const bench_options *o) {
+    double med = 0, read_gbs = bench_read_gbs(o->mem_bytes, o->reps, &med);
+    if (read_gbs == 0) {
         fprintf(stderr, "exo bench: cannot allocate %zu MiB for the bandwidth test\n", o->mem_bytes >> 20);
         return 0;
     }
-    threadpool_parallel_for(cpu_thread_pool(), (int64_t)n, fill_range, &job); /* first touch */
-    double med, best = time_best(run_read, &job, o->reps, &med);
-    double read_gbs = (double)(n * sizeof(float)) / best * 1e-9;
     printf("mem   read-only sum   %6zu MiB x %d threads: %6.2f GB/s best, %6.2f GB/s median\n",
-           o->mem_bytes >> 20, threadpool_size(cpu_thread_pool()), read_gbs,
-           (double)(n * sizeof(float)) / med * 1e-9);
-    free(job.a);
+           o->mem_bytes >> 20, threadpool_size(cpu_thread_pool()), read_gbs, med);
 
-    size_t tn = n / 2; /* three arrays of half the size: 1.5x the memory of the read test */
+    size_t tn = o->mem_bytes / sizeof(float) / 2; /* three arrays of half the size: 1.5x the memory of the read test */
     mem_job tj = {.n = tn};
     tj.a = malloc(tn * sizeof(float));
     tj.b = malloc(tn * sizeof(float));
     tj.c = malloc(tn * sizeof(float));
     if (tj.a && tj.b && tj.c) {
         threadpool_parallel_for(cpu_thread_pool(), (int64_t)tn, fill_range, &tj);
-        best = time_best(run_triad, &tj, o->reps, &med);
+        double best = time_best(run_triad, &tj, o->reps, &med);
         double bytes = 3.0 * (double)(tn * sizeof(float));
         printf("mem   triad a=b+s*c   3 x %4zu MiB:           %6.2f GB/s best, %6.2f GB/s median "
                "(3 streams counted, as STREAM)\n",

@@ -9,6 +9,9 @@
  *     quantized matmul's own rate (1536^2 of the model's bits and group size, 128 tokens) can
  *     beat it, so each decode line also prints its fraction of the stricter roofline built on
  *     the better of the two peaks ("int-gemm roofline").
+ *     The read bandwidth is probed before the run (cmd_bench.c) and again right after each
+ *     decode measurement; the roofline uses the higher of the two, so a host whose memory got
+ *     faster after the first probe does not inflate the fraction.
  * Refuses: writing files (bench/run.sh records results). */
 #include "base/clock.h"
 #include "compute/cpu/cpu.h"
@@ -22,6 +25,13 @@
 #include <unistd.h>
 
 int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs);
+double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
+
+/* The higher of the run's first probe and a probe now (1 GiB, best of 5). */
+static double read_gbs_now(double first) {
+    double now = bench_read_gbs((size_t)1 << 30, 5, NULL);
+    return now > first ? now : first;
+}
 
 typedef struct model_costs {
     double flops_per_token; /* 2 * multiply-adds of every matmul one token runs */
@@ -234,8 +244,14 @@ static double percentile(double *v, int n, double q) {
 
 /* N concurrent streams arriving together (vLLM's serving metrics): prompt_len-token prompts,
  * tg tokens each. Prints aggregate and per-stream tok/s, TTFT and inter-token latency p50/p99. */
-static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, double roof,
-                        double roof_int) {
+/* The ceilings a decode measurement is compared with (see the top of the file). */
+typedef struct ceilings {
+    const model_costs *mc;
+    const char *kv;
+    double read_gbs, peak, int_peak; /* first probe; f32 GEMM peak; the better of it and the MLX one */
+} ceilings;
+
+static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, const ceilings *c) {
     char err[256];
     int32_t *p = malloc(sizeof(int32_t) * (size_t)prompt_len);
     double *ttft = calloc((size_t)n, sizeof *ttft), *last = calloc((size_t)n, sizeof *last);
@@ -285,6 +301,9 @@ static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, dou
     }
     double agg = total / end;
     double decode = window_closed && t_close > t_open ? window_tokens / (t_close - t_open) : 0;
+    double bw = read_gbs_now(c->read_gbs);
+    double roof = roofline_for(c->mc, n, prompt_len + tg / 2.0, c->kv, bw, c->peak).rate;
+    double roof_int = roofline_for(c->mc, n, prompt_len + tg / 2.0, c->kv, bw, c->int_peak).rate;
     printf("streams %-3d pp%d tg%d: %8.1f tok/s output (all of it / wall time), %6.1f tok/s per "
            "stream | TTFT p50 %7.1f ms p99 %7.1f ms | ITL p50 %6.1f ms p99 %6.1f ms | decode "
            "with all %d streams in the batch %8.1f tok/s = %5.1f%% of roofline %.1f",
@@ -293,7 +312,7 @@ static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, dou
            1e3 * percentile(itl, n_itl, 0.99), n, decode, roof > 0 ? 100 * decode / roof : 0,
            roof);
     if (roof_int > roof) printf(" (%5.1f%% of int-gemm roofline %.1f)", 100 * decode / roof_int, roof_int);
-    printf("\n");
+    printf(" [%.1f GB/s]\n", bw);
     fflush(stdout);
 out:
     free(p);
@@ -532,19 +551,19 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
             double rate = run_decode(e, b, tg, cfg.vocab_size);
             best = rate > best ? rate : best;
         }
-        roofline rl = roofline_for(&mc, b, 16 + tg / 2.0, kv, read_gbs, peak);
-        roofline ri = roofline_for(&mc, b, 16 + tg / 2.0, kv, read_gbs, decode_peak);
+        double bw = read_gbs_now(read_gbs);
+        roofline rl = roofline_for(&mc, b, 16 + tg / 2.0, kv, bw, peak);
+        roofline ri = roofline_for(&mc, b, 16 + tg / 2.0, kv, bw, decode_peak);
         printf("decode  tg%-5d b%-2d: %8.1f tok/s  roofline %8.1f tok/s (%s, %.1f MB/step at "
                "%.1f GB/s) = %5.1f%%", tg, b, best, rl.rate, rl.memory_bound ? "memory" : "compute",
-               rl.step_bytes / 1e6, read_gbs, rl.rate > 0 ? 100 * best / rl.rate : 0);
+               rl.step_bytes / 1e6, bw, rl.rate > 0 ? 100 * best / rl.rate : 0);
         if (ri.rate > rl.rate) printf(" (%5.1f%% of int-gemm roofline %.1f)", 100 * best / ri.rate, ri.rate);
         printf("\n");
         fflush(stdout);
     }
+    ceilings ceil = {.mc = &mc, .kv = kv, .read_gbs = read_gbs, .peak = peak, .int_peak = decode_peak};
     for (int i = 0; i < n_streams; i++) {
-        roofline rl = roofline_for(&mc, streams[i], stream_prompt + tg / 2.0, kv, read_gbs, peak);
-        roofline ri = roofline_for(&mc, streams[i], stream_prompt + tg / 2.0, kv, read_gbs, decode_peak);
-        run_streams(e, streams[i], stream_prompt, tg, cfg.vocab_size, rl.rate, ri.rate);
+        run_streams(e, streams[i], stream_prompt, tg, cfg.vocab_size, &ceil);
     }
     engine_close(e);
     if (interrupt)
