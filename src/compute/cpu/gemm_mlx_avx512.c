@@ -20,13 +20,12 @@
  * Refuses: nothing at run time; cpu.c calls it only for views cpu_weight_supported() accepts,
  * on CPUs with AVX-512 VNNI/VBMI. */
 #include "compute/cpu/cpu_internal.h"
+#include "compute/cpu/mlx_avx512.h"
 
 #if defined(__x86_64__)
 
 #include <immintrin.h>
 
-#define G512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,avx2,fma,f16c")))
-#define GINLINE static inline __attribute__((always_inline))
 
 size_t cpu_mlx_gemm_x_bytes(int64_t n_tokens, int64_t cols, int64_t group_size) {
     int64_t tpad = (n_tokens + 15) & ~(int64_t)15;
@@ -53,7 +52,7 @@ void cpu_mlx_gemm_x_init(mlx_gemm_x *px, void *mem, int64_t n_tokens, int64_t co
 
 /* Groups [g0, g1) of every token: the same rounding as the matvec path's preparation (sum and
  * max over 16-lane partials, round to nearest even, saturate to int16). */
-G512 void cpu_mlx_gemm_prepare(const float *x, mlx_gemm_x *px, int64_t g0, int64_t g1) {
+T512 void cpu_mlx_gemm_prepare(const float *x, mlx_gemm_x *px, int64_t g0, int64_t g1) {
     int64_t cols = px->cols, gs = px->group_size, tpad = px->tpad, n = px->n_tokens;
     const __m512 sign = _mm512_set1_ps(-0.0f);
     for (int64_t g = g0; g < g1; g++) {
@@ -94,58 +93,13 @@ G512 void cpu_mlx_gemm_prepare(const float *x, mlx_gemm_x *px, int64_t g0, int64
     }
 }
 
-typedef struct gunpack {
-    __m512i idx, shifts, mask;
-    __mmask32 load_mask;
-    int chunk_bytes; /* 4 * bits: the bytes that hold 32 values */
-} gunpack;
-
-G512 GINLINE gunpack gunpack_setup(int bits) {
-    gunpack u;
-    uint8_t idx[64] = {0};
-    uint16_t sh[32];
-    for (int k = 0; k < 32; k++) {
-        int bit = k * bits;
-        idx[2 * k] = (uint8_t)(bit >> 3);
-        idx[2 * k + 1] = (uint8_t)((bit >> 3) + 1);
-        sh[k] = (uint16_t)(bit & 7);
-    }
-    u.idx = _mm512_loadu_si512(idx);
-    u.shifts = _mm512_loadu_si512(sh);
-    u.mask = _mm512_set1_epi16((short)((1 << bits) - 1));
-    u.chunk_bytes = 4 * bits;
-    u.load_mask = bits == 8 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (4 * bits)) - 1u);
-    return u;
-}
-
-/* 32 packed values -> 32 uint16 lanes, value k in lane k: 16 words of (even, odd) pairs. */
-G512 GINLINE __m512i gunpack32(const gunpack *u, const uint8_t *p) {
-    __m256i raw = _mm256_maskz_loadu_epi8(u->load_mask, p);
-    __m512i v = _mm512_permutexvar_epi8(u->idx, _mm512_zextsi256_si512(raw));
-    return _mm512_and_si512(_mm512_srlv_epi16(v, u->shifts), u->mask);
-}
-
-/* n <= 16 consecutive scales (or biases) from element i, widened to f32 into out[0..n). */
-G512 GINLINE void gscales16(dtype t, const void *p, int64_t i, int64_t n, float *out) {
-    __mmask16 m = (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1u);
-    __m512 v;
-    if (t == DTYPE_F32) {
-        v = _mm512_maskz_loadu_ps(m, (const float *)p + i);
-    } else {
-        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
-        v = t == DTYPE_F16 ? _mm512_cvtph_ps(h)
-                           : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    _mm512_storeu_ps(out, v);
-}
-
 /* Rows r0 .. r0+R-1 (rows past nr repeat the last valid one; their results are dropped) times
  * token vectors tv0 .. tv0+T-1, over groups [g0, g1). The float accumulators start at zero
  * (g0 == 0) or from acc [R][T][16], and go to y (g1 == groups) or back to acc. wbuf holds R rows
  * of one group as int16 pairs. */
-G512 GINLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, float *y, int64_t r0,
+T512 INLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, float *y, int64_t r0,
                                 int nr, int64_t tv0, int64_t g0, int64_t g1, float *acc,
-                                const gunpack *u, uint32_t *wbuf, const int R, const int T) {
+                                const unpack_consts *u, uint32_t *wbuf, const int R, const int T) {
     int64_t cols = w->cols, gs = w->group_size, groups = cols / gs, kpg = gs / 2, tpad = px->tpad;
     size_t row_bytes = (size_t)cols * (size_t)w->bits / 8, group_bytes = (size_t)gs * (size_t)w->bits / 8;
     const uint8_t *rows[12];
@@ -159,8 +113,8 @@ G512 GINLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, fl
     float sb[12][16], bb[12][16];
 #pragma GCC unroll 12
     for (int i = 0; i < R; i++) {
-        gscales16(w->scale_dtype, w->scales, ridx[i] * groups + g0, g1 - g0, sb[i]);
-        gscales16(w->scale_dtype, w->biases, ridx[i] * groups + g0, g1 - g0, bb[i]);
+        _mm512_storeu_ps(sb[i], scales_load16(w->scale_dtype, w->scales, ridx[i] * groups + g0, tail_mask16(g1 - g0)));
+        _mm512_storeu_ps(bb[i], scales_load16(w->scale_dtype, w->biases, ridx[i] * groups + g0, tail_mask16(g1 - g0)));
     }
     __m512 facc[12][4];
 #pragma GCC unroll 12
@@ -210,7 +164,7 @@ G512 GINLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, fl
             for (int i = 0; i < R; i++) {
                 const uint8_t *q = rows[i] + (size_t)g * group_bytes;
                 for (int64_t c = 0; c < gs; c += 32, q += u->chunk_bytes)
-                    _mm512_store_si512(wbuf + i * kpg + c / 2, gunpack32(u, q));
+                    _mm512_store_si512(wbuf + i * kpg + c / 2, unpack32(u, q));
             }
         }
         __m512i iacc[12][4];
@@ -266,10 +220,10 @@ G512 GINLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, fl
 }
 
 #define TILE_FN(R, T)                                                                              \
-    G512 static void mlx_gemm_tile_##R##x##T(const weight_matrix *w, const mlx_gemm_x *px,        \
+    T512 static void mlx_gemm_tile_##R##x##T(const weight_matrix *w, const mlx_gemm_x *px,        \
                                              float *y, int64_t r0, int nr, int64_t tv0,           \
                                              int64_t g0, int64_t g1, float *acc,                   \
-                                             const gunpack *u, uint32_t *wbuf) {                   \
+                                             const unpack_consts *u, uint32_t *wbuf) {                   \
         mlx_gemm_tile(w, px, y, r0, nr, tv0, g0, g1, acc, u, wbuf, R, T);                          \
     }
 TILE_FN(12, 1)
@@ -284,9 +238,9 @@ TILE_FN(3, 4)
 #define MLX_GEMM_BLOCK_ROWS 96
 #define MLX_GEMM_KB_X_T 512
 
-G512 void cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float *y, int64_t r0,
+T512 void cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float *y, int64_t r0,
                             int64_t r1) {
-    gunpack u = gunpack_setup(w->bits);
+    unpack_consts u = unpack_setup(w->bits);
     uint32_t wbuf[12 * 64] __attribute__((aligned(64)));
     float acc[MLX_GEMM_BLOCK_ROWS * 64] __attribute__((aligned(64)));
     int64_t nvec = px->tpad / 16, groups = w->cols / w->group_size;

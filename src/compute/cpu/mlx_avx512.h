@@ -1,0 +1,62 @@
+/* Shared AVX-512 pieces of the MLX affine kernels (matmul_avx512.c: matvec and f32 dequantize;
+ * gemm_mlx_avx512.c: the int16 gemm): unpacking 32 packed values of any width into uint16 lanes,
+ * widening 16 scales or biases to f32, and the tail mask. Header-only: each includer compiles them with the
+ * target attributes below. Refuses: nothing; x86-64 only. */
+#ifndef EXO_COMPUTE_CPU_MLX_AVX512_H
+#define EXO_COMPUTE_CPU_MLX_AVX512_H
+
+#if defined(__x86_64__)
+
+#include "compute/compute.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* Mask of the first min(n, 16) lanes. */
+T512 INLINE __mmask16 tail_mask16(int64_t n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+}
+
+typedef struct unpack_consts {
+    __m512i idx, shifts, mask;
+    __mmask32 load_mask;
+    int chunk_bytes; /* 4 * bits: bytes holding 32 values */
+} unpack_consts;
+
+T512 INLINE unpack_consts unpack_setup(int bits) {
+    unpack_consts u;
+    uint8_t idx[64] = {0};
+    uint16_t sh[32];
+    for (int k = 0; k < 32; k++) {
+        int bit = k * bits;
+        idx[2 * k] = (uint8_t)(bit >> 3);
+        idx[2 * k + 1] = (uint8_t)((bit >> 3) + 1);
+        sh[k] = (uint16_t)(bit & 7);
+    }
+    u.idx = _mm512_loadu_si512(idx);
+    u.shifts = _mm512_loadu_si512(sh);
+    u.mask = _mm512_set1_epi16((short)((1 << bits) - 1));
+    u.chunk_bytes = 4 * bits;
+    u.load_mask = bits == 8 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (4 * bits)) - 1u);
+    return u;
+}
+
+/* 32 consecutive packed values -> 32 uint16 lanes (value k in lane k). */
+T512 INLINE __m512i unpack32(const unpack_consts *u, const uint8_t *p) {
+    __m256i raw = _mm256_maskz_loadu_epi8(u->load_mask, p);
+    __m512i v = _mm512_permutexvar_epi8(u->idx, _mm512_zextsi256_si512(raw));
+    return _mm512_and_si512(_mm512_srlv_epi16(v, u->shifts), u->mask);
+}
+
+T512 INLINE __m512 scales_load16(dtype t, const void *p, int64_t i, __mmask16 m) {
+    if (t == DTYPE_F32) return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+    if (t == DTYPE_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+#endif
+#endif
