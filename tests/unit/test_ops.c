@@ -88,12 +88,24 @@ static void test_attention_by_hand(void **s) {
     assert_float_equal(out[1], 2, 1e-6);
 }
 
-static void fill_cache(kv_layer *kv, int64_t n, const float *src) {
+/* n random values in [0, scale) stored as type t. */
+static void *random_values(dtype t, int64_t n, float scale) {
+    void *p = malloc(dtype_size(t) * (size_t)n);
     for (int64_t i = 0; i < n; i++) {
-        if (kv->type == DTYPE_F32) ((float *)kv->k)[i] = src[i];
-        else if (kv->type == DTYPE_F16) ((uint16_t *)kv->k)[i] = f32_to_f16(src[i]);
-        else ((uint16_t *)kv->k)[i] = f32_to_bf16(src[i]);
+        float v = frand() * scale;
+        if (t == DTYPE_F32) ((float *)p)[i] = v;
+        else if (t == DTYPE_F16) ((uint16_t *)p)[i] = f32_to_f16(v);
+        else ((uint16_t *)p)[i] = f32_to_bf16(v);
     }
+    return p;
+}
+
+/* A KV cache of n values per side: K in [0, k_scale), V in [0, 1). */
+static kv_layer random_cache(dtype t, int64_t n, float k_scale) {
+    kv_layer kv = {.type = t};
+    kv.k = random_values(t, n, k_scale);
+    kv.v = random_values(t, n, 1.0f);
+    return kv;
 }
 
 static void test_fast_attention_matches_reference(void **s) {
@@ -105,18 +117,7 @@ static void test_fast_attention_matches_reference(void **s) {
         for (int ti = 0; ti < 3; ti++) {
             int nh = shapes[si].nh, nkv = shapes[si].nkv, hd = shapes[si].hd;
             int64_t kvd = (int64_t)nkv * hd, slots = (int64_t)n_blocks * bs;
-            size_t es = dtype_size(types[ti]);
-            float *src = malloc(sizeof(float) * slots * kvd);
-            kv_layer kv = {.k = malloc(es * slots * kvd), .v = malloc(es * slots * kvd),
-                           .type = types[ti]};
-            for (int64_t i = 0; i < slots * kvd; i++) src[i] = frand() * 2;
-            fill_cache(&kv, slots * kvd, src);
-            void *tmp = kv.k; /* v: different values */
-            for (int64_t i = 0; i < slots * kvd; i++) src[i] = frand();
-            kv.k = kv.v;
-            fill_cache(&kv, slots * kvd, src);
-            kv.v = kv.k;
-            kv.k = tmp;
+            kv_layer kv = random_cache(types[ti], slots * kvd, 2);
             /* two sequences with scattered blocks; tokens at several positions */
             int32_t tables[12] = {5, 2, 9, 0, 11, 1, 3, 7, 4, 6, 8, 10}, starts[2] = {0, 6};
             int32_t pos[5] = {0, 17, 95, 3, 50}, seq[5] = {0, 0, 0, 1, 1};
@@ -132,7 +133,6 @@ static void test_fast_attention_matches_reference(void **s) {
                 cpu_op_attention_avx2(q, &kv, &ab, o2, 0, 5 * nkv);
                 for (int i = 0; i < 5 * nh * hd; i++) assert_float_equal(o1[i], o2[i], 1e-5);
             }
-            free(src);
             free(kv.k);
             free(kv.v);
             free(q);
@@ -163,18 +163,7 @@ static void test_avx512_attention_matches_reference(void **s) {
         for (int ti = 0; ti < 3; ti++) {
             int nh = shapes[si].nh, nkv = shapes[si].nkv, hd = shapes[si].hd;
             int64_t kvd = (int64_t)nkv * hd, slots = (int64_t)n_blocks * bs;
-            size_t es = dtype_size(types[ti]);
-            float *src = malloc(sizeof(float) * slots * kvd);
-            kv_layer kv = {.k = malloc(es * slots * kvd), .v = malloc(es * slots * kvd),
-                           .type = types[ti]};
-            for (int64_t i = 0; i < slots * kvd; i++) src[i] = frand() * 3;
-            fill_cache(&kv, slots * kvd, src);
-            void *tmp = kv.k;
-            for (int64_t i = 0; i < slots * kvd; i++) src[i] = frand();
-            kv.k = kv.v;
-            fill_cache(&kv, slots * kvd, src);
-            kv.v = kv.k;
-            kv.k = tmp;
+            kv_layer kv = random_cache(types[ti], slots * kvd, 3);
             /* seq 0: blocks 5 2 9 0 11 1 10 (112 positions), seq 1: 3 7 4 6 8 (80) */
             int32_t tables[12] = {5, 2, 9, 0, 11, 1, 10, 3, 7, 4, 6, 8}, starts[2] = {0, 7};
             size_t qn = (size_t)NT * nh * hd;
@@ -209,7 +198,6 @@ static void test_avx512_attention_matches_reference(void **s) {
                 free(scratch);
                 checked++;
             }
-            free(src);
             free(kv.k);
             free(kv.v);
             free(q);
