@@ -95,6 +95,23 @@ typedef struct ring_arg {
     int k;
 } ring_arg;
 
+/* The options every file transfer (whole file or byte range) shares: errors into errbuf, up to
+ * 5 redirects over http(s) only (the Hub sends LFS files to a CDN), and a server that sends
+ * nothing for 60 s is a network error. */
+static void transfer_setopts(CURL *c, char *errbuf) {
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "exo/0.1 (+libcurl)");
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 15L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
+    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024);
+}
+
 static uint64_t ring_min(const uint64_t *v) { return v[0] < v[1] ? v[0] : v[1]; }
 
 /* Writes all n bytes at off (retrying short writes and EINTR). Returns 0 or the errno. */
@@ -574,17 +591,7 @@ static int start_file(engine *e, CURLM *multi, plan_file *pf) {
     curl_easy_setopt(c, CURLOPT_PRIVATE, pf);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, pf);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, pf->errbuf);
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "exo/0.1 (+libcurl)");
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 15L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);   /* a stalled server ... */
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);   /* ... is a network error after 60 s */
-    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024);
+    transfer_setopts(c, pf->errbuf);
     curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
     pf->hdrs = NULL;
     if (!pf->use_peer && e->hf->token[0]) {
@@ -1267,17 +1274,7 @@ static int fetch_range(engine *e, plan_file *pf, int fd, const char *url, int fr
         curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
         curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, range_xferinfo);
         curl_easy_setopt(c, CURLOPT_XFERINFODATA, &x);
-        curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
-        curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-        curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
-        curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-        curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-        curl_easy_setopt(c, CURLOPT_USERAGENT, "exo/0.1 (+libcurl)");
-        curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 15L);
-        curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-        curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
-        curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024);
+        transfer_setopts(c, errbuf);
         if (hdrs) curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
         CURLcode rc = curl_easy_perform(c);
         long status = 0;
