@@ -53,6 +53,7 @@ static uint64_t bench_now_ns(void) {
 
 int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs);
 double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
+double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens);
 
 static double seconds(uint64_t ns) {
     return (double)ns * 1e-9;
@@ -452,6 +453,21 @@ static void run_sweep(void *p) {
                                                                                           : CPU_LEVEL_GENERIC,
                         CPU_GEMM_AUTO, s->max_matvec);
     }
+}
+
+/* GFLOP/s of cpu_matmul (the engine's own path choice) on one n x n MLX matrix of bits and
+ * group_size times `tokens` tokens, best of 3 after a warm-up; 0 when memory is short. The model
+ * bench's int-gemm ceiling (cmd_bench_model.c). */
+double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens) {
+    format_case f = {"mlx", WEIGHT_MLX_AFFINE, bits, group_size};
+    sweep s;
+    if (sweep_alloc(&s, &f, n, n, 1, tokens)) return 0;
+    s.n_tokens = tokens;
+    s.max_matvec = -1;
+    run_sweep(&s);
+    double best = time_best(run_sweep, &s, 3, NULL);
+    sweep_free(&s);
+    return 2.0 * (double)n * (double)n * (double)tokens / best * 1e-9;
 }
 
 static int format_selected(const char *list, const char *name) {

@@ -26,6 +26,7 @@
 
 int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs);
 double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
+double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens);
 
 /* The higher of the run's first probe and a probe now (1 GiB, best of 5). */
 static double read_gbs_now(double first) {
@@ -115,41 +116,6 @@ static double gemm_peak_gflops(double *blas_out, double *ours_out) {
     *blas_out = flop / best_blas;
     *ours_out = flop / best_ours;
     return *blas_out > *ours_out ? *blas_out : *ours_out;
-}
-
-/* The quantized matmul's rate (GFLOP/s): 1536^2 MLX weights of the model's bits and group size
- * (random bytes, small scales) times 128 tokens, best of 3. 0 when memory is short. */
-static double mlx_gemm_peak_gflops(int bits, int group_size) {
-    int64_t n = 1536, tokens = 128, groups = n / group_size;
-    size_t wbytes = (size_t)(n * n * bits / 8);
-    uint8_t *q = malloc(wbytes);
-    uint16_t *sc = malloc(sizeof(uint16_t) * (size_t)(n * groups)),
-             *bi = malloc(sizeof(uint16_t) * (size_t)(n * groups));
-    float *x = malloc(sizeof(float) * (size_t)(n * tokens)), *y = malloc(sizeof(float) * (size_t)(n * tokens));
-    double best = 1e30;
-    if (q && sc && bi && x && y) {
-        for (size_t i = 0; i < wbytes; i++) q[i] = (uint8_t)(i * 2654435761u >> 13);
-        for (int64_t i = 0; i < n * groups; i++) {
-            sc[i] = f32_to_bf16(0.01f + 0.001f * (float)(i % 5));
-            bi[i] = f32_to_bf16(-0.05f);
-        }
-        for (int64_t i = 0; i < n * tokens; i++) x[i] = (float)(i % 11) * 0.1f - 0.5f;
-        weight_matrix w = {.format = WEIGHT_MLX_AFFINE, .rows = n, .cols = n, .data = q, .scales = sc,
-                           .biases = bi, .scale_dtype = DTYPE_BF16, .bits = bits,
-                           .group_size = group_size};
-        for (int r = 0; r < 4; r++) { /* the first run warms up */
-            uint64_t t0 = clock_now_ns();
-            cpu_matmul(&w, x, y, tokens);
-            double t = (double)(clock_now_ns() - t0) * 1e-9;
-            if (r > 0 && t < best) best = t;
-        }
-    }
-    free(q);
-    free(sc);
-    free(bi);
-    free(x);
-    free(y);
-    return best < 1e30 ? 2.0 * (double)n * (double)n * (double)tokens * 1e-9 / best : 0;
 }
 
 static int parse_list(const char *s, int *out, int max) {
@@ -520,7 +486,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     model_costs mc;
     costs_of(&cfg, info, &mc);
     double blas = 0, ours = 0, peak = gemm_peak_gflops(&blas, &ours);
-    double mlx_peak = cfg.quant_bits ? mlx_gemm_peak_gflops(cfg.quant_bits, cfg.quant_group_size) : 0;
+    double mlx_peak = cfg.quant_bits ? bench_mlx_matmul_gflops(cfg.quant_bits, cfg.quant_group_size, 1536, 128) : 0;
     double decode_peak = mlx_peak > peak ? mlx_peak : peak;
     printf("model %s: %s, %d layers, %.1f MB of weights read per token, %.2f GFLOP per token "
            "(opened in %.1f s)\n", model_dir, info->architecture, info->n_layers,
