@@ -410,6 +410,8 @@ static int sweep_alloc(sweep *s, const format_case *f, int64_t rows, int64_t col
     s->all.data = data;
     s->all.scales = scales;
     s->all.biases = biases;
+    /* as the model loader does (EXO_Q4_LAYOUT=mlx: no); whole blocks per matrix of the sweep */
+    if (rows % 16 == 0 && cpu_weight_prefers_rows16(&s->all)) cpu_weight_repack_rows16(&s->all);
     s->x = malloc((size_t)(max_tokens * cols) * sizeof(float));
     s->y = malloc((size_t)(max_tokens * rows) * sizeof(float));
     if (!s->x || !s->y) goto fail;
@@ -487,8 +489,10 @@ static int format_selected(const char *list, const char *name) {
 static void bench_matvec(const bench_options *o, double read_gbs, double gemm_peak) {
     int64_t shapes[][2] = {{8192, 2048}, {2048, 8192}};
     size_t min_bytes = o->sweep_bytes;
-    printf("matvec weights: sweeps of >= %zu MiB (Llama-3.2-1B shapes); roofline = read-only %.2f GB/s\n",
-           min_bytes >> 20, read_gbs);
+    weight_matrix q4 = {.format = WEIGHT_MLX_AFFINE, .rows = 16, .cols = 128, .data = "", .scales = "",
+                        .biases = "", .scale_dtype = DTYPE_BF16, .bits = 4, .group_size = 64};
+    printf("matvec weights: sweeps of >= %zu MiB (Llama-3.2-1B shapes); roofline = read-only %.2f GB/s; "
+           "4-bit layout %s\n", min_bytes >> 20, read_gbs, cpu_weight_prefers_rows16(&q4) ? "rows16" : "mlx");
     printf("%-12s %-10s", "format", "shape");
     for (int b = 0; b < o->n_mv_tokens; b++) {
         char h[2][16];

@@ -119,16 +119,15 @@ void weight_matrix_row_to_f32(const weight_matrix *w, int64_t r, float *out) {
     }
     case WEIGHT_MLX_AFFINE: {
         int bits = w->bits;
-        int64_t words_per_row = cols * bits / 32;
-        const uint32_t *q = (const uint32_t *)w->data + r * words_per_row;
-        int64_t groups = cols / w->group_size;
+        const uint32_t *q = (const uint32_t *)w->data;
         uint32_t mask = (1u << bits) - 1u;
         for (int64_t c = 0; c < cols; c++) {
             uint64_t bit = (uint64_t)c * (uint64_t)bits;
-            uint64_t word = bit >> 5, off = bit & 31;
-            uint64_t v = q[word] >> off;
-            if (off + (uint64_t)bits > 32) v |= (uint64_t)q[word + 1] << (32 - off);
-            int64_t g = r * groups + c / w->group_size;
+            int64_t word = (int64_t)(bit >> 5);
+            uint64_t off = bit & 31;
+            uint64_t v = q[weight_mlx_word(w, r, word)] >> off;
+            if (off + (uint64_t)bits > 32) v |= (uint64_t)q[weight_mlx_word(w, r, word + 1)] << (32 - off);
+            int64_t g = weight_mlx_group(w, r, c / w->group_size);
             out[c] = scale_at(w, w->scales, g) * (float)(v & mask) + scale_at(w, w->biases, g);
         }
         return;

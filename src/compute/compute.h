@@ -42,6 +42,16 @@ typedef enum weight_format {
     WEIGHT_MLX_AFFINE,
 } weight_format;
 
+/* How an MLX matrix's packed words, scales and biases are ordered in memory.
+ *   MLX: as mlx-community stores them, row after row ([rows][words], [rows][groups]).
+ *   MLX_ROWS16: rows interleaved in blocks of 16: within block b (rows 16b..16b+15), word d of
+ *     row 16b+l is word 16*d + l of the block, and scale/bias g of that row is element 16*g + l of
+ *     the block's [groups][16]; a block is exactly as many bytes as 16 MLX rows. Rows past the last
+ *     whole block (rows % 16 of them) stay in MLX order where MLX has them. Set only by
+ *     cpu_weight_repack_rows16 (4-bit MLX, the AVX-512 kernels); every reader of w->data, scales
+ *     and biases goes through weight_mlx_word / weight_mlx_group below or knows the layout. */
+typedef enum weight_layout { WEIGHT_LAYOUT_MLX = 0, WEIGHT_LAYOUT_MLX_ROWS16 } weight_layout;
+
 /* A read-only weight matrix view [rows][cols]. Does not own its memory. */
 typedef struct weight_matrix {
     weight_format format;
@@ -53,7 +63,22 @@ typedef struct weight_matrix {
     dtype scale_dtype;  /* MLX: DTYPE_BF16, DTYPE_F16 or DTYPE_F32 */
     int bits;           /* MLX: 2, 3, 4, 5, 6 or 8 */
     int group_size;     /* MLX: 32, 64 or 128 */
+    weight_layout layout; /* MLX: order of data/scales/biases (0 = MLX order) */
 } weight_matrix;
+
+/* Index of 32-bit word d of row r in an MLX matrix's data, in either layout. */
+static inline int64_t weight_mlx_word(const weight_matrix *w, int64_t r, int64_t d) {
+    int64_t words = w->cols * w->bits / 32;
+    if (w->layout != WEIGHT_LAYOUT_MLX_ROWS16 || r >= (w->rows & ~(int64_t)15)) return r * words + d;
+    return (r & ~(int64_t)15) * words + d * 16 + (r & 15);
+}
+
+/* Index of group g of row r in an MLX matrix's scales and biases, in either layout. */
+static inline int64_t weight_mlx_group(const weight_matrix *w, int64_t r, int64_t g) {
+    int64_t groups = w->cols / w->group_size;
+    if (w->layout != WEIGHT_LAYOUT_MLX_ROWS16 || r >= (w->rows & ~(int64_t)15)) return r * groups + g;
+    return (r & ~(int64_t)15) * groups + g * 16 + (r & 15);
+}
 
 /* Bytes of weight data a matvec reads (for rooflines). */
 size_t weight_matrix_bytes(const weight_matrix *w);

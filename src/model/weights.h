@@ -52,6 +52,7 @@ typedef struct model_weights {
     void *arena;            /* owned copy of the viewed bytes (model_weights_place), or NULL */
     size_t arena_len;       /* bytes mapped at arena */
     size_t copied_bytes;    /* weight bytes copied there (0: views point into the mmap) */
+    size_t repacked_bytes;  /* of those, 4-bit matrices in the 16-row interleaved layout */
 } model_weights;
 
 /* Where the weights live once loaded:
@@ -69,7 +70,10 @@ int model_weights_load(const safetensors_set *st, const model_config *c, int lay
 /* Copies every byte the views cover (only this shard's tensors) into one huge-page-advised
  * anonymous arena and repoints the views there, or leaves them on the mmap (see weights_memory).
  * Returns 1 if the weights were copied, 0 if they stay on the mmap (never fails: the mmap views
- * are always valid). Idempotent: a second call does nothing. */
+ * are always valid). Idempotent: a second call does nothing. In the arena, 4-bit matrices that
+ * go through matmul (and a tied embedding, which is the lm_head) are rewritten into the 16-row
+ * interleaved layout when the AVX-512 kernels are in use (cpu_weight_prefers_rows16); the mmap
+ * fallback keeps MLX order. */
 int model_weights_place(model_weights *w, weights_memory how);
 /* The same with MemAvailable given (bytes; AUTO copies only when the copy needs at most half of
  * it, 0 = unknown: never). For tests of the fallback. */

@@ -105,7 +105,7 @@ static double tolerance_scale(const weight_matrix *w, const float *x, int64_t t,
         xmax = a > xmax ? a : xmax;
         double bias = 0;
         if (w->format == WEIGHT_MLX_AFFINE) {
-            int64_t g = r * (w->cols / w->group_size) + c / w->group_size;
+            int64_t g = weight_mlx_group(w, r, c / w->group_size);
             bias = w->scale_dtype == DTYPE_F32 ? ((const float *)w->biases)[g]
                    : w->scale_dtype == DTYPE_BF16 ? bf16_to_f32(((const uint16_t *)w->biases)[g])
                                                   : f16_to_f32(((const uint16_t *)w->biases)[g]);
@@ -147,6 +147,7 @@ static void check_all_paths(const weight_matrix *w, int64_t n_tokens) {
     };
     for (int level = 0; level < CPU_LEVEL_COUNT; level++) {
         if (!cpu_kernels_for((cpu_level)level)) continue;
+        if (w->layout != WEIGHT_LAYOUT_MLX && level != CPU_LEVEL_AVX512) continue; /* AVX-512 only */
         for (size_t g = 0; g < sizeof regimes / sizeof *regimes; g++) {
             for (size_t i = 0; i < ysize; i++) y[i] = NAN;
             assert_int_equal(cpu_matmul_with(w, x, y, n_tokens, (cpu_level)level, regimes[g].gemm,
@@ -449,6 +450,131 @@ static void test_q4_planes_split_is_exact(void **state) {
     }
 }
 
+/* A copy of t's MLX matrix (same values, own memory), for repacking. */
+static test_weight copy_weight(const test_weight *t) {
+    test_weight c = *t;
+    size_t words = (size_t)(t->w.rows * t->w.cols * t->w.bits / 32);
+    size_t sb = (size_t)(t->w.rows * (t->w.cols / t->w.group_size)) * dtype_size(t->w.scale_dtype);
+    c.data = malloc(words * 4), c.scales = malloc(sb), c.biases = malloc(sb);
+    memcpy(c.data, t->data, words * 4);
+    memcpy(c.scales, t->scales, sb);
+    memcpy(c.biases, t->biases, sb);
+    c.w.data = c.data, c.w.scales = c.scales, c.w.biases = c.biases;
+    return c;
+}
+
+/* The 16-row interleaved 4-bit layout: the repack moves every word, scale and bias exactly where
+ * weight_mlx_word / weight_mlx_group say (rows past the last whole block stay put), the reference
+ * dequantization reads the same values, and every regime of the AVX-512 level (matvec 1..8
+ * tokens, the MLX int16 gemm at 9..256, the f32 gemms on dequantized panels, passes) matches the
+ * reference on odd row counts, g32/g64/g128 and f16/bf16/f32 scales. */
+static void test_q4_rows16(void **state) {
+    (void)state;
+    int groups[] = {32, 64, 128};
+    dtype sdts[] = {DTYPE_F16, DTYPE_BF16, DTYPE_F32};
+    int64_t shapes[][2] = {{16, 128}, {33, 256}, {47, 384}, {64, 1024}, {100, 128}};
+    int64_t tokens[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 48, 130, 300};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
+        for (size_t g = 0; g < 3; g++) {
+            int64_t rows = shapes[sh][0], cols = shapes[sh][1], gs = groups[g];
+            test_weight orig = make_weight(WEIGHT_MLX_AFFINE, rows, cols, 4, (int)gs, sdts[(sh + g) % 3]);
+            test_weight rp = copy_weight(&orig);
+            assert_int_equal(cpu_weight_repack_rows16(&rp.w), 0);
+            assert_int_equal(rp.w.layout, WEIGHT_LAYOUT_MLX_ROWS16);
+            int64_t words = cols / 8, ng = cols / gs;
+            size_t es = dtype_size(rp.w.scale_dtype);
+            int moved = 0;
+            for (int64_t r = 0; r < rows; r++) {
+                for (int64_t d = 0; d < words; d++) {
+                    int64_t i = weight_mlx_word(&rp.w, r, d);
+                    assert_int_equal(((const uint32_t *)rp.data)[i], ((const uint32_t *)orig.data)[r * words + d]);
+                    moved += i != r * words + d;
+                }
+                for (int64_t k = 0; k < ng; k++) {
+                    int64_t i = weight_mlx_group(&rp.w, r, k);
+                    assert_memory_equal((const char *)rp.scales + i * (int64_t)es, (const char *)orig.scales + (r * ng + k) * (int64_t)es, es);
+                    assert_memory_equal((const char *)rp.biases + i * (int64_t)es, (const char *)orig.biases + (r * ng + k) * (int64_t)es, es);
+                }
+                if (r >= (rows & ~15)) /* the tail rows keep MLX order */
+                    assert_memory_equal((const uint32_t *)rp.data + r * words, (const uint32_t *)orig.data + r * words, (size_t)words * 4);
+            }
+            assert_true(moved > 0);
+            float *a = malloc((size_t)cols * sizeof *a), *b = malloc((size_t)cols * sizeof *b);
+            for (int64_t r = 0; r < rows; r++) {
+                weight_matrix_row_to_f32(&orig.w, r, a);
+                weight_matrix_row_to_f32(&rp.w, r, b);
+                assert_memory_equal(a, b, (size_t)cols * sizeof *a);
+            }
+            free(a), free(b);
+            /* a second repack, or any other width, is refused and changes nothing */
+            assert_int_equal(cpu_weight_repack_rows16(&rp.w), -1);
+            if (cpu_kernels_for(CPU_LEVEL_AVX512))
+                for (size_t n = 0; n < sizeof tokens / sizeof *tokens; n++)
+                    if (tokens[n] <= 9 || (sh + g) % 2 == 0) check_all_paths(&rp.w, tokens[n]);
+            free_weight(&orig);
+            free_weight(&rp);
+        }
+    int64_t refused[][3] = {{15, 128, 4}, {32, 64, 4}, {32, 128, 3}, {32, 256, 8}};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        test_weight t = make_weight(WEIGHT_MLX_AFFINE, refused[i][0], refused[i][1], (int)refused[i][2], 32, DTYPE_BF16);
+        test_weight c = copy_weight(&t);
+        assert_int_equal(cpu_weight_prefers_rows16(&c.w), 0);
+        assert_int_equal(cpu_weight_repack_rows16(&c.w), -1);
+        assert_int_equal(c.w.layout, WEIGHT_LAYOUT_MLX);
+        assert_memory_equal(c.data, t.data, (size_t)(refused[i][0] * refused[i][1] * refused[i][2] / 8));
+        free_weight(&t);
+        free_weight(&c);
+    }
+}
+
+/* Every way of splitting a matvec over threads cuts interleaved matrices at whole blocks (or
+ * stores only its own rows of a block), with several matrices in one job; and a level that
+ * cannot read the layout refuses it (zeros, -1) instead of reading garbage. */
+static void test_q4_rows16_splits_and_levels(void **state) {
+    (void)state;
+    test_weight t[3] = {make_weight(WEIGHT_MLX_AFFINE, 200, 512, 4, 64, DTYPE_BF16),
+                        make_weight(WEIGHT_MLX_AFFINE, 37, 512, 4, 32, DTYPE_F16),
+                        make_weight(WEIGHT_MLX_AFFINE, 21, 512, 3, 64, DTYPE_BF16)};
+    assert_int_equal(cpu_weight_repack_rows16(&t[0].w), 0);
+    assert_int_equal(cpu_weight_repack_rows16(&t[1].w), 0);
+    const weight_matrix *ws[3] = {&t[0].w, &t[1].w, &t[2].w};
+    if (cpu_kernels_for(CPU_LEVEL_AVX512)) {
+        for (int split = CPU_SPLIT_STATIC; split <= CPU_SPLIT_STEAL; split++) {
+            cpu_matvec_set_split(split);
+            for (int64_t n = 1; n <= CPU_MATVEC_MAX_TOKENS; n += 3) {
+                float *x = random_x(n, 512), *ys[3], *ref[3];
+                for (int i = 0; i < 3; i++) {
+                    ys[i] = malloc((size_t)(n * ws[i]->rows) * sizeof(float));
+                    ref[i] = malloc((size_t)(n * ws[i]->rows) * sizeof(float));
+                    cpu_matmul_reference(ws[i], x, ref[i], n);
+                }
+                assert_int_equal(cpu_matmul_multi_with(3, ws, x, ys, n, CPU_LEVEL_AVX512, CPU_GEMM_AUTO, -1), 0);
+                for (int i = 0; i < 3; i++) {
+                    for (int64_t j = 0; j < n * ws[i]->rows; j++) {
+                        double tol = 4e-5 * tolerance_scale(ws[i], x, j / ws[i]->rows, j % ws[i]->rows) + 1e-6;
+                        if (!(fabs((double)ys[i][j] - (double)ref[i][j]) <= tol))
+                            fail_msg("rows16 split %d matrix %d n=%lld element %lld: got %.7g, reference %.7g",
+                                     split, i, (long long)n, (long long)j, ys[i][j], ref[i][j]);
+                    }
+                    free(ys[i]), free(ref[i]);
+                }
+                checks_run++;
+                free(x);
+            }
+        }
+        cpu_matvec_set_split(CPU_SPLIT_STEAL);
+    }
+    for (int level = CPU_LEVEL_GENERIC; level <= CPU_LEVEL_AVX2; level++) {
+        if (!cpu_kernels_for((cpu_level)level)) continue;
+        float *x = random_x(2, 512), *y = malloc(2 * 200 * sizeof(float));
+        for (int i = 0; i < 400; i++) y[i] = 1.0f;
+        assert_int_equal(cpu_matmul_with(&t[0].w, x, y, 2, (cpu_level)level, CPU_GEMM_AUTO, -1), -1);
+        for (int i = 0; i < 400; i++) assert_true(y[i] == 0.0f);
+        free(x), free(y);
+    }
+    for (int i = 0; i < 3; i++) free_weight(&t[i]);
+}
+
 static int report_checks(void **state) {
     (void)state;
     print_message("matmul comparisons run: %d\n", checks_run);
@@ -467,6 +593,8 @@ int main(void) {
         cmocka_unit_test(test_multi_shared_x),
         cmocka_unit_test(test_q4_layouts),
         cmocka_unit_test(test_q4_planes_split_is_exact),
+        cmocka_unit_test(test_q4_rows16),
+        cmocka_unit_test(test_q4_rows16_splits_and_levels),
     };
     return cmocka_run_group_tests(tests, NULL, report_checks);
 }

@@ -10,6 +10,7 @@
 
 #include "tiny_model.h"
 
+#include "compute/cpu/cpu.h"
 #include "model/safetensors.h"
 #include "model/safetensors_write.h"
 
@@ -203,15 +204,29 @@ static int views_of(const weight_matrix *m, view_bytes *out) {
     return 3;
 }
 
-/* Compares the bytes of matching views; counts views whose pointers differ (copied). */
+static int repacked_views; /* views compare_matrix found in the 16-row interleaved layout */
+
+/* Compares the bytes of matching views (the values of every row where b was repacked into the
+ * 16-row interleaved layout); counts views whose pointers differ (copied). */
 static int compare_matrix(const weight_matrix *a, const weight_matrix *b, int *moved) {
     view_bytes va[3], vb[3];
     int n = views_of(a, va);
     assert_int_equal(views_of(b, vb), n);
+    assert_int_equal(a->layout, WEIGHT_LAYOUT_MLX);
     for (int i = 0; i < n; i++) {
         assert_int_equal(va[i].n, vb[i].n);
-        assert_memory_equal(va[i].p, vb[i].p, va[i].n);
+        if (b->layout == WEIGHT_LAYOUT_MLX) assert_memory_equal(va[i].p, vb[i].p, va[i].n);
         *moved += va[i].p != vb[i].p;
+    }
+    if (b->layout != WEIGHT_LAYOUT_MLX) {
+        repacked_views++;
+        float *x = malloc((size_t)a->cols * sizeof *x), *y = malloc((size_t)a->cols * sizeof *y);
+        for (int64_t r = 0; r < a->rows; r++) {
+            weight_matrix_row_to_f32(a, r, x);
+            weight_matrix_row_to_f32(b, r, y);
+            assert_memory_equal(x, y, (size_t)a->cols * sizeof *x);
+        }
+        free(x), free(y);
     }
     return n;
 }
@@ -266,13 +281,31 @@ static void check_placement(const tiny_spec *spec, const char *name, int ls, int
     assert_true(placed.copied_bytes > 0);
     assert_int_equal(model_weights_place(&placed, WEIGHTS_MEM_COPY), 1); /* idempotent */
     moved = 0;
+    repacked_views = 0;
     assert_int_equal(compare_weights(&mapped, &placed, c.n_experts, &moved), views);
     assert_int_equal(moved, views);
     for (int i = 0; i < placed.layer_end - placed.layer_start; i++) {
         const char *p = placed.layers[i].wq.data;
         assert_true(p >= (const char *)placed.arena && p < (const char *)placed.arena + placed.arena_len);
     }
-    if (spec->tie && placed.has_head) assert_ptr_equal(placed.lm_head.data, placed.embed.data);
+    if (spec->tie && placed.has_head) {
+        assert_ptr_equal(placed.lm_head.data, placed.embed.data);
+        assert_int_equal(placed.lm_head.layout, placed.embed.layout); /* one matrix, one layout */
+    }
+    /* Which 4-bit matrices were interleaved: those the AVX-512 kernels prefer (128-multiple
+     * columns, >= 16 rows), the untied embedding (row lookups only) never. */
+    for (int i = 0; i < placed.layer_end - placed.layer_start; i++) {
+        const layer_weights *l = &placed.layers[i], *m = &mapped.layers[i];
+        if (!l->is_moe)
+            assert_int_equal(l->w_down.layout == WEIGHT_LAYOUT_MLX_ROWS16, cpu_weight_prefers_rows16(&m->w_down));
+        for (int e = 0; l->is_moe && e < c.n_experts; e++)
+            assert_int_equal(l->expert_down[e].layout == WEIGHT_LAYOUT_MLX_ROWS16,
+                             cpu_weight_prefers_rows16(&m->expert_down[e]));
+    }
+    if (!spec->tie && placed.has_embed) assert_int_equal(placed.embed.layout, WEIGHT_LAYOUT_MLX);
+    if (placed.has_head)
+        assert_int_equal(placed.lm_head.layout == WEIGHT_LAYOUT_MLX_ROWS16, cpu_weight_prefers_rows16(&mapped.lm_head));
+    assert_int_equal(placed.repacked_bytes > 0, repacked_views > 0);
     /* The copy holds only this shard's bytes: a later stage copies less than the whole model. */
     if (ls > 0) {
         model_weights all;
@@ -301,6 +334,19 @@ static void test_weights_placement(void **s) {
                      .group_size = 32, .dtype = ST_BF16, .seed = 6};
     check_placement(&moe, "place_moe", 0, 0);
     check_placement(&moe, "place_moe_stage", 1, 2);
+    /* 4-bit with 128-multiple columns: interleaved where AVX-512 is in use; tied (the embedding
+     * is the lm_head, 40 rows: two blocks and 8 rows in MLX order) and untied, stacked experts
+     * (one expert's rows are its own blocks), and a last stage alone. */
+    tiny_spec q4 = {.arch = "Qwen3ForCausalLM", .vocab = 40, .dim = 128, .layers = 2, .heads = 2,
+                    .kv_heads = 1, .head_dim = 64, .inter = 256, .quant_bits = 4, .group_size = 64,
+                    .dtype = ST_BF16, .tie = 1, .seed = 7};
+    check_placement(&q4, "place_q4_tied", 0, 0);
+    check_placement(&q4, "place_q4_tied_stage", 1, 2);
+    q4.tie = 0;
+    check_placement(&q4, "place_q4", 0, 0);
+    tiny_spec q4moe = moe;
+    q4moe.dim = 128, q4moe.moe_inter = 128, q4moe.inter = 128, q4moe.experts = 3;
+    check_placement(&q4moe, "place_q4_moe", 0, 0);
 }
 
 int main(void) {

@@ -147,6 +147,8 @@ int cpu_weight_supported(const weight_matrix *w) {
             return 0;
         if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) return 0;
         if (w->cols % w->group_size != 0 || !w->scales || !w->biases) return 0;
+        if (w->layout != WEIGHT_LAYOUT_MLX && (w->layout != WEIGHT_LAYOUT_MLX_ROWS16 || w->bits != 4 || w->cols % 128))
+            return 0; /* the interleaved layout exists for 4-bit rows of whole 128-value chunks only */
         return w->scale_dtype == DTYPE_BF16 || w->scale_dtype == DTYPE_F16 ||
                w->scale_dtype == DTYPE_F32;
     }
@@ -360,6 +362,10 @@ static void matvec_static_share(void *p, int i, int nth) {
         /* Row r belongs to the thread whose byte range holds the row's first byte. */
         int64_t r0 = b0 <= lo ? 0 : (int64_t)((b0 - lo + pt->row_bytes - 1) / pt->row_bytes);
         int64_t r1 = b1 >= hi ? pt->w->rows : (int64_t)((b1 - lo + pt->row_bytes - 1) / pt->row_bytes);
+        if (pt->w->layout == WEIGHT_LAYOUT_MLX_ROWS16) { /* whole blocks of 16 rows per thread */
+            r0 = r0 + 15 < pt->w->rows ? (r0 + 15) & ~(int64_t)15 : pt->w->rows;
+            r1 = r1 + 15 < pt->w->rows ? (r1 + 15) & ~(int64_t)15 : pt->w->rows;
+        }
         if (r1 > r0) job->k->matvec(pt->w, &pt->in, pt->y, r0, r1);
     }
 }
@@ -429,7 +435,9 @@ static int matvec_run(const cpu_kernels *k, const weight_matrix *const *ws, int 
         pt->first_byte = job.total_bytes;
         job.total_bytes += pt->row_bytes * (size_t)w->rows;
         int64_t chunk = w->rows / ((int64_t)nth * 8);
-        pt->chunk_rows = chunk < 16 ? 16 : (chunk + 3) & ~(int64_t)3;
+        /* multiples of 16 rows for the interleaved layout: a chunk is whole blocks */
+        int64_t align = w->layout == WEIGHT_LAYOUT_MLX_ROWS16 ? 15 : 3;
+        pt->chunk_rows = chunk < 16 ? 16 : (chunk + align) & ~align;
         pt->first_chunk = job.total_chunks;
         job.total_chunks += (w->rows + pt->chunk_rows - 1) / pt->chunk_rows;
         if (w->format != WEIGHT_MLX_AFFINE) continue;
@@ -438,7 +446,7 @@ static int matvec_run(const cpu_kernels *k, const weight_matrix *const *ws, int 
         for (int j = 0; j < i && !same; j++) {
             const weight_matrix *v = ws[j];
             if (v->format == WEIGHT_MLX_AFFINE && v->cols == w->cols && v->bits == w->bits &&
-                v->group_size == w->group_size)
+                v->group_size == w->group_size && cpu_mlx_x_planes(v) == cpu_mlx_x_planes(w))
                 same = &job.parts[j];
         }
         if (same) {
@@ -702,6 +710,15 @@ int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x,
     int bad = 0;
     for (int i = 0; i < n; i++) {
         if (check_view(ws[i], ys[i], n_tokens)) bad = 1;
+        else if (ws[i]->layout != WEIGHT_LAYOUT_MLX && k != &cpu_kernels_avx512) {
+            /* only the AVX-512 kernels read the interleaved layout (layout.c repacks only then) */
+            static _Atomic int warned;
+            if (!atomic_exchange(&warned, 1))
+                log_error("cpu_matmul: a 16-row interleaved matrix at SIMD level %s, which reads MLX "
+                          "order only; output set to zero", k->name);
+            memset(ys[i], 0, (size_t)(n_tokens * ws[i]->rows) * sizeof(float));
+            bad = 1;
+        }
         else if (ws[i]->cols != ws[0]->cols) { /* they must share x */
             memset(ys[i], 0, (size_t)(n_tokens * ws[i]->rows) * sizeof(float));
             bad = 1;

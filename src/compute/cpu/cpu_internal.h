@@ -54,9 +54,11 @@ void cpu_matvec_set_q4_planes(int on);
  * values the xq row is then 256 bytes: hi bytes of the 64 even values (s8), hi bytes of the odd
  * values, lo bytes (u8) of the even values, lo bytes of the odd values; byte j of each plane
  * meets weight byte j of the chunk (its low nibble is the even value 2j, its high nibble 2j+1).
- * Returns 1 when this layout applies (only to kernels with needs_int16_x), else 0. */
+ * Returns 1 when this layout applies (only to kernels with needs_int16_x), else 0: always for
+ * 16-row interleaved matrices (their kernel reads only the planes), else unless EXO_MATVEC_Q4=int16. */
 static inline int cpu_mlx_x_planes(const weight_matrix *w) {
-    return w->format == WEIGHT_MLX_AFFINE && w->bits == 4 && w->cols % 128 == 0 && cpu_matvec_q4_planes();
+    return w->format == WEIGHT_MLX_AFFINE && w->bits == 4 && w->cols % 128 == 0 &&
+           (w->layout == WEIGHT_LAYOUT_MLX_ROWS16 || cpu_matvec_q4_planes());
 }
 
 /* Rewrites a row of int16 activations (natural order, cols a multiple of 128) into the byte-plane

@@ -101,20 +101,25 @@ T512 INLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, flo
                                 int nr, int64_t tv0, int64_t g0, int64_t g1, float *acc,
                                 const unpack_consts *u, uint32_t *wbuf, const int R, const int T) {
     int64_t cols = w->cols, gs = w->group_size, groups = cols / gs, kpg = gs / 2, tpad = px->tpad;
-    size_t row_bytes = (size_t)cols * (size_t)w->bits / 8, group_bytes = (size_t)gs * (size_t)w->bits / 8;
-    const uint8_t *rows[12];
-    int64_t ridx[12];
+    /* Row i's group g starts at word rows[i] + g * gstep[i]: its words are consecutive in MLX
+     * order, 16 apart in a 16-row interleaved block (strided[i]; 4-bit only). */
+    int64_t group_words = gs * w->bits / 32;
+    const uint32_t *rows[12];
+    int64_t ridx[12], gstep[12];
+    int strided[12];
 #pragma GCC unroll 12
     for (int i = 0; i < R; i++) {
         ridx[i] = r0 + (i < nr ? i : nr - 1);
-        rows[i] = (const uint8_t *)w->data + (size_t)ridx[i] * row_bytes;
+        strided[i] = row_strided(w, ridx[i]);
+        rows[i] = (const uint32_t *)w->data + weight_mlx_word(w, ridx[i], 0);
+        gstep[i] = strided[i] ? 16 * group_words : group_words;
     }
     /* this K block's scales and biases of the R rows as f32 (g1 - g0 <= 16), read by broadcast */
     float sb[12][16], bb[12][16];
 #pragma GCC unroll 12
     for (int i = 0; i < R; i++) {
-        _mm512_storeu_ps(sb[i], scales_load16(w->scale_dtype, w->scales, ridx[i] * groups + g0, tail_mask16(g1 - g0)));
-        _mm512_storeu_ps(bb[i], scales_load16(w->scale_dtype, w->biases, ridx[i] * groups + g0, tail_mask16(g1 - g0)));
+        _mm512_storeu_ps(sb[i], row_scales16(w, w->scales, ridx[i], g0, g1 - g0));
+        _mm512_storeu_ps(bb[i], row_scales16(w, w->biases, ridx[i], g0, g1 - g0));
     }
     __m512 facc[12][4];
 #pragma GCC unroll 12
@@ -130,7 +135,7 @@ T512 INLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, flo
             const __m256i nib = _mm256_set1_epi32(0x000f000f);
 #pragma GCC unroll 12
             for (int i = 0; i < R; i++) {
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(rows[i] + (size_t)g * group_bytes));
+                __m256i raw = row_words8(rows[i] + g * gstep[i], strided[i]);
                 __m256i *dst = (__m256i *)(wbuf + i * kpg);
                 _mm256_store_si256(dst, _mm256_and_si256(raw, nib));
                 _mm256_store_si256(dst + 1, _mm256_and_si256(_mm256_srli_epi32(raw, 4), nib));
@@ -141,7 +146,7 @@ T512 INLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, flo
             const __m512i nib = _mm512_set1_epi32(0x000f000f);
 #pragma GCC unroll 12
             for (int i = 0; i < R; i++) {
-                __m512i raw = _mm512_loadu_si512(rows[i] + (size_t)g * group_bytes);
+                __m512i raw = row_words16(rows[i] + g * gstep[i], strided[i]);
                 __m512i *dst = (__m512i *)(wbuf + i * kpg);
                 _mm512_store_si512(dst, _mm512_and_si512(raw, nib));
                 _mm512_store_si512(dst + 1, _mm512_and_si512(_mm512_srli_epi32(raw, 4), nib));
@@ -152,7 +157,7 @@ T512 INLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, flo
             const __m128i nib = _mm_set1_epi32(0x000f000f);
 #pragma GCC unroll 12
             for (int i = 0; i < R; i++) {
-                __m128i raw = _mm_loadu_si128((const __m128i *)(rows[i] + (size_t)g * group_bytes));
+                __m128i raw = row_words4(rows[i] + g * gstep[i], strided[i]);
                 __m128i *dst = (__m128i *)(wbuf + i * kpg);
                 _mm_store_si128(dst, _mm_and_si128(raw, nib));
                 _mm_store_si128(dst + 1, _mm_and_si128(_mm_srli_epi32(raw, 4), nib));
@@ -162,9 +167,11 @@ T512 INLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, flo
         } else {
 #pragma GCC unroll 12
             for (int i = 0; i < R; i++) {
-                const uint8_t *q = rows[i] + (size_t)g * group_bytes;
-                for (int64_t c = 0; c < gs; c += 32, q += u->chunk_bytes)
-                    _mm512_store_si512(wbuf + i * kpg + c / 2, unpack32(u, q));
+                const uint32_t *q = rows[i] + g * gstep[i];
+                for (int64_t c = 0; c < gs; c += 32, q += strided[i] ? 64 : w->bits)
+                    _mm512_store_si512(wbuf + i * kpg + c / 2,
+                                       strided[i] ? unpack32_raw(u, _mm256_zextsi128_si256(row_words4(q, 1)))
+                                                  : unpack32(u, (const uint8_t *)q));
             }
         }
         __m512i iacc[12][4];

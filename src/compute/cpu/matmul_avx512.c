@@ -336,6 +336,79 @@ T512 INLINE void mlx4_planes_rows(const weight_matrix *w, const matvec_input *in
     }
 }
 
+/* 4-bit rows in the 16-row interleaved layout (WEIGHT_LAYOUT_MLX_ROWS16): per block of 16 rows
+ * and group, vector k (k < gs/8) holds word k of the group of each row (lane l: values 8k..8k+7
+ * of row 16b+l, as MLX packs them), so the same AND / shift+AND split the even and odd nibbles of
+ * 16 rows at once. The activations are the byte planes of cpu_mlx_x_planes, read 4 bytes at a
+ * time by broadcast (dword k of the planes meets vector k): hi planes (s8) against the weights
+ * (u8) into one int32 accumulator, the weights (as s8) against the lo planes (u8) into another,
+ * combined as 256*hi + lo once per group. Each lane then is one row's exact int16 dot product of
+ * the group, converted and scaled once per group and token for 16 rows: no horizontal sums, no
+ * scale permutes. Rows outside [r0, r1) of a block that straddles the range are computed and not
+ * stored (the driver cuts ranges at multiples of 16); rows past the last whole block are in MLX
+ * order and go to mlx4_planes_rows. */
+T512 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                             int64_t r1, const int nt) {
+    int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
+    int64_t kpg = gs / 8, rows16 = rows & ~(int64_t)15;
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
+    /* scales and biases stream at 16*esize bytes per 8*gs weight bytes */
+    size_t sahead = ahead ? ((ahead * 2 * esize / (size_t)gs + 63) & ~(size_t)63) : 0;
+    const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
+    for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows16; b++) {
+        const uint8_t *wb = (const uint8_t *)w->data + (size_t)b * 8 * (size_t)cols;
+        const uint8_t *sb = (const uint8_t *)w->scales + (size_t)(b * 16 * groups) * esize;
+        const uint8_t *bb = (const uint8_t *)w->biases + (size_t)(b * 16 * groups) * esize;
+        __m512 acc[CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *wg = wb + (size_t)(g * kpg) * 64;
+            if (ahead) {
+                prefetch_span(wg, (size_t)kpg * 64, ahead);
+                _mm_prefetch((const char *)sb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
+                _mm_prefetch((const char *)bb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
+            }
+            int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
+            __m512i ah[CPU_MATVEC_MAX_TOKENS], al[CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) ah[t] = al[t] = _mm512_setzero_si512();
+            for (int64_t k = 0; k < kpg; k++) {
+                __m512i v = _mm512_loadu_si512(wg + 64 * k);
+                __m512i we = _mm512_and_si512(v, m0f);
+                __m512i wo = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+#pragma GCC unroll 8
+                for (int t = 0; t < nt; t++) {
+                    const uint8_t *xb = xq[t] + xoff + 4 * k;
+                    int32_t he, ho, le, lo;
+                    memcpy(&he, xb, 4), memcpy(&ho, xb + 64, 4), memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
+                    ah[t] = _mm512_dpbusd_epi32(ah[t], we, _mm512_set1_epi32(he));
+                    ah[t] = _mm512_dpbusd_epi32(ah[t], wo, _mm512_set1_epi32(ho));
+                    al[t] = _mm512_dpbusd_epi32(al[t], _mm512_set1_epi32(le), we);
+                    al[t] = _mm512_dpbusd_epi32(al[t], _mm512_set1_epi32(lo), wo);
+                }
+            }
+            __m512 sc = scales_load16(w->scale_dtype, sb, g * 16, 0xffff);
+            __m512 bi = scales_load16(w->scale_dtype, bb, g * 16, 0xffff);
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t], 8), al[t]);
+                __m512 sv = _mm512_mul_ps(sc, _mm512_set1_ps(in->xscale[t * groups + g]));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), sv, acc[t]);
+                acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(in->xsum[t * groups + g]), acc[t]);
+            }
+        }
+        int64_t lo = r0 > 16 * b ? r0 - 16 * b : 0, hi = r1 < 16 * b + 16 ? r1 - 16 * b : 16;
+        __mmask16 m = (__mmask16)(tail_mask16(hi) & ~tail_mask16(lo));
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * rows + 16 * b, m, acc[t]);
+    }
+    if (r1 > rows16) mlx4_planes_rows(w, in, y, r0 > rows16 ? r0 : rows16, r1, nt);
+}
+
 #define DISPATCH_NT(call_with_nt)                                                                  \
     switch (in->n_tokens) {                                                                        \
     case 1: call_with_nt(1); break;                                                                \
@@ -367,6 +440,12 @@ T512 static void matvec_bf16(const weight_matrix *w, const matvec_input *in, flo
 }
 
 T512 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
+    if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16) {
+#define CALL(n) mlx4_rows16(w, in, y, r0, r1, n)
+        DISPATCH_NT(CALL)
+#undef CALL
+        return;
+    }
     if (cpu_mlx_x_planes(w)) { /* scales in registers: no sd array */
 #define CALL(n) mlx4_planes_rows(w, in, y, r0, r1, n)
         DISPATCH_NT(CALL)
@@ -424,19 +503,22 @@ T512 static void avx512_dequant(const weight_matrix *w, int64_t r, int64_t c0, i
         }
         return;
     }
-    int64_t gs = w->group_size, groups = cols / gs;
+    int64_t gs = w->group_size;
     unpack_consts u = unpack_setup(w->bits);
-    const uint8_t *q = (const uint8_t *)w->data + (size_t)r * ((size_t)cols * (size_t)w->bits / 8) +
-                       (size_t)(c0 / 32) * (size_t)u.chunk_bytes;
+    /* 32 values are `bits` words; in a 16-row interleaved block (4-bit only) a row's words are
+     * 16 apart and its scales too (weight_mlx_word / weight_mlx_group) */
+    const int strided = row_strided(w, r);
+    const uint32_t *q = (const uint32_t *)w->data + weight_mlx_word(w, r, c0 * w->bits / 32);
     for (int64_t c = 0; c < len; c += gs) {
-        int64_t g = r * groups + (c0 + c) / gs;
+        int64_t g = weight_mlx_group(w, r, (c0 + c) / gs);
         __m512 s = scales_load16(w->scale_dtype, w->scales, g, 1);
         __m512 b = scales_load16(w->scale_dtype, w->biases, g, 1);
         s = _mm512_broadcastss_ps(_mm512_castps512_ps128(s));
         b = _mm512_broadcastss_ps(_mm512_castps512_ps128(b));
         for (int64_t i = 0; i < gs; i += 32) {
-            __m512i v = unpack32(&u, q);
-            q += u.chunk_bytes;
+            __m512i v = strided ? unpack32_raw(&u, _mm256_zextsi128_si256(row_words4(q, 1)))
+                                : unpack32(&u, (const uint8_t *)q);
+            q += strided ? 64 : w->bits;
             __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)));
             __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)));
             _mm512_storeu_ps(out + c + i, _mm512_fmadd_ps(lo, s, b));
