@@ -6,7 +6,8 @@
 #   bash bench/decode_ab.sh MODEL_DIR [ROUNDS] [BASELINE_EXO]
 # BASELINE_EXO: another exo binary (e.g. built from main) run as variant "baseline".
 # Env: EXO (default build/release/exo), TG (32), BATCH (1,8), VARIANTS ("name|VAR=V ...;name|...",
-# replaces the list below).
+# replaces the list below), LOCK (a file: each run holds `flock LOCK`, e.g. /tmp/exo-bench.lock on
+# a machine shared with other benchmarks). Prints the share of the roofline too (b1%, ...).
 set -euo pipefail
 model=${1:?usage: bench/decode_ab.sh MODEL_DIR [ROUNDS] [BASELINE_EXO]}
 rounds=${2:-3}
@@ -29,10 +30,12 @@ for r in $(seq "$rounds"); do
     name=${v%%|*} envs=${v#*|} bin=$exo
     [ "$name" = baseline ] && bin=$baseline
     # shellcheck disable=SC2086
-    env $envs "$bin" bench --model "$model" --pp 16 --tg "$tg" --batch "$batch" --reps 2 2>&1 |
+    ${LOCK:+flock "$LOCK"} env $envs "$bin" bench --model "$model" --pp 16 --tg "$tg" --batch "$batch" --reps 2 2>&1 |
       awk -v n="$name" -v r="$r" -v load="$(cut -d' ' -f1 /proc/loadavg)" '
         /read-only/ {print n, r, "bw", $(NF-5), load}
-        /^decode/ {print n, r, $3, $5, load}' | tee -a "$log"
+        /^decode/ {b = $3; sub(/:$/, "", b); match($0, /[0-9.]+ tok\/s/); t = substr($0, RSTART, RLENGTH - 6)
+                   match($0, /= *[0-9.]+%/); p = substr($0, RSTART, RLENGTH); gsub(/[= %]/, "", p)
+                   print n, r, b, t, load; print n, r, b "%", p, load}' | tee -a "$log"
   done
 done
 echo "== medians over $rounds rounds (tok/s; bw in GB/s)"

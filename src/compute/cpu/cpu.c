@@ -676,6 +676,8 @@ static int use_mlx_gemm(const cpu_kernels *k, int n, const weight_matrix *const 
     for (int i = 0; i < n; i++)
         if (ws[i]->format != WEIGHT_MLX_AFFINE) return 0;
     if (gemm == CPU_GEMM_MLX_INT) return n_tokens > (max_matvec_tokens < 0 ? 0 : max_matvec_tokens);
+    for (int i = 0; i < n; i++) /* the interleaved 4-bit matvec passes beat it (max_matvec_default) */
+        if (ws[i]->layout == WEIGHT_LAYOUT_MLX_ROWS16) return 0;
     return gemm == CPU_GEMM_AUTO && max_matvec_tokens < 0 && mlx_gemm_enabled() &&
            n_tokens >= CPU_MLX_GEMM_MIN_TOKENS &&
            n_tokens <= CPU_MLX_GEMM_MAX_TOKENS;
@@ -698,6 +700,7 @@ static int check_view(const weight_matrix *w, float *y, int64_t n_tokens) {
 }
 
 static int max_matvec_default(const weight_matrix *w) {
+    if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16) return CPU_MATVEC_PASSES_Q4_ROWS16;
     return w->format == WEIGHT_MLX_AFFINE ? CPU_MATVEC_PASSES_MLX : CPU_MATVEC_PASSES_DENSE;
 }
 

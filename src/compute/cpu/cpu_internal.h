@@ -25,6 +25,11 @@
  * matvecs vs 1.03/1.37/1.71 ms as gemm; bf16 at 16: 0.54 vs 0.68 ms, at 24: 0.81 vs 0.70). */
 #define CPU_MATVEC_PASSES_MLX 32
 #define CPU_MATVEC_PASSES_DENSE 16
+/* 4-bit matrices in the 16-row interleaved layout: passes of 8 tokens up to 256 tokens, instead
+ * of the MLX int16 gemm at 9-256. Per core (exo bench --section batch --threads 1 --cpu-time,
+ * 1B MLP shapes, shared machine) the passes ran 108-145 GFLOP/s at every size from 8 to 256
+ * tokens, the int16 gemm on MLX order 78-117 (bench/RESULTS.md, fourth session). */
+#define CPU_MATVEC_PASSES_Q4_ROWS16 256
 /* Software prefetch 2 KiB ahead in the matvec kernels: on this 2-core VM (quiet, 2026-11-30) b1 decode
  * went 15.6 -> 21-24 tok/s on the 4-bit 1B model and 6.7 -> 8.0 tok/s on bf16; 1-8 KiB all helped
  * about as much (bench/RESULTS.md). The L2 streamer alone leaves the core stalled at each page. */

@@ -245,14 +245,62 @@ TILE_FN(3, 4)
 #define MLX_GEMM_BLOCK_ROWS 96
 #define MLX_GEMM_KB_X_T 512
 
+/* Rows [b0, b1) of a 16-row interleaved matrix copied into mem in MLX order (words by 16-word
+ * gathers, scales one by one), as a view whose row i is row b0 + i and whose `rows` stays
+ * w->rows (the tiles use it as y's row stride only). Per block of rows this is a few percent of
+ * the tiles' work; reading the interleaved rows inside the tiles instead (gathers per row and
+ * group) made the gemm up to 2x slower at 9-32 tokens. */
+T512 static weight_matrix rows_in_mlx_order(const weight_matrix *w, int64_t b0, int64_t b1, void *mem) {
+    int64_t words = w->cols / 8, groups = w->cols / w->group_size, n = b1 - b0;
+    size_t es = dtype_size(w->scale_dtype);
+    uint32_t *d = mem;
+    uint8_t *sc = (uint8_t *)(d + n * words), *bi = sc + (size_t)(n * groups) * es;
+    for (int64_t r = b0; r < b1; r++) {
+        const uint32_t *src = (const uint32_t *)w->data + weight_mlx_word(w, r, 0);
+        uint32_t *dst = d + (r - b0) * words;
+        if (row_strided(w, r))
+            for (int64_t j = 0; j < words; j += 16) _mm512_storeu_si512(dst + j, row_words16(src + 16 * j, 1));
+        else
+            memcpy(dst, src, (size_t)words * 4);
+        int64_t first = weight_mlx_group(w, r, 0), step = row_strided(w, r) ? 16 : 1, to = (r - b0) * groups;
+        if (es == 2) {
+            const uint16_t *s16 = (const uint16_t *)w->scales + first, *b16 = (const uint16_t *)w->biases + first;
+            for (int64_t g = 0; g < groups; g++)
+                ((uint16_t *)sc)[to + g] = s16[g * step], ((uint16_t *)bi)[to + g] = b16[g * step];
+        } else {
+            const uint32_t *s32 = (const uint32_t *)w->scales + first, *b32 = (const uint32_t *)w->biases + first;
+            for (int64_t g = 0; g < groups; g++)
+                ((uint32_t *)sc)[to + g] = s32[g * step], ((uint32_t *)bi)[to + g] = b32[g * step];
+        }
+    }
+    weight_matrix v = *w;
+    v.layout = WEIGHT_LAYOUT_MLX;
+    v.data = d, v.scales = sc, v.biases = bi;
+    return v;
+}
+
 T512 void cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float *y, int64_t r0,
                             int64_t r1) {
     unpack_consts u = unpack_setup(w->bits);
     uint32_t wbuf[12 * 64] __attribute__((aligned(64)));
     float acc[MLX_GEMM_BLOCK_ROWS * 64] __attribute__((aligned(64)));
     int64_t nvec = px->tpad / 16, groups = w->cols / w->group_size;
+    const weight_matrix *full = w;
+    weight_matrix copy;
+    /* interleaved rows: one MLX-order copy per block in thread scratch slot 1 (out of memory:
+     * the tiles read the interleaved rows themselves, slower) */
+    size_t copy_bytes = full->layout == WEIGHT_LAYOUT_MLX_ROWS16
+                            ? (size_t)MLX_GEMM_BLOCK_ROWS * ((size_t)full->cols / 2 + 2 * (size_t)groups * dtype_size(full->scale_dtype))
+                            : 0;
+    void *copy_mem = copy_bytes ? cpu_scratch(1, copy_bytes) : NULL;
     for (int64_t b0 = r0; b0 < r1; b0 += MLX_GEMM_BLOCK_ROWS) {
         int64_t b1 = b0 + MLX_GEMM_BLOCK_ROWS < r1 ? b0 + MLX_GEMM_BLOCK_ROWS : r1;
+        int64_t base = 0; /* rows of w below the view's row 0 */
+        if (copy_mem) {
+            copy = rows_in_mlx_order(full, b0, b1, copy_mem);
+            w = &copy;
+            base = b0;
+        }
         for (int64_t tv0 = 0; tv0 < nvec; tv0 += 4) {
             int T = (int)(nvec - tv0 < 4 ? nvec - tv0 : 4), R = 12 / T;
             int64_t kb = MLX_GEMM_KB_X_T / T, gkb = kb > w->group_size ? kb / w->group_size : 1;
@@ -261,11 +309,13 @@ T512 void cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float 
                 for (int64_t r = b0; r < b1; r += R) {
                     int nr = (int)(b1 - r < R ? b1 - r : R);
                     float *a = acc + (r - b0) * T * 16; /* this tile's [R][T][16] */
+                    float *yb = y + base;
+                    int64_t rv = r - base;
                     switch (T) {
-                    case 1: mlx_gemm_tile_12x1(w, px, y, r, nr, tv0, g0, g1, a, &u, wbuf); break;
-                    case 2: mlx_gemm_tile_6x2(w, px, y, r, nr, tv0, g0, g1, a, &u, wbuf); break;
-                    case 3: mlx_gemm_tile_4x3(w, px, y, r, nr, tv0, g0, g1, a, &u, wbuf); break;
-                    default: mlx_gemm_tile_3x4(w, px, y, r, nr, tv0, g0, g1, a, &u, wbuf); break;
+                    case 1: mlx_gemm_tile_12x1(w, px, yb, rv, nr, tv0, g0, g1, a, &u, wbuf); break;
+                    case 2: mlx_gemm_tile_6x2(w, px, yb, rv, nr, tv0, g0, g1, a, &u, wbuf); break;
+                    case 3: mlx_gemm_tile_4x3(w, px, yb, rv, nr, tv0, g0, g1, a, &u, wbuf); break;
+                    default: mlx_gemm_tile_3x4(w, px, yb, rv, nr, tv0, g0, g1, a, &u, wbuf); break;
                     }
                 }
             }
