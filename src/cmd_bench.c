@@ -376,8 +376,9 @@ static void fill_words(void *p, size_t bytes, uint32_t and_mask, uint32_t or_mas
     for (size_t i = 0; i < bytes / 4; i++) w[i] = ((uint32_t)rng_next() & and_mask) | or_mask;
 }
 
+/* repack: interleave 4-bit matrices as the model loader does when the kernels prefer it. */
 static int sweep_alloc(sweep *s, const format_case *f, int64_t rows, int64_t cols, size_t min_bytes,
-                       int64_t max_tokens) {
+                       int64_t max_tokens, int repack) {
     memset(s, 0, sizeof *s);
     weight_matrix one = {.format = f->format, .rows = rows, .cols = cols, .bits = f->bits,
                          .group_size = f->group_size, .scale_dtype = DTYPE_BF16};
@@ -411,7 +412,7 @@ static int sweep_alloc(sweep *s, const format_case *f, int64_t rows, int64_t col
     s->all.scales = scales;
     s->all.biases = biases;
     /* as the model loader does (EXO_Q4_LAYOUT=mlx: no); whole blocks per matrix of the sweep */
-    if (rows % 16 == 0 && cpu_weight_prefers_rows16(&s->all)) cpu_weight_repack_rows16(&s->all);
+    if (repack && rows % 16 == 0 && cpu_weight_prefers_rows16(&s->all)) cpu_weight_repack_rows16(&s->all);
     s->x = malloc((size_t)(max_tokens * cols) * sizeof(float));
     s->y = malloc((size_t)(max_tokens * rows) * sizeof(float));
     if (!s->x || !s->y) goto fail;
@@ -463,7 +464,7 @@ static void run_sweep(void *p) {
 double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens) {
     format_case f = {"mlx", WEIGHT_MLX_AFFINE, bits, group_size};
     sweep s;
-    if (sweep_alloc(&s, &f, n, n, 1, tokens)) return 0;
+    if (sweep_alloc(&s, &f, n, n, 1, tokens, 1)) return 0;
     s.n_tokens = tokens;
     s.max_matvec = -1;
     run_sweep(&s);
@@ -515,10 +516,16 @@ static void bench_matvec(const bench_options *o, double read_gbs, double gemm_pe
                 rows = (int64_t)((double)rows * (double)min_bytes / (double)mbytes) & ~(int64_t)15;
                 if (rows < 16) rows = 16;
             }
-            if (sweep_alloc(&s, &bench_formats[f], rows, cols, min_bytes, 512) != 0) {
+            if (sweep_alloc(&s, &bench_formats[f], rows, cols, min_bytes, 512, 1) != 0) {
                 fprintf(stderr, "exo bench: out of memory for %s\n", bench_formats[f].name);
                 continue;
             }
+            /* Interleaved 4-bit matrices: the same sweep in MLX order too, timed rep by rep in
+             * turn with it (an A/B in one process), printed on the next line. */
+            sweep m;
+            int ab = s.all.layout == WEIGHT_LAYOUT_MLX_ROWS16 &&
+                     sweep_alloc(&m, &bench_formats[f], rows, cols, min_bytes, 512, 0) == 0;
+            double t_mlx[16] = {0};
             double bytes = (double)weight_matrix_bytes(&s.all);
             char shape[32];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)rows, (long long)cols);
@@ -527,7 +534,19 @@ static void bench_matvec(const bench_options *o, double read_gbs, double gemm_pe
                 s.n_tokens = o->mv_tokens[b];
                 s.max_matvec = -1;
                 run_sweep(&s);
-                double t = time_best(run_sweep, &s, o->reps, NULL);
+                double t = 0;
+                if (ab) {
+                    m.n_tokens = s.n_tokens;
+                    m.max_matvec = -1;
+                    run_sweep(&m);
+                    for (int i = 0; i < o->reps; i++) {
+                        double a = time_best(run_sweep, &s, 1, NULL), c = time_best(run_sweep, &m, 1, NULL);
+                        t = i == 0 || a < t ? a : t;
+                        if (b < 16) t_mlx[b] = i == 0 || c < t_mlx[b] ? c : t_mlx[b];
+                    }
+                } else {
+                    t = time_best(run_sweep, &s, o->reps, NULL);
+                }
                 double gbs = bytes / t * 1e-9;
                 printf(" %9.2f %7.0f%%", gbs, read_gbs > 0 ? 100 * gbs / read_gbs : 0);
             }
@@ -543,6 +562,15 @@ static void bench_matvec(const bench_options *o, double read_gbs, double gemm_pe
                 printf(" %12.1f %7.0f%%", gflops, gemm_peak > 0 ? 100 * gflops / gemm_peak : 0);
             }
             printf("\n");
+            if (ab) {
+                printf("%-12s %-10s", " (MLX order)", shape);
+                for (int b = 0; b < o->n_mv_tokens && b < 16; b++) {
+                    double gbs = bytes / t_mlx[b] * 1e-9;
+                    printf(" %9.2f %7.0f%%", gbs, read_gbs > 0 ? 100 * gbs / read_gbs : 0);
+                }
+                printf("\n");
+                sweep_free(&m);
+            }
             fflush(stdout);
             sweep_free(&s);
         }
@@ -582,7 +610,7 @@ static void bench_batch(const bench_options *o) {
     printf("batched matmul, %s, GFLOP/s (median of %d, regimes interleaved)\n", q4.name, o->reps);
     for (size_t sh = 0; sh < 2; sh++) {
         sweep s;
-        if (sweep_alloc(&s, &q4, shapes[sh][0], shapes[sh][1], 1, 256) != 0) {
+        if (sweep_alloc(&s, &q4, shapes[sh][0], shapes[sh][1], 1, 256, 1) != 0) {
             fprintf(stderr, "exo bench: out of memory\n");
             return;
         }
