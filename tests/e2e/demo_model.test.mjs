@@ -32,7 +32,9 @@ function tokenizer() {
 test('demo model: MLX 4-bit Llama checkpoint that matches its config, under 25 MB', () => {
   const cfg = readJson('config.json');
   assert.equal(cfg.model_type, 'llama');
-  assert.deepEqual(cfg.quantization, { group_size: 64, bits: 4 });
+  assert.equal(cfg.quantization.bits, 4);
+  const group = cfg.quantization.group_size;
+  assert.ok([32, 64, 128].includes(group), `group size ${group}`);
   const file = path.join(dir, 'model.safetensors');
   assert.ok(fs.statSync(file).size < 25e6);
   const h = safetensorsHeader(file);
@@ -51,8 +53,8 @@ test('demo model: MLX 4-bit Llama checkpoint that matches its config, under 25 M
   for (const [name, [out, inp]] of Object.entries(shapes)) {
     assert.deepEqual(h[`${name}.weight`]?.shape, [out, inp / 8], `${name}.weight`);
     assert.equal(h[`${name}.weight`].dtype, 'U32');
-    assert.deepEqual(h[`${name}.scales`]?.shape, [out, inp / 64], `${name}.scales`);
-    assert.deepEqual(h[`${name}.biases`]?.shape, [out, inp / 64], `${name}.biases`);
+    assert.deepEqual(h[`${name}.scales`]?.shape, [out, inp / group], `${name}.scales`);
+    assert.deepEqual(h[`${name}.biases`]?.shape, [out, inp / group], `${name}.biases`);
   }
   assert.equal(h['lm_head.weight'], undefined, 'tied embeddings: no lm_head');
   assert.equal(Object.keys(h).length - 1, Object.keys(shapes).length * 3 + cfg.num_hidden_layers * 2 + 1);
@@ -68,7 +70,9 @@ test('demo model: chat template renders the format it was trained on', () => {
 test("demo model: exo's greedy answers equal transformers' on the same weights", () => {
   const tok = tokenizer();
   const evalResults = readJson('eval.json');
-  const answers = evalResults['4bit'].seen_words.answers.slice(0, 3);
+  // Trained words and held-out ones (the model's less certain answers, where rounding could flip a token).
+  const answers = [...evalResults['4bit'].seen_words.answers.slice(0, 3),
+    ...evalResults['4bit'].held_out_words.answers.slice(0, 4)];
   for (const { word, answer } of answers) {
     const prompt = tok.apply_chat_template([{ role: 'user', content: `What does ${word} mean?` }],
       { tokenize: false, add_generation_prompt: true });

