@@ -564,6 +564,41 @@ static void test_q4_rows16_splits_and_levels(void **state) {
         }
         cpu_matvec_set_split(CPU_SPLIT_STEAL);
     }
+    /* The kernel itself on ranges that cut blocks anywhere (the driver never does): each range
+     * writes exactly its own rows. */
+    const cpu_kernels *k = cpu_kernels_for(CPU_LEVEL_AVX512);
+    for (int64_t n = 1; k && n <= CPU_MATVEC_MAX_TOKENS; n += 7) {
+        const weight_matrix *w = &t[0].w;
+        int64_t groups = w->cols / w->group_size, cuts[] = {0, 5, 16, 37, 38, 100, 193, 200};
+        float *x = random_x(n, w->cols), *ref = malloc((size_t)(n * w->rows) * sizeof(float));
+        float *y = malloc((size_t)(n * w->rows) * sizeof(float));
+        float *xsum = malloc((size_t)(n * groups) * sizeof(float)), *xscale = malloc((size_t)(n * groups) * sizeof(float));
+        int16_t *xq = malloc((size_t)(n * w->cols) * sizeof(int16_t));
+        k->prepare_mlx(w, x, n, xsum, xscale, xq);
+        matvec_input in = {.x = x, .n_tokens = n, .xq = xq, .xscale = xscale, .xsum = xsum};
+        cpu_matmul_reference(w, x, ref, n);
+        float *part = malloc((size_t)(n * w->rows) * sizeof(float));
+        for (size_t c = 0; c + 1 < sizeof cuts / sizeof *cuts; c++) {
+            for (int64_t i = 0; i < n * w->rows; i++) part[i] = NAN;
+            k->matvec(w, &in, part, cuts[c], cuts[c + 1]);
+            for (int64_t tk = 0; tk < n; tk++)
+                for (int64_t r = 0; r < w->rows; r++) {
+                    float v = part[tk * w->rows + r];
+                    if (r >= cuts[c] && r < cuts[c + 1]) y[tk * w->rows + r] = v;
+                    else if (!isnan(v)) fail_msg("rows16 range [%lld, %lld) wrote row %lld", (long long)cuts[c],
+                                                 (long long)cuts[c + 1], (long long)r);
+                }
+        }
+        free(part);
+        for (int64_t j = 0; j < n * w->rows; j++) {
+            double tol = 4e-5 * tolerance_scale(w, x, j / w->rows, j % w->rows) + 1e-6;
+            if (!(fabs((double)y[j] - (double)ref[j]) <= tol))
+                fail_msg("rows16 cut ranges n=%lld element %lld: got %.7g, reference %.7g", (long long)n,
+                         (long long)j, y[j], ref[j]);
+        }
+        checks_run++;
+        free(x), free(ref), free(y), free(xsum), free(xscale), free(xq);
+    }
     for (int level = CPU_LEVEL_GENERIC; level <= CPU_LEVEL_AVX2; level++) {
         if (!cpu_kernels_for((cpu_level)level)) continue;
         float *x = random_x(2, 512), *y = malloc(2 * 200 * sizeof(float));
