@@ -676,8 +676,9 @@ static int use_mlx_gemm(const cpu_kernels *k, int n, const weight_matrix *const 
     for (int i = 0; i < n; i++)
         if (ws[i]->format != WEIGHT_MLX_AFFINE) return 0;
     if (gemm == CPU_GEMM_MLX_INT) return n_tokens > (max_matvec_tokens < 0 ? 0 : max_matvec_tokens);
-    for (int i = 0; i < n; i++) /* the interleaved 4-bit matvec passes beat it (max_matvec_default) */
-        if (ws[i]->layout == WEIGHT_LAYOUT_MLX_ROWS16) return 0;
+    int rows16 = 0; /* all interleaved: their matvec passes beat it (max_matvec_default) */
+    for (int i = 0; i < n; i++) rows16 += ws[i]->layout == WEIGHT_LAYOUT_MLX_ROWS16;
+    if (rows16 == n) return 0;
     return gemm == CPU_GEMM_AUTO && max_matvec_tokens < 0 && mlx_gemm_enabled() &&
            n_tokens >= CPU_MLX_GEMM_MIN_TOKENS &&
            n_tokens <= CPU_MLX_GEMM_MAX_TOKENS;
