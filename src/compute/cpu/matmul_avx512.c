@@ -336,6 +336,20 @@ T512 INLINE void mlx4_planes_rows(const weight_matrix *w, const matvec_input *in
     }
 }
 
+/* acc += u8 a . s8 b per int32 lane (vpdpbusd) with the accumulator tied to the destination:
+ * written as the intrinsic, GCC 12 copies the accumulators of mlx4_rows16 through other
+ * registers and the stack around every instruction (twice the instructions of the loop). */
+T512 INLINE __m512i dpbusd_acc(__m512i acc, __m512i a, __m512i b) {
+    __asm__("vpdpbusd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
+    return acc;
+}
+
+/* The same with b the 4 bytes at p broadcast to every lane (embedded broadcast: one fused uop). */
+T512 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i a, const uint8_t *p) {
+    __asm__("vpdpbusd %[b]%{1to16%}, %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "m"(*(const int32_t *)p));
+    return acc;
+}
+
 /* 4-bit rows in the 16-row interleaved layout (WEIGHT_LAYOUT_MLX_ROWS16): per block of 16 rows
  * and group, vector k (k < gs/8) holds word k of the group of each row (lane l: values 8k..8k+7
  * of row 16b+l, as MLX packs them), so the same AND / shift+AND split the even and odd nibbles of
@@ -352,6 +366,9 @@ T512 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
     int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
     int64_t kpg = gs / 8, rows16 = rows & ~(int64_t)15;
     const __m512i m0f = _mm512_set1_epi8(0x0f);
+    /* Independent int32 accumulator chains per plane and token (vpdpbusd latency): 4 at 1-2
+     * tokens (two vectors per step), 2 at 3-4, 1 above (register budget). kpg is even. */
+    const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1, ku = nc == 4 ? 2 : 1;
     size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
     /* scales and biases stream at 16*esize bytes per 8*gs weight bytes */
     size_t sahead = ahead ? ((ahead * 2 * esize / (size_t)gs + 63) & ~(size_t)63) : 0;
@@ -373,29 +390,42 @@ T512 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
                 _mm_prefetch((const char *)bb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
             }
             int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
-            __m512i ah[CPU_MATVEC_MAX_TOKENS], al[CPU_MATVEC_MAX_TOKENS];
+            __m512i ah[CPU_MATVEC_MAX_TOKENS][4], al[CPU_MATVEC_MAX_TOKENS][4];
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) ah[t] = al[t] = _mm512_setzero_si512();
-            for (int64_t k = 0; k < kpg; k++) {
-                __m512i v = _mm512_loadu_si512(wg + 64 * k);
-                __m512i we = _mm512_and_si512(v, m0f);
-                __m512i wo = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+            for (int t = 0; t < nt; t++)
+#pragma GCC unroll 4
+                for (int j = 0; j < nc; j++) ah[t][j] = al[t][j] = _mm512_setzero_si512();
+            for (int64_t k = 0; k < kpg; k += ku) {
+#pragma GCC unroll 2
+                for (int u = 0; u < ku; u++) {
+                    __m512i v = _mm512_loadu_si512(wg + 64 * (k + u));
+                    __m512i we = _mm512_and_si512(v, m0f);
+                    __m512i wo = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+                    const int je = nc == 4 ? 2 * u : 0, jo = nc == 1 ? 0 : je + 1;
 #pragma GCC unroll 8
-                for (int t = 0; t < nt; t++) {
-                    const uint8_t *xb = xq[t] + xoff + 4 * k;
-                    int32_t he, ho, le, lo;
-                    memcpy(&he, xb, 4), memcpy(&ho, xb + 64, 4), memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
-                    ah[t] = _mm512_dpbusd_epi32(ah[t], we, _mm512_set1_epi32(he));
-                    ah[t] = _mm512_dpbusd_epi32(ah[t], wo, _mm512_set1_epi32(ho));
-                    al[t] = _mm512_dpbusd_epi32(al[t], _mm512_set1_epi32(le), we);
-                    al[t] = _mm512_dpbusd_epi32(al[t], _mm512_set1_epi32(lo), wo);
+                    for (int t = 0; t < nt; t++) {
+                        const uint8_t *xb = xq[t] + xoff + 4 * (k + u);
+                        int32_t le, lo;
+                        memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
+                        ah[t][je] = dpbusd_bcast(ah[t][je], we, xb);
+                        ah[t][jo] = dpbusd_bcast(ah[t][jo], wo, xb + 64);
+                        al[t][je] = dpbusd_acc(al[t][je], _mm512_set1_epi32(le), we);
+                        al[t][jo] = dpbusd_acc(al[t][jo], _mm512_set1_epi32(lo), wo);
+                    }
                 }
             }
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++)
+#pragma GCC unroll 4
+                for (int j = 1; j < nc; j++) {
+                    ah[t][0] = _mm512_add_epi32(ah[t][0], ah[t][j]);
+                    al[t][0] = _mm512_add_epi32(al[t][0], al[t][j]);
+                }
             __m512 sc = scales_load16(w->scale_dtype, sb, g * 16, 0xffff);
             __m512 bi = scales_load16(w->scale_dtype, bb, g * 16, 0xffff);
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
-                __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t], 8), al[t]);
+                __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t][0], 8), al[t][0]);
                 __m512 sv = _mm512_mul_ps(sc, _mm512_set1_ps(in->xscale[t * groups + g]));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), sv, acc[t]);
                 acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(in->xsum[t * groups + g]), acc[t]);
