@@ -346,7 +346,7 @@ T512 INLINE __m512i dpbusd_acc(__m512i acc, __m512i a, __m512i b) {
 
 /* The same with b the 4 bytes at p broadcast to every lane (embedded broadcast: one fused uop). */
 T512 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i a, const uint8_t *p) {
-    __asm__("vpdpbusd %[b]%{1to16%}, %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "m"(*(const int32_t *)p));
+    __asm__("vpdpbusd %[b]%{1to16%}, %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "m"(*(const uint8_t(*)[4])p));
     return acc;
 }
 
