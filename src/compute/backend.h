@@ -60,6 +60,11 @@ struct compute_backend {
     void (*free)(compute_backend *b, void *p);
     void (*upload)(compute_backend *b, void *dst, const void *host_src, size_t bytes);
     void (*download)(compute_backend *b, void *host_dst, const void *src, size_t bytes);
+    /* Offered once per weight matrix at load while its bytes are a private, writable copy (see
+     * model_weights_rewrite): the backend may rewrite them in place into an order its kernels
+     * read faster, recording it in w->layout (CPU with AVX-512: 4-bit matrices interleaved in
+     * blocks of 16 rows). Returns 1 if it rewrote w. NULL: weights are used as loaded. */
+    int (*prepare_weight)(compute_backend *b, weight_matrix *w);
 
     /* y[t][r] = sum_c x[t][c] * W[r][c] */
     void (*matmul)(compute_backend *b, const weight_matrix *w, const float *x, float *y,

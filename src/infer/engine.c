@@ -151,6 +151,11 @@ static int alloc_staging(engine *e) {
                : -1;
 }
 
+static int prepare_weight(weight_matrix *m, void *backend) {
+    compute_backend *b = backend;
+    return b->prepare_weight(b, m);
+}
+
 engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     engine *e = calloc(1, sizeof *e);
     if (!e) return NULL;
@@ -161,6 +166,7 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     if (model_weights_load(e->st, c, o->layer_start, o->layer_end, &e->w, err, errlen)) goto fail;
     e->be = compute_backend_cpu(o->n_threads);
     if (!e->be) goto oom;
+    if (e->be->prepare_weight) model_weights_rewrite(&e->w, prepare_weight, e->be);
     e->max_batch_tokens = o->max_batch_tokens > 0 ? o->max_batch_tokens : 512;
     e->max_sequences = o->max_sequences > 0 ? o->max_sequences : 64;
     e->block_size = ENGINE_BLOCK_SIZE;

@@ -3,7 +3,6 @@
 
 #include "base/clock.h"
 #include "base/log.h"
-#include "compute/cpu/cpu.h"
 
 #include <stdarg.h>
 #include <stdint.h>
@@ -354,18 +353,16 @@ static void view_relocate(weight_matrix *m, void *ctx) {
     m->biases = relocate(ctx, m->biases);
 }
 
-typedef struct repack_walk {
-    const weight_matrix *embed; /* looked up by row, not multiplied: left in MLX order */
+typedef struct rewrite_walk {
+    const weight_matrix *embed; /* looked up by row, not multiplied: never offered */
+    int (*rewrite)(weight_matrix *m, void *ctx);
+    void *ctx;
     size_t bytes;
-} repack_walk;
+} rewrite_walk;
 
-/* Rewrites a 4-bit matrix of the arena into the 16-row interleaved order when the CPU kernels in
- * use prefer it (cpu_weight_prefers_rows16: AVX-512, EXO_Q4_LAYOUT not `mlx`). Each view is its
- * own blocks: stacked MoE experts are repacked one expert at a time. */
-static void view_repack(weight_matrix *m, void *ctx) {
-    repack_walk *rw = ctx;
-    if (m == rw->embed || !cpu_weight_prefers_rows16(m)) return;
-    if (cpu_weight_repack_rows16(m) == 0) rw->bytes += weight_matrix_bytes(m);
+static void view_rewrite(weight_matrix *m, void *ctx) {
+    rewrite_walk *rw = ctx;
+    if (m != rw->embed && rw->rewrite(m, rw->ctx)) rw->bytes += weight_matrix_bytes(m);
 }
 
 /* MemAvailable from /proc/meminfo in bytes, or 0 when unknown. */
@@ -444,21 +441,25 @@ int model_weights_place_within(model_weights *w, weights_memory how, size_t avai
     relocation rl = {&l, arena};
     for_each_view(w, view_relocate, &rl);
     free(l.r);
-    /* The arena is ours to rewrite. A tied lm_head is the embedding's bytes: the matvec's layout
-     * wins and the embedding's row lookups (weight_matrix_row_to_f32) read it the same way. */
-    uint64_t t0 = clock_now_ns();
-    repack_walk rw = {.embed = &w->embed};
-    for_each_view(w, view_repack, &rw);
-    if (w->has_embed && w->has_head && w->embed.data == w->lm_head.data) w->embed.layout = w->lm_head.layout;
-    w->repacked_bytes = rw.bytes;
-    if (rw.bytes)
-        log_info("weights: %.0f MB of 4-bit matrices interleaved in blocks of 16 rows in %.2f s "
-                 "(EXO_Q4_LAYOUT=mlx keeps MLX order)", (double)rw.bytes / 1e6,
-                 (double)(clock_now_ns() - t0) * 1e-9);
     w->arena = base;
     w->arena_len = len;
     w->copied_bytes = copied;
     return 1;
+}
+
+size_t model_weights_rewrite(model_weights *w, int (*rewrite)(weight_matrix *m, void *ctx), void *ctx) {
+    if (!w->arena || !rewrite) return 0; /* views on the read-only mmap: used as published */
+    uint64_t t0 = clock_now_ns();
+    rewrite_walk rw = {.embed = &w->embed, .rewrite = rewrite, .ctx = ctx};
+    for_each_view(w, view_rewrite, &rw);
+    /* A tied lm_head is the embedding's bytes: the matmul's layout wins, and the embedding's row
+     * lookups (weight_matrix_row_to_f32) read it the same way. */
+    if (w->has_embed && w->has_head && w->embed.data == w->lm_head.data) w->embed.layout = w->lm_head.layout;
+    w->rewritten_bytes += rw.bytes;
+    if (rw.bytes)
+        log_info("weights: %.0f MB rewritten into the backend's layout in %.2f s", (double)rw.bytes / 1e6,
+                 (double)(clock_now_ns() - t0) * 1e-9);
+    return rw.bytes;
 }
 
 int model_weights_load(const safetensors_set *st, const model_config *c, int layer_start,
@@ -508,7 +509,7 @@ fail:
 void model_weights_free(model_weights *w) {
     if (w->arena) munmap(w->arena, w->arena_len);
     w->arena = NULL;
-    w->arena_len = w->copied_bytes = w->repacked_bytes = 0;
+    w->arena_len = w->copied_bytes = w->rewritten_bytes = 0;
     if (!w->layers) return;
     for (int i = 0; i < w->layer_end - w->layer_start; i++) {
         free(w->layers[i].expert_gate);

@@ -52,7 +52,7 @@ typedef struct model_weights {
     void *arena;            /* owned copy of the viewed bytes (model_weights_place), or NULL */
     size_t arena_len;       /* bytes mapped at arena */
     size_t copied_bytes;    /* weight bytes copied there (0: views point into the mmap) */
-    size_t repacked_bytes;  /* of those, 4-bit matrices in the 16-row interleaved layout */
+    size_t rewritten_bytes; /* of those, bytes the backend rewrote (model_weights_rewrite) */
 } model_weights;
 
 /* Where the weights live once loaded:
@@ -70,11 +70,14 @@ int model_weights_load(const safetensors_set *st, const model_config *c, int lay
 /* Copies every byte the views cover (only this shard's tensors) into one huge-page-advised
  * anonymous arena and repoints the views there, or leaves them on the mmap (see weights_memory).
  * Returns 1 if the weights were copied, 0 if they stay on the mmap (never fails: the mmap views
- * are always valid). Idempotent: a second call does nothing. In the arena, 4-bit matrices that
- * go through matmul (and a tied embedding, which is the lm_head) are rewritten into the 16-row
- * interleaved layout when the AVX-512 kernels are in use (cpu_weight_prefers_rows16); the mmap
- * fallback keeps MLX order. */
+ * are always valid). Idempotent: a second call does nothing. */
 int model_weights_place(model_weights *w, weights_memory how);
+/* Offers every matrix the forward pass multiplies (not an untied embedding, which is only looked
+ * up by row; a tied one is the lm_head and follows its layout) to rewrite(m, ctx), which may
+ * reorder m's bytes in place and set m->layout (a backend's prepare_weight). Only when the views
+ * are in the arena: on the mmap fallback the weights stay as published. Returns the bytes
+ * rewritten. */
+size_t model_weights_rewrite(model_weights *w, int (*rewrite)(weight_matrix *m, void *ctx), void *ctx);
 /* The same with MemAvailable given (bytes; AUTO copies only when the copy needs at most half of
  * it, 0 = unknown: never). For tests of the fallback. */
 int model_weights_place_within(model_weights *w, weights_memory how, size_t mem_available);

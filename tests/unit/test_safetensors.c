@@ -10,6 +10,7 @@
 
 #include "tiny_model.h"
 
+#include "compute/backend.h"
 #include "compute/cpu/cpu.h"
 #include "model/safetensors.h"
 #include "model/safetensors_write.h"
@@ -254,6 +255,12 @@ static int compare_weights(const model_weights *a, const model_weights *b, int n
     return views;
 }
 
+/* What engine_open does after loading: offers the matrices to the backend's prepare_weight. */
+static int backend_prepare(weight_matrix *m, void *backend) {
+    compute_backend *b = backend;
+    return b->prepare_weight(b, m);
+}
+
 static void check_placement(const tiny_spec *spec, const char *name, int ls, int le) {
     char dir[256], err[512];
     tiny_dir(dir, sizeof dir, name);
@@ -280,6 +287,11 @@ static void check_placement(const tiny_spec *spec, const char *name, int ls, int
     assert_non_null(placed.arena);
     assert_true(placed.copied_bytes > 0);
     assert_int_equal(model_weights_place(&placed, WEIGHTS_MEM_COPY), 1); /* idempotent */
+    compute_backend *be = compute_backend_cpu(0);
+    assert_non_null(be);
+    assert_int_equal(model_weights_rewrite(&mapped, backend_prepare, be), 0); /* mmap: as published */
+    size_t rewritten = model_weights_rewrite(&placed, backend_prepare, be);
+    be->destroy(be);
     moved = 0;
     repacked_views = 0;
     assert_int_equal(compare_weights(&mapped, &placed, c.n_experts, &moved), views);
@@ -305,7 +317,8 @@ static void check_placement(const tiny_spec *spec, const char *name, int ls, int
     if (!spec->tie && placed.has_embed) assert_int_equal(placed.embed.layout, WEIGHT_LAYOUT_MLX);
     if (placed.has_head)
         assert_int_equal(placed.lm_head.layout == WEIGHT_LAYOUT_MLX_ROWS16, cpu_weight_prefers_rows16(&mapped.lm_head));
-    assert_int_equal(placed.repacked_bytes > 0, repacked_views > 0);
+    assert_int_equal(rewritten > 0, repacked_views > 0);
+    assert_int_equal(placed.rewritten_bytes, rewritten);
     /* The copy holds only this shard's bytes: a later stage copies less than the whole model. */
     if (ls > 0) {
         model_weights all;

@@ -282,6 +282,11 @@ static void cpu_moe_ffn(compute_backend *b, const moe_experts *ex, const float *
     }
 }
 
+static int cpu_prepare_weight(compute_backend *b, weight_matrix *w) {
+    (void)b;
+    return cpu_weight_prefers_rows16(w) && cpu_weight_repack_rows16(w) == 0;
+}
+
 static void cpu_destroy(compute_backend *b) {
     cpu_ctx *c = b->ctx;
     free(c->scratch);
@@ -301,7 +306,7 @@ compute_backend *compute_backend_cpu(int n_threads) {
     if (n_threads > 0) cpu_set_threads(n_threads);
     *b = (compute_backend){
         .name = "cpu", .ctx = c, .alloc = cpu_alloc, .free = cpu_free, .upload = cpu_copy,
-        .download = cpu_copy, .matmul = cpu_matmul_op, .matmul_multi = cpu_matmul_multi_op, .embed = cpu_embed,
+        .download = cpu_copy, .prepare_weight = cpu_prepare_weight, .matmul = cpu_matmul_op, .matmul_multi = cpu_matmul_multi_op, .embed = cpu_embed,
         .rmsnorm = cpu_rmsnorm, .add = cpu_add, .add_row = cpu_add_row, .silu_mul = cpu_silu_mul,
         .rope = cpu_rope, .kv_write = cpu_kv_write, .attention = cpu_attention,
         .gather_rows = cpu_gather_rows, .moe_route = cpu_moe_route, .moe_ffn = cpu_moe_ffn,
