@@ -217,8 +217,15 @@ typedef struct ceilings {
     double read_gbs, peak, int_peak; /* first probe; f32 GEMM peak; the better of it and the MLX one */
 } ceilings;
 
-static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, const ceilings *c) {
+/* One measurement of N streams (what run_streams prints). */
+typedef struct streams_result {
+    double agg, per_stream, ttft50, ttft99, itl50, itl99, decode; /* decode: 0 = no window */
+} streams_result;
+
+static int measure_streams(engine *e, int n, int prompt_len, int tg, int vocab, int seed,
+                           streams_result *res) {
     char err[256];
+    int ok = 0;
     int32_t *p = malloc(sizeof(int32_t) * (size_t)prompt_len);
     double *ttft = calloc((size_t)n, sizeof *ttft), *last = calloc((size_t)n, sizeof *last);
     double *first = calloc((size_t)n, sizeof *first);
@@ -226,7 +233,7 @@ static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, con
     int n_itl = 0, total = 0;
     uint64_t t0 = clock_now_ns();
     for (int b = 0; b < n; b++) {
-        fill_prompt(p, prompt_len, vocab, 1000 + b);
+        fill_prompt(p, prompt_len, vocab, seed + b);
         engine_request r = {.prompt = p, .n_prompt = prompt_len, .max_tokens = tg, .ban_eos = 1,
                             .no_prefix_cache = 1};
         r.sampling = sampling_params_default();
@@ -265,27 +272,49 @@ static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, con
         end = last[b] > end ? last[b] : end;
         per_stream += last[b] > first[b] ? (tg - 1) / (last[b] - first[b]) : 0;
     }
-    double agg = total / end;
-    double decode = window_closed && t_close > t_open ? window_tokens / (t_close - t_open) : 0;
-    double bw = read_gbs_now(c->read_gbs);
-    double roof = roofline_for(c->mc, n, prompt_len + tg / 2.0, c->kv, bw, c->peak).rate;
-    double roof_int = roofline_for(c->mc, n, prompt_len + tg / 2.0, c->kv, bw, c->int_peak).rate;
-    printf("streams %-3d pp%d tg%d: %8.1f tok/s output (all of it / wall time), %6.1f tok/s per "
-           "stream | TTFT p50 %7.1f ms p99 %7.1f ms | ITL p50 %6.1f ms p99 %6.1f ms | decode "
-           "with all %d streams in the batch %8.1f tok/s = %5.1f%% of roofline %.1f",
-           n, prompt_len, tg, agg, per_stream / n, 1e3 * percentile(ttft, n, 0.5),
-           1e3 * percentile(ttft, n, 0.99), 1e3 * percentile(itl, n_itl, 0.5),
-           1e3 * percentile(itl, n_itl, 0.99), n, decode, roof > 0 ? 100 * decode / roof : 0,
-           roof);
-    if (roof_int > roof) printf(" (%5.1f%% of int-gemm roofline %.1f)", 100 * decode / roof_int, roof_int);
-    printf(" [%.1f GB/s]\n", bw);
-    fflush(stdout);
+    *res = (streams_result){total / end, per_stream / n, percentile(ttft, n, 0.5),
+                            percentile(ttft, n, 0.99), percentile(itl, n_itl, 0.5),
+                            percentile(itl, n_itl, 0.99),
+                            window_closed && t_close > t_open ? window_tokens / (t_close - t_open) : 0};
+    ok = 1;
 out:
     free(p);
     free(ttft);
     free(first);
     free(last);
     free(itl);
+    return ok;
+}
+
+/* N concurrent streams, `reps` times (fresh prompts each time); prints the repetition with the
+ * fastest decode window -- as the decode lines print the best of their reps: on a VM whose host
+ * takes the cores away at times, the slowest runs measure the host -- and the median next to it. */
+static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, int reps,
+                        const ceilings *c) {
+    streams_result best = {0}, r;
+    double rates[16];
+    int done = 0;
+    if (reps > 16) reps = 16;
+    for (int i = 0; i < reps; i++) {
+        if (!measure_streams(e, n, prompt_len, tg, vocab, 1000 + 100 * i, &r)) return;
+        rates[done++] = r.decode;
+        if (r.decode >= best.decode) best = r;
+    }
+    double median = percentile(rates, done, 0.5);
+    double bw = read_gbs_now(c->read_gbs);
+    double roof = roofline_for(c->mc, n, prompt_len + tg / 2.0, c->kv, bw, c->peak).rate;
+    double roof_int = roofline_for(c->mc, n, prompt_len + tg / 2.0, c->kv, bw, c->int_peak).rate;
+    printf("streams %-3d pp%d tg%d: %8.1f tok/s output (all of it / wall time), %6.1f tok/s per "
+           "stream | TTFT p50 %7.1f ms p99 %7.1f ms | ITL p50 %6.1f ms p99 %6.1f ms | decode "
+           "with all %d streams in the batch %8.1f tok/s = %5.1f%% of roofline %.1f",
+           n, prompt_len, tg, best.agg, best.per_stream, 1e3 * best.ttft50, 1e3 * best.ttft99,
+           1e3 * best.itl50, 1e3 * best.itl99, n, best.decode,
+           roof > 0 ? 100 * best.decode / roof : 0, roof);
+    if (roof_int > roof) printf(" (%5.1f%% of int-gemm roofline %.1f)", 100 * best.decode / roof_int, roof_int);
+    if (done > 1)
+        printf(" | best of %d, median %.1f tok/s = %.1f%%", done, median, roof > 0 ? 100 * median / roof : 0);
+    printf(" [%.1f GB/s]\n", bw);
+    fflush(stdout);
 }
 
 /* Short requests arriving during a long chunked prefill: the long prompt (long_len tokens) is
@@ -529,7 +558,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     }
     ceilings ceil = {.mc = &mc, .kv = kv, .read_gbs = read_gbs, .peak = peak, .int_peak = decode_peak};
     for (int i = 0; i < n_streams; i++) {
-        run_streams(e, streams[i], stream_prompt, tg, cfg.vocab_size, &ceil);
+        run_streams(e, streams[i], stream_prompt, tg, cfg.vocab_size, reps, &ceil);
     }
     engine_close(e);
     if (interrupt)
