@@ -34,6 +34,30 @@ static double read_gbs_now(double first) {
     return now > first ? now : first;
 }
 
+/* CPU time the hypervisor gave to other guests ("steal", /proc/stat) as a share of all CPU time
+ * since the last mark: on a shared VM it says whether a slow measurement was the host's doing. */
+typedef struct steal_mark {
+    unsigned long long steal, total;
+} steal_mark;
+
+static steal_mark steal_now(void) {
+    steal_mark m = {0, 0};
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8] = {0};
+    if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                    &v[4], &v[5], &v[6], &v[7]) == 8) {
+        for (int i = 0; i < 8; i++) m.total += v[i];
+        m.steal = v[7];
+    }
+    if (f) fclose(f);
+    return m;
+}
+
+static double steal_pct_since(steal_mark a) {
+    steal_mark b = steal_now();
+    return b.total > a.total ? 100.0 * (double)(b.steal - a.steal) / (double)(b.total - a.total) : 0;
+}
+
 typedef struct model_costs {
     double flops_per_token; /* 2 * multiply-adds of every matmul one token runs */
     double dense_bytes;     /* weight bytes every token reads regardless of routing */
@@ -295,12 +319,13 @@ static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, int
     double rates[16];
     int done = 0;
     if (reps > 16) reps = 16;
+    steal_mark sm = steal_now();
     for (int i = 0; i < reps; i++) {
         if (!measure_streams(e, n, prompt_len, tg, vocab, 1000 + 100 * i, &r)) return;
         rates[done++] = r.decode;
         if (r.decode >= best.decode) best = r;
     }
-    double median = percentile(rates, done, 0.5);
+    double median = percentile(rates, done, 0.5), steal = steal_pct_since(sm);
     double bw = read_gbs_now(c->read_gbs);
     double roof = roofline_for(c->mc, n, prompt_len + tg / 2.0, c->kv, bw, c->peak).rate;
     double roof_int = roofline_for(c->mc, n, prompt_len + tg / 2.0, c->kv, bw, c->int_peak).rate;
@@ -313,7 +338,7 @@ static void run_streams(engine *e, int n, int prompt_len, int tg, int vocab, int
     if (roof_int > roof) printf(" (%5.1f%% of int-gemm roofline %.1f)", 100 * best.decode / roof_int, roof_int);
     if (done > 1)
         printf(" | best of %d, median %.1f tok/s = %.1f%%", done, median, roof > 0 ? 100 * median / roof : 0);
-    printf(" [%.1f GB/s]\n", bw);
+    printf(" [%.1f GB/s] steal %.1f%%\n", bw, steal);
     fflush(stdout);
 }
 
@@ -542,6 +567,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     for (int i = 0; i < n_batch; i++) {
         int b = batch[i];
         double best = 0;
+        steal_mark sm = steal_now();
         for (int r = 0; r < reps; r++) {
             double rate = run_decode(e, b, tg, cfg.vocab_size);
             best = rate > best ? rate : best;
@@ -553,7 +579,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
                "%.1f GB/s) = %5.1f%%", tg, b, best, rl.rate, rl.memory_bound ? "memory" : "compute",
                rl.step_bytes / 1e6, bw, rl.rate > 0 ? 100 * best / rl.rate : 0);
         if (ri.rate > rl.rate) printf(" (%5.1f%% of int-gemm roofline %.1f)", 100 * best / ri.rate, ri.rate);
-        printf("\n");
+        printf(" | steal %.1f%%\n", steal_pct_since(sm));
         fflush(stdout);
     }
     ceilings ceil = {.mc = &mc, .kv = kv, .read_gbs = read_gbs, .peak = peak, .int_peak = decode_peak};
