@@ -601,6 +601,7 @@ typedef struct mlx_gemm_job {
     int64_t chunk_rows[CPU_MATMUL_MULTI_MAX], first_chunk[CPU_MATMUL_MULTI_MAX + 1];
     const float *x;
     int prep; /* the px being prepared */
+    _Atomic int failed; /* a chunk found no memory: the caller falls back to another path */
 } mlx_gemm_job;
 
 static void mlx_gemm_prepare_range(void *p, int64_t g0, int64_t g1, int thread_index) {
@@ -618,11 +619,11 @@ static void mlx_gemm_chunks(void *p, int64_t c0, int64_t c1, int thread_index) {
         const weight_matrix *w = job->ws[i];
         int64_t r0 = (c - job->first_chunk[i]) * job->chunk_rows[i];
         int64_t r1 = r0 + job->chunk_rows[i] < w->rows ? r0 + job->chunk_rows[i] : w->rows;
-        cpu_mlx_gemm_rows(w, &job->px[job->px_of[i]], job->ys[i], r0, r1);
+        if (cpu_mlx_gemm_rows(w, &job->px[job->px_of[i]], job->ys[i], r0, r1) != 0) atomic_store(&job->failed, 1);
     }
 }
 
-/* Returns 0, or -1 when out of memory (nothing written). */
+/* Returns 0, or -1 when out of memory (ys partly written: the caller computes them again). */
 static int mlx_gemm_run(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
                         int64_t n_tokens) {
     mlx_gemm_job job = {.n = n, .x = x};
@@ -659,7 +660,7 @@ static int mlx_gemm_run(int n, const weight_matrix *const *ws, const float *x, f
     }
     if (rc == 0) threadpool_parallel_for_dynamic(pool, job.first_chunk[n], 1, mlx_gemm_chunks, &job);
     for (int i = 0; i < n; i++) free(owned[i]);
-    return rc;
+    return rc == 0 && atomic_load(&job.failed) ? -1 : rc;
 }
 
 /* EXO_MLX_GEMM=0 leaves 9..256-token MLX matmuls to the matvec passes and the f32 gemm, as

@@ -171,9 +171,10 @@ void cpu_mlx_gemm_x_init(mlx_gemm_x *px, void *mem, int64_t n_tokens, int64_t co
 int cpu_mlx_gemm_pairs4(int bits, int64_t n_tokens);
 /* Fills groups [g0, g1) of px from x [n_tokens][cols] (threads may fill disjoint ranges). */
 void cpu_mlx_gemm_prepare(const float *x, mlx_gemm_x *px, int64_t g0, int64_t g1);
-/* y[t][r] for rows [r0, r1) and every token of px; y is [n_tokens][w->rows]. */
-void cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float *y, int64_t r0,
-                       int64_t r1);
+/* y[t][r] for rows [r0, r1) and every token of px; y is [n_tokens][w->rows]. Returns 0, or -1
+ * when the MLX-order copy of an interleaved matrix's rows finds no memory (y partly written). */
+int cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float *y, int64_t r0,
+                      int64_t r1);
 
 /* Kernel table for a level, or NULL when this build or this CPU lacks it. */
 const cpu_kernels *cpu_kernels_for(cpu_level level);

@@ -101,25 +101,23 @@ T512 INLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, flo
                                 int nr, int64_t tv0, int64_t g0, int64_t g1, float *acc,
                                 const unpack_consts *u, uint32_t *wbuf, const int R, const int T) {
     int64_t cols = w->cols, gs = w->group_size, groups = cols / gs, kpg = gs / 2, tpad = px->tpad;
-    /* Row i's group g starts at word rows[i] + g * gstep[i]: its words are consecutive in MLX
-     * order, 16 apart in a 16-row interleaved block (strided[i]; 4-bit only). */
+    /* MLX order only (cpu_mlx_gemm_rows copies interleaved blocks back first): row i's group g
+     * starts at word rows[i] + g * group_words. */
     int64_t group_words = gs * w->bits / 32;
     const uint32_t *rows[12];
-    int64_t ridx[12], gstep[12];
-    int strided[12];
+    int64_t ridx[12];
 #pragma GCC unroll 12
     for (int i = 0; i < R; i++) {
         ridx[i] = r0 + (i < nr ? i : nr - 1);
-        strided[i] = row_strided(w, ridx[i]);
-        rows[i] = (const uint32_t *)w->data + weight_mlx_word(w, ridx[i], 0);
-        gstep[i] = strided[i] ? 16 * group_words : group_words;
+        rows[i] = (const uint32_t *)w->data + ridx[i] * (cols * w->bits / 32);
     }
     /* this K block's scales and biases of the R rows as f32 (g1 - g0 <= 16), read by broadcast */
     float sb[12][16], bb[12][16];
+    __mmask16 gm = tail_mask16(g1 - g0);
 #pragma GCC unroll 12
     for (int i = 0; i < R; i++) {
-        _mm512_storeu_ps(sb[i], row_scales16(w, w->scales, ridx[i], g0, g1 - g0));
-        _mm512_storeu_ps(bb[i], row_scales16(w, w->biases, ridx[i], g0, g1 - g0));
+        _mm512_storeu_ps(sb[i], scales_load16(w->scale_dtype, w->scales, ridx[i] * groups + g0, gm));
+        _mm512_storeu_ps(bb[i], scales_load16(w->scale_dtype, w->biases, ridx[i] * groups + g0, gm));
     }
     __m512 facc[12][4];
 #pragma GCC unroll 12
@@ -135,7 +133,7 @@ T512 INLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, flo
             const __m256i nib = _mm256_set1_epi32(0x000f000f);
 #pragma GCC unroll 12
             for (int i = 0; i < R; i++) {
-                __m256i raw = row_words8(rows[i] + g * gstep[i], strided[i]);
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(rows[i] + g * group_words));
                 __m256i *dst = (__m256i *)(wbuf + i * kpg);
                 _mm256_store_si256(dst, _mm256_and_si256(raw, nib));
                 _mm256_store_si256(dst + 1, _mm256_and_si256(_mm256_srli_epi32(raw, 4), nib));
@@ -146,7 +144,7 @@ T512 INLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, flo
             const __m512i nib = _mm512_set1_epi32(0x000f000f);
 #pragma GCC unroll 12
             for (int i = 0; i < R; i++) {
-                __m512i raw = row_words16(rows[i] + g * gstep[i], strided[i]);
+                __m512i raw = _mm512_loadu_si512(rows[i] + g * group_words);
                 __m512i *dst = (__m512i *)(wbuf + i * kpg);
                 _mm512_store_si512(dst, _mm512_and_si512(raw, nib));
                 _mm512_store_si512(dst + 1, _mm512_and_si512(_mm512_srli_epi32(raw, 4), nib));
@@ -157,7 +155,7 @@ T512 INLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, flo
             const __m128i nib = _mm_set1_epi32(0x000f000f);
 #pragma GCC unroll 12
             for (int i = 0; i < R; i++) {
-                __m128i raw = row_words4(rows[i] + g * gstep[i], strided[i]);
+                __m128i raw = _mm_loadu_si128((const __m128i *)(rows[i] + g * group_words));
                 __m128i *dst = (__m128i *)(wbuf + i * kpg);
                 _mm_store_si128(dst, _mm_and_si128(raw, nib));
                 _mm_store_si128(dst + 1, _mm_and_si128(_mm_srli_epi32(raw, 4), nib));
@@ -167,11 +165,9 @@ T512 INLINE void mlx_gemm_tile(const weight_matrix *w, const mlx_gemm_x *px, flo
         } else {
 #pragma GCC unroll 12
             for (int i = 0; i < R; i++) {
-                const uint32_t *q = rows[i] + g * gstep[i];
-                for (int64_t c = 0; c < gs; c += 32, q += strided[i] ? 64 : w->bits)
-                    _mm512_store_si512(wbuf + i * kpg + c / 2,
-                                       strided[i] ? unpack32_raw(u, _mm256_zextsi128_si256(row_words4(q, 1)))
-                                                  : unpack32(u, (const uint8_t *)q));
+                const uint32_t *q = rows[i] + g * group_words;
+                for (int64_t c = 0; c < gs; c += 32, q += w->bits)
+                    _mm512_store_si512(wbuf + i * kpg + c / 2, unpack32(u, (const uint8_t *)q));
             }
         }
         __m512i iacc[12][4];
@@ -259,7 +255,7 @@ T512 static weight_matrix rows_in_mlx_order(const weight_matrix *w, int64_t b0, 
         const uint32_t *src = (const uint32_t *)w->data + weight_mlx_word(w, r, 0);
         uint32_t *dst = d + (r - b0) * words;
         if (row_strided(w, r))
-            for (int64_t j = 0; j < words; j += 16) _mm512_storeu_si512(dst + j, row_words16(src + 16 * j, 1));
+            for (int64_t j = 0; j < words; j += 16) _mm512_storeu_si512(dst + j, rows16_words16(src + 16 * j));
         else
             memcpy(dst, src, (size_t)words * 4);
         int64_t first = weight_mlx_group(w, r, 0), step = row_strided(w, r) ? 16 : 1, to = (r - b0) * groups;
@@ -279,20 +275,21 @@ T512 static weight_matrix rows_in_mlx_order(const weight_matrix *w, int64_t b0, 
     return v;
 }
 
-T512 void cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float *y, int64_t r0,
-                            int64_t r1) {
+T512 int cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float *y, int64_t r0,
+                           int64_t r1) {
     unpack_consts u = unpack_setup(w->bits);
     uint32_t wbuf[12 * 64] __attribute__((aligned(64)));
     float acc[MLX_GEMM_BLOCK_ROWS * 64] __attribute__((aligned(64)));
     int64_t nvec = px->tpad / 16, groups = w->cols / w->group_size;
     const weight_matrix *full = w;
     weight_matrix copy;
-    /* interleaved rows: one MLX-order copy per block in thread scratch slot 1 (out of memory:
-     * the tiles read the interleaved rows themselves, slower) */
+    /* interleaved rows: one MLX-order copy per block in thread scratch slot 1 (the tiles read
+     * MLX order only) */
     size_t copy_bytes = full->layout == WEIGHT_LAYOUT_MLX_ROWS16
                             ? (size_t)MLX_GEMM_BLOCK_ROWS * ((size_t)full->cols / 2 + 2 * (size_t)groups * dtype_size(full->scale_dtype))
                             : 0;
     void *copy_mem = copy_bytes ? cpu_scratch(1, copy_bytes) : NULL;
+    if (copy_bytes && !copy_mem) return -1;
     for (int64_t b0 = r0; b0 < r1; b0 += MLX_GEMM_BLOCK_ROWS) {
         int64_t b1 = b0 + MLX_GEMM_BLOCK_ROWS < r1 ? b0 + MLX_GEMM_BLOCK_ROWS : r1;
         int64_t base = 0; /* rows of w below the view's row 0 */
@@ -321,6 +318,7 @@ T512 void cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float 
             }
         }
     }
+    return 0;
 }
 
 #endif

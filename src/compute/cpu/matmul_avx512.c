@@ -546,7 +546,7 @@ T512 static void avx512_dequant(const weight_matrix *w, int64_t r, int64_t c0, i
         s = _mm512_broadcastss_ps(_mm512_castps512_ps128(s));
         b = _mm512_broadcastss_ps(_mm512_castps512_ps128(b));
         for (int64_t i = 0; i < gs; i += 32) {
-            __m512i v = strided ? unpack32_raw(&u, _mm256_zextsi128_si256(row_words4(q, 1)))
+            __m512i v = strided ? unpack32_raw(&u, _mm256_zextsi128_si256(rows16_words4(q)))
                                 : unpack32(&u, (const uint8_t *)q);
             q += strided ? 64 : w->bits;
             __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)));

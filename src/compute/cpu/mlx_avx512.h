@@ -55,20 +55,13 @@ T512 INLINE __m512i unpack32(const unpack_consts *u, const uint8_t *p) {
     return unpack32_raw(u, _mm256_maskz_loadu_epi8(u->load_mask, p));
 }
 
-/* 4, 8 or 16 consecutive 32-bit words of one row starting at p: in MLX order a plain load; in a
- * WEIGHT_LAYOUT_MLX_ROWS16 block (strided) every 16th word, one gather. */
-T512 INLINE __m128i row_words4(const uint32_t *p, int strided) {
-    if (!strided) return _mm_loadu_si128((const __m128i *)p);
+/* 4 or 16 consecutive 32-bit words of one row of a WEIGHT_LAYOUT_MLX_ROWS16 block, starting at
+ * p: every 16th word, one gather. */
+T512 INLINE __m128i rows16_words4(const uint32_t *p) {
     return _mm_i32gather_epi32((const int *)p, _mm_setr_epi32(0, 16, 32, 48), 4);
 }
 
-T512 INLINE __m256i row_words8(const uint32_t *p, int strided) {
-    if (!strided) return _mm256_loadu_si256((const __m256i *)p);
-    return _mm256_i32gather_epi32((const int *)p, _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112), 4);
-}
-
-T512 INLINE __m512i row_words16(const uint32_t *p, int strided) {
-    if (!strided) return _mm512_loadu_si512(p);
+T512 INLINE __m512i rows16_words16(const uint32_t *p) {
     return _mm512_i32gather_epi32(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                                      _mm512_set1_epi32(16)), p, 4);
 }
@@ -83,19 +76,6 @@ T512 INLINE __m512 scales_load16(dtype t, const void *p, int64_t i, __mmask16 m)
     __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
     if (t == DTYPE_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* Scales or biases (p) g0 .. g0+n-1 of row r widened to f32 (lanes >= n: 0), in either layout. */
-T512 INLINE __m512 row_scales16(const weight_matrix *w, const void *p, int64_t r, int64_t g0, int64_t n) {
-    if (!row_strided(w, r)) return scales_load16(w->scale_dtype, p, weight_mlx_group(w, r, g0), tail_mask16(n));
-    float f[16] = {0};
-    for (int64_t j = 0; j < n && j < 16; j++) {
-        int64_t i = weight_mlx_group(w, r, g0 + j);
-        f[j] = w->scale_dtype == DTYPE_F32    ? ((const float *)p)[i]
-               : w->scale_dtype == DTYPE_BF16 ? bf16_to_f32(((const uint16_t *)p)[i])
-                                              : f16_to_f32(((const uint16_t *)p)[i]);
-    }
-    return _mm512_loadu_ps(f);
 }
 
 #endif
