@@ -54,7 +54,6 @@ void cpu_mlx_gemm_x_init(mlx_gemm_x *px, void *mem, int64_t n_tokens, int64_t co
  * max over 16-lane partials, round to nearest even, saturate to int16). */
 T512 void cpu_mlx_gemm_prepare(const float *x, mlx_gemm_x *px, int64_t g0, int64_t g1) {
     int64_t cols = px->cols, gs = px->group_size, tpad = px->tpad, n = px->n_tokens;
-    const __m512 sign = _mm512_set1_ps(-0.0f);
     for (int64_t g = g0; g < g1; g++) {
         uint32_t *xp = px->xp + g * (gs / 2) * tpad;
         for (int64_t t = 0; t < tpad; t++) {
@@ -63,22 +62,9 @@ T512 void cpu_mlx_gemm_prepare(const float *x, mlx_gemm_x *px, int64_t g0, int64
                 for (int64_t i = 0; i < gs / 2; i++) xp[i * tpad + t] = 0;
                 continue;
             }
-            const float *xs = x + t * cols + g * gs;
-            __m512 sum = _mm512_setzero_ps(), amax = _mm512_setzero_ps();
-            for (int64_t c = 0; c < gs; c += 16) {
-                __m512 v = _mm512_loadu_ps(xs + c);
-                sum = _mm512_add_ps(sum, v);
-                amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, v));
-            }
-            float m = _mm512_reduce_max_ps(amax);
-            px->xsum[g * tpad + t] = _mm512_reduce_add_ps(sum);
-            px->xscale[g * tpad + t] = m / 32767.0f;
-            __m512 inv = _mm512_set1_ps(m > 0 ? 32767.0f / m : 0.0f);
             uint32_t pairs[64]; /* the group's int16 values in order, two per word */
-            for (int64_t c = 0; c < gs; c += 16) {
-                __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + c), inv));
-                _mm256_storeu_si256((__m256i *)(pairs + c / 2), _mm512_cvtsepi32_epi16(q));
-            }
+            quantize_group_int16(x + t * cols + g * gs, gs, (int16_t *)pairs, &px->xsum[g * tpad + t],
+                                 &px->xscale[g * tpad + t]);
             if (!px->pairs4) {
                 for (int64_t i = 0; i < gs / 2; i++) xp[i * tpad + t] = pairs[i];
                 continue;

@@ -610,27 +610,11 @@ T512 static void avx512_gemm_pack(const weight_matrix *w, int64_t r0, int mv, in
 T512 static void avx512_prepare_mlx(const weight_matrix *w, const float *x, int64_t n, float *xsum,
                                     float *xscale, int16_t *xq) {
     int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
-    const __m512 sign = _mm512_set1_ps(-0.0f);
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * cols;
         int16_t *qt = xq + t * cols;
-        for (int64_t g = 0; g < groups; g++) {
-            const float *xs = xt + g * gs;
-            __m512 sum = _mm512_setzero_ps(), amax = _mm512_setzero_ps();
-            for (int64_t c = 0; c < gs; c += 16) {
-                __m512 v = _mm512_loadu_ps(xs + c);
-                sum = _mm512_add_ps(sum, v);
-                amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, v));
-            }
-            float m = _mm512_reduce_max_ps(amax);
-            xsum[t * groups + g] = _mm512_reduce_add_ps(sum);
-            xscale[t * groups + g] = m / 32767.0f;
-            __m512 inv = _mm512_set1_ps(m > 0 ? 32767.0f / m : 0.0f);
-            for (int64_t c = 0; c < gs; c += 16) {
-                __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + c), inv));
-                _mm256_storeu_si256((__m256i *)(qt + g * gs + c), _mm512_cvtsepi32_epi16(q));
-            }
-        }
+        for (int64_t g = 0; g < groups; g++)
+            quantize_group_int16(xt + g * gs, gs, qt + g * gs, &xsum[t * groups + g], &xscale[t * groups + g]);
         int per_byte = cpu_mlx_x_permuted(w);
         if (cpu_mlx_x_planes(w)) { /* per 128 values: hi bytes even/odd, lo bytes even/odd */
             int16_t ev[32], od[32];
