@@ -11,7 +11,7 @@
 #define EXO_API_GEN_H
 
 #include "api/api.h"
-#include "api/instances.h"
+#include "worker/instances.h"
 #include "api/router.h"
 #include "base/strbuf.h"
 #include "runner/protocol.h"

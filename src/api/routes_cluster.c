@@ -1,49 +1,14 @@
-/* cluster_routes — HTTP handlers for the cluster's State and log (see cluster_routes.h). */
-#include "cluster_routes.h"
+/* routes_cluster — HTTP handlers for the cluster's State and log (see routes_cluster.h). */
+#include "api/routes_cluster.h"
 
 #include "cluster/cluster.h"
 #include "cluster/state.h"
-#include "cluster_sync.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* The cluster State; instances and runners reach it as events (cluster_sync.c). Without a
- * running cluster, an empty State with this node's own instances and runners folded in. */
-static json_t *merged_state(instances *local) {
-    char *text = cluster_state_json(NULL);
-    json_t *state = text ? json_loads(text, 0, NULL) : NULL;
-    free(text);
-    if (state) {
-        /* This node's own runners: the live status (the same value is on its way through the
-         * log), so a client that just saw a generation end never reads an older status. */
-        json_t *mine = local ? instances_state_json(local) : NULL;
-        json_t *runners = json_object_get(state, "runners");
-        const char *key;
-        json_t *value;
-        json_object_foreach(json_object_get(mine, "runners"), key, value) {
-            if (json_object_get(runners, key)) json_object_set(runners, key, value);
-        }
-        json_decref(mine);
-        return state;
-    }
-    state = cluster_state_new();
-    json_t *mine = local ? instances_state_json(local) : NULL;
-    static const char *fields[] = {"instances", "runners"};
-    for (size_t i = 0; mine && i < 2; i++) {
-        json_t *dst = json_object_get(state, fields[i]);
-        const char *key;
-        json_t *value;
-        json_object_foreach(json_object_get(mine, fields[i]), key, value) {
-            if (!json_object_get(dst, key)) json_object_set(dst, key, value);
-        }
-    }
-    json_decref(mine);
-    return state;
-}
-
 static void h_state(api_request *r, void *ctx) {
-    json_t *state = merged_state(ctx);
+    json_t *state = worker_state_json(ctx);
     const char *path = api_request_param(r, "path");
     json_t *value = cluster_state_lookup(state, path ? path : "");
     if (!value) {
@@ -102,10 +67,11 @@ static void h_status(api_request *r, void *ctx) {
 
 /* GET /instance/{id}: this node's own instances first, then any node's from State. */
 static void h_get_instance(api_request *r, void *ctx) {
+    worker *w = ctx;
     const char *id = api_request_param(r, "id");
-    json_t *j = ctx ? instances_get_json(ctx, id) : NULL;
+    json_t *j = instances_get_json(worker_instances(w), id);
     if (!j) {
-        json_t *state = merged_state(ctx);
+        json_t *state = worker_state_json(w);
         j = json_incref(json_object_get(json_object_get(state, "instances"), id));
         json_decref(state);
     }
@@ -117,8 +83,7 @@ static void h_get_instance(api_request *r, void *ctx) {
  * from State, and its node stops the runner when it sees that. */
 static void h_delete_instance(api_request *r, void *ctx) {
     const char *id = api_request_param(r, "id");
-    int local = ctx && instances_delete(ctx, id) == 0;
-    if (!local && cluster_sync_delete_instance(id)) {
+    if (worker_delete_instance(ctx, id)) {
         api_respond_error(r, 404, "no instance with id %s", id);
         return;
     }
@@ -126,11 +91,13 @@ static void h_delete_instance(api_request *r, void *ctx) {
                                        "instance_id", id));
 }
 
-void cluster_routes_add(api_server *server, instances *local) {
-    api_route_add(server, "GET", "/state", h_state, local, 0);
-    api_route_add(server, "GET", "/state/{path...}", h_state, local, 0);
-    api_route_add(server, "GET", "/instance/{id}", h_get_instance, local, 0);
-    api_route_add(server, "DELETE", "/instance/{id}", h_delete_instance, local, 0);
-    api_route_add(server, "GET", "/events", h_events, NULL, 0);
-    api_route_add(server, "GET", "/cluster/status", h_status, NULL, 0);
+int routes_cluster_add(api_server *server, worker *w) {
+    int failed = 0;
+    failed += api_route_add(server, "GET", "/state", h_state, w, 0) != 0;
+    failed += api_route_add(server, "GET", "/state/{path...}", h_state, w, 0) != 0;
+    failed += api_route_add(server, "GET", "/instance/{id}", h_get_instance, w, 0) != 0;
+    failed += api_route_add(server, "DELETE", "/instance/{id}", h_delete_instance, w, 0) != 0;
+    failed += api_route_add(server, "GET", "/events", h_events, NULL, 0) != 0;
+    failed += api_route_add(server, "GET", "/cluster/status", h_status, NULL, 0) != 0;
+    return failed;
 }

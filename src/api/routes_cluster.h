@@ -1,15 +1,15 @@
-/* cluster_routes — the node's HTTP door onto the cluster: GET /state, /state/{path...},
- * /events[?since=N] and /cluster/status, added to the API server by node.c. It lives beside
- * node.c (not in api/ or cluster/) because it joins the two: api -> cluster, never back.
- * Instances and runners reach State as events (cluster_sync.h); only when the cluster is not
- * running does /state fold in this node's own. GET/DELETE /instance/{id} also reach instances
- * of other nodes through State. */
-#ifndef EXO_CLUSTER_ROUTES_H
-#define EXO_CLUSTER_ROUTES_H
+/* routes_cluster — the node's HTTP door onto the cluster: GET /state, /state/{path...},
+ * /events[?since=N], /cluster/status, and GET / DELETE /instance/{id}. The State served is the
+ * worker's view of it (worker_state_json: this node's runners with their live status, or only
+ * this node's own instances when the cluster is not running); GET/DELETE /instance/{id} reach
+ * instances of other nodes through State. Handlers translate; the worker and the cluster act. */
+#ifndef EXO_API_ROUTES_CLUSTER_H
+#define EXO_API_ROUTES_CLUSTER_H
 
-#include "api/instances.h"
 #include "api/router.h"
+#include "worker/worker.h"
 
-void cluster_routes_add(api_server *server, instances *local);
+/* Registers the routes (called once, by api_service_new). Returns the number that failed. */
+int routes_cluster_add(api_server *server, worker *w);
 
 #endif

@@ -1,4 +1,5 @@
-#include "placement_routes.h"
+/* routes_placement — placement previews over HTTP (see routes_placement.h). */
+#include "api/routes_placement.h"
 
 #include "base/paths.h"
 #include "cluster/cluster.h"
@@ -20,7 +21,7 @@ static int json_int(const json_t *o, const char *key) {
 }
 
 /* What we know of a model: its config.json when it is on disk, else its card. */
-static int model_facts(const exo_options *o, const char *model_id, placement_model *m, char *err,
+static int model_facts(const routes_placement_dirs *o, const char *model_id, placement_model *m, char *err,
                        size_t errlen) {
     memset(m, 0, sizeof *m);
     snprintf(m->model_id, sizeof m->model_id, "%s", model_id);
@@ -123,7 +124,7 @@ static json_t *preview_json(const placement_model *m, placement_sharding s, int 
                      "error", rc == 0 ? json_null() : json_string(r.error));
 }
 
-static int request_model(api_request *r, const exo_options *o, placement_model *m) {
+static int request_model(api_request *r, const routes_placement_dirs *o, placement_model *m) {
     const char *model_id = api_request_query(r, "model_id");
     char err[512];
     if (!model_id || !model_id[0]) {
@@ -181,7 +182,9 @@ static void h_placement(api_request *r, void *ctx) {
     api_respond_error(r, 400, "no placement for %s: %s", m.model_id, first_error);
 }
 
-void placement_routes_add(api_server *server, const exo_options *options) {
-    api_route_add(server, "GET", "/instance/previews", h_previews, (void *)options, 0);
-    api_route_add(server, "GET", "/instance/placement", h_placement, (void *)options, 0);
+int routes_placement_add(api_server *server, const routes_placement_dirs *dirs) {
+    int failed = 0;
+    failed += api_route_add(server, "GET", "/instance/previews", h_previews, (void *)dirs, 0) != 0;
+    failed += api_route_add(server, "GET", "/instance/placement", h_placement, (void *)dirs, 0) != 0;
+    return failed;
 }

@@ -94,7 +94,7 @@ typedef struct peer {
 } peer;
 
 typedef struct cluster {
-    exo_options options;
+    cluster_config options;
     cluster_identity identity;
     cluster_secret secret;
     char sess[17];  /* this run's session: orders our own submissions */
@@ -1569,7 +1569,7 @@ static int open_log(cluster *c) {
     return 0;
 }
 
-int cluster_start(const exo_options *options) {
+int cluster_start(const cluster_config *options) {
     pthread_mutex_lock(&start_lock);
     if (self) {
         pthread_mutex_unlock(&start_lock);

@@ -5,7 +5,7 @@
  *   gemm    f32 GEMM: FMA peak (register-only loop), our AVX-512 GEMM, OpenBLAS sgemm (GFLOP/s)
  *   matvec  matmul per weight format on Llama-3.2-1B-shaped matrices: decode (batch 1 and 8) in
  *           GB/s of weights and as a fraction of the read roofline; prefill (512 tokens) in GFLOP/s
- *   model   end-to-end prefill/decode tok/s of a model directory (cmd_bench_model.c, the
+ *   model   end-to-end prefill/decode tok/s of a model directory (bench_model.c, the
  *           engine's; this file measures the bandwidth it compares against)
  *
  * Weight sweeps always cover >= 1 GiB (many matrices back to back) so that the 260 MB L3 of the
@@ -14,7 +14,7 @@
  * Refuses: to run sections it does not know; it never writes files (bench/run.sh does). */
 #include "base/clock.h"
 #include "base/threadpool.h"
-#include "cmd.h"
+#include "cmd/cmd.h"
 #include "compute/cpu/cpu_internal.h"
 
 #include <cblas.h>
@@ -160,7 +160,7 @@ static void fill_range(void *p, int64_t begin, int64_t end, int thread_index) {
 
 /* The read-only bandwidth of all threads over a fresh array of `bytes`: best of reps in GB/s
  * (the median in *median_gbs when not NULL); 0 when the memory cannot be had. The model bench
- * calls it again after its measurements (cmd_bench_model.c). */
+ * calls it again after its measurements (bench_model.c). */
 double bench_read_gbs(size_t bytes, int reps, double *median_gbs) {
     size_t n = bytes / sizeof(float);
     mem_job job = {.n = n};
@@ -460,7 +460,7 @@ static void run_sweep(void *p) {
 
 /* GFLOP/s of cpu_matmul (the engine's own path choice) on one n x n MLX matrix of bits and
  * group_size times `tokens` tokens, best of 3 after a warm-up; 0 when memory is short. The model
- * bench's int-gemm ceiling (cmd_bench_model.c). */
+ * bench's int-gemm ceiling (bench_model.c). */
 double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens) {
     format_case f = {"mlx", WEIGHT_MLX_AFFINE, bits, group_size};
     sweep s;

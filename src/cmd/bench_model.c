@@ -9,7 +9,7 @@
  *     quantized matmul's own rate (1536^2 of the model's bits and group size, 128 tokens) can
  *     beat it, so each decode line also prints its fraction of the stricter roofline built on
  *     the better of the two peaks ("int-gemm roofline").
- *     The read bandwidth is probed before the run (cmd_bench.c) and again right after each
+ *     The read bandwidth is probed before the run (bench.c) and again right after each
  *     decode measurement; the roofline uses the higher of the two, so a host whose memory got
  *     faster after the first probe does not inflate the fraction.
  * Refuses: writing files (bench/run.sh records results). */

@@ -1,4 +1,4 @@
-#include "options.h"
+#include "cmd/options.h"
 
 #include "base/paths.h"
 

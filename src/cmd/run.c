@@ -8,7 +8,7 @@
 #include "model/store.h"
 #include "download/download.h"
 #include "base/strbuf.h"
-#include "cmd.h"
+#include "cmd/cmd.h"
 #include "infer/engine.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"

@@ -1,7 +1,7 @@
-/* cmd_runner — `exo runner --fd N --model DIR [--model-id ID] [--kv-cache-mem BYTES]
+/* cmd/runner — `exo runner --fd N --model DIR [--model-id ID] [--kv-cache-mem BYTES]
  * [--threads N]`: the model runner process (EXO_RUNNER_THREADS=N also sets the engine's threads). Started by a node, never by hand: it speaks the
  * runner protocol (runner/protocol.h) on fd N and exits when the node closes it. */
-#include "cmd.h"
+#include "cmd/cmd.h"
 
 #include "base/log.h"
 #include "runner/runner.h"

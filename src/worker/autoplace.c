@@ -1,5 +1,5 @@
-/* autoplace — download-then-place for POST /place_instance (see autoplace.h). */
-#include "autoplace.h"
+/* autoplace — download-then-place (see autoplace.h). */
+#include "worker/autoplace.h"
 
 #include "base/log.h"
 #include "cluster/cluster.h"
@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 typedef struct pending {
     autoplace *owner;
@@ -25,13 +24,6 @@ struct autoplace {
     pending *list;
     int stopping;
 };
-
-static void command_id(char *out, size_t n) {
-    unsigned char b[8] = {0};
-    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) b[0] = 1;
-    snprintf(out, n, "%02x%02x%02x%02x-%02x%02x%02x%02x", b[0], b[1], b[2], b[3], b[4], b[5], b[6],
-             b[7]);
-}
 
 /* Peers whose State says they completed a download of model_id: "http://addr:api_port". */
 static int find_peers(const char *model_id, int api_port, char urls[][96], int max) {
@@ -71,7 +63,7 @@ static int find_peers(const char *model_id, int api_port, char urls[][96], int m
 static void *wait_then_place(void *arg) {
     pending *p = arg;
     autoplace *a = p->owner;
-    download_manager_wait(a->models->downloads, p->model_id);
+    download_manager_wait(models_service_downloads(a->models), p->model_id);
     pthread_mutex_lock(&a->lock);
     int stopping = a->stopping;
     pthread_mutex_unlock(&a->lock);
@@ -83,29 +75,14 @@ static void *wait_then_place(void *arg) {
     return NULL;
 }
 
-static void respond_placed(api_request *r, const char *model_id, const char *instance_id) {
-    char cmd[32];
-    command_id(cmd, sizeof cmd);
-    json_t *body = json_pack("{s:s,s:s,s:s}", "message", "Command received.", "command_id", cmd,
-                             "model_id", model_id);
-    if (instance_id) json_object_set_new(body, "instance_id", json_string(instance_id));
-    else json_object_set_new(body, "downloading", json_true());
-    api_respond_json(r, 200, body);
-}
-
-/* Starts the download of a catalog model that is not on disk (peers first, then the Hub).
- * Returns 0 (started or already running), or an HTTP status with err. */
-static int start_download(autoplace *a, const char *model_id, char *err, size_t errlen) {
+int autoplace_download_start(autoplace *a, const char *model_id, char *err, size_t errlen) {
     models_service *m = a->models;
-    pthread_mutex_lock(&m->lock);
-    int known = card_catalog_find(&m->cards, model_id) != NULL;
-    pthread_mutex_unlock(&m->lock);
-    if (!known) {
+    if (!models_service_has_card(m, model_id)) {
         snprintf(err, errlen, "model '%s' not found: it is not on disk and not in the model "
                               "catalog (add it with POST /models/add)", model_id);
         return 404;
     }
-    if (m->offline) {
+    if (models_service_offline(m)) {
         snprintf(err, errlen, "model '%s' is not downloaded and this node is offline "
                               "(--offline / EXO_OFFLINE): download it first or start without "
                               "--offline", model_id);
@@ -116,7 +93,8 @@ static int start_download(autoplace *a, const char *model_id, char *err, size_t 
     int n = find_peers(model_id, a->api_port, urls, 8);
     for (int i = 0; i < n; i++) peers[i] = urls[i];
     char why[512];
-    int rc = download_manager_start(m->downloads, model_id, 0, 0, peers, n, why, sizeof why);
+    int rc = download_manager_start(models_service_downloads(m), model_id, 0, 0, peers, n, why,
+                                    sizeof why);
     if (rc < 0) {
         snprintf(err, errlen, "cannot download '%s': %s", model_id, why);
         return 400;
@@ -125,14 +103,9 @@ static int start_download(autoplace *a, const char *model_id, char *err, size_t 
     return 0;
 }
 
-/* api_model_fetcher for generation requests (see api.h). */
-static int fetch_start(void *ud, const char *model_id, char *err, size_t errlen) {
-    return start_download(ud, model_id, err, errlen);
-}
-
-static int fetch_poll(void *ud, const char *model_id, json_t **progress, char *err, size_t errlen) {
-    autoplace *a = ud;
-    int st = download_manager_status(a->models->downloads, model_id, progress);
+int autoplace_download_poll(autoplace *a, const char *model_id, json_t **progress, char *err,
+                            size_t errlen) {
+    int st = download_manager_status(models_service_downloads(a->models), model_id, progress);
     if (st == 0) return 0;
     if (st == 1) return 1;
     json_t *failed = json_object_get(*progress, "DownloadFailed");
@@ -142,81 +115,47 @@ static int fetch_poll(void *ud, const char *model_id, json_t **progress, char *e
     return -1;
 }
 
-void autoplace_fetcher(autoplace *a, api_model_fetcher *out) {
-    memset(out, 0, sizeof *out);
-    if (!a) return;
-    out->start = fetch_start;
-    out->poll = fetch_poll;
-    out->ud = a;
-}
-
-static void place(api_request *r, autoplace *a, const char *model_id) {
-    char dir[1024], id[64], err[1024];
-    if (instances_resolve_model(a->local, model_id, dir, sizeof dir) == 0) {
-        int status = instances_place(a->local, model_id, id, sizeof id, err, sizeof err);
-        if (status) api_respond_error(r, status, "%s", err);
-        else respond_placed(r, model_id, id);
-        return;
+int autoplace_place(autoplace *a, const char *model_id, char *instance_id, size_t n, char *err,
+                    size_t errlen) {
+    char dir[1024];
+    if (instances_resolve_model(a->local, model_id, dir, sizeof dir) == 0)
+        return instances_place(a->local, model_id, instance_id, n, err, errlen);
+    pthread_mutex_lock(&a->lock);
+    int stopping = a->stopping;
+    pthread_mutex_unlock(&a->lock);
+    if (stopping) {
+        snprintf(err, errlen, "this node is stopping");
+        return 503;
     }
-    int status = start_download(a, model_id, err, sizeof err);
-    if (status) {
-        api_respond_error(r, status, "%s", err);
-        return;
-    }
+    int status = autoplace_download_start(a, model_id, err, errlen);
+    if (status) return status;
     pending *p = calloc(1, sizeof *p);
     if (!p) {
-        api_respond_error(r, 500, "out of memory");
-        return;
+        snprintf(err, errlen, "out of memory");
+        return 500;
     }
     p->owner = a;
     snprintf(p->model_id, sizeof p->model_id, "%s", model_id);
     if (pthread_create(&p->thread, NULL, wait_then_place, p)) {
         free(p);
-        api_respond_error(r, 500, "cannot start a thread to place '%s' after its download", model_id);
-        return;
+        snprintf(err, errlen, "cannot start a thread to place '%s' after its download", model_id);
+        return 500;
     }
     pthread_mutex_lock(&a->lock);
     p->next = a->list;
     a->list = p;
     pthread_mutex_unlock(&a->lock);
-    respond_placed(r, model_id, NULL);
+    if (n) instance_id[0] = 0;
+    return 0;
 }
 
-static void h_place_instance(api_request *r, void *ctx) {
-    json_t *b = api_request_json(r);
-    if (!b) return;
-    const char *model = json_string_value(json_object_get(b, "model_id"));
-    const char *sh = json_string_value(json_object_get(b, "sharding"));
-    if (!model) api_respond_error(r, 400, "'model_id' is required and must be a string");
-    else if (sh && strcmp(sh, "Pipeline") && strcmp(sh, "Tensor"))
-        api_respond_error(r, 400, "'sharding' must be \"Pipeline\" or \"Tensor\"");
-    else place(r, ctx, model);
-    json_decref(b);
-}
-
-/* DELETE /download/{node_id}/{model_id}: as models_api, and State forgets the download, so no
- * node takes this one for a peer that holds the model. */
-static void h_download_delete(api_request *r, void *ctx) {
-    autoplace *a = ctx;
-    const char *node = api_request_param(r, "node_id"), *model = api_request_param(r, "model_id");
-    json_t *body;
-    int status = models_api_download_delete(a->models, node, model, &body);
-    if (status == 200 && cluster_node_id()[0])
-        cluster_submit(json_pack("{s:{s:s,s:s}}", "DownloadDeleted", "nodeId", node, "modelId",
-                                 model));
-    api_respond_json(r, status, body);
-}
-
-autoplace *autoplace_install(api_server *server, instances *local, models_service *models,
-                             int api_port) {
+autoplace *autoplace_new(instances *local, models_service *models, int api_port) {
     autoplace *a = calloc(1, sizeof *a);
     if (!a) return NULL;
     a->local = local;
     a->models = models;
     a->api_port = api_port;
     pthread_mutex_init(&a->lock, NULL);
-    api_route_add(server, "POST", "/place_instance", h_place_instance, a, 0);
-    api_route_add(server, "DELETE", "/download/{node_id}/{model_id...}", h_download_delete, a, 0);
     return a;
 }
 
@@ -229,11 +168,16 @@ void autoplace_stop(autoplace *a) {
     pthread_mutex_unlock(&a->lock);
     while (list) {
         pending *next = list->next;
-        download_manager_cancel(a->models->downloads, list->model_id);
+        download_manager_cancel(models_service_downloads(a->models), list->model_id);
         pthread_join(list->thread, NULL);
         free(list);
         list = next;
     }
+}
+
+void autoplace_free(autoplace *a) {
+    if (!a) return;
+    autoplace_stop(a);
     pthread_mutex_destroy(&a->lock);
     free(a);
 }

@@ -1,5 +1,5 @@
 /* cluster_sync — local instances <-> cluster State (see cluster_sync.h). */
-#include "cluster_sync.h"
+#include "worker/cluster_sync.h"
 
 #include "base/clock.h"
 #include "base/log.h"

@@ -1,6 +1,7 @@
-/* cluster_sync — keeps the replicated cluster State in step with this node's instance manager.
+/* cluster_sync — private to worker/: keeps the replicated cluster State in step with this node's
+ * instance manager.
  *
- * A thread compares the local instances and runner statuses (api/instances.h) with what it has
+ * A thread compares the local instances and runner statuses (worker/instances.h) with what it has
  * published and submits exo's events through cluster_submit: InstanceCreated, InstanceDeleted,
  * RunnerStatusUpdated, RunnerDeleted. It also acts on State: an instance of this node that
  * disappears from State (deleted through another node) is stopped here; instances of this node
@@ -8,10 +9,10 @@
  * master it deletes instances placed on nodes that left the cluster (NodeTimedOut).
  *
  * It does not place instances or decide where models run. */
-#ifndef EXO_CLUSTER_SYNC_H
-#define EXO_CLUSTER_SYNC_H
+#ifndef EXO_WORKER_CLUSTER_SYNC_H
+#define EXO_WORKER_CLUSTER_SYNC_H
 
-#include "api/instances.h"
+#include "worker/instances.h"
 #include "download/manager.h"
 
 typedef struct cluster_sync cluster_sync;

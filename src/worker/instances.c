@@ -7,7 +7,7 @@
  * thread then fails the calls and starts a replacement. The same thread kills a runner that was
  * asked to stop (instance deleted, node exiting) and is still alive INSTANCES_STOP_GRACE_S later,
  * so no runner outlives its instance. */
-#include "api/instances.h"
+#include "worker/instances.h"
 
 #include "base/clock.h"
 #include "base/log.h"

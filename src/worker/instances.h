@@ -10,8 +10,8 @@
  *
  * It refuses: multi-node placement (the cluster module takes that over) and more than one
  * instance per model. */
-#ifndef EXO_API_INSTANCES_H
-#define EXO_API_INSTANCES_H
+#ifndef EXO_WORKER_INSTANCES_H
+#define EXO_WORKER_INSTANCES_H
 
 #include "runner/protocol.h"
 

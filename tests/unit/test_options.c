@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "options.h"
+#include "cmd/options.h"
 
 #include <stdlib.h>
 #include <string.h>
