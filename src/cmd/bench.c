@@ -15,7 +15,7 @@
 #include "base/clock.h"
 #include "base/threadpool.h"
 #include "cmd/cmd.h"
-#include "compute/cpu/cpu_internal.h"
+#include "compute/cpu/cpu_levels.h"
 
 #include <cblas.h>
 #include <stdatomic.h>
