@@ -153,6 +153,7 @@ typedef struct cluster {
     uint64_t edges_settled_ns;
     uint64_t published_mem_avail, published_swap_free, published_disk_avail, mem_total;
     int gossip_pending;
+    int gossip_now; /* a member joined: introduce it to the others (and them to it) at once */
 
     /* Counters. */
     uint64_t msgs_in, msgs_out, bytes_in, bytes_out, beacons_in, beacons_out, beacon_bytes_in,
@@ -919,6 +920,9 @@ static void handle_heartbeat(cluster *c, const json_t *m, const char *from, cons
         p->next_probe_ns = now + PROBE_DELAY_NS + randombytes_uniform(3000) * MS;
         log_info("cluster: peer %s (%s) joined from %s:%d", from, p->name, p->addr, p->port);
         membership_changed(c, now);
+        /* Gossip at join, not after a quiet period: nodes that bootstrapped through this one
+         * must learn of each other even if it dies a moment later. */
+        c->gossip_now = 1;
     }
     if (json_is_true(json_object_get(m, "hello"))) send_heartbeat_to(c, p, now);
 }
@@ -1264,6 +1268,7 @@ static void send_gossip(cluster *c, uint64_t now) {
     json_decref(msg);
     c->last_gossip_ns = now;
     c->gossip_pending = 0;
+    c->gossip_now = 0;
 }
 
 static void handle_gossip(cluster *c, const json_t *m) {
@@ -1305,12 +1310,17 @@ static void handle_message(cluster *c, const char *bytes, size_t len, const char
     peer *p = find_peer(c, m.from);
     if (m.type == CLUSTER_MSG_HEARTBEAT) {
         handle_heartbeat(c, m.root, m.from, addr, now);
+    } else if (m.type == CLUSTER_MSG_PEERS) {
+        /* Addresses to dial are taken from any member that passed the CURVE handshake, also
+         * before its hello reached us: a node gossips the moment a peer joins it, and it may
+         * be gone before our hello round trip with it completes. */
+        handle_gossip(c, m.root);
     } else if (!p || !p->alive) {
         /* Only peers that said hello take part. */
     } else {
         p->last_heard_ns = now;
         switch (m.type) {
-        case CLUSTER_MSG_PEERS: handle_gossip(c, m.root); break;
+        case CLUSTER_MSG_PEERS: break;
         case CLUSTER_MSG_SUBMIT:
             if (c->is_master)
                 master_take(c, m.from, json_string_value(json_object_get(m.root, "sess")),
@@ -1416,7 +1426,8 @@ static void tick(cluster *c, uint64_t now) {
     if (c->is_master) master_broadcast(c);
     follower_sync_tick(c, now);
     send_probes(c, now);
-    if (now >= c->next_gossip_ns || (c->gossip_pending && now - c->last_gossip_ns >= GOSSIP_MIN_GAP_NS)) {
+    if (now >= c->next_gossip_ns || c->gossip_now ||
+        (c->gossip_pending && now - c->last_gossip_ns >= GOSSIP_MIN_GAP_NS)) {
         send_gossip(c, now);
         c->next_gossip_ns = now + GOSSIP_INTERVAL_NS;
     }
