@@ -262,3 +262,25 @@ test('--peer bootstrap killed right after the others joined: the survivors still
     await c.stop();
   }
 });
+
+test('members dial every member the replicated State lists (gossip off): the survivors of a dead bootstrap node meet', async () => {
+  const c = new Cluster({ env: { EXO_CLUSTER_NO_GOSSIP: '1' } });
+  try {
+    const a = c.addNode(['--discovery-port', '41021']);
+    const peerOf = (n) => `${n.addr}:${n.listenPort}`;
+    const b = c.addNode(['--discovery-port', '41022', '--peer', peerOf(a)]);
+    const d = c.addNode(['--discovery-port', '41023', '--peer', peerOf(a)]);
+    // b and d know only a; without gossip, only State can introduce them.
+    await c.until(() => {
+      const st = c.get(b, '/state');
+      return st && !st.status && Object.keys(st.nodeIdentities || {}).length === 3 &&
+        Object.values(st.nodeIdentities).every((i) => i.listenPort > 0);
+    }, 15000, 'State listing all three members with their listen ports');
+    c.kill(a);
+    await c.waitExit(a);
+    await c.until(() => c.meshed([b, d]), 10000, 'the two survivors meshed through State');
+    await c.until(() => c.oneMaster([b, d]), 10000, 'one master among the survivors');
+  } finally {
+    await c.stop();
+  }
+});
