@@ -53,6 +53,7 @@
 #define SYNC_INTERVAL_NS (400 * MS)
 #define GOSSIP_INTERVAL_NS (30000 * MS)
 #define GOSSIP_MIN_GAP_NS (3000 * MS)
+#define STATE_DIAL_INTERVAL_NS (1000 * MS)
 #define PROBE_BYTES 16384
 #define PROBE_DELAY_NS (2000 * MS)
 #define PROBE_INTERVAL_NS (600000 * MS)
@@ -153,6 +154,9 @@ typedef struct cluster {
     uint64_t edges_settled_ns;
     uint64_t published_mem_avail, published_swap_free, published_disk_avail, mem_total;
     int gossip_pending;
+    int gossip_now; /* a member joined: introduce it to the others (and them to it) at once */
+    int gossip_off; /* EXO_CLUSTER_NO_GOSSIP=1 (tests of the State-driven dialing) */
+    uint64_t next_state_dial_ns;
 
     /* Counters. */
     uint64_t msgs_in, msgs_out, bytes_in, bytes_out, beacons_in, beacons_out, beacon_bytes_in,
@@ -919,6 +923,9 @@ static void handle_heartbeat(cluster *c, const json_t *m, const char *from, cons
         p->next_probe_ns = now + PROBE_DELAY_NS + randombytes_uniform(3000) * MS;
         log_info("cluster: peer %s (%s) joined from %s:%d", from, p->name, p->addr, p->port);
         membership_changed(c, now);
+        /* Gossip at join, not after a quiet period: nodes that bootstrapped through this one
+         * must learn of each other even if it dies a moment later. */
+        c->gossip_now = 1;
     }
     if (json_is_true(json_object_get(m, "hello"))) send_heartbeat_to(c, p, now);
 }
@@ -1110,9 +1117,10 @@ static void publish_identity(cluster *c) {
     char started[48];
     cluster_format_time(c->started_at_ms, started, sizeof started);
     publish_info(c, "NodeIdentity",
-                 json_pack("{s:s, s:s, s:s, s:s, s:s}", "friendlyName", c->identity.friendly_name,
+                 json_pack("{s:s, s:s, s:s, s:s, s:s, s:i}", "friendlyName", c->identity.friendly_name,
                            "publicKey", c->identity.public_key, "version", EXO_VERSION,
-                           "namespace", c->options.namespace_name, "startedAt", started));
+                           "namespace", c->options.namespace_name, "startedAt", started,
+                           "listenPort", c->options.listen_port));
 }
 
 static json_t *current_edges(cluster *c) {
@@ -1264,6 +1272,7 @@ static void send_gossip(cluster *c, uint64_t now) {
     json_decref(msg);
     c->last_gossip_ns = now;
     c->gossip_pending = 0;
+    c->gossip_now = 0;
 }
 
 static void handle_gossip(cluster *c, const json_t *m) {
@@ -1305,12 +1314,17 @@ static void handle_message(cluster *c, const char *bytes, size_t len, const char
     peer *p = find_peer(c, m.from);
     if (m.type == CLUSTER_MSG_HEARTBEAT) {
         handle_heartbeat(c, m.root, m.from, addr, now);
+    } else if (m.type == CLUSTER_MSG_PEERS) {
+        /* Addresses to dial are taken from any member that passed the CURVE handshake, also
+         * before its hello reached us: a node gossips the moment a peer joins it, and it may
+         * be gone before our hello round trip with it completes. */
+        handle_gossip(c, m.root);
     } else if (!p || !p->alive) {
         /* Only peers that said hello take part. */
     } else {
         p->last_heard_ns = now;
         switch (m.type) {
-        case CLUSTER_MSG_PEERS: handle_gossip(c, m.root); break;
+        case CLUSTER_MSG_PEERS: break;
         case CLUSTER_MSG_SUBMIT:
             if (c->is_master)
                 master_take(c, m.from, json_string_value(json_object_get(m.root, "sess")),
@@ -1391,6 +1405,40 @@ static void follower_sync_tick(cluster *c, uint64_t now) {
     if (c->sync_now && now - c->last_sync_ns >= SYNC_INTERVAL_NS) send_sync(c, now);
 }
 
+/* Every member the replicated State lists gets a connection, whether or not gossip or a beacon
+ * told us of it: members that met only through a node that has since died still find each other
+ * through the State they folded while it was alive. Addresses: the member's published interfaces
+ * (non-loopback first; loopback when that is all it has, i.e. one host) and its listen port. */
+static void dial_state_members(cluster *c, uint64_t now) {
+    if (now < c->next_state_dial_ns) return;
+    c->next_state_dial_ns = now + STATE_DIAL_INTERVAL_NS;
+    const char *id;
+    json_t *ident;
+    json_object_foreach(json_object_get(c->state, "nodeIdentities"), id, ident) {
+        if (!strcmp(id, c->identity.node_id) || find_peer(c, id)) continue;
+        json_int_t port = json_integer_value(json_object_get(ident, "listenPort"));
+        if (port <= 0 || port > 65535) continue;
+        json_t *ifs = json_object_get(json_object_get(json_object_get(c->state, "nodeNetwork"), id),
+                                      "interfaces");
+        const char *addr = NULL, *loopback = NULL;
+        size_t i;
+        json_t *itf;
+        json_array_foreach(ifs, i, itf) {
+            const char *ip = json_string_value(json_object_get(itf, "ipAddress"));
+            if (!ip || strchr(ip, ':')) continue; /* IPv4 only, as the beacons */
+            if (json_is_true(json_object_get(itf, "isLoopback"))) {
+                if (!loopback) loopback = ip;
+            } else if (!addr) {
+                addr = ip;
+            }
+        }
+        if (!addr) addr = loopback;
+        if (!addr) continue;
+        log_debug("cluster: dialing %s at %s:%d (listed in State)", id, addr, (int)port);
+        ensure_peer(c, id, addr, (int)port);
+    }
+}
+
 static void tick(cluster *c, uint64_t now) {
     if (now >= c->next_beacon_ns) {
         beacon_send(c);
@@ -1416,7 +1464,11 @@ static void tick(cluster *c, uint64_t now) {
     if (c->is_master) master_broadcast(c);
     follower_sync_tick(c, now);
     send_probes(c, now);
-    if (now >= c->next_gossip_ns || (c->gossip_pending && now - c->last_gossip_ns >= GOSSIP_MIN_GAP_NS)) {
+    dial_state_members(c, now);
+    if (c->gossip_off) {
+        /* tests: membership must come from beacons, --peer and State alone */
+    } else if (now >= c->next_gossip_ns || c->gossip_now ||
+               (c->gossip_pending && now - c->last_gossip_ns >= GOSSIP_MIN_GAP_NS)) {
         send_gossip(c, now);
         c->next_gossip_ns = now + GOSSIP_INTERVAL_NS;
     }
@@ -1595,6 +1647,7 @@ int cluster_start(const cluster_config *options) {
     c->peer_timeout_ns = env_ms("EXO_CLUSTER_PEER_TIMEOUT_MS", 5000) * MS;
     c->node_timeout_ns = env_ms("EXO_CLUSTER_NODE_TIMEOUT_MS", 30000) * MS;
     c->snapshot_every = env_ms("EXO_CLUSTER_SNAPSHOT_EVERY", 1000);
+    c->gossip_off = env_ms("EXO_CLUSTER_NO_GOSSIP", 0) == 1;
     c->edges_refresh_ns = EDGES_REFRESH_NS;
     c->started_at_ms = clock_unix_ms();
     c->started_ns = clock_now_ns();
