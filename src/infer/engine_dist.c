@@ -176,6 +176,7 @@ int engine_dist_agree(engine *e, int *n_blocks, char *err, size_t errlen) {
         for (int i = 0; i < size; i++)
             if (r[i].n_blocks < *n_blocks) *n_blocks = r[i].n_blocks;
     }
+    e->comm_ns = 0; /* waiting for the other ranks to load is not a step's communication */
     free(r);
     return rc;
 }
