@@ -4,6 +4,7 @@
  *
  *   exo bench --model DIR --tp 2 [--batch 1,4] [--tg 64] [--reps 2] [--cores 0-7/8-15]
  *             [--threads-per-rank T] [--dist-port-base P --dist-advertise-offset O]
+ *             [--pp-serial 1]
  *
  * Prints, per batch size, rank 0's decode tok/s and the time of one step split into compute and
  * communication (rank 0's time inside dist calls: the messages themselves plus waiting for slower
@@ -11,6 +12,8 @@
  * (sched_setaffinity) to one '/'-separated CPU list; the threads per rank default to its CPU
  * count (else cores / N). --dist-port-base and --dist-advertise-offset put a proxy in the data
  * path (dist.h: ranks dial advertise port = listening port + offset), for latency/bandwidth runs.
+ * --pp-serial 1 runs a pipeline one step at a time through the stages (the schedule without
+ * overlap, for comparison). --tp 1 / --pp-ranks 1 is the one-rank baseline through the same path.
  *
  * How: this process only coordinates. It execs N copies of exo (`exo bench --threads T --mem-mib
  * 1 --model DIR --rank K ...`, so each rank's thread pool is its own and sized to its cores),
@@ -39,6 +42,7 @@ typedef struct dist_bench {
     engine_parallel parallel;
     const char *batch, *tg, *reps, *kv, *cores, *store, *threads;
     int timeout_ms, port_base, advertise_offset;
+    int serial; /* pipeline: one step at a time through the stages */
 } dist_bench;
 
 static int parse(dist_bench *b, int argc, char **argv) {
@@ -65,10 +69,11 @@ static int parse(dist_bench *b, int argc, char **argv) {
         else if (!strcmp(a, "--dist-timeout-ms")) b->timeout_ms = atoi(v);
         else if (!strcmp(a, "--dist-port-base")) b->port_base = atoi(v);
         else if (!strcmp(a, "--dist-advertise-offset")) b->advertise_offset = atoi(v);
+        else if (!strcmp(a, "--pp-serial")) b->serial = atoi(v);
         else {
             fprintf(stderr, "exo bench --model: unknown option %s with --tp/--pp-ranks (--batch "
                     "--tg --reps --kv-dtype --cores --threads-per-rank --dist-timeout-ms "
-                    "--dist-port-base --dist-advertise-offset)\n", a);
+                    "--dist-port-base --dist-advertise-offset --pp-serial 0|1)\n", a);
             return -1;
         }
     }
@@ -103,7 +108,10 @@ static void measure(engine *e, const dist_bench *b, const model_config *c) {
             if (rate > best) best = rate, window = w;
         }
         printf("dist %s x%d decode tg%d b%d: %.1f tok/s\n",
-               b->parallel == ENGINE_TENSOR ? "tensor" : "pipeline", b->ranks, tg, batch, best);
+               b->parallel == ENGINE_TENSOR ? "tensor"
+               : b->serial                  ? "pipeline (serial)"
+                                            : "pipeline",
+               b->ranks, tg, batch, best);
         char what[64];
         snprintf(what, sizeof what, "  rank 0, decode b%d", batch);
         print_split(what, &window);
@@ -142,7 +150,7 @@ static int run_rank(const char *model_dir, const dist_bench *b) {
     engine_options o = {.model_dir = model_dir, .max_batch_tokens = 512, .max_sequences = max_b,
                         .context_length = ctx, .kv_cache_bytes = kv_bytes,
                         .kv_cache_dtype = b->kv, .dist = g, .parallel = b->parallel,
-                        .dist_timeout_ms = b->timeout_ms};
+                        .dist_timeout_ms = b->timeout_ms, .pipeline_serial = b->serial};
     engine *e = engine_open(&o, err, sizeof err);
     int rc = 0;
     if (!e) {
@@ -200,7 +208,7 @@ static int spawn_rank(const char *model_dir, const dist_bench *b, int k, const c
         fprintf(stderr, "exo bench: bad CPU list '%.*s' in --cores\n", (int)cores_len, cores);
         return -1;
     }
-    char threads[16], rank[16], ranks[16], timeout[16], port[16], offset[16];
+    char threads[16], rank[16], ranks[16], timeout[16], port[16], offset[16], serial[16];
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     int t = b->threads ? atoi(b->threads) : n_cpus ? n_cpus : (int)(online / b->ranks);
     snprintf(threads, sizeof threads, "%d", t > 0 ? t : 1);
@@ -209,13 +217,14 @@ static int spawn_rank(const char *model_dir, const dist_bench *b, int k, const c
     snprintf(timeout, sizeof timeout, "%d", b->timeout_ms);
     snprintf(port, sizeof port, "%d", b->port_base);
     snprintf(offset, sizeof offset, "%d", b->advertise_offset);
+    snprintf(serial, sizeof serial, "%d", b->serial);
     const char *args[40] = {"exo", "bench", "--threads", threads, "--mem-mib", "1", "--model",
                             model_dir, "--rank", rank, "--ranks", ranks, "--parallel",
                             b->parallel == ENGINE_TENSOR ? "tensor" : "pipeline", "--dist-store",
                             store, "--batch", b->batch, "--tg", b->tg, "--reps", b->reps,
                             "--dist-timeout-ms", timeout, "--dist-port-base", port,
-                            "--dist-advertise-offset", offset};
-    int n = 28;
+                            "--dist-advertise-offset", offset, "--pp-serial", serial};
+    int n = 30;
     if (b->kv) args[n++] = "--kv-dtype", args[n++] = b->kv;
     args[n] = NULL;
     fflush(stdout);

@@ -267,6 +267,7 @@ int engine_add_sequence(engine *e, uint64_t seq_id, const engine_request *r) {
     sequence *s = calloc(1, sizeof *s);
     if (!s) return -1;
     s->id = seq_id;
+    s->serial = ++e->next_serial;
     s->n_prompt = s->n_tokens = r->n_prompt;
     int max_total = r->n_prompt + r->max_tokens;
     s->cap = max_total < ctx ? max_total : ctx;
@@ -390,7 +391,8 @@ static void register_full_blocks(engine *e, sequence *s) {
 static sequence *newest_running(engine *e, const sequence *keep) {
     for (int i = e->n_seqs - 1; i >= 0; i--) {
         sequence *s = e->seqs[i];
-        if (s->state == SEQ_RUNNING && s != keep && s->n_blocks && !s->chunk) return s;
+        if (s->state == SEQ_RUNNING && s != keep && s->n_blocks && !s->chunk && !s->in_flight)
+            return s;
     }
     return NULL;
 }
@@ -403,10 +405,17 @@ static int plan_batch(engine *e, int max_members) {
         e->seqs[i]->logit_index = -1;
         running += e->seqs[i]->state == SEQ_RUNNING;
     }
+    /* a pipeline with steps in flight: each step decodes its share of the running sequences, so
+     * the next steps have sequences to carry and every stage works (engine_dist.c) */
+    int decode_cap = max_members;
+    if (e->pipeline_steps > 1) {
+        int share = (running + e->pipeline_steps - 1) / e->pipeline_steps;
+        decode_cap = share > 0 && share < decode_cap ? share : decode_cap;
+    }
     /* decode first: one token each; when the cache is full, the newest sequence yields */
-    for (int i = 0; i < e->n_seqs && budget > 0 && n_members < max_members; i++) {
+    for (int i = 0; i < e->n_seqs && budget > 0 && n_members < decode_cap; i++) {
         sequence *s = e->seqs[i];
-        if (s->state != SEQ_RUNNING || s->n_tokens - s->n_computed != 1) continue;
+        if (s->state != SEQ_RUNNING || s->in_flight || s->n_tokens - s->n_computed != 1) continue;
         int ok;
         while (!(ok = ensure_blocks(e, s, s->n_tokens) == 0)) {
             sequence *victim = newest_running(e, s);
@@ -444,7 +453,8 @@ static int plan_batch(engine *e, int max_members) {
         for (int i = 0; i < e->n_seqs && budget > 0 && n_members < max_members; i++) {
             sequence *s = e->seqs[i];
             int left = s->n_tokens - s->n_computed;
-            if (s->chunk || left < 1 || (left <= short_limit) != want_short) continue;
+            if (s->chunk || s->in_flight || left < 1 || (left <= short_limit) != want_short)
+                continue;
             if (want_waiting != (s->state == SEQ_WAITING)) continue;
             if (!want_waiting && left == 1) continue; /* decode, handled above */
             if (want_waiting && running >= e->max_sequences) break;
@@ -532,9 +542,8 @@ void engine_sample_all(engine *e, int n_members) {
     }
 }
 
-/* Appends s's sampled token (e->samples) and reports it in ev; returns the finish reason. */
-static engine_finish take_sample(engine *e, sequence *s, engine_event *ev) {
-    const sampler_result *r = &e->samples[s->logit_index];
+/* Appends s's sampled token r and reports it in ev; returns the finish reason. */
+static engine_finish take_sample(sequence *s, const sampler_result *r, engine_event *ev) {
     s->tokens[s->n_tokens++] = r->token;
     s->n_generated++;
     ev->token = r->token;
@@ -569,23 +578,28 @@ int engine_idle_step_ms(const engine *e) {
 int engine_step(engine *e, engine_event *events, int max_events) {
     if (e->failed) return -1;
     uint64_t t0 = clock_now_ns(), steps = e->steps, comm_ns = e->comm_ns;
-    if (e->dist) {
-        if (engine_dist_exchange_inputs(e, &max_events)) {
-            e->failed = 1;
-            return -1;
+    int n;
+    if (e->dist && e->d.overlap) {
+        n = engine_dist_tick(e, events, max_events);
+    } else {
+        if (e->dist) {
+            if (engine_dist_exchange_inputs(e, &max_events)) {
+                e->failed = 1;
+                return -1;
+            }
+            if (e->d.shut_down) return 0;
         }
-        if (e->d.shut_down) return 0;
+        n = engine_step_local(e, events, max_events);
     }
-    int n = engine_step_local(e, events, max_events);
     if (n < 0) e->failed = 1;
     if (e->steps != steps) e->step_ns += clock_now_ns() - t0;
     else e->comm_ns = comm_ns; /* an idle step (a keep-alive) is no step: neither time counts */
     return n;
 }
 
-int engine_step_local(engine *e, engine_event *events, int max_events) {
+int engine_report_cancelled(engine *e, engine_event *events, int limit) {
     int n_ev = 0;
-    while (e->n_cancelled > 0 && n_ev < max_events) {
+    while (e->n_cancelled > 0 && n_ev < limit) {
         engine_event *ev = &events[n_ev++];
         memset(ev, 0, sizeof *ev);
         ev->seq_id = e->cancelled[0];
@@ -593,19 +607,23 @@ int engine_step_local(engine *e, engine_event *events, int max_events) {
         ev->finish = ENGINE_FINISH_CANCELLED;
         memmove(e->cancelled, e->cancelled + 1, (size_t)--e->n_cancelled * sizeof *e->cancelled);
     }
-    int room = max_events - n_ev;
-    if (room <= 0 || e->n_seqs == 0) return n_ev;
-    int cap = room < e->max_sequences ? room : e->max_sequences;
+    return n_ev;
+}
+
+int engine_plan_step(engine *e, int cap, transformer_batch *b, engine_event *events, int *n_ev) {
+    if (e->n_seqs == 0 || cap <= 0) return 0;
     int n_members = plan_batch(e, cap);
-    while (n_members == 0) { /* stuck prefills: the newest holder of blocks yields */
+    int in_flight = 0;
+    for (int i = 0; i < e->n_seqs; i++) in_flight |= e->seqs[i]->in_flight;
+    while (n_members == 0 && !in_flight) { /* stuck prefills: the newest holder of blocks yields */
         sequence *victim = newest_running(e, NULL);
         if (!victim || victim == e->seqs[0]) break;
         preempt(e, victim);
         n_members = plan_batch(e, cap);
     }
-    if (n_members == 0) { /* the oldest request cannot fit even alone: it never will */
+    if (n_members == 0 && !in_flight) { /* the oldest request cannot fit even alone: it never will */
         sequence *s = e->seqs[0];
-        engine_event *ev = &events[n_ev++];
+        engine_event *ev = &events[(*n_ev)++];
         memset(ev, 0, sizeof *ev);
         ev->seq_id = s->id;
         ev->token = -1;
@@ -613,36 +631,60 @@ int engine_step_local(engine *e, engine_event *events, int max_events) {
         ev->prompt_tokens = s->n_prompt;
         snprintf(ev->error, sizeof ev->error, "the KV cache is too small for this request");
         remove_seq(e, 0);
-        return n_ev;
+        return 0;
     }
-    transformer_batch b;
-    if (stage_batch(e, n_members, &b) != 0) {
+    if (n_members && stage_batch(e, n_members, b) != 0) {
         engine_set_error(e, "out of memory staging a batch");
         return -1;
     }
+    for (int m = 0; m < n_members; m++) e->b_members[m]->in_flight = 1;
+    return n_members;
+}
+
+sequence *engine_find_serial(engine *e, uint64_t serial) {
+    for (int i = 0; i < e->n_seqs; i++)
+        if (e->seqs[i]->serial == serial) return e->seqs[i];
+    return NULL;
+}
+
+void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
+                          const sampler_result *samples, engine_event *events, int *n_ev,
+                          int max_events) {
+    s->in_flight = 0;
+    s->n_computed += chunk;
+    register_full_blocks(e, s);
+    engine_finish fin = ENGINE_FINISH_NONE;
+    engine_event *ev = NULL;
+    if (logit_index >= 0 || *n_ev < max_events) {
+        ev = &events[(*n_ev)++];
+        memset(ev, 0, sizeof *ev);
+        ev->seq_id = s->id;
+        ev->token = -1;
+        ev->prompt_tokens = s->n_prompt;
+        ev->cached_tokens = s->cached_tokens;
+        ev->prefill_done = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
+    }
+    if (logit_index >= 0) fin = take_sample(s, &samples[logit_index], ev);
+    if (fin != ENGINE_FINISH_NONE) {
+        ev->finish = fin;
+        int i;
+        if (find_seq(e, s->id, &i)) remove_seq(e, i);
+    }
+}
+
+int engine_step_local(engine *e, engine_event *events, int max_events) {
+    int n_ev = engine_report_cancelled(e, events, max_events);
+    int room = max_events - n_ev;
+    int cap = room < e->max_sequences ? room : e->max_sequences;
+    transformer_batch b;
+    int n_members = engine_plan_step(e, cap, &b, events, &n_ev);
+    if (n_members <= 0) return n_members < 0 ? -1 : n_ev;
     if (forward_and_sample(e, n_members, &b)) return -1;
     e->steps++;
     for (int m = 0; m < n_members; m++) {
         sequence *s = e->b_members[m];
-        s->n_computed += s->chunk;
-        register_full_blocks(e, s);
-        engine_finish fin = ENGINE_FINISH_NONE;
-        engine_event *ev = NULL;
-        if (s->logit_index >= 0 || n_ev < max_events) {
-            ev = &events[n_ev++];
-            memset(ev, 0, sizeof *ev);
-            ev->seq_id = s->id;
-            ev->token = -1;
-            ev->prompt_tokens = s->n_prompt;
-            ev->cached_tokens = s->cached_tokens;
-            ev->prefill_done = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
-        }
-        if (s->logit_index >= 0) fin = take_sample(e, s, ev);
-        if (fin != ENGINE_FINISH_NONE) {
-            ev->finish = fin;
-            int i;
-            if (find_seq(e, s->id, &i)) remove_seq(e, i);
-        }
+        engine_finish_member(e, s, s->chunk, s->logit_index, e->samples, events, &n_ev,
+                             max_events);
     }
     return n_ev;
 }

@@ -53,6 +53,8 @@ typedef struct engine_options {
     engine_parallel parallel;
     int dist_timeout_ms;    /* the timeout the group was connected with (0 = 30000): rank 0
                                keeps idle followers alive well within it */
+    int pipeline_serial;    /* pipeline: one step at a time through all stages (else each stage
+                               works on its own step; the default) */
 } engine_options;
 
 typedef struct sampling_params {

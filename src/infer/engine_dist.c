@@ -93,6 +93,8 @@ int engine_dist_init(engine *e, const engine_options *o, model_shard *shard, cha
         shard->layer_end = n_layers * (d->rank + 1) / d->size;
     }
     d->head_rank = d->size - 1;
+    d->overlap = d->size > 1 && !o->pipeline_serial;
+    e->pipeline_steps = d->overlap ? d->size : 0;
     return 0;
 }
 
@@ -102,8 +104,27 @@ int engine_dist_start(engine *e, char *err, size_t errlen) {
         return 0;
     }
     if (e->d.parallel != ENGINE_PIPELINE) return 0;
-    e->d.hidden = malloc((size_t)e->max_batch_tokens * (size_t)e->cfg.hidden_size * sizeof(float));
-    if (!e->d.hidden) {
+    engine_dist_state *d = &e->d;
+    size_t hidden = (size_t)e->max_batch_tokens * (size_t)e->cfg.hidden_size * sizeof(float);
+    d->hidden = malloc(hidden);
+    int fail = !d->hidden;
+    if (d->overlap) {
+        d->hidden_in = malloc(hidden);
+        d->ring_size = 2 * d->size + 2; /* a step lives from its plan to its results' apply */
+        d->ring = calloc((size_t)d->ring_size, sizeof *d->ring);
+        fail |= !d->hidden_in || !d->ring;
+        for (int i = 0; !fail && i < d->ring_size; i++) {
+            step_record *r = &d->ring[i];
+            size_t n = (size_t)e->max_sequences;
+            r->step = r->inputs_step = -1;
+            r->serials = calloc(n, sizeof *r->serials);
+            r->chunks = calloc(n, sizeof *r->chunks);
+            r->logit_index = calloc(n, sizeof *r->logit_index);
+            r->samples = calloc(n, sizeof *r->samples);
+            fail |= !r->serials || !r->chunks || !r->logit_index || !r->samples;
+        }
+    }
+    if (fail) {
         set_err(err, errlen, "out of memory for the pipeline's hidden states");
         return -1;
     }
@@ -285,7 +306,15 @@ typedef struct inputs_header {
     int32_t pad;
 } inputs_header;
 
+/* The step inputs of this tick: rank 0 sends its log; every rank applies it now, except an
+ * overlapped pipeline's followers, which keep it in `keep` for the step's plan. */
+static int exchange_into(engine *e, int *max_events, int shutdown, step_record *keep);
+
 static int exchange(engine *e, int *max_events, int shutdown) {
+    return exchange_into(e, max_events, shutdown, NULL);
+}
+
+static int exchange_into(engine *e, int *max_events, int shutdown, step_record *keep) {
     engine_dist_state *d = &e->d;
     inputs_header h = {0};
     if (d->rank == 0)
@@ -301,7 +330,24 @@ static int exchange(engine *e, int *max_events, int shutdown) {
         return 0;
     }
     *max_events = h.max_events;
+    if (keep) {
+        keep->inputs_step = d->tick;
+        keep->inputs_len = 0;
+    }
     if (h.len == 0) return 0;
+    if (keep) {
+        if (h.len > keep->inputs_cap) {
+            unsigned char *b = realloc(keep->inputs, h.len);
+            if (!b) {
+                engine_set_error(e, "rank %d: out of memory for step inputs", d->rank);
+                return -1;
+            }
+            keep->inputs = b;
+            keep->inputs_cap = h.len;
+        }
+        keep->inputs_len = h.len;
+        return bcast(e, 0, keep->inputs, h.len, "sharing the step's new requests (rank 0 to all)");
+    }
     if (d->rank != 0) {
         unsigned char *b = h.len > d->inputs_cap ? realloc(d->inputs, h.len) : d->inputs;
         if (!b) {
@@ -360,6 +406,140 @@ int engine_dist_forward(engine *e, int n_members, const transformer_batch *b) {
                  "sharing the sampled tokens");
 }
 
+/* ---- the overlapped pipeline ----------------------------------------------------------------
+ *
+ * Stage s works on step t - s during tick t (engine_step call t, counted alike on every rank),
+ * so with S stages S steps are in flight and every stage computes at once. Each step k is, on
+ * every rank and in this order: apply the results (sampled tokens) of step k - S, apply rank 0's
+ * inputs of tick k, plan k. The order is the same everywhere; only the time differs (rank s plans
+ * k at tick k + s - 1, rank 0 at tick k), and everything a plan needs has arrived by then:
+ * inputs of tick k at tick k, the tokens of step k - S at tick k - 1 (broadcast by the last stage
+ * at the end of the tick that computed them). A sequence is in flight from its plan until its
+ * results apply, and sits out the steps in between; each step decodes its share of the running
+ * sequences (plan_batch), so S steps carry them all.
+ *
+ * Tick t on rank s > 0: inputs of tick t (kept), forward step t - s (planned last tick, its hidden
+ * states received last tick), send them to s + 1, plan step t + 1 - s, receive its hidden states
+ * from s - 1, then the tokens of step t - S + 1 from the last stage. Every send is matched by a
+ * receive in the same tick, posted after the receiver's own send: no rank waits in a cycle.
+ * Rank 0: inputs (applied), plan step t, forward, send, tokens of step t - S + 1, which it
+ * applies at once (they precede tick t + 1's inputs) and reports as this tick's events. */
+
+static step_record *slot(engine *e, int64_t step) {
+    return &e->d.ring[step % e->d.ring_size];
+}
+
+/* The event budget of a tick: the plan takes at most half of max_events sequences (their tokens
+ * come back as events S - 1 ticks later), cancellations a quarter. Not dependent on events
+ * already written, so every rank plans the same caps. */
+static int tick_cap(const engine *e, int max_events) {
+    int cap = max_events / 2 > 0 ? max_events / 2 : 1;
+    return cap < e->max_sequences ? cap : e->max_sequences;
+}
+
+static void apply_results(engine *e, const step_record *r, engine_event *events, int *n_ev,
+                          int max_events) {
+    for (int m = 0; m < r->n_members; m++) {
+        sequence *s = engine_find_serial(e, r->serials[m]);
+        if (s) /* else cancelled while in flight */
+            engine_finish_member(e, s, r->chunks[m], r->logit_index[m], r->samples, events, n_ev,
+                                 max_events);
+    }
+}
+
+/* Applies what precedes the plan of step k (on ranks other than 0), then plans it into its
+ * record. The staged batch stays in e's staging buffers until the forward at the next tick. */
+static int plan_step(engine *e, int64_t k, int max_events, engine_event *events, int *n_ev,
+                     transformer_batch *b) {
+    engine_dist_state *d = &e->d;
+    step_record *r = slot(e, k);
+    if (d->rank > 0) {
+        if (k >= d->size && slot(e, k - d->size)->step == k - d->size)
+            apply_results(e, slot(e, k - d->size), events, n_ev, max_events);
+        if (r->inputs_step != k) {
+            engine_set_error(e, "rank %d: the inputs of step %lld are missing", d->rank,
+                             (long long)k);
+            return -1;
+        }
+        if (apply_inputs(e, r->inputs, r->inputs_len)) return -1;
+    }
+    int n = engine_plan_step(e, tick_cap(e, max_events), b, events, n_ev);
+    if (n < 0) return -1;
+    r->step = k;
+    r->n_members = n;
+    r->n_tokens = n ? b->n_tokens : 0;
+    r->n_logits = n ? b->n_logits : 0;
+    for (int m = 0; m < n; m++) {
+        r->serials[m] = e->b_members[m]->serial;
+        r->chunks[m] = e->b_members[m]->chunk;
+        r->logit_index[m] = e->b_members[m]->logit_index;
+    }
+    return 0;
+}
+
+static int hidden_transfer(engine *e, int send, int peer, float *buf, int n_tokens) {
+    char err[200] = "";
+    size_t bytes = (size_t)n_tokens * (size_t)e->cfg.hidden_size * sizeof(float);
+    uint64_t t0 = clock_now_ns();
+    int rc = send ? dist_send(e->dist, peer, buf, bytes, err, sizeof err)
+                  : dist_recv(e->dist, peer, buf, bytes, err, sizeof err);
+    return comm_done(e, t0, rc, send ? "sending hidden states" : "receiving hidden states", err);
+}
+
+/* Forward of the step planned into r (staged in e's buffers); the last stage samples it. */
+static int forward_step(engine *e, step_record *r, const transformer_batch *b) {
+    engine_dist_state *d = &e->d;
+    char err[256] = "";
+    transformer_batch stage = *b;
+    if (d->rank > 0) stage.hidden_in = d->hidden_in;
+    float *out = e->w.has_head ? e->logits : d->hidden;
+    if (transformer_forward(e->tf, e->kv->layers, e->block_size, &stage, out, err, sizeof err))
+        return forward_failed(e, err);
+    e->steps++;
+    if (e->w.has_head) {
+        engine_sample_all(e, r->n_members);
+        memcpy(r->samples, e->samples, (size_t)r->n_logits * sizeof *r->samples);
+        return 0;
+    }
+    return hidden_transfer(e, 1, d->rank + 1, d->hidden, r->n_tokens);
+}
+
+int engine_dist_tick(engine *e, engine_event *events, int max_events) {
+    engine_dist_state *d = &e->d;
+    if (max_events > ENGINE_DIST_MAX_EVENTS) max_events = ENGINE_DIST_MAX_EVENTS;
+    int64_t t = d->tick, S = d->size, s = d->rank;
+    if (exchange_into(e, &max_events, 0, s > 0 ? slot(e, t) : NULL)) return -1;
+    if (d->shut_down) return 0;
+    d->tick++;
+    int quarter = max_events / 4 > 0 ? max_events / 4 : 1;
+    int n_ev = engine_report_cancelled(e, events, quarter);
+    transformer_batch b;
+    if (s == 0 && plan_step(e, t, max_events, events, &n_ev, &b)) return -1;
+    /* rank 0 forwards what it just planned; the others what they planned last tick (the staging
+     * buffers still hold it: nothing was planned since) */
+    step_record *mine = t - s >= 0 ? slot(e, t - s) : NULL;
+    if (mine && mine->step == t - s && mine->n_members > 0) {
+        if (s > 0) b = d->staged;
+        if (forward_step(e, mine, &b)) return -1;
+    }
+    if (s > 0 && t + 1 - s >= 0) {
+        if (plan_step(e, t + 1 - s, max_events, events, &n_ev, &d->staged)) return -1;
+        step_record *next = slot(e, t + 1 - s);
+        if (next->n_members > 0 && hidden_transfer(e, 0, s - 1, d->hidden_in, next->n_tokens))
+            return -1;
+    }
+    int64_t j = t - S + 1;
+    if (j < 0) return n_ev;
+    step_record *done = slot(e, j);
+    if (done->step != j) return n_ev;
+    if (done->n_logits > 0 &&
+        bcast(e, d->head_rank, done->samples, (size_t)done->n_logits * sizeof *done->samples,
+              "sharing the sampled tokens"))
+        return -1;
+    if (s == 0) apply_results(e, done, events, &n_ev, max_events);
+    return n_ev;
+}
+
 /* ---- followers and shutdown ------------------------------------------------------------------ */
 
 int engine_follow(engine *e) {
@@ -380,10 +560,21 @@ int engine_follow(engine *e) {
 }
 
 void engine_dist_close(engine *e) {
-    if (e->d.rank == 0 && !e->failed && !e->d.shut_down) {
+    engine_dist_state *d = &e->d;
+    if (d->rank == 0 && !e->failed && !d->shut_down) {
         int ignored = 0;
         exchange(e, &ignored, 1); /* best effort: a follower that is gone times out anyway */
     }
-    free(e->d.inputs);
-    free(e->d.hidden);
+    for (int i = 0; d->ring && i < d->ring_size; i++) {
+        step_record *r = &d->ring[i];
+        free(r->serials);
+        free(r->chunks);
+        free(r->logit_index);
+        free(r->samples);
+        free(r->inputs);
+    }
+    free(d->ring);
+    free(d->inputs);
+    free(d->hidden);
+    free(d->hidden_in);
 }

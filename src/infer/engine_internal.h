@@ -39,10 +39,25 @@ typedef struct sequence {
     uint64_t last_hash; /* chain hash of block n_hashed - 1 (0 before the first) */
     int cached_tokens;  /* prompt tokens served from the prefix cache at admission */
     int admitted;       /* has been admitted once (cached_tokens is final) */
+    uint64_t serial;    /* engine-assigned, unique for the engine's life (same on every rank) */
+    int in_flight;      /* in a step whose results are not applied yet (pipeline overlap) */
     /* this step */
     int chunk;       /* tokens in the batch */
     int logit_index; /* row in logits, or -1 */
 } sequence;
+
+/* One step of an overlapped pipeline, from its plan until its results are applied (every rank
+ * keeps its own copy; see engine_dist.c). */
+typedef struct step_record {
+    int64_t step;             /* the step held (-1: none yet) */
+    int n_members, n_tokens, n_logits;
+    uint64_t *serials;        /* [max_sequences] members, by sequence serial */
+    int32_t *chunks, *logit_index; /* [max_sequences] */
+    sampler_result *samples;  /* [max_sequences] the step's tokens, by logit row */
+    int64_t inputs_step;      /* step whose inputs (rank 0's requests/cancels) are held, or -1 */
+    unsigned char *inputs;
+    size_t inputs_len, inputs_cap;
+} step_record;
 
 /* Multi-rank state (engine_dist.c); e->dist == NULL in a single-process engine. */
 typedef struct engine_dist_state {
@@ -57,6 +72,13 @@ typedef struct engine_dist_state {
     int queued_submits;
     int shut_down;      /* rank 0 closed its engine: followers stop */
     float *hidden;      /* pipeline: [max_batch_tokens][dim] hidden states between stages */
+    /* overlapped pipeline: one step per stage in flight */
+    int overlap;
+    int64_t tick;       /* engine_step calls so far: the same count on every rank */
+    float *hidden_in;   /* [max_batch_tokens][dim] received for the next step */
+    transformer_batch staged; /* ranks > 0: the step planned for the next tick's forward */
+    step_record *ring;  /* steps by index % ring_size */
+    int ring_size;
 } engine_dist_state;
 
 struct engine {
@@ -87,6 +109,8 @@ struct engine {
     int failed;               /* a rank failed: every later step fails at once */
     char error[256];          /* why (engine_last_error) */
     uint64_t steps, step_ns, comm_ns; /* timing totals (engine_get_stats) */
+    uint64_t next_serial;
+    int pipeline_steps;       /* > 1: steps in flight at once (a pipeline's stages), see plan */
 };
 
 /* ---- engine.c, used by engine_dist.c ---- */
@@ -98,6 +122,20 @@ int engine_add_sequence(engine *e, uint64_t seq_id, const engine_request *r);
 void engine_cancel_local(engine *e, uint64_t seq_id);
 /* The step after its inputs are applied: plan, forward, sample, events. */
 int engine_step_local(engine *e, engine_event *events, int max_events);
+/* Reports queued cancellations as events, at most `limit`; returns how many. */
+int engine_report_cancelled(engine *e, engine_event *events, int limit);
+/* Plans this step's batch (at most cap sequences) and stages it into *b; marks the members in
+ * flight. Returns the member count (e->b_members), 0 when there is nothing to run (an error event
+ * may be added: a request the cache can never hold), or -1. */
+int engine_plan_step(engine *e, int cap, transformer_batch *b, engine_event *events, int *n_ev);
+/* Applies a member's finished step: its chunk is computed, its sampled token (samples[logit_index]
+ * when logit_index >= 0) appended; adds its event (tokens always, progress while there is room)
+ * and removes it when finished. */
+void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
+                          const sampler_result *samples, engine_event *events, int *n_ev,
+                          int max_events);
+/* The live sequence with this serial, or NULL (cancelled or finished since). */
+sequence *engine_find_serial(engine *e, uint64_t serial);
 /* Samples the next token of every batch member that has logits into e->samples. */
 void engine_sample_all(engine *e, int n_members);
 
@@ -117,6 +155,8 @@ void engine_dist_queue_cancel(engine *e, uint64_t seq_id);
  * rank 0's (plans depend on it, clamped to ENGINE_DIST_MAX_EVENTS); d.shut_down is set when rank
  * 0 closed its engine. 0, or -1 on a failed rank (engine_last_error). */
 int engine_dist_exchange_inputs(engine *e, int *max_events);
+/* One step of an overlapped pipeline (every stage busy with its own step; engine_dist.c). */
+int engine_dist_tick(engine *e, engine_event *events, int max_events);
 /* Forward over this rank's part of the model, then the sampling rank's tokens to every rank. */
 int engine_dist_forward(engine *e, int n_members, const transformer_batch *b);
 void engine_dist_close(engine *e);
