@@ -23,7 +23,10 @@ struct transformer {
     int max_tokens, max_logits;
     int n_local; /* layers held */
     int first, last;
-    int64_t dim, q_dim, kv_dim, inter;
+    int64_t dim, q_dim, kv_dim, inter; /* q/kv/inter: this rank's share (tensor parallel) */
+    int n_heads, n_kv_heads;           /* held by this rank */
+    transformer_allreduce_fn allreduce; /* tensor parallel: sums partial outputs, else NULL */
+    void *allreduce_ctx;
     layer_vectors *vec;
     float *final_norm;   /* [dim] */
     float *inv_freq;     /* [head_dim/2] */
@@ -101,7 +104,7 @@ static int create_vectors(transformer *t, int *fail) {
         }
         if (l->is_moe)
             t->experts[i] = (moe_experts){.n_experts = c->n_experts, .dim = c->hidden_size,
-                                          .inter = c->moe_intermediate_size,
+                                          .inter = c->moe_intermediate_size / (t->w->tp_size > 1 ? t->w->tp_size : 1),
                                           .gate = l->expert_gate, .up = l->expert_up,
                                           .down = l->expert_down};
     }
@@ -125,16 +128,19 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
     t->n_local = w->layer_end - w->layer_start;
     t->first = w->layer_start == 0;
     t->last = w->has_head;
+    int tp = w->tp_size > 1 ? w->tp_size : 1;
     t->dim = c->hidden_size;
-    t->q_dim = (int64_t)c->n_heads * c->head_dim;
-    t->kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
-    t->inter = c->intermediate_size;
+    t->n_heads = c->n_heads / tp;
+    t->n_kv_heads = c->n_kv_heads / tp;
+    t->q_dim = (int64_t)t->n_heads * c->head_dim;
+    t->kv_dim = (int64_t)t->n_kv_heads * c->head_dim;
+    t->inter = c->intermediate_size / tp;
     t->vec = calloc((size_t)t->n_local, sizeof *t->vec);
     t->experts = calloc((size_t)t->n_local, sizeof *t->experts);
     int fail = !t->vec || !t->experts;
     if (!fail) create_vectors(t, &fail);
     size_t T = (size_t)max_tokens, F = sizeof(float);
-    int64_t inter = c->intermediate_size;
+    int64_t inter = t->inter;
     t->x = balloc(t, T * (size_t)t->dim * F, &fail);
     t->xn = balloc(t, T * (size_t)t->dim * F, &fail);
     t->ffn_out = balloc(t, T * (size_t)t->dim * F, &fail);
@@ -262,8 +268,19 @@ static void matmul_shared_x(compute_backend *be, int n, const weight_matrix *con
     for (int i = 0; i < n; i++) be->matmul(be, w[i], x, ys[i], n_tokens);
 }
 
-static void attention_block(transformer *t, int li, const kv_layer *kv,
-                            const attention_batch *ab, int64_t n) {
+void transformer_set_allreduce(transformer *t, transformer_allreduce_fn fn, void *ctx) {
+    t->allreduce = fn;
+    t->allreduce_ctx = ctx;
+}
+
+/* Tensor parallel: y holds this rank's partial sum of a row-parallel projection; make it whole. */
+static int sum_across_ranks(transformer *t, float *y, int64_t n, char *err, size_t errlen) {
+    if (!t->allreduce) return 0;
+    return t->allreduce(t->allreduce_ctx, y, (size_t)(n * t->dim), err, errlen);
+}
+
+static int attention_block(transformer *t, int li, const kv_layer *kv,
+                           const attention_batch *ab, int64_t n, char *err, size_t errlen) {
     compute_backend *be = t->be;
     const model_config *c = t->c;
     const layer_weights *l = &t->w->layers[li];
@@ -278,20 +295,22 @@ static void attention_block(transformer *t, int li, const kv_layer *kv,
         be->add_row(be, t->v, v->bv, n, t->kv_dim);
     }
     if (c->qk_norm) {
-        be->rmsnorm(be, t->q, v->q_norm, t->q, n * c->n_heads, c->head_dim, c->rms_norm_eps);
-        be->rmsnorm(be, t->k, v->k_norm, t->k, n * c->n_kv_heads, c->head_dim, c->rms_norm_eps);
+        be->rmsnorm(be, t->q, v->q_norm, t->q, n * t->n_heads, c->head_dim, c->rms_norm_eps);
+        be->rmsnorm(be, t->k, v->k_norm, t->k, n * t->n_kv_heads, c->head_dim, c->rms_norm_eps);
     }
     int rot = c->rope.partial_dims ? c->rope.partial_dims : c->head_dim;
-    be->rope(be, t->q, t->positions, n, c->n_heads, c->head_dim, rot, t->inv_freq, t->attn_factor);
-    be->rope(be, t->k, t->positions, n, c->n_kv_heads, c->head_dim, rot, t->inv_freq,
+    be->rope(be, t->q, t->positions, n, t->n_heads, c->head_dim, rot, t->inv_freq, t->attn_factor);
+    be->rope(be, t->k, t->positions, n, t->n_kv_heads, c->head_dim, rot, t->inv_freq,
              t->attn_factor);
     be->kv_write(be, kv, t->k, t->v, t->slots, n, t->kv_dim);
     be->attention(be, t->q, kv, ab, t->att);
     be->matmul(be, &l->wo, t->att, t->xn, n);
+    if (sum_across_ranks(t, t->xn, n, err, errlen)) return -1;
     be->add(be, t->x, t->xn, n * t->dim);
+    return 0;
 }
 
-static void mlp_block(transformer *t, int li, int64_t n) {
+static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen) {
     compute_backend *be = t->be;
     const model_config *c = t->c;
     const layer_weights *l = &t->w->layers[li];
@@ -309,7 +328,9 @@ static void mlp_block(transformer *t, int li, int64_t n) {
         be->silu_mul(be, t->gate, t->up, n * t->inter);
         be->matmul(be, &l->w_down, t->gate, t->ffn_out, n);
     }
+    if (sum_across_ranks(t, t->ffn_out, n, err, errlen)) return -1;
     be->add(be, t->x, t->ffn_out, n * t->dim);
+    return 0;
 }
 
 int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
@@ -325,14 +346,14 @@ int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
     attention_batch ab = {.n_tokens = n, .positions = t->positions,
                           .seq_of_token = t->seq_of_token, .block_table_start = t->table_start,
                           .block_tables = t->tables, .block_size = block_size,
-                          .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+                          .n_heads = t->n_heads, .n_kv_heads = t->n_kv_heads,
                           .head_dim = c->head_dim, .scale = 1.0f / sqrtf((float)c->head_dim)};
-    for (int li = 0; li < t->n_local; li++) {
-        attention_block(t, li, &kv[li], &ab, n);
-        mlp_block(t, li, n);
-    }
+    for (int li = 0; li < t->n_local; li++)
+        if (attention_block(t, li, &kv[li], &ab, n, err, errlen) ||
+            mlp_block(t, li, n, err, errlen))
+            return -1;
     if (!t->last) {
-        be->download(be, out, t->x, (size_t)(n * t->dim) * sizeof(float));
+        if (out) be->download(be, out, t->x, (size_t)(n * t->dim) * sizeof(float));
         return 0;
     }
     if (!b->n_logits) return 0;

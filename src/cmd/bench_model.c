@@ -25,6 +25,8 @@
 #include <unistd.h>
 
 int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs);
+int bench_dist_main(const char *model_dir, int argc, char **argv);
+double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *window);
 double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
 double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens);
 
@@ -186,8 +188,10 @@ static double run_prefill(engine *e, int pp, int vocab, int salt) {
     return t;
 }
 
-/* B streams of tg tokens after a 16-token prompt; returns decode tok/s (all streams). */
-static double run_decode(engine *e, int batch, int tg, int vocab) {
+/* B streams of tg tokens after a 16-token prompt; returns decode tok/s (all streams). window
+ * (may be NULL): the engine's steps and step/communication time in the decode window. */
+double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *window) {
+    engine_stats s0 = {0}, s1;
     char err[256];
     int32_t p[16];
     for (int b = 0; b < batch; b++) {
@@ -210,13 +214,23 @@ static double run_decode(engine *e, int batch, int tg, int vocab) {
         for (int i = 0; i < n; i++) {
             if (ev[i].token < 0) continue;
             if (first < batch) {
-                if (++first == batch) t0 = clock_now_ns(); /* every prefill done */
+                if (++first == batch) { /* every prefill done */
+                    t0 = clock_now_ns();
+                    engine_get_stats(e, &s0);
+                }
             } else {
                 decoded++;
             }
         }
     }
     double t = (double)(clock_now_ns() - t0) * 1e-9;
+    if (window) {
+        engine_get_stats(e, &s1);
+        *window = s1;
+        window->steps -= s0.steps;
+        window->step_ns -= s0.step_ns;
+        window->comm_ns -= s0.comm_ns;
+    }
     return t > 0 ? decoded / t : 0;
 }
 
@@ -477,6 +491,9 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     int streams[8] = {0}, n_streams = 0, stream_prompt = 128;
     int interrupt = 0, short_prompt = 32, n_short = 24, chunk = 512, set_pp = 0, set_batch = 0;
     const char *kv = NULL;
+    for (int i = 0; i < argc; i++) /* several ranks: cmd_bench_dist.c */
+        if (!strcmp(argv[i], "--tp") || !strcmp(argv[i], "--pp-ranks") || !strcmp(argv[i], "--rank"))
+            return bench_dist_main(model_dir, argc, argv);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -498,7 +515,8 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
         else {
             fprintf(stderr, "exo bench --model: unknown option %s (--pp 128,512 --tg 64 "
                     "--batch 1,8 --reps 2 --kv-dtype f16 --streams 1,8,32 --stream-prompt 128 "
-                    "--interrupt 4096 --short-prompt 32 --shorts 24 --chunk 512)\n", a);
+                    "--interrupt 4096 --short-prompt 32 --shorts 24 --chunk 512; several ranks: "
+                    "--tp N or --pp-ranks N, see cmd_bench_dist.c)\n", a);
             return 2;
         }
         if (n_pp < 1 || n_batch < 1 || tg < 2 || reps < 1 || n_streams < 0 || stream_prompt < 1 ||
@@ -569,7 +587,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
         double best = 0;
         steal_mark sm = steal_now();
         for (int r = 0; r < reps; r++) {
-            double rate = run_decode(e, b, tg, cfg.vocab_size);
+            double rate = bench_run_decode(e, b, tg, cfg.vocab_size, NULL);
             best = rate > best ? rate : best;
         }
         double bw = read_gbs_now(read_gbs);

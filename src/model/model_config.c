@@ -375,3 +375,39 @@ int model_config_layer_is_moe(const model_config *c, int layer) {
     if (layer >= 0 && layer < 256 && (c->mlp_only_layers[layer / 64] >> (layer % 64) & 1)) return 0;
     return (layer + 1) % c->decoder_sparse_step == 0;
 }
+
+/* One dimension of a tensor-parallel split: `size` must divide by n, and when it is a quantized
+ * matrix's input dim, each share must be whole groups. */
+static int split_dim_check(const char *what, int size, int n, int group, char *err, size_t errlen) {
+    if (size % n) {
+        set_err(err, errlen, "cannot split the model %d ways: %s (%d) does not divide by %d", n,
+                what, size, n);
+        return -1;
+    }
+    if (group && (size / n) % group) {
+        set_err(err, errlen, "cannot split the model %d ways: each rank's share of %s (%d) is not "
+                "a multiple of the quantization group size %d", n, what, size / n, group);
+        return -1;
+    }
+    return 0;
+}
+
+int model_config_tensor_split_check(const model_config *c, int n, char *err, size_t errlen) {
+    if (n < 1) {
+        set_err(err, errlen, "a tensor-parallel split needs at least 1 rank (got %d)", n);
+        return -1;
+    }
+    if (n == 1) return 0;
+    int any_dense = 0, group = c->quant_bits ? c->quant_group_size : 0;
+    for (int i = 0; i < c->n_layers; i++) any_dense |= !model_config_layer_is_moe(c, i);
+    if (split_dim_check("the attention heads", c->n_heads, n, 0, err, errlen) ||
+        split_dim_check("the KV heads", c->n_kv_heads, n, 0, err, errlen) ||
+        split_dim_check("o_proj's input (heads x head_dim)", c->n_heads * c->head_dim, n, group,
+                        err, errlen) ||
+        (any_dense && split_dim_check("intermediate_size", c->intermediate_size, n, group, err,
+                                      errlen)) ||
+        (c->n_experts && split_dim_check("moe_intermediate_size", c->moe_intermediate_size, n,
+                                         group, err, errlen)))
+        return -1;
+    return 0;
+}

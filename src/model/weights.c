@@ -245,6 +245,138 @@ static int load_layer(const safetensors_set *st, const model_config *c, int i, l
     return 0;
 }
 
+/* ---- tensor-parallel slices ------------------------------------------------------------------ */
+
+/* A buffer w owns until its bytes are in the arena (or w is freed); NULL when out of memory. */
+static char *owned_alloc(model_weights *w, size_t bytes) {
+    if (w->n_owned == w->owned_cap) {
+        int cap = w->owned_cap ? w->owned_cap * 2 : 64;
+        void **n = realloc(w->owned, (size_t)cap * sizeof *n);
+        if (!n) return NULL;
+        w->owned = n;
+        w->owned_cap = cap;
+    }
+    char *p = malloc(bytes ? bytes : 1);
+    if (p) w->owned[w->n_owned++] = p;
+    return p;
+}
+
+static void free_owned(model_weights *w) {
+    for (int i = 0; i < w->n_owned; i++) free(w->owned[i]);
+    free(w->owned);
+    w->owned = NULL;
+    w->n_owned = w->owned_cap = 0;
+}
+
+static size_t dense_elem_size(const weight_matrix *m) { return m->format == WEIGHT_F32 ? 4 : 2; }
+
+/* Keeps elements [i0, i0 + n) of a dense vector ([1][cols], e.g. a bias): a view. */
+static void slice_vector(weight_matrix *m, int64_t i0, int64_t n) {
+    if (!m->data) return;
+    m->data = (const char *)m->data + (size_t)i0 * dense_elem_size(m);
+    m->cols = n;
+}
+
+/* Keeps rows [r0, r0 + n) of m: a view into the same bytes (rows are contiguous in every format
+ * published; the backend's interleaved layout comes later, on the slice). */
+static void slice_rows(weight_matrix *m, int64_t r0, int64_t n) {
+    if (m->format != WEIGHT_MLX_AFFINE) {
+        m->data = (const char *)m->data + (size_t)(r0 * m->cols) * dense_elem_size(m);
+    } else {
+        size_t words = (size_t)(m->cols * m->bits / 32), groups = (size_t)(m->cols / m->group_size);
+        size_t ss = dtype_size(m->scale_dtype);
+        m->data = (const uint32_t *)m->data + (size_t)r0 * words;
+        m->scales = (const char *)m->scales + (size_t)r0 * groups * ss;
+        m->biases = (const char *)m->biases + (size_t)r0 * groups * ss;
+    }
+    m->rows = n;
+}
+
+/* Copies `rows` runs of `run` bytes, `stride` apart from src + offset, into dst. */
+static void gather_runs(char *dst, const void *src, size_t offset, size_t stride, size_t run,
+                        int64_t rows) {
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * run, (const char *)src + (size_t)r * stride + offset, run);
+}
+
+/* Keeps input columns [c0, c0 + n) of m, gathered into one owned buffer. MLX matrices can only be
+ * cut at quantization groups (a group's scale and bias cover all of its columns). */
+static int slice_cols(model_weights *w, weight_matrix *m, int64_t c0, int64_t n, const char *name,
+                      char *err, size_t errlen) {
+    if (m->format != WEIGHT_MLX_AFFINE) {
+        size_t es = dense_elem_size(m);
+        char *buf = owned_alloc(w, (size_t)(m->rows * n) * es);
+        if (!buf) goto oom;
+        gather_runs(buf, m->data, (size_t)c0 * es, (size_t)m->cols * es, (size_t)n * es, m->rows);
+        m->data = buf;
+        m->cols = n;
+        return 0;
+    }
+    if (c0 % m->group_size || n % m->group_size) {
+        set_err(err, errlen, "cannot split '%s' %d ways: each rank would take %lld of its %lld "
+                "input columns, not a multiple of its quantization group of %d", name,
+                w->tp_size, (long long)n, (long long)m->cols, m->group_size);
+        return -1;
+    }
+    size_t ss = dtype_size(m->scale_dtype);
+    size_t words = (size_t)(m->cols * m->bits / 32), groups = (size_t)(m->cols / m->group_size);
+    size_t nw = (size_t)(n * m->bits / 32), ng = (size_t)(n / m->group_size);
+    size_t data_bytes = (size_t)m->rows * nw * 4, group_bytes = (size_t)m->rows * ng * ss;
+    size_t sc_off = (data_bytes + 63) & ~(size_t)63, bi_off = sc_off + ((group_bytes + 63) & ~(size_t)63);
+    char *buf = owned_alloc(w, bi_off + group_bytes);
+    if (!buf) goto oom;
+    gather_runs(buf, m->data, (size_t)(c0 * m->bits / 32) * 4, words * 4, nw * 4, m->rows);
+    gather_runs(buf + sc_off, m->scales, (size_t)(c0 / m->group_size) * ss, groups * ss, ng * ss,
+                m->rows);
+    gather_runs(buf + bi_off, m->biases, (size_t)(c0 / m->group_size) * ss, groups * ss, ng * ss,
+                m->rows);
+    m->data = buf;
+    m->scales = buf + sc_off;
+    m->biases = buf + bi_off;
+    m->cols = n;
+    return 0;
+oom:
+    set_err(err, errlen, "out of memory slicing '%s'", name);
+    return -1;
+}
+
+/* One SwiGLU FFN's share: hidden units [i0, i0 + n) (rows of gate/up, columns of down). */
+static int slice_ffn(model_weights *w, weight_matrix *gate, weight_matrix *up, weight_matrix *down,
+                     int64_t i0, int64_t n, const char *name, char *err, size_t errlen) {
+    slice_rows(gate, i0, n);
+    slice_rows(up, i0, n);
+    return slice_cols(w, down, i0, n, name, err, errlen);
+}
+
+/* Cuts layer i (already resolved whole) down to this rank's tensor-parallel slice. */
+static int slice_layer(model_weights *w, const model_config *c, int i, layer_weights *l,
+                       char *err, size_t errlen) {
+    int n = w->tp_size, r = w->tp_rank;
+    int64_t hd = c->head_dim, heads = c->n_heads / n, kv_heads = c->n_kv_heads / n;
+    char name[160];
+    slice_rows(&l->wq, r * heads * hd, heads * hd);
+    slice_rows(&l->wk, r * kv_heads * hd, kv_heads * hd);
+    slice_rows(&l->wv, r * kv_heads * hd, kv_heads * hd);
+    slice_vector(&l->bq, r * heads * hd, heads * hd);
+    slice_vector(&l->bk, r * kv_heads * hd, kv_heads * hd);
+    slice_vector(&l->bv, r * kv_heads * hd, kv_heads * hd);
+    snprintf(name, sizeof name, "model.layers.%d.self_attn.o_proj", i);
+    if (slice_cols(w, &l->wo, r * heads * hd, heads * hd, name, err, errlen)) return -1;
+    if (!l->is_moe) {
+        int64_t inter = c->intermediate_size / n;
+        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj", i);
+        return slice_ffn(w, &l->w_gate, &l->w_up, &l->w_down, r * inter, inter, name, err, errlen);
+    }
+    int64_t inter = c->moe_intermediate_size / n;
+    for (int e = 0; e < c->n_experts; e++) {
+        snprintf(name, sizeof name, "model.layers.%d.mlp expert %d down_proj", i, e);
+        if (slice_ffn(w, &l->expert_gate[e], &l->expert_up[e], &l->expert_down[e], r * inter,
+                      inter, name, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
 static size_t layer_bytes(const model_config *c, const layer_weights *l) {
     size_t b = weight_matrix_bytes(&l->wq) + weight_matrix_bytes(&l->wk) +
                weight_matrix_bytes(&l->wv) + weight_matrix_bytes(&l->wo);
@@ -464,11 +596,29 @@ size_t model_weights_rewrite(model_weights *w, int (*rewrite)(weight_matrix *m, 
 
 int model_weights_load(const safetensors_set *st, const model_config *c, int layer_start,
                        int layer_end, model_weights *out, char *err, size_t errlen) {
+    model_shard shard = {.layer_start = layer_start, .layer_end = layer_end};
+    return model_weights_load_shard(st, c, &shard, out, err, errlen);
+}
+
+int model_weights_load_shard(const safetensors_set *st, const model_config *c,
+                             const model_shard *shard, model_weights *out, char *err,
+                             size_t errlen) {
     memset(out, 0, sizeof *out);
+    int layer_start = shard->layer_start, layer_end = shard->layer_end;
     if (layer_start == 0 && layer_end == 0) layer_end = c->n_layers;
     if (layer_start < 0 || layer_end > c->n_layers || layer_start >= layer_end) {
         set_err(err, errlen, "layer range [%d, %d) is not inside the model's %d layers",
                 layer_start, layer_end, c->n_layers);
+        return -1;
+    }
+    out->tp_size = shard->tp_size > 1 ? shard->tp_size : 1;
+    out->tp_rank = out->tp_size > 1 ? shard->tp_rank : 0;
+    if (out->tp_size > 1 &&
+        (model_config_tensor_split_check(c, out->tp_size, err, errlen) ||
+         out->tp_rank < 0 || out->tp_rank >= out->tp_size)) {
+        if (out->tp_rank < 0 || out->tp_rank >= out->tp_size)
+            set_err(err, errlen, "tensor-parallel rank %d is not in 0..%d", out->tp_rank,
+                    out->tp_size - 1);
         return -1;
     }
     out->layer_start = layer_start;
@@ -480,14 +630,19 @@ int model_weights_load(const safetensors_set *st, const model_config *c, int lay
         return -1;
     }
     int64_t dim = c->hidden_size, vocab = c->vocab_size;
-    int first = layer_start == 0, last = layer_end == c->n_layers;
+    /* tensor parallel: every rank embeds its own copy of the tokens; only rank 0 has the head */
+    int first = layer_start == 0, last = layer_end == c->n_layers && out->tp_rank == 0;
     out->has_embed = first || (last && c->tie_word_embeddings);
     out->has_head = last;
     if (out->has_embed &&
         load_matrix(st, "model.embed_tokens", vocab, dim, &out->embed, err, errlen))
         goto fail;
-    for (int i = layer_start; i < layer_end; i++)
-        if (load_layer(st, c, i, &out->layers[i - layer_start], err, errlen)) goto fail;
+    for (int i = layer_start; i < layer_end; i++) {
+        layer_weights *l = &out->layers[i - layer_start];
+        if (load_layer(st, c, i, l, err, errlen) ||
+            (out->tp_size > 1 && slice_layer(out, c, i, l, err, errlen)))
+            goto fail;
+    }
     if (last) {
         if (load_vector(st, "model.norm", dim, &out->final_norm, err, errlen)) goto fail;
         if (c->tie_word_embeddings) {
@@ -499,7 +654,8 @@ int model_weights_load(const safetensors_set *st, const model_config *c, int lay
     }
     for (int i = layer_start; i < layer_end; i++)
         out->bytes_per_token += layer_bytes(c, &out->layers[i - layer_start]);
-    model_weights_place(out, weights_memory_from_env());
+    /* once the slices are copied into the arena, their gathered buffers are not needed */
+    if (model_weights_place(out, weights_memory_from_env())) free_owned(out);
     return 0;
 fail:
     model_weights_free(out);
@@ -508,6 +664,7 @@ fail:
 
 void model_weights_free(model_weights *w) {
     if (w->arena) munmap(w->arena, w->arena_len);
+    free_owned(w);
     w->arena = NULL;
     w->arena_len = w->copied_bytes = w->rewritten_bytes = 0;
     if (!w->layers) return;

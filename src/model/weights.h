@@ -12,7 +12,16 @@
  *
  * Only layers [layer_start, layer_end) are resolved; the embedding is resolved for the first
  * stage, the final norm and lm_head (or the tied embedding) for the last. Refuses: anything whose
- * shape disagrees with the config (the error names the tensor and both shapes). */
+ * shape disagrees with the config (the error names the tensor and both shapes).
+ *
+ * Tensor-parallel shards (Megatron split, model_weights_load_shard with tp_size > 1): rank r of N
+ * keeps attention heads [r*H/N, (r+1)*H/N) and KV heads likewise (rows of q/k/v and their biases,
+ * input columns of o_proj), and 1/N of the FFN hidden dim (rows of gate/up, input columns of down;
+ * for MoE, of every expert's hidden dim, so routing stays replicated). Norms, the router and the
+ * embedding are whole on every rank; the final norm and lm_head only on rank 0 (which samples).
+ * Row slices stay views into the file; column slices are gathered into owned buffers, which for
+ * MLX matrices must start and end on a quantization group (refused otherwise, naming the tensor).
+ * Slicing happens before the backend's prepare_weight rewrite, which sees only the slice. */
 #ifndef EXO_MODEL_WEIGHTS_H
 #define EXO_MODEL_WEIGHTS_H
 
@@ -53,7 +62,17 @@ typedef struct model_weights {
     size_t arena_len;       /* bytes mapped at arena */
     size_t copied_bytes;    /* weight bytes copied there (0: views point into the mmap) */
     size_t rewritten_bytes; /* of those, bytes the backend rewrote (model_weights_rewrite) */
+    int tp_rank, tp_size;   /* tensor-parallel slice held (0, 1 = whole layers) */
+    void **owned;           /* column slices gathered at load (freed once copied to the arena) */
+    int n_owned, owned_cap;
 } model_weights;
+
+/* Which part of the model one rank loads: layers [layer_start, layer_end) (0, 0 = all), and
+ * tensor-parallel slice tp_rank of tp_size (tp_size 0 or 1 = whole layers). */
+typedef struct model_shard {
+    int layer_start, layer_end;
+    int tp_rank, tp_size;
+} model_shard;
 
 /* Where the weights live once loaded:
  *   AUTO: copy when the viewed bytes fit in half of MemAvailable (else keep the mmap, so a model
@@ -67,6 +86,11 @@ typedef enum weights_memory { WEIGHTS_MEM_AUTO = 0, WEIGHTS_MEM_COPY, WEIGHTS_ME
  * EXO_WEIGHTS_MEM says (default AUTO). Returns 0, or -1 with err. */
 int model_weights_load(const safetensors_set *st, const model_config *c, int layer_start,
                        int layer_end, model_weights *out, char *err, size_t errlen);
+/* The same for any shard (pipeline layer range and/or tensor-parallel slice). Returns 0, or -1
+ * with err (a split the model's shapes or quantization groups do not allow names the tensor). */
+int model_weights_load_shard(const safetensors_set *st, const model_config *c,
+                             const model_shard *shard, model_weights *out, char *err,
+                             size_t errlen);
 /* Copies every byte the views cover (only this shard's tensors) into one huge-page-advised
  * anonymous arena and repoints the views there, or leaves them on the mmap (see weights_memory).
  * Returns 1 if the weights were copied, 0 if they stay on the mmap (never fails: the mmap views
