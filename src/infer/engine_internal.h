@@ -72,6 +72,7 @@ typedef struct engine_dist_state {
     int queued_submits;
     int shut_down;      /* rank 0 closed its engine: followers stop */
     float *hidden;      /* pipeline: [max_batch_tokens][dim] hidden states between stages */
+    float *part_logits; /* tensor: [max_sequences][a rank's vocab share] lm_head outputs */
     /* overlapped pipeline: one step per stage in flight */
     int overlap;
     int64_t tick;       /* engine_step calls so far: the same count on every rank */
