@@ -485,14 +485,19 @@ static int connect_ranks(runner *r, const runner_options *o, char *err, size_t e
 
 static int load(runner *r, const runner_options *o) {
     char err[512];
+    /* exo's order: the ranks connect, then each loads its shard. */
+    if (o->dist.size > 1) {
+        send_status(r, "Connecting", NULL);
+        if (connect_ranks(r, o, err, sizeof err)) {
+            send_status(r, "Failed", json_pack("{s:s}", "error", err));
+            return -1;
+        }
+        send_status(r, "Connected", NULL);
+    }
     int layers = config_layers(o->model_dir);
     send_status(r, "Loading", json_pack("{s:i,s:i}", "layers_loaded", 0, "total_layers", layers));
     r->tok = tokenizer_load(o->model_dir, err, sizeof err);
     if (!r->tok) {
-        send_status(r, "Failed", json_pack("{s:s}", "error", err));
-        return -1;
-    }
-    if (connect_ranks(r, o, err, sizeof err)) {
         send_status(r, "Failed", json_pack("{s:s}", "error", err));
         return -1;
     }
@@ -564,9 +569,42 @@ static void *heartbeat_main(void *arg) {
     return NULL;
 }
 
+/* A follower does not read its node socket while it mirrors rank 0 (engine_follow blocks in the
+ * data plane), so this thread does: when its node goes away (EOF: the node process died) or asks
+ * it to stop, the process ends at once instead of holding its peers' connections open until
+ * rank 0 notices. */
+static void *watch_node_main(void *arg) {
+    runner *r = arg;
+    protocol_reader pr = {0};
+    char buf[4096];
+    for (;;) {
+        ssize_t n = read(r->fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            log_info("the node closed the connection; exiting");
+            _exit(1);
+        }
+        protocol_reader_feed(&pr, buf, (size_t)n);
+        json_t *m;
+        int bad = 0;
+        while ((m = protocol_reader_next(&pr, &bad))) {
+            const char *type = json_string_value(json_object_get(m, "type"));
+            if (type && !strcmp(type, "shutdown")) {
+                log_info("the node asked this rank to stop");
+                _exit(0);
+            }
+            json_decref(m);
+        }
+        if (bad) _exit(1);
+    }
+    return NULL;
+}
+
 /* A rank other than 0: mirrors rank 0's steps until it shuts down. Returns the exit code. */
 static int follow(runner *r) {
     atomic_store(&r->step_started_ns, 0);
+    pthread_t watch;
+    if (pthread_create(&watch, NULL, watch_node_main, r) == 0) pthread_detach(watch);
     if (engine_follow(r->engine) == 0) return 0;
     log_error("%s", engine_last_error(r->engine));
     send_status(r, "Failed", json_pack("{s:s}", "error", engine_last_error(r->engine)));
