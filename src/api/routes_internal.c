@@ -10,16 +10,27 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+/* Shared by the handler, the runner's message callback and the stream's disconnect callback;
+ * freed by the last of them. */
 typedef struct forwarded {
     pthread_mutex_t lock;
-    pthread_cond_t cond;
     api_stream *stream;
-    int done;
+    instances *local;
+    uint64_t call_id;
+    int have_call, done, gone;
+    _Atomic int refs;
 } forwarded;
+
+static void unref(void *arg) {
+    forwarded *f = arg;
+    if (atomic_fetch_sub(&f->refs, 1) != 1) return;
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+}
 
 static void write_line(api_stream *s, const json_t *msg) {
     char *text = json_dumps(msg, JSON_COMPACT);
@@ -30,16 +41,31 @@ static void write_line(api_stream *s, const json_t *msg) {
     free(text);
 }
 
+/* Every runner message goes out as one line; "done" is the last and ends the response. */
 static void on_message(void *arg, const json_t *msg) {
     forwarded *f = arg;
     const char *type = json_string_value(json_object_get(msg, "type"));
+    int last = type && !strcmp(type, "done");
     pthread_mutex_lock(&f->lock);
-    if (!f->done) write_line(f->stream, msg);
-    if (type && !strcmp(type, "done")) {
-        f->done = 1;
-        pthread_cond_broadcast(&f->cond);
-    }
+    int was_done = f->done;
+    if (!was_done) write_line(f->stream, msg);
+    if (last) f->done = 1;
     pthread_mutex_unlock(&f->lock);
+    if (last && !was_done) {
+        api_stream_close(f->stream);
+        unref(f);
+    }
+}
+
+/* The forwarding node went away (its client left, or it died): stop the generation. */
+static void on_gone(void *arg) {
+    forwarded *f = arg;
+    pthread_mutex_lock(&f->lock);
+    f->gone = 1;
+    int cancel = f->have_call && !f->done;
+    uint64_t id = f->call_id;
+    pthread_mutex_unlock(&f->lock);
+    if (cancel) instances_cancel(f->local, id); /* the runner answers "done" */
 }
 
 static void h_generate(api_request *r, void *ctx) {
@@ -58,39 +84,30 @@ static void h_generate(api_request *r, void *ctx) {
         json_decref(body);
         return;
     }
-    forwarded f = {.stream = api_respond_stream(r, 200, "application/x-ndjson")};
-    pthread_mutex_init(&f.lock, NULL);
-    pthread_cond_init(&f.cond, NULL);
-    api_stream_set_keepalive(f.stream, "{\"type\":\"alive\"}\n", 1000);
+    forwarded *f = calloc(1, sizeof *f);
+    pthread_mutex_init(&f->lock, NULL);
+    f->local = local;
+    f->refs = 3; /* this handler, the message path (until "done"), the stream */
+    f->stream = api_respond_stream(r, 200, "application/x-ndjson");
+    api_stream_set_keepalive(f->stream, "{\"type\":\"alive\"}\n", 1000);
+    api_stream_on_disconnect(f->stream, on_gone, f, unref);
     uint64_t call_id = 0;
-    int status = instances_generate_instance(local, instance_id, &req, on_message, &f, &call_id,
+    int status = instances_generate_instance(local, instance_id, &req, on_message, f, &call_id,
                                              err, sizeof err);
     if (status) {
         json_t *done = json_pack("{s:s,s:s,s:s,s:i}", "type", "done", "finish_reason", "error",
                                  "error", err, "error_status", status);
-        on_message(&f, done);
+        on_message(f, done);
         json_decref(done);
+    } else {
+        pthread_mutex_lock(&f->lock);
+        f->call_id = call_id;
+        f->have_call = 1;
+        int cancel = f->gone && !f->done;
+        pthread_mutex_unlock(&f->lock);
+        if (cancel) instances_cancel(local, call_id);
     }
-    int cancelled = 0;
-    pthread_mutex_lock(&f.lock);
-    while (!f.done) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_nsec += 200 * 1000000L;
-        t.tv_sec += t.tv_nsec / 1000000000L;
-        t.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&f.cond, &f.lock, &t);
-        if (!f.done && !cancelled && api_stream_client_gone(f.stream)) {
-            cancelled = 1;
-            pthread_mutex_unlock(&f.lock);
-            instances_cancel(local, call_id); /* the runner answers "done" */
-            pthread_mutex_lock(&f.lock);
-        }
-    }
-    pthread_mutex_unlock(&f.lock);
-    api_stream_close(f.stream);
-    pthread_mutex_destroy(&f.lock);
-    pthread_cond_destroy(&f.cond);
+    unref(f);
     gen_request_free(&req);
     json_decref(body);
 }
