@@ -61,12 +61,21 @@ export async function place(c, node, req, timeoutMs = 60000) {
 }
 
 export async function remove(c, node, id) {
+  const before = c.get(node, '/state');
+  const inst = before && before.instances[id];
+  const runners = inst ? Object.values(body(inst).shardAssignments.nodeToRunner) : [];
   const r = http(c, node, 'DELETE', `/instance/${id}`);
   if (r.status !== 200) throw new Error(`DELETE /instance/${id}: ${r.status}`);
   await c.until(() => c.running().every((n) => {
     const st = c.get(n, '/state');
-    return st && !st.instances[id] && Object.keys(st.runners).length === 0;
+    return st && !st.instances[id] && runners.every((x) => !st.runners[x]);
   }), 20000, `instance ${id} and its runners to leave State`);
+}
+
+// Deletes every instance (a failed test must not leave its instance to the next one).
+export async function removeAll(c, node) {
+  const st = c.get(node, '/state');
+  for (const id of Object.keys((st && st.instances) || {})) await remove(c, node, id);
 }
 
 // Greedy chat: {content, logprobs: [numbers], tokens: [strings], finish}.
@@ -118,10 +127,12 @@ export function streamChat(c, node, model, maxTokens, onFirstContent) {
 }
 
 // Models split over up to 4 ranks: 4 layers (3 pipeline stages), 8 heads and 4 KV heads (4 tensor
-// ranks); 4-bit with groups of 32 so every rank's share of o_proj/down_proj columns is whole groups.
-const SHAPE = ['--tokenizer', 'qwen3', '--layers', '4', '--heads', '8', '--kv-heads', '4', '--intermediate', '256'];
-const Q4 = ['--quant-bits', '4', '--group-size', '32'];
-const MOE = ['--arch', 'qwen3_moe', '--moe-intermediate', '128', '--seed', '12'];
+// ranks); 4-bit in MLX's usual groups of 64, which every rank's share of o_proj's (8 x 32 / 4) and
+// down_proj's (256 / 4) input columns fills whole.
+const SHAPE = ['--tokenizer', 'qwen3', '--layers', '4', '--heads', '8', '--kv-heads', '4', '--head-dim', '32',
+  '--intermediate', '256'];
+const Q4 = ['--quant-bits', '4', '--group-size', '64'];
+const MOE = ['--arch', 'qwen3_moe', '--moe-intermediate', '256', '--seed', '12'];
 export const DIST_MODELS = {
   'qwen3-dist': ['--arch', 'qwen3', '--seed', '11', ...SHAPE],
   'qwen3-dist-4bit': ['--arch', 'qwen3', '--seed', '11', ...SHAPE, ...Q4],
