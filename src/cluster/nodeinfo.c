@@ -55,6 +55,12 @@ json_t *nodeinfo_memory_json(void) {
     int rc = nodeinfo_parse_meminfo(text, &m);
     free(text);
     if (rc) return NULL;
+    /* EXO_NODE_MEMORY_BYTES: report this much memory (at most the real amount): a small machine
+     * for placement tests, or memory kept back for other programs. */
+    const char *cap = getenv("EXO_NODE_MEMORY_BYTES");
+    uint64_t limit = cap && *cap ? strtoull(cap, NULL, 10) : 0;
+    if (limit && limit < m.total) m.total = limit;
+    if (limit && limit < m.available) m.available = limit;
     return json_pack("{s:o, s:o, s:o, s:o}", "ramTotal", bytes_json(m.total), "ramAvailable",
                      bytes_json(m.available), "swapTotal", bytes_json(m.swap_total),
                      "swapAvailable", bytes_json(m.swap_free));

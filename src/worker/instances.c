@@ -598,6 +598,13 @@ void instances_set_cluster_hooks(instances *m, const instances_rendezvous *rende
     pthread_mutex_unlock(&m->lock);
 }
 
+int instances_serves(instances *m, const char *model_id) {
+    pthread_mutex_lock(&m->lock);
+    int found = find_model_locked(m, model_id) || find_own_model_locked(m, model_id);
+    pthread_mutex_unlock(&m->lock);
+    return found;
+}
+
 int instances_has(instances *m, const char *instance_id) {
     pthread_mutex_lock(&m->lock);
     int found = find_id_locked(m, instance_id) != NULL;

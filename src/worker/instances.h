@@ -93,6 +93,8 @@ typedef struct instances_shard {
 /* Starts the rank's runner (`exo runner --rank ... --dist-store node`). Returns 0, or an HTTP
  * status with err (404 model not on this node, 500). */
 int instances_start_shard(instances *m, const instances_shard *shard, char *err, size_t errlen);
+/* 1 when this node has a live instance of the model of its own or a rank 0 of one. */
+int instances_serves(instances *m, const char *model_id);
 /* 1 when this node runs (or ran: Failed) a runner of instance_id. */
 int instances_has(instances *m, const char *instance_id);
 /* Stops every runner (shutdown message, then SIGKILL after a grace period) and frees. */

@@ -3,6 +3,7 @@
  * stream into messages for the caller. */
 #include "worker/remote.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "base/strbuf.h"
 #include "cluster/cluster.h"
@@ -31,6 +32,8 @@ typedef struct forward {
 } forward;
 
 struct remote {
+    instances *local;
+    placer_dirs dirs; /* where auto-placement reads a model's facts */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     forward *calls;
@@ -39,9 +42,11 @@ struct remote {
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
-remote *remote_new(void) {
+remote *remote_new(instances *local, const placer_dirs *dirs) {
     remote *r = calloc(1, sizeof *r);
     if (!r) return NULL;
+    r->local = local;
+    r->dirs = *dirs;
     pthread_once(&curl_once, curl_init);
     pthread_mutex_init(&r->lock, NULL);
     pthread_cond_init(&r->cond, NULL);
@@ -217,24 +222,83 @@ static void *forward_main(void *arg) {
     return NULL;
 }
 
-static int route_generate(void *ctx, const gen_request *request, int local_in_flight,
-                          instances_message_fn fn, void *arg, uint64_t call_id, char *err,
-                          size_t errlen) {
-    remote *r = ctx;
+#define REMOTE_PLACE_CONTEXT 4096
+
+/* Chat for a model that no instance serves and that does not fit this node alone: the best
+ * placement over the cluster goes into State, and the call waits (up to REMOTE_PLACE_WAIT_S) until
+ * every rank is Ready. Returns 0 when an instance now serves the model, -1 when this node should
+ * place it itself (it fits here, or no placement fits: then it tries as without a cluster), or
+ * 503 with err when the placed instance did not become Ready. */
+static int auto_place(remote *r, const char *model_id, char *err, size_t errlen) {
+    char id[64] = "";
+    json_t *state = state_get("instances");
+    const char *key;
+    json_t *inst;
+    json_object_foreach(state, key, inst) { /* one placed already (by another request): wait */
+        const char *model = json_string_value(json_object_get(
+            json_object_get(shards_tagged_body(inst), "shardAssignments"), "modelId"));
+        if (shards_is_cluster_instance(inst) && model && !strcmp(model, model_id))
+            snprintf(id, sizeof id, "%s", key);
+    }
+    json_decref(state);
+    if (!id[0]) {
+        placer_model m;
+        /* the fit is judged for a modest context (the runner sizes its KV cache to the memory
+         * it finds), so a model that ran here before still does */
+        if (placer_model_load(&r->dirs, model_id, REMOTE_PLACE_CONTEXT, &m, err, errlen)) return -1;
+        placement_node nodes[PLACEMENT_MAX_NODES];
+        int n = placer_nodes(&r->dirs, model_id, nodes, PLACEMENT_MAX_NODES);
+        placement_result res;
+        int fits_here = 0;
+        for (int i = 0; i < n; i++)
+            if (!strcmp(nodes[i].id, cluster_node_id()))
+                fits_here = placement_place(&m.facts, &nodes[i], 1, PLACEMENT_PIPELINE, 1, &res) == 0;
+        int rc = fits_here ? -1 : placer_place(&m, PLACEMENT_PIPELINE, 1, nodes, n, &res, err, errlen);
+        if (rc == 0) {
+            json_t *placed = placer_instance_json(&m.facts, PLACEMENT_PIPELINE, NULL, &res, NULL);
+            snprintf(id, sizeof id, "%s",
+                     json_string_value(json_object_get(shards_tagged_body(placed), "instanceId")));
+            log_info("%s does not fit this node alone: placing it on %d nodes", model_id,
+                     res.n_nodes);
+            cluster_submit(json_pack("{s:{s:o}}", "InstanceCreated", "instance", placed));
+        }
+        placer_model_free(&m);
+        if (fits_here || rc) return -1; /* here, as without a cluster (it may still fit) */
+    }
+    int seen = 0;
+    for (int waited_ms = 0; waited_ms < REMOTE_PLACE_WAIT_S * 1000; waited_ms += 100) {
+        json_t *st = state_get(NULL);
+        json_t *inst = json_object_get(json_object_get(st, "instances"), id);
+        const char *rank0 = NULL;
+        int ready = inst && instance_ready(st, shards_tagged_body(inst), &rank0);
+        json_decref(st);
+        if (ready) return 0;
+        /* not ordered into the log yet, or deleted again (a rank failed) */
+        if (inst) seen = 1;
+        else if (seen || waited_ms > 10000) break;
+        clock_sleep_ms(100);
+    }
+    snprintf(err, errlen, "the instance placed for %s across the cluster did not become ready",
+             model_id);
+    return 503;
+}
+
+/* The least busy Ready cluster instance of the model whose rank 0 is elsewhere, if less busy than
+ * this node's own (local_in_flight; -1: none here). Returns 1 with id/node/url set, else 0. */
+static int pick(remote *r, const char *model_id, int local_in_flight, char *best_id,
+                char *best_node, char *url) {
     const char *me = cluster_node_id();
-    if (!me[0]) return -1;
     json_t *state = state_get(NULL);
     const char *id;
     json_t *inst;
-    char best_id[64] = "", best_node[64] = "", url[300] = "";
     int best_load = local_in_flight;
-    pthread_mutex_lock(&r->lock);
+    best_id[0] = 0;
     json_object_foreach(json_object_get(state, "instances"), id, inst) {
         json_t *body = shards_tagged_body(inst);
         const char *model = json_string_value(
             json_object_get(json_object_get(body, "shardAssignments"), "modelId"));
         const char *rank0 = NULL;
-        if (!shards_is_cluster_instance(inst) || !model || strcmp(model, request->model) ||
+        if (!shards_is_cluster_instance(inst) || !model || strcmp(model, model_id) ||
             !instance_ready(state, body, &rank0) || !strcmp(rank0, me))
             continue;
         int load = in_flight_locked(r, id);
@@ -242,12 +306,30 @@ static int route_generate(void *ctx, const gen_request *request, int local_in_fl
         char candidate[300];
         if (node_url(state, rank0, candidate, sizeof candidate)) continue;
         best_load = load;
-        snprintf(best_id, sizeof best_id, "%s", id);
-        snprintf(best_node, sizeof best_node, "%s", rank0);
-        snprintf(url, sizeof url, "%s", candidate);
+        snprintf(best_id, 64, "%s", id);
+        snprintf(best_node, 64, "%s", rank0);
+        snprintf(url, 300, "%s", candidate);
     }
     json_decref(state);
-    if (!best_id[0]) {
+    return best_id[0] != 0;
+}
+
+static int route_generate(void *ctx, const gen_request *request, int local_in_flight,
+                          instances_message_fn fn, void *arg, uint64_t call_id, char *err,
+                          size_t errlen) {
+    remote *r = ctx;
+    if (!cluster_node_id()[0]) return -1;
+    char best_id[64], best_node[64], url[300];
+    pthread_mutex_lock(&r->lock);
+    int found = pick(r, request->model, local_in_flight, best_id, best_node, url);
+    if (!found && local_in_flight < 0 && !instances_serves(r->local, request->model)) {
+        pthread_mutex_unlock(&r->lock);
+        int placed = auto_place(r, request->model, err, errlen);
+        if (placed != 0) return placed;
+        pthread_mutex_lock(&r->lock);
+        found = pick(r, request->model, -1, best_id, best_node, url);
+    }
+    if (!found) {
         pthread_mutex_unlock(&r->lock);
         return -1; /* nothing better elsewhere: this node serves it */
     }

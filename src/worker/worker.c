@@ -55,7 +55,7 @@ int worker_join_cluster(worker *w) {
     if (w->sync) return 0;
     w->sync = cluster_sync_start(w->instances, &w->dirs);
     if (!w->sync) return -1;
-    w->remote = remote_new();
+    w->remote = remote_new(w->instances, &w->dirs);
     if (w->remote) {
         instances_router router = remote_router(w->remote);
         instances_set_cluster_hooks(w->instances, NULL, &router);
