@@ -1,4 +1,6 @@
-#include "compute/compute.h"
+/* weight_types — dtype sizes and names, float width conversions, and the reference reads of a
+ * weight view (bytes, one row dequantized to f32); see weight_types.h. */
+#include "model/weight_types.h"
 
 #include <string.h>
 
