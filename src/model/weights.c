@@ -2,24 +2,14 @@
 #include "model/weights.h"
 
 #include "base/clock.h"
+#include "base/error.h"
 #include "base/log.h"
 
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static int dense_format(safetensors_dtype t, weight_format *f) {
     switch (t) {
@@ -60,11 +50,12 @@ static int check_shape(const safetensors_tensor *t, int n_stack, int64_t rows, i
     if (ok) return 0;
     char got[128];
     shape_str(t, got, sizeof got);
-    set_err(err, errlen, "%s: tensor '%s' has shape %s, expected [%s%lld, %lld]", t->file, t->name,
-            got, n_stack ? "experts, " : "", (long long)(vector ? 1 : rows), (long long)cols);
+    error_set(err, errlen, "%s: tensor '%s' has shape %s, expected [%s%lld, %lld]", t->file,
+              t->name, got, n_stack ? "experts, " : "", (long long)(vector ? 1 : rows),
+              (long long)cols);
     if (vector)
-        set_err(err, errlen, "%s: tensor '%s' has shape %s, expected [%lld]", t->file, t->name, got,
-                (long long)cols);
+        error_set(err, errlen, "%s: tensor '%s' has shape %s, expected [%lld]", t->file, t->name,
+                  got, (long long)cols);
     return -1;
 }
 
@@ -75,7 +66,7 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
     snprintf(name, sizeof name, "%.400s.weight", prefix);
     const safetensors_tensor *w = safetensors_set_find(st, name);
     if (!w) {
-        set_err(err, errlen, "model is missing tensor '%s'", name);
+        error_set(err, errlen, "model is missing tensor '%s'", name);
         return -1;
     }
     int count = n_stack ? n_stack : 1;
@@ -89,8 +80,8 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
         return 0;
     }
     if (w->dtype != ST_U32) {
-        set_err(err, errlen, "%s: tensor '%s' has dtype %s (want F32, F16, BF16 or MLX U32)",
-                w->file, name, safetensors_dtype_name(w->dtype));
+        error_set(err, errlen, "%s: tensor '%s' has dtype %s (want F32, F16, BF16 or MLX U32)",
+                  w->file, name, safetensors_dtype_name(w->dtype));
         return -1;
     }
     snprintf(name, sizeof name, "%.400s.scales", prefix);
@@ -98,24 +89,25 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
     snprintf(name, sizeof name, "%.400s.biases", prefix);
     const safetensors_tensor *b = safetensors_set_find(st, name);
     if (!s || !b) {
-        set_err(err, errlen, "%s: tensor '%s' is U32 but '%s.scales'/'%s.biases' are missing",
-                w->file, w->name, prefix, prefix);
+        error_set(err, errlen, "%s: tensor '%s' is U32 but '%s.scales'/'%s.biases' are missing",
+                  w->file, w->name, prefix, prefix);
         return -1;
     }
     int nd = w->n_dims;
     if (nd != (n_stack ? 3 : 2) || s->n_dims != nd || b->n_dims != nd || w->shape[nd - 1] == 0 ||
         s->shape[nd - 1] == 0) {
-        set_err(err, errlen, "%s: quantized tensor '%s' has the wrong number of dims", w->file,
-                w->name);
+        error_set(err, errlen, "%s: quantized tensor '%s' has the wrong number of dims", w->file,
+                  w->name);
         return -1;
     }
     int64_t wcols = w->shape[nd - 1], groups = s->shape[nd - 1];
     int64_t gs = cols / groups, bits = wcols * 32 / cols;
     if (cols % groups || (gs != 32 && gs != 64 && gs != 128) || wcols * 32 % cols ||
         bits < 2 || bits > 8 || bits == 7) {
-        set_err(err, errlen, "%s: quantized tensor '%s' has %lld packed words and %lld groups "
-                "per row, which is no supported bits/group size for %lld columns", w->file,
-                w->name, (long long)wcols, (long long)groups, (long long)cols);
+        error_set(err, errlen,
+                  "%s: quantized tensor '%s' has %lld packed words and %lld groups "
+                  "per row, which is no supported bits/group size for %lld columns",
+                  w->file, w->name, (long long)wcols, (long long)groups, (long long)cols);
         return -1;
     }
     dtype sd;
@@ -124,8 +116,8 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
         check_shape(b, n_stack, rows, groups, 0, err, errlen))
         return -1;
     if (scale_dtype(s->dtype, &sd) || s->dtype != b->dtype) {
-        set_err(err, errlen, "%s: '%s.scales'/'%s.biases' must both be F32, F16 or BF16", s->file,
-                prefix, prefix);
+        error_set(err, errlen, "%s: '%s.scales'/'%s.biases' must both be F32, F16 or BF16", s->file,
+                  prefix, prefix);
         return -1;
     }
     size_t wstride = (size_t)rows * (size_t)wcols * 4;
@@ -156,12 +148,12 @@ static int load_bias(const safetensors_set *st, const char *prefix, int64_t n, w
     snprintf(name, sizeof name, "%.400s.bias", prefix);
     const safetensors_tensor *t = safetensors_set_find(st, name);
     if (!t) {
-        set_err(err, errlen, "model is missing tensor '%s'", name);
+        error_set(err, errlen, "model is missing tensor '%s'", name);
         return -1;
     }
     weight_format fmt;
     if (dense_format(t->dtype, &fmt)) {
-        set_err(err, errlen, "%s: tensor '%s' must be F32, F16 or BF16", t->file, name);
+        error_set(err, errlen, "%s: tensor '%s' must be F32, F16 or BF16", t->file, name);
         return -1;
     }
     if (check_shape(t, 0, 1, n, 1, err, errlen)) return -1;
@@ -177,7 +169,7 @@ static int load_experts(const safetensors_set *st, const model_config *c, const 
     l->expert_up = calloc((size_t)ne, sizeof(weight_matrix));
     l->expert_down = calloc((size_t)ne, sizeof(weight_matrix));
     if (!l->expert_gate || !l->expert_up || !l->expert_down) {
-        set_err(err, errlen, "out of memory");
+        error_set(err, errlen, "out of memory");
         return -1;
     }
     char name[512];
@@ -467,8 +459,8 @@ int model_weights_load(const safetensors_set *st, const model_config *c, int lay
     memset(out, 0, sizeof *out);
     if (layer_start == 0 && layer_end == 0) layer_end = c->n_layers;
     if (layer_start < 0 || layer_end > c->n_layers || layer_start >= layer_end) {
-        set_err(err, errlen, "layer range [%d, %d) is not inside the model's %d layers",
-                layer_start, layer_end, c->n_layers);
+        error_set(err, errlen, "layer range [%d, %d) is not inside the model's %d layers",
+                  layer_start, layer_end, c->n_layers);
         return -1;
     }
     out->layer_start = layer_start;
@@ -476,7 +468,7 @@ int model_weights_load(const safetensors_set *st, const model_config *c, int lay
     out->n_experts = c->n_experts;
     out->layers = calloc((size_t)(layer_end - layer_start), sizeof *out->layers);
     if (!out->layers) {
-        set_err(err, errlen, "out of memory");
+        error_set(err, errlen, "out of memory");
         return -1;
     }
     int64_t dim = c->hidden_size, vocab = c->vocab_size;
