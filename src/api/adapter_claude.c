@@ -80,18 +80,12 @@ static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t err
                                                  json_string_value(json_object_get(b, "id")),
                                                  name, json_object_get(b, "input")));
             } else if (!strcmp(type, "tool_result")) {
-                strbuf r = {0};
                 char field[96];
                 snprintf(field, sizeof field, "messages[%zu].content[%zu].content", i, k);
-                if ((rc = block_text(json_object_get(b, "content"), field, &r, err, errlen))) {
-                    strbuf_free(&r);
+                if ((rc = gen_append_tool_result(
+                         out, json_object_get(b, "content"), field,
+                         json_string_value(json_object_get(b, "tool_use_id")), err, errlen)))
                     break;
-                }
-                json_t *tm = json_pack("{s:s,s:s}", "role", "tool", "content", r.data ? r.data : "");
-                const char *tid = json_string_value(json_object_get(b, "tool_use_id"));
-                if (tid) json_object_set_new(tm, "tool_call_id", json_string(tid));
-                json_array_append_new(out, tm);
-                strbuf_free(&r);
             } else if (!strcmp(type, "image") || !strcmp(type, "document")) {
                 snprintf(err, errlen, "'messages[%zu].content[%zu]': %s blocks are not supported "
                                       "by this model", i, k, type);
@@ -163,34 +157,13 @@ static int claude_parse(const json_t *b, gen_state *st, char *err, size_t errlen
         return rc;
     }
     q->messages = msgs;
-    json_t *tools = json_object_get(b, "tools");
-    if (tools && !json_is_null(tools)) {
-        if (!json_is_array(tools)) {
-            snprintf(err, errlen, "'tools' must be an array");
-            return 400;
-        }
-        json_t *out = json_array();
-        size_t i;
-        json_t *t;
-        json_array_foreach(tools, i, t) {
-            const char *name = json_string_value(json_object_get(t, "name"));
-            if (!name) {
-                snprintf(err, errlen, "'tools[%zu].name' must be a string", i);
-                json_decref(out);
-                return 400;
-            }
-            json_t *schema = json_object_get(t, "input_schema");
-            json_t *fn = json_pack("{s:s,s:o}", "name", name, "parameters",
-                                   schema ? json_incref(schema) : json_object());
-            const char *d = json_string_value(json_object_get(t, "description"));
-            if (d) json_object_set_new(fn, "description", json_string(d));
-            json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
-        }
-        json_t *choice = json_object_get(b, "tool_choice");
-        const char *ct = json_string_value(json_object_get(choice, "type"));
-        if (json_array_size(out) && !(ct && !strcmp(ct, "none"))) q->tools = out;
-        else json_decref(out);
-    }
+    static const gen_tools_shape claude_tools = {"input_schema", 0,
+                                                 "'tools[%zu].name' must be a string"};
+    const char *choice =
+        json_string_value(json_object_get(json_object_get(b, "tool_choice"), "type"));
+    if ((rc = gen_parse_function_tools(json_object_get(b, "tools"), &claude_tools,
+                                       choice && !strcmp(choice, "none"), q, err, errlen)))
+        return rc;
     json_t *thinking = json_object_get(b, "thinking");
     if (thinking && !json_is_null(thinking)) {
         const char *type = json_string_value(json_object_get(thinking, "type"));
@@ -353,15 +326,7 @@ static json_t *claude_final(gen_state *st) {
     return m;
 }
 
-const gen_adapter gen_adapter_claude = {
-    .name = "claude",
-    .stream_content_type = "text/event-stream",
-    .sse = 1,
-    .parse = claude_parse,
-    .error = claude_error,
-    .stream_begin = claude_stream_begin,
-    .stream_delta = claude_stream_delta,
-    .stream_end = claude_stream_end,
-    .stream_error = claude_stream_error,
-    .final = claude_final,
-};
+static const gen_stream_format claude_stream = GEN_STREAM_FORMAT(claude, GEN_FRAMING_SSE);
+
+const gen_adapter gen_adapter_claude = {"claude", claude_parse, claude_error, &claude_stream,
+                                        claude_final};

@@ -239,28 +239,10 @@ static json_t *ollama_final(gen_state *st) {
                  st->reasoning.len ? st->reasoning.data : NULL, st->tool_calls, 1);
 }
 
-const gen_adapter gen_adapter_ollama_chat = {
-    .name = "ollama",
-    .stream_content_type = "application/x-ndjson",
-    .sse = 0,
-    .parse = chat_parse,
-    .error = ollama_error,
-    .stream_begin = ollama_stream_begin,
-    .stream_delta = ollama_stream_delta,
-    .stream_end = ollama_stream_end,
-    .stream_error = ollama_stream_error,
-    .final = ollama_final,
-};
+static const gen_stream_format ollama_stream = GEN_STREAM_FORMAT(ollama, GEN_FRAMING_NDJSON);
 
-const gen_adapter gen_adapter_ollama_generate = {
-    .name = "ollama",
-    .stream_content_type = "application/x-ndjson",
-    .sse = 0,
-    .parse = generate_parse,
-    .error = ollama_error,
-    .stream_begin = ollama_stream_begin,
-    .stream_delta = ollama_stream_delta,
-    .stream_end = ollama_stream_end,
-    .stream_error = ollama_stream_error,
-    .final = ollama_final,
-};
+const gen_adapter gen_adapter_ollama_chat = {"ollama", chat_parse, ollama_error, &ollama_stream,
+                                             ollama_final};
+
+const gen_adapter gen_adapter_ollama_generate = {"ollama", generate_parse, ollama_error,
+                                                 &ollama_stream, ollama_final};

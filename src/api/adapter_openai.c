@@ -343,7 +343,7 @@ static void chat_stream_end(gen_state *st, strbuf *out) {
     strbuf_append_str(out, "data: [DONE]\n\n");
 }
 
-static void openai_stream_error(gen_state *st, const char *message, strbuf *out) {
+static void chat_stream_error(gen_state *st, const char *message, strbuf *out) {
     int status = st->error_status ? st->error_status : 500;
     gen_sse_data(out, json_pack("{s:{s:s,s:s,s:n,s:i}}", "error", "message", message, "type",
                                 api_status_phrase(status), "param", "code", status));
@@ -434,28 +434,17 @@ static json_t *completions_final(gen_state *st) {
     return c;
 }
 
-const gen_adapter gen_adapter_openai_chat = {
-    .name = "openai",
-    .stream_content_type = "text/event-stream",
-    .sse = 1,
-    .parse = chat_parse,
-    .error = error_openai,
-    .stream_begin = chat_stream_begin,
-    .stream_delta = chat_stream_delta,
-    .stream_end = chat_stream_end,
-    .stream_error = openai_stream_error,
-    .final = chat_final,
-};
+/* Both endpoints answer a failed stream with the same error frame. */
+static void completions_stream_error(gen_state *st, const char *message, strbuf *out) {
+    chat_stream_error(st, message, out);
+}
 
-const gen_adapter gen_adapter_openai_completions = {
-    .name = "completions",
-    .stream_content_type = "text/event-stream",
-    .sse = 1,
-    .parse = completions_parse,
-    .error = error_openai,
-    .stream_begin = completions_stream_begin,
-    .stream_delta = completions_stream_delta,
-    .stream_end = completions_stream_end,
-    .stream_error = openai_stream_error,
-    .final = completions_final,
-};
+static const gen_stream_format chat_stream = GEN_STREAM_FORMAT(chat, GEN_FRAMING_SSE);
+
+static const gen_stream_format completions_stream = GEN_STREAM_FORMAT(completions, GEN_FRAMING_SSE);
+
+const gen_adapter gen_adapter_openai_chat = {"openai", chat_parse, error_openai, &chat_stream,
+                                             chat_final};
+
+const gen_adapter gen_adapter_openai_completions = {"completions", completions_parse, error_openai,
+                                                    &completions_stream, completions_final};

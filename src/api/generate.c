@@ -72,6 +72,10 @@ void gen_make_id(char *out, size_t n, const char *prefix) {
 
 /* ------------------------------------------------------------------ state */
 
+const char *gen_stream_content_type(const gen_stream_format *f) {
+    return f->framing == GEN_FRAMING_SSE ? "text/event-stream" : "application/x-ndjson";
+}
+
 gen_state *gen_state_new(const gen_adapter *a, instances *m) {
     gen_state *st = calloc(1, sizeof *st);
     st->adapter = a;
@@ -164,21 +168,21 @@ static void accumulate(gen_state *st, const json_t *msg, const char *type) {
 /* Encodes one message into stream frames. st->lock held, stream attached. */
 static void encode(gen_state *st, const json_t *msg, const char *type, strbuf *out) {
     if (!strcmp(type, "delta")) {
-        st->adapter->stream_delta(st, msg, out);
-    } else if (!strcmp(type, "progress") && st->adapter->sse) {
+        st->adapter->stream->delta(st, msg, out);
+    } else if (!strcmp(type, "progress") && st->adapter->stream->framing == GEN_FRAMING_SSE) {
         strbuf_appendf(out, ": prefill_progress {\"processed_tokens\":%lld,\"total_tokens\":%lld}\n\n",
                        (long long)json_integer_value(json_object_get(msg, "processed")),
                        (long long)json_integer_value(json_object_get(msg, "total")));
     } else if (!strcmp(type, "done")) {
         if (st->error && strcmp(st->finish_reason, "cancelled")) {
-            st->adapter->stream_error(st, st->error, out);
+            st->adapter->stream->error(st, st->error, out);
         } else {
-            if (st->bench && st->stats && st->adapter->sse) {
+            if (st->bench && st->stats && st->adapter->stream->framing == GEN_FRAMING_SSE) {
                 char *text = json_dumps(st->stats, JSON_COMPACT);
                 strbuf_appendf(out, ": generation_stats %s\n\n", text);
                 free(text);
             }
-            st->adapter->stream_end(st, out);
+            st->adapter->stream->end(st, out);
         }
     }
 }
@@ -243,7 +247,7 @@ static void fail(gen_state *st, api_request *r, api_stream *early, int status, c
         return;
     }
     strbuf out = {0};
-    st->adapter->stream_error(st, msg, &out);
+    st->adapter->stream->error(st, msg, &out);
     if (out.len) api_stream_write(early, out.data, out.len);
     strbuf_free(&out);
     api_stream_close(early);
@@ -278,8 +282,8 @@ static int fetch_model(gen_state *st, api_request *r, gen_context *ctx, api_stre
     int rc = f->start(f->ud, st->req.model, err, errlen);
     if (rc) return rc;
     log_info("%s: model %s is not on disk; downloading it first", st->id, st->req.model);
-    if (st->req.stream && st->adapter->sse) {
-        *early = api_respond_stream(r, 200, st->adapter->stream_content_type);
+    if (st->req.stream && st->adapter->stream->framing == GEN_FRAMING_SSE) {
+        *early = api_respond_stream(r, 200, gen_stream_content_type(st->adapter->stream));
         metrics_request(st->adapter->name, 200);
         api_stream_set_keepalive(*early, ": keep-alive\n\n", keepalive_ms());
     }
@@ -382,12 +386,13 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
     if (st->req.stream) {
         if (early) st->stream = early;
         else {
-            st->stream = api_respond_stream(r, 200, a->stream_content_type);
+            st->stream = api_respond_stream(r, 200, gen_stream_content_type(a->stream));
             metrics_request(a->name, 200);
-            if (a->sse) api_stream_set_keepalive(st->stream, ": keep-alive\n\n", keepalive_ms());
+            if (a->stream->framing == GEN_FRAMING_SSE)
+                api_stream_set_keepalive(st->stream, ": keep-alive\n\n", keepalive_ms());
         }
         strbuf out = {0};
-        a->stream_begin(st, &out);
+        a->stream->begin(st, &out);
         if (out.len) api_stream_write(st->stream, out.data, out.len);
         strbuf_free(&out);
         st->stream_ready = 1;
