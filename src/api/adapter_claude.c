@@ -15,17 +15,18 @@ static int block_text(const json_t *blocks, const char *field, strbuf *out, char
     return gen_content_text(blocks, field, out, err, errlen);
 }
 
+/* messages[i].content[k].<key> as a string, or NULL with err naming the field. */
+static const char *block_string(const json_t *b, const char *key, size_t i, size_t k, char *err,
+                                size_t errlen) {
+    const char *s = json_string_value(json_object_get(b, key));
+    if (!s) snprintf(err, errlen, "'messages[%zu].content[%zu].%s' must be a string", i, k, key);
+    return s;
+}
+
 /* Claude messages -> template messages. Assistant tool_use blocks become tool_calls; user
  * tool_result blocks become "tool" messages (before the user's own text). */
 static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t errlen) {
-    if (!msgs) {
-        snprintf(err, errlen, "'messages' is required");
-        return 400;
-    }
-    if (!json_is_array(msgs) || !json_array_size(msgs)) {
-        snprintf(err, errlen, "'messages' must be a non-empty array");
-        return 400;
-    }
+    if (gen_require_array(msgs, "messages", err, errlen)) return 400;
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {
@@ -50,17 +51,14 @@ static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t err
         json_t *b;
         int rc = 0;
         json_array_foreach(content, k, b) {
-            const char *type = json_string_value(json_object_get(b, "type"));
+            const char *type = block_string(b, "type", i, k, err, errlen);
             if (!type) {
-                snprintf(err, errlen, "'messages[%zu].content[%zu].type' must be a string", i, k);
                 rc = 400;
                 break;
             }
             if (!strcmp(type, "text")) {
-                const char *t = json_string_value(json_object_get(b, "text"));
+                const char *t = block_string(b, "text", i, k, err, errlen);
                 if (!t) {
-                    snprintf(err, errlen, "'messages[%zu].content[%zu].text' must be a string",
-                             i, k);
                     rc = 400;
                     break;
                 }
@@ -69,10 +67,8 @@ static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t err
                 const char *t = json_string_value(json_object_get(b, "thinking"));
                 if (t) strbuf_append_str(&thinking, t);
             } else if (!strcmp(type, "tool_use")) {
-                const char *name = json_string_value(json_object_get(b, "name"));
+                const char *name = block_string(b, "name", i, k, err, errlen);
                 if (!name) {
-                    snprintf(err, errlen, "'messages[%zu].content[%zu].name' must be a string",
-                             i, k);
                     rc = 400;
                     break;
                 }
@@ -119,7 +115,6 @@ static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t err
 static int claude_parse(const json_t *b, gen_state *st, char *err, size_t errlen) {
     gen_request *q = &st->req;
     int rc;
-    gen_make_id(st->id, sizeof st->id, "msg_");
     if ((rc = gen_get_model(b, st, err, errlen))) return rc;
     if (!json_object_get(b, "max_tokens")) {
         snprintf(err, errlen, "'max_tokens' is required");
@@ -127,11 +122,7 @@ static int claude_parse(const json_t *b, gen_state *st, char *err, size_t errlen
     }
     long n = 0;
     if ((rc = gen_get_int(b, "max_tokens", -(1L << 40), 1L << 30, &n, err, errlen))) return rc;
-    if (n <= 0) {
-        snprintf(err, errlen, "'max_tokens' must be at least 1 (got %ld)", n);
-        return 400;
-    }
-    q->max_tokens = (int)n;
+    if ((rc = gen_set_token_limit(n, "max_tokens", q, err, errlen))) return rc;
     if ((rc = gen_get_number(b, "temperature", 0, 2, &q->temperature, err, errlen))) return rc;
     if ((rc = gen_get_number(b, "top_p", 0, 1, &q->top_p, err, errlen))) return rc;
     long k = -1;
@@ -328,5 +319,5 @@ static json_t *claude_final(gen_state *st) {
 
 static const gen_stream_format claude_stream = GEN_STREAM_FORMAT(claude, GEN_FRAMING_SSE);
 
-const gen_adapter gen_adapter_claude = {"claude", claude_parse, claude_error, &claude_stream,
-                                        claude_final};
+const gen_adapter gen_adapter_claude = {"claude",     "msg_",         claude_parse,
+                                        claude_error, &claude_stream, claude_final};

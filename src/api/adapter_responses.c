@@ -88,16 +88,11 @@ static int parse_input(const json_t *input, json_t *msgs, char *err, size_t errl
 static int responses_parse(const json_t *b, gen_state *st, char *err, size_t errlen) {
     gen_request *q = &st->req;
     int rc;
-    gen_make_id(st->id, sizeof st->id, "resp_");
     if ((rc = gen_get_model(b, st, err, errlen))) return rc;
     long n = LONG_MIN;
     if ((rc = gen_get_int(b, "max_output_tokens", -(1L << 40), 1L << 30, &n, err, errlen)))
         return rc;
-    if (n != LONG_MIN && n <= 0) {
-        snprintf(err, errlen, "'max_output_tokens' must be at least 1 (got %ld)", n);
-        return 400;
-    }
-    if (n > 0) q->max_tokens = (int)n;
+    if ((rc = gen_set_token_limit(n, "max_output_tokens", q, err, errlen))) return rc;
     if ((rc = gen_get_number(b, "temperature", 0, 2, &q->temperature, err, errlen))) return rc;
     if ((rc = gen_get_number(b, "top_p", 0, 1, &q->top_p, err, errlen))) return rc;
     if ((rc = gen_get_bool(b, "stream", &q->stream, err, errlen))) return rc;
@@ -371,5 +366,5 @@ static json_t *responses_final(gen_state *st) {
 
 static const gen_stream_format responses_stream = GEN_STREAM_FORMAT(responses, GEN_FRAMING_SSE);
 
-const gen_adapter gen_adapter_responses = {"responses", responses_parse, responses_error,
-                                           &responses_stream, responses_final};
+const gen_adapter gen_adapter_responses = {"responses",     "resp_",           responses_parse,
+                                           responses_error, &responses_stream, responses_final};

@@ -44,10 +44,12 @@ typedef struct gen_stream_format {
         .end = prefix##_stream_end, .error = prefix##_stream_error                                 \
     }
 
-/* An adapter table is one line, {name, parse, error, stream, final} in this order: every field
- * has its own type, so the compiler refuses one in the wrong place. */
+/* An adapter table is one line, {name, id_prefix, parse, error, stream, final} in this order:
+ * past the two strings every field has its own type, so the compiler refuses one in the wrong
+ * place. */
 typedef struct gen_adapter {
-    const char *name; /* metrics label: openai, completions, responses, claude, ollama */
+    const char *name;      /* metrics label: openai, completions, responses, claude, ollama */
+    const char *id_prefix; /* of the response id: "chatcmpl-", "msg_", ... (gen_state_new) */
     /* Fills st->req from body. Returns 0, or an HTTP status with err (field named). */
     int (*parse)(const json_t *body, gen_state *st, char *err, size_t errlen);
     /* Answers an error in the API's own shape. */
@@ -134,7 +136,19 @@ int gen_content_text(const json_t *content, const char *field, strbuf *out, char
  * "arguments": object}} from a name and arguments (object or JSON string). */
 json_t *gen_template_tool_call(const char *id, const char *name, const json_t *arguments);
 
-/* ---- request pieces several adapters share (adapter_parse.c) ---- */
+/* ---- request pieces several adapters share (gen_parse.c) ---- */
+/* A token limit n read from field (LONG_MIN: absent) into q->max_tokens; it must be >= 1.
+ * Returns 0, or 400 with err. */
+int gen_set_token_limit(long n, const char *field, gen_request *q, char *err, size_t errlen);
+/* The sampling knobs OpenAI and Ollama share (temperature, top_p, min_p, the repetition
+ * penalty under the API's own name, presence/frequency penalties, top_k, seed) from o into q.
+ * Returns 0, or 400 with err. */
+int gen_get_sampling(const json_t *o, const char *repetition_field, gen_request *q, char *err,
+                     size_t errlen);
+/* v must be present and a string. Returns 0, or 400 with err naming field. */
+int gen_require_string(const json_t *v, const char *field, char *err, size_t errlen);
+/* v must be present and a non-empty array. Returns 0, or 400 with err naming field. */
+int gen_require_array(const json_t *v, const char *field, char *err, size_t errlen);
 /* How an API spells a flat function tool {name, <schema_key>, description}. */
 typedef struct gen_tools_shape {
     const char *schema_key;     /* "input_schema" (Claude), "parameters" (Responses) */

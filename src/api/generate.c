@@ -79,6 +79,7 @@ const char *gen_stream_content_type(const gen_stream_format *f) {
 gen_state *gen_state_new(const gen_adapter *a, instances *m) {
     gen_state *st = calloc(1, sizeof *st);
     st->adapter = a;
+    gen_make_id(st->id, sizeof st->id, a->id_prefix);
     gen_request_init(&st->req);
     st->created = clock_unix_seconds();
     st->tool_calls = json_array();
