@@ -543,22 +543,29 @@ static toml_value *parse_value(parser *ps, int depth) {
     return parse_number_or_bool(ps);
 }
 
+/* The table under key *part in t, created when absent (the key's string moves into it: *part
+ * becomes NULL). NULL after fail(ps, defined_fmt, key) when the key holds a value or an inline
+ * table. */
+static toml_value *child_table(parser *ps, toml_value *t, char **part, const char *defined_fmt) {
+    toml_value *next = table_find(t, *part);
+    if (!next) {
+        next = value_new(TOML_TABLE);
+        table_add(t, *part, next);
+        *part = NULL;
+    } else if (next->type != TOML_TABLE || next->u.table.is_inline) {
+        fail(ps, defined_fmt, *part);
+        return NULL;
+    }
+    return next;
+}
+
 /* Walks/creates intermediate tables for parts[0..n-1] and stores v under the last part.
  * Frees parts; takes v (freed on error). */
 static int set_dotted(parser *ps, toml_value *table, char **parts, int n, toml_value *v) {
     toml_value *t = table;
     int rc = -1;
     for (int i = 0; i < n - 1; i++) {
-        toml_value *next = table_find(t, parts[i]);
-        if (!next) {
-            next = value_new(TOML_TABLE);
-            table_add(t, parts[i], next);
-            parts[i] = NULL;
-        } else if (next->type != TOML_TABLE || next->u.table.is_inline) {
-            fail(ps, "key '%s' is already defined as a value", parts[i]);
-            goto out;
-        }
-        t = next;
+        if (!(t = child_table(ps, t, &parts[i], "key '%s' is already defined as a value"))) goto out;
     }
     if (table_find(t, parts[n - 1])) {
         fail(ps, "duplicate key '%s'", parts[n - 1]);
@@ -592,15 +599,10 @@ static toml_value *open_table(parser *ps, toml_value *root) {
     }
     ps->p++;
     for (int i = 0; i < n; i++) {
-        toml_value *next = table_find(t, parts[i]);
-        if (!next) {
-            next = value_new(TOML_TABLE);
-            table_add(t, parts[i], next);
-            parts[i] = NULL;
-        } else if (next->type != TOML_TABLE || next->u.table.is_inline) {
-            fail(ps, "'%s' is already defined as a value", parts[i]);
-            goto out;
-        } else if (i == n - 1 && next->u.table.explicit_header) {
+        int existed = table_find(t, parts[i]) != NULL;
+        toml_value *next = child_table(ps, t, &parts[i], "'%s' is already defined as a value");
+        if (!next) goto out;
+        if (existed && i == n - 1 && next->u.table.explicit_header) {
             fail(ps, "table [%s] is defined twice", parts[i]);
             goto out;
         }

@@ -11,17 +11,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The value of key, or NULL when it is missing or null; then *rc is -1 (err set) when the field
+ * is required, else 0. */
+static json_t *field_value(json_t *o, const char *key, int required, int *rc, char *err,
+                           size_t errlen) {
+    json_t *v = json_object_get(o, key);
+    *rc = 0;
+    if (v && !json_is_null(v)) return v;
+    if (required) {
+        error_set(err, errlen, "config.json: missing required field '%s'", key);
+        *rc = -1;
+    }
+    return NULL;
+}
+
 /* An integer field in [lo, hi]. Missing: *out = def, or an error when required. */
 static int get_int(json_t *o, const char *key, int required, int def, long long lo, long long hi,
                    int *out, char *err, size_t errlen) {
-    json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v)) {
-        if (required) {
-            error_set(err, errlen, "config.json: missing required field '%s'", key);
-            return -1;
-        }
-        *out = def;
-        return 0;
+    int rc;
+    json_t *v = field_value(o, key, required, &rc, err, errlen);
+    if (!v) {
+        if (!rc) *out = def;
+        return rc;
     }
     if (!json_is_integer(v)) {
         error_set(err, errlen, "config.json: '%s' must be an integer", key);
@@ -39,14 +50,11 @@ static int get_int(json_t *o, const char *key, int required, int def, long long 
 
 static int get_num(json_t *o, const char *key, int required, double def, double lo, double hi,
                    double *out, char *err, size_t errlen) {
-    json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v)) {
-        if (required) {
-            error_set(err, errlen, "config.json: missing required field '%s'", key);
-            return -1;
-        }
-        *out = def;
-        return 0;
+    int rc;
+    json_t *v = field_value(o, key, required, &rc, err, errlen);
+    if (!v) {
+        if (!rc) *out = def;
+        return rc;
     }
     if (!json_is_number(v)) {
         error_set(err, errlen, "config.json: '%s' must be a number", key);
