@@ -137,23 +137,28 @@ void peer_mark_gone(cluster *c, peer *p, uint64_t now, const char *why) {
     membership_changed(c, now);
 }
 
-void transport_handle_peer_monitor(cluster *c, peer *p, uint64_t now) {
-    zmsg_t *m = zmsg_recv(p->monitor);
-    if (!m) return;
+/* Reads one event from a socket monitor: its ZMQ_EVENT_* number, or 0 when there is none. */
+static uint16_t monitor_event(zsock_t *monitor) {
+    zmsg_t *m = zmsg_recv(monitor);
+    if (!m) return 0;
     zframe_t *f = zmsg_first(m);
-    if (f && zframe_size(f) >= 2) {
-        uint16_t event;
-        memcpy(&event, zframe_data(f), 2);
-        if (event == ZMQ_EVENT_DISCONNECTED) {
-            peer_mark_gone(c, p, now, "connection closed");
-        } else if (!p->auth_warned) {
-            p->auth_warned = 1;
-            log_warn("cluster: %s:%d refused this node's cluster key, or does not hold it: check "
-                     "that both use the same --namespace and --cluster-key",
-                     p->addr, p->port);
-        }
-    }
+    uint16_t event = 0;
+    if (f && zframe_size(f) >= 2) memcpy(&event, zframe_data(f), 2);
     zmsg_destroy(&m);
+    return event;
+}
+
+void transport_handle_peer_monitor(cluster *c, peer *p, uint64_t now) {
+    uint16_t event = monitor_event(p->monitor);
+    if (!event) return;
+    if (event == ZMQ_EVENT_DISCONNECTED) {
+        peer_mark_gone(c, p, now, "connection closed");
+    } else if (!p->auth_warned) {
+        p->auth_warned = 1;
+        log_warn("cluster: %s:%d refused this node's cluster key, or does not hold it: check "
+                 "that both use the same --namespace and --cluster-key",
+                 p->addr, p->port);
+    }
 }
 
 /* ZAP: admit a CURVE client only if it presents the cluster public key. */
@@ -194,22 +199,14 @@ void transport_handle_zap(cluster *c) {
 }
 
 void transport_handle_router_monitor(cluster *c) {
-    zmsg_t *m = zmsg_recv(c->router_monitor);
-    if (!m) return;
-    zframe_t *f = zmsg_first(m);
-    if (f && zframe_size(f) >= 2) {
-        uint16_t event;
-        memcpy(&event, zframe_data(f), 2);
-        if (event & (ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)) {
-            c->handshakes_rejected++;
-            if (clock_now_ns() - c->last_reject_warn_ns < 10000 * MS) goto out;
-            c->last_reject_warn_ns = clock_now_ns();
-            log_warn("cluster: rejected a connection that failed the CURVE handshake (a node "
-                     "without this cluster's key, or not an exo node)");
-        }
-    }
-out:
-    zmsg_destroy(&m);
+    uint16_t event = monitor_event(c->router_monitor);
+    if (!(event & (ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)))
+        return;
+    c->handshakes_rejected++;
+    if (clock_now_ns() - c->last_reject_warn_ns < 10000 * MS) return;
+    c->last_reject_warn_ns = clock_now_ns();
+    log_warn("cluster: rejected a connection that failed the CURVE handshake (a node without "
+             "this cluster's key, or not an exo node)");
 }
 
 int transport_open(cluster *c) {

@@ -208,6 +208,15 @@ static void schedule_retry(engine *e, plan_file *pf, double delay_s) {
     pf->not_before = engine_now_s() + delay_s;
 }
 
+/* Deletes pf's .partial, to fetch the file again from its first byte. */
+static void drop_partial(engine *e, plan_file *pf) {
+    transfer_close_partial(pf);
+    char part[2048];
+    engine_partial_path(e, pf, part, sizeof part);
+    unlink(part);
+    pf->offset = 0;
+}
+
 /* Handles a finished transfer. Returns -1 when the whole download must stop. */
 static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
     long status = 0;
@@ -231,25 +240,17 @@ static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
                  pf->f.path, rc != CURLE_OK ? cerr : "bad status");
         pf->use_peer = 0;
         if (pf->oversize) {
-            transfer_close_partial(pf);
-            char part[2048];
-            engine_partial_path(e, pf, part, sizeof part);
-            unlink(part);
-            pf->offset = 0;
+            drop_partial(e, pf);
         }
         return 0;
     }
     if (pf->oversize) {
         log_warn("download %s: %s is larger than the listed %llu bytes; retrying", e->req->model_id,
                  pf->f.path, (unsigned long long)pf->f.size);
-        transfer_close_partial(pf);
-        char part[2048];
-        engine_partial_path(e, pf, part, sizeof part);
-        unlink(part);
+        drop_partial(e, pf);
         ring_drain(e->ring);
         EVP_MD_CTX_free(pf->md);
         pf->md = NULL;
-        pf->offset = 0;
         schedule_retry(e, pf, -1);
     } else if (status == 429) {
         double wait = retry_after > 0 ? (double)retry_after : -1;
@@ -285,11 +286,7 @@ static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
                  e->req->model_id, pf->f.path, (unsigned long long)pf->offset,
                  (unsigned long long)pf->f.size, rc != CURLE_OK ? cerr : "server error");
         if (status == 416) { /* our partial is out of step with the server: restart the file */
-            transfer_close_partial(pf);
-            char part[2048];
-            engine_partial_path(e, pf, part, sizeof part);
-            unlink(part);
-            pf->offset = 0;
+            drop_partial(e, pf);
         }
         schedule_retry(e, pf, -1);
         if (pf->attempts > e->max_retries) {
