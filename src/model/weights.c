@@ -11,15 +11,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-static int dense_format(safetensors_dtype t, weight_format *f) {
-    switch (t) {
-    case ST_F32: *f = WEIGHT_F32; return 0;
-    case ST_F16: *f = WEIGHT_F16; return 0;
-    case ST_BF16: *f = WEIGHT_BF16; return 0;
-    default: return -1;
-    }
-}
-
+/* The float dtypes a dense weight or an MLX scale may have. -1 for any other. */
 static int scale_dtype(safetensors_dtype t, dtype *d) {
     switch (t) {
     case ST_F32: *d = DTYPE_F32; return 0;
@@ -27,6 +19,13 @@ static int scale_dtype(safetensors_dtype t, dtype *d) {
     case ST_BF16: *d = DTYPE_BF16; return 0;
     default: return -1;
     }
+}
+
+static int dense_format(safetensors_dtype t, weight_format *f) {
+    dtype d;
+    if (scale_dtype(t, &d)) return -1;
+    *f = d == DTYPE_F32 ? WEIGHT_F32 : d == DTYPE_F16 ? WEIGHT_F16 : WEIGHT_BF16;
+    return 0;
 }
 
 static void shape_str(const safetensors_tensor *t, char *buf, size_t n) {

@@ -98,33 +98,34 @@ static const char *arena_copy(encode_ctx *c, const char *s, size_t n) {
     return p;
 }
 
+/* Makes room for one more element in a vector (v, n used, *cap), doubling from first. Returns
+ * the vector's memory, or NULL with c->oom set (v is then unchanged). */
+static void *grow_for_one(encode_ctx *c, void *v, size_t n, size_t *cap, size_t first,
+                          size_t elem) {
+    if (n < *cap) return v;
+    size_t want = *cap ? *cap * 2 : first;
+    void *p = realloc(v, want * elem);
+    if (!p) {
+        c->oom = 1;
+        return NULL;
+    }
+    *cap = want;
+    return p;
+}
+
 static void push_piece(encode_ctx *c, piece_list *l, const char *s, size_t n, int origin) {
     if (n == 0) return;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 64;
-        piece *p = realloc(l->v, cap * sizeof(piece));
-        if (!p) {
-            c->oom = 1;
-            return;
-        }
-        l->v = p;
-        l->cap = cap;
-    }
+    piece *v = grow_for_one(c, l->v, l->n, &l->cap, 64, sizeof *v);
+    if (!v) return;
+    l->v = v;
     l->v[l->n++] = (piece){s, (uint32_t)n, (uint8_t)origin};
 }
 
 static void push_id(encode_ctx *c, int32_t id) {
     ids_vec *o = &c->out;
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 256;
-        int32_t *p = realloc(o->v, cap * sizeof(int32_t));
-        if (!p) {
-            c->oom = 1;
-            return;
-        }
-        o->v = p;
-        o->cap = cap;
-    }
+    int32_t *v = grow_for_one(c, o->v, o->n, &o->cap, 256, sizeof *v);
+    if (!v) return;
+    o->v = v;
     o->v[o->n++] = id;
 }
 
