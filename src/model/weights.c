@@ -58,16 +58,22 @@ static int check_shape(const safetensors_tensor *t, int n_stack, int64_t rows, i
     return -1;
 }
 
+/* The tensor `prefix`.`suffix` (its name into name[512]), or NULL with err naming it. */
+static const safetensors_tensor *need_tensor(const safetensors_set *st, const char *prefix,
+                                             const char *suffix, char name[512], char *err,
+                                             size_t errlen) {
+    snprintf(name, 512, "%.400s.%s", prefix, suffix);
+    const safetensors_tensor *t = safetensors_set_find(st, name);
+    if (!t) error_set(err, errlen, "model is missing tensor '%s'", name);
+    return t;
+}
+
 /* Resolves `prefix`.weight (+ .scales/.biases) into n (n_stack, or 1) matrices [rows][cols]. */
 static int load_matrices(const safetensors_set *st, const char *prefix, int n_stack, int64_t rows,
                          int64_t cols, int vector, weight_matrix *out, char *err, size_t errlen) {
     char name[512];
-    snprintf(name, sizeof name, "%.400s.weight", prefix);
-    const safetensors_tensor *w = safetensors_set_find(st, name);
-    if (!w) {
-        error_set(err, errlen, "model is missing tensor '%s'", name);
-        return -1;
-    }
+    const safetensors_tensor *w = need_tensor(st, prefix, "weight", name, err, errlen);
+    if (!w) return -1;
     int count = n_stack ? n_stack : 1;
     weight_format fmt;
     if (dense_format(w->dtype, &fmt) == 0) {
@@ -144,12 +150,8 @@ static int load_vector(const safetensors_set *st, const char *prefix, int64_t n,
 static int load_bias(const safetensors_set *st, const char *prefix, int64_t n, weight_matrix *out,
                      char *err, size_t errlen) {
     char name[512];
-    snprintf(name, sizeof name, "%.400s.bias", prefix);
-    const safetensors_tensor *t = safetensors_set_find(st, name);
-    if (!t) {
-        error_set(err, errlen, "model is missing tensor '%s'", name);
-        return -1;
-    }
+    const safetensors_tensor *t = need_tensor(st, prefix, "bias", name, err, errlen);
+    if (!t) return -1;
     weight_format fmt;
     if (dense_format(t->dtype, &fmt)) {
         error_set(err, errlen, "%s: tensor '%s' must be F32, F16 or BF16", t->file, name);
