@@ -435,14 +435,24 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
 
 /* ------------------------------------------------------------------ field helpers */
 
+/* o[field] when present, not null and an integer (integer) or any number; else NULL with *rc
+ * 0 (absent) or 400 and err (another type). */
+static json_t *number_field(const json_t *o, const char *field, int integer, int *rc, char *err,
+                            size_t errlen) {
+    json_t *v = json_object_get(o, field);
+    *rc = 0;
+    if (!v || json_is_null(v)) return NULL;
+    if (integer ? json_is_integer(v) : json_is_number(v)) return v;
+    snprintf(err, errlen, "'%s' must be %s", field, integer ? "an integer" : "a number");
+    *rc = 400;
+    return NULL;
+}
+
 int gen_get_number(const json_t *o, const char *field, double lo, double hi, double *out,
                    char *err, size_t errlen) {
-    json_t *v = json_object_get(o, field);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_number(v)) {
-        snprintf(err, errlen, "'%s' must be a number", field);
-        return 400;
-    }
+    int rc;
+    json_t *v = number_field(o, field, 0, &rc, err, errlen);
+    if (!v) return rc;
     double d = json_number_value(v);
     if (!(d >= lo && d <= hi) || isnan(d)) {
         snprintf(err, errlen, "'%s' must be between %g and %g (got %g)", field, lo, hi, d);
@@ -454,12 +464,9 @@ int gen_get_number(const json_t *o, const char *field, double lo, double hi, dou
 
 int gen_get_int(const json_t *o, const char *field, long lo, long hi, long *out, char *err,
                 size_t errlen) {
-    json_t *v = json_object_get(o, field);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_integer(v)) {
-        snprintf(err, errlen, "'%s' must be an integer", field);
-        return 400;
-    }
+    int rc;
+    json_t *v = number_field(o, field, 1, &rc, err, errlen);
+    if (!v) return rc;
     json_int_t d = json_integer_value(v);
     if (d < lo || d > hi) {
         snprintf(err, errlen, "'%s' must be between %ld and %ld (got %lld)", field, lo, hi,

@@ -3,6 +3,8 @@
  * builds is owned by its parent, so toml_free on the root releases everything. */
 #include "base/toml.h"
 
+#include "base/error.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -24,12 +26,11 @@ static void fail(parser *ps, const char *fmt, ...) __attribute__((format(printf,
 static void fail(parser *ps, const char *fmt, ...) {
     if (ps->failed) return;
     ps->failed = 1;
-    if (!ps->err || !ps->errlen) return;
-    int n = snprintf(ps->err, ps->errlen, "line %d: ", ps->line);
-    if (n < 0 || (size_t)n >= ps->errlen) return;
+    char where[32];
+    snprintf(where, sizeof where, "line %d", ps->line);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ps->err + n, ps->errlen - (size_t)n, fmt, ap);
+    error_vset_at(ps->err, ps->errlen, where, fmt, ap);
     va_end(ap);
 }
 

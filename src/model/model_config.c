@@ -11,17 +11,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The value of key, or NULL when it is missing or null; then *rc is -1 (err set) when the field
- * is required, else 0. */
-static json_t *field_value(json_t *o, const char *key, int required, int *rc, char *err,
-                           size_t errlen) {
+/* The value of key, an integer (integer) or any number. NULL when it is missing or null (then
+ * *rc is -1 with err set when the field is required, else 0) or of another type (*rc -1). */
+static json_t *field_value(json_t *o, const char *key, int required, int integer, int *rc,
+                           char *err, size_t errlen) {
     json_t *v = json_object_get(o, key);
     *rc = 0;
-    if (v && !json_is_null(v)) return v;
-    if (required) {
-        error_set(err, errlen, "config.json: missing required field '%s'", key);
-        *rc = -1;
+    if (!v || json_is_null(v)) {
+        if (required) {
+            error_set(err, errlen, "config.json: missing required field '%s'", key);
+            *rc = -1;
+        }
+        return NULL;
     }
+    if (integer ? json_is_integer(v) : json_is_number(v)) return v;
+    error_set(err, errlen, "config.json: '%s' must be %s", key,
+              integer ? "an integer" : "a number");
+    *rc = -1;
     return NULL;
 }
 
@@ -29,14 +35,10 @@ static json_t *field_value(json_t *o, const char *key, int required, int *rc, ch
 static int get_int(json_t *o, const char *key, int required, int def, long long lo, long long hi,
                    int *out, char *err, size_t errlen) {
     int rc;
-    json_t *v = field_value(o, key, required, &rc, err, errlen);
+    json_t *v = field_value(o, key, required, 1, &rc, err, errlen);
     if (!v) {
         if (!rc) *out = def;
         return rc;
-    }
-    if (!json_is_integer(v)) {
-        error_set(err, errlen, "config.json: '%s' must be an integer", key);
-        return -1;
     }
     long long x = json_integer_value(v);
     if (x < lo || x > hi) {
@@ -51,14 +53,10 @@ static int get_int(json_t *o, const char *key, int required, int def, long long 
 static int get_num(json_t *o, const char *key, int required, double def, double lo, double hi,
                    double *out, char *err, size_t errlen) {
     int rc;
-    json_t *v = field_value(o, key, required, &rc, err, errlen);
+    json_t *v = field_value(o, key, required, 0, &rc, err, errlen);
     if (!v) {
         if (!rc) *out = def;
         return rc;
-    }
-    if (!json_is_number(v)) {
-        error_set(err, errlen, "config.json: '%s' must be a number", key);
-        return -1;
     }
     double x = json_number_value(v);
     if (!(x >= lo && x <= hi)) {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "base/strbuf.h"
 #include "text/tokenizer_internal.h"
 
@@ -17,12 +18,9 @@
 /* Errors                                                                                       */
 
 void tok_load_fail(tok_load_ctx *c, const char *fmt, ...) {
-    if (!c->err || c->errlen == 0) return;
-    int k = snprintf(c->err, c->errlen, "%s: ", c->file);
-    if (k < 0 || (size_t)k >= c->errlen) return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->err + k, c->errlen - (size_t)k, fmt, ap);
+    error_vset_at(c->err, c->errlen, c->file, fmt, ap);
     va_end(ap);
 }
 
