@@ -1,6 +1,7 @@
 /* Weight views from safetensors by name, shape-checked against the config. See weights.h. */
 #include "model/weights.h"
 
+#include "base/array.h"
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -289,16 +290,12 @@ typedef struct range_list {
 
 static void range_add(range_list *l, const void *p, size_t len) {
     if (!p || !len || l->oom) return;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 256;
-        byte_range *r = realloc(l->r, cap * sizeof *r);
-        if (!r) {
-            l->oom = 1;
-            return;
-        }
-        l->r = r;
-        l->cap = cap;
+    byte_range *r = array_reserve_one(l->r, l->n, &l->cap, 256, sizeof *r);
+    if (!r) {
+        l->oom = 1;
+        return;
     }
+    l->r = r;
     l->r[l->n++] = (byte_range){(uintptr_t)p, len, 0};
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "base/array.h"
 #include "base/strbuf.h"
 #include "text/tokenizer_internal.h"
 
@@ -98,18 +99,11 @@ static const char *arena_copy(encode_ctx *c, const char *s, size_t n) {
     return p;
 }
 
-/* Makes room for one more element in a vector (v, n used, *cap), doubling from first. Returns
- * the vector's memory, or NULL with c->oom set (v is then unchanged). */
+/* array_reserve_one, recording a failure in c->oom. */
 static void *grow_for_one(encode_ctx *c, void *v, size_t n, size_t *cap, size_t first,
                           size_t elem) {
-    if (n < *cap) return v;
-    size_t want = *cap ? *cap * 2 : first;
-    void *p = realloc(v, want * elem);
-    if (!p) {
-        c->oom = 1;
-        return NULL;
-    }
-    *cap = want;
+    void *p = array_reserve_one(v, n, cap, first, elem);
+    if (!p) c->oom = 1;
     return p;
 }
 
@@ -144,16 +138,9 @@ typedef struct span_list {
 } span_list;
 
 static void push_span(span_list *l, size_t s, size_t e, int m) {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 64;
-        span *p = realloc(l->v, cap * sizeof(span));
-        if (!p) {
-            l->c->oom = 1;
-            return;
-        }
-        l->v = p;
-        l->cap = cap;
-    }
+    span *v = grow_for_one(l->c, l->v, l->n, &l->cap, 64, sizeof *v);
+    if (!v) return;
+    l->v = v;
     l->v[l->n++] = (span){s, e, (uint8_t)m};
 }
 
@@ -490,16 +477,9 @@ static int cand_less(const bpe_merge_cand *a, const bpe_merge_cand *b) {
  * node share a cache line or two, which matters for the one huge "word" of a SentencePiece
  * text (no pre-tokenizer: every merge of the whole text goes through this heap). */
 static void heap_push(encode_ctx *c, bpe_merge_cand m) {
-    if (c->heap_n == c->heap_cap) {
-        size_t cap = c->heap_cap ? c->heap_cap * 2 : 256;
-        bpe_merge_cand *p = realloc(c->heap, cap * sizeof *p);
-        if (!p) {
-            c->oom = 1;
-            return;
-        }
-        c->heap = p;
-        c->heap_cap = cap;
-    }
+    bpe_merge_cand *heap = grow_for_one(c, c->heap, c->heap_n, &c->heap_cap, 256, sizeof *heap);
+    if (!heap) return;
+    c->heap = heap;
     size_t i = c->heap_n++;
     while (i > 0) {
         size_t parent = (i - 1) / 4;
@@ -535,16 +515,9 @@ static void try_pair(encode_ctx *c, int32_t pos) {
 }
 
 static int add_symbol(encode_ctx *c, size_t *ns, int32_t id) {
-    if (*ns == c->sym_cap) {
-        size_t cap = c->sym_cap ? c->sym_cap * 2 : 256;
-        bpe_symbol *p = realloc(c->sym, cap * sizeof *p);
-        if (!p) {
-            c->oom = 1;
-            return -1;
-        }
-        c->sym = p;
-        c->sym_cap = cap;
-    }
+    bpe_symbol *sym = grow_for_one(c, c->sym, *ns, &c->sym_cap, 256, sizeof *sym);
+    if (!sym) return -1;
+    c->sym = sym;
     c->sym[*ns] = (bpe_symbol){id, (int32_t)*ns - 1, -1, 1};
     if (*ns > 0) c->sym[*ns - 1].next = (int32_t)*ns;
     (*ns)++;
