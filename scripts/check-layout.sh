@@ -72,17 +72,12 @@ arch -> compute
 arch -> model
 arch -> base
 dist -> base
-compute -> model
+compute -> model/weight_types.h
 compute -> base
-model -> compute/compute.h
 model -> base
 text -> base
 '
-# Two lines above are temporary (issue 16, part B):
-#   "compute -> model" is meant ONLY for the leaf dtype / weight-view header model/weight_types.h
-#     (being created); narrow it to "compute -> model/weight_types.h" once that lands.
-#   "model -> compute/compute.h" is model/weights.h taking those types from compute/ today;
-#     delete the line once model/ includes model/weight_types.h instead.
+# compute/ sees model/ only through the leaf header of dtypes and weight views.
 
 self_test() {
     local here tmp fails=0

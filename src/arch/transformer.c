@@ -3,8 +3,9 @@
  * buffers below), then one loop over layers. */
 #include "arch/transformer.h"
 
+#include "base/error.h"
+
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,16 +51,6 @@ struct transformer {
     int32_t *tables;     /* block tables, grown on demand */
     int tables_cap;
 };
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* Uploads a [1][n] weight vector as f32. */
 static float *upload_vector(compute_backend *be, const weight_matrix *m) {
@@ -174,8 +165,8 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
     }
     free(host_freq);
     if (fail || !host_freq) {
-        set_err(err, errlen, "out of memory for the forward pass's buffers (%d tokens)",
-                max_tokens);
+        error_set(err, errlen, "out of memory for the forward pass's buffers (%d tokens)",
+                  max_tokens);
         transformer_destroy(t);
         return NULL;
     }
@@ -206,30 +197,30 @@ void transformer_destroy(transformer *t) {
 static int check_batch(const transformer *t, const transformer_batch *b, char *err,
                        size_t errlen) {
     if (b->n_tokens < 1 || b->n_tokens > t->max_tokens) {
-        set_err(err, errlen, "batch of %d tokens (1..%d allowed)", b->n_tokens, t->max_tokens);
+        error_set(err, errlen, "batch of %d tokens (1..%d allowed)", b->n_tokens, t->max_tokens);
         return -1;
     }
     if (b->n_seqs < 1 || b->n_seqs > b->n_tokens) {
-        set_err(err, errlen, "batch has %d sequences for %d tokens", b->n_seqs, b->n_tokens);
+        error_set(err, errlen, "batch has %d sequences for %d tokens", b->n_seqs, b->n_tokens);
         return -1;
     }
     if (t->last && (b->n_logits < 0 || b->n_logits > t->max_logits)) {
-        set_err(err, errlen, "%d logit rows requested (at most %d)", b->n_logits, t->max_logits);
+        error_set(err, errlen, "%d logit rows requested (at most %d)", b->n_logits, t->max_logits);
         return -1;
     }
     for (int i = 0; t->last && i < b->n_logits; i++)
         if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens) {
-            set_err(err, errlen, "logit row %d is outside the batch", b->logit_rows[i]);
+            error_set(err, errlen, "logit row %d is outside the batch", b->logit_rows[i]);
             return -1;
         }
     for (int i = 0; i < b->n_tokens; i++)
         if (b->seq_of_token[i] < 0 || b->seq_of_token[i] >= b->n_seqs || b->positions[i] < 0 ||
             (t->first && (b->tokens[i] < 0 || b->tokens[i] >= t->c->vocab_size))) {
-            set_err(err, errlen, "token %d of the batch has a bad id, position or sequence", i);
+            error_set(err, errlen, "token %d of the batch has a bad id, position or sequence", i);
             return -1;
         }
     if (!t->first && !b->hidden_in) {
-        set_err(err, errlen, "a later pipeline stage needs hidden states as input");
+        error_set(err, errlen, "a later pipeline stage needs hidden states as input");
         return -1;
     }
     return 0;
@@ -244,7 +235,7 @@ static int upload_batch(transformer *t, const transformer_batch *b, char *err, s
         t->tables = be->alloc(be, (size_t)cap * 4);
         t->tables_cap = t->tables ? cap : 0;
         if (!t->tables) {
-            set_err(err, errlen, "out of memory for block tables");
+            error_set(err, errlen, "out of memory for block tables");
             return -1;
         }
     }

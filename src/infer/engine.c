@@ -16,22 +16,12 @@
 #include "infer/engine_internal.h"
 
 #include "base/clock.h"
+#include "base/error.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 void engine_set_error(engine *e, const char *fmt, ...) {
     va_list ap;
@@ -61,7 +51,7 @@ static int open_kv(engine *e, const engine_options *o, char *err, size_t errlen)
     if (name && !strcmp(name, "f32")) type = DTYPE_F32;
     else if (name && !strcmp(name, "bf16")) type = DTYPE_BF16;
     else if (name && strcmp(name, "f16")) {
-        set_err(err, errlen, "KV cache dtype '%.16s' is not one of f16, bf16, f32", name);
+        error_set(err, errlen, "KV cache dtype '%.16s' is not one of f16, bf16, f32", name);
         return -1;
     }
     size_t block_bytes = kv_cache_block_bytes(n_local, kv_dim, e->block_size, type);
@@ -74,8 +64,9 @@ static int open_kv(engine *e, const engine_options *o, char *err, size_t errlen)
     }
     size_t n_blocks = bytes / block_bytes;
     if (n_blocks < 2) {
-        set_err(err, errlen, "KV cache budget of %zu bytes holds fewer than 2 blocks of %zu bytes",
-                bytes, block_bytes);
+        error_set(err, errlen,
+                  "KV cache budget of %zu bytes holds fewer than 2 blocks of %zu bytes", bytes,
+                  block_bytes);
         return -1;
     }
     if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
@@ -147,7 +138,7 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
         goto fail;
     return e;
 oom:
-    set_err(err, errlen, "out of memory opening %s", o->model_dir);
+    error_set(err, errlen, "out of memory opening %s", o->model_dir);
 fail:
     engine_close(e);
     return NULL;
@@ -221,43 +212,43 @@ static sequence *find_seq(const engine *e, uint64_t id, int *index) {
 
 int engine_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err, size_t errlen) {
     if (find_seq(e, seq_id, NULL)) {
-        set_err(err, errlen, "sequence id %llu is already live", (unsigned long long)seq_id);
+        error_set(err, errlen, "sequence id %llu is already live", (unsigned long long)seq_id);
         return -1;
     }
     if (!r->prompt || r->n_prompt < 1) {
-        set_err(err, errlen, "the prompt is empty");
+        error_set(err, errlen, "the prompt is empty");
         return -1;
     }
     if (r->max_tokens < 1) {
-        set_err(err, errlen, "max_tokens must be at least 1");
+        error_set(err, errlen, "max_tokens must be at least 1");
         return -1;
     }
     int ctx = e->info.context_length;
     if (r->n_prompt >= ctx) {
-        set_err(err, errlen, "prompt of %d tokens does not fit the context length %d",
-                r->n_prompt, ctx);
+        error_set(err, errlen, "prompt of %d tokens does not fit the context length %d",
+                  r->n_prompt, ctx);
         return -1;
     }
     if (r->n_prompt + 1 > e->kv->n_blocks * e->block_size) {
-        set_err(err, errlen, "prompt of %d tokens does not fit the KV cache (%d tokens)",
-                r->n_prompt, e->kv->n_blocks * e->block_size);
+        error_set(err, errlen, "prompt of %d tokens does not fit the KV cache (%d tokens)",
+                  r->n_prompt, e->kv->n_blocks * e->block_size);
         return -1;
     }
     for (int i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= e->cfg.vocab_size) {
-            set_err(err, errlen, "prompt token %d (id %d) is outside the vocabulary of %d", i,
-                    r->prompt[i], e->cfg.vocab_size);
+            error_set(err, errlen, "prompt token %d (id %d) is outside the vocabulary of %d", i,
+                      r->prompt[i], e->cfg.vocab_size);
             return -1;
         }
     if (sampler_params_check(&r->sampling, err, errlen) != 0) return -1;
     int queued = e->n_seqs + e->d.queued_submits;
     if (queued >= e->max_sequences * 4 + 16) {
-        set_err(err, errlen, "too many queued requests (%d)", queued);
+        error_set(err, errlen, "too many queued requests (%d)", queued);
         return -1;
     }
     if (e->dist) return engine_dist_queue_submit(e, seq_id, r, err, errlen);
     if (engine_add_sequence(e, seq_id, r)) {
-        set_err(err, errlen, "out of memory queueing a request");
+        error_set(err, errlen, "out of memory queueing a request");
         return -1;
     }
     return 0;

@@ -16,6 +16,7 @@
  * Refuses: splits the model does not allow (model_config_tensor_split_check, layer ranges that do
  * not chain 0..n_layers in rank order), ranks whose scheduler settings differ. */
 #include "infer/engine_internal.h"
+#include "base/error.h"
 
 #include "base/clock.h"
 #include "dist/dist.h"
@@ -28,16 +29,6 @@
 #define INPUTS_MAGIC 0x45584f53u /* "EXOS" */
 
 enum { INPUT_SUBMIT = 1, INPUT_CANCEL = 2 };
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- timed data-plane calls: the time goes to comm_ns; a failure fails the engine ---------- */
 
@@ -81,11 +72,11 @@ int engine_dist_init(engine *e, const engine_options *o, model_shard *shard, cha
         return model_config_tensor_split_check(&e->cfg, d->size, err, errlen);
     }
     if (d->parallel != ENGINE_PIPELINE) {
-        set_err(err, errlen, "a group of %d ranks needs a split: pipeline or tensor", d->size);
+        error_set(err, errlen, "a group of %d ranks needs a split: pipeline or tensor", d->size);
         return -1;
     }
     if (d->size > n_layers) {
-        set_err(err, errlen, "cannot split %d layers into %d pipeline stages", n_layers, d->size);
+        error_set(err, errlen, "cannot split %d layers into %d pipeline stages", n_layers, d->size);
         return -1;
     }
     if (o->layer_start == 0 && o->layer_end == 0) { /* even split by rank */
@@ -104,7 +95,7 @@ int engine_dist_start(engine *e, char *err, size_t errlen) {
         int64_t share = e->cfg.vocab_size / e->d.size + 1; /* the largest rank's share */
         e->d.part_logits = malloc((size_t)e->max_sequences * (size_t)share * sizeof(float));
         if (!e->d.part_logits) {
-            set_err(err, errlen, "out of memory for the lm_head's outputs");
+            error_set(err, errlen, "out of memory for the lm_head's outputs");
             return -1;
         }
         return 0;
@@ -131,7 +122,7 @@ int engine_dist_start(engine *e, char *err, size_t errlen) {
         }
     }
     if (fail) {
-        set_err(err, errlen, "out of memory for the pipeline's hidden states");
+        error_set(err, errlen, "out of memory for the pipeline's hidden states");
         return -1;
     }
     return 0;
@@ -153,7 +144,7 @@ static int check_reports(const engine *e, const rank_report *r, char *err, size_
             b->vocab != a->vocab || b->max_batch_tokens != a->max_batch_tokens ||
             b->max_sequences != a->max_sequences || b->context_length != a->context_length ||
             b->block_size != a->block_size) {
-            set_err(err, errlen, "rank %d runs a different model or scheduler settings than "
+            error_set(err, errlen, "rank %d runs a different model or scheduler settings than "
                     "rank 0 (layers %d/%d, vocab %d/%d, batch %d/%d, sequences %d/%d, context "
                     "%d/%d)", i, b->n_layers, a->n_layers, b->vocab, a->vocab,
                     b->max_batch_tokens, a->max_batch_tokens, b->max_sequences, a->max_sequences,
@@ -165,14 +156,14 @@ static int check_reports(const engine *e, const rank_report *r, char *err, size_
     for (int i = 0; i < e->d.size; i++) {
         int want = i ? r[i - 1].layer_end : 0;
         if (r[i].layer_start != want || r[i].layer_end <= r[i].layer_start) {
-            set_err(err, errlen, "pipeline stage %d holds layers [%d, %d); it must start at "
+            error_set(err, errlen, "pipeline stage %d holds layers [%d, %d); it must start at "
                     "layer %d (stages hold consecutive ranges in rank order)", i,
                     r[i].layer_start, r[i].layer_end, want);
             return -1;
         }
     }
     if (r[e->d.size - 1].layer_end != a->n_layers) {
-        set_err(err, errlen, "the last pipeline stage ends at layer %d of %d",
+        error_set(err, errlen, "the last pipeline stage ends at layer %d of %d",
                 r[e->d.size - 1].layer_end, a->n_layers);
         return -1;
     }
@@ -183,7 +174,7 @@ int engine_dist_agree(engine *e, int *n_blocks, char *err, size_t errlen) {
     int size = e->d.size;
     rank_report *r = calloc((size_t)size, sizeof *r);
     if (!r) {
-        set_err(err, errlen, "out of memory");
+        error_set(err, errlen, "out of memory");
         return -1;
     }
     r[e->d.rank] = (rank_report){.parallel = e->d.parallel, .size = size,
@@ -198,7 +189,7 @@ int engine_dist_agree(engine *e, int *n_blocks, char *err, size_t errlen) {
     for (int i = 0; i < size && rc == 0; i++) /* an all-gather: each rank's report in turn */
         rc = bcast(e, i, &r[i], sizeof r[i], "exchanging shard reports at open");
     if (rc) {
-        set_err(err, errlen, "%s", e->error);
+        error_set(err, errlen, "%s", e->error);
     } else if ((rc = check_reports(e, r, err, errlen)) == 0) {
         for (int i = 0; i < size; i++)
             if (r[i].n_blocks < *n_blocks) *n_blocks = r[i].n_blocks;
@@ -236,7 +227,7 @@ typedef struct submit_record {
 int engine_dist_queue_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err,
                              size_t errlen) {
     if (e->d.rank != 0) {
-        set_err(err, errlen, "rank %d cannot take requests: rank 0 serves them", e->d.rank);
+        error_set(err, errlen, "rank %d cannot take requests: rank 0 serves them", e->d.rank);
         return -1;
     }
     size_t mark = e->d.inputs_len;
@@ -249,7 +240,7 @@ int engine_dist_queue_submit(engine *e, uint64_t seq_id, const engine_request *r
         put(e, r->prompt, (size_t)rec.n_prompt * sizeof *r->prompt) ||
         (rec.n_stop && put(e, r->stop_tokens, (size_t)rec.n_stop * sizeof *r->stop_tokens))) {
         e->d.inputs_len = mark;
-        set_err(err, errlen, "out of memory queueing a request");
+        error_set(err, errlen, "out of memory queueing a request");
         return -1;
     }
     e->d.queued_submits++;

@@ -1,35 +1,18 @@
 /* Weight views from safetensors by name, shape-checked against the config. See weights.h. */
 #include "model/weights.h"
 
+#include "base/array.h"
 #include "base/clock.h"
+#include "base/error.h"
 #include "base/log.h"
 
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
-static int dense_format(safetensors_dtype t, weight_format *f) {
-    switch (t) {
-    case ST_F32: *f = WEIGHT_F32; return 0;
-    case ST_F16: *f = WEIGHT_F16; return 0;
-    case ST_BF16: *f = WEIGHT_BF16; return 0;
-    default: return -1;
-    }
-}
-
+/* The float dtypes a dense weight or an MLX scale may have. -1 for any other. */
 static int scale_dtype(safetensors_dtype t, dtype *d) {
     switch (t) {
     case ST_F32: *d = DTYPE_F32; return 0;
@@ -37,6 +20,13 @@ static int scale_dtype(safetensors_dtype t, dtype *d) {
     case ST_BF16: *d = DTYPE_BF16; return 0;
     default: return -1;
     }
+}
+
+static int dense_format(safetensors_dtype t, weight_format *f) {
+    dtype d;
+    if (scale_dtype(t, &d)) return -1;
+    *f = d == DTYPE_F32 ? WEIGHT_F32 : d == DTYPE_F16 ? WEIGHT_F16 : WEIGHT_BF16;
+    return 0;
 }
 
 static void shape_str(const safetensors_tensor *t, char *buf, size_t n) {
@@ -60,24 +50,31 @@ static int check_shape(const safetensors_tensor *t, int n_stack, int64_t rows, i
     if (ok) return 0;
     char got[128];
     shape_str(t, got, sizeof got);
-    set_err(err, errlen, "%s: tensor '%s' has shape %s, expected [%s%lld, %lld]", t->file, t->name,
-            got, n_stack ? "experts, " : "", (long long)(vector ? 1 : rows), (long long)cols);
+    error_set(err, errlen, "%s: tensor '%s' has shape %s, expected [%s%lld, %lld]", t->file,
+              t->name, got, n_stack ? "experts, " : "", (long long)(vector ? 1 : rows),
+              (long long)cols);
     if (vector)
-        set_err(err, errlen, "%s: tensor '%s' has shape %s, expected [%lld]", t->file, t->name, got,
-                (long long)cols);
+        error_set(err, errlen, "%s: tensor '%s' has shape %s, expected [%lld]", t->file, t->name,
+                  got, (long long)cols);
     return -1;
+}
+
+/* The tensor `prefix`.`suffix` (its name into name[512]), or NULL with err naming it. */
+static const safetensors_tensor *need_tensor(const safetensors_set *st, const char *prefix,
+                                             const char *suffix, char name[512], char *err,
+                                             size_t errlen) {
+    snprintf(name, 512, "%.400s.%s", prefix, suffix);
+    const safetensors_tensor *t = safetensors_set_find(st, name);
+    if (!t) error_set(err, errlen, "model is missing tensor '%s'", name);
+    return t;
 }
 
 /* Resolves `prefix`.weight (+ .scales/.biases) into n (n_stack, or 1) matrices [rows][cols]. */
 static int load_matrices(const safetensors_set *st, const char *prefix, int n_stack, int64_t rows,
                          int64_t cols, int vector, weight_matrix *out, char *err, size_t errlen) {
     char name[512];
-    snprintf(name, sizeof name, "%.400s.weight", prefix);
-    const safetensors_tensor *w = safetensors_set_find(st, name);
-    if (!w) {
-        set_err(err, errlen, "model is missing tensor '%s'", name);
-        return -1;
-    }
+    const safetensors_tensor *w = need_tensor(st, prefix, "weight", name, err, errlen);
+    if (!w) return -1;
     int count = n_stack ? n_stack : 1;
     weight_format fmt;
     if (dense_format(w->dtype, &fmt) == 0) {
@@ -89,8 +86,8 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
         return 0;
     }
     if (w->dtype != ST_U32) {
-        set_err(err, errlen, "%s: tensor '%s' has dtype %s (want F32, F16, BF16 or MLX U32)",
-                w->file, name, safetensors_dtype_name(w->dtype));
+        error_set(err, errlen, "%s: tensor '%s' has dtype %s (want F32, F16, BF16 or MLX U32)",
+                  w->file, name, safetensors_dtype_name(w->dtype));
         return -1;
     }
     snprintf(name, sizeof name, "%.400s.scales", prefix);
@@ -98,24 +95,25 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
     snprintf(name, sizeof name, "%.400s.biases", prefix);
     const safetensors_tensor *b = safetensors_set_find(st, name);
     if (!s || !b) {
-        set_err(err, errlen, "%s: tensor '%s' is U32 but '%s.scales'/'%s.biases' are missing",
-                w->file, w->name, prefix, prefix);
+        error_set(err, errlen, "%s: tensor '%s' is U32 but '%s.scales'/'%s.biases' are missing",
+                  w->file, w->name, prefix, prefix);
         return -1;
     }
     int nd = w->n_dims;
     if (nd != (n_stack ? 3 : 2) || s->n_dims != nd || b->n_dims != nd || w->shape[nd - 1] == 0 ||
         s->shape[nd - 1] == 0) {
-        set_err(err, errlen, "%s: quantized tensor '%s' has the wrong number of dims", w->file,
-                w->name);
+        error_set(err, errlen, "%s: quantized tensor '%s' has the wrong number of dims", w->file,
+                  w->name);
         return -1;
     }
     int64_t wcols = w->shape[nd - 1], groups = s->shape[nd - 1];
     int64_t gs = cols / groups, bits = wcols * 32 / cols;
     if (cols % groups || (gs != 32 && gs != 64 && gs != 128) || wcols * 32 % cols ||
         bits < 2 || bits > 8 || bits == 7) {
-        set_err(err, errlen, "%s: quantized tensor '%s' has %lld packed words and %lld groups "
-                "per row, which is no supported bits/group size for %lld columns", w->file,
-                w->name, (long long)wcols, (long long)groups, (long long)cols);
+        error_set(err, errlen,
+                  "%s: quantized tensor '%s' has %lld packed words and %lld groups "
+                  "per row, which is no supported bits/group size for %lld columns",
+                  w->file, w->name, (long long)wcols, (long long)groups, (long long)cols);
         return -1;
     }
     dtype sd;
@@ -124,8 +122,8 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
         check_shape(b, n_stack, rows, groups, 0, err, errlen))
         return -1;
     if (scale_dtype(s->dtype, &sd) || s->dtype != b->dtype) {
-        set_err(err, errlen, "%s: '%s.scales'/'%s.biases' must both be F32, F16 or BF16", s->file,
-                prefix, prefix);
+        error_set(err, errlen, "%s: '%s.scales'/'%s.biases' must both be F32, F16 or BF16", s->file,
+                  prefix, prefix);
         return -1;
     }
     size_t wstride = (size_t)rows * (size_t)wcols * 4;
@@ -153,15 +151,11 @@ static int load_vector(const safetensors_set *st, const char *prefix, int64_t n,
 static int load_bias(const safetensors_set *st, const char *prefix, int64_t n, weight_matrix *out,
                      char *err, size_t errlen) {
     char name[512];
-    snprintf(name, sizeof name, "%.400s.bias", prefix);
-    const safetensors_tensor *t = safetensors_set_find(st, name);
-    if (!t) {
-        set_err(err, errlen, "model is missing tensor '%s'", name);
-        return -1;
-    }
+    const safetensors_tensor *t = need_tensor(st, prefix, "bias", name, err, errlen);
+    if (!t) return -1;
     weight_format fmt;
     if (dense_format(t->dtype, &fmt)) {
-        set_err(err, errlen, "%s: tensor '%s' must be F32, F16 or BF16", t->file, name);
+        error_set(err, errlen, "%s: tensor '%s' must be F32, F16 or BF16", t->file, name);
         return -1;
     }
     if (check_shape(t, 0, 1, n, 1, err, errlen)) return -1;
@@ -177,7 +171,7 @@ static int load_experts(const safetensors_set *st, const model_config *c, const 
     l->expert_up = calloc((size_t)ne, sizeof(weight_matrix));
     l->expert_down = calloc((size_t)ne, sizeof(weight_matrix));
     if (!l->expert_gate || !l->expert_up || !l->expert_down) {
-        set_err(err, errlen, "out of memory");
+        error_set(err, errlen, "out of memory");
         return -1;
     }
     char name[512];
@@ -313,7 +307,7 @@ static int slice_cols(model_weights *w, weight_matrix *m, int64_t c0, int64_t n,
         return 0;
     }
     if (c0 % m->group_size || n % m->group_size) {
-        set_err(err, errlen, "cannot split '%s' %d ways: each rank would take %lld of its %lld "
+        error_set(err, errlen, "cannot split '%s' %d ways: each rank would take %lld of its %lld "
                 "input columns, not a multiple of its quantization group of %d", name,
                 w->tp_size, (long long)n, (long long)m->cols, m->group_size);
         return -1;
@@ -336,7 +330,7 @@ static int slice_cols(model_weights *w, weight_matrix *m, int64_t c0, int64_t n,
     m->cols = n;
     return 0;
 oom:
-    set_err(err, errlen, "out of memory slicing '%s'", name);
+    error_set(err, errlen, "out of memory slicing '%s'", name);
     return -1;
 }
 
@@ -358,7 +352,7 @@ static int slice_vocab(model_weights *w, int64_t vocab, int tied, char *err, siz
     size_t sc_off = (bytes + 63) & ~(size_t)63, bi_off = sc_off + ((groups * ss + 63) & ~(size_t)63);
     char *buf = owned_alloc(w, bi_off + groups * ss);
     if (!buf) {
-        set_err(err, errlen, "out of memory copying the lm_head's share");
+        error_set(err, errlen, "out of memory copying the lm_head's share");
         return -1;
     }
     memcpy(buf, m->data, bytes);
@@ -460,16 +454,12 @@ typedef struct range_list {
 
 static void range_add(range_list *l, const void *p, size_t len) {
     if (!p || !len || l->oom) return;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 256;
-        byte_range *r = realloc(l->r, cap * sizeof *r);
-        if (!r) {
-            l->oom = 1;
-            return;
-        }
-        l->r = r;
-        l->cap = cap;
+    byte_range *r = array_reserve_one(l->r, l->n, &l->cap, 256, sizeof *r);
+    if (!r) {
+        l->oom = 1;
+        return;
     }
+    l->r = r;
     l->r[l->n++] = (byte_range){(uintptr_t)p, len, 0};
 }
 
@@ -639,8 +629,8 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
     int layer_start = shard->layer_start, layer_end = shard->layer_end;
     if (layer_start == 0 && layer_end == 0) layer_end = c->n_layers;
     if (layer_start < 0 || layer_end > c->n_layers || layer_start >= layer_end) {
-        set_err(err, errlen, "layer range [%d, %d) is not inside the model's %d layers",
-                layer_start, layer_end, c->n_layers);
+        error_set(err, errlen, "layer range [%d, %d) is not inside the model's %d layers",
+                  layer_start, layer_end, c->n_layers);
         return -1;
     }
     out->tp_size = shard->tp_size > 1 ? shard->tp_size : 1;
@@ -649,7 +639,7 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
         (model_config_tensor_split_check(c, out->tp_size, err, errlen) ||
          out->tp_rank < 0 || out->tp_rank >= out->tp_size)) {
         if (out->tp_rank < 0 || out->tp_rank >= out->tp_size)
-            set_err(err, errlen, "tensor-parallel rank %d is not in 0..%d", out->tp_rank,
+            error_set(err, errlen, "tensor-parallel rank %d is not in 0..%d", out->tp_rank,
                     out->tp_size - 1);
         return -1;
     }
@@ -658,7 +648,7 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
     out->n_experts = c->n_experts;
     out->layers = calloc((size_t)(layer_end - layer_start), sizeof *out->layers);
     if (!out->layers) {
-        set_err(err, errlen, "out of memory");
+        error_set(err, errlen, "out of memory");
         return -1;
     }
     int64_t dim = c->hidden_size, vocab = c->vocab_size;

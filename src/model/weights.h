@@ -27,7 +27,7 @@
 #ifndef EXO_MODEL_WEIGHTS_H
 #define EXO_MODEL_WEIGHTS_H
 
-#include "compute/compute.h"
+#include "model/weight_types.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
 

@@ -1,4 +1,6 @@
-#include "compute/compute.h"
+/* weight_types — dtype sizes and names, float width conversions, and the reference reads of a
+ * weight view (bytes, one row dequantized to f32); see weight_types.h. */
+#include "model/weight_types.h"
 
 #include <string.h>
 
@@ -17,16 +19,25 @@ const char *dtype_name(dtype t) {
     return (unsigned)t < sizeof names / sizeof names[0] ? names[t] : "?";
 }
 
-float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
+/* The bits of an IEEE-754 binary32 and back (memcpy: the one defined way to type-pun in C). */
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float f32_from_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
+float bf16_to_f32(uint16_t h) {
+    return f32_from_bits((uint32_t)h << 16);
+}
+
 uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
@@ -54,14 +65,11 @@ float f16_to_f32(uint16_t h) {
     } else {
         u = sign | ((exp + 127 - 15) << 23) | (man << 13);
     }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return f32_from_bits(u);
 }
 
 uint16_t f32_to_f16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = f32_bits(f);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t absu = u & 0x7fffffffu;
     if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);

@@ -1,19 +1,15 @@
-/* compute — the backend interface: the small set of ops the forward pass (arch/) is written in.
+/* weight_types — the leaf vocabulary shared by model/ (which makes weight views from files) and
+ * compute/ (whose backends read them): element dtypes, the weight formats and layouts, the
+ * read-only weight_matrix view, and the scalar conversions between float widths. It includes
+ * nothing of exo's, so model/ never needs compute/ (the backend interface is compute/backend.h).
  *
- * Like ggml's backend split: one struct of function pointers per backend (cpu/, later cuda/).
- * Activation buffers are backend memory (host memory for CPU, device memory for CUDA): arch code
- * allocates them through the backend and never dereferences them itself, so the same forward
- * pass runs on either. Weights are described by weight_matrix views; a backend may copy them
- * into its own memory once at load (weight_upload) — on CPU the view points into the mmap.
+ * Layout convention: a weight matrix is [rows = out_features][cols = in_features], as Hugging
+ * Face stores nn.Linear weights; matmul computes y[t][r] = sum_c x[t][c] * W[r][c].
  *
- * Layout conventions: activations are row-major [n_tokens][dim] float32. A weight matrix is
- * [rows = out_features][cols = in_features], as Hugging Face stores nn.Linear weights, and
- * matmul computes y[t][r] = sum_c x[t][c] * W[r][c].
- *
- * This header refuses: graph building, autograd, dtype zoo for activations. Add an op here only
- * when a forward pass needs it, with a reference implementation in cpu/. */
-#ifndef EXO_COMPUTE_H
-#define EXO_COMPUTE_H
+ * It refuses: anything a backend owns (memory, ops), and activation dtypes beyond what a
+ * weight view or KV cache needs. */
+#ifndef EXO_MODEL_WEIGHT_TYPES_H
+#define EXO_MODEL_WEIGHT_TYPES_H
 
 #include <stddef.h>
 #include <stdint.h>
