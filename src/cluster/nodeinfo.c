@@ -165,6 +165,22 @@ json_t *nodeinfo_system_json(void) {
                      "backends", backends, "os", os, "arch", u.machine);
 }
 
+const char *nodeinfo_reachable_ipv4(const json_t *interfaces) {
+    const char *addr = NULL, *loopback = NULL;
+    size_t i;
+    json_t *itf;
+    json_array_foreach(interfaces, i, itf) {
+        const char *ip = json_string_value(json_object_get(itf, "ipAddress"));
+        if (!ip || strchr(ip, ':')) continue; /* IPv4 only, as the beacons */
+        if (json_is_true(json_object_get(itf, "isLoopback"))) {
+            if (!loopback) loopback = ip;
+        } else if (!addr) {
+            addr = ip;
+        }
+    }
+    return addr ? addr : loopback;
+}
+
 json_t *nodeinfo_network_json(void) {
     struct ifaddrs *ifs;
     if (getifaddrs(&ifs)) return NULL;

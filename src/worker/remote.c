@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "base/strbuf.h"
 #include "cluster/cluster.h"
+#include "cluster/nodeinfo.h"
 #include "worker/shards.h"
 
 #include <curl/curl.h>
@@ -99,19 +100,7 @@ static int node_url(json_t *state, const char *node, char *url, size_t n) {
         json_object_get(json_object_get(json_object_get(state, "nodeIdentities"), node), "apiPort"));
     json_t *ifs = json_object_get(json_object_get(json_object_get(state, "nodeNetwork"), node),
                                   "interfaces");
-    const char *addr = NULL, *loopback = NULL;
-    size_t i;
-    json_t *itf;
-    json_array_foreach(ifs, i, itf) {
-        const char *ip = json_string_value(json_object_get(itf, "ipAddress"));
-        if (!ip || strchr(ip, ':')) continue;
-        if (json_is_true(json_object_get(itf, "isLoopback"))) {
-            if (!loopback) loopback = ip;
-        } else if (!addr) {
-            addr = ip;
-        }
-    }
-    if (!addr) addr = loopback;
+    const char *addr = nodeinfo_reachable_ipv4(ifs);
     if (!addr || port <= 0 || port > 65535) return -1;
     snprintf(url, n, "http://%s:%d/internal/generate", addr, (int)port);
     return 0;

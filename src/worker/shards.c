@@ -36,15 +36,8 @@ static void find_dist_host(char *out, size_t n) {
     snprintf(out, n, "%s", env && *env ? env : "127.0.0.1");
     if (env && *env) return;
     json_t *net = nodeinfo_network_json();
-    size_t i;
-    json_t *itf;
-    json_array_foreach(json_object_get(net, "interfaces"), i, itf) {
-        const char *ip = json_string_value(json_object_get(itf, "ipAddress"));
-        if (ip && !strchr(ip, ':') && !json_is_true(json_object_get(itf, "isLoopback"))) {
-            snprintf(out, n, "%s", ip);
-            break;
-        }
-    }
+    const char *ip = nodeinfo_reachable_ipv4(json_object_get(net, "interfaces"));
+    if (ip) snprintf(out, n, "%s", ip);
     json_decref(net);
 }
 
