@@ -89,6 +89,12 @@ static int place_in_cluster(api_request *r, api_service *s, const char *model,
     char err[1024];
     const placer_dirs *dirs = worker_placer_dirs(s->worker);
     if (placer_model_load(dirs, model, 0, &m, err, sizeof err)) return -1; /* 404 or download */
+    /* Not on this node's disk: one node downloads it first (the single-node path, unchanged);
+     * a multi-node instance needs the files on its nodes already (no shard downloads yet). */
+    if (!m.config && min_nodes == 1) {
+        placer_model_free(&m);
+        return -1;
+    }
     placement_node nodes[PLACEMENT_MAX_NODES];
     int n = placer_nodes(dirs, model, nodes, PLACEMENT_MAX_NODES);
     placement_result res;
