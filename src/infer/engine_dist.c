@@ -21,6 +21,7 @@
 #include "dist/dist.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -602,10 +603,14 @@ int engine_follow(engine *e) {
         return -1;
     }
     int rc = 0;
-    while (!e->d.shut_down && rc == 0)
+    while (!e->d.shut_down && !atomic_load(&e->d.stop_following) && rc == 0)
         rc = engine_step(e, events, ENGINE_DIST_MAX_EVENTS) < 0 ? -1 : 0;
     free(events);
     return rc;
+}
+
+void engine_stop_following(engine *e) {
+    atomic_store(&e->d.stop_following, 1);
 }
 
 void engine_dist_close(engine *e) {
