@@ -171,13 +171,14 @@ static void start_instance(rank_proc *ranks, int n, const char *parallel, int ma
     for (int r = 0; r < N_REQ; r++) send_generate(ranks[0].fd, (uint64_t)r, prompts[r], max_tokens);
 }
 
-/* Tells rank 0 to shut down: every rank exits with status 0. */
+/* Tells rank 0 to shut down: it tells the others, and every rank exits with status 0 (the
+ * followers' sockets stay open until then: a follower whose socket closes leaves at once). */
 static void stop_instance(rank_proc *ranks, int n) {
     json_t *m = json_pack("{s:s}", "type", "shutdown");
     assert_int_equal(protocol_send(ranks[0].fd, m), 0);
     json_decref(m);
-    for (int k = 0; k < n; k++) close(ranks[k].fd);
     for (int k = 0; k < n; k++) assert_int_equal(exit_code(ranks[k].pid), 0);
+    for (int k = 0; k < n; k++) close(ranks[k].fd);
 }
 
 static void run_split(int n, const char *parallel) {
