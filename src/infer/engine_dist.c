@@ -6,10 +6,13 @@
  *      payload (requests and cancellations in call order) when there is one; every rank applies
  *      it, so every rank holds the same sequences, and the scheduler (deterministic, same KV
  *      capacity everywhere) plans the same batch on each;
- *   2. forward: tensor parallel, two all-reduces per layer inside transformer_forward; pipeline,
- *      hidden states [n_tokens][dim] from rank r to r + 1 (dist_send/dist_recv);
- *   3. tokens: the rank holding the lm_head (tensor: 0, pipeline: the last) samples every
- *      sequence that reached its last known token and broadcasts the sampler results.
+ *   2. forward: tensor parallel, two all-reduces per layer inside transformer_forward, then each
+ *      rank's share of the vocabulary's logits to rank 0; pipeline, hidden states
+ *      [n_tokens][dim] from rank r to r + 1 (dist_send/dist_recv);
+ *   3. tokens: the sampling rank (tensor: 0, pipeline: the last) samples every sequence that
+ *      reached its last known token and broadcasts the sampler results.
+ * That is the tensor-parallel step and the serial pipeline's; the overlapped pipeline (the
+ * default) spreads a step over S ticks, one stage each (see its section below).
  * Idle rank 0 still runs step 1 every engine_idle_step_ms, so followers never wait past the data
  * plane's timeout; a failed call fails the engine for good (the group is broken).
  *
@@ -22,6 +25,7 @@
 #include "dist/dist.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -593,10 +597,14 @@ int engine_follow(engine *e) {
         return -1;
     }
     int rc = 0;
-    while (!e->d.shut_down && rc == 0)
+    while (!e->d.shut_down && !atomic_load(&e->d.stop_following) && rc == 0)
         rc = engine_step(e, events, ENGINE_DIST_MAX_EVENTS) < 0 ? -1 : 0;
     free(events);
     return rc;
+}
+
+void engine_stop_following(engine *e) {
+    atomic_store(&e->d.stop_following, 1);
 }
 
 void engine_dist_close(engine *e) {

@@ -569,33 +569,17 @@ static void *heartbeat_main(void *arg) {
     return NULL;
 }
 
-/* A follower does not read its node socket while it mirrors rank 0 (engine_follow blocks in the
- * data plane), so this thread does: when its node goes away (EOF: the node process died) or asks
- * it to stop, the process ends at once instead of holding its peers' connections open until
- * rank 0 notices. */
+/* A follower's node socket, watched while the main thread follows rank 0: a "shutdown" or the
+ * node going away (EOF) stops the following, so a runner whose node gave up on it exits instead
+ * of holding its shard until rank 0 notices. */
 static void *watch_node_main(void *arg) {
     runner *r = arg;
-    protocol_reader pr = {0};
-    char buf[4096];
-    for (;;) {
-        ssize_t n = read(r->fd, buf, sizeof buf);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            log_info("the node closed the connection; exiting");
-            _exit(1);
+    while (!atomic_load(&r->heartbeat_stop)) {
+        if (read_messages(r, 100) < 0) r->shutdown = 1; /* EOF or a broken stream */
+        if (r->shutdown) {
+            engine_stop_following(r->engine);
+            break;
         }
-        protocol_reader_feed(&pr, buf, (size_t)n);
-        json_t *m;
-        int bad = 0;
-        while ((m = protocol_reader_next(&pr, &bad))) {
-            const char *type = json_string_value(json_object_get(m, "type"));
-            if (type && !strcmp(type, "shutdown")) {
-                log_info("the node asked this rank to stop");
-                _exit(0);
-            }
-            json_decref(m);
-        }
-        if (bad) _exit(1);
     }
     return NULL;
 }
@@ -603,9 +587,12 @@ static void *watch_node_main(void *arg) {
 /* A rank other than 0: mirrors rank 0's steps until it shuts down. Returns the exit code. */
 static int follow(runner *r) {
     atomic_store(&r->step_started_ns, 0);
-    pthread_t watch;
-    if (pthread_create(&watch, NULL, watch_node_main, r) == 0) pthread_detach(watch);
-    if (engine_follow(r->engine) == 0) return 0;
+    pthread_t watcher;
+    int watching = pthread_create(&watcher, NULL, watch_node_main, r) == 0;
+    int rc = engine_follow(r->engine);
+    atomic_store(&r->heartbeat_stop, 1); /* also ends the watcher */
+    if (watching) pthread_join(watcher, NULL);
+    if (rc == 0) return 0;
     log_error("%s", engine_last_error(r->engine));
     send_status(r, "Failed", json_pack("{s:s}", "error", engine_last_error(r->engine)));
     return 1;
