@@ -430,6 +430,9 @@ std::vector<char> tcp_connect_address(int rank, int peer, const AddressRecord &m
             "that sorts below the ranks' (e.g. ranks on 127.0.0.2, proxy on 127.0.0.1)");
     bool i_dial = i_can_dial && (!they_can_dial || rank > peer);
     if (i_dial) return theirs.advertise[rank];
+    /* Gloo keeps what it is given as the peer's name in its messages: the peer's real address
+     * where that keeps us listening, else one that sorts above everything. */
+    if (gloo_address_order(my_listen.getSockaddr(), their_listen.getSockaddr()) < 0) return theirs.listen[rank];
     return address_above_all(my_listen.getSockaddr().ss_family);
 }
 
