@@ -83,12 +83,16 @@ static int time_ours(dist_group *g, float *buf, size_t n, int iterations, double
 /* How many iterations make a round last about round_seconds (decided by rank 0 from a probe and
  * broadcast, so every rank runs the same count). */
 static int agree_iterations(dist_group *g, float *buf, size_t n, double round_seconds, char *err, size_t errlen) {
-    double probe = 0;
-    int iterations = 3;
-    if (time_ours(g, buf, n, iterations, &probe, err, errlen) < 0) return -1;
+    double warm = 0, probe = 0;
+    int iterations = 10;
+    /* The first runs build the cached collective and warm the connections. */
+    if (time_ours(g, buf, n, 3, &warm, err, errlen) < 0 || time_ours(g, buf, n, iterations, &probe, err, errlen) < 0)
+        return -1;
     int32_t want = (int32_t)(round_seconds / (probe / iterations > 1e-7 ? probe / iterations : 1e-7));
+    /* Bounded both ways: a probe that caught a quiet moment must not make a round last minutes
+     * when the machine gets busy again. */
     if (want < 5) want = 5;
-    if (want > 20000) want = 20000;
+    if (want > 2000) want = 2000;
     if (dist_broadcast(g, 0, &want, sizeof want, err, errlen) < 0) return -1;
     return want;
 }
