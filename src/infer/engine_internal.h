@@ -40,7 +40,7 @@ typedef struct sequence {
     int cached_tokens;  /* prompt tokens served from the prefix cache at admission */
     int admitted;       /* has been admitted once (cached_tokens is final) */
     uint64_t serial;    /* engine-assigned, unique for the engine's life (same on every rank) */
-    int in_flight;      /* in a step whose results are not applied yet (pipeline overlap) */
+    int in_flight;      /* in a step whose token is not applied yet (pipeline overlap) */
     /* this step */
     int chunk;       /* tokens in the batch */
     int logit_index; /* row in logits, or -1 */
@@ -132,7 +132,8 @@ int engine_report_cancelled(engine *e, engine_event *events, int limit);
 int engine_plan_step(engine *e, int cap, transformer_batch *b, engine_event *events, int *n_ev);
 /* Applies a member's finished step: its chunk is computed, its sampled token (samples[logit_index]
  * when logit_index >= 0) appended; adds its event (tokens always, progress while there is room)
- * and removes it when finished. */
+ * and removes it when finished. chunk 0 and no logits: a prefill chunk an overlapped pipeline
+ * counted at its plan (only the event is left). */
 void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
                           const sampler_result *samples, engine_event *events, int *n_ev,
                           int max_events);
