@@ -208,6 +208,7 @@ int engine_dist_agree(engine *e, int *n_blocks, char *err, size_t errlen) {
             if (r[i].n_blocks < *n_blocks) *n_blocks = r[i].n_blocks;
     }
     e->comm_ns = 0; /* waiting for the other ranks to load is not a step's communication */
+    e->d.agreed = rc == 0;
     free(r);
     return rc;
 }
@@ -620,7 +621,7 @@ void engine_stop_following(engine *e) {
 
 void engine_dist_close(engine *e) {
     engine_dist_state *d = &e->d;
-    if (d->rank == 0 && !e->failed && !d->shut_down) {
+    if (d->rank == 0 && d->agreed && !e->failed && !d->shut_down) {
         int ignored = 0;
         exchange(e, &ignored, 1); /* best effort: a follower that is gone times out anyway */
     }

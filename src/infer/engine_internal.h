@@ -70,6 +70,7 @@ typedef struct engine_dist_state {
     unsigned char *inputs;
     size_t inputs_len, inputs_cap;
     int queued_submits;
+    int agreed;         /* the ranks agreed at open: steps (and the shutdown) may follow */
     int shut_down;      /* rank 0 closed its engine: followers stop */
     _Atomic int stop_following; /* engine_stop_following (from another thread) */
     float *hidden;      /* pipeline: [max_batch_tokens][dim] hidden states between stages */
