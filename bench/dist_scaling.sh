@@ -28,7 +28,8 @@ cores_for() { # N ranks -> "0-3/4-7/..."
 }
 
 run() { # mode ranks delay gbit
-  local mode=$1 n=$2 delay=$3 gbit=$4 flag=--tp net=() path="net ${delay} ms / ${gbit} Gbit/s"
+  local mode=$1 n=$2 delay=$3 gbit=$4 flag=--tp net=()
+  local path="net $delay ms one way / $gbit Gbit/s"
   [ "$mode" = pipeline ] && flag=--pp-ranks
   [ "$delay:$gbit" = 0:0 ] && path="direct loopback"
   echo "== $mode x$n, $path ($(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg))"
