@@ -15,6 +15,9 @@ extern "C" {
 int dist_bench_bare_ring(dist_group *g, float *buf, size_t n, int iterations, double *seconds, char *err,
                          size_t errlen);
 
+/* The algorithm dist_allreduce_sum uses for n floats on g ("ring", "hd" or "none"). */
+const char *dist_allreduce_algorithm(const dist_group *g, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

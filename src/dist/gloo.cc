@@ -311,6 +311,10 @@ struct dist_group {
 
 namespace {
 
+/* The ring for latency-bound sizes and for 2 ranks (one exchange of the whole buffer either way);
+ * halving-doubling past kRingMaxBytes with more ranks. */
+bool uses_ring(const dist_group *g, size_t count) { return count * sizeof(float) <= kRingMaxBytes || g->size == 2; }
+
 int p2p_data_slot(int from, int to) { return kP2PSlotBase + (from < to ? 0 : 1); }
 int p2p_credit_slot(int from, int to) { return kP2PSlotBase + 2 + (from < to ? 0 : 1); }
 
@@ -430,6 +434,9 @@ std::vector<char> tcp_connect_address(int rank, int peer, const AddressRecord &m
             "that sorts below the ranks' (e.g. ranks on 127.0.0.2, proxy on 127.0.0.1)");
     bool i_dial = i_can_dial && (!they_can_dial || rank > peer);
     if (i_dial) return theirs.advertise[rank];
+    /* Gloo keeps what it is given as the peer's name in its messages: the peer's real address
+     * where that keeps us listening, else one that sorts above everything. */
+    if (gloo_address_order(my_listen.getSockaddr(), their_listen.getSockaddr()) < 0) return theirs.listen[rank];
     return address_above_all(my_listen.getSockaddr().ss_family);
 }
 
@@ -597,7 +604,7 @@ int dist_allreduce_sum(dist_group *g, float *buf, size_t n, char *err, size_t er
             size_t count = std::min(n - done, kMaxFloatsPerRun);
             float *p = buf + done;
             size_t bytes = count * sizeof(float);
-            if (bytes <= kRingMaxBytes || g->size == 2) {
+            if (uses_ring(g, count)) {
                 auto it = g->rings.find(count);
                 if (it == g->rings.end()) {
                     drop_cache_if_full(g, 2 * bytes);
@@ -700,7 +707,12 @@ int dist_barrier(dist_group *g, char *err, size_t errlen) {
     });
 }
 
-/* ---- benchmark hook (dist_internal.h) ----------------------------------------------------- */
+/* ---- benchmark hooks (dist_internal.h) ---------------------------------------------------- */
+
+const char *dist_allreduce_algorithm(const dist_group *g, size_t n) {
+    if (!g || g->size == 1 || n == 0) return "none";
+    return uses_ring(g, std::min(n, kMaxFloatsPerRun)) ? "ring" : "hd";
+}
 
 int dist_bench_bare_ring(dist_group *g, float *buf, size_t n, int iterations, double *seconds, char *err,
                          size_t errlen) {

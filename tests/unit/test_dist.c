@@ -11,11 +11,15 @@
 
 #include "dist/dist.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -31,6 +35,8 @@ typedef struct run_opts {
     int timeout_ms;
     int port_base;
     int skip_rank;       /* a rank that is never started (-1: none) */
+    const char *bind_host, *advertise_host; /* NULL: 127.0.0.1, the same */
+    int advertise_port_offset;
     const char *dir;     /* store directory (NULL: a fresh temporary one) */
     int expect_connect_failure;
 } run_opts;
@@ -42,17 +48,21 @@ static char *make_store_dir(void) {
     return dir;
 }
 
-static void remove_store_dir(const char *dir) {
+/* Removes the directory and frees its name. */
+static void remove_store_dir(char *dir) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
+    free(dir);
 }
 
 static int child(const run_opts *o, const char *dir, int rank, rank_fn fn, void *arg) {
     dist_store store;
     if (dist_store_dir(&store, dir) < 0) return 10;
-    dist_config c = {.rank = rank, .size = o->size, .prefix = "test", .bind_host = "127.0.0.1",
-                     .timeout_ms = o->timeout_ms ? o->timeout_ms : 20000, .port_base = o->port_base};
+    dist_config c = {.rank = rank, .size = o->size, .prefix = "test",
+                     .bind_host = o->bind_host ? o->bind_host : "127.0.0.1", .advertise_host = o->advertise_host,
+                     .timeout_ms = o->timeout_ms ? o->timeout_ms : 20000, .port_base = o->port_base,
+                     .advertise_port_offset = o->advertise_port_offset};
     char err[512] = "";
     dist_group *g = dist_connect(&c, &store, err, sizeof err);
     if (!g) {
@@ -103,7 +113,7 @@ static int run_ranks(const run_opts *o, rank_fn fn, void *arg) {
         }
     }
     if (!o->dir) remove_store_dir(dir);
-    free(dir);
+    else free(dir);
     return failures;
 }
 
@@ -151,6 +161,72 @@ static void test_allreduce_fixed_ports(void **state) {
     /* A port range unlikely to be taken, different per run so TIME_WAIT does not matter. */
     run_opts o = {.size = 3, .skip_rank = -1, .port_base = 30000 + (int)(getpid() % 2000) * 10};
     assert_int_equal(run_ranks(&o, allreduce_sizes, NULL), 0);
+}
+
+static int pipeline_pass(dist_group *g, void *arg);
+
+/* Starts tools/netproxy forwarding `count` ports from 127.0.0.1:listen_port to
+ * 127.0.0.2:target_port with a delay, and waits until its last port accepts. */
+static pid_t start_proxy(int listen_port, int target_port, int count) {
+    const char *build = getenv("EXO_BUILD");
+    char bin[512], listen_arg[64], target_arg[64], count_arg[16];
+    snprintf(bin, sizeof bin, "%s/tools/netproxy", build && *build ? build : "build");
+    snprintf(listen_arg, sizeof listen_arg, "127.0.0.1:%d", listen_port);
+    snprintf(target_arg, sizeof target_arg, "127.0.0.2:%d", target_port);
+    snprintf(count_arg, sizeof count_arg, "%d", count);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failed test must not leave it running */
+        execl(bin, bin, "--listen", listen_arg, "--target", target_arg, "--count", count_arg, "--delay-ms", "0.1",
+              "--rate-gbit", "10", (char *)NULL);
+        _exit(127);
+    }
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(listen_port + count - 1))};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    for (int tries = 0; tries < 500; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok) return pid;
+        assert_int_equal(waitpid(pid, NULL, WNOHANG), 0); /* it must not have exited */
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fail_msg("netproxy did not start listening (%s)", bin);
+    return -1;
+}
+
+static void test_allreduce_through_proxy(void **state) {
+    (void)state;
+    /* Ranks listen on 127.0.0.2 at fixed ports and advertise the proxy on 127.0.0.1 (an address
+     * that sorts below theirs, so Gloo lets every rank dial it). */
+    for (int size = 2; size <= 3; size++) {
+        int base = 32000 + (int)(getpid() % 1000) * 20, offset = 10;
+        pid_t proxy = start_proxy(base + offset, base, size * size);
+        run_opts o = {.size = size, .skip_rank = -1, .port_base = base, .bind_host = "127.0.0.2",
+                      .advertise_host = "127.0.0.1", .advertise_port_offset = offset};
+        int failures = run_ranks(&o, allreduce_sizes, NULL);
+        int failures_p2p = run_ranks(&(run_opts){.size = size, .skip_rank = -1, .port_base = base,
+                                                 .bind_host = "127.0.0.2", .advertise_host = "127.0.0.1",
+                                                 .advertise_port_offset = offset},
+                                     pipeline_pass, NULL);
+        kill(proxy, SIGTERM);
+        int status = 0;
+        waitpid(proxy, &status, 0);
+        assert_int_equal(failures, 0);
+        assert_int_equal(failures_p2p, 0);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+}
+
+/* Both sides bound to the wildcard address cannot form a TCP pair in Gloo (neither may dial):
+ * that must be a clear error at connect, not a hang. */
+static void test_unusable_addresses_fail_connect(void **state) {
+    (void)state;
+    run_opts o = {.size = 2, .skip_rank = -1, .bind_host = "0.0.0.0", .timeout_ms = 2000, .expect_connect_failure = 1};
+    assert_int_equal(run_ranks(&o, NULL, NULL), 0);
 }
 
 static int broadcast_roots(dist_group *g, void *arg) {
@@ -395,6 +471,8 @@ int main(void) {
         cmocka_unit_test(test_dead_rank_is_an_error),
         cmocka_unit_test(test_stalled_rank_times_out),
         cmocka_unit_test(test_missing_rank_fails_connect),
+        cmocka_unit_test(test_allreduce_through_proxy),
+        cmocka_unit_test(test_unusable_addresses_fail_connect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
