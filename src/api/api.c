@@ -49,7 +49,8 @@ static void h_metrics(api_request *r, void *ctx) {
     api_service *s = ctx;
     strbuf out = {0};
     metrics_render(&out, instances_in_flight(s->instances),
-                   api_server_open_connections(s->server));
+                   api_server_open_connections(s->server),
+                   api_server_request_timeouts(s->server));
     instances_render_metrics(s->instances, &out);
     api_respond_bytes(r, 200, "text/plain; version=0.0.4; charset=utf-8", out.data, out.len);
     strbuf_free(&out);
@@ -290,6 +291,9 @@ api_service *api_service_new(const api_config *c, const char *node_id, worker *w
     api_server_options so = {.port = c->port,
                              .api_key = c->api_key,
                              .max_body_bytes = c->max_body_bytes,
+                             .max_connections_per_ip = c->max_connections_per_ip,
+                             .header_timeout_s = c->header_timeout_s,
+                             .body_timeout_s = c->body_timeout_s,
                              .web_dir = web[0] ? web : NULL};
     s->server = api_server_new(&so);
     if (!s->server || add_routes(s, models)) {

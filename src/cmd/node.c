@@ -52,6 +52,14 @@ static int runner_watchdog_s(void) {
     return s == 0 ? -1 : s;
 }
 
+/* EXO_HTTP_HEADER_TIMEOUT_S / EXO_HTTP_BODY_TIMEOUT_S: seconds a request's headers / body may
+ * take to arrive (api/server.h); unset or 0 = the server's default. Tests shorten them. */
+static unsigned env_seconds(const char *name) {
+    const char *env = getenv(name);
+    int s = env ? atoi(env) : 0;
+    return s > 0 ? (unsigned)s : 0u;
+}
+
 /* The services of a node with an API, in the order they start (and stop in reverse). */
 typedef struct node_services {
     models_service *models;
@@ -93,6 +101,10 @@ static int services_start(node_services *n, const exo_options *o, const char *no
     api_config ac = {.port = o->api_port,
                      .api_key = o->api_key,
                      .max_body_bytes = o->max_body_bytes,
+                     .max_connections_per_ip =
+                         o->max_connections_per_ip ? o->max_connections_per_ip : -1,
+                     .header_timeout_s = env_seconds("EXO_HTTP_HEADER_TIMEOUT_S"),
+                     .body_timeout_s = env_seconds("EXO_HTTP_BODY_TIMEOUT_S"),
                      .models_dir = o->models_dir,
                      .models_path = o->models_path,
                      .data_dir = o->data_dir};
