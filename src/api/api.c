@@ -56,9 +56,12 @@ static void h_metrics(api_request *r, void *ctx) {
     strbuf_free(&out);
 }
 
-static void place(api_request *r, api_service *s, const char *model_id) {
-    char id[64], err[1024];
-    int status = instances_place(s->instances, model_id, id, sizeof id, err, sizeof err);
+static void place(api_request *r, api_service *s, const char *requested) {
+    char id[64], err[1024], model_id[512];
+    int status = instances_canonical_model(s->instances, requested, model_id, sizeof model_id,
+                                           err, sizeof err)
+                     ? 404
+                     : instances_place(s->instances, model_id, id, sizeof id, err, sizeof err);
     if (status) {
         api_respond_error(r, status, "%s", err);
         return;
@@ -83,14 +86,17 @@ static void h_place_instance(api_request *r, void *ctx) {
     api_service *s = ctx;
     json_t *b = api_request_json(r);
     if (!b) return;
-    const char *model = json_string_value(json_object_get(b, "model_id"));
+    const char *requested = json_string_value(json_object_get(b, "model_id"));
     const char *sh = json_string_value(json_object_get(b, "sharding"));
-    char id[64], err[1024], cmd[32];
+    char id[64], err[1024], cmd[32], model[512];
     int status;
-    if (!model) {
+    if (!requested) {
         api_respond_error(r, 400, "'model_id' is required and must be a string");
     } else if (sh && strcmp(sh, "Pipeline") && strcmp(sh, "Tensor")) {
         api_respond_error(r, 400, "'sharding' must be \"Pipeline\" or \"Tensor\"");
+    } else if (instances_canonical_model(s->instances, requested, model, sizeof model, err,
+                                         sizeof err)) {
+        api_respond_error(r, 404, "%s", err);
     } else if ((status = worker_place(s->worker, model, id, sizeof id, err, sizeof err))) {
         api_respond_error(r, status, "%s", err);
     } else {

@@ -96,6 +96,7 @@ static int services_start(node_services *n, const exo_options *o, const char *no
                         .node_id = node_id,
                         .kv_cache_bytes = o->kv_cache_bytes,
                         .watchdog_s = runner_watchdog_s(),
+                        .max_runners = o->max_runners,
                         .api_port = o->api_port};
     n->worker = worker_new(&wc, n->models, err, errlen);
     api_config ac = {.port = o->api_port,

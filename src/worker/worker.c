@@ -29,7 +29,8 @@ worker *worker_new(const worker_config *c, models_service *models, char *err, si
                             .models_path = c->models_path,
                             .node_id = c->node_id,
                             .kv_cache_bytes = c->kv_cache_bytes,
-                            .watchdog_s = c->watchdog_s};
+                            .watchdog_s = c->watchdog_s,
+                            .max_runners = c->max_runners};
     w->models = models;
     w->instances = instances_new(&io);
     w->autoplace = w->instances ? autoplace_new(w->instances, models, c->api_port) : NULL;
