@@ -478,6 +478,10 @@ int gen_get_int(const json_t *o, const char *field, long lo, long hi, long *out,
     json_t *v = number_field(o, field, 1, &rc, err, errlen);
     if (!v) return rc;
     json_int_t d = json_integer_value(v);
+    if ((d < lo || d > hi) && lo == hi) {
+        snprintf(err, errlen, "'%s' must be %ld (got %lld)", field, lo, (long long)d);
+        return 400;
+    }
     if (d < lo || d > hi) {
         snprintf(err, errlen, "'%s' must be between %ld and %ld (got %lld)", field, lo, hi,
                  (long long)d);

@@ -275,6 +275,24 @@ enum store_state store_locate(const model_store *s, const char *id_or_path, char
     return best;
 }
 
+void store_missing_reason(const model_store *s, const char *id, char *out, size_t n) {
+    char name[256];
+    snprintf(out, n, "it is not on disk");
+    if (store_id_to_dirname(id, name, sizeof name) < 0) return;
+    for (int i = -1; i < s->n_search; i++) {
+        char dir[STORE_PATH_MAX * 2];
+        snprintf(dir, sizeof dir, "%s/%s", i < 0 ? s->models_dir : s->search[i], name);
+        if (!paths_is_dir(dir)) continue;
+        enum store_state st = store_dir_state(dir);
+        if (st == STORE_ABSENT)
+            snprintf(out, n, "%.900s has no config.json, so it is not a model directory", dir);
+        else if (st == STORE_PARTIAL)
+            snprintf(out, n, "its files in %.900s are incomplete (a download not finished, or a "
+                             "weight file missing)", dir);
+        return;
+    }
+}
+
 static uint64_t dir_bytes(const char *dir, int depth) {
     if (depth > 8) return 0;
     DIR *d = opendir(dir);

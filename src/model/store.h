@@ -66,6 +66,10 @@ enum store_state { STORE_ABSENT = 0, STORE_PARTIAL = 1, STORE_COMPLETE = 2 };
  * fills out (when not ABSENT). */
 enum store_state store_locate(const model_store *s, const char *id_or_path, char *out, size_t n);
 
+/* Why `id` has no complete model in the store, for a message: "it is not on disk", or what is
+ * wrong with the first directory named for it (no config.json, incomplete files). */
+void store_missing_reason(const model_store *s, const char *id, char *out, size_t n);
+
 /* State of one directory (see the top comment). */
 enum store_state store_dir_state(const char *dir);
 

@@ -157,6 +157,15 @@ int instances_canonical_model(const instances *m, const char *requested, char *i
     return store_canonical_id(&store, requested, id, n, err, errlen);
 }
 
+void instances_missing_reason(const instances *m, const char *model_id, char *out, size_t n) {
+    model_store store;
+    char err[256];
+    snprintf(out, n, "it is not on disk");
+    if (store_init(&store, m->models_dir[0] ? m->models_dir : "/nonexistent", m->models_path, err,
+                   sizeof err) == 0)
+        store_missing_reason(&store, model_id, out, n);
+}
+
 /* Every complete model the store can see. */
 static void add_listed_model(const char *id, const char *dir, enum store_state st, void *ud) {
     (void)dir;
@@ -525,10 +534,12 @@ static instance *place_locked(instances *m, const char *requested, int *status, 
     if (in) return in;
     char dir[1024];
     if (instances_resolve_model(m, model_id, dir, sizeof dir)) {
+        char why[1024];
+        instances_missing_reason(m, model_id, why, sizeof why);
         *status = 404;
-        snprintf(err, errlen, "model '%s' not found: no directory with config.json for it in the "
-                              "models directory (%s) or EXO_MODELS_PATH",
-                 model_id, m->models_dir);
+        snprintf(err, errlen, "model '%s' not found: %s (looked in the models directory %s, "
+                              "--models-path and the built-in models)",
+                 model_id, why, m->models_dir);
         return NULL;
     }
     /* A failed instance of this model (kept for /state) is replaced by the new one. */

@@ -58,6 +58,8 @@ int instances_canonical_model(const instances *m, const char *requested, char *i
 /* Model id -> directory holding config.json: <models_dir>/org--name, or a directory under
  * models_path (org--name or name); a path only inside those. Returns 0 or -1. */
 int instances_resolve_model(const instances *m, const char *model_id, char *dir, size_t n);
+/* Why model_id is not placeable from disk, for messages (model/store.h store_missing_reason). */
+void instances_missing_reason(const instances *m, const char *model_id, char *out, size_t n);
 /* Every model found on disk, as a JSON array of ids. */
 json_t *instances_local_models(const instances *m);
 
