@@ -34,7 +34,7 @@ typedef struct api_server_options {
 #define API_HEADER_TIMEOUT_S 10
 #define API_BODY_TIMEOUT_S 60
 #define API_MAX_CONNECTIONS 4096u
-#define API_MAX_CONNECTIONS_PER_IP 256
+#define API_MAX_CONNECTIONS_PER_IP 512
 
 /* Creates a server (not listening yet). Strings in options are copied. */
 api_server *api_server_new(const api_server_options *options);

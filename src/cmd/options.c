@@ -16,7 +16,7 @@ void options_defaults(exo_options *o) {
     if (paths_default_data_dir(o->data_dir, sizeof o->data_dir) != 0) o->data_dir[0] = 0;
     o->max_body_bytes = 32u << 20;
     o->max_runners = 8;
-    o->max_connections_per_ip = 256;
+    o->max_connections_per_ip = 512;
 }
 
 static int env_true(const char *name) {
@@ -110,7 +110,7 @@ void options_print_help(const char *prog) {
            "  --max-runners N       runner processes (placed models) this node starts (default 8)\n"
            "  --max-connections-per-ip N\n"
            "                        open HTTP connections from one address; more are refused\n"
-           "                        (default 256; 0 = no limit, e.g. behind a proxy)\n"
+           "                        (default 512; 0 = no limit, e.g. behind a proxy)\n"
            "  -v, --verbose         more logging (repeat for debug)\n"
            "  -q, --quiet           less logging\n"
            "  -h, --help            this help\n"

@@ -27,7 +27,7 @@ typedef struct exo_options {
     size_t max_body_bytes;    /* --max-body-size BYTES, default 32 MiB */
     size_t kv_cache_bytes;    /* --kv-cache-mem BYTES (suffix K/M/G allowed), 0 = automatic */
     int max_runners;          /* --max-runners N: runner processes this node starts, default 8 */
-    int max_connections_per_ip; /* --max-connections-per-ip N: 0 = no limit, default 256 */
+    int max_connections_per_ip; /* --max-connections-per-ip N: 0 = no limit, default 512 */
 } exo_options;
 
 enum options_result {

@@ -155,7 +155,7 @@ static int resolve_model(const run_flags *f, char *out, size_t n) {
         return -1;
     }
     fprintf(stderr, "exo run: no model '%s': %s (looked in %s%s%s and the built-in models)\n",
-            f->model, why, dir, path && path[0] ? ", " : "", path && path[0] ? path : "");
+            f->model, strcmp(why, "it is not on disk") ? why : "not found", dir, path && path[0] ? ", " : "", path && path[0] ? path : "");
     return -1;
 }
 
