@@ -7,12 +7,14 @@
 #include "api/gen.h"
 #include "api/metrics.h"
 #include "api/routes_cluster.h"
+#include "api/routes_internal.h"
 #include "api/routes_models.h"
 #include "api/routes_placement.h"
 #include "api/server.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/paths.h"
+#include "cluster/cluster.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -82,21 +84,81 @@ static void command_id(char *out, size_t n) {
              b[7]);
 }
 
+/* A placement on several nodes (or on one other node) becomes one instance in the cluster
+ * State; every node's worker starts its rank when it sees it. Returns 0 (answered) or -1 when
+ * this node alone should place it the single-node way (answered nothing). */
+static int place_in_cluster(api_request *r, api_service *s, const char *model,
+                            placement_sharding sharding, const char *meta, int min_nodes) {
+    placer_model m;
+    char err[1024];
+    const placer_dirs *dirs = worker_placer_dirs(s->worker);
+    if (placer_model_load(dirs, model, 0, &m, err, sizeof err)) return -1; /* 404 or download */
+    /* Not on this node's disk: one node downloads it first (the single-node path, unchanged);
+     * a multi-node instance needs the files on its nodes already (no shard downloads yet). */
+    if (!m.config && min_nodes == 1) {
+        placer_model_free(&m);
+        return -1;
+    }
+    placement_node nodes[PLACEMENT_MAX_NODES];
+    int n = placer_nodes(dirs, model, nodes, PLACEMENT_MAX_NODES);
+    placement_result res;
+    int rc = -1;
+    /* One node that fits here: this node's own instance, exactly as without a cluster. */
+    for (int i = 0; i < n && min_nodes == 1; i++)
+        if (!strcmp(nodes[i].id, s->node_id) &&
+            placement_place(&m.facts, &nodes[i], 1, sharding, 1, &res) == 0)
+            goto out;
+    if (placer_place(&m, sharding, min_nodes, nodes, n, &res, err, sizeof err)) {
+        api_respond_error(r, 400, "%s", err);
+        rc = 0;
+        goto out;
+    }
+    if (res.n_nodes == 1 && !strcmp(res.node_ids[0], s->node_id)) goto out;
+    json_t *instance = placer_instance_json(&m.facts, sharding, meta, &res, NULL);
+    const char *id = json_string_value(
+        json_object_get(json_object_iter_value(json_object_iter(instance)), "instanceId"));
+    char instance_id[64], cmd[32];
+    snprintf(instance_id, sizeof instance_id, "%s", id);
+    if (cluster_submit(json_pack("{s:{s:o}}", "InstanceCreated", "instance", instance))) {
+        api_respond_error(r, 503, "the cluster is not running on this node: cannot place %s on "
+                                  "%d nodes", model, res.n_nodes);
+    } else {
+        command_id(cmd, sizeof cmd);
+        api_respond_json(r, 200, json_pack("{s:s,s:s,s:s,s:s,s:i}", "message",
+                                           "Command received.", "command_id", cmd, "model_id",
+                                           model, "instance_id", instance_id, "n_nodes",
+                                           res.n_nodes));
+    }
+    rc = 0;
+out:
+    placer_model_free(&m);
+    return rc;
+}
+
 static void h_place_instance(api_request *r, void *ctx) {
     api_service *s = ctx;
     json_t *b = api_request_json(r);
     if (!b) return;
     const char *requested = json_string_value(json_object_get(b, "model_id"));
     const char *sh = json_string_value(json_object_get(b, "sharding"));
+    const char *meta = json_string_value(json_object_get(b, "instance_meta"));
+    json_t *mn = json_object_get(b, "min_nodes");
     char id[64], err[1024], cmd[32], model[512];
     int status;
+    placement_sharding sharding;
     if (!requested) {
         api_respond_error(r, 400, "'model_id' is required and must be a string");
-    } else if (sh && strcmp(sh, "Pipeline") && strcmp(sh, "Tensor")) {
-        api_respond_error(r, 400, "'sharding' must be \"Pipeline\" or \"Tensor\"");
     } else if (instances_canonical_model(s->instances, requested, model, sizeof model, err,
                                          sizeof err)) {
         api_respond_error(r, 404, "%s", err);
+    } else if (mn && !json_is_integer(mn)) {
+        api_respond_error(r, 400, "'min_nodes' must be an integer");
+    } else if (routes_placement_options(r, sh, meta, mn ? (int)json_integer_value(mn) : 1,
+                                        &sharding)) {
+        /* answered */
+    } else if (place_in_cluster(r, s, model, sharding, meta,
+                                mn ? (int)json_integer_value(mn) : 1) == 0) {
+        /* answered */
     } else if ((status = worker_place(s->worker, model, id, sizeof id, err, sizeof err))) {
         api_respond_error(r, status, "%s", err);
     } else {
@@ -268,6 +330,8 @@ static int add_routes(api_service *s, models_service *models) {
     failed += routes_cluster_add(sv, s->worker);
     /* GET /instance/previews, /instance/placement */
     failed += routes_placement_add(sv, &s->placement_dirs);
+    /* POST /internal/generate: generations other nodes forward to this node's rank 0 */
+    failed += routes_internal_add(sv, s->instances);
     /* /models, /v1/models, /models/..., /download/... and the peer file transfer */
     failed += routes_models_add(sv, models);
     return failed;

@@ -6,13 +6,16 @@
 #define EXO_API_ROUTES_PLACEMENT_H
 
 #include "api/router.h"
+#include "cluster/placement.h"
+#include "worker/placer.h"
 
 /* Where a model's facts are read from: its config.json in the model store, else its card. */
-typedef struct routes_placement_dirs {
-    char models_dir[1024];
-    char models_path[4096]; /* colon-separated, read-only */
-    char data_dir[1024];    /* custom cards under <data_dir>/custom_cards; "" = none */
-} routes_placement_dirs;
+typedef placer_dirs routes_placement_dirs;
+
+/* Checks sharding ("Pipeline"|"Tensor"|NULL), instance_meta (exo's values) and min_nodes; 0 with
+ * *s set, or -1 after answering 400 with the accepted values. */
+int routes_placement_options(api_request *r, const char *sharding, const char *meta,
+                             int min_nodes, placement_sharding *s);
 
 /* Registers the routes (called once, by api_service_new); dirs must outlive the server.
  * Returns the number that failed. */

@@ -154,7 +154,7 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
     if (t->last) {
         t->logit_rows = balloc(t, (size_t)max_logits * 4, &fail);
         t->head_in = balloc(t, (size_t)max_logits * (size_t)t->dim * F, &fail);
-        t->logits = balloc(t, (size_t)max_logits * (size_t)c->vocab_size * F, &fail);
+        t->logits = balloc(t, (size_t)max_logits * (size_t)w->lm_head.rows * F, &fail);
     }
     int rot = c->rope.partial_dims ? c->rope.partial_dims : c->head_dim;
     float *host_freq = malloc((size_t)(rot / 2) * sizeof *host_freq);
@@ -351,6 +351,7 @@ int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
     be->gather_rows(be, t->x, t->logit_rows, b->n_logits, t->dim, t->head_in);
     be->rmsnorm(be, t->head_in, t->final_norm, t->head_in, b->n_logits, t->dim, c->rms_norm_eps);
     be->matmul(be, &t->w->lm_head, t->head_in, t->logits, b->n_logits);
-    be->download(be, out, t->logits, (size_t)b->n_logits * (size_t)c->vocab_size * sizeof(float));
+    be->download(be, out, t->logits,
+                 (size_t)b->n_logits * (size_t)t->w->lm_head.rows * sizeof(float));
     return 0;
 }

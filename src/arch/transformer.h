@@ -53,9 +53,9 @@ typedef int (*transformer_allreduce_fn)(void *ctx, float *buf, size_t n, char *e
 void transformer_set_allreduce(transformer *t, transformer_allreduce_fn fn, void *ctx);
 
 /* Runs the layers over the batch, writing K/V of every token into `kv` (one kv_layer per local
- * layer). Last stage: out = logits [n_logits][vocab]; otherwise hidden [n_tokens][dim] (out may
- * be NULL when nobody needs them: a tensor-parallel rank other than 0). Host memory. Returns 0,
- * or -1 with err (bad batch, failed all-reduce). */
+ * layer). Last stage: out = logits [n_logits][lm_head rows] (the whole vocabulary, or a tensor-
+ * parallel rank's share of it); otherwise hidden [n_tokens][dim]. Host memory. Returns 0, or -1
+ * with err (bad batch, failed all-reduce). */
 int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
                         const transformer_batch *b, float *out, char *err, size_t errlen);
 

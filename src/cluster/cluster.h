@@ -25,6 +25,8 @@ typedef struct cluster_config {
     char namespace_name[128];    /* nodes join only their own namespace */
     char cluster_key_file[1024]; /* secret for cluster traffic; "" = derived from the namespace */
     int listen_port;             /* cluster traffic (TCP); 0 = any free port */
+    int api_port;                /* this node's HTTP API (published: other nodes forward
+                                    generations to it); 0 = none */
     int discovery_port;          /* UDP beacons */
     const char *peers[CLUSTER_MAX_PEERS]; /* HOST:PORT of peers beyond broadcast (borrowed) */
     int n_peers;

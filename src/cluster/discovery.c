@@ -4,6 +4,7 @@
  * connects to every other. It only creates connections (transport.c); membership decides who
  * is alive. */
 #include "cluster/cluster_internal.h"
+#include "cluster/nodeinfo.h"
 
 #include "base/log.h"
 
@@ -152,19 +153,7 @@ void discovery_dial_state_members(cluster *c, uint64_t now) {
         if (port <= 0 || port > 65535) continue;
         json_t *ifs = json_object_get(json_object_get(json_object_get(c->state, "nodeNetwork"), id),
                                       "interfaces");
-        const char *addr = NULL, *loopback = NULL;
-        size_t i;
-        json_t *itf;
-        json_array_foreach(ifs, i, itf) {
-            const char *ip = json_string_value(json_object_get(itf, "ipAddress"));
-            if (!ip || strchr(ip, ':')) continue; /* IPv4 only, as the beacons */
-            if (json_is_true(json_object_get(itf, "isLoopback"))) {
-                if (!loopback) loopback = ip;
-            } else if (!addr) {
-                addr = ip;
-            }
-        }
-        if (!addr) addr = loopback;
+        const char *addr = nodeinfo_reachable_ipv4(ifs);
         if (!addr) continue;
         log_debug("cluster: dialing %s at %s:%d (listed in State)", id, addr, (int)port);
         peer_ensure(c, id, addr, (int)port);

@@ -80,10 +80,11 @@ static void publish_identity(cluster *c) {
     char started[48];
     cluster_format_time(c->started_at_ms, started, sizeof started);
     publish_info(c, "NodeIdentity",
-                 json_pack("{s:s, s:s, s:s, s:s, s:s, s:i}", "friendlyName",
+                 json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i}", "friendlyName",
                            c->identity.friendly_name, "publicKey", c->identity.public_key,
                            "version", EXO_VERSION, "namespace", c->options.namespace_name,
-                           "startedAt", started, "listenPort", c->options.listen_port));
+                           "startedAt", started, "listenPort", c->options.listen_port,
+                           "apiPort", c->options.api_port));
 }
 
 static json_t *current_edges(cluster *c) {

@@ -6,7 +6,9 @@
  *             [--threads-per-rank T] [--dist-port-base P --dist-advertise-offset O]
  *             [--pp-serial 1]
  *
- * Prints, per batch size, rank 0's decode tok/s and the time of one step split into compute and
+ * First each rank measures its read bandwidth with its own threads, alone and with all ranks
+ * reading at once (--rank-mem-mib N, default 256; 0 skips). Then it prints, per batch size,
+ * rank 0's decode tok/s and the time of one step split into compute and
  * communication (rank 0's time inside dist calls: the messages themselves plus waiting for slower
  * ranks), then each rank's own split over its whole run. With --cores each rank is pinned
  * (sched_setaffinity) to one '/'-separated CPU list; the threads per rank default to its CPU
@@ -36,6 +38,7 @@
 
 int bench_dist_main(const char *model_dir, int argc, char **argv);
 double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *window);
+double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
 
 typedef struct dist_bench {
     int ranks, rank;          /* rank -1: the coordinator */
@@ -43,10 +46,12 @@ typedef struct dist_bench {
     const char *batch, *tg, *reps, *kv, *cores, *store, *threads;
     int timeout_ms, port_base, advertise_offset;
     int serial; /* pipeline: one step at a time through the stages */
+    int mem_mib; /* each rank's read-bandwidth probe (0 = none) */
 } dist_bench;
 
 static int parse(dist_bench *b, int argc, char **argv) {
-    *b = (dist_bench){.rank = -1, .batch = "1", .tg = "64", .reps = "2", .timeout_ms = 60000};
+    *b = (dist_bench){.rank = -1, .batch = "1", .tg = "64", .reps = "2", .timeout_ms = 60000,
+                      .mem_mib = 256};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) {
@@ -70,10 +75,11 @@ static int parse(dist_bench *b, int argc, char **argv) {
         else if (!strcmp(a, "--dist-port-base")) b->port_base = atoi(v);
         else if (!strcmp(a, "--dist-advertise-offset")) b->advertise_offset = atoi(v);
         else if (!strcmp(a, "--pp-serial")) b->serial = atoi(v);
+        else if (!strcmp(a, "--rank-mem-mib")) b->mem_mib = atoi(v);
         else {
             fprintf(stderr, "exo bench --model: unknown option %s with --tp/--pp-ranks (--batch "
                     "--tg --reps --kv-dtype --cores --threads-per-rank --dist-timeout-ms "
-                    "--dist-port-base --dist-advertise-offset --pp-serial 0|1)\n", a);
+                    "--dist-port-base --dist-advertise-offset --pp-serial 0|1 --rank-mem-mib N)\n", a);
             return -1;
         }
     }
@@ -120,6 +126,28 @@ static void measure(engine *e, const dist_bench *b, const model_config *c) {
     }
 }
 
+/* Each rank's read bandwidth with its own threads: alone (one rank at a time, the others
+ * waiting at a barrier) and with every rank reading at once (what decode sees). */
+static int probe_bandwidth(dist_group *g, const dist_bench *b) {
+    char err[256] = "";
+    size_t bytes = (size_t)b->mem_mib << 20;
+    double alone = 0, together = 0;
+    for (int k = 0; k < b->ranks; k++) {
+        if (dist_barrier(g, err, sizeof err)) goto fail;
+        if (k == b->rank) alone = bench_read_gbs(bytes, 3, NULL);
+    }
+    if (dist_barrier(g, err, sizeof err)) goto fail;
+    together = bench_read_gbs(bytes, 3, NULL);
+    if (dist_barrier(g, err, sizeof err)) goto fail;
+    printf("dist   rank %d memory read (%d MiB): alone %.1f GB/s, all ranks at once %.1f GB/s\n",
+           b->rank, b->mem_mib, alone, together);
+    fflush(stdout);
+    return 0;
+fail:
+    fprintf(stderr, "exo bench rank %d: %s\n", b->rank, err);
+    return -1;
+}
+
 static int run_rank(const char *model_dir, const dist_bench *b) {
     char err[512] = "";
     model_config c;
@@ -138,6 +166,11 @@ static int run_rank(const char *model_dir, const dist_bench *b) {
     dist_group *g = dist_connect(&dc, &store, err, sizeof err);
     if (!g) {
         fprintf(stderr, "exo bench rank %d: %s\n", b->rank, err);
+        dist_store_dir_free(&store);
+        return 1;
+    }
+    if (b->mem_mib > 0 && probe_bandwidth(g, b)) {
+        dist_close(g);
         dist_store_dir_free(&store);
         return 1;
     }
@@ -209,6 +242,7 @@ static int spawn_rank(const char *model_dir, const dist_bench *b, int k, const c
         return -1;
     }
     char threads[16], rank[16], ranks[16], timeout[16], port[16], offset[16], serial[16];
+    char mem[16];
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     int t = b->threads ? atoi(b->threads) : n_cpus ? n_cpus : (int)(online / b->ranks);
     snprintf(threads, sizeof threads, "%d", t > 0 ? t : 1);
@@ -218,13 +252,15 @@ static int spawn_rank(const char *model_dir, const dist_bench *b, int k, const c
     snprintf(port, sizeof port, "%d", b->port_base);
     snprintf(offset, sizeof offset, "%d", b->advertise_offset);
     snprintf(serial, sizeof serial, "%d", b->serial);
+    snprintf(mem, sizeof mem, "%d", b->mem_mib);
     const char *args[40] = {"exo", "bench", "--threads", threads, "--mem-mib", "1", "--model",
                             model_dir, "--rank", rank, "--ranks", ranks, "--parallel",
                             b->parallel == ENGINE_TENSOR ? "tensor" : "pipeline", "--dist-store",
                             store, "--batch", b->batch, "--tg", b->tg, "--reps", b->reps,
                             "--dist-timeout-ms", timeout, "--dist-port-base", port,
-                            "--dist-advertise-offset", offset, "--pp-serial", serial};
-    int n = 30;
+                            "--dist-advertise-offset", offset, "--pp-serial", serial,
+                            "--rank-mem-mib", mem};
+    int n = 32;
     if (b->kv) args[n++] = "--kv-dtype", args[n++] = b->kv;
     args[n] = NULL;
     fflush(stdout);
@@ -240,6 +276,12 @@ static int spawn_rank(const char *model_dir, const dist_bench *b, int k, const c
 }
 
 static int coordinate(const char *model_dir, const dist_bench *b) {
+    int lists = 1;
+    for (const char *p = b->cores; p && *p; p++) lists += *p == '/';
+    if (b->cores && lists != b->ranks) {
+        fprintf(stderr, "exo bench: --cores has %d CPU lists for %d ranks\n", lists, b->ranks);
+        return 2;
+    }
     char store[] = "/tmp/exo-bench-dist-XXXXXX";
     if (!mkdtemp(store)) {
         perror("exo bench: mkdtemp");
@@ -255,14 +297,7 @@ static int coordinate(const char *model_dir, const dist_bench *b) {
     const char *c = b->cores;
     for (int k = 0; k < b->ranks && rc == 0; k++) {
         size_t len = 0;
-        if (c) {
-            len = strcspn(c, "/");
-            if (len == 0) {
-                fprintf(stderr, "exo bench: --cores lists fewer than %d ranks\n", b->ranks);
-                rc = 1;
-                break;
-            }
-        }
+        if (c) len = strcspn(c, "/");
         if (spawn_rank(model_dir, b, k, store, c, len, fds[1], &pids[k])) rc = 1;
         else spawned++;
         if (c) c = c[len] == '/' ? c + len + 1 : c + len;

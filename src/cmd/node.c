@@ -32,6 +32,7 @@ void node_cluster_config(const exo_options *o, cluster_config *out) {
     snprintf(out->namespace_name, sizeof out->namespace_name, "%s", o->namespace_name);
     snprintf(out->cluster_key_file, sizeof out->cluster_key_file, "%s", o->cluster_key_file);
     out->listen_port = o->listen_port;
+    out->api_port = o->no_api ? 0 : o->api_port;
     out->discovery_port = o->discovery_port;
     for (int i = 0; i < o->n_peers; i++) out->peers[i] = o->peers[i];
     out->n_peers = o->n_peers;
@@ -105,6 +106,7 @@ static int services_start(node_services *n, const exo_options *o, const char *no
     worker_config wc = {.runner_exe = exe,
                         .models_dir = o->models_dir,
                         .models_path = o->models_path,
+                        .data_dir = o->data_dir,
                         .node_id = node_id,
                         .kv_cache_bytes = o->kv_cache_bytes,
                         .watchdog_s = runner_watchdog_s(),

@@ -4,12 +4,15 @@
  * One rank of a model split over several runners (docs/distributed.md) adds
  *   --rank R --ranks N --parallel pipeline|tensor [--layers START:END] --dist-store DIR
  *   [--instance ID] [--dist-host HOST] [--dist-advertise HOST] [--dist-timeout-ms MS]
- * (the rendezvous store is a directory shared by the ranks for now). */
+ * The rendezvous store: `--dist-store node` asks the node over the runner socket (the node keeps
+ * the keys in the cluster's replicated State: ranks on different machines), `--dist-store DIR` is
+ * a directory shared by the ranks (one host: tests, bench). */
 #include "cmd/cmd.h"
 
 #include "base/log.h"
 #include "dist/dist.h"
 #include "runner/runner.h"
+#include "runner/store_node.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -70,11 +73,14 @@ int cmd_runner_main(int argc, char **argv) {
         return 2;
     }
     dist_store store;
+    store_node node_store;
+    int via_node = store_dir && !strcmp(store_dir, "node");
     if (o.dist.size > 1) {
-        if (!store_dir || dist_store_dir(&store, store_dir) != 0 || o.dist.rank < 0 ||
+        if (via_node) store_node_init(&node_store, o.fd, &store);
+        if (!store_dir || (!via_node && dist_store_dir(&store, store_dir) != 0) || o.dist.rank < 0 ||
             o.dist.rank >= o.dist.size || o.dist.parallel == ENGINE_SINGLE) {
             fprintf(stderr, "exo runner: --ranks N needs --rank in 0..N-1, --parallel and a "
-                            "usable --dist-store DIR\n");
+                            "usable --dist-store DIR|node\n");
             return 2;
         }
         o.dist.store = &store;
@@ -85,6 +91,7 @@ int cmd_runner_main(int argc, char **argv) {
     if (o.dist.size > 1) snprintf(tag, sizeof tag, "runner %d rank %d", (int)getpid(), o.dist.rank);
     log_set_tag(tag);
     int rc = runner_run(&o);
-    if (o.dist.store) dist_store_dir_free(&store);
+    if (o.dist.store && via_node) store_node_free(&node_store);
+    else if (o.dist.store) dist_store_dir_free(&store);
     return rc;
 }

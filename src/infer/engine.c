@@ -86,12 +86,13 @@ static int alloc_staging(engine *e) {
     e->b_table_start = malloc((size_t)T * 4);
     e->b_logit_rows = malloc((size_t)T * 4);
     e->b_members = malloc((size_t)T * sizeof *e->b_members);
-    if (e->w.has_head) /* only the sampling rank sees logits */
+    int samples_here = e->w.has_head && e->d.rank == e->d.head_rank; /* 0, 0 in one process */
+    if (samples_here) /* only the sampling rank sees whole logits */
         e->logits = malloc((size_t)e->max_sequences * (size_t)e->cfg.vocab_size * sizeof(float));
     e->samples = calloc((size_t)e->max_sequences, sizeof *e->samples);
     e->seqs = calloc((size_t)e->max_sequences * 4 + 16, sizeof *e->seqs);
     return e->b_tokens && e->b_positions && e->b_seq && e->b_slots && e->b_table_start &&
-                   e->b_logit_rows && e->b_members && (e->logits || !e->w.has_head) &&
+                   e->b_logit_rows && e->b_members && (e->logits || !samples_here) &&
                    e->samples && e->seqs &&
                    sampler_scratch_init(&e->sampler, e->cfg.vocab_size) == 0
                ? 0

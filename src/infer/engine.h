@@ -139,9 +139,13 @@ int engine_step(engine *e, engine_event *events, int max_events);
  * wait for the next step stays within the data plane's timeout. -1 when there is nothing to
  * keep alive (one process). */
 int engine_idle_step_ms(const engine *e);
-/* Ranks other than 0: runs rank 0's steps until it closes its engine (returns 0) or a rank fails
- * (returns -1, engine_last_error says why). */
+/* Ranks other than 0: runs rank 0's steps until it closes its engine (returns 0), a rank fails
+ * (returns -1, engine_last_error says why) or engine_stop_following is called (returns 0 after
+ * the step in progress: at most about engine_idle_step_ms of rank 0 while it is idle). */
 int engine_follow(engine *e);
+/* Asks engine_follow to return; the one call that may come from another thread. Leaving breaks
+ * the instance: rank 0's next step fails (the other ranks cannot go on without this one). */
+void engine_stop_following(engine *e);
 /* Why the last failing call failed ("" if none). */
 const char *engine_last_error(const engine *e);
 /* Number of sequences queued or running. */

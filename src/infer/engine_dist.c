@@ -6,10 +6,13 @@
  *      payload (requests and cancellations in call order) when there is one; every rank applies
  *      it, so every rank holds the same sequences, and the scheduler (deterministic, same KV
  *      capacity everywhere) plans the same batch on each;
- *   2. forward: tensor parallel, two all-reduces per layer inside transformer_forward; pipeline,
- *      hidden states [n_tokens][dim] from rank r to r + 1 (dist_send/dist_recv);
- *   3. tokens: the rank holding the lm_head (tensor: 0, pipeline: the last) samples every
- *      sequence that reached its last known token and broadcasts the sampler results.
+ *   2. forward: tensor parallel, two all-reduces per layer inside transformer_forward, then each
+ *      rank's share of the vocabulary's logits to rank 0; pipeline, hidden states
+ *      [n_tokens][dim] from rank r to r + 1 (dist_send/dist_recv);
+ *   3. tokens: the sampling rank (tensor: 0, pipeline: the last) samples every sequence that
+ *      reached its last known token and broadcasts the sampler results.
+ * That is the tensor-parallel step and the serial pipeline's; the overlapped pipeline (the
+ * default) spreads a step over S ticks, one stage each (see its section below).
  * Idle rank 0 still runs step 1 every engine_idle_step_ms, so followers never wait past the data
  * plane's timeout; a failed call fails the engine for good (the group is broken).
  *
@@ -22,6 +25,7 @@
 #include "dist/dist.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +96,12 @@ int engine_dist_init(engine *e, const engine_options *o, model_shard *shard, cha
 int engine_dist_start(engine *e, char *err, size_t errlen) {
     if (e->d.parallel == ENGINE_TENSOR && e->d.size > 1) {
         transformer_set_allreduce(e->tf, allreduce, e);
+        int64_t share = e->cfg.vocab_size / e->d.size + 1; /* the largest rank's share */
+        e->d.part_logits = malloc((size_t)e->max_sequences * (size_t)share * sizeof(float));
+        if (!e->d.part_logits) {
+            error_set(err, errlen, "out of memory for the lm_head's outputs");
+            return -1;
+        }
         return 0;
     }
     if (e->d.parallel != ENGINE_PIPELINE) return 0;
@@ -369,12 +379,55 @@ static int forward_failed(engine *e, const char *err) {
     return -1;
 }
 
+/* Tensor parallel: rank r computed logits for vocabulary rows [V*r/N, V*(r+1)/N) of each logit
+ * row into part_logits; rank 0 gathers them into whole rows of e->logits (to sample). */
+static int64_t vocab_start(const engine *e, int r) {
+    return (int64_t)e->cfg.vocab_size * r / e->d.size;
+}
+
+static void place_share(engine *e, int r, int n_logits) {
+    int64_t v0 = vocab_start(e, r), n = vocab_start(e, r + 1) - v0, vocab = e->cfg.vocab_size;
+    for (int i = 0; i < n_logits; i++)
+        memcpy(e->logits + (size_t)(i * vocab + v0), e->d.part_logits + (size_t)(i * n),
+               (size_t)n * sizeof(float));
+}
+
+static int move_share(engine *e, int r, int n_logits) {
+    size_t bytes = (size_t)n_logits * (size_t)(vocab_start(e, r + 1) - vocab_start(e, r)) *
+                   sizeof(float);
+    char err[200] = "";
+    uint64_t t0 = clock_now_ns();
+    int rc = e->d.rank == 0 ? dist_recv(e->dist, r, e->d.part_logits, bytes, err, sizeof err)
+                            : dist_send(e->dist, 0, e->d.part_logits, bytes, err, sizeof err);
+    return comm_done(e, t0, rc, "gathering the logits on rank 0", err);
+}
+
+static int gather_logits(engine *e, int n_logits) {
+    if (e->d.rank != 0) return move_share(e, e->d.rank, n_logits);
+    place_share(e, 0, n_logits);
+    for (int r = 1; r < e->d.size; r++) {
+        if (move_share(e, r, n_logits)) return -1;
+        place_share(e, r, n_logits);
+    }
+    return 0;
+}
+
 int engine_dist_forward(engine *e, int n_members, const transformer_batch *b) {
     engine_dist_state *d = &e->d;
     char err[256] = "";
     size_t hidden_bytes = (size_t)b->n_tokens * (size_t)e->cfg.hidden_size * sizeof(float);
     transformer_batch stage = *b;
     float *out = e->w.has_head ? e->logits : NULL;
+    if (d->parallel == ENGINE_TENSOR && d->size > 1) {
+        if (transformer_forward(e->tf, e->kv->layers, e->block_size, &stage, d->part_logits, err,
+                                sizeof err))
+            return forward_failed(e, err);
+        if (b->n_logits == 0) return 0;
+        if (gather_logits(e, b->n_logits)) return -1;
+        if (d->rank == 0) engine_sample_all(e, n_members);
+        return bcast(e, 0, e->samples, (size_t)b->n_logits * sizeof *e->samples,
+                     "sharing the sampled tokens");
+    }
     if (d->parallel == ENGINE_PIPELINE) {
         if (d->rank > 0) {
             uint64_t t0 = clock_now_ns();
@@ -544,10 +597,14 @@ int engine_follow(engine *e) {
         return -1;
     }
     int rc = 0;
-    while (!e->d.shut_down && rc == 0)
+    while (!e->d.shut_down && !atomic_load(&e->d.stop_following) && rc == 0)
         rc = engine_step(e, events, ENGINE_DIST_MAX_EVENTS) < 0 ? -1 : 0;
     free(events);
     return rc;
+}
+
+void engine_stop_following(engine *e) {
+    atomic_store(&e->d.stop_following, 1);
 }
 
 void engine_dist_close(engine *e) {
@@ -568,4 +625,5 @@ void engine_dist_close(engine *e) {
     free(d->inputs);
     free(d->hidden);
     free(d->hidden_in);
+    free(d->part_logits);
 }

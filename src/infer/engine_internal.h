@@ -71,7 +71,9 @@ typedef struct engine_dist_state {
     size_t inputs_len, inputs_cap;
     int queued_submits;
     int shut_down;      /* rank 0 closed its engine: followers stop */
+    _Atomic int stop_following; /* engine_stop_following (from another thread) */
     float *hidden;      /* pipeline: [max_batch_tokens][dim] hidden states between stages */
+    float *part_logits; /* tensor: [max_sequences][a rank's vocab share] lm_head outputs */
     /* overlapped pipeline: one step per stage in flight */
     int overlap;
     int64_t tick;       /* engine_step calls so far: the same count on every rank */

@@ -334,6 +334,38 @@ oom:
     return -1;
 }
 
+/* Tensor parallel: keeps this rank's share of the lm_head's rows (the vocabulary). A tied head is
+ * the embedding's bytes, which every rank still looks tokens up in: its share is copied, so the
+ * backend's rewrite of the head cannot touch the embedding. */
+static int slice_vocab(model_weights *w, int64_t vocab, int tied, char *err, size_t errlen) {
+    int64_t v0 = vocab * w->tp_rank / w->tp_size, v1 = vocab * (w->tp_rank + 1) / w->tp_size;
+    weight_matrix *m = &w->lm_head;
+    slice_rows(m, v0, v1 - v0);
+    w->vocab_start = v0;
+    if (!tied) return 0;
+    size_t bytes = weight_matrix_bytes(m), groups = 0, ss = 0;
+    if (m->format == WEIGHT_MLX_AFFINE) {
+        groups = (size_t)(m->rows * (m->cols / m->group_size));
+        ss = dtype_size(m->scale_dtype);
+        bytes = (size_t)(m->rows * m->cols * m->bits / 8);
+    }
+    size_t sc_off = (bytes + 63) & ~(size_t)63, bi_off = sc_off + ((groups * ss + 63) & ~(size_t)63);
+    char *buf = owned_alloc(w, bi_off + groups * ss);
+    if (!buf) {
+        error_set(err, errlen, "out of memory copying the lm_head's share");
+        return -1;
+    }
+    memcpy(buf, m->data, bytes);
+    m->data = buf;
+    if (groups) {
+        memcpy(buf + sc_off, m->scales, groups * ss);
+        memcpy(buf + bi_off, m->biases, groups * ss);
+        m->scales = buf + sc_off;
+        m->biases = buf + bi_off;
+    }
+    return 0;
+}
+
 /* One SwiGLU FFN's share: hidden units [i0, i0 + n) (rows of gate/up, columns of down). */
 static int slice_ffn(model_weights *w, weight_matrix *gate, weight_matrix *up, weight_matrix *down,
                      int64_t i0, int64_t n, const char *name, char *err, size_t errlen) {
@@ -620,8 +652,8 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
         return -1;
     }
     int64_t dim = c->hidden_size, vocab = c->vocab_size;
-    /* tensor parallel: every rank embeds its own copy of the tokens; only rank 0 has the head */
-    int first = layer_start == 0, last = layer_end == c->n_layers && out->tp_rank == 0;
+    /* tensor parallel: every rank embeds its own copy of the tokens and holds a vocab share */
+    int first = layer_start == 0, last = layer_end == c->n_layers;
     out->has_embed = first || (last && c->tie_word_embeddings);
     out->has_head = last;
     if (out->has_embed &&
@@ -640,6 +672,8 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
         } else if (load_matrix(st, "lm_head", vocab, dim, &out->lm_head, err, errlen)) {
             goto fail;
         }
+        if (out->tp_size > 1 && slice_vocab(out, vocab, c->tie_word_embeddings, err, errlen))
+            goto fail;
         out->bytes_per_token += weight_matrix_bytes(&out->lm_head);
     }
     for (int i = layer_start; i < layer_end; i++)

@@ -18,7 +18,9 @@
  * keeps attention heads [r*H/N, (r+1)*H/N) and KV heads likewise (rows of q/k/v and their biases,
  * input columns of o_proj), and 1/N of the FFN hidden dim (rows of gate/up, input columns of down;
  * for MoE, of every expert's hidden dim, so routing stays replicated). Norms, the router and the
- * embedding are whole on every rank; the final norm and lm_head only on rank 0 (which samples).
+ * embedding are whole on every rank; every rank holds the final norm and the lm_head rows of its
+ * share of the vocabulary, [vocab_start, vocab_start + lm_head.rows) (the caller gathers the
+ * logits; a tied lm_head slice is copied, so the backend may lay it out apart from the embedding).
  * Row slices stay views into the file; column slices are gathered into owned buffers, which for
  * MLX matrices must start and end on a quantization group (refused otherwise, naming the tensor).
  * Slicing happens before the backend's prepare_weight rewrite, which sees only the slice. */
@@ -54,7 +56,9 @@ typedef struct model_weights {
     weight_matrix embed;    /* [vocab][dim] */
     int has_head;           /* last stage */
     weight_matrix final_norm; /* [1][dim] */
-    weight_matrix lm_head;  /* [vocab][dim] (the embedding when tied) */
+    weight_matrix lm_head;  /* [vocab][dim] (the embedding when tied); tensor parallel: rows of
+                               this rank's vocabulary share */
+    int64_t vocab_start;    /* first vocabulary row of lm_head (tensor parallel, else 0) */
     layer_weights *layers;  /* layer_end - layer_start, index = layer - layer_start */
     int n_experts;          /* entries of each MoE layer's expert arrays */
     size_t bytes_per_token; /* weight bytes one decode token reads (experts: top-k share) */

@@ -491,14 +491,19 @@ static int connect_ranks(runner *r, const runner_options *o, char *err, size_t e
 
 static int load(runner *r, const runner_options *o) {
     char err[512];
+    /* exo's order: the ranks connect, then each loads its shard. */
+    if (o->dist.size > 1) {
+        send_status(r, "Connecting", NULL);
+        if (connect_ranks(r, o, err, sizeof err)) {
+            send_status(r, "Failed", json_pack("{s:s}", "error", err));
+            return -1;
+        }
+        send_status(r, "Connected", NULL);
+    }
     int layers = config_layers(o->model_dir);
     send_status(r, "Loading", json_pack("{s:i,s:i}", "layers_loaded", 0, "total_layers", layers));
     r->tok = tokenizer_load(o->model_dir, err, sizeof err);
     if (!r->tok) {
-        send_status(r, "Failed", json_pack("{s:s}", "error", err));
-        return -1;
-    }
-    if (connect_ranks(r, o, err, sizeof err)) {
         send_status(r, "Failed", json_pack("{s:s}", "error", err));
         return -1;
     }
@@ -570,10 +575,30 @@ static void *heartbeat_main(void *arg) {
     return NULL;
 }
 
+/* A follower's node socket, watched while the main thread follows rank 0: a "shutdown" or the
+ * node going away (EOF) stops the following, so a runner whose node gave up on it exits instead
+ * of holding its shard until rank 0 notices. */
+static void *watch_node_main(void *arg) {
+    runner *r = arg;
+    while (!atomic_load(&r->heartbeat_stop)) {
+        if (read_messages(r, 100) < 0) r->shutdown = 1; /* EOF or a broken stream */
+        if (r->shutdown) {
+            engine_stop_following(r->engine);
+            break;
+        }
+    }
+    return NULL;
+}
+
 /* A rank other than 0: mirrors rank 0's steps until it shuts down. Returns the exit code. */
 static int follow(runner *r) {
     atomic_store(&r->step_started_ns, 0);
-    if (engine_follow(r->engine) == 0) return 0;
+    pthread_t watcher;
+    int watching = pthread_create(&watcher, NULL, watch_node_main, r) == 0;
+    int rc = engine_follow(r->engine);
+    atomic_store(&r->heartbeat_stop, 1); /* also ends the watcher */
+    if (watching) pthread_join(watcher, NULL);
+    if (rc == 0) return 0;
     log_error("%s", engine_last_error(r->engine));
     send_status(r, "Failed", json_pack("{s:s}", "error", engine_last_error(r->engine)));
     return 1;

@@ -4,6 +4,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "cluster/cluster.h"
+#include "worker/shards.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 
 struct cluster_sync {
     instances *local;
+    shards *shards; /* this node's ranks of multi-node instances; master fail-over */
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -31,27 +33,12 @@ static json_t *state_get(const char *path) {
     return v;
 }
 
-/* The inner object of a tagged instance {"Kind": {...}}. */
-static json_t *instance_body(json_t *instance) {
-    if (!json_is_object(instance) || json_object_size(instance) != 1) return NULL;
-    return json_object_iter_value(json_object_iter(instance));
-}
-
 static json_t *node_to_runner(json_t *instance) {
-    return json_object_get(json_object_get(instance_body(instance), "shardAssignments"),
+    return json_object_get(json_object_get(shards_tagged_body(instance), "shardAssignments"),
                            "nodeToRunner");
 }
 
-static void submit_delete(json_t *instance, const char *id) {
-    cluster_submit(json_pack("{s:{s:s}}", "InstanceDeleted", "instanceId", id));
-    const char *node;
-    json_t *runner;
-    json_object_foreach(node_to_runner(instance), node, runner) {
-        if (json_is_string(runner))
-            cluster_submit(json_pack("{s:{s:s}}", "RunnerDeleted", "runnerId",
-                                     json_string_value(runner)));
-    }
-}
+static void submit_delete(json_t *instance, const char *id) { shards_submit_delete(instance, id); }
 
 int cluster_sync_delete_instance(const char *instance_id) {
     json_t *insts = state_get("instances");
@@ -87,8 +74,10 @@ static void tick(cluster_sync *s) {
     json_t *state = me[0] ? state_get(NULL) : NULL;
     if (!state) return;
     json_t *st_insts = json_object_get(state, "instances");
+    shards_follow(s->shards, state, me);
     json_t *local = instances_state_json(s->local);
     json_t *l_insts = json_object_get(local, "instances");
+    json_t *from_state = json_object_get(local, "fromState");
     json_t *l_runners = json_object_get(local, "runners");
     const char *id;
     json_t *v, *tmp;
@@ -97,7 +86,10 @@ static void tick(cluster_sync *s) {
     json_object_foreach(l_insts, id, v) {
         json_t *t = json_object_get(s->tracked, id);
         int in_state = json_object_get(st_insts, id) != NULL;
-        if (!t) {
+        if (!t && json_object_get(from_state, id)) {
+            /* a rank of a State-placed instance: State has it (or has just deleted it) */
+            json_object_set_new(s->tracked, id, json_pack("{s:b}", "seen", 1));
+        } else if (!t) {
             cluster_submit(json_pack("{s:{s:O}}", "InstanceCreated", "instance", v));
             json_object_set_new(s->tracked, id, json_pack("{s:b}", "seen", in_state));
         } else if (in_state) {
@@ -143,7 +135,9 @@ static void tick(cluster_sync *s) {
             if (!strcmp(node, me)) mine = 1;
             else if (!array_has(nodes, node)) lost = 1;
         }
-        if (mine) {
+        if (mine && shards_is_cluster_instance(v)) {
+            continue; /* its rank here is shards_follow's (started, or reported Failed) */
+        } else if (mine) {
             log_info("cluster: instance %s is in State but not running here; deleting it", id);
         } else if (master && lost) {
             log_info("cluster: instance %s is on a node that left the cluster; deleting it", id);
@@ -153,6 +147,7 @@ static void tick(cluster_sync *s) {
         submit_delete(v, id);
         json_object_set_new(s->deleting, id, json_true());
     }
+    if (master) shards_fail_over(s->shards, state, s->deleting);
     json_object_foreach_safe(s->deleting, tmp, id, v) {
         if (!json_object_get(st_insts, id)) json_object_del(s->deleting, id);
     }
@@ -179,10 +174,17 @@ static void *sync_main(void *arg) {
     return NULL;
 }
 
-cluster_sync *cluster_sync_start(instances *local) {
+cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs) {
     cluster_sync *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->local = local;
+    s->shards = shards_new(local, dirs);
+    if (!s->shards) {
+        free(s);
+        return NULL;
+    }
+    instances_rendezvous rendezvous = shards_rendezvous(s->shards);
+    instances_set_cluster_hooks(local, &rendezvous, NULL);
     const char *env = getenv("EXO_CLUSTER_SYNC_MS");
     s->period_ms = env && atoi(env) > 0 ? atoi(env) : 200;
     s->tracked = json_object();
@@ -195,6 +197,7 @@ cluster_sync *cluster_sync_start(instances *local) {
         json_decref(s->tracked);
         json_decref(s->runners);
         json_decref(s->deleting);
+        shards_free(s->shards);
         free(s);
         return NULL;
     }
@@ -213,5 +216,6 @@ void cluster_sync_stop(cluster_sync *s) {
     json_decref(s->tracked);
     json_decref(s->runners);
     json_decref(s->deleting);
+    shards_free(s->shards);
     free(s);
 }

@@ -8,17 +8,21 @@
  * that State holds but this process does not run (left from before a restart) are deleted. On the
  * master it deletes instances placed on nodes that left the cluster (NodeTimedOut).
  *
+ * Multi-node instances (placed through State) are shards.h's: this thread runs it each pass.
  * It does not place instances or decide where models run. */
 #ifndef EXO_WORKER_CLUSTER_SYNC_H
 #define EXO_WORKER_CLUSTER_SYNC_H
 
 #include "worker/instances.h"
 #include "download/manager.h"
+#include "worker/placer.h"
 
 typedef struct cluster_sync cluster_sync;
 
-/* Starts the thread (poll period EXO_CLUSTER_SYNC_MS, default 200). NULL on failure. */
-cluster_sync *cluster_sync_start(instances *local);
+/* Starts the thread (poll period EXO_CLUSTER_SYNC_MS, default 200); it also runs this node's
+ * ranks of multi-node instances (shards.h; dirs: where the master reads models it re-places).
+ * NULL on failure. */
+cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs);
 /* Stops the thread and frees. Safe with NULL. */
 void cluster_sync_stop(cluster_sync *s);
 

@@ -70,6 +70,10 @@ typedef struct instance {
     _Atomic uint64_t step_ms;    /* its last heartbeat: how long its current engine step ran */
     uint64_t busy_since_ns;      /* when n_calls last went from 0 to 1 */
     pthread_mutex_t send_lock;
+    /* One rank of a multi-node instance placed through the cluster State (NULL: this node's own
+     * single-runner instance): the State's tagged instance, its rank and size. */
+    json_t *state_instance;
+    int rank, world_size;
     struct instance *next;
 } instance;
 
@@ -87,6 +91,8 @@ struct instances {
     int live_readers;
     pthread_t watchdog;
     int watchdog_started, closing; /* closing: instances_free has begun */
+    instances_rendezvous rendezvous; /* where ranks' store_set/store_get go (zero: nowhere) */
+    instances_router router;         /* generations for models served by other nodes */
 };
 
 static void make_uuid(char *out, size_t n) {
@@ -188,6 +194,7 @@ static void instance_unref_locked(instances *m, instance *in) {
     (void)m;
     if (--in->refs) return;
     json_decref(in->info);
+    json_decref(in->state_instance);
     if (in->fd >= 0) close(in->fd);
     pthread_mutex_destroy(&in->send_lock);
     free(in);
@@ -286,6 +293,25 @@ static void dispatch_call_message(instances *m, instance *in, const json_t *msg)
     if (done) free(c);
 }
 
+/* A rank's rendezvous (runner/store_node.h): set goes to the cluster, get is answered from it. */
+static void handle_store(instances *m, instance *in, const json_t *msg) {
+    const char *type = json_string_value(json_object_get(msg, "type"));
+    const char *key = json_string_value(json_object_get(msg, "key"));
+    instances_rendezvous *rv = &m->rendezvous;
+    if (!key || !rv->set) return;
+    if (!strcmp(type, "store_set")) {
+        const char *value = json_string_value(json_object_get(msg, "value"));
+        if (value) rv->set(rv->ctx, in->id, key, value);
+        return;
+    }
+    if (strcmp(type, "store_get")) return;
+    char *value = rv->get(rv->ctx, in->id, key);
+    json_t *answer = json_pack("{s:s,s:s}", "type", "store_value", "key", key);
+    if (value) json_object_set_new(answer, "value", json_string(value));
+    free(value);
+    send_message(in, answer);
+}
+
 static instance *place_locked(instances *m, const char *model_id, int *status, char *err,
                               size_t errlen);
 
@@ -310,6 +336,7 @@ static void *reader_main(void *arg) {
             else if (type && !strcmp(type, "alive"))
                 atomic_store(&in->step_ms, (uint64_t)json_integer_value(json_object_get(msg, "step_ms")));
             else if (type && !strcmp(type, "kv_stats")) handle_kv_stats(m, in, msg);
+            else if (type && !strncmp(type, "store_", 6)) handle_store(m, in, msg);
             else if (type) dispatch_call_message(m, in, msg);
             json_decref(msg);
         }
@@ -329,7 +356,7 @@ static void *reader_main(void *arg) {
     in->exited = 1;
     /* A failed runner stays in the table (RunnerFailed with its error in /state) until its
      * instance is deleted or replaced; a hung one is replaced at once, below. */
-    int table_ref = expected || in->hung ? unlink_locked(m, in) : 0;
+    int table_ref = expected || (in->hung && !in->state_instance) ? unlink_locked(m, in) : 0;
     call *calls = in->calls;
     in->calls = NULL;
     in->n_calls = 0;
@@ -351,7 +378,7 @@ static void *reader_main(void *arg) {
         free(c);
     }
     pthread_mutex_lock(&m->lock);
-    if (in->hung && table_ref && !m->closing) {
+    if (in->hung && table_ref && !m->closing && !in->state_instance) {
         int status = 0;
         char err[256];
         log_warn("restarting the runner for %s", in->model_id);
@@ -434,17 +461,38 @@ static void *watchdog_main(void *arg) {
 }
 
 /* Starts a runner for model; m->lock held. */
-static instance *spawn_locked(instances *m, const char *model_id, const char *dir, char *err,
-                              size_t errlen) {
+static instance *spawn_locked(instances *m, const char *model_id, const char *dir,
+                              const instances_shard *shard, char *err, size_t errlen) {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
         snprintf(err, errlen, "socketpair: %s", strerror(errno));
         return NULL;
     }
-    char kv[32];
+    char kv[32], rank[16], ranks[16], layers[32], timeout[16];
     snprintf(kv, sizeof kv, "%zu", m->kv_cache_bytes);
-    char *argv[] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
-                    (char *)model_id, "--kv-cache-mem", kv, NULL};
+    char *argv[32] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
+                      (char *)model_id, "--kv-cache-mem", kv};
+    int argc = 10;
+    if (shard && shard->world_size > 1) {
+        snprintf(rank, sizeof rank, "%d", shard->rank);
+        snprintf(ranks, sizeof ranks, "%d", shard->world_size);
+        snprintf(layers, sizeof layers, "%d:%d", shard->layer_start, shard->layer_end);
+        snprintf(timeout, sizeof timeout, "%d", shard->dist_timeout_ms);
+        char *dist[] = {"--rank", rank, "--ranks", ranks, "--parallel",
+                        shard->tensor ? "tensor" : "pipeline", "--dist-store", "node",
+                        "--instance", (char *)shard->instance_id, "--dist-host",
+                        (char *)shard->dist_host};
+        for (size_t i = 0; i < sizeof dist / sizeof dist[0]; i++) argv[argc++] = dist[i];
+        if (!shard->tensor) {
+            argv[argc++] = "--layers";
+            argv[argc++] = layers;
+        }
+        if (shard->dist_timeout_ms > 0) {
+            argv[argc++] = "--dist-timeout-ms";
+            argv[argc++] = timeout;
+        }
+    }
+    argv[argc] = NULL;
     pid_t pid = fork();
     if (pid < 0) {
         snprintf(err, errlen, "fork: %s", strerror(errno));
@@ -462,8 +510,16 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
     }
     close(sv[1]);
     instance *in = calloc(1, sizeof *in);
-    make_uuid(in->id, sizeof in->id);
-    make_uuid(in->runner_id, sizeof in->runner_id);
+    if (shard) {
+        snprintf(in->id, sizeof in->id, "%s", shard->instance_id);
+        snprintf(in->runner_id, sizeof in->runner_id, "%s", shard->runner_id);
+        in->state_instance = json_deep_copy(shard->instance);
+        in->rank = shard->rank;
+        in->world_size = shard->world_size;
+    } else {
+        make_uuid(in->id, sizeof in->id);
+        make_uuid(in->runner_id, sizeof in->runner_id);
+    }
     snprintf(in->model_id, sizeof in->model_id, "%s", model_id);
     snprintf(in->model_dir, sizeof in->model_dir, "%s", dir);
     in->pid = pid;
@@ -492,14 +548,31 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
     m->live_readers++;
     in->next = m->list;
     m->list = in;
-    log_info("placed %s (instance %s, runner pid %d)", model_id, in->id, (int)pid);
+    if (shard && shard->world_size > 1)
+        log_info("started rank %d of %d of %s (instance %s, runner pid %d)", shard->rank,
+                 shard->world_size, model_id, in->id, (int)pid);
+    else
+        log_info("placed %s (instance %s, runner pid %d)", model_id, in->id, (int)pid);
     return in;
 }
 
+/* This node's serving instance of the model: its own, or rank 0 of a multi-node one (the least
+ * busy when there are several). */
 static instance *find_model_locked(instances *m, const char *model_id) {
+    instance *best = NULL;
     for (instance *in = m->list; in; in = in->next)
         if (!strcmp(in->model_id, model_id) && in->status != RUNNER_FAILED &&
-            in->status != RUNNER_SHUTTING_DOWN)
+            in->status != RUNNER_SHUTTING_DOWN && in->rank == 0 &&
+            (!best || in->n_calls < best->n_calls))
+            best = in;
+    return best;
+}
+
+/* This node's own (not State-placed) instance of the model, for placement. */
+static instance *find_own_model_locked(instances *m, const char *model_id) {
+    for (instance *in = m->list; in; in = in->next)
+        if (!strcmp(in->model_id, model_id) && in->status != RUNNER_FAILED &&
+            in->status != RUNNER_SHUTTING_DOWN && !in->state_instance)
             return in;
     return NULL;
 }
@@ -532,6 +605,8 @@ static instance *place_locked(instances *m, const char *requested, int *status, 
     }
     instance *in = find_model_locked(m, model_id);
     if (in) return in;
+    in = find_own_model_locked(m, model_id);
+    if (in) return in;
     char dir[1024];
     if (instances_resolve_model(m, model_id, dir, sizeof dir)) {
         char why[1024];
@@ -545,7 +620,8 @@ static instance *place_locked(instances *m, const char *requested, int *status, 
     /* A failed instance of this model (kept for /state) is replaced by the new one. */
     for (instance *f = m->list, *next; f; f = next) {
         next = f->next;
-        if (strcmp(f->model_id, model_id) || f->status != RUNNER_FAILED) continue;
+        if (strcmp(f->model_id, model_id) || f->status != RUNNER_FAILED || f->state_instance)
+            continue;
         if (!f->exited) kill(f->pid, SIGKILL);
         if (unlink_locked(m, f)) instance_unref_locked(m, f);
     }
@@ -553,9 +629,46 @@ static instance *place_locked(instances *m, const char *requested, int *status, 
         *status = 503;
         return NULL;
     }
-    in = spawn_locked(m, model_id, dir, err, errlen);
+    in = spawn_locked(m, model_id, dir, NULL, err, errlen);
     if (!in) *status = 500;
     return in;
+}
+
+void instances_set_cluster_hooks(instances *m, const instances_rendezvous *rendezvous,
+                                 const instances_router *router) {
+    pthread_mutex_lock(&m->lock);
+    if (rendezvous) m->rendezvous = *rendezvous;
+    if (router) m->router = *router;
+    pthread_mutex_unlock(&m->lock);
+}
+
+int instances_serves(instances *m, const char *model_id) {
+    pthread_mutex_lock(&m->lock);
+    int found = find_model_locked(m, model_id) || find_own_model_locked(m, model_id);
+    pthread_mutex_unlock(&m->lock);
+    return found;
+}
+
+int instances_has(instances *m, const char *instance_id) {
+    pthread_mutex_lock(&m->lock);
+    int found = find_id_locked(m, instance_id) != NULL;
+    pthread_mutex_unlock(&m->lock);
+    return found;
+}
+
+int instances_start_shard(instances *m, const instances_shard *shard, char *err, size_t errlen) {
+    char dir[1024];
+    if (instances_resolve_model(m, shard->model_id, dir, sizeof dir)) {
+        snprintf(err, errlen, "model '%s' is not on this node (models directory %s or "
+                              "EXO_MODELS_PATH)", shard->model_id, m->models_dir);
+        return 404;
+    }
+    pthread_mutex_lock(&m->lock);
+    instance *in = find_id_locked(m, shard->instance_id) ? NULL
+                                                          : spawn_locked(m, shard->model_id, dir,
+                                                                         shard, err, errlen);
+    pthread_mutex_unlock(&m->lock);
+    return in ? 0 : 500;
 }
 
 int instances_place(instances *m, const char *model_id, char *instance_id, size_t n, char *err,
@@ -568,15 +681,54 @@ int instances_place(instances *m, const char *model_id, char *instance_id, size_
     return in ? 0 : status;
 }
 
+static int submit_locked(instances *m, instance *in, const gen_request *request,
+                         instances_message_fn fn, void *arg, uint64_t *call_id, char *err,
+                         size_t errlen);
+
 int instances_generate(instances *m, const gen_request *request, instances_message_fn fn,
                        void *arg, uint64_t *call_id, char *err, size_t errlen) {
     int status = 0;
     pthread_mutex_lock(&m->lock);
+    if (m->router.generate) {
+        instance *here = find_model_locked(m, request->model);
+        int load = here && (here->status == RUNNER_READY || here->status == RUNNER_RUNNING)
+                       ? here->n_calls
+                       : -1;
+        uint64_t id = m->next_call_id++;
+        instances_router router = m->router;
+        pthread_mutex_unlock(&m->lock);
+        int routed = router.generate(router.ctx, request, load, fn, arg, id, err, errlen);
+        if (routed >= 0) {
+            *call_id = id;
+            return routed;
+        }
+        pthread_mutex_lock(&m->lock);
+    }
     instance *in = place_locked(m, request->model, &status, err, errlen);
     if (!in) {
         pthread_mutex_unlock(&m->lock);
         return status;
     }
+    return submit_locked(m, in, request, fn, arg, call_id, err, errlen);
+}
+
+int instances_generate_instance(instances *m, const char *instance_id, const gen_request *request,
+                                instances_message_fn fn, void *arg, uint64_t *call_id, char *err,
+                                size_t errlen) {
+    pthread_mutex_lock(&m->lock);
+    instance *in = find_id_locked(m, instance_id);
+    if (!in || in->rank != 0) {
+        pthread_mutex_unlock(&m->lock);
+        snprintf(err, errlen, "instance %s has no rank-0 runner on this node", instance_id);
+        return 404;
+    }
+    return submit_locked(m, in, request, fn, arg, call_id, err, errlen);
+}
+
+/* Waits for in to be Ready and sends the request; m->lock held on entry, released on return. */
+static int submit_locked(instances *m, instance *in, const gen_request *request,
+                         instances_message_fn fn, void *arg, uint64_t *call_id, char *err,
+                         size_t errlen) {
     in->refs++;
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -627,8 +779,12 @@ void instances_cancel(instances *m, uint64_t call_id) {
                 break;
             }
     if (target) target->refs++;
+    instances_router router = m->router;
     pthread_mutex_unlock(&m->lock);
-    if (!target) return;
+    if (!target) {
+        if (router.cancel) router.cancel(router.ctx, call_id);
+        return;
+    }
     send_message(target, json_pack("{s:s,s:I}", "type", "cancel", "id", (json_int_t)call_id));
     pthread_mutex_lock(&m->lock);
     instance_unref_locked(m, target);
@@ -652,6 +808,7 @@ static json_t *runner_status_json(const instance *in) {
 }
 
 static json_t *instance_json(const instances *m, const instance *in) {
+    if (in->state_instance) return json_deep_copy(in->state_instance);
     int n_layers = in->info ? (int)json_integer_value(json_object_get(in->info, "n_layers")) : 0;
     if (!n_layers) n_layers = in->total_layers;
     json_t *shard = json_pack("{s:{s:s,s:i,s:i,s:i,s:i,s:i}}", "PipelineShardMetadata", "modelId",
@@ -665,14 +822,16 @@ static json_t *instance_json(const instances *m, const instance *in) {
 }
 
 json_t *instances_state_json(instances *m) {
-    json_t *insts = json_object(), *runners = json_object();
+    json_t *insts = json_object(), *runners = json_object(), *from_state = json_object();
     pthread_mutex_lock(&m->lock);
     for (instance *in = m->list; in; in = in->next) {
         json_object_set_new(insts, in->id, instance_json(m, in));
         json_object_set_new(runners, in->runner_id, runner_status_json(in));
+        if (in->state_instance) json_object_set_new(from_state, in->id, json_true());
     }
     pthread_mutex_unlock(&m->lock);
-    return json_pack("{s:o,s:o}", "instances", insts, "runners", runners);
+    return json_pack("{s:o,s:o,s:o}", "instances", insts, "runners", runners, "fromState",
+                     from_state);
 }
 
 json_t *instances_get_json(instances *m, const char *id) {

@@ -8,8 +8,12 @@
  * (silent for watchdog_s, or stuck in one engine step) is killed, its requests fail with 504,
  * and a new runner is started for the model at once.
  *
- * It refuses: multi-node placement (the cluster module takes that over) and more than one
- * instance per model. */
+ * Multi-node instances are placed through the cluster State, not here: the worker starts this
+ * node's rank of one with instances_start_shard (its runner connects to the other ranks through a
+ * rendezvous the worker keeps in State, instances_rendezvous), and generations for a model whose
+ * rank 0 runs on another node go through instances_router (the worker forwards them there).
+ *
+ * It refuses: choosing nodes (placement), and more than one instance per model of its own. */
 #ifndef EXO_WORKER_INSTANCES_H
 #define EXO_WORKER_INSTANCES_H
 
@@ -20,6 +24,11 @@
 #include <stdint.h>
 
 typedef struct instances instances;
+
+/* Called from the instance's reader thread with each message for one generation (see
+ * protocol.h: accepted, progress, delta, done); `done` is always the last one, also when the
+ * runner dies. The message is borrowed. */
+typedef void (*instances_message_fn)(void *arg, const json_t *message);
 
 typedef struct instances_options {
     const char *runner_exe;  /* path of the exo binary (runs `exo runner`) */
@@ -47,6 +56,51 @@ typedef struct instances_options {
 #define INSTANCES_STOP_GRACE_S 5
 
 instances *instances_new(const instances_options *options);
+
+/* Where a rank's rendezvous keys go (runner/store_node.h): set publishes instance_id's key (hex
+ * text) to every node; get returns it (malloc'd) or NULL while it is not there yet. Called from a
+ * runner's reader thread. */
+typedef struct instances_rendezvous {
+    void *ctx;
+    void (*set)(void *ctx, const char *instance_id, const char *key, const char *value);
+    char *(*get)(void *ctx, const char *instance_id, const char *key);
+} instances_rendezvous;
+
+/* Generations this node does not serve itself. generate is asked first for every request, with
+ * the in-flight count of this node's Ready rank-0 instance of the model (-1: none here): it
+ * returns 0 when it took the call (messages then flow to fn, "done" last, as for a local one),
+ * -1 to let this node serve it (or place it here), or an HTTP status with err. cancel stops a
+ * call it took (it answers "done" with finish_reason "cancelled"). */
+typedef struct instances_router {
+    void *ctx;
+    int (*generate)(void *ctx, const gen_request *request, int local_in_flight,
+                    instances_message_fn fn, void *arg, uint64_t call_id, char *err,
+                    size_t errlen);
+    void (*cancel)(void *ctx, uint64_t call_id);
+} instances_router;
+
+/* Installs the worker's hooks (before the first request; either may be NULL). */
+void instances_set_cluster_hooks(instances *m, const instances_rendezvous *rendezvous,
+                                 const instances_router *router);
+
+/* One rank of a multi-node instance that the cluster State assigns to this node. */
+typedef struct instances_shard {
+    const char *instance_id, *runner_id, *model_id;
+    const json_t *instance;  /* the State's tagged instance (copied; /state shows it) */
+    int rank, world_size;
+    int tensor;              /* 1 tensor parallel, 0 pipeline */
+    int layer_start, layer_end; /* pipeline: this rank's layers */
+    const char *dist_host;   /* this node's address the other ranks can reach */
+    int dist_timeout_ms;     /* 0 = the runner's default */
+} instances_shard;
+
+/* Starts the rank's runner (`exo runner --rank ... --dist-store node`). Returns 0, or an HTTP
+ * status with err (404 model not on this node, 500). */
+int instances_start_shard(instances *m, const instances_shard *shard, char *err, size_t errlen);
+/* 1 when this node has a live instance of the model of its own or a rank 0 of one. */
+int instances_serves(instances *m, const char *model_id);
+/* 1 when this node runs (or ran: Failed) a runner of instance_id. */
+int instances_has(instances *m, const char *instance_id);
 /* Stops every runner (shutdown message, then SIGKILL after a grace period) and frees. */
 void instances_free(instances *m);
 
@@ -68,20 +122,23 @@ json_t *instances_local_models(const instances *m);
 int instances_place(instances *m, const char *model_id, char *instance_id, size_t n, char *err,
                     size_t errlen);
 
-/* Called from the instance's reader thread with each message for one generation (see
- * protocol.h: accepted, progress, delta, done); `done` is always the last one, also when the
- * runner dies. The message is borrowed. */
-typedef void (*instances_message_fn)(void *arg, const json_t *message);
 
 /* Sends a generation to a Ready instance of request->model, placing one and waiting for it if
  * needed. Returns 0 with *call_id set (messages then flow to fn), or an HTTP status with err:
  * 404 unknown model, 503 runner failed to start or is not Ready in time. */
 int instances_generate(instances *m, const gen_request *request, instances_message_fn fn,
                        void *arg, uint64_t *call_id, char *err, size_t errlen);
+/* Sends a generation to this node's rank-0 runner of instance_id (waiting for Ready), never to
+ * another node and never placing one: for requests forwarded here by another node's router. */
+int instances_generate_instance(instances *m, const char *instance_id, const gen_request *request,
+                                instances_message_fn fn, void *arg, uint64_t *call_id, char *err,
+                                size_t errlen);
 /* Asks the runner to stop a generation (it answers with done/cancelled). Unknown ids ignored. */
 void instances_cancel(instances *m, uint64_t call_id);
 
-/* {"instances":{...},"runners":{...}} in exo's camelCase tagged-union shape (new reference). */
+/* {"instances":{...},"runners":{...},"fromState":{instanceId:true}} in exo's camelCase
+ * tagged-union shape (new reference); fromState lists the multi-node ranks, whose instance the
+ * State already holds (the worker publishes only this node's own instances). */
 json_t *instances_state_json(instances *m);
 /* One tagged instance, or NULL if absent. */
 json_t *instances_get_json(instances *m, const char *instance_id);

@@ -7,6 +7,7 @@
 #include "cluster/state.h"
 #include "worker/autoplace.h"
 #include "worker/cluster_sync.h"
+#include "worker/remote.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,8 @@ struct worker {
     instances *instances;
     autoplace *autoplace;
     cluster_sync *sync;
+    remote *remote; /* generations for instances whose rank 0 is on another node */
+    placer_dirs dirs;
     models_service *models;
 };
 
@@ -32,6 +35,10 @@ worker *worker_new(const worker_config *c, models_service *models, char *err, si
                             .watchdog_s = c->watchdog_s,
                             .max_runners = c->max_runners};
     w->models = models;
+    snprintf(w->dirs.models_dir, sizeof w->dirs.models_dir, "%s", c->models_dir ? c->models_dir : "");
+    snprintf(w->dirs.models_path, sizeof w->dirs.models_path, "%s",
+             c->models_path ? c->models_path : "");
+    snprintf(w->dirs.data_dir, sizeof w->dirs.data_dir, "%s", c->data_dir ? c->data_dir : "");
     w->instances = instances_new(&io);
     w->autoplace = w->instances ? autoplace_new(w->instances, models, c->api_port) : NULL;
     if (!w->autoplace) {
@@ -47,8 +54,13 @@ instances *worker_instances(worker *w) { return w->instances; }
 
 int worker_join_cluster(worker *w) {
     if (w->sync) return 0;
-    w->sync = cluster_sync_start(w->instances);
+    w->sync = cluster_sync_start(w->instances, &w->dirs);
     if (!w->sync) return -1;
+    w->remote = remote_new(w->instances, &w->dirs);
+    if (w->remote) {
+        instances_router router = remote_router(w->remote);
+        instances_set_cluster_hooks(w->instances, NULL, &router);
+    }
     download_manager_set_listener(models_service_downloads(w->models),
                                   cluster_sync_download_listener, NULL);
     return 0;
@@ -111,10 +123,16 @@ void worker_stop(worker *w) {
     autoplace_stop(w->autoplace);
 }
 
+const placer_dirs *worker_placer_dirs(worker *w) { return &w->dirs; }
+
 void worker_free(worker *w) {
     if (!w) return;
     worker_stop(w);
     autoplace_free(w->autoplace);
+    /* Forwarded calls end first (their "done" reaches the API), then no request is routed. */
+    remote_free(w->remote);
+    static const instances_router none;
+    instances_set_cluster_hooks(w->instances, NULL, &none);
     instances_free(w->instances);
     free(w);
 }

@@ -15,6 +15,7 @@
 
 #include "download/models_api.h"
 #include "worker/instances.h"
+#include "worker/placer.h"
 
 #include <jansson.h>
 #include <stddef.h>
@@ -26,6 +27,7 @@ typedef struct worker_config {
     const char *runner_exe;  /* the exo binary that runs `exo runner` */
     const char *models_dir;  /* writable models directory */
     const char *models_path; /* colon-separated read-only model directories (may be NULL) */
+    const char *data_dir;    /* custom model cards under <data_dir>/custom_cards (may be NULL) */
     const char *node_id;
     size_t kv_cache_bytes;   /* passed to runners; 0 = automatic */
     int watchdog_s;          /* a busy runner silent this long is restarted; 0 = default, < 0 off */
@@ -53,6 +55,9 @@ int worker_place(worker *w, const char *model_id, char *instance_id, size_t n, c
 int worker_download_start(worker *w, const char *model_id, char *err, size_t errlen);
 int worker_download_poll(worker *w, const char *model_id, json_t **progress, char *err,
                          size_t errlen);
+
+/* Where placement reads a model's facts (this node's model directories). */
+const placer_dirs *worker_placer_dirs(worker *w);
 
 /* Deletes an instance: this node's stops its runner at once; another node's is deleted from
  * State and its node stops the runner when it sees that. Returns 0, or -1 when no node has it. */

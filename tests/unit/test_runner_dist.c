@@ -5,7 +5,7 @@
  * the same text, token logprobs within 1e-3 and finish reasons as one runner; every rank reports
  * Ready; closing rank 0 ends the followers cleanly. A follower killed mid-stream ends rank 0's
  * live streams with an error "done" (finish_reason error, a message naming the failure) and
- * rank 0 exits. */
+ * rank 0 exits; a follower whose node closes its socket exits, and rank 0 fails the same way. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -171,13 +171,14 @@ static void start_instance(rank_proc *ranks, int n, const char *parallel, int ma
     for (int r = 0; r < N_REQ; r++) send_generate(ranks[0].fd, (uint64_t)r, prompts[r], max_tokens);
 }
 
-/* Tells rank 0 to shut down: every rank exits with status 0. */
+/* Tells rank 0 to shut down: it tells the others, and every rank exits with status 0 (the
+ * followers' sockets stay open until then: a follower whose socket closes leaves at once). */
 static void stop_instance(rank_proc *ranks, int n) {
     json_t *m = json_pack("{s:s}", "type", "shutdown");
     assert_int_equal(protocol_send(ranks[0].fd, m), 0);
     json_decref(m);
-    for (int k = 0; k < n; k++) close(ranks[k].fd);
     for (int k = 0; k < n; k++) assert_int_equal(exit_code(ranks[k].pid), 0);
+    for (int k = 0; k < n; k++) close(ranks[k].fd);
 }
 
 static void run_split(int n, const char *parallel) {
@@ -274,11 +275,29 @@ static void test_follower_killed_mid_stream(void **s) {
     close(ranks[1].fd);
 }
 
+static void test_follower_whose_node_leaves_exits(void **s) {
+    (void)s; /* the node closing a follower's socket ends that runner; rank 0 then fails */
+    rank_proc ranks[2];
+    char store[256];
+    store_dir(store, sizeof store);
+    for (int k = 0; k < 2; k++) ranks[k] = spawn_runner(k, 2, "pipeline", store);
+    for (int k = 0; k < 2; k++) wait_ready(&ranks[k]);
+    close(ranks[1].fd);
+    assert_int_equal(exit_code(ranks[1].pid), 0); /* it left on purpose */
+    /* rank 0's next step (an idle keep-alive at the latest) fails: it exits, and its node would
+     * fail the instance (streams in flight end with an error: test_follower_killed_mid_stream) */
+    json_t *m;
+    while ((m = next_message(ranks[0].fd))) json_decref(m);
+    assert_int_not_equal(exit_code(ranks[0].pid), 0);
+    close(ranks[0].fd);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pipeline_2), cmocka_unit_test(test_pipeline_3),
         cmocka_unit_test(test_tensor_2),   cmocka_unit_test(test_tensor_4),
         cmocka_unit_test(test_follower_killed_mid_stream),
+        cmocka_unit_test(test_follower_whose_node_leaves_exits),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -60,14 +60,19 @@ typedef struct rank_run {
     const char *dir;
     int tp_size;
     const int32_t *tokens;
-    float *logits;        /* rank 0: [N_TOK][vocab] */
+    float *logits;        /* [N_TOK][vocab]: each rank fills its vocabulary share's columns */
     size_t layer_bytes;   /* weight bytes of its layers */
     int rc;
     char err[256];
 } rank_run;
 
 static size_t layers_bytes(const model_weights *w) {
-    return w->bytes_per_token - (w->has_head ? weight_matrix_bytes(&w->lm_head) : 0);
+    return w->bytes_per_token; /* layers and this rank's share of the lm_head */
+}
+
+static int prepare_weight(weight_matrix *m, void *backend) {
+    compute_backend *b = backend;
+    return b->prepare_weight(b, m);
 }
 
 static void *rank_main(void *arg) {
@@ -84,11 +89,14 @@ static void *rank_main(void *arg) {
     }
     r->layer_bytes = layers_bytes(&w);
     compute_backend *be = compute_backend_cpu(1);
+    if (be->prepare_weight) model_weights_rewrite(&w, prepare_weight, be); /* as engine_open */
     transformer *t = transformer_create(&c, &w, be, 32, 32, r->err, sizeof r->err);
     int64_t kv_dim = (int64_t)(c.n_kv_heads / r->tp_size) * c.head_dim;
     kv_cache *kv = kv_cache_create(be, c.n_layers, kv_dim, BS, 16, DTYPE_F32, r->err,
                                    sizeof r->err);
-    if (t && kv) {
+    int64_t share = w.lm_head.rows;
+    float *part = malloc((size_t)N_TOK * (size_t)share * sizeof *part);
+    if (t && kv && part) {
         if (r->tp_size > 1) transformer_set_allreduce(t, thread_allreduce, &r->ctx);
         int32_t pos[N_TOK], seq[N_TOK], slots[N_TOK], rows[N_TOK], table[8], start = 0;
         for (int i = 0; i < 8; i++) table[i] = 7 - i; /* scattered blocks */
@@ -102,10 +110,13 @@ static void *rank_main(void *arg) {
                                .seq_of_token = seq, .slots = slots, .n_seqs = 1,
                                .block_table_start = &start, .block_tables = table,
                                .n_block_entries = (N_TOK + BS - 1) / BS,
-                               .n_logits = w.has_head ? N_TOK : 0, .logit_rows = rows};
-        r->rc = transformer_forward(t, kv->layers, BS, &b, w.has_head ? r->logits : NULL, r->err,
-                                    sizeof r->err);
+                               .n_logits = N_TOK, .logit_rows = rows};
+        r->rc = transformer_forward(t, kv->layers, BS, &b, part, r->err, sizeof r->err);
+        for (int i = 0; i < N_TOK; i++)
+            memcpy(r->logits + (size_t)i * (size_t)c.vocab_size + w.vocab_start,
+                   part + (size_t)i * (size_t)share, (size_t)share * sizeof *part);
     }
+    free(part);
     kv_cache_destroy(kv);
     transformer_destroy(t);
     be->destroy(be);
@@ -114,8 +125,8 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-/* Runs the model split tp_size ways; rank 0's logits into logits. Returns the per-rank layer
- * weight bytes of rank 0. */
+/* Runs the model split tp_size ways; the gathered logits into logits. Returns rank 0's weight
+ * bytes read per token. */
 static size_t run_split(const char *dir, int tp_size, const int32_t *tokens, float *logits,
                         size_t sum_floats) {
     thread_group g = {.n = tp_size, .sum = malloc(sum_floats * sizeof(float))};
@@ -159,7 +170,7 @@ static void check_split(const tiny_spec *spec, const char *name, const int *size
         printf("%s tp=%d: max logit diff %.3g (largest logit %.3g), layer bytes %zu of %zu\n",
                name, sizes[k], d, scale, bytes, whole_bytes);
         assert_true(d <= tol * scale);
-        /* each rank holds its share of every layer's matrices (the router and norms are whole) */
+        /* each rank holds its share of every matrix (the router and norms are whole) */
         assert_true(bytes * (size_t)sizes[k] <= whole_bytes + whole_bytes / 8);
     }
     free(whole);
@@ -190,6 +201,15 @@ static void test_dense_4bit(void **s) {
                       .heads = 8, .kv_heads = 4, .head_dim = 16, .inter = 256, .quant_bits = 4,
                       .group_size = 32, .seed = 7};
     check_split(&spec, "tp_llama_4bit", sizes_2_4, 2, 5e-4);
+}
+
+static void test_tied_4bit(void **s) {
+    (void)s; /* the lm_head share of a tied embedding is laid out apart from the embedding (128
+              * columns: the CPU backend interleaves such 4-bit matrices in place at load) */
+    tiny_spec spec = {.arch = "LlamaForCausalLM", .vocab = 100, .dim = 128, .layers = 2,
+                      .heads = 8, .kv_heads = 4, .head_dim = 16, .inter = 256, .quant_bits = 4,
+                      .group_size = 32, .tie = 1, .seed = 11};
+    check_split(&spec, "tp_llama_4bit_tied", sizes_2_4, 2, 5e-4);
 }
 
 static void test_moe_bf16(void **s) {
@@ -248,7 +268,8 @@ static int teardown(void **s) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dense_bf16),       cmocka_unit_test(test_dense_biases_f32),
-        cmocka_unit_test(test_dense_4bit),       cmocka_unit_test(test_moe_bf16),
+        cmocka_unit_test(test_dense_4bit),       cmocka_unit_test(test_tied_4bit),
+        cmocka_unit_test(test_moe_bf16),
         cmocka_unit_test(test_moe_4bit_stacked), cmocka_unit_test(test_refuses_splits_that_do_not_divide),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
