@@ -45,9 +45,10 @@ static void read_steal(unsigned long long *steal, unsigned long long *total) {
     FILE *f = fopen("/proc/stat", "r");
     if (!f) return;
     unsigned long long v[8] = {0};
-    if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
-               &v[7]) == 8) {
-        for (int i = 0; i < 8; i++) *total += v[i];
+    if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
+               &v[5], &v[6], &v[7]) == 8) {
+        for (int i = 0; i < 8; i++)
+            *total += v[i];
         *steal = v[7];
     }
     fclose(f);
@@ -72,7 +73,8 @@ static double min_of(const double *v, int n) {
 
 /* Times `iterations` of our all-reduce; every rank returns the same count of seconds only
  * approximately, rank 0's is the one printed. */
-static int time_ours(dist_group *g, float *buf, size_t n, int iterations, double *seconds, char *err, size_t errlen) {
+static int time_ours(dist_group *g, float *buf, size_t n, int iterations, double *seconds,
+                     char *err, size_t errlen) {
     uint64_t t0 = clock_now_ns();
     for (int i = 0; i < iterations; i++)
         if (dist_allreduce_sum(g, buf, n, err, errlen) < 0) return -1;
@@ -82,13 +84,16 @@ static int time_ours(dist_group *g, float *buf, size_t n, int iterations, double
 
 /* How many iterations make a round last about round_seconds (decided by rank 0 from a probe and
  * broadcast, so every rank runs the same count). */
-static int agree_iterations(dist_group *g, float *buf, size_t n, double round_seconds, char *err, size_t errlen) {
+static int agree_iterations(dist_group *g, float *buf, size_t n, double round_seconds, char *err,
+                            size_t errlen) {
     double warm = 0, probe = 0;
     int iterations = 10;
     /* The first runs build the cached collective and warm the connections. */
-    if (time_ours(g, buf, n, 3, &warm, err, errlen) < 0 || time_ours(g, buf, n, iterations, &probe, err, errlen) < 0)
+    if (time_ours(g, buf, n, 3, &warm, err, errlen) < 0 ||
+        time_ours(g, buf, n, iterations, &probe, err, errlen) < 0)
         return -1;
-    int32_t want = (int32_t)(round_seconds / (probe / iterations > 1e-7 ? probe / iterations : 1e-7));
+    int32_t want =
+        (int32_t)(round_seconds / (probe / iterations > 1e-7 ? probe / iterations : 1e-7));
     /* Bounded both ways: a probe that caught a quiet moment must not make a round last minutes
      * when the machine gets busy again. */
     if (want < 5) want = 5;
@@ -98,9 +103,12 @@ static int agree_iterations(dist_group *g, float *buf, size_t n, double round_se
 }
 
 static const char *human_bytes(size_t b, char *out, size_t len) {
-    if (b >= (1u << 20) && b % (1u << 20) == 0) snprintf(out, len, "%zu MiB", b >> 20);
-    else if (b >= 1024 && b % 1024 == 0) snprintf(out, len, "%zu KiB", b >> 10);
-    else snprintf(out, len, "%zu B", b);
+    if (b >= (1u << 20) && b % (1u << 20) == 0)
+        snprintf(out, len, "%zu MiB", b >> 20);
+    else if (b >= 1024 && b % 1024 == 0)
+        snprintf(out, len, "%zu KiB", b >> 10);
+    else
+        snprintf(out, len, "%zu B", b);
     return out;
 }
 
@@ -108,7 +116,10 @@ static const char *human_bytes(size_t b, char *out, size_t len) {
 static int bench_rank(const dist_bench_options *o, const char *store_dir, int rank, int port_base) {
     dist_store store;
     if (dist_store_dir(&store, store_dir) < 0) return 1;
-    dist_config c = {.rank = rank, .size = o->ranks, .prefix = "bench", .bind_host = "127.0.0.1",
+    dist_config c = {.rank = rank,
+                     .size = o->ranks,
+                     .prefix = "bench",
+                     .bind_host = "127.0.0.1",
                      .timeout_ms = o->timeout_ms};
     if (o->proxy) {
         c.bind_host = "127.0.0.2";
@@ -129,13 +140,14 @@ static int bench_rank(const dist_bench_options *o, const char *store_dir, int ra
     float *buf = calloc(max_bytes / sizeof(float) + 1, sizeof(float));
     int rc = buf ? 0 : 1;
     if (rank == 0 && !rc) {
-        printf("  %-9s %-8s %10s %10s %10s %10s %9s %7s %6s\n", "size", "algo", "ours_us", "best", "bare_us",
-               "best", "over_us", "ratio", "iters");
+        printf("  %-9s %-8s %10s %10s %10s %10s %9s %7s %6s\n", "size", "algo", "ours_us", "best",
+               "bare_us", "best", "over_us", "ratio", "iters");
         fflush(stdout);
     }
     for (int s = 0; s < o->n_sizes && !rc; s++) {
         size_t n = o->sizes[s] / sizeof(float);
-        for (size_t i = 0; i < n; i++) buf[i] = 1.0f; /* sums stay finite at any iteration count */
+        for (size_t i = 0; i < n; i++)
+            buf[i] = 1.0f; /* sums stay finite at any iteration count */
         int iterations = agree_iterations(g, buf, n, o->round_seconds, err, sizeof err);
         if (iterations < 0) {
             rc = 1;
@@ -145,11 +157,14 @@ static int bench_rank(const dist_bench_options *o, const char *store_dir, int ra
         for (int r = 0; r < o->rounds && !rc; r++) {
             /* Alternate which goes first, so a slow phase of the machine hits both alike. */
             double a = 0, b = 0;
-            if (dist_barrier(g, err, sizeof err) < 0) rc = 1;
-            else if (r % 2 == 0) rc = time_ours(g, buf, n, iterations, &a, err, sizeof err) < 0 ||
-                                      dist_bench_bare_ring(g, buf, n, iterations, &b, err, sizeof err) < 0;
-            else rc = dist_bench_bare_ring(g, buf, n, iterations, &b, err, sizeof err) < 0 ||
-                      time_ours(g, buf, n, iterations, &a, err, sizeof err) < 0;
+            if (dist_barrier(g, err, sizeof err) < 0)
+                rc = 1;
+            else if (r % 2 == 0)
+                rc = time_ours(g, buf, n, iterations, &a, err, sizeof err) < 0 ||
+                     dist_bench_bare_ring(g, buf, n, iterations, &b, err, sizeof err) < 0;
+            else
+                rc = dist_bench_bare_ring(g, buf, n, iterations, &b, err, sizeof err) < 0 ||
+                     time_ours(g, buf, n, iterations, &a, err, sizeof err) < 0;
             ours[r] = a / iterations * 1e6;
             bare[r] = b / iterations * 1e6;
         }
@@ -158,8 +173,9 @@ static int bench_rank(const dist_bench_options *o, const char *store_dir, int ra
             char hb[32];
             double best_ours = min_of(ours, o->rounds), best_bare = min_of(bare, o->rounds);
             double med_ours = median(ours, o->rounds), med_bare = median(bare, o->rounds);
-            printf("  %-9s %-8s %10.1f %10.1f %10.1f %10.1f %+9.1f %7.3f %6d\n", human_bytes(o->sizes[s], hb, sizeof hb),
-                   dist_allreduce_algorithm(g, n), med_ours, best_ours, med_bare, best_bare, med_ours - med_bare,
+            printf("  %-9s %-8s %10.1f %10.1f %10.1f %10.1f %+9.1f %7.3f %6d\n",
+                   human_bytes(o->sizes[s], hb, sizeof hb), dist_allreduce_algorithm(g, n),
+                   med_ours, best_ours, med_bare, best_bare, med_ours - med_bare,
                    med_bare > 0 ? med_ours / med_bare : 0, iterations);
             fflush(stdout);
         }
@@ -191,9 +207,10 @@ static pid_t start_proxy(const dist_bench_options *o, int port_base) {
     if (pid < 0) return -1;
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGTERM);
-        execl(bin, bin, "--listen", listen_arg, "--target", target_arg, "--count", count, "--delay-ms", delay,
-              "--rate-gbit", rate, (char *)NULL);
-        fprintf(stderr, "exo bench dist: cannot run %s: %s (make builds it)\n", bin, strerror(errno));
+        execl(bin, bin, "--listen", listen_arg, "--target", target_arg, "--count", count,
+              "--delay-ms", delay, "--rate-gbit", rate, (char *)NULL);
+        fprintf(stderr, "exo bench dist: cannot run %s: %s (make builds it)\n", bin,
+                strerror(errno));
         _exit(127);
     }
     clock_sleep_ms(300); /* it listens within milliseconds; ranks that dial too early fail loudly */
@@ -206,8 +223,10 @@ static int parse_sizes(const char *v, dist_bench_options *o) {
         char *e;
         unsigned long long n = strtoull(p, &e, 10);
         if (e == p) return -1;
-        if (*e == 'K' || *e == 'k') n <<= 10, e++;
-        else if (*e == 'M' || *e == 'm') n <<= 20, e++;
+        if (*e == 'K' || *e == 'k')
+            n <<= 10, e++;
+        else if (*e == 'M' || *e == 'm')
+            n <<= 20, e++;
         if (n < 4 || n > (1ull << 30) || o->n_sizes == MAX_SIZES) return -1;
         o->sizes[o->n_sizes++] = (size_t)n / 4 * 4;
         if (*e && *e != ',') return -1;
@@ -217,10 +236,13 @@ static int parse_sizes(const char *v, dist_bench_options *o) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: exo bench --section dist [--ranks N] [--sizes 4K,64K,1M] [--rounds N] [--round-ms N]\n"
+    fprintf(stderr, "usage: exo bench --section dist [--ranks N] [--sizes 4K,64K,1M] [--rounds N] "
+                    "[--round-ms N]\n"
                     "                 [--delay-ms X] [--rate-gbit Y] [--quick]\n"
-                    "  N local ranks on loopback; per all-reduce (float sum) our dist_allreduce_sum beside a bare\n"
-                    "  gloo::AllreduceRing on the same pairs. --delay-ms/--rate-gbit put tools/netproxy in the path.\n");
+                    "  N local ranks on loopback; per all-reduce (float sum) our "
+                    "dist_allreduce_sum beside a bare\n"
+                    "  gloo::AllreduceRing on the same pairs. --delay-ms/--rate-gbit put "
+                    "tools/netproxy in the path.\n");
 }
 
 int dist_bench_main(int argc, char **argv) {
@@ -228,16 +250,24 @@ int dist_bench_main(int argc, char **argv) {
     parse_sizes("4K,16K,64K,256K,1M,4M,16M", &o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--section") && v) i++; /* "dist": how we got here */
-        else if (!strcmp(a, "--ranks") && v) o.ranks = atoi(argv[++i]);
-        else if (!strcmp(a, "--rounds") && v) o.rounds = atoi(argv[++i]);
-        else if (!strcmp(a, "--round-ms") && v) o.round_seconds = atof(argv[++i]) / 1000;
-        else if (!strcmp(a, "--delay-ms") && v) o.delay_ms = atof(argv[++i]), o.proxy = 1;
-        else if (!strcmp(a, "--rate-gbit") && v) o.rate_gbit = atof(argv[++i]), o.proxy = 1;
-        else if (!strcmp(a, "--quick")) o.rounds = 3, o.round_seconds = 0.02;
+        if (!strcmp(a, "--section") && v)
+            i++; /* "dist": how we got here */
+        else if (!strcmp(a, "--ranks") && v)
+            o.ranks = atoi(argv[++i]);
+        else if (!strcmp(a, "--rounds") && v)
+            o.rounds = atoi(argv[++i]);
+        else if (!strcmp(a, "--round-ms") && v)
+            o.round_seconds = atof(argv[++i]) / 1000;
+        else if (!strcmp(a, "--delay-ms") && v)
+            o.delay_ms = atof(argv[++i]), o.proxy = 1;
+        else if (!strcmp(a, "--rate-gbit") && v)
+            o.rate_gbit = atof(argv[++i]), o.proxy = 1;
+        else if (!strcmp(a, "--quick"))
+            o.rounds = 3, o.round_seconds = 0.02;
         else if (!strcmp(a, "--sizes") && v) {
             if (parse_sizes(argv[++i], &o) < 0) {
-                fprintf(stderr, "exo bench dist: --sizes wants byte counts 4..1G, comma-separated (K, M suffixes)\n");
+                fprintf(stderr, "exo bench dist: --sizes wants byte counts 4..1G, comma-separated "
+                                "(K, M suffixes)\n");
                 return 2;
             }
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -249,9 +279,10 @@ int dist_bench_main(int argc, char **argv) {
             return 2;
         }
     }
-    if (o.ranks < 2 || o.ranks > MAX_RANKS || o.rounds < 1 || o.rounds > 64 || o.round_seconds <= 0 ||
-        o.delay_ms < 0 || o.rate_gbit < 0) {
-        fprintf(stderr, "exo bench dist: --ranks 2..%d, --rounds 1..64, positive --round-ms\n", MAX_RANKS);
+    if (o.ranks < 2 || o.ranks > MAX_RANKS || o.rounds < 1 || o.rounds > 64 ||
+        o.round_seconds <= 0 || o.delay_ms < 0 || o.rate_gbit < 0) {
+        fprintf(stderr, "exo bench dist: --ranks 2..%d, --rounds 1..64, positive --round-ms\n",
+                MAX_RANKS);
         return 2;
     }
     char dir[] = "/tmp/exo-bench-dist-XXXXXX";
@@ -262,10 +293,16 @@ int dist_bench_main(int argc, char **argv) {
     /* Fixed ports (proxy runs): 2 * ranks^2 <= 512 from a base that differs between runs. */
     int port_base = 20000 + (int)(getpid() % 80) * 512;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("exo bench --section dist: %d ranks on loopback, %ld cores (%s), %d rounds; per all-reduce of floats:\n"
-           "  ours = dist_allreduce_sum, bare = gloo::AllreduceRing on the same pairs; median and best round\n",
-           o.ranks, cores, o.ranks <= cores ? "busy-polled pairs" : "more ranks than cores: blocking pairs", o.rounds);
-    if (o.proxy) printf("  through tools/netproxy: one-way delay %g ms, rate %g Gbit/s (0 = unlimited)\n", o.delay_ms, o.rate_gbit);
+    printf("exo bench --section dist: %d ranks on loopback, %ld cores (%s), %d rounds; per "
+           "all-reduce of floats:\n"
+           "  ours = dist_allreduce_sum, bare = gloo::AllreduceRing on the same pairs; median and "
+           "best round\n",
+           o.ranks, cores,
+           o.ranks <= cores ? "busy-polled pairs" : "more ranks than cores: blocking pairs",
+           o.rounds);
+    if (o.proxy)
+        printf("  through tools/netproxy: one-way delay %g ms, rate %g Gbit/s (0 = unlimited)\n",
+               o.delay_ms, o.rate_gbit);
     fflush(stdout);
     pid_t proxy = 0;
     if (o.proxy && (proxy = start_proxy(&o, port_base)) < 0) {
@@ -283,7 +320,9 @@ int dist_bench_main(int argc, char **argv) {
     int failed = 0;
     for (int r = 0; r < o.ranks; r++) {
         int status = 0;
-        if (pids[r] < 0 || waitpid(pids[r], &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status)) failed = 1;
+        if (pids[r] < 0 || waitpid(pids[r], &status, 0) < 0 || !WIFEXITED(status) ||
+            WEXITSTATUS(status))
+            failed = 1;
     }
     read_steal(&steal1, &total1);
     if (proxy > 0) {
@@ -294,6 +333,7 @@ int dist_bench_main(int argc, char **argv) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "exo bench dist: could not remove %s\n", dir);
     if (total1 > total0)
-        printf("  CPU steal during the run: %.1f%% of all CPU time\n", 100.0 * (double)(steal1 - steal0) / (double)(total1 - total0));
+        printf("  CPU steal during the run: %.1f%% of all CPU time\n",
+               100.0 * (double)(steal1 - steal0) / (double)(total1 - total0));
     return failed;
 }

@@ -35,7 +35,8 @@ static void *echo_main(void *p) {
     for (;;) {
         ssize_t r = recv(c, buf, sizeof buf, 0);
         if (r <= 0) break;
-        for (ssize_t i = 0; i < r; i++) buf[i] ^= s->tag;
+        for (ssize_t i = 0; i < r; i++)
+            buf[i] ^= s->tag;
         for (ssize_t off = 0; off < r;) {
             ssize_t w = send(c, buf + off, (size_t)(r - off), MSG_NOSIGNAL);
             if (w <= 0) goto done;
@@ -69,7 +70,8 @@ static void echo_stop(echo_server *s) {
     close(s->listen_fd);
 }
 
-static pid_t proxy_start(int listen_port, int target_port, int count, const char *delay_ms, const char *rate_gbit) {
+static pid_t proxy_start(int listen_port, int target_port, int count, const char *delay_ms,
+                         const char *rate_gbit) {
     const char *build = getenv("EXO_BUILD");
     char bin[512], l[64], t[64], n[16];
     snprintf(bin, sizeof bin, "%s/tools/netproxy", build && *build ? build : "build");
@@ -80,8 +82,8 @@ static pid_t proxy_start(int listen_port, int target_port, int count, const char
     assert_true(pid >= 0);
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failed test must not leave it running */
-        execl(bin, bin, "--listen", l, "--target", t, "--count", n, "--delay-ms", delay_ms, "--rate-gbit", rate_gbit,
-              (char *)NULL);
+        execl(bin, bin, "--listen", l, "--target", t, "--count", n, "--delay-ms", delay_ms,
+              "--rate-gbit", rate_gbit, (char *)NULL);
         _exit(127);
     }
     return pid;
@@ -130,7 +132,8 @@ static void roundtrip(int fd, size_t len, unsigned char tag) {
     assert_non_null(out);
     assert_non_null(in);
     uint32_t x = 12345;
-    for (size_t i = 0; i < len; i++) out[i] = (unsigned char)((x = x * 1103515245u + 12345u) >> 16);
+    for (size_t i = 0; i < len; i++)
+        out[i] = (unsigned char)((x = x * 1103515245u + 12345u) >> 16);
     sender s = {.fd = fd, .data = out, .len = len};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, send_all, &s), 0);
@@ -150,7 +153,9 @@ static void roundtrip(int fd, size_t len, unsigned char tag) {
     close(fd);
 }
 
-static int base_port(void) { return 34000 + (int)(getpid() % 500) * 8; }
+static int base_port(void) {
+    return 30000 + (int)(getpid() % 300) * 8;
+}
 
 static void check_through_proxy(const char *delay_ms, const char *rate_gbit, size_t len) {
     int target = base_port(), listen_port = target + 4;
@@ -196,7 +201,8 @@ static void test_bad_arguments_are_refused(void **state) {
                          "--listen 127.0.0.1:1 --target 127.0.0.1:2 --delay-ms fast",
                          "--listen 127.0.0.1:65535 --target 127.0.0.1:2 --count 4"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        snprintf(cmd, sizeof cmd, "%s/tools/netproxy %s 2>/dev/null", build && *build ? build : "build", bad[i]);
+        snprintf(cmd, sizeof cmd, "%s/tools/netproxy %s 2>/dev/null",
+                 build && *build ? build : "build", bad[i]);
         int st = system(cmd);
         assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 2);
     }

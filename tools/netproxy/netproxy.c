@@ -51,7 +51,7 @@ typedef struct direction {
     uint64_t free_at_ns; /* when the link finishes serializing what is queued */
     int src_eof;         /* source closed its side; shut dst's write side once drained */
     int dst_shut;
-    int dst_blocked;     /* dst's socket buffer was full: wait for EPOLLOUT */
+    int dst_blocked; /* dst's socket buffer was full: wait for EPOLLOUT */
 } direction;
 
 struct conn;
@@ -120,8 +120,10 @@ static int parse_hostport(const char *s, struct sockaddr_storage *out, socklen_t
     memcpy(out, res->ai_addr, res->ai_addrlen);
     *len = res->ai_addrlen;
     freeaddrinfo(res);
-    if (out->ss_family == AF_INET) ((struct sockaddr_in *)out)->sin_port = htons((uint16_t)port);
-    else ((struct sockaddr_in6 *)out)->sin6_port = htons((uint16_t)port);
+    if (out->ss_family == AF_INET)
+        ((struct sockaddr_in *)out)->sin_port = htons((uint16_t)port);
+    else
+        ((struct sockaddr_in6 *)out)->sin6_port = htons((uint16_t)port);
     return 0;
 }
 
@@ -131,8 +133,10 @@ static int addr_port(const struct sockaddr_storage *a) {
 }
 
 static void addr_set_port(struct sockaddr_storage *a, int port) {
-    if (a->ss_family == AF_INET) ((struct sockaddr_in *)a)->sin_port = htons((uint16_t)port);
-    else ((struct sockaddr_in6 *)a)->sin6_port = htons((uint16_t)port);
+    if (a->ss_family == AF_INET)
+        ((struct sockaddr_in *)a)->sin_port = htons((uint16_t)port);
+    else
+        ((struct sockaddr_in6 *)a)->sin6_port = htons((uint16_t)port);
 }
 
 /* ---- links -------------------------------------------------------------------------------- */
@@ -148,8 +152,10 @@ static void direction_push(direction *l, const unsigned char *data, size_t len, 
     uint64_t serialize_ns = P.rate_gbit > 0 ? (uint64_t)((double)len * 8.0 / P.rate_gbit) : 0;
     l->free_at_ns = start + serialize_ns;
     k->due_ns = l->free_at_ns + (uint64_t)(P.delay_ms * 1e6);
-    if (l->tail) l->tail->next = k;
-    else l->head = k;
+    if (l->tail)
+        l->tail->next = k;
+    else
+        l->head = k;
     l->tail = k;
     l->queued += len;
 }
@@ -159,10 +165,14 @@ static int direction_read(direction *l, uint64_t now) {
     static unsigned char buf[READ_CHUNK];
     while (!l->src_eof && l->queued < QUEUE_CAP) {
         ssize_t r = recv(l->src, buf, sizeof buf, 0);
-        if (r > 0) direction_push(l, buf, (size_t)r, now);
-        else if (r == 0) l->src_eof = 1;
-        else if (errno == EINTR) continue;
-        else return errno == EAGAIN ? 0 : -1;
+        if (r > 0)
+            direction_push(l, buf, (size_t)r, now);
+        else if (r == 0)
+            l->src_eof = 1;
+        else if (errno == EINTR)
+            continue;
+        else
+            return errno == EAGAIN ? 0 : -1;
     }
     return 0;
 }
@@ -220,8 +230,9 @@ static void conn_update_interest(conn *c) {
     int connecting = c->server_connecting;
     set_interest(&c->client, (!c->up.src_eof && c->up.queued < QUEUE_CAP ? EPOLLIN : 0) |
                                  (c->down.dst_blocked ? EPOLLOUT : 0));
-    set_interest(&c->server, (!connecting && !c->down.src_eof && c->down.queued < QUEUE_CAP ? EPOLLIN : 0) |
-                                 (connecting || c->up.dst_blocked ? EPOLLOUT : 0));
+    set_interest(&c->server,
+                 (!connecting && !c->down.src_eof && c->down.queued < QUEUE_CAP ? EPOLLIN : 0) |
+                     (connecting || c->up.dst_blocked ? EPOLLOUT : 0));
 }
 
 /* Stops the connection's events now; the memory goes after the current batch of events (a
@@ -255,7 +266,8 @@ static void accept_one(handle *listener) {
     struct sockaddr_storage target = P.target;
     addr_set_port(&target, addr_port(&P.target) + listener->port_index);
     int server = socket(target.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (server < 0 || (connect(server, (struct sockaddr *)&target, P.target_len) < 0 && errno != EINPROGRESS)) {
+    if (server < 0 ||
+        (connect(server, (struct sockaddr *)&target, P.target_len) < 0 && errno != EINPROGRESS)) {
         if (server >= 0) close(server);
         close(client);
         return;
@@ -292,7 +304,8 @@ static void conn_event(handle *h, uint32_t events, uint64_t now) {
         }
         c->server_connecting = 0;
     }
-    direction *from = h == &c->client ? &c->up : &c->down, *into = h == &c->client ? &c->down : &c->up;
+    direction *from = h == &c->client ? &c->up : &c->down,
+              *into = h == &c->client ? &c->down : &c->up;
     if ((events & EPOLLERR) || direction_read(from, now) < 0) {
         conn_close(c);
         return;
@@ -306,7 +319,8 @@ static void conn_event(handle *h, uint32_t events, uint64_t now) {
         into->src_eof = into->dst_shut = 1;
         into->dst_blocked = 0;
     }
-    if (direction_flush(&c->up, now) < 0 || direction_flush(&c->down, now) < 0 || (c->up.dst_shut && c->down.dst_shut)) {
+    if (direction_flush(&c->up, now) < 0 || direction_flush(&c->down, now) < 0 ||
+        (c->up.dst_shut && c->down.dst_shut)) {
         conn_close(c);
         return;
     }
@@ -338,7 +352,8 @@ static void on_timer(uint64_t now) {
     P.armed_ns = 0;
     for (conn *c = P.conns; c; c = c->next) {
         if (c->closed) continue;
-        if (direction_flush(&c->up, now) < 0 || direction_flush(&c->down, now) < 0 || (c->up.dst_shut && c->down.dst_shut)) {
+        if (direction_flush(&c->up, now) < 0 || direction_flush(&c->down, now) < 0 ||
+            (c->up.dst_shut && c->down.dst_shut)) {
             conn_close(c);
             continue;
         }
@@ -359,10 +374,11 @@ static int listen_on(const struct sockaddr_storage *addr, socklen_t len) {
 }
 
 static void usage(void) {
-    fprintf(stderr,
-            "usage: netproxy --listen HOST:PORT --target HOST:PORT [--count N] [--delay-ms X] [--rate-gbit Y]\n"
-            "  forwards TCP from HOST:PORT+i to the target's PORT+i (i < N, default 1), each direction\n"
-            "  delayed by X ms (one way) and limited to Y Gbit/s (0 = unlimited)\n");
+    fprintf(stderr, "usage: netproxy --listen HOST:PORT --target HOST:PORT [--count N] [--delay-ms "
+                    "X] [--rate-gbit Y]\n"
+                    "  forwards TCP from HOST:PORT+i to the target's PORT+i (i < N, default 1), "
+                    "each direction\n"
+                    "  delayed by X ms (one way) and limited to Y Gbit/s (0 = unlimited)\n");
 }
 
 int main(int argc, char **argv) {
@@ -371,11 +387,16 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
-        if (!strcmp(a, "--listen") && v) listen_arg = v, i++;
-        else if (!strcmp(a, "--target") && v) target_arg = v, i++;
-        else if (!strcmp(a, "--count") && v) count = (int)strtol(v, &end, 10), i++;
-        else if (!strcmp(a, "--delay-ms") && v) P.delay_ms = strtod(v, &end), i++;
-        else if (!strcmp(a, "--rate-gbit") && v) P.rate_gbit = strtod(v, &end), i++;
+        if (!strcmp(a, "--listen") && v)
+            listen_arg = v, i++;
+        else if (!strcmp(a, "--target") && v)
+            target_arg = v, i++;
+        else if (!strcmp(a, "--count") && v)
+            count = (int)strtol(v, &end, 10), i++;
+        else if (!strcmp(a, "--delay-ms") && v)
+            P.delay_ms = strtod(v, &end), i++;
+        else if (!strcmp(a, "--rate-gbit") && v)
+            P.rate_gbit = strtod(v, &end), i++;
         else {
             usage();
             return 2;
@@ -419,7 +440,8 @@ int main(int argc, char **argv) {
         addr_set_port(&a, addr_port(&listen_addr) + i);
         int fd = listen_on(&a, listen_len);
         if (fd < 0) {
-            fprintf(stderr, "netproxy: cannot listen on port %d: %s\n", addr_port(&a), strerror(errno));
+            fprintf(stderr, "netproxy: cannot listen on port %d: %s\n", addr_port(&a),
+                    strerror(errno));
             return 1;
         }
         handle *h = xmalloc(sizeof *h);
@@ -427,8 +449,8 @@ int main(int argc, char **argv) {
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = h};
         epoll_ctl(P.epoll, EPOLL_CTL_ADD, fd, &e);
     }
-    fprintf(stderr, "netproxy: %s (+%d ports) -> %s, delay %.3f ms, rate %s\n", listen_arg, count - 1, target_arg,
-            P.delay_ms, P.rate_gbit > 0 ? "limited" : "unlimited");
+    fprintf(stderr, "netproxy: %s (+%d ports) -> %s, delay %.3f ms, rate %s\n", listen_arg,
+            count - 1, target_arg, P.delay_ms, P.rate_gbit > 0 ? "limited" : "unlimited");
 
     while (!P.stop) {
         struct epoll_event evs[MAX_EVENTS];
@@ -441,9 +463,12 @@ int main(int argc, char **argv) {
         uint64_t now = now_ns();
         for (int i = 0; i < n; i++) {
             handle *h = evs[i].data.ptr;
-            if (h->kind == H_LISTENER) accept_one(h);
-            else if (h->kind == H_TIMER) on_timer(now);
-            else conn_event(h, evs[i].events, now);
+            if (h->kind == H_LISTENER)
+                accept_one(h);
+            else if (h->kind == H_TIMER)
+                on_timer(now);
+            else
+                conn_event(h, evs[i].events, now);
         }
         conns_free_closed();
         arm_timer();
