@@ -290,8 +290,21 @@ class DirectAllreduce {
     std::vector<std::unique_ptr<gloo::transport::Buffer>> send_, recv_; /* [parity][peer] */
 };
 
-/* How dist_allreduce_sum picks its algorithm (EXO_DIST_ALLREDUCE, for A/B measurements). */
-enum class AllreduceMode { kAuto, kRing, kDirect };
+/* How dist_allreduce_sum picks its algorithm (EXO_DIST_ALLREDUCE, for A/B measurements). The
+ * values travel in the address record. */
+enum class AllreduceMode : uint32_t { kAuto = 0, kRing = 1, kDirect = 2 };
+
+std::string allreduce_mode_name(uint32_t mode) {
+    switch (AllreduceMode(mode)) {
+    case AllreduceMode::kAuto:
+        return "auto";
+    case AllreduceMode::kRing:
+        return "ring";
+    case AllreduceMode::kDirect:
+        return "direct";
+    }
+    return "unknown (" + std::to_string(mode) + ")";
+}
 
 /* ---- addresses ---------------------------------------------------------------------------- */
 
@@ -341,22 +354,27 @@ sockaddr_storage resolve_host(const char *host, int family) {
     return ss;
 }
 
-/* What each rank publishes under "addr/<rank>": its host name (ranks sharing a host share its
- * cores, which decides busy polling), then for every peer p the transport address of its pair
- * to p as listened on and as advertised (for TCP: gloo::transport::tcp::Address bytes). */
+/* What each rank publishes under "addr/<rank>": the all-reduce mode it runs (the ranks must
+ * agree, checked at connect rather than by a failing first sum), its host name (ranks sharing a
+ * host share its cores, which decides busy polling), then for every peer p the transport address
+ * of its pair to p as listened on and as advertised (for TCP: gloo::transport::tcp::Address
+ * bytes). Layout: magic, address length (u32), mode (u32), host, addresses. */
 struct AddressRecord {
-    static constexpr char kMagic[8] = {'e', 'x', 'o', 'd', 'i', 's', 't', '1'};
+    static constexpr char kMagic[8] = {'e', 'x', 'o', 'd', 'i', 's', 't', '2'};
     static constexpr size_t kHostLen = 64;
+    static constexpr size_t kHead = 8 + 4 + 4 + kHostLen;
+    uint32_t allreduce_mode = 0;
     std::string host;
     std::vector<std::vector<char>> listen, advertise; /* [peer] */
 
     std::vector<char> encode(uint32_t addr_len) const {
-        std::vector<char> out(8 + 4 + kHostLen + listen.size() * 2 * addr_len, 0);
+        std::vector<char> out(kHead + listen.size() * 2 * addr_len, 0);
         char *p = out.data();
         memcpy(p, kMagic, 8);
         memcpy(p + 8, &addr_len, 4);
-        memcpy(p + 12, host.data(), std::min(host.size(), kHostLen - 1));
-        p += 12 + kHostLen;
+        memcpy(p + 12, &allreduce_mode, 4);
+        memcpy(p + 16, host.data(), std::min(host.size(), kHostLen - 1));
+        p += kHead;
         for (size_t i = 0; i < listen.size(); i++, p += 2 * addr_len) {
             if (listen[i].size() == addr_len) memcpy(p, listen[i].data(), addr_len);
             if (advertise[i].size() == addr_len)
@@ -366,18 +384,18 @@ struct AddressRecord {
     }
 
     static AddressRecord decode(const std::vector<char> &in, int size, int from) {
-        const size_t head = 8 + 4 + kHostLen;
         uint32_t addr_len = 0;
-        if (in.size() >= head) memcpy(&addr_len, in.data() + 8, 4);
-        if (in.size() < head || memcmp(in.data(), kMagic, 8) != 0 || addr_len == 0 ||
-            addr_len > 4096 || in.size() != head + size_t(size) * 2 * addr_len)
+        if (in.size() >= kHead) memcpy(&addr_len, in.data() + 8, 4);
+        if (in.size() < kHead || memcmp(in.data(), kMagic, 8) != 0 || addr_len == 0 ||
+            addr_len > 4096 || in.size() != kHead + size_t(size) * 2 * addr_len)
             throw gloo::InvalidOperationException(
                 "store: the address record of rank " + std::to_string(from) + " is malformed (" +
                 std::to_string(in.size()) +
                 " bytes; another exo version, or a group of another size?)");
         AddressRecord r;
-        r.host.assign(in.data() + 8 + 4, strnlen(in.data() + 8 + 4, kHostLen));
-        const char *p = in.data() + head;
+        memcpy(&r.allreduce_mode, in.data() + 12, 4);
+        r.host.assign(in.data() + 16, strnlen(in.data() + 16, kHostLen));
+        const char *p = in.data() + kHead;
         for (int i = 0; i < size; i++, p += 2 * addr_len) {
             r.listen.emplace_back(p, p + addr_len);
             r.advertise.emplace_back(p + addr_len, p + 2 * addr_len);
@@ -438,8 +456,8 @@ Algorithm allreduce_algorithm(const dist_group *g, size_t count) {
 }
 
 /* EXO_DIST_ALLREDUCE: auto (unset), ring (never direct) or direct (direct up to kDirectMaxBytes).
- * Every rank of a group must see the same value: the algorithms do not interoperate, and a
- * mismatch fails the first all-reduce. Returns false on an unknown value. */
+ * Every rank of a group must see the same value (the algorithms do not interoperate):
+ * dist_connect compares them. Returns false on an unknown value. */
 bool parse_allreduce_mode(const char *text, AllreduceMode *out) {
     if (!text || !*text || !strcmp(text, "auto"))
         *out = AllreduceMode::kAuto;
@@ -597,6 +615,7 @@ void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
     CallbackStore kv(*store, c->prefix && *c->prefix ? c->prefix : "dist", g->timeout_ms);
 
     AddressRecord mine;
+    mine.allreduce_mode = uint32_t(g->allreduce_mode);
     mine.host = local_host_name();
     mine.listen.resize(size_t(c->size));
     mine.advertise.resize(size_t(c->size));
@@ -624,6 +643,11 @@ void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
                                     ")");
         }
         AddressRecord theirs = AddressRecord::decode(blob, c->size, p);
+        if (theirs.allreduce_mode != mine.allreduce_mode)
+            throw gloo::InvalidOperationException(
+                "rank " + std::to_string(p) + " runs EXO_DIST_ALLREDUCE=" +
+                allreduce_mode_name(theirs.allreduce_mode) + ", this rank " +
+                allreduce_mode_name(mine.allreduce_mode) + " (every rank must run the same)");
         if (theirs.host == mine.host) ranks_on_host++;
         std::vector<char> dial =
             g->is_tcp ? tcp_connect_address(c->rank, p, mine, theirs) : theirs.listen[c->rank];
@@ -785,7 +809,8 @@ int dist_allreduce_sum(dist_group *g, float *buf, size_t n, char *err, size_t er
                 if (it == g->directs.end()) {
                     size_t scratch = DirectAllreduce::scratch_bytes(g->size, count);
                     drop_cache_if_full(g, scratch);
-                    it = g->directs.emplace(count, std::make_unique<DirectAllreduce>(g->context, count))
+                    it = g->directs
+                             .emplace(count, std::make_unique<DirectAllreduce>(g->context, count))
                              .first;
                     g->cached_objects++;
                     g->cached_bytes += scratch;
@@ -908,9 +933,12 @@ int dist_barrier(dist_group *g, char *err, size_t errlen) {
 const char *dist_allreduce_algorithm(const dist_group *g, size_t n) {
     if (!g || g->size == 1 || n == 0) return "none";
     switch (allreduce_algorithm(g, std::min(n, kMaxFloatsPerRun))) {
-    case Algorithm::kDirect: return "direct";
-    case Algorithm::kRing: return "ring";
-    case Algorithm::kHalvingDoubling: break;
+    case Algorithm::kDirect:
+        return "direct";
+    case Algorithm::kRing:
+        return "ring";
+    case Algorithm::kHalvingDoubling:
+        break;
     }
     return "hd";
 }

@@ -39,7 +39,9 @@ typedef struct run_opts {
     int advertise_port_offset;
     const char *dir; /* store directory (NULL: a fresh temporary one) */
     int expect_connect_failure;
-    const char *allreduce; /* EXO_DIST_ALLREDUCE in the ranks (NULL: unset, auto) */
+    const char *expect_error;   /* with expect_connect_failure: text the message must hold */
+    const char *allreduce;      /* EXO_DIST_ALLREDUCE in the ranks (NULL: unset, auto) */
+    const char *allreduce_last; /* ... in the last rank, when not NULL */
 } run_opts;
 
 static char *make_store_dir(void) {
@@ -58,8 +60,8 @@ static void remove_store_dir(char *dir) {
 }
 
 static int child(const run_opts *o, const char *dir, int rank, rank_fn fn, void *arg) {
-    if (o->allreduce ? setenv("EXO_DIST_ALLREDUCE", o->allreduce, 1) : unsetenv("EXO_DIST_ALLREDUCE"))
-        return 9;
+    const char *mode = rank == o->size - 1 && o->allreduce_last ? o->allreduce_last : o->allreduce;
+    if (mode ? setenv("EXO_DIST_ALLREDUCE", mode, 1) : unsetenv("EXO_DIST_ALLREDUCE")) return 9;
     dist_store store;
     if (dist_store_dir(&store, dir) < 0) return 10;
     dist_config c = {.rank = rank,
@@ -73,7 +75,9 @@ static int child(const run_opts *o, const char *dir, int rank, rank_fn fn, void 
     char err[512] = "";
     dist_group *g = dist_connect(&c, &store, err, sizeof err);
     if (!g) {
-        if (o->expect_connect_failure && err[0]) return 0;
+        if (o->expect_connect_failure && err[0] &&
+            (!o->expect_error || strstr(err, o->expect_error)))
+            return 0;
         fprintf(stderr, "rank %d: %s\n", rank, err);
         return 11;
     }
@@ -227,8 +231,24 @@ static void test_direct_allreduce_is_rank_order_sum_on_every_rank(void **state) 
 
 static void test_unknown_allreduce_mode_fails_connect(void **state) {
     (void)state;
-    run_opts o = {.size = 2, .skip_rank = -1, .allreduce = "telepathy",
-                  .expect_connect_failure = 1};
+    run_opts o = {.size = 2,
+                  .skip_rank = -1,
+                  .allreduce = "telepathy",
+                  .expect_connect_failure = 1,
+                  .expect_error = "telepathy"};
+    assert_int_equal(run_ranks(&o, NULL, NULL), 0);
+}
+
+/* Ranks that would run different algorithms are refused at connect, not at the first sum. */
+static void test_mismatched_allreduce_modes_fail_connect(void **state) {
+    (void)state;
+    run_opts o = {.size = 3,
+                  .skip_rank = -1,
+                  .timeout_ms = 5000,
+                  .allreduce = "direct",
+                  .allreduce_last = "ring",
+                  .expect_connect_failure = 1,
+                  .expect_error = "every rank must run the same"};
     assert_int_equal(run_ranks(&o, NULL, NULL), 0);
 }
 
@@ -574,6 +594,7 @@ int main(void) {
         cmocka_unit_test(test_allreduce_2_3_4_ranks),
         cmocka_unit_test(test_direct_allreduce_is_rank_order_sum_on_every_rank),
         cmocka_unit_test(test_unknown_allreduce_mode_fails_connect),
+        cmocka_unit_test(test_mismatched_allreduce_modes_fail_connect),
         cmocka_unit_test(test_allreduce_fixed_ports),
         cmocka_unit_test(test_broadcast_from_every_root),
         cmocka_unit_test(test_send_recv_pipeline),
