@@ -262,11 +262,14 @@ class DirectAllreduce {
             recv_[index(parity, p)]->waitRecv();
             terms_[size_t(p)] = inbox(parity, p);
         }
-        for (size_t i = 0; i < count_; i++) {
-            float sum = terms_[0][i];
-            for (int r = 1; r < size_; r++)
-                sum += terms_[size_t(r)][i];
-            buf[i] = sum;
+        /* One pass per term, each element ((t0 + t1) + t2) + ...: vectorizable, same bits. */
+        const float *first = terms_[0], *second = terms_[1];
+        for (size_t i = 0; i < count_; i++)
+            buf[i] = first[i] + second[i];
+        for (int r = 2; r < size_; r++) {
+            const float *term = terms_[size_t(r)];
+            for (size_t i = 0; i < count_; i++)
+                buf[i] += term[i];
         }
         /* Before the outbox may change (ibverbs reads it after send() returns). */
         for (int p = 0; p < size_; p++)
