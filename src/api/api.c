@@ -237,6 +237,7 @@ api_service *api_service_new(const exo_options *o, const char *node_id, char *er
                             .models_path = o->models_path,
                             .node_id = node_id,
                             .kv_cache_bytes = o->kv_cache_bytes,
+                            .device = o->device,
                             .watchdog_s = getenv("EXO_RUNNER_WATCHDOG_S")
                                               ? atoi(getenv("EXO_RUNNER_WATCHDOG_S"))
                                               : 0};

@@ -76,6 +76,7 @@ typedef struct instance {
 struct instances {
     char *runner_exe, *models_dir, *models_path, *node_id;
     size_t kv_cache_bytes;
+    char device[8];
     int ready_timeout_s;
     int watchdog_s;
     pthread_mutex_t lock;
@@ -111,6 +112,7 @@ instances *instances_new(const instances_options *o) {
     m->models_path = strdup(o->models_path ? o->models_path : "");
     m->node_id = strdup(o->node_id ? o->node_id : "node");
     m->kv_cache_bytes = o->kv_cache_bytes;
+    snprintf(m->device, sizeof m->device, "%s", o->device && o->device[0] ? o->device : "auto");
     m->ready_timeout_s = o->ready_timeout_s ? o->ready_timeout_s : 600;
     m->next_call_id = 1;
     pthread_mutex_init(&m->lock, NULL);
@@ -424,7 +426,7 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
     char kv[32];
     snprintf(kv, sizeof kv, "%zu", m->kv_cache_bytes);
     char *argv[] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
-                    (char *)model_id, "--kv-cache-mem", kv, NULL};
+                    (char *)model_id, "--kv-cache-mem", kv, "--device", m->device, NULL};
     pid_t pid = fork();
     if (pid < 0) {
         snprintf(err, errlen, "fork: %s", strerror(errno));

@@ -333,12 +333,12 @@ int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
     }
     if (!t->last) {
         be->download(be, out, t->x, (size_t)(n * t->dim) * sizeof(float));
-        return 0;
+        return be->status ? be->status(be, err, errlen) : 0;
     }
-    if (!b->n_logits) return 0;
+    if (!b->n_logits) return be->status ? be->status(be, err, errlen) : 0;
     be->gather_rows(be, t->x, t->logit_rows, b->n_logits, t->dim, t->head_in);
     be->rmsnorm(be, t->head_in, t->final_norm, t->head_in, b->n_logits, t->dim, c->rms_norm_eps);
     be->matmul(be, &t->w->lm_head, t->head_in, t->logits, b->n_logits);
     be->download(be, out, t->logits, (size_t)b->n_logits * (size_t)c->vocab_size * sizeof(float));
-    return 0;
+    return be->status ? be->status(be, err, errlen) : 0;
 }

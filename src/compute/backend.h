@@ -21,6 +21,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA backend (.cu) includes these */
+extern "C" {
+#endif
+
 /* One layer's paged KV storage (backend memory). */
 typedef struct kv_layer {
     void *k;      /* [n_slots][kv_dim] of `type` */
@@ -65,6 +69,16 @@ struct compute_backend {
      * read faster, recording it in w->layout (CPU with AVX-512: 4-bit matrices interleaved in
      * blocks of 16 rows). Returns 1 if it rewrote w. NULL: weights are used as loaded. */
     int (*prepare_weight)(compute_backend *b, weight_matrix *w);
+    /* Offered every weight view once at load (the embedding and norms too), wherever its bytes
+     * are: a backend with memory of its own copies the matrix there (CUDA), and ops given a view
+     * with the same host data later use that copy. Returns 0, or -1 with err (out of memory, a
+     * layout it cannot read). NULL: the backend reads weights where they are. */
+    int (*load_weight)(compute_backend *b, const weight_matrix *w, char *err, size_t errlen);
+    /* Free and total bytes of the backend's memory. NULL: host memory (/proc/meminfo). */
+    int (*memory_info)(compute_backend *b, size_t *free_bytes, size_t *total_bytes);
+    /* 0, or -1 with err when an earlier op failed (asynchronous backends report kernel and
+     * allocation errors here, after the download that waited for them). NULL: ops cannot fail. */
+    int (*status)(compute_backend *b, char *err, size_t errlen);
 
     /* y[t][r] = sum_c x[t][c] * W[r][c] */
     void (*matmul)(compute_backend *b, const weight_matrix *w, const float *x, float *y,
@@ -112,5 +126,9 @@ struct compute_backend {
 
 /* The CPU backend (compute/cpu/backend_cpu.c). n_threads 0 = all cores. */
 compute_backend *compute_backend_cpu(int n_threads);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -16,7 +16,9 @@
 #include "infer/engine.h"
 
 #include "arch/transformer.h"
+#include "base/log.h"
 #include "compute/backend.h"
+#include "compute/device.h"
 #include "infer/kv_cache.h"
 #include "infer/sampler.h"
 #include "model/model_config.h"
@@ -114,10 +116,13 @@ static int open_kv(engine *e, const engine_options *o, char *err, size_t errlen)
     }
     size_t block_bytes = kv_cache_block_bytes(n_local, kv_dim, e->block_size, type);
     size_t bytes = o->kv_cache_bytes;
-    if (!bytes) { /* enough for every sequence at full context, within a quarter of free RAM */
+    if (!bytes) { /* enough for every sequence at full context, within a quarter of free RAM
+                   * (on a GPU: 80% of what the weights and buffers left free) */
         size_t want = (size_t)e->max_sequences * (size_t)e->info.context_length /
                       (size_t)e->block_size * block_bytes + block_bytes;
-        size_t cap = available_memory() / 4;
+        size_t cap = available_memory() / 4, gpu_free = 0, gpu_total = 0;
+        if (e->be->memory_info && e->be->memory_info(e->be, &gpu_free, &gpu_total) == 0)
+            cap = gpu_free / 10 * 8;
         bytes = want < cap ? want : cap;
     }
     size_t n_blocks = bytes / block_bytes;
@@ -156,6 +161,36 @@ static int prepare_weight(weight_matrix *m, void *backend) {
     return b->prepare_weight(b, m);
 }
 
+typedef struct weight_loading {
+    compute_backend *be;
+    char *err;
+    size_t errlen;
+    int failed;
+} weight_loading;
+
+static void load_weight(weight_matrix *m, void *ctx) {
+    weight_loading *wl = ctx;
+    if (!wl->failed && m->data && wl->be->load_weight(wl->be, m, wl->err, wl->errlen) != 0)
+        wl->failed = 1;
+}
+
+/* The backend for o->device, described in info->device. */
+static int open_backend(engine *e, const engine_options *o, char *err, size_t errlen) {
+    compute_device d;
+    if (compute_device_parse(o->device, &d, err, errlen) != 0) return -1;
+    d = compute_device_resolve(d);
+    e->be = compute_backend_open(d, o->n_threads, err, errlen);
+    if (!e->be) return -1;
+    compute_gpu g;
+    e->info.on_gpu = d == COMPUTE_DEVICE_CUDA;
+    if (e->info.on_gpu && compute_gpu_get(0, &g) == 0)
+        snprintf(e->info.device, sizeof e->info.device, "cuda (%s, %.1f GB)", g.name,
+                 (double)g.memory_total / 1e9);
+    else
+        snprintf(e->info.device, sizeof e->info.device, "%s", compute_device_name(d));
+    return 0;
+}
+
 engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     engine *e = calloc(1, sizeof *e);
     if (!e) return NULL;
@@ -163,9 +198,17 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     const model_config *c = &e->cfg;
     e->st = safetensors_set_open(o->model_dir, err, errlen);
     if (!e->st) goto fail;
-    if (model_weights_load(e->st, c, o->layer_start, o->layer_end, &e->w, err, errlen)) goto fail;
-    e->be = compute_backend_cpu(o->n_threads);
-    if (!e->be) goto oom;
+    if (open_backend(e, o, err, errlen) != 0) goto fail;
+    /* a backend with memory of its own copies the weights there: no host copy first */
+    if (model_weights_load_placed(e->st, c, o->layer_start, o->layer_end,
+                                  e->be->load_weight ? WEIGHTS_MEM_MMAP : WEIGHTS_MEM_AUTO, &e->w,
+                                  err, errlen))
+        goto fail;
+    if (e->be->load_weight) {
+        weight_loading wl = {.be = e->be, .err = err, .errlen = errlen};
+        model_weights_for_each(&e->w, load_weight, &wl);
+        if (wl.failed) goto fail;
+    }
     if (e->be->prepare_weight) model_weights_rewrite(&e->w, prepare_weight, e->be);
     e->max_batch_tokens = o->max_batch_tokens > 0 ? o->max_batch_tokens : 512;
     e->max_sequences = o->max_sequences > 0 ? o->max_sequences : 64;
@@ -596,10 +639,14 @@ int engine_step(engine *e, engine_event *events, int max_events) {
     }
     transformer_batch b;
     char err[256];
-    if (stage_batch(e, n_members, &b) != 0 ||
-        transformer_forward(e->tf, e->kv->layers, e->block_size, &b, e->logits, err,
-                            sizeof err) != 0)
+    if (stage_batch(e, n_members, &b) != 0) {
+        log_error("engine: out of memory staging a batch");
         return -1;
+    }
+    if (transformer_forward(e->tf, e->kv->layers, e->block_size, &b, e->logits, err, sizeof err)) {
+        log_error("engine: forward step failed: %s", err);
+        return -1;
+    }
     for (int m = 0; m < n_members; m++) {
         sequence *s = e->b_members[m];
         s->n_computed += s->chunk;

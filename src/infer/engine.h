@@ -28,6 +28,7 @@ typedef struct engine_options {
     int context_length;     /* 0 = the model's own max_position_embeddings */
     /* Pipeline shard: layers [layer_start, layer_end) of the model; both 0 = the whole model. */
     int layer_start, layer_end;
+    const char *device;     /* "cpu", "cuda" or "auto" (NULL = auto: the GPU when there is one) */
 } engine_options;
 
 typedef struct sampling_params {
@@ -91,6 +92,8 @@ typedef struct engine_info {
     int n_eos;
     int32_t bos_id;         /* -1 if none */
     size_t weight_bytes;    /* bytes of weights this engine reads per token */
+    char device[128];       /* what runs the model: "cpu", or "cuda (GPU name, memory)" */
+    int on_gpu;             /* the CUDA backend */
 } engine_info;
 
 engine *engine_open(const engine_options *options, char *err, size_t errlen);

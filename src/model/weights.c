@@ -377,9 +377,10 @@ static size_t mem_available(void) {
     return (size_t)kb * 1024;
 }
 
-static weights_memory weights_memory_from_env(void) {
+static weights_memory weights_memory_from_env(weights_memory unset_default) {
     const char *v = getenv("EXO_WEIGHTS_MEM");
-    if (!v || !*v || !strcmp(v, "auto")) return WEIGHTS_MEM_AUTO;
+    if (!v || !*v) return unset_default;
+    if (!strcmp(v, "auto")) return WEIGHTS_MEM_AUTO;
     if (!strcmp(v, "copy")) return WEIGHTS_MEM_COPY;
     if (!strcmp(v, "mmap")) return WEIGHTS_MEM_MMAP;
     log_warn("EXO_WEIGHTS_MEM=%s is not auto, copy or mmap; using auto", v);
@@ -462,8 +463,19 @@ size_t model_weights_rewrite(model_weights *w, int (*rewrite)(weight_matrix *m, 
     return rw.bytes;
 }
 
+void model_weights_for_each(model_weights *w, void (*fn)(weight_matrix *m, void *ctx), void *ctx) {
+    for_each_view(w, fn, ctx);
+}
+
 int model_weights_load(const safetensors_set *st, const model_config *c, int layer_start,
                        int layer_end, model_weights *out, char *err, size_t errlen) {
+    return model_weights_load_placed(st, c, layer_start, layer_end, WEIGHTS_MEM_AUTO, out, err,
+                                     errlen);
+}
+
+int model_weights_load_placed(const safetensors_set *st, const model_config *c, int layer_start,
+                              int layer_end, weights_memory unset_default, model_weights *out,
+                              char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     if (layer_start == 0 && layer_end == 0) layer_end = c->n_layers;
     if (layer_start < 0 || layer_end > c->n_layers || layer_start >= layer_end) {
@@ -499,7 +511,7 @@ int model_weights_load(const safetensors_set *st, const model_config *c, int lay
     }
     for (int i = layer_start; i < layer_end; i++)
         out->bytes_per_token += layer_bytes(c, &out->layers[i - layer_start]);
-    model_weights_place(out, weights_memory_from_env());
+    model_weights_place(out, weights_memory_from_env(unset_default));
     return 0;
 fail:
     model_weights_free(out);

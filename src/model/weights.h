@@ -67,6 +67,14 @@ typedef enum weights_memory { WEIGHTS_MEM_AUTO = 0, WEIGHTS_MEM_COPY, WEIGHTS_ME
  * EXO_WEIGHTS_MEM says (default AUTO). Returns 0, or -1 with err. */
 int model_weights_load(const safetensors_set *st, const model_config *c, int layer_start,
                        int layer_end, model_weights *out, char *err, size_t errlen);
+/* The same with the placement used when EXO_WEIGHTS_MEM is unset (a GPU backend copies the
+ * weights into its own memory: a host copy first would only cost time and RAM, so MMAP). */
+int model_weights_load_placed(const safetensors_set *st, const model_config *c, int layer_start,
+                              int layer_end, weights_memory unset_default, model_weights *out,
+                              char *err, size_t errlen);
+/* Calls fn on every view of the shard (embedding, norms and biases too; views of absent
+ * tensors have data == NULL). */
+void model_weights_for_each(model_weights *w, void (*fn)(weight_matrix *m, void *ctx), void *ctx);
 /* Copies every byte the views cover (only this shard's tensors) into one huge-page-advised
  * anonymous arena and repoints the views there, or leaves them on the mmap (see weights_memory).
  * Returns 1 if the weights were copied, 0 if they stay on the mmap (never fails: the mmap views

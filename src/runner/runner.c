@@ -476,7 +476,7 @@ static int load(runner *r, const runner_options *o) {
         return -1;
     }
     engine_options eo = {.model_dir = o->model_dir, .n_threads = o->n_threads,
-                         .kv_cache_bytes = o->kv_cache_bytes};
+                         .kv_cache_bytes = o->kv_cache_bytes, .device = o->device};
     r->engine = engine_open(&eo, err, sizeof err);
     if (!r->engine) {
         send_status(r, "Failed", json_pack("{s:s}", "error", err));
