@@ -312,33 +312,60 @@ static void mlp_block(transformer *t, int li, int64_t n) {
     be->add(be, t->x, t->ffn_out, n * t->dim);
 }
 
+/* The ops of one step, from the embedding to the logits (no host memory touched). */
+static void run_layers(transformer *t, const kv_layer *kv, const attention_batch *ab,
+                       const transformer_batch *b) {
+    compute_backend *be = t->be;
+    int64_t n = b->n_tokens;
+    if (t->first) be->embed(be, &t->w->embed, t->tokens, n, t->x);
+    for (int li = 0; li < t->n_local; li++) {
+        attention_block(t, li, &kv[li], ab, n);
+        mlp_block(t, li, n);
+    }
+    if (!t->last || !b->n_logits) return;
+    be->gather_rows(be, t->x, t->logit_rows, b->n_logits, t->dim, t->head_in);
+    be->rmsnorm(be, t->head_in, t->final_norm, t->head_in, b->n_logits, t->dim,
+                t->c->rms_norm_eps);
+    be->matmul(be, &t->w->lm_head, t->head_in, t->logits, b->n_logits);
+}
+
+/* What a step's ops and their arguments depend on besides memory contents (backend.h,
+ * step_begin): sizes, and the buffers that can move between steps (block tables, the cache). */
+static uint64_t step_key(const transformer *t, const kv_layer *kv, int block_size,
+                         const transformer_batch *b) {
+    uint64_t v[] = {(uint64_t)b->n_tokens, (uint64_t)b->n_logits, (uint64_t)block_size,
+                    (uint64_t)(uintptr_t)t->tables, (uint64_t)(uintptr_t)kv,
+                    (uint64_t)(uintptr_t)kv[0].k, (uint64_t)(uintptr_t)kv[0].v};
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) h = (h ^ v[i]) * 0x100000001b3ull;
+    return h;
+}
+
 int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
                         const transformer_batch *b, float *out, char *err, size_t errlen) {
     if (check_batch(t, b, err, errlen) || upload_batch(t, b, err, errlen)) return -1;
     compute_backend *be = t->be;
     const model_config *c = t->c;
     int64_t n = b->n_tokens;
-    if (t->first)
-        be->embed(be, &t->w->embed, t->tokens, n, t->x);
-    else
-        be->upload(be, t->x, b->hidden_in, (size_t)(n * t->dim) * sizeof(float));
+    if (!t->first) be->upload(be, t->x, b->hidden_in, (size_t)(n * t->dim) * sizeof(float));
     attention_batch ab = {.n_tokens = n, .positions = t->positions,
                           .seq_of_token = t->seq_of_token, .block_table_start = t->table_start,
                           .block_tables = t->tables, .block_size = block_size,
                           .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
-                          .head_dim = c->head_dim, .scale = 1.0f / sqrtf((float)c->head_dim)};
-    for (int li = 0; li < t->n_local; li++) {
-        attention_block(t, li, &kv[li], &ab, n);
-        mlp_block(t, li, n);
+                          .head_dim = c->head_dim, .scale = 1.0f / sqrtf((float)c->head_dim),
+                          .host_positions = b->positions, .host_seq_of_token = b->seq_of_token,
+                          .host_block_table_start = b->block_table_start};
+    uint64_t key = step_key(t, kv, block_size, b);
+    for (int attempt = 0; attempt < 2; attempt++) { /* a second time only if recording failed */
+        if (attempt == 0 && be->step_begin && be->step_begin(be, key, n)) break;
+        run_layers(t, kv, &ab, b);
+        if (attempt == 0 && be->step_end && be->step_end(be)) continue;
+        break;
     }
-    if (!t->last) {
+    if (!t->last)
         be->download(be, out, t->x, (size_t)(n * t->dim) * sizeof(float));
-        return be->status ? be->status(be, err, errlen) : 0;
-    }
-    if (!b->n_logits) return be->status ? be->status(be, err, errlen) : 0;
-    be->gather_rows(be, t->x, t->logit_rows, b->n_logits, t->dim, t->head_in);
-    be->rmsnorm(be, t->head_in, t->final_norm, t->head_in, b->n_logits, t->dim, c->rms_norm_eps);
-    be->matmul(be, &t->w->lm_head, t->head_in, t->logits, b->n_logits);
-    be->download(be, out, t->logits, (size_t)b->n_logits * (size_t)c->vocab_size * sizeof(float));
+    else if (b->n_logits)
+        be->download(be, out, t->logits,
+                     (size_t)b->n_logits * (size_t)c->vocab_size * sizeof(float));
     return be->status ? be->status(be, err, errlen) : 0;
 }

@@ -10,12 +10,20 @@
  *
  * Flash-decoding split: when the batch has too few (token, KV head) pairs to fill the GPU, each
  * pair's chunks are dealt round-robin to `splits` warps (no host knowledge of the context length
- * is needed), which write partial (max, sum, weighted V) triples that a second kernel merges. */
+ * is needed), which write partial (max, sum, weighted V) triples that a second kernel merges.
+ *
+ * Prefill runs (64 or more consecutive positions of one sequence in the batch, found from the
+ * host copies of the batch layout) go to the tensor cores instead: the sequence's cached K and V
+ * gathered into contiguous rows, then per query head S = Q K^T (cuBLAS, float32 out), a causal
+ * softmax into P, and O = P V (cuBLAS), with Q and P in the cache's type (f16/bf16: 2^-11 and
+ * 2^-9 relative rounding; an f32 cache keeps everything f32). EXO_CUDA_MATMUL=exact keeps every
+ * token on the warp kernel. */
 #include "compute/cuda/cuda_internal.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <stdio.h>
 
 #define ATT_WARPS 4
 #define ATT_GROUP 8  /* query heads per pass */
@@ -62,6 +70,7 @@ struct att_args {
     float *out;     /* splits == 1: the output */
     float *partial; /* splits > 1: [n_tokens][n_heads][splits][head_dim + 2] */
     int splits;
+    int64_t t_begin, t_end; /* the batch tokens this launch serves */
 };
 
 template <int T, bool VEC>
@@ -69,8 +78,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
     extern __shared__ float q_smem[]; /* [ATT_WARPS][ATT_GROUP][head_dim] */
     const attention_batch &ab = a.ab;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int64_t t = (int64_t)blockIdx.x * ATT_WARPS + warp;
-    if (t >= ab.n_tokens) return; /* no block-wide barrier below */
+    int64_t t = a.t_begin + (int64_t)blockIdx.x * ATT_WARPS + warp;
+    if (t >= a.t_end) return; /* no block-wide barrier below */
     int kvh = blockIdx.y, split = blockIdx.z;
     int hd = ab.head_dim, nh = ab.n_heads, group = nh / ab.n_kv_heads;
     int64_t kv_dim = (int64_t)ab.n_kv_heads * hd;
@@ -180,8 +189,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
 
 /* Merges the splits of one (token, head): weights e^(m_s - M), sums l_s e^(m_s - M). A split
  * that saw no position has m = -inf and weight 0. */
-__global__ void attention_merge_kernel(const float *partial, int splits, int hd, float *out) {
-    int64_t th = blockIdx.x;
+__global__ void attention_merge_kernel(const float *partial, int splits, int hd, int64_t th0,
+                                       float *out) {
+    int64_t th = th0 + blockIdx.x;
     const float *p = partial + th * splits * (hd + 2);
     float mx = -INFINITY;
     for (int s = 0; s < splits; s++) mx = fmaxf(mx, p[s * (hd + 2) + hd]);
@@ -205,16 +215,13 @@ static void launch_attention(cuda_ctx *c, const att_args &a, dim3 grid, size_t s
         attention_kernel<T, false><<<grid, ATT_WARPS * 32, smem, c->stream>>>(a);
 }
 
-void cuda_attention(cuda_ctx *c, const float *q, const kv_layer *kv, const attention_batch *ab,
-                    float *out) {
+/* The warp kernel over batch tokens [t0, t1). */
+static void attention_warps(cuda_ctx *c, const float *q, const kv_layer *kv,
+                            const attention_batch *ab, float *out, int64_t t0, int64_t t1) {
     int hd = ab->head_dim;
-    if (ab->n_tokens <= 0) return;
-    if (hd > 32 * ATT_DIMS || ab->n_heads % ab->n_kv_heads) {
-        cuda_fail(c, "attention", "head_dim over 256 or heads not a multiple of KV heads");
-        return;
-    }
+    if (t1 <= t0) return;
     /* enough warps for every multiprocessor several times over: ~132 SMs x 16 warps */
-    int64_t pairs = ab->n_tokens * ab->n_kv_heads;
+    int64_t pairs = (t1 - t0) * ab->n_kv_heads;
     int splits = 1;
     while (splits < ATT_MAX_SPLITS && pairs * splits < 2048) splits *= 2;
     att_args a;
@@ -225,12 +232,14 @@ void cuda_attention(cuda_ctx *c, const float *q, const kv_layer *kv, const atten
     a.out = out;
     a.splits = splits;
     a.partial = NULL;
+    a.t_begin = t0;
+    a.t_end = t1;
     if (splits > 1) {
         size_t bytes = (size_t)ab->n_tokens * ab->n_heads * splits * (hd + 2) * sizeof(float);
         a.partial = (float *)cuda_scratch(c, SCRATCH_ATTENTION, bytes);
         if (!a.partial) return;
     }
-    dim3 grid(cuda_blocks(ab->n_tokens, ATT_WARPS), ab->n_kv_heads, splits);
+    dim3 grid(cuda_blocks(t1 - t0, ATT_WARPS), ab->n_kv_heads, splits);
     size_t smem = (size_t)ATT_WARPS * ATT_GROUP * hd * sizeof(float);
     switch (kv->type) {
     case DTYPE_F16: launch_attention<DTYPE_F16>(c, a, grid, smem); break;
@@ -239,10 +248,155 @@ void cuda_attention(cuda_ctx *c, const float *q, const kv_layer *kv, const atten
     }
     CUDA_LAUNCHED(c, "attention");
     if (splits > 1) {
-        attention_merge_kernel<<<(unsigned)(ab->n_tokens * ab->n_heads), hd < 128 ? 32 : 128, 0,
-                                 c->stream>>>(a.partial, splits, hd, out);
+        attention_merge_kernel<<<(unsigned)((t1 - t0) * ab->n_heads), hd < 128 ? 32 : 128, 0,
+                                 c->stream>>>(a.partial, splits, hd, t0 * ab->n_heads, out);
         CUDA_LAUNCHED(c, "attention_merge");
     }
+}
+
+/* ---- prefill runs on the tensor cores ---------------------------------------------------- */
+
+#define ATT_GEMM_MIN_RUN 64
+
+/* Rows 0..ctx-1 of one sequence's cache, in position order (elements of es bytes). */
+__global__ void gather_kv_kernel(const void *k, const void *v, const int32_t *table, int bs,
+                                 int64_t kv_dim, int es, void *kc, void *vc) {
+    int64_t p = blockIdx.x, slot = (int64_t)table[p / bs] * bs + p % bs;
+    for (int64_t d = threadIdx.x; d < kv_dim; d += blockDim.x) {
+        if (es == 4) {
+            ((float *)kc)[p * kv_dim + d] = ((const float *)k)[slot * kv_dim + d];
+            ((float *)vc)[p * kv_dim + d] = ((const float *)v)[slot * kv_dim + d];
+        } else {
+            ((uint16_t *)kc)[p * kv_dim + d] = ((const uint16_t *)k)[slot * kv_dim + d];
+            ((uint16_t *)vc)[p * kv_dim + d] = ((const uint16_t *)v)[slot * kv_dim + d];
+        }
+    }
+}
+
+template <int T> __device__ __forceinline__ void store_elem(void *base, int64_t i, float v) {
+    if (T == DTYPE_F16) ((__half *)base)[i] = __float2half_rn(v);
+    else if (T == DTYPE_BF16) ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(v);
+    else ((float *)base)[i] = v;
+}
+
+template <int T> __global__ void convert_kernel(const float *x, int64_t n, void *out) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) store_elem<T>(out, i, x[i]);
+}
+
+/* Row (head h, run token i) of S [n_heads][n_run][ctx]: softmax over the positions up to the
+ * token's own (pos0 + i), zeros after, into P of the cache's type. */
+template <int T>
+__global__ void causal_softmax_kernel(const float *s, int64_t n_run, int64_t ctx, int pos0,
+                                      void *p) {
+    __shared__ float red[32];
+    int64_t row = blockIdx.x, i = row % n_run;
+    int64_t last = pos0 + i; /* attends to 0..last */
+    const float *sr = s + row * ctx;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) mx = fmaxf(mx, sr[j]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float sum = 0;
+    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) sum += __expf(sr[j] - mx);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    sum = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) sum += red[w];
+    float inv = 1.0f / sum;
+    for (int64_t j = threadIdx.x; j < ctx; j += blockDim.x)
+        store_elem<T>(p, row * ctx + j, j <= last ? __expf(sr[j] - mx) * inv : 0.0f);
+}
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Batch tokens [t0, t1): one sequence at positions pos0 .. pos0 + (t1 - t0) - 1, its block table
+ * at device offset table_off. */
+static void attention_gemm_run(cuda_ctx *c, const float *q, const kv_layer *kv,
+                               const attention_batch *ab, float *out, int64_t t0, int64_t t1,
+                               int pos0, int table_off) {
+    int64_t nr = t1 - t0, ctx = pos0 + nr, nh = ab->n_heads, nkv = ab->n_kv_heads,
+            hd = ab->head_dim, group = nh / nkv, kv_dim = nkv * hd;
+    int es = kv->type == DTYPE_F32 ? 4 : 2;
+    cudaDataType ct = kv->type == DTYPE_F16 ? CUDA_R_16F : kv->type == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    size_t kv_bytes = align256((size_t)(ctx * kv_dim) * es), q_bytes = align256((size_t)(nr * nh * hd) * es);
+    size_t s_bytes = align256((size_t)(nh * nr * ctx) * 4), p_bytes = align256((size_t)(nh * nr * ctx) * es);
+    char *buf = (char *)cuda_scratch(c, SCRATCH_ATT_GEMM, 2 * kv_bytes + q_bytes + s_bytes + p_bytes);
+    if (!buf) return;
+    char *kc = buf, *vc = kc + kv_bytes, *qh = vc + kv_bytes, *p = qh + q_bytes + s_bytes;
+    float *s = (float *)(qh + q_bytes);
+    gather_kv_kernel<<<(unsigned)ctx, 256, 0, c->stream>>>(kv->k, kv->v, ab->block_tables + table_off,
+                                                           ab->block_size, kv_dim, es, kc, vc);
+    int64_t qn = nr * nh * hd;
+    const float *qt = q + t0 * nh * hd;
+    unsigned rows = (unsigned)(nh * nr);
+    switch (kv->type) {
+    case DTYPE_F16:
+        convert_kernel<DTYPE_F16><<<cuda_blocks(qn, 256), 256, 0, c->stream>>>(qt, qn, qh);
+        break;
+    case DTYPE_BF16:
+        convert_kernel<DTYPE_BF16><<<cuda_blocks(qn, 256), 256, 0, c->stream>>>(qt, qn, qh);
+        break;
+    default: convert_kernel<DTYPE_F32><<<cuda_blocks(qn, 256), 256, 0, c->stream>>>(qt, qn, qh);
+    }
+    CUDA_LAUNCHED(c, "attention gather");
+    const float zero = 0.0f, one = 1.0f, scale = ab->scale;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    for (int64_t g = 0; g < group && st == CUBLAS_STATUS_SUCCESS; g++) /* S = scale Q K^T */
+        st = cublasGemmStridedBatchedEx(
+            c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)ctx, (int)nr, (int)hd, &scale, kc, ct,
+            (int)kv_dim, hd, qh + g * hd * es, ct, (int)(nh * hd), group * hd, &zero,
+            s + g * nr * ctx, CUDA_R_32F, (int)ctx, group * nr * ctx, (int)nkv,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    switch (kv->type) {
+    case DTYPE_F16: causal_softmax_kernel<DTYPE_F16><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, p); break;
+    case DTYPE_BF16: causal_softmax_kernel<DTYPE_BF16><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, p); break;
+    default: causal_softmax_kernel<DTYPE_F32><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, p);
+    }
+    CUDA_LAUNCHED(c, "attention softmax");
+    for (int64_t g = 0; g < group && st == CUBLAS_STATUS_SUCCESS; g++) /* O = P V */
+        st = cublasGemmStridedBatchedEx(
+            c->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)hd, (int)nr, (int)ctx, &one, vc, ct,
+            (int)kv_dim, hd, p + g * nr * ctx * es, ct, (int)ctx, group * nr * ctx, &zero,
+            out + t0 * nh * hd + g * hd, CUDA_R_32F, (int)(nh * hd), group * hd, (int)nkv,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "status %d", (int)st);
+        cuda_fail(c, "cuBLAS (attention)", msg);
+    }
+}
+
+void cuda_attention(cuda_ctx *c, const float *q, const kv_layer *kv, const attention_batch *ab,
+                    float *out) {
+    int64_t n = ab->n_tokens;
+    if (n <= 0) return;
+    if (ab->head_dim > 32 * ATT_DIMS || ab->n_heads % ab->n_kv_heads) {
+        cuda_fail(c, "attention", "head_dim over 256 or heads not a multiple of KV heads");
+        return;
+    }
+    const int32_t *pos = ab->host_positions, *seq = ab->host_seq_of_token;
+    if (c->exact || !pos || !seq || !ab->host_block_table_start || n < ATT_GEMM_MIN_RUN) {
+        attention_warps(c, q, kv, ab, out, 0, n);
+        return;
+    }
+    int64_t warp_from = 0;
+    for (int64_t t = 0; t < n;) {
+        int64_t e = t + 1;
+        while (e < n && seq[e] == seq[t] && pos[e] == pos[e - 1] + 1) e++;
+        if (e - t >= ATT_GEMM_MIN_RUN) {
+            attention_warps(c, q, kv, ab, out, warp_from, t);
+            attention_gemm_run(c, q, kv, ab, out, t, e, pos[t], ab->host_block_table_start[seq[t]]);
+            warp_from = e;
+        }
+        t = e;
+    }
+    attention_warps(c, q, kv, ab, out, warp_from, n);
 }
 
 /* Rounds to nearest even like the CPU's f32_to_f16 / f32_to_bf16. */

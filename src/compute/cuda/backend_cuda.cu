@@ -25,6 +25,11 @@ void cuda_fail(cuda_ctx *c, const char *what, const char *detail) {
 
 void *cuda_scratch(cuda_ctx *c, int which, size_t bytes) {
     if (bytes <= c->scratch_bytes[which]) return c->scratch[which];
+    if (c->capturing >= 0) { /* no allocation inside a recording: the step runs again */
+        c->capture_broken = 1;
+        return NULL;
+    }
+    c->epoch++;
     if (c->scratch[which]) {
         cudaStreamSynchronize(c->stream); /* in use by enqueued work until then */
         cudaFree(c->scratch[which]);
@@ -139,8 +144,19 @@ static const void *upload_bytes(cuda_ctx *c, const void *host, size_t bytes, con
     return d;
 }
 
+/* The copy of host data `e` still describes w (host memory freed and reused for another matrix
+ * shows up as a different shape; the same shape with new bytes cannot be told apart: weights
+ * must outlive the backend, as backend.h says). */
+static int entry_matches(const dev_matrix *m, const weight_matrix *w) {
+    return m->rows == w->rows && m->cols == w->cols && m->format == (int)w->format &&
+           (w->format != WEIGHT_MLX_AFFINE ||
+            (m->bits == w->bits && m->group_size == w->group_size &&
+             m->scale_dtype == (int)w->scale_dtype));
+}
+
 static int add_weight(cuda_ctx *c, const weight_matrix *w, char *err, size_t errlen) {
-    if (!w->data || find_entry(c, w->data) >= 0) return 0;
+    int64_t found = w->data ? find_entry(c, w->data) : -1;
+    if (!w->data || (found >= 0 && entry_matches(&c->entries[found].m, w))) return 0;
     if (w->format == WEIGHT_MLX_AFFINE && w->layout != WEIGHT_LAYOUT_MLX) {
         snprintf(err, errlen, "the CUDA backend reads MLX weights in MLX order only");
         return -1;
@@ -174,6 +190,10 @@ static int add_weight(cuda_ctx *c, const weight_matrix *w, char *err, size_t err
             m.data = upload_bytes(c, w->data, weight_matrix_bytes(w), "a matrix", err, errlen);
             if (!m.data) return -1;
         }
+        if (found >= 0) { /* a new matrix at the old one's host address */
+            c->entries[found].m = m;
+            return 0;
+        }
         weight_entry *e = &c->entries[c->n_entries];
         e->host = w->data;
         e->m = m;
@@ -189,7 +209,7 @@ oom:
 
 const dev_matrix *cuda_weight(cuda_ctx *c, const weight_matrix *w) {
     int64_t e = find_entry(c, w->data);
-    if (e < 0) {
+    if (e < 0 || !entry_matches(&c->entries[e].m, w)) {
         char err[200];
         if (add_weight(c, w, err, sizeof err) != 0) {
             cuda_fail(c, "weight upload", err);
@@ -213,7 +233,9 @@ static int experts_kind(const dev_matrix *const *m, int n) {
 
 const dev_experts *cuda_experts(cuda_ctx *c, const moe_experts *ex) {
     for (size_t i = 0; i < c->n_experts_sets; i++)
-        if (c->experts[i].key == ex->gate) return &c->experts[i];
+        if (c->experts[i].key == ex->gate && c->experts[i].first == ex->gate[0].data &&
+            c->experts[i].n == ex->n_experts)
+            return &c->experts[i];
     dev_experts *n = (dev_experts *)realloc(c->experts, (c->n_experts_sets + 1) * sizeof *n);
     if (!n) {
         cuda_fail(c, "MoE tables", "out of host memory");
@@ -243,6 +265,8 @@ const dev_experts *cuda_experts(cuda_ctx *c, const moe_experts *ex) {
         }
     dev_experts d;
     d.key = ex->gate;
+    d.first = ex->gate[0].data;
+    d.n = ne;
     char err[200];
     dev_matrix *table = (dev_matrix *)upload_bytes(c, host, 3 * (size_t)ne * sizeof *host,
                                                    "MoE tables", err, sizeof err);
@@ -533,6 +557,70 @@ static void cuda_moe_ffn(compute_backend *b, const moe_experts *ex, const float 
     CUDA_LAUNCHED(c, "moe_combine");
 }
 
+/* ---- recorded steps (CUDA graphs) ------------------------------------------------------ */
+
+/* Decode steps (at most this many tokens: GEMV matmuls and the warp attention kernel, no cuBLAS)
+ * are recorded the second time their key is seen -- the first runs as called, so every scratch
+ * buffer already has its size -- and replayed from the third on. */
+#define GRAPH_MAX_TOKENS 8
+
+static int cuda_step_begin(compute_backend *b, uint64_t key, int64_t n_tokens) {
+    cuda_ctx *c = (cuda_ctx *)b->ctx;
+    c->capturing = -1;
+    if (c->no_graphs || n_tokens > GRAPH_MAX_TOKENS || c->error[0]) return 0;
+    int i = 0;
+    while (i < c->n_graphs && c->graphs[i].key != key) i++;
+    if (i == c->n_graphs) {
+        if (i == (int)(sizeof c->graphs / sizeof c->graphs[0])) return 0;
+        memset(&c->graphs[i], 0, sizeof c->graphs[i]);
+        c->graphs[i].key = key;
+        c->n_graphs++;
+    }
+    cuda_ctx::step_graph *g = &c->graphs[i];
+    if (g->disabled) return 0;
+    if (g->exec && g->epoch != c->epoch) { /* recorded over scratch that has moved since */
+        cudaGraphExecDestroy(g->exec);
+        g->exec = NULL;
+    }
+    if (g->exec) {
+        CUDA_OK(c, cudaGraphLaunch(g->exec, c->stream));
+        return 1;
+    }
+    if (!g->seen) {
+        g->seen = 1;
+        return 0;
+    }
+    if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+        cudaGetLastError();
+        g->disabled = 1;
+        return 0;
+    }
+    c->capturing = i;
+    c->capture_broken = 0;
+    return 0;
+}
+
+static int cuda_step_end(compute_backend *b) {
+    cuda_ctx *c = (cuda_ctx *)b->ctx;
+    if (c->capturing < 0) return 0;
+    cuda_ctx::step_graph *g = &c->graphs[c->capturing];
+    c->capturing = -1;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+    if (e == cudaSuccess && !c->capture_broken)
+        e = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (e != cudaSuccess || c->capture_broken) {
+        cudaGetLastError();
+        g->exec = NULL;
+        g->disabled = 1;
+        return 1; /* nothing ran: the caller issues the ops again */
+    }
+    g->epoch = c->epoch;
+    CUDA_OK(c, cudaGraphLaunch(g->exec, c->stream));
+    return 0;
+}
+
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
 static void cuda_destroy(compute_backend *b) {
@@ -540,8 +628,10 @@ static void cuda_destroy(compute_backend *b) {
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
     for (size_t i = 0; i < c->n_chunks; i++) cudaFree(c->chunks[i]);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (c->scratch[i]) cudaFree(c->scratch[i]);
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     if (c->blas) cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
     free(c->chunks);
@@ -613,8 +703,10 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
         free(c);
         return NULL;
     }
-    const char *mode = getenv("EXO_CUDA_MATMUL");
+    const char *mode = getenv("EXO_CUDA_MATMUL"), *graphs = getenv("EXO_CUDA_GRAPHS");
     c->exact = mode && !strcmp(mode, "exact");
+    c->no_graphs = graphs && !strcmp(graphs, "0");
+    c->capturing = -1;
     return c;
 }
 
@@ -638,6 +730,8 @@ extern "C" compute_backend *compute_backend_cuda(int device, char *err, size_t e
     b->load_weight = cuda_load_weight;
     b->memory_info = cuda_memory_info;
     b->status = cuda_status;
+    b->step_begin = cuda_step_begin;
+    b->step_end = cuda_step_end;
     b->matmul = cuda_matmul_op;
     b->matmul_multi = cuda_matmul_multi_op;
     b->embed = cuda_embed_op;

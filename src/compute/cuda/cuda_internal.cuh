@@ -26,7 +26,9 @@ struct dev_matrix {
 
 /* An MoE layer's experts as device descriptor tables ([n_experts] each), built on first use. */
 struct dev_experts {
-    const void *key; /* host: ex->gate */
+    const void *key;   /* host: ex->gate */
+    const void *first; /* host: ex->gate[0].data, n_experts: the key still describes ex */
+    int n;
     dev_matrix *gate, *up, *down; /* device arrays */
     int kind_gate_up, kind_down;  /* the one kind of every expert, or GEMV_GENERIC */
 };
@@ -55,11 +57,23 @@ struct cuda_ctx {
     dev_experts *experts;
     size_t n_experts_sets;
     /* scratch, grown on demand (GPU memory) */
-    void *scratch[4];
-    size_t scratch_bytes[4];
+    void *scratch[5];
+    size_t scratch_bytes[5];
+    /* recorded decode steps (CUDA graphs), see step_begin in backend_cuda.cu */
+    struct step_graph {
+        uint64_t key;
+        int seen, disabled;
+        unsigned epoch;
+        cudaGraphExec_t exec;
+    } graphs[64];
+    int n_graphs;
+    int capturing;      /* index into graphs, or -1 */
+    int capture_broken; /* an op could not be recorded: run the step again unrecorded */
+    unsigned epoch;     /* bumped when scratch moves: graphs recorded before hold stale pointers */
+    int no_graphs;      /* EXO_CUDA_GRAPHS=0 */
 };
 
-enum { SCRATCH_GEMM_X = 0, SCRATCH_GEMM_W, SCRATCH_ATTENTION, SCRATCH_MOE };
+enum { SCRATCH_GEMM_X = 0, SCRATCH_GEMM_W, SCRATCH_ATTENTION, SCRATCH_MOE, SCRATCH_ATT_GEMM };
 
 /* Records the first error (sticky) from a CUDA or cuBLAS call site. */
 void cuda_fail(cuda_ctx *c, const char *what, const char *detail);

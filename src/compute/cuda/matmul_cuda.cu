@@ -2,9 +2,10 @@
  *
  * Decode (up to 8 tokens, or every size with EXO_CUDA_MATMUL=exact): GEMV kernels that stream
  * the weights once in 16-byte loads, dequantizing in registers, with float32 activations and
- * float32 accumulation -- the CPU reference's arithmetic up to summation order. A block of 128
- * threads owns 4 rows; its threads stride over the row's 16-byte chunks, so each thread has 4
- * independent loads in flight per step and every chunk of x it reads serves 4 rows. MLX weights
+ * float32 accumulation -- the CPU reference's arithmetic up to summation order. A warp owns 4
+ * rows; its lanes stride over the rows' 16-byte chunks, loading 2-4 chunks of each row before
+ * using any (8-16 independent loads in flight per lane), and every chunk of x a lane reads serves
+ * the 4 rows. No shared memory, no barriers: blocks of 4 warps only group launches. MLX weights
  * are dequantized as scale * sum(q x) + bias * sum(x) per chunk (a chunk never crosses a group).
  *
  * Prefill and batches (more than 8 tokens): x rounded to bf16 (f16 for f16 weights), MLX weights
@@ -16,8 +17,9 @@
 #include <cuda_fp16.h>
 #include <stdio.h>
 
-#define GEMV_THREADS 128
+#define GEMV_THREADS 128 /* 4 warps, each its own GEMV_ROWS rows */
 #define GEMV_ROWS 4
+#define GEMV_BLOCK_ROWS (GEMV_THREADS / 32 * GEMV_ROWS)
 #define GEMV_MAX_TOKENS 8
 
 template <int KIND> struct chunk_values;
@@ -108,44 +110,25 @@ __device__ __forceinline__ float warp_reduce(float v) {
     return v;
 }
 
-/* Sums acc over the block and writes rows row0.. of y (y[t * y_stride + row]). */
-template <int NT>
-__device__ __forceinline__ void block_reduce_store(float (&acc)[NT][GEMV_ROWS], int64_t row0,
-                                                   int64_t rows, float *y, int64_t y_stride) {
-    __shared__ float red[GEMV_THREADS / 32][NT * GEMV_ROWS];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
-            float v = warp_reduce(acc[t][r]);
-            if (lane == 0) red[warp][t * GEMV_ROWS + r] = v;
-        }
-    __syncthreads();
-    if (threadIdx.x < NT * GEMV_ROWS) {
-        int t = threadIdx.x / GEMV_ROWS, r = threadIdx.x % GEMV_ROWS;
-        float s = 0;
-#pragma unroll
-        for (int w = 0; w < GEMV_THREADS / 32; w++) s += red[w][threadIdx.x];
-        if (row0 + r < rows) y[t * y_stride + row0 + r] = s;
-    }
-}
-
-/* GEMV_ROWS rows of w from row0 against NT tokens of x. */
+/* GEMV_ROWS rows of w from row0 against NT tokens of x, by one warp: lane l takes the 16-byte
+ * chunks l, l + 32, ... of each row, U chunks of every row loaded before any is used (U * ROWS
+ * independent 16-byte loads in flight per lane), then the warp sums by shuffles. */
 template <int KIND, int NT>
 __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, const float *x,
                                           int64_t x_stride, float *y, int64_t y_stride) {
+    const int lane = threadIdx.x & 31;
     float acc[NT][GEMV_ROWS];
 #pragma unroll
     for (int t = 0; t < NT; t++)
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) acc[t][r] = 0;
+    if (row0 >= w.rows) return;
     if (KIND == GEMV_GENERIC) {
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) {
             int64_t row = row0 + r;
             if (row >= w.rows) break;
-            for (int64_t c = threadIdx.x; c < w.cols; c += GEMV_THREADS) {
+            for (int64_t c = lane; c < w.cols; c += 32) {
                 float v = matrix_value(w, row, c);
 #pragma unroll
                 for (int t = 0; t < NT; t++) acc[t][r] = fmaf(v, x[t * x_stride + c], acc[t][r]);
@@ -153,46 +136,66 @@ __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, con
         }
     } else {
         const int V = chunk_values<KIND>::n;
+        const int U = NT <= 2 ? 4 : 2;
         const bool quant = KIND == GEMV_Q4 || KIND == GEMV_Q8;
         int64_t n_chunks = w.cols / V;
         int64_t groups = quant ? w.cols / w.group_size : 1;
         const uint4 *base = (const uint4 *)w.data;
-        for (int64_t c = threadIdx.x; c < n_chunks; c += GEMV_THREADS) {
-            uint4 wv[GEMV_ROWS];
-            float sc[GEMV_ROWS], bi[GEMV_ROWS];
+        int64_t rows_at[GEMV_ROWS];
 #pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) {
-                int64_t row = row0 + r < w.rows ? row0 + r : w.rows - 1; /* tail: read, unused */
-                wv[r] = __ldcs(base + row * n_chunks + c);
-                if (quant) {
-                    int64_t g = row * groups + (c * V) / w.group_size;
-                    sc[r] = scale_value(w.scales, g, w.scale_dtype);
-                    bi[r] = scale_value(w.biases, g, w.scale_dtype);
+        for (int r = 0; r < GEMV_ROWS; r++) /* a tail row reads the last row, unused */
+            rows_at[r] = row0 + r < w.rows ? row0 + r : w.rows - 1;
+        for (int64_t c0 = lane; c0 < n_chunks; c0 += 32 * U) {
+            uint4 wv[U][GEMV_ROWS];
+            float sc[U][GEMV_ROWS], bi[U][GEMV_ROWS];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int64_t c = c0 + 32 * u;
+                bool ok = c < n_chunks;
+#pragma unroll
+                for (int r = 0; r < GEMV_ROWS; r++) {
+                    wv[u][r] = ok ? __ldcs(base + rows_at[r] * n_chunks + c) : make_uint4(0, 0, 0, 0);
+                    if (quant) {
+                        int64_t g = rows_at[r] * groups + (c * V) / w.group_size;
+                        sc[u][r] = ok ? scale_value(w.scales, g, w.scale_dtype) : 0.0f;
+                        bi[u][r] = ok ? scale_value(w.biases, g, w.scale_dtype) : 0.0f;
+                    }
                 }
             }
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                float xv[V];
-                const float4 *xp = (const float4 *)(x + t * x_stride + c * V);
+            for (int u = 0; u < U; u++) {
+                int64_t c = c0 + 32 * u;
+                if (c >= n_chunks) break;
 #pragma unroll
-                for (int i = 0; i < V / 4; i++) {
-                    float4 f = __ldg(xp + i);
-                    xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
-                }
-                float sx = 0;
-                if (quant) {
+                for (int t = 0; t < NT; t++) {
+                    float xv[V];
+                    const float4 *xp = (const float4 *)(x + t * x_stride + c * V);
 #pragma unroll
-                    for (int i = 0; i < V; i++) sx += xv[i];
-                }
+                    for (int i = 0; i < V / 4; i++) {
+                        float4 f = __ldg(xp + i);
+                        xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+                    }
+                    float sx = 0;
+                    if (quant) {
 #pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++) {
-                    float d = chunk_dot<KIND>(wv[r], xv);
-                    acc[t][r] += quant ? fmaf(sc[r], d, bi[r] * sx) : d;
+                        for (int i = 0; i < V; i++) sx += xv[i];
+                    }
+#pragma unroll
+                    for (int r = 0; r < GEMV_ROWS; r++) {
+                        float d = chunk_dot<KIND>(wv[u][r], xv);
+                        acc[t][r] += quant ? fmaf(sc[u][r], d, bi[u][r] * sx) : d;
+                    }
                 }
             }
         }
     }
-    block_reduce_store<NT>(acc, row0, w.rows, y, y_stride);
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            float v = warp_reduce(acc[t][r]);
+            if (lane == 0 && row0 + r < w.rows) y[t * y_stride + row0 + r] = v;
+        }
 }
 
 /* Up to 4 matrices sharing x (q/k/v, gate/up) in one launch: block b belongs to matrix m when
@@ -210,7 +213,7 @@ template <int KIND, int NT>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(gemv_args a) {
     int b = blockIdx.x, m = 0;
     while (m + 1 < a.n && b >= a.block_start[m + 1]) m++;
-    int64_t row0 = (int64_t)(b - a.block_start[m]) * GEMV_ROWS;
+    int64_t row0 = (int64_t)(b - a.block_start[m]) * GEMV_BLOCK_ROWS + (threadIdx.x >> 5) * GEMV_ROWS;
     gemv_rows<KIND, NT>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows);
 }
 
@@ -221,7 +224,8 @@ __global__ void __launch_bounds__(GEMV_THREADS)
                         int64_t cols, float *y, int64_t rows) {
     int64_t j = blockIdx.y;
     dev_matrix w = table[ids[j]];
-    gemv_rows<KIND, 1>(w, (int64_t)blockIdx.x * GEMV_ROWS, x + (j / x_div) * cols, cols,
+    gemv_rows<KIND, 1>(w, (int64_t)blockIdx.x * GEMV_BLOCK_ROWS + (threadIdx.x >> 5) * GEMV_ROWS,
+                       x + (j / x_div) * cols, cols,
                        y + j * rows, rows);
 }
 
@@ -256,7 +260,7 @@ static void gemv_tiles(cuda_ctx *c, int n, const dev_matrix *const *m, const flo
     a.block_start[0] = 0;
     for (int i = 0; i < n; i++) {
         a.w[i] = *m[i];
-        a.block_start[i + 1] = a.block_start[i] + (int)cuda_blocks(m[i]->rows, GEMV_ROWS);
+        a.block_start[i + 1] = a.block_start[i] + (int)cuda_blocks(m[i]->rows, GEMV_BLOCK_ROWS);
     }
     for (int64_t t0 = 0; t0 < n_tokens; t0 += GEMV_MAX_TOKENS) {
         int nt = (int)(n_tokens - t0 < GEMV_MAX_TOKENS ? n_tokens - t0 : GEMV_MAX_TOKENS);
@@ -268,7 +272,7 @@ static void gemv_tiles(cuda_ctx *c, int n, const dev_matrix *const *m, const flo
 
 void cuda_gemv_experts(cuda_ctx *c, const dev_matrix *table, int kind, int64_t rows, int64_t cols,
                        const int32_t *ids, int64_t n_jobs, int x_div, const float *x, float *y) {
-    dim3 grid(cuda_blocks(rows, GEMV_ROWS), (unsigned)n_jobs);
+    dim3 grid(cuda_blocks(rows, GEMV_BLOCK_ROWS), (unsigned)n_jobs);
     switch (kind) {
 #define CASE(K) \
     case K: gemv_experts_kernel<K><<<grid, GEMV_THREADS, 0, c->stream>>>(table, ids, x_div, x, cols, y, rows); break;
@@ -310,13 +314,31 @@ __global__ void dequant_elements_kernel(dev_matrix w, __nv_bfloat16 *out) {
     out[i] = __float2bfloat16_rn(matrix_value(w, i / w.cols, i % w.cols));
 }
 
+__global__ void dequant_f32_kernel(dev_matrix w, float *out) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= w.rows * w.cols) return;
+    out[i] = matrix_value(w, i / w.cols, i % w.cols);
+}
+
+/* Matrices this small gain nothing from tensor cores, and an MoE router among them needs its
+ * logits in float32 to pick the experts the reference picks: they take SGEMM. */
+#define GEMM_F32_MAX_WEIGHTS ((int64_t)1 << 22)
+
 static void gemm_path(cuda_ctx *c, const dev_matrix *m, const float *x, float *y, int64_t n) {
     const float one = 1.0f, zero = 0.0f;
     int rows = (int)m->rows, cols = (int)m->cols, tokens = (int)n;
     cublasStatus_t st;
-    if (m->format == WEIGHT_F32) {
-        st = cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one,
-                         (const float *)m->data, cols, x, cols, &zero, y, rows);
+    if (m->format == WEIGHT_F32 || m->rows * m->cols <= GEMM_F32_MAX_WEIGHTS) {
+        const float *wf = (const float *)m->data;
+        if (m->format != WEIGHT_F32) {
+            float *buf = (float *)cuda_scratch(c, SCRATCH_GEMM_W, (size_t)rows * (size_t)cols * 4);
+            if (!buf) return;
+            dequant_f32_kernel<<<cuda_blocks(m->rows * m->cols, 256), 256, 0, c->stream>>>(*m, buf);
+            CUDA_LAUNCHED(c, "dequantize (f32)");
+            wf = buf;
+        }
+        st = cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, wf, cols, x,
+                         cols, &zero, y, rows);
     } else {
         int bf16 = m->format != WEIGHT_F16;
         void *xh = cuda_scratch(c, SCRATCH_GEMM_X, (size_t)n * (size_t)cols * 2);
