@@ -112,10 +112,15 @@ static void make_matrix(test_matrix *m, weight_format f, int64_t rows, int64_t c
     m->w.data = m->data, m->w.scales = m->scales, m->w.biases = m->biases;
 }
 
+/* Weights must outlive the backend that copied them (backend.h: it may key its copies by the
+ * host address), so test matrices are released only after the backends, at exit. */
+static void *kept[4096];
+static int n_kept;
+
 static void free_matrix(test_matrix *m) {
-    free(m->data);
-    free(m->scales);
-    free(m->biases);
+    void *p[3] = {m->data, m->scales, m->biases};
+    for (int i = 0; i < 3; i++)
+        if (p[i] && n_kept < (int)(sizeof kept / sizeof *kept)) kept[n_kept++] = p[i];
 }
 
 /* One matmul on both backends; returns the relative difference. */
@@ -523,5 +528,6 @@ int main(void) {
     if (gpu) gpu->destroy(gpu);
     if (gpu_exact) gpu_exact->destroy(gpu_exact);
     cpu->destroy(cpu);
+    for (int i = 0; i < n_kept; i++) free(kept[i]);
     return failed;
 }

@@ -57,8 +57,10 @@
 #define QUANT_INT16_TOL 3e-3
 #define F16_KV_TOL 6e-3
 #define GAP_MIN 1e-2
-/* bf16 activations in prefill GEMMs: 2^-9 relative per product */
-#define GEMM_TOL 3e-2
+/* bf16 activations (and 4-bit weights dequantized to bf16) in prefill GEMMs: 2^-9 relative per
+ * product; measured on one H200: teacher-forced logits 1.8e-2..2.1e-2 (bf16 models) and 3.3e-2..
+ * 3.6e-2 (4-bit), greedy logprobs <= 4.1e-5, every token equal */
+#define GEMM_TOL 5e-2
 #define GEMM_GAP_MIN 5e-2
 
 /* The pass being run: which device, and the bars it is held to. */

@@ -115,6 +115,7 @@ static int gemv_kind_of(const weight_matrix *w) {
     case WEIGHT_F16: return w->cols % 8 ? GEMV_GENERIC : GEMV_F16;
     case WEIGHT_BF16: return w->cols % 8 ? GEMV_GENERIC : GEMV_BF16;
     case WEIGHT_MLX_AFFINE:
+        if (w->group_size & (w->group_size - 1)) return GEMV_GENERIC; /* not a power of two */
         if (w->bits == 4 && w->cols % 32 == 0 && w->group_size % 32 == 0) return GEMV_Q4;
         if (w->bits == 8 && w->cols % 16 == 0 && w->group_size % 16 == 0) return GEMV_Q8;
         return GEMV_GENERIC;
@@ -177,6 +178,7 @@ static int add_weight(cuda_ctx *c, const weight_matrix *w, char *err, size_t err
         m.format = w->format;
         m.bits = w->bits;
         m.group_size = w->group_size;
+        while (w->group_size > 0 && (1 << m.group_shift) < w->group_size) m.group_shift++;
         m.scale_dtype = w->scale_dtype;
         m.kind = gemv_kind_of(w);
         size_t n = (size_t)w->rows * (size_t)w->cols;

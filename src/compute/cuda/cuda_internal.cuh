@@ -20,6 +20,7 @@ struct dev_matrix {
     int64_t rows, cols;
     int format;      /* weight_format */
     int bits, group_size;
+    int group_shift; /* log2(group_size) (MLX group sizes are powers of two) */
     int scale_dtype; /* dtype of scales and biases */
     int kind;        /* gemv_kind */
 };

@@ -113,9 +113,27 @@ __device__ __forceinline__ float warp_reduce(float v) {
 /* GEMV_ROWS rows of w from row0 against NT tokens of x, by one warp: lane l takes the 16-byte
  * chunks l, l + 32, ... of each row, U chunks of every row loaded before any is used (U * ROWS
  * independent 16-byte loads in flight per lane), then the warp sums by shuffles. */
-template <int KIND, int NT>
+/* Quantized chunks hold 16 or 32 values: lanes reading x straight from global memory would
+ * stride 64 or 128 bytes apart, 32 L1 wavefronts per load (the 4-bit kernel ran at 10% of the
+ * bandwidth). For one token the block stages x in shared memory instead, permuted so that the
+ * i-th float4 of 32 consecutive chunks lie side by side: lane l's reads are consecutive 16-byte
+ * words, one wavefront per 4 lanes' worth. float4 f = 8c + i of chunk c goes to slot
+ * (c / 32) * 8V + 32 i + c % 32 (V values per chunk). */
+template <int KIND> __device__ __forceinline__ int64_t staged_slot(int64_t c, int i) {
+    const int V = chunk_values<KIND>::n;
+    return (c >> 5) * (8 * V) + 32 * i + (c & 31);
+}
+
+template <int KIND> static size_t staged_bytes(int64_t cols) {
+    const int V = chunk_values<KIND>::n;
+    int64_t chunks = cols / V;
+    return (size_t)((chunks + 31) / 32) * 32 * V * sizeof(float);
+}
+
+template <int KIND, int NT, bool STAGED = false>
 __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, const float *x,
-                                          int64_t x_stride, float *y, int64_t y_stride) {
+                                          int64_t x_stride, float *y, int64_t y_stride,
+                                          const float4 *xs = nullptr) {
     const int lane = threadIdx.x & 31;
     float acc[NT][GEMV_ROWS];
 #pragma unroll
@@ -156,7 +174,7 @@ __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, con
                 for (int r = 0; r < GEMV_ROWS; r++) {
                     wv[u][r] = ok ? __ldcs(base + rows_at[r] * n_chunks + c) : make_uint4(0, 0, 0, 0);
                     if (quant) {
-                        int64_t g = rows_at[r] * groups + (c * V) / w.group_size;
+                        int64_t g = rows_at[r] * groups + ((c * V) >> w.group_shift);
                         sc[u][r] = ok ? scale_value(w.scales, g, w.scale_dtype) : 0.0f;
                         bi[u][r] = ok ? scale_value(w.biases, g, w.scale_dtype) : 0.0f;
                     }
@@ -172,7 +190,7 @@ __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, con
                     const float4 *xp = (const float4 *)(x + t * x_stride + c * V);
 #pragma unroll
                     for (int i = 0; i < V / 4; i++) {
-                        float4 f = __ldg(xp + i);
+                        float4 f = STAGED ? xs[staged_slot<KIND>(c, i)] : __ldg(xp + i);
                         xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
                     }
                     float sx = 0;
@@ -217,6 +235,36 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(gemv_args a) {
     gemv_rows<KIND, NT>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows);
 }
 
+/* One token of a 4- or 8-bit matrix with x staged in shared memory (staged_slot). */
+template <int KIND>
+__global__ void __launch_bounds__(GEMV_THREADS) gemv_staged_kernel(gemv_args a) {
+    extern __shared__ float4 xs[];
+    const int V = chunk_values<KIND>::n;
+    int64_t n4 = a.w[0].cols / 4;
+    const float4 *x4 = (const float4 *)a.x;
+    for (int64_t f = threadIdx.x; f < n4; f += GEMV_THREADS)
+        xs[staged_slot<KIND>(f / (V / 4), (int)(f % (V / 4)))] = __ldg(x4 + f);
+    __syncthreads();
+    int b = blockIdx.x, m = 0;
+    while (m + 1 < a.n && b >= a.block_start[m + 1]) m++;
+    int64_t row0 = (int64_t)(b - a.block_start[m]) * GEMV_BLOCK_ROWS + (threadIdx.x >> 5) * GEMV_ROWS;
+    gemv_rows<KIND, 1, true>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows, xs);
+}
+
+/* Above the default 48 KB of shared memory a kernel must ask (x of 14336 columns: 57 KB). */
+template <int KIND> static int staged_fits(int64_t cols) {
+    static int limit = -1;
+    if (limit < 0) {
+        int dev = 0, optin = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        limit = optin > 48 * 1024 ? optin : 48 * 1024;
+        cudaFuncSetAttribute(gemv_staged_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+        cudaGetLastError();
+    }
+    return staged_bytes<KIND>(cols) <= (size_t)limit;
+}
+
 /* MoE: job j (blockIdx.y) multiplies expert table[ids[j]] with x row j / x_div into y row j. */
 template <int KIND>
 __global__ void __launch_bounds__(GEMV_THREADS)
@@ -240,6 +288,17 @@ static void launch_gemv_tokens(cuda_ctx *c, const gemv_args &a, int blocks, int 
 }
 
 static void launch_gemv(cuda_ctx *c, int kind, const gemv_args &a, int blocks, int nt) {
+    int64_t cols = a.w[0].cols;
+    if (nt == 1 && kind == GEMV_Q4 && staged_fits<GEMV_Q4>(cols)) {
+        gemv_staged_kernel<GEMV_Q4><<<blocks, GEMV_THREADS, staged_bytes<GEMV_Q4>(cols), c->stream>>>(a);
+        CUDA_LAUNCHED(c, "gemv (4-bit, staged x)");
+        return;
+    }
+    if (nt == 1 && kind == GEMV_Q8 && staged_fits<GEMV_Q8>(cols)) {
+        gemv_staged_kernel<GEMV_Q8><<<blocks, GEMV_THREADS, staged_bytes<GEMV_Q8>(cols), c->stream>>>(a);
+        CUDA_LAUNCHED(c, "gemv (8-bit, staged x)");
+        return;
+    }
     switch (kind) {
     case GEMV_F32: launch_gemv_tokens<GEMV_F32>(c, a, blocks, nt); break;
     case GEMV_F16: launch_gemv_tokens<GEMV_F16>(c, a, blocks, nt); break;
