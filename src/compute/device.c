@@ -64,16 +64,7 @@ int compute_gpu_count(void) {
 
 int compute_gpu_get(int index, compute_gpu *out) {
 #ifdef EXO_CUDA
-    cuda_gpu g;
-    if (cuda_gpu_get(index, &g) != 0) return -1;
-    memset(out, 0, sizeof *out);
-    snprintf(out->name, sizeof out->name, "%s", g.name);
-    out->memory_total = g.memory_total;
-    out->memory_free = g.memory_free;
-    out->multiprocessors = g.multiprocessors;
-    out->compute_major = g.major;
-    out->compute_minor = g.minor;
-    return 0;
+    return cuda_gpu_get(index, out);
 #else
     (void)index, (void)out;
     return -1;

@@ -11,6 +11,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus /* the CUDA backend (.cu) includes this */
+extern "C" {
+#endif
+
 typedef enum compute_device {
     COMPUTE_DEVICE_AUTO = 0, /* the GPU when this binary has CUDA and a GPU is present, else CPU */
     COMPUTE_DEVICE_CPU,
@@ -50,5 +54,9 @@ compute_backend *compute_backend_open(compute_device d, int n_threads, char *err
  * random operands in GFLOP/s (best of reps). */
 double compute_gpu_copy_gbs(size_t bytes, int reps);
 double compute_gpu_gemm_bf16_gflops(int n, int reps);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -653,7 +653,7 @@ int cuda_gpu_count(void) {
     return n;
 }
 
-int cuda_gpu_get(int index, cuda_gpu *out) {
+int cuda_gpu_get(int index, compute_gpu *out) {
     cudaDeviceProp p;
     if (cudaGetDeviceProperties(&p, index) != cudaSuccess) {
         cudaGetLastError();
@@ -663,8 +663,8 @@ int cuda_gpu_get(int index, cuda_gpu *out) {
     snprintf(out->name, sizeof out->name, "%.95s", p.name);
     out->memory_total = p.totalGlobalMem;
     out->multiprocessors = p.multiProcessorCount;
-    out->major = p.major;
-    out->minor = p.minor;
+    out->compute_major = p.major;
+    out->compute_minor = p.minor;
     int prev = 0;
     cudaGetDevice(&prev);
     if (cudaSetDevice(index) == cudaSuccess) {

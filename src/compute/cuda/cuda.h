@@ -13,6 +13,7 @@
 #define EXO_COMPUTE_CUDA_H
 
 #include "compute/backend.h"
+#include "compute/device.h"
 
 #include <stddef.h>
 
@@ -20,17 +21,10 @@
 extern "C" {
 #endif
 
-typedef struct cuda_gpu {
-    char name[96];
-    size_t memory_total, memory_free; /* bytes */
-    int multiprocessors;
-    int major, minor;                 /* compute capability */
-} cuda_gpu;
-
 /* GPUs the CUDA runtime sees (0 when none, or no driver). */
 int cuda_gpu_count(void);
 /* Fills out for GPU `index`; returns 0, or -1. */
-int cuda_gpu_get(int index, cuda_gpu *out);
+int cuda_gpu_get(int index, compute_gpu *out);
 /* The backend on GPU `device`; NULL with err when there is no such GPU or it cannot start. */
 compute_backend *compute_backend_cuda(int device, char *err, size_t errlen);
 /* Ceilings for benchmarks, measured on GPU `device`: a device-to-device copy of `bytes`
