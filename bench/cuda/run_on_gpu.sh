@@ -5,6 +5,7 @@
 # here by mkmodel into /dev/shm while the tests run. Logs go to $OUT as they are written.
 #   MODELS="bf16 4bit" (default both)   SANITIZE=1 (compute-sanitizer memcheck of the op tests)
 #   BATCH=1,64   PP=512,2048   GRAPHS_AB=1 (b1 bf16 decode again with EXO_CUDA_GRAPHS=0)
+#   PROFILE=1 (ncu over a few 4-bit decode steps: where the one-token GEMV spends its time)
 set -uo pipefail
 export EXO_BUILD=build
 MODELS=${MODELS:-bf16 4bit} BATCH=${BATCH:-1,64} PP=${PP:-512,2048}
@@ -45,4 +46,11 @@ done 2>&1 | tee "$OUT/bench.log"
 if [ "${GRAPHS_AB:-0}" = 1 ]; then
   echo "== the same b1 decode without CUDA graphs (EXO_CUDA_GRAPHS=0)" | tee -a "$OUT/bench.log"
   EXO_CUDA_GRAPHS=0 X timeout 120 ./build/exo bench --model "$m/llama8b-bf16" --device cuda --pp 128 --tg 128 --batch 1 --reps 2 2>&1 | grep "decode" | tee -a "$OUT/bench.log"
+fi
+if [ "${PROFILE:-0}" = 1 ] && [ -d "$m/llama8b-4bit" ]; then
+  echo "== ncu: 4-bit decode kernels" | tee "$OUT/ncu.log"
+  EXO_CUDA_GRAPHS=0 X timeout 300 ncu --clock-control none --launch-skip 2000 --launch-count 40 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    ./build/exo bench --model "$m/llama8b-4bit" --device cuda --pp 16 --tg 8 --batch 1 --reps 1 >> "$OUT/ncu.log" 2>&1
+  grep -E "gemv|attention|Duration|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Stall" "$OUT/ncu.log" | head -80
 fi
