@@ -9,12 +9,18 @@
 #   make test-san   the whole suite under ASan + UBSan + LSan (build/san/)
 #   make fuzz       build the libFuzzer targets (clang) into build/fuzz/
 #
-# Sources are discovered: every src/**/*.c goes into libexo.a, every tests/unit/test_*.c
-# becomes one test binary, every tools/<name>/*.c one tool. Adding a file needs no edit here.
+# Sources are discovered: every src/**/*.c (and src/**/*.cc: the Gloo wrapper, the only C++)
+# goes into libexo.a, every tests/unit/test_*.c becomes one test binary, every tools/<name>/*.c
+# one tool. Adding a file needs no edit here.
 
 CC ?= cc
 ifeq ($(origin CC),default)
 CC := gcc
+endif
+# C++ (src/dist/gloo.cc only) follows the C compiler's family, so `make CC=clang` and the
+# fuzz build (clang sanitizers) compile it with the matching runtime.
+ifeq ($(origin CXX),default)
+CXX := $(if $(findstring clang,$(CC)),clang++,g++)
 endif
 
 BUILD ?= build
@@ -34,8 +40,11 @@ PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 CFLAGS := -std=c17 -Wall -Wextra -Werror -g $(OPT) -D_GNU_SOURCE -pthread -Isrc $(PKG_CFLAGS) \
           -MMD -MP $(EXTRA_CFLAGS)
+CXXFLAGS := $(filter-out -std=c17,$(CFLAGS)) -std=c++17
 LDFLAGS := $(OPT) -pthread $(EXTRA_LDFLAGS)
-LDLIBS := $(PKG_LIBS) -lopenblas -lm -ldl
+# Gloo (dist/): the shared library brings its own ibverbs/hiredis; -lstdc++ because the link
+# driver is the C compiler.
+LDLIBS := $(PKG_LIBS) -lopenblas -lgloo -lstdc++ -lm -ldl
 
 ifeq ($(CUDA),1)
 BUILD := build/cuda
@@ -55,9 +64,10 @@ VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
 CFLAGS += -DEXO_VERSION='"0.1.0 ($(VERSION))"'
 
 SRC := $(shell find src -name '*.c' | sort)
+CXX_SRC := $(shell find src -name '*.cc' | sort)
 MAIN_SRC := src/main.c
 LIB_SRC := $(filter-out $(MAIN_SRC),$(SRC))
-LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_OBJ)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CXX_SRC:%.cc=$(BUILD)/obj/%.o) $(CU_OBJ)
 LIB := $(BUILD)/libexo.a
 
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
@@ -73,6 +83,11 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo '  CC   $<'
 	@$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cc
+	@mkdir -p $(dir $@)
+	@echo '  CXX  $<'
+	@$(CXX) $(CXXFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -142,7 +157,7 @@ fuzz:
 	    $$f build/fuzz/libexo.a $(LDLIBS) -o build/fuzz/bin/$$n || exit 1; done
 
 format:
-	@find src tests/unit tests/fuzz tools -name '*.[ch]' | xargs clang-format -i
+	@find src tests/unit tests/fuzz tools -name '*.[ch]' -o -name '*.cc' | xargs clang-format -i
 
 clean:
 	rm -rf build

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   build-essential clang pkg-config
   libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev libssl-dev
-  libczmq-dev libzmq3-dev libsodium-dev libopenblas-dev libcmocka-dev
+  libczmq-dev libzmq3-dev libsodium-dev libopenblas-dev libcmocka-dev libgloo-dev
   iproute2 iptables nftables wrk curl ca-certificates
   nodejs npm chromium python3 python3-jinja2
 )

@@ -1,11 +1,11 @@
 /* exo — command-line entry. Dispatches to a subcommand; everything else is a node.
- *   exo [flags]               node: HTTP API + cluster + worker (node.c)
- *   exo run MODEL [PROMPT]    one model in this terminal (cmd_run.c)
- *   exo bench                 benchmarks (cmd_bench.c)
- *   exo runner ...            internal: the model runner process (runner/) */
+ *   exo [flags]               node: HTTP API + cluster + worker (cmd/node.c)
+ *   exo run MODEL [PROMPT]    one model in this terminal (cmd/run.c)
+ *   exo bench                 benchmarks (cmd/bench.c)
+ *   exo runner ...            internal: the model runner process (cmd/runner.c, runner/) */
 #include "base/log.h"
-#include "cmd.h"
-#include "options.h"
+#include "cmd/cmd.h"
+#include "cmd/options.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -15,17 +15,18 @@ static int block_text(const json_t *blocks, const char *field, strbuf *out, char
     return gen_content_text(blocks, field, out, err, errlen);
 }
 
+/* messages[i].content[k].<key> as a string, or NULL with err naming the field. */
+static const char *block_string(const json_t *b, const char *key, size_t i, size_t k, char *err,
+                                size_t errlen) {
+    const char *s = json_string_value(json_object_get(b, key));
+    if (!s) snprintf(err, errlen, "'messages[%zu].content[%zu].%s' must be a string", i, k, key);
+    return s;
+}
+
 /* Claude messages -> template messages. Assistant tool_use blocks become tool_calls; user
  * tool_result blocks become "tool" messages (before the user's own text). */
 static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t errlen) {
-    if (!msgs) {
-        snprintf(err, errlen, "'messages' is required");
-        return 400;
-    }
-    if (!json_is_array(msgs) || !json_array_size(msgs)) {
-        snprintf(err, errlen, "'messages' must be a non-empty array");
-        return 400;
-    }
+    if (gen_require_array(msgs, "messages", err, errlen)) return 400;
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {
@@ -50,17 +51,14 @@ static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t err
         json_t *b;
         int rc = 0;
         json_array_foreach(content, k, b) {
-            const char *type = json_string_value(json_object_get(b, "type"));
+            const char *type = block_string(b, "type", i, k, err, errlen);
             if (!type) {
-                snprintf(err, errlen, "'messages[%zu].content[%zu].type' must be a string", i, k);
                 rc = 400;
                 break;
             }
             if (!strcmp(type, "text")) {
-                const char *t = json_string_value(json_object_get(b, "text"));
+                const char *t = block_string(b, "text", i, k, err, errlen);
                 if (!t) {
-                    snprintf(err, errlen, "'messages[%zu].content[%zu].text' must be a string",
-                             i, k);
                     rc = 400;
                     break;
                 }
@@ -69,10 +67,8 @@ static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t err
                 const char *t = json_string_value(json_object_get(b, "thinking"));
                 if (t) strbuf_append_str(&thinking, t);
             } else if (!strcmp(type, "tool_use")) {
-                const char *name = json_string_value(json_object_get(b, "name"));
+                const char *name = block_string(b, "name", i, k, err, errlen);
                 if (!name) {
-                    snprintf(err, errlen, "'messages[%zu].content[%zu].name' must be a string",
-                             i, k);
                     rc = 400;
                     break;
                 }
@@ -80,18 +76,12 @@ static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t err
                                                  json_string_value(json_object_get(b, "id")),
                                                  name, json_object_get(b, "input")));
             } else if (!strcmp(type, "tool_result")) {
-                strbuf r = {0};
                 char field[96];
                 snprintf(field, sizeof field, "messages[%zu].content[%zu].content", i, k);
-                if ((rc = block_text(json_object_get(b, "content"), field, &r, err, errlen))) {
-                    strbuf_free(&r);
+                if ((rc = gen_append_tool_result(
+                         out, json_object_get(b, "content"), field,
+                         json_string_value(json_object_get(b, "tool_use_id")), err, errlen)))
                     break;
-                }
-                json_t *tm = json_pack("{s:s,s:s}", "role", "tool", "content", r.data ? r.data : "");
-                const char *tid = json_string_value(json_object_get(b, "tool_use_id"));
-                if (tid) json_object_set_new(tm, "tool_call_id", json_string(tid));
-                json_array_append_new(out, tm);
-                strbuf_free(&r);
             } else if (!strcmp(type, "image") || !strcmp(type, "document")) {
                 snprintf(err, errlen, "'messages[%zu].content[%zu]': %s blocks are not supported "
                                       "by this model", i, k, type);
@@ -125,7 +115,6 @@ static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t err
 static int claude_parse(const json_t *b, gen_state *st, char *err, size_t errlen) {
     gen_request *q = &st->req;
     int rc;
-    gen_make_id(st->id, sizeof st->id, "msg_");
     if ((rc = gen_get_model(b, st, err, errlen))) return rc;
     if (!json_object_get(b, "max_tokens")) {
         snprintf(err, errlen, "'max_tokens' is required");
@@ -133,11 +122,7 @@ static int claude_parse(const json_t *b, gen_state *st, char *err, size_t errlen
     }
     long n = 0;
     if ((rc = gen_get_int(b, "max_tokens", -(1L << 40), 1L << 30, &n, err, errlen))) return rc;
-    if (n <= 0) {
-        snprintf(err, errlen, "'max_tokens' must be at least 1 (got %ld)", n);
-        return 400;
-    }
-    q->max_tokens = (int)n;
+    if ((rc = gen_set_token_limit(n, "max_tokens", q, err, errlen))) return rc;
     if ((rc = gen_get_number(b, "temperature", 0, 2, &q->temperature, err, errlen))) return rc;
     if ((rc = gen_get_number(b, "top_p", 0, 1, &q->top_p, err, errlen))) return rc;
     long k = -1;
@@ -163,34 +148,13 @@ static int claude_parse(const json_t *b, gen_state *st, char *err, size_t errlen
         return rc;
     }
     q->messages = msgs;
-    json_t *tools = json_object_get(b, "tools");
-    if (tools && !json_is_null(tools)) {
-        if (!json_is_array(tools)) {
-            snprintf(err, errlen, "'tools' must be an array");
-            return 400;
-        }
-        json_t *out = json_array();
-        size_t i;
-        json_t *t;
-        json_array_foreach(tools, i, t) {
-            const char *name = json_string_value(json_object_get(t, "name"));
-            if (!name) {
-                snprintf(err, errlen, "'tools[%zu].name' must be a string", i);
-                json_decref(out);
-                return 400;
-            }
-            json_t *schema = json_object_get(t, "input_schema");
-            json_t *fn = json_pack("{s:s,s:o}", "name", name, "parameters",
-                                   schema ? json_incref(schema) : json_object());
-            const char *d = json_string_value(json_object_get(t, "description"));
-            if (d) json_object_set_new(fn, "description", json_string(d));
-            json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
-        }
-        json_t *choice = json_object_get(b, "tool_choice");
-        const char *ct = json_string_value(json_object_get(choice, "type"));
-        if (json_array_size(out) && !(ct && !strcmp(ct, "none"))) q->tools = out;
-        else json_decref(out);
-    }
+    static const gen_tools_shape claude_tools = {"input_schema", 0,
+                                                 "'tools[%zu].name' must be a string"};
+    const char *choice =
+        json_string_value(json_object_get(json_object_get(b, "tool_choice"), "type"));
+    if ((rc = gen_parse_function_tools(json_object_get(b, "tools"), &claude_tools,
+                                       choice && !strcmp(choice, "none"), q, err, errlen)))
+        return rc;
     json_t *thinking = json_object_get(b, "thinking");
     if (thinking && !json_is_null(thinking)) {
         const char *type = json_string_value(json_object_get(thinking, "type"));
@@ -353,15 +317,7 @@ static json_t *claude_final(gen_state *st) {
     return m;
 }
 
-const gen_adapter gen_adapter_claude = {
-    .name = "claude",
-    .stream_content_type = "text/event-stream",
-    .sse = 1,
-    .parse = claude_parse,
-    .error = claude_error,
-    .stream_begin = claude_stream_begin,
-    .stream_delta = claude_stream_delta,
-    .stream_end = claude_stream_end,
-    .stream_error = claude_stream_error,
-    .final = claude_final,
-};
+static const gen_stream_format claude_stream = GEN_STREAM_FORMAT(claude, GEN_FRAMING_SSE);
+
+const gen_adapter gen_adapter_claude = {"claude",     "msg_",         claude_parse,
+                                        claude_error, &claude_stream, claude_final};

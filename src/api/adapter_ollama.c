@@ -33,40 +33,15 @@ static int parse_options(const json_t *b, gen_state *st, char *err, size_t errle
         return 400;
     }
     if (n > 0) q->max_tokens = (int)n;
-    if ((rc = gen_get_number(o, "temperature", 0, 2, &q->temperature, err, errlen))) return rc;
-    if ((rc = gen_get_number(o, "top_p", 0, 1, &q->top_p, err, errlen))) return rc;
-    if ((rc = gen_get_number(o, "min_p", 0, 1, &q->min_p, err, errlen))) return rc;
-    if ((rc = gen_get_number(o, "repeat_penalty", 0, 10, &q->repetition_penalty, err, errlen)))
-        return rc;
-    if ((rc = gen_get_number(o, "presence_penalty", -2, 2, &q->presence_penalty, err, errlen)))
-        return rc;
-    if ((rc = gen_get_number(o, "frequency_penalty", -2, 2, &q->frequency_penalty, err, errlen)))
-        return rc;
-    long k = -1;
-    if ((rc = gen_get_int(o, "top_k", 0, 1 << 20, &k, err, errlen))) return rc;
-    if (k >= 0) q->top_k = (int)k;
-    long seed = 0;
-    if ((rc = gen_get_int(o, "seed", -(1L << 62), 1L << 62, &seed, err, errlen))) return rc;
-    if (json_is_integer(json_object_get(o, "seed"))) {
-        q->has_seed = 1;
-        q->seed = (uint64_t)seed;
-    }
+    if ((rc = gen_get_sampling(o, "repeat_penalty", q, err, errlen))) return rc;
     return gen_get_stop(o, "stop", q, err, errlen);
 }
 
 static int chat_parse(const json_t *b, gen_state *st, char *err, size_t errlen) {
     int rc;
-    gen_make_id(st->id, sizeof st->id, "ollama-");
     if ((rc = parse_options(b, st, err, errlen))) return rc;
     json_t *msgs = json_object_get(b, "messages");
-    if (!msgs) {
-        snprintf(err, errlen, "'messages' is required");
-        return 400;
-    }
-    if (!json_is_array(msgs) || !json_array_size(msgs)) {
-        snprintf(err, errlen, "'messages' must be a non-empty array");
-        return 400;
-    }
+    if (gen_require_array(msgs, "messages", err, errlen)) return 400;
     json_t *out = json_array();
     size_t i;
     json_t *m;
@@ -126,18 +101,10 @@ static int chat_parse(const json_t *b, gen_state *st, char *err, size_t errlen) 
 
 static int generate_parse(const json_t *b, gen_state *st, char *err, size_t errlen) {
     int rc;
-    gen_make_id(st->id, sizeof st->id, "ollama-");
     st->raw = 2; /* generate: "response" field */
     if ((rc = parse_options(b, st, err, errlen))) return rc;
     json_t *p = json_object_get(b, "prompt");
-    if (!p) {
-        snprintf(err, errlen, "'prompt' is required");
-        return 400;
-    }
-    if (!json_is_string(p)) {
-        snprintf(err, errlen, "'prompt' must be a string");
-        return 400;
-    }
+    if (gen_require_string(p, "prompt", err, errlen)) return 400;
     int raw = 0;
     if ((rc = gen_get_bool(b, "raw", &raw, err, errlen))) return rc;
     if (raw) {
@@ -239,28 +206,10 @@ static json_t *ollama_final(gen_state *st) {
                  st->reasoning.len ? st->reasoning.data : NULL, st->tool_calls, 1);
 }
 
-const gen_adapter gen_adapter_ollama_chat = {
-    .name = "ollama",
-    .stream_content_type = "application/x-ndjson",
-    .sse = 0,
-    .parse = chat_parse,
-    .error = ollama_error,
-    .stream_begin = ollama_stream_begin,
-    .stream_delta = ollama_stream_delta,
-    .stream_end = ollama_stream_end,
-    .stream_error = ollama_stream_error,
-    .final = ollama_final,
-};
+static const gen_stream_format ollama_stream = GEN_STREAM_FORMAT(ollama, GEN_FRAMING_NDJSON);
 
-const gen_adapter gen_adapter_ollama_generate = {
-    .name = "ollama",
-    .stream_content_type = "application/x-ndjson",
-    .sse = 0,
-    .parse = generate_parse,
-    .error = ollama_error,
-    .stream_begin = ollama_stream_begin,
-    .stream_delta = ollama_stream_delta,
-    .stream_end = ollama_stream_end,
-    .stream_error = ollama_stream_error,
-    .final = ollama_final,
-};
+const gen_adapter gen_adapter_ollama_chat = {"ollama",     "ollama-",      chat_parse,
+                                             ollama_error, &ollama_stream, ollama_final};
+
+const gen_adapter gen_adapter_ollama_generate = {"ollama",     "ollama-",      generate_parse,
+                                                 ollama_error, &ollama_stream, ollama_final};

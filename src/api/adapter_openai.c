@@ -14,14 +14,7 @@
 
 /* OpenAI messages -> template messages (content as a string, tool-call arguments as objects). */
 static int parse_messages(const json_t *msgs, gen_request *req, char *err, size_t errlen) {
-    if (!msgs) {
-        snprintf(err, errlen, "'messages' is required");
-        return 400;
-    }
-    if (!json_is_array(msgs) || !json_array_size(msgs)) {
-        snprintf(err, errlen, "'messages' must be a non-empty array");
-        return 400;
-    }
+    if (gen_require_array(msgs, "messages", err, errlen)) return 400;
     json_t *out = json_array();
     size_t i;
     json_t *m;
@@ -113,30 +106,8 @@ static int parse_sampling(const json_t *b, gen_state *st, char *err, size_t errl
     if ((rc = gen_get_int(b, "max_tokens", -(1L << 40), 1L << 30, &n, err, errlen))) return rc;
     if ((rc = gen_get_int(b, "max_completion_tokens", -(1L << 40), 1L << 30, &n, err, errlen)))
         return rc;
-    if (n != LONG_MIN && n <= 0) {
-        snprintf(err, errlen, "'max_tokens' must be at least 1 (got %ld)", n);
-        return 400;
-    }
-    if (n > 0) q->max_tokens = (int)n;
-    if ((rc = gen_get_number(b, "temperature", 0, 2, &q->temperature, err, errlen))) return rc;
-    if ((rc = gen_get_number(b, "top_p", 0, 1, &q->top_p, err, errlen))) return rc;
-    if ((rc = gen_get_number(b, "min_p", 0, 1, &q->min_p, err, errlen))) return rc;
-    if ((rc = gen_get_number(b, "repetition_penalty", 0, 10, &q->repetition_penalty, err,
-                             errlen)))
-        return rc;
-    if ((rc = gen_get_number(b, "presence_penalty", -2, 2, &q->presence_penalty, err, errlen)))
-        return rc;
-    if ((rc = gen_get_number(b, "frequency_penalty", -2, 2, &q->frequency_penalty, err, errlen)))
-        return rc;
-    long k = -1;
-    if ((rc = gen_get_int(b, "top_k", 0, 1 << 20, &k, err, errlen))) return rc;
-    if (k >= 0) q->top_k = (int)k;
-    long seed = -1;
-    if ((rc = gen_get_int(b, "seed", -(1L << 62), 1L << 62, &seed, err, errlen))) return rc;
-    if (json_object_get(b, "seed") && !json_is_null(json_object_get(b, "seed"))) {
-        q->has_seed = 1;
-        q->seed = (uint64_t)seed;
-    }
+    if ((rc = gen_set_token_limit(n, "max_tokens", q, err, errlen))) return rc;
+    if ((rc = gen_get_sampling(b, "repetition_penalty", q, err, errlen))) return rc;
     if ((rc = gen_get_stop(b, "stop", q, err, errlen))) return rc;
     if ((rc = gen_get_bool(b, "stream", &q->stream, err, errlen))) return rc;
     long nn = 1;
@@ -159,7 +130,6 @@ static int parse_sampling(const json_t *b, gen_state *st, char *err, size_t errl
 static int chat_parse(const json_t *b, gen_state *st, char *err, size_t errlen) {
     gen_request *q = &st->req;
     int rc;
-    gen_make_id(st->id, sizeof st->id, "chatcmpl-");
     if ((rc = parse_sampling(b, st, err, errlen))) return rc;
     if ((rc = parse_messages(json_object_get(b, "messages"), q, err, errlen))) return rc;
     if ((rc = parse_tools(b, q, err, errlen))) return rc;
@@ -190,19 +160,11 @@ static int chat_parse(const json_t *b, gen_state *st, char *err, size_t errlen) 
 static int completions_parse(const json_t *b, gen_state *st, char *err, size_t errlen) {
     gen_request *q = &st->req;
     int rc;
-    gen_make_id(st->id, sizeof st->id, "cmpl-");
     st->raw = 1;
     if ((rc = parse_sampling(b, st, err, errlen))) return rc;
     json_t *p = json_object_get(b, "prompt");
     if (json_is_array(p) && json_array_size(p) == 1) p = json_array_get(p, 0);
-    if (!p) {
-        snprintf(err, errlen, "'prompt' is required");
-        return 400;
-    }
-    if (!json_is_string(p)) {
-        snprintf(err, errlen, "'prompt' must be a string");
-        return 400;
-    }
+    if (gen_require_string(p, "prompt", err, errlen)) return 400;
     q->prompt = strdup(json_string_value(p));
     long lp = 0;
     if ((rc = gen_get_int(b, "logprobs", 0, 20, &lp, err, errlen))) return rc;
@@ -343,7 +305,7 @@ static void chat_stream_end(gen_state *st, strbuf *out) {
     strbuf_append_str(out, "data: [DONE]\n\n");
 }
 
-static void openai_stream_error(gen_state *st, const char *message, strbuf *out) {
+static void chat_stream_error(gen_state *st, const char *message, strbuf *out) {
     int status = st->error_status ? st->error_status : 500;
     gen_sse_data(out, json_pack("{s:{s:s,s:s,s:n,s:i}}", "error", "message", message, "type",
                                 api_status_phrase(status), "param", "code", status));
@@ -434,28 +396,18 @@ static json_t *completions_final(gen_state *st) {
     return c;
 }
 
-const gen_adapter gen_adapter_openai_chat = {
-    .name = "openai",
-    .stream_content_type = "text/event-stream",
-    .sse = 1,
-    .parse = chat_parse,
-    .error = error_openai,
-    .stream_begin = chat_stream_begin,
-    .stream_delta = chat_stream_delta,
-    .stream_end = chat_stream_end,
-    .stream_error = openai_stream_error,
-    .final = chat_final,
-};
+/* Both endpoints answer a failed stream with the same error frame. */
+static void completions_stream_error(gen_state *st, const char *message, strbuf *out) {
+    chat_stream_error(st, message, out);
+}
 
-const gen_adapter gen_adapter_openai_completions = {
-    .name = "completions",
-    .stream_content_type = "text/event-stream",
-    .sse = 1,
-    .parse = completions_parse,
-    .error = error_openai,
-    .stream_begin = completions_stream_begin,
-    .stream_delta = completions_stream_delta,
-    .stream_end = completions_stream_end,
-    .stream_error = openai_stream_error,
-    .final = completions_final,
-};
+static const gen_stream_format chat_stream = GEN_STREAM_FORMAT(chat, GEN_FRAMING_SSE);
+
+static const gen_stream_format completions_stream = GEN_STREAM_FORMAT(completions, GEN_FRAMING_SSE);
+
+const gen_adapter gen_adapter_openai_chat = {"openai",     "chatcmpl-",  chat_parse,
+                                             error_openai, &chat_stream, chat_final};
+
+const gen_adapter gen_adapter_openai_completions = {"completions",       "cmpl-",
+                                                    completions_parse,   error_openai,
+                                                    &completions_stream, completions_final};

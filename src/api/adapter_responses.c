@@ -69,19 +69,11 @@ static int parse_input(const json_t *input, json_t *msgs, char *err, size_t errl
                                                       "content", "", "tool_calls", call));
             }
         } else if (!strcmp(type, "function_call_output")) {
-            json_t *output = json_object_get(it, "output");
-            strbuf text = {0};
             char field[48];
             snprintf(field, sizeof field, "input[%zu].output", i);
-            int rc = gen_content_text(output, field, &text, err, errlen);
-            if (!rc) {
-                json_t *m = json_pack("{s:s,s:s}", "role", "tool", "content",
-                                      text.data ? text.data : "");
-                const char *cid = json_string_value(json_object_get(it, "call_id"));
-                if (cid) json_object_set_new(m, "tool_call_id", json_string(cid));
-                json_array_append_new(msgs, m);
-            }
-            strbuf_free(&text);
+            int rc = gen_append_tool_result(msgs, json_object_get(it, "output"), field,
+                                            json_string_value(json_object_get(it, "call_id")), err,
+                                            errlen);
             if (rc) return rc;
         } else if (!strcmp(type, "reasoning")) {
             continue; /* earlier reasoning is not fed back to the model */
@@ -96,16 +88,11 @@ static int parse_input(const json_t *input, json_t *msgs, char *err, size_t errl
 static int responses_parse(const json_t *b, gen_state *st, char *err, size_t errlen) {
     gen_request *q = &st->req;
     int rc;
-    gen_make_id(st->id, sizeof st->id, "resp_");
     if ((rc = gen_get_model(b, st, err, errlen))) return rc;
     long n = LONG_MIN;
     if ((rc = gen_get_int(b, "max_output_tokens", -(1L << 40), 1L << 30, &n, err, errlen)))
         return rc;
-    if (n != LONG_MIN && n <= 0) {
-        snprintf(err, errlen, "'max_output_tokens' must be at least 1 (got %ld)", n);
-        return 400;
-    }
-    if (n > 0) q->max_tokens = (int)n;
+    if ((rc = gen_set_token_limit(n, "max_output_tokens", q, err, errlen))) return rc;
     if ((rc = gen_get_number(b, "temperature", 0, 2, &q->temperature, err, errlen))) return rc;
     if ((rc = gen_get_number(b, "top_p", 0, 1, &q->top_p, err, errlen))) return rc;
     if ((rc = gen_get_bool(b, "stream", &q->stream, err, errlen))) return rc;
@@ -124,38 +111,15 @@ static int responses_parse(const json_t *b, gen_state *st, char *err, size_t err
         return rc;
     }
     q->messages = msgs;
-    json_t *tools = json_object_get(b, "tools");
-    if (tools && !json_is_null(tools)) {
-        if (!json_is_array(tools)) {
-            snprintf(err, errlen, "'tools' must be an array");
-            return 400;
-        }
-        json_t *out = json_array();
-        size_t i;
-        json_t *t;
-        json_array_foreach(tools, i, t) {
-            const char *type = json_string_value(json_object_get(t, "type"));
-            const char *name = json_string_value(json_object_get(t, "name"));
-            if (!type || strcmp(type, "function") || !name) {
-                snprintf(err, errlen, "'tools[%zu]' must be {\"type\":\"function\",\"name\":...}; "
-                                      "built-in tools are not supported", i);
-                json_decref(out);
-                return 400;
-            }
-            json_t *params = json_object_get(t, "parameters");
-            json_t *fn = json_pack("{s:s,s:o}", "name", name, "parameters",
-                                   params ? json_incref(params) : json_object());
-            const char *d = json_string_value(json_object_get(t, "description"));
-            if (d) json_object_set_new(fn, "description", json_string(d));
-            json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
-        }
-        json_t *choice = json_object_get(b, "tool_choice");
-        if (json_array_size(out) &&
-            !(json_is_string(choice) && !strcmp(json_string_value(choice), "none")))
-            q->tools = out;
-        else
-            json_decref(out);
-    }
+    static const gen_tools_shape responses_tools = {
+        "parameters", 1,
+        "'tools[%zu]' must be {\"type\":\"function\",\"name\":...}; built-in tools are not "
+        "supported"};
+    json_t *tools = json_object_get(b, "tools"), *choice = json_object_get(b, "tool_choice");
+    if ((rc = gen_parse_function_tools(
+             tools, &responses_tools,
+             json_is_string(choice) && !strcmp(json_string_value(choice), "none"), q, err, errlen)))
+        return rc;
     json_t *reasoning = json_object_get(b, "reasoning");
     const char *effort = json_string_value(json_object_get(reasoning, "effort"));
     if (effort) q->enable_thinking = strcmp(effort, "none") != 0;
@@ -400,15 +364,7 @@ static json_t *responses_final(gen_state *st) {
     return response_object(st, final_status(st), full_output(st));
 }
 
-const gen_adapter gen_adapter_responses = {
-    .name = "responses",
-    .stream_content_type = "text/event-stream",
-    .sse = 1,
-    .parse = responses_parse,
-    .error = responses_error,
-    .stream_begin = responses_stream_begin,
-    .stream_delta = responses_stream_delta,
-    .stream_end = responses_stream_end,
-    .stream_error = responses_stream_error,
-    .final = responses_final,
-};
+static const gen_stream_format responses_stream = GEN_STREAM_FORMAT(responses, GEN_FRAMING_SSE);
+
+const gen_adapter gen_adapter_responses = {"responses",     "resp_",           responses_parse,
+                                           responses_error, &responses_stream, responses_final};

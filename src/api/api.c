@@ -1,25 +1,35 @@
-/* api — the service: builds the server, the instance manager and the route table (see api.h).
- * Routes that only read state live here; generation routes go through gen_handle. */
+/* api — the service: builds the server and the whole route table (see api.h). The exo, Ollama
+ * and generation routes live here (generation goes through gen_handle); the cluster's
+ * (routes_cluster.c), placement previews' (routes_placement.c) and the model store's and
+ * downloads' (routes_models.c) beside it. */
 #include "api/api.h"
 
 #include "api/gen.h"
 #include "api/metrics.h"
+#include "api/routes_cluster.h"
+#include "api/routes_internal.h"
+#include "api/routes_models.h"
+#include "api/routes_placement.h"
 #include "api/server.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/paths.h"
+#include "cluster/cluster.h"
 
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
 struct api_service {
     api_server *server;
+    worker *worker;
     instances *instances;
     gen_context gen;
+    routes_placement_dirs placement_dirs;
     char node_id[128];
 };
 
@@ -47,11 +57,6 @@ static void h_metrics(api_request *r, void *ctx) {
     strbuf_free(&out);
 }
 
-static void h_state(api_request *r, void *ctx) {
-    api_service *s = ctx;
-    api_respond_json(r, 200, instances_state_json(s->instances));
-}
-
 static void place(api_request *r, api_service *s, const char *model_id) {
     char id[64], err[1024];
     int status = instances_place(s->instances, model_id, id, sizeof id, err, sizeof err);
@@ -66,18 +71,96 @@ static void place(api_request *r, api_service *s, const char *model_id) {
                                        model_id));
 }
 
+/* POST /place_instance: placed now when the model is on disk; a catalog model is downloaded
+ * first (peers, then the Hub) and placed when complete ("downloading": true). */
+static void command_id(char *out, size_t n) {
+    unsigned char b[8] = {0};
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) b[0] = 1;
+    snprintf(out, n, "%02x%02x%02x%02x-%02x%02x%02x%02x", b[0], b[1], b[2], b[3], b[4], b[5], b[6],
+             b[7]);
+}
+
+/* A placement on several nodes (or on one other node) becomes one instance in the cluster
+ * State; every node's worker starts its rank when it sees it. Returns 0 (answered) or -1 when
+ * this node alone should place it the single-node way (answered nothing). */
+static int place_in_cluster(api_request *r, api_service *s, const char *model,
+                            placement_sharding sharding, const char *meta, int min_nodes) {
+    placer_model m;
+    char err[1024];
+    const placer_dirs *dirs = worker_placer_dirs(s->worker);
+    if (placer_model_load(dirs, model, 0, &m, err, sizeof err)) return -1; /* 404 or download */
+    /* Not on this node's disk: one node downloads it first (the single-node path, unchanged);
+     * a multi-node instance needs the files on its nodes already (no shard downloads yet). */
+    if (!m.config && min_nodes == 1) {
+        placer_model_free(&m);
+        return -1;
+    }
+    placement_node nodes[PLACEMENT_MAX_NODES];
+    int n = placer_nodes(dirs, model, nodes, PLACEMENT_MAX_NODES);
+    placement_result res;
+    int rc = -1;
+    /* One node that fits here: this node's own instance, exactly as without a cluster. */
+    for (int i = 0; i < n && min_nodes == 1; i++)
+        if (!strcmp(nodes[i].id, s->node_id) &&
+            placement_place(&m.facts, &nodes[i], 1, sharding, 1, &res) == 0)
+            goto out;
+    if (placer_place(&m, sharding, min_nodes, nodes, n, &res, err, sizeof err)) {
+        api_respond_error(r, 400, "%s", err);
+        rc = 0;
+        goto out;
+    }
+    if (res.n_nodes == 1 && !strcmp(res.node_ids[0], s->node_id)) goto out;
+    json_t *instance = placer_instance_json(&m.facts, sharding, meta, &res, NULL);
+    const char *id = json_string_value(
+        json_object_get(json_object_iter_value(json_object_iter(instance)), "instanceId"));
+    char instance_id[64], cmd[32];
+    snprintf(instance_id, sizeof instance_id, "%s", id);
+    if (cluster_submit(json_pack("{s:{s:o}}", "InstanceCreated", "instance", instance))) {
+        api_respond_error(r, 503, "the cluster is not running on this node: cannot place %s on "
+                                  "%d nodes", model, res.n_nodes);
+    } else {
+        command_id(cmd, sizeof cmd);
+        api_respond_json(r, 200, json_pack("{s:s,s:s,s:s,s:s,s:i}", "message",
+                                           "Command received.", "command_id", cmd, "model_id",
+                                           model, "instance_id", instance_id, "n_nodes",
+                                           res.n_nodes));
+    }
+    rc = 0;
+out:
+    placer_model_free(&m);
+    return rc;
+}
+
 static void h_place_instance(api_request *r, void *ctx) {
+    api_service *s = ctx;
     json_t *b = api_request_json(r);
     if (!b) return;
     const char *model = json_string_value(json_object_get(b, "model_id"));
+    const char *sh = json_string_value(json_object_get(b, "sharding"));
+    const char *meta = json_string_value(json_object_get(b, "instance_meta"));
+    json_t *mn = json_object_get(b, "min_nodes");
+    char id[64], err[1024], cmd[32];
+    int status;
+    placement_sharding sharding;
     if (!model) {
         api_respond_error(r, 400, "'model_id' is required and must be a string");
+    } else if (mn && !json_is_integer(mn)) {
+        api_respond_error(r, 400, "'min_nodes' must be an integer");
+    } else if (routes_placement_options(r, sh, meta, mn ? (int)json_integer_value(mn) : 1,
+                                        &sharding)) {
+        /* answered */
+    } else if (place_in_cluster(r, s, model, sharding, meta,
+                                mn ? (int)json_integer_value(mn) : 1) == 0) {
+        /* answered */
+    } else if ((status = worker_place(s->worker, model, id, sizeof id, err, sizeof err))) {
+        api_respond_error(r, status, "%s", err);
     } else {
-        const char *sh = json_string_value(json_object_get(b, "sharding"));
-        if (sh && strcmp(sh, "Pipeline") && strcmp(sh, "Tensor"))
-            api_respond_error(r, 400, "'sharding' must be \"Pipeline\" or \"Tensor\"");
-        else
-            place(r, ctx, model);
+        command_id(cmd, sizeof cmd);
+        json_t *body = json_pack("{s:s,s:s,s:s}", "message", "Command received.", "command_id",
+                                 cmd, "model_id", model);
+        if (id[0]) json_object_set_new(body, "instance_id", json_string(id));
+        else json_object_set_new(body, "downloading", json_true());
+        api_respond_json(r, 200, body);
     }
     json_decref(b);
 }
@@ -100,25 +183,6 @@ static void h_create_instance(api_request *r, void *ctx) {
     if (!model) api_respond_error(r, 400, "'instance' must name a model (shardAssignments.modelId)");
     else place(r, ctx, model);
     json_decref(b);
-}
-
-static void h_get_instance(api_request *r, void *ctx) {
-    api_service *s = ctx;
-    const char *id = api_request_param(r, "id");
-    json_t *j = instances_get_json(s->instances, id);
-    if (!j) api_respond_error(r, 404, "no instance with id %s", id);
-    else api_respond_json(r, 200, j);
-}
-
-static void h_delete_instance(api_request *r, void *ctx) {
-    api_service *s = ctx;
-    const char *id = api_request_param(r, "id");
-    if (instances_delete(s->instances, id)) {
-        api_respond_error(r, 404, "no instance with id %s", id);
-        return;
-    }
-    api_respond_json(r, 200, json_pack("{s:s,s:s}", "message", "Command received.",
-                                       "instance_id", id));
 }
 
 static void h_cancel(api_request *r, void *ctx) {
@@ -220,62 +284,84 @@ static void h_ollama_show(api_request *r, void *ctx) {
 
 /* ------------------------------------------------------------------ service */
 
-api_service *api_service_new(const exo_options *o, const char *node_id, char *err,
-                             size_t errlen) {
+/* The worker's download-then-place as the generation path's model fetcher (gen.h). */
+static int fetch_start(void *ud, const char *model_id, char *err, size_t errlen) {
+    return worker_download_start(ud, model_id, err, errlen);
+}
+
+static int fetch_poll(void *ud, const char *model_id, json_t **progress, char *err, size_t errlen) {
+    return worker_download_poll(ud, model_id, progress, err, errlen);
+}
+
+/* Every route of the node; each api_route_add that fails (a route registered twice, a bad
+ * pattern) has logged why and counts here. */
+static int add_routes(api_service *s, models_service *models) {
+    api_server *sv = s->server;
+    int failed = 0;
+#define ROUTE(method, pattern, handler, flags)                                                     \
+    failed += api_route_add(sv, method, pattern, handler, s, flags) != 0
+    ROUTE("GET", "/node_id", h_node_id, API_ROUTE_PUBLIC);
+    ROUTE("GET", "/health", h_health, API_ROUTE_PUBLIC);
+    ROUTE("GET", "/metrics", h_metrics, 0);
+    ROUTE("POST", "/place_instance", h_place_instance, 0);
+    ROUTE("POST", "/instance", h_create_instance, 0);
+    ROUTE("POST", "/v1/cancel/{id}", h_cancel, 0);
+    ROUTE("POST", "/v1/chat/completions", h_chat, 0);
+    ROUTE("POST", "/bench/chat/completions", h_bench_chat, 0);
+    ROUTE("POST", "/v1/completions", h_completions, 0);
+    ROUTE("POST", "/v1/responses", h_responses, 0);
+    ROUTE("POST", "/v1/messages", h_messages, 0);
+    ROUTE("POST", "/ollama/api/chat", h_ollama_chat, 0);
+    ROUTE("POST", "/ollama/api/generate", h_ollama_generate, 0);
+    ROUTE("GET", "/ollama", h_ollama_root, 0);
+    ROUTE("GET", "/ollama/api/version", h_ollama_version, 0);
+    ROUTE("GET", "/ollama/api/tags", h_ollama_tags, 0);
+    ROUTE("GET", "/ollama/api/ps", h_ollama_ps, 0);
+    ROUTE("POST", "/ollama/api/show", h_ollama_show, 0);
+#undef ROUTE
+    /* /state, /events, /cluster/status, GET and DELETE /instance/{id} */
+    failed += routes_cluster_add(sv, s->worker);
+    /* GET /instance/previews, /instance/placement */
+    failed += routes_placement_add(sv, &s->placement_dirs);
+    /* POST /internal/generate: generations other nodes forward to this node's rank 0 */
+    failed += routes_internal_add(sv, s->instances);
+    /* /models, /v1/models, /models/..., /download/... and the peer file transfer */
+    failed += routes_models_add(sv, models);
+    return failed;
+}
+
+static void copy_dir(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src ? src : ""); }
+
+api_service *api_service_new(const api_config *c, const char *node_id, worker *worker,
+                             models_service *models, char *err, size_t errlen) {
     api_service *s = calloc(1, sizeof *s);
-    snprintf(s->node_id, sizeof s->node_id, "%s", node_id);
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) {
-        snprintf(err, errlen, "cannot find the exo binary (/proc/self/exe)");
-        free(s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    exe[n] = 0;
-    instances_options io = {.runner_exe = exe,
-                            .models_dir = o->models_dir,
-                            .models_path = o->models_path,
-                            .node_id = node_id,
-                            .kv_cache_bytes = o->kv_cache_bytes,
-                            .device = o->device,
-                            .watchdog_s = getenv("EXO_RUNNER_WATCHDOG_S")
-                                              ? atoi(getenv("EXO_RUNNER_WATCHDOG_S"))
-                                              : 0};
-    if (io.watchdog_s == 0 && getenv("EXO_RUNNER_WATCHDOG_S")) io.watchdog_s = -1; /* "0": off */
-    s->instances = instances_new(&io);
+    snprintf(s->node_id, sizeof s->node_id, "%s", node_id);
+    s->worker = worker;
+    s->instances = worker_instances(worker);
     s->gen.instances = s->instances;
+    s->gen.fetcher = (api_model_fetcher){.start = fetch_start, .poll = fetch_poll, .ud = worker};
+    copy_dir(s->placement_dirs.models_dir, sizeof s->placement_dirs.models_dir, c->models_dir);
+    copy_dir(s->placement_dirs.models_path, sizeof s->placement_dirs.models_path, c->models_path);
+    copy_dir(s->placement_dirs.data_dir, sizeof s->placement_dirs.data_dir, c->data_dir);
 
     /* web/ next to the binary's repository (build/exo -> ../web), or $EXO_WEB_DIR. */
     char web[PATH_MAX + 64] = "";
     if (paths_shipped_dir("EXO_WEB_DIR", "web", web, sizeof web)) web[0] = 0;
-    api_server_options so = {.port = o->api_port,
-                             .api_key = o->api_key,
-                             .max_body_bytes = o->max_body_bytes,
+    api_server_options so = {.port = c->port,
+                             .api_key = c->api_key,
+                             .max_body_bytes = c->max_body_bytes,
                              .web_dir = web[0] ? web : NULL};
     s->server = api_server_new(&so);
-    api_server *sv = s->server;
-    api_route_add(sv, "GET", "/node_id", h_node_id, s, API_ROUTE_PUBLIC);
-    api_route_add(sv, "GET", "/health", h_health, s, API_ROUTE_PUBLIC);
-    api_route_add(sv, "GET", "/metrics", h_metrics, s, 0);
-    /* /models and /v1/models belong to the model store (api/routes_models.c). */
-    api_route_add(sv, "GET", "/state", h_state, s, 0);
-    api_route_add(sv, "POST", "/place_instance", h_place_instance, s, 0);
-    api_route_add(sv, "POST", "/instance", h_create_instance, s, 0);
-    api_route_add(sv, "GET", "/instance/{id}", h_get_instance, s, 0);
-    api_route_add(sv, "DELETE", "/instance/{id}", h_delete_instance, s, 0);
-    api_route_add(sv, "POST", "/v1/cancel/{id}", h_cancel, s, 0);
-    api_route_add(sv, "POST", "/v1/chat/completions", h_chat, s, 0);
-    api_route_add(sv, "POST", "/bench/chat/completions", h_bench_chat, s, 0);
-    api_route_add(sv, "POST", "/v1/completions", h_completions, s, 0);
-    api_route_add(sv, "POST", "/v1/responses", h_responses, s, 0);
-    api_route_add(sv, "POST", "/v1/messages", h_messages, s, 0);
-    api_route_add(sv, "POST", "/ollama/api/chat", h_ollama_chat, s, 0);
-    api_route_add(sv, "POST", "/ollama/api/generate", h_ollama_generate, s, 0);
-    api_route_add(sv, "GET", "/ollama", h_ollama_root, s, 0);
-    api_route_add(sv, "GET", "/ollama/api/version", h_ollama_version, s, 0);
-    api_route_add(sv, "GET", "/ollama/api/tags", h_ollama_tags, s, 0);
-    api_route_add(sv, "GET", "/ollama/api/ps", h_ollama_ps, s, 0);
-    api_route_add(sv, "POST", "/ollama/api/show", h_ollama_show, s, 0);
+    if (!s->server || add_routes(s, models)) {
+        snprintf(err, errlen, "api: the HTTP routes could not be registered (see the log above)");
+        api_server_free(s->server);
+        free(s);
+        return NULL;
+    }
     return s;
 }
 
@@ -283,18 +369,14 @@ int api_service_start(api_service *s, char *err, size_t errlen) {
     return api_server_start(s->server, err, errlen);
 }
 
-void api_service_set_fetcher(api_service *svc, const api_model_fetcher *fetcher) {
-    if (fetcher) svc->gen.fetcher = *fetcher;
-    else memset(&svc->gen.fetcher, 0, sizeof svc->gen.fetcher);
-}
+int api_service_port(api_service *s) { return api_server_port(s->server); }
 
-api_server *api_service_server(api_service *s) { return s->server; }
-instances *api_service_instances(api_service *s) { return s->instances; }
+void api_service_stop(api_service *s) {
+    if (s) api_server_stop(s->server);
+}
 
 void api_service_free(api_service *s) {
     if (!s) return;
-    api_server_stop(s->server);
-    instances_free(s->instances);
     api_server_free(s->server);
     free(s);
 }

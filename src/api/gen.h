@@ -1,7 +1,7 @@
 /* gen — the one generation path every API adapter shares (private to api/).
  *
  * An adapter only translates: its request JSON -> gen_request (parse), and the runner's messages
- * -> its own wire format (stream_* for SSE/NDJSON frames, final for the non-streamed body,
+ * -> its own wire format (stream for SSE/NDJSON frames, final for the non-streamed body,
  * error for its error shape). gen_handle does everything else: JSON parsing errors, model lookup
  * and auto-placement, submitting to the runner, waiting, accumulating the result, streaming,
  * keep-alive, client disconnect -> cancel, /v1/cancel, metrics.
@@ -11,7 +11,7 @@
 #define EXO_API_GEN_H
 
 #include "api/api.h"
-#include "api/instances.h"
+#include "worker/instances.h"
 #include "api/router.h"
 #include "base/strbuf.h"
 #include "runner/protocol.h"
@@ -22,23 +22,45 @@
 
 typedef struct gen_state gen_state;
 
+/* How an API streams a response: its framing and the frames it writes. Adapters whose
+ * endpoints stream alike (Ollama's /api/chat and /api/generate) share one. */
+typedef struct gen_stream_format {
+    enum gen_framing {
+        GEN_FRAMING_SSE,   /* text/event-stream; SSE comments (keep-alive, prefill progress) */
+        GEN_FRAMING_NDJSON /* application/x-ndjson */
+    } framing;
+    void (*begin)(gen_state *st, strbuf *out);
+    /* A "delta" message from the runner (content/reasoning/tool_calls/logprobs). */
+    void (*delta)(gen_state *st, const json_t *delta, strbuf *out);
+    /* After "done": st->finish_reason etc. are set. */
+    void (*end)(gen_state *st, strbuf *out);
+    void (*error)(gen_state *st, const char *message, strbuf *out);
+} gen_stream_format;
+
+/* A stream format whose frames <prefix>_stream_begin, _delta, _end and _error write. */
+#define GEN_STREAM_FORMAT(prefix, framing_)                                                        \
+    {                                                                                              \
+        .framing = (framing_), .begin = prefix##_stream_begin, .delta = prefix##_stream_delta,     \
+        .end = prefix##_stream_end, .error = prefix##_stream_error                                 \
+    }
+
+/* An adapter table is one line, {name, id_prefix, parse, error, stream, final} in this order:
+ * past the two strings every field has its own type, so the compiler refuses one in the wrong
+ * place. */
 typedef struct gen_adapter {
-    const char *name;                /* metrics label: openai, completions, responses, claude, ollama */
-    const char *stream_content_type; /* text/event-stream or application/x-ndjson */
-    int sse;                         /* SSE comments (keep-alive, prefill progress) allowed */
+    const char *name;      /* metrics label: openai, completions, responses, claude, ollama */
+    const char *id_prefix; /* of the response id: "chatcmpl-", "msg_", ... (gen_state_new) */
     /* Fills st->req from body. Returns 0, or an HTTP status with err (field named). */
     int (*parse)(const json_t *body, gen_state *st, char *err, size_t errlen);
     /* Answers an error in the API's own shape. */
     void (*error)(api_request *r, int status, const char *message);
-    void (*stream_begin)(gen_state *st, strbuf *out);
-    /* A "delta" message from the runner (content/reasoning/tool_calls/logprobs). */
-    void (*stream_delta)(gen_state *st, const json_t *delta, strbuf *out);
-    /* After "done": st->finish_reason etc. are set. */
-    void (*stream_end)(gen_state *st, strbuf *out);
-    void (*stream_error)(gen_state *st, const char *message, strbuf *out);
+    const gen_stream_format *stream;
     /* The non-streamed response body (new reference) from the accumulated st. */
     json_t *(*final)(gen_state *st);
 } gen_adapter;
+
+/* The Content-Type of a stream in this format. */
+const char *gen_stream_content_type(const gen_stream_format *f);
 
 struct gen_state {
     const gen_adapter *adapter;
@@ -113,6 +135,34 @@ int gen_content_text(const json_t *content, const char *field, strbuf *out, char
 /* Builds the usual tool call JSON for templates: {"id","type":"function","function":{"name",
  * "arguments": object}} from a name and arguments (object or JSON string). */
 json_t *gen_template_tool_call(const char *id, const char *name, const json_t *arguments);
+
+/* ---- request pieces several adapters share (gen_parse.c) ---- */
+/* A token limit n read from field (LONG_MIN: absent) into q->max_tokens; it must be >= 1.
+ * Returns 0, or 400 with err. */
+int gen_set_token_limit(long n, const char *field, gen_request *q, char *err, size_t errlen);
+/* The sampling knobs OpenAI and Ollama share (temperature, top_p, min_p, the repetition
+ * penalty under the API's own name, presence/frequency penalties, top_k, seed) from o into q.
+ * Returns 0, or 400 with err. */
+int gen_get_sampling(const json_t *o, const char *repetition_field, gen_request *q, char *err,
+                     size_t errlen);
+/* v must be present and a string. Returns 0, or 400 with err naming field. */
+int gen_require_string(const json_t *v, const char *field, char *err, size_t errlen);
+/* v must be present and a non-empty array. Returns 0, or 400 with err naming field. */
+int gen_require_array(const json_t *v, const char *field, char *err, size_t errlen);
+/* How an API spells a flat function tool {name, <schema_key>, description}. */
+typedef struct gen_tools_shape {
+    const char *schema_key;     /* "input_schema" (Claude), "parameters" (Responses) */
+    int function_type_required; /* each tool must say "type":"function" */
+    const char *invalid_tool;   /* the 400 message for a bad tools[i], with one %zu for i */
+} gen_tools_shape;
+/* tools (absent or null: none) -> req->tools in the template's {"type":"function","function"}
+ * shape, unless choice_none or empty. Returns 0, or 400 with err. */
+int gen_parse_function_tools(const json_t *tools, const gen_tools_shape *shape, int choice_none,
+                             gen_request *req, char *err, size_t errlen);
+/* Appends {"role":"tool","content":<text of content>,"tool_call_id"?} to msgs. Returns 0, or
+ * 400 with err naming field. */
+int gen_append_tool_result(json_t *msgs, const json_t *content, const char *field,
+                           const char *call_id, char *err, size_t errlen);
 
 /* s (n bytes of valid UTF-8) as a quoted JSON string, escaped exactly as jansson's json_dumps
  * does (", \\ and control characters), for adapters that build hot frames from templates. */

@@ -72,9 +72,14 @@ void gen_make_id(char *out, size_t n, const char *prefix) {
 
 /* ------------------------------------------------------------------ state */
 
+const char *gen_stream_content_type(const gen_stream_format *f) {
+    return f->framing == GEN_FRAMING_SSE ? "text/event-stream" : "application/x-ndjson";
+}
+
 gen_state *gen_state_new(const gen_adapter *a, instances *m) {
     gen_state *st = calloc(1, sizeof *st);
     st->adapter = a;
+    gen_make_id(st->id, sizeof st->id, a->id_prefix);
     gen_request_init(&st->req);
     st->created = clock_unix_seconds();
     st->tool_calls = json_array();
@@ -164,21 +169,21 @@ static void accumulate(gen_state *st, const json_t *msg, const char *type) {
 /* Encodes one message into stream frames. st->lock held, stream attached. */
 static void encode(gen_state *st, const json_t *msg, const char *type, strbuf *out) {
     if (!strcmp(type, "delta")) {
-        st->adapter->stream_delta(st, msg, out);
-    } else if (!strcmp(type, "progress") && st->adapter->sse) {
+        st->adapter->stream->delta(st, msg, out);
+    } else if (!strcmp(type, "progress") && st->adapter->stream->framing == GEN_FRAMING_SSE) {
         strbuf_appendf(out, ": prefill_progress {\"processed_tokens\":%lld,\"total_tokens\":%lld}\n\n",
                        (long long)json_integer_value(json_object_get(msg, "processed")),
                        (long long)json_integer_value(json_object_get(msg, "total")));
     } else if (!strcmp(type, "done")) {
         if (st->error && strcmp(st->finish_reason, "cancelled")) {
-            st->adapter->stream_error(st, st->error, out);
+            st->adapter->stream->error(st, st->error, out);
         } else {
-            if (st->bench && st->stats && st->adapter->sse) {
+            if (st->bench && st->stats && st->adapter->stream->framing == GEN_FRAMING_SSE) {
                 char *text = json_dumps(st->stats, JSON_COMPACT);
                 strbuf_appendf(out, ": generation_stats %s\n\n", text);
                 free(text);
             }
-            st->adapter->stream_end(st, out);
+            st->adapter->stream->end(st, out);
         }
     }
 }
@@ -243,7 +248,7 @@ static void fail(gen_state *st, api_request *r, api_stream *early, int status, c
         return;
     }
     strbuf out = {0};
-    st->adapter->stream_error(st, msg, &out);
+    st->adapter->stream->error(st, msg, &out);
     if (out.len) api_stream_write(early, out.data, out.len);
     strbuf_free(&out);
     api_stream_close(early);
@@ -278,8 +283,8 @@ static int fetch_model(gen_state *st, api_request *r, gen_context *ctx, api_stre
     int rc = f->start(f->ud, st->req.model, err, errlen);
     if (rc) return rc;
     log_info("%s: model %s is not on disk; downloading it first", st->id, st->req.model);
-    if (st->req.stream && st->adapter->sse) {
-        *early = api_respond_stream(r, 200, st->adapter->stream_content_type);
+    if (st->req.stream && st->adapter->stream->framing == GEN_FRAMING_SSE) {
+        *early = api_respond_stream(r, 200, gen_stream_content_type(st->adapter->stream));
         metrics_request(st->adapter->name, 200);
         api_stream_set_keepalive(*early, ": keep-alive\n\n", keepalive_ms());
     }
@@ -382,12 +387,13 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
     if (st->req.stream) {
         if (early) st->stream = early;
         else {
-            st->stream = api_respond_stream(r, 200, a->stream_content_type);
+            st->stream = api_respond_stream(r, 200, gen_stream_content_type(a->stream));
             metrics_request(a->name, 200);
-            if (a->sse) api_stream_set_keepalive(st->stream, ": keep-alive\n\n", keepalive_ms());
+            if (a->stream->framing == GEN_FRAMING_SSE)
+                api_stream_set_keepalive(st->stream, ": keep-alive\n\n", keepalive_ms());
         }
         strbuf out = {0};
-        a->stream_begin(st, &out);
+        a->stream->begin(st, &out);
         if (out.len) api_stream_write(st->stream, out.data, out.len);
         strbuf_free(&out);
         st->stream_ready = 1;
@@ -429,14 +435,24 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
 
 /* ------------------------------------------------------------------ field helpers */
 
+/* o[field] when present, not null and an integer (integer) or any number; else NULL with *rc
+ * 0 (absent) or 400 and err (another type). */
+static json_t *number_field(const json_t *o, const char *field, int integer, int *rc, char *err,
+                            size_t errlen) {
+    json_t *v = json_object_get(o, field);
+    *rc = 0;
+    if (!v || json_is_null(v)) return NULL;
+    if (integer ? json_is_integer(v) : json_is_number(v)) return v;
+    snprintf(err, errlen, "'%s' must be %s", field, integer ? "an integer" : "a number");
+    *rc = 400;
+    return NULL;
+}
+
 int gen_get_number(const json_t *o, const char *field, double lo, double hi, double *out,
                    char *err, size_t errlen) {
-    json_t *v = json_object_get(o, field);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_number(v)) {
-        snprintf(err, errlen, "'%s' must be a number", field);
-        return 400;
-    }
+    int rc;
+    json_t *v = number_field(o, field, 0, &rc, err, errlen);
+    if (!v) return rc;
     double d = json_number_value(v);
     if (!(d >= lo && d <= hi) || isnan(d)) {
         snprintf(err, errlen, "'%s' must be between %g and %g (got %g)", field, lo, hi, d);
@@ -448,12 +464,9 @@ int gen_get_number(const json_t *o, const char *field, double lo, double hi, dou
 
 int gen_get_int(const json_t *o, const char *field, long lo, long hi, long *out, char *err,
                 size_t errlen) {
-    json_t *v = json_object_get(o, field);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_integer(v)) {
-        snprintf(err, errlen, "'%s' must be an integer", field);
-        return 400;
-    }
+    int rc;
+    json_t *v = number_field(o, field, 1, &rc, err, errlen);
+    if (!v) return rc;
     json_int_t d = json_integer_value(v);
     if (d < lo || d > hi) {
         snprintf(err, errlen, "'%s' must be between %ld and %ld (got %lld)", field, lo, hi,

@@ -28,8 +28,10 @@ enum api_route_flags {
 /* Adds a route. method: "GET", "POST", "DELETE", "PUT", "PATCH" ("GET" also answers HEAD).
  * pattern: a path whose segments may be "{name}" (one segment) or, as the last segment,
  * "{name...}" (the rest of the path, slashes included, e.g. "org/model").
- * Adding the same method + pattern again replaces the earlier handler (so a module can take a
- * route over). Safe to call before or after api_server_start. Returns 0, or -1 on a bad pattern. */
+ * A route is registered once: adding a method + pattern that matches the same paths as an
+ * earlier one (capture names aside) is refused, so which handler serves a route never depends
+ * on call order. Safe to call before or after api_server_start. Returns 0, or -1 (logged) on a
+ * bad pattern or a route registered twice. */
 int api_route_add(api_server *server, const char *method, const char *pattern, api_handler handler,
                   void *ctx, int flags);
 

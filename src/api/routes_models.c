@@ -1,6 +1,7 @@
 /* routes_models — HTTP glue for the model and download endpoints (see routes_models.h). */
 #include "api/routes_models.h"
 
+#include "cluster/cluster.h"
 #include "download/serve.h"
 
 #include <fcntl.h>
@@ -59,10 +60,15 @@ static void h_download_cancel(api_request *r, void *ctx) {
     answer(r, st, b);
 }
 
+/* DELETE /download/{node_id}/{model_id}: as models_api, and State forgets the download, so no
+ * node takes this one for a peer that holds the model. */
 static void h_download_delete(api_request *r, void *ctx) {
+    const char *node = api_request_param(r, "node_id"), *model = api_request_param(r, "model_id");
     json_t *b;
-    int st = models_api_download_delete(ctx, api_request_param(r, "node_id"),
-                                        api_request_param(r, "model_id"), &b);
+    int st = models_api_download_delete(ctx, node, model, &b);
+    if (st == 200 && cluster_node_id()[0])
+        cluster_submit(json_pack("{s:{s:s,s:s}}", "DownloadDeleted", "nodeId", node, "modelId",
+                                 model));
     answer(r, st, b);
 }
 
@@ -112,22 +118,20 @@ static void h_peer(api_request *r, void *ctx) {
                      start, len);
 }
 
-models_service *routes_models_install(api_server *sv, const exo_options *o, const char *node_id,
-                                      char *err, size_t errlen) {
-    models_service_options mo = {.models_dir = o->models_dir, .models_path = o->models_path,
-                                 .data_dir = o->data_dir, .node_id = node_id, .offline = o->offline};
-    models_service *s = models_service_new(&mo, err, errlen);
-    if (!s) return NULL;
-    api_route_add(sv, "GET", "/models", h_list, s, 0);
-    api_route_add(sv, "GET", "/v1/models", h_list, s, 0);
-    api_route_add(sv, "GET", "/models/search", h_search, s, 0);
-    api_route_add(sv, "POST", "/models/add", h_add, s, 0);
-    api_route_add(sv, "DELETE", "/models/custom/{model_id...}", h_delete_custom, s, 0);
-    api_route_add(sv, "POST", "/download/start", h_download_start, s, 0);
-    api_route_add(sv, "POST", "/download/cancel", h_download_cancel, s, 0);
-    api_route_add(sv, "GET", "/download/status", h_download_status, s, 0);
-    api_route_add(sv, "DELETE", "/download/{node_id}/{model_id...}", h_download_delete, s, 0);
-    api_route_add(sv, "GET", "/models/{org}/{name}/manifest", h_peer, s, 0);
-    api_route_add(sv, "GET", "/models/{org}/{name}/files/{path...}", h_peer, s, 0);
-    return s;
+int routes_models_add(api_server *sv, models_service *s) {
+    int failed = 0;
+#define ROUTE(method, pattern, handler) failed += api_route_add(sv, method, pattern, handler, s, 0) != 0
+    ROUTE("GET", "/models", h_list);
+    ROUTE("GET", "/v1/models", h_list);
+    ROUTE("GET", "/models/search", h_search);
+    ROUTE("POST", "/models/add", h_add);
+    ROUTE("DELETE", "/models/custom/{model_id...}", h_delete_custom);
+    ROUTE("POST", "/download/start", h_download_start);
+    ROUTE("POST", "/download/cancel", h_download_cancel);
+    ROUTE("GET", "/download/status", h_download_status);
+    ROUTE("DELETE", "/download/{node_id}/{model_id...}", h_download_delete);
+    ROUTE("GET", "/models/{org}/{name}/manifest", h_peer);
+    ROUTE("GET", "/models/{org}/{name}/files/{path...}", h_peer);
+#undef ROUTE
+    return failed;
 }

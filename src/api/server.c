@@ -130,6 +130,22 @@ static int route_parse(route *r, const char *pattern) {
     return 0;
 }
 
+/* Whether two patterns match the same paths: equal literal segments, a "{name}" where the other
+ * has a "{name}" (whatever the names), and both or neither ending in "{name...}". */
+static int is_capture(const char *segment) {
+    size_t n = strlen(segment);
+    return n >= 2 && segment[0] == '{' && segment[n - 1] == '}';
+}
+
+static int same_paths(const route *a, const route *b) {
+    if (a->n_segments != b->n_segments || a->rest != b->rest) return 0;
+    for (int i = 0; i < a->n_segments; i++) {
+        int ca = is_capture(a->segments[i]), cb = is_capture(b->segments[i]);
+        if (ca != cb || (!ca && strcmp(a->segments[i], b->segments[i]))) return 0;
+    }
+    return 1;
+}
+
 int api_route_add(api_server *s, const char *method, const char *pattern, api_handler handler,
                   void *ctx, int flags) {
     route r = {0};
@@ -144,11 +160,13 @@ int api_route_add(api_server *s, const char *method, const char *pattern, api_ha
     r.flags = flags;
     pthread_mutex_lock(&s->routes_lock);
     for (int i = 0; i < s->n_routes; i++) {
-        if (!strcmp(s->routes[i].method, method) && !strcmp(s->routes[i].pattern, pattern)) {
-            route_clear(&s->routes[i]);
-            s->routes[i] = r;
+        if (!strcmp(s->routes[i].method, method) && same_paths(&s->routes[i], &r)) {
+            log_error("api: route %s %s is registered twice (the first as %s): each route has "
+                      "one handler, registered once in api/",
+                      method, pattern, s->routes[i].pattern);
             pthread_mutex_unlock(&s->routes_lock);
-            return 0;
+            route_clear(&r);
+            return -1;
         }
     }
     if (s->n_routes == s->cap_routes) {

@@ -3,8 +3,9 @@
  * buffers below), then one loop over layers. */
 #include "arch/transformer.h"
 
+#include "base/error.h"
+
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,10 @@ struct transformer {
     int max_tokens, max_logits;
     int n_local; /* layers held */
     int first, last;
-    int64_t dim, q_dim, kv_dim, inter;
+    int64_t dim, q_dim, kv_dim, inter; /* q/kv/inter: this rank's share (tensor parallel) */
+    int n_heads, n_kv_heads;           /* held by this rank */
+    transformer_allreduce_fn allreduce; /* tensor parallel: sums partial outputs, else NULL */
+    void *allreduce_ctx;
     layer_vectors *vec;
     float *final_norm;   /* [dim] */
     float *inv_freq;     /* [head_dim/2] */
@@ -47,16 +51,6 @@ struct transformer {
     int32_t *tables;     /* block tables, grown on demand */
     int tables_cap;
 };
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* Uploads a [1][n] weight vector as f32. */
 static float *upload_vector(compute_backend *be, const weight_matrix *m) {
@@ -101,7 +95,7 @@ static int create_vectors(transformer *t, int *fail) {
         }
         if (l->is_moe)
             t->experts[i] = (moe_experts){.n_experts = c->n_experts, .dim = c->hidden_size,
-                                          .inter = c->moe_intermediate_size,
+                                          .inter = c->moe_intermediate_size / (t->w->tp_size > 1 ? t->w->tp_size : 1),
                                           .gate = l->expert_gate, .up = l->expert_up,
                                           .down = l->expert_down};
     }
@@ -125,16 +119,19 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
     t->n_local = w->layer_end - w->layer_start;
     t->first = w->layer_start == 0;
     t->last = w->has_head;
+    int tp = w->tp_size > 1 ? w->tp_size : 1;
     t->dim = c->hidden_size;
-    t->q_dim = (int64_t)c->n_heads * c->head_dim;
-    t->kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
-    t->inter = c->intermediate_size;
+    t->n_heads = c->n_heads / tp;
+    t->n_kv_heads = c->n_kv_heads / tp;
+    t->q_dim = (int64_t)t->n_heads * c->head_dim;
+    t->kv_dim = (int64_t)t->n_kv_heads * c->head_dim;
+    t->inter = c->intermediate_size / tp;
     t->vec = calloc((size_t)t->n_local, sizeof *t->vec);
     t->experts = calloc((size_t)t->n_local, sizeof *t->experts);
     int fail = !t->vec || !t->experts;
     if (!fail) create_vectors(t, &fail);
     size_t T = (size_t)max_tokens, F = sizeof(float);
-    int64_t inter = c->intermediate_size;
+    int64_t inter = t->inter;
     t->x = balloc(t, T * (size_t)t->dim * F, &fail);
     t->xn = balloc(t, T * (size_t)t->dim * F, &fail);
     t->ffn_out = balloc(t, T * (size_t)t->dim * F, &fail);
@@ -157,7 +154,7 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
     if (t->last) {
         t->logit_rows = balloc(t, (size_t)max_logits * 4, &fail);
         t->head_in = balloc(t, (size_t)max_logits * (size_t)t->dim * F, &fail);
-        t->logits = balloc(t, (size_t)max_logits * (size_t)c->vocab_size * F, &fail);
+        t->logits = balloc(t, (size_t)max_logits * (size_t)w->lm_head.rows * F, &fail);
     }
     int rot = c->rope.partial_dims ? c->rope.partial_dims : c->head_dim;
     float *host_freq = malloc((size_t)(rot / 2) * sizeof *host_freq);
@@ -168,8 +165,8 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
     }
     free(host_freq);
     if (fail || !host_freq) {
-        set_err(err, errlen, "out of memory for the forward pass's buffers (%d tokens)",
-                max_tokens);
+        error_set(err, errlen, "out of memory for the forward pass's buffers (%d tokens)",
+                  max_tokens);
         transformer_destroy(t);
         return NULL;
     }
@@ -200,30 +197,30 @@ void transformer_destroy(transformer *t) {
 static int check_batch(const transformer *t, const transformer_batch *b, char *err,
                        size_t errlen) {
     if (b->n_tokens < 1 || b->n_tokens > t->max_tokens) {
-        set_err(err, errlen, "batch of %d tokens (1..%d allowed)", b->n_tokens, t->max_tokens);
+        error_set(err, errlen, "batch of %d tokens (1..%d allowed)", b->n_tokens, t->max_tokens);
         return -1;
     }
     if (b->n_seqs < 1 || b->n_seqs > b->n_tokens) {
-        set_err(err, errlen, "batch has %d sequences for %d tokens", b->n_seqs, b->n_tokens);
+        error_set(err, errlen, "batch has %d sequences for %d tokens", b->n_seqs, b->n_tokens);
         return -1;
     }
     if (t->last && (b->n_logits < 0 || b->n_logits > t->max_logits)) {
-        set_err(err, errlen, "%d logit rows requested (at most %d)", b->n_logits, t->max_logits);
+        error_set(err, errlen, "%d logit rows requested (at most %d)", b->n_logits, t->max_logits);
         return -1;
     }
     for (int i = 0; t->last && i < b->n_logits; i++)
         if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens) {
-            set_err(err, errlen, "logit row %d is outside the batch", b->logit_rows[i]);
+            error_set(err, errlen, "logit row %d is outside the batch", b->logit_rows[i]);
             return -1;
         }
     for (int i = 0; i < b->n_tokens; i++)
         if (b->seq_of_token[i] < 0 || b->seq_of_token[i] >= b->n_seqs || b->positions[i] < 0 ||
             (t->first && (b->tokens[i] < 0 || b->tokens[i] >= t->c->vocab_size))) {
-            set_err(err, errlen, "token %d of the batch has a bad id, position or sequence", i);
+            error_set(err, errlen, "token %d of the batch has a bad id, position or sequence", i);
             return -1;
         }
     if (!t->first && !b->hidden_in) {
-        set_err(err, errlen, "a later pipeline stage needs hidden states as input");
+        error_set(err, errlen, "a later pipeline stage needs hidden states as input");
         return -1;
     }
     return 0;
@@ -238,7 +235,7 @@ static int upload_batch(transformer *t, const transformer_batch *b, char *err, s
         t->tables = be->alloc(be, (size_t)cap * 4);
         t->tables_cap = t->tables ? cap : 0;
         if (!t->tables) {
-            set_err(err, errlen, "out of memory for block tables");
+            error_set(err, errlen, "out of memory for block tables");
             return -1;
         }
     }
@@ -262,8 +259,19 @@ static void matmul_shared_x(compute_backend *be, int n, const weight_matrix *con
     for (int i = 0; i < n; i++) be->matmul(be, w[i], x, ys[i], n_tokens);
 }
 
-static void attention_block(transformer *t, int li, const kv_layer *kv,
-                            const attention_batch *ab, int64_t n) {
+void transformer_set_allreduce(transformer *t, transformer_allreduce_fn fn, void *ctx) {
+    t->allreduce = fn;
+    t->allreduce_ctx = ctx;
+}
+
+/* Tensor parallel: y holds this rank's partial sum of a row-parallel projection; make it whole. */
+static int sum_across_ranks(transformer *t, float *y, int64_t n, char *err, size_t errlen) {
+    if (!t->allreduce) return 0;
+    return t->allreduce(t->allreduce_ctx, y, (size_t)(n * t->dim), err, errlen);
+}
+
+static int attention_block(transformer *t, int li, const kv_layer *kv,
+                           const attention_batch *ab, int64_t n, char *err, size_t errlen) {
     compute_backend *be = t->be;
     const model_config *c = t->c;
     const layer_weights *l = &t->w->layers[li];
@@ -278,20 +286,22 @@ static void attention_block(transformer *t, int li, const kv_layer *kv,
         be->add_row(be, t->v, v->bv, n, t->kv_dim);
     }
     if (c->qk_norm) {
-        be->rmsnorm(be, t->q, v->q_norm, t->q, n * c->n_heads, c->head_dim, c->rms_norm_eps);
-        be->rmsnorm(be, t->k, v->k_norm, t->k, n * c->n_kv_heads, c->head_dim, c->rms_norm_eps);
+        be->rmsnorm(be, t->q, v->q_norm, t->q, n * t->n_heads, c->head_dim, c->rms_norm_eps);
+        be->rmsnorm(be, t->k, v->k_norm, t->k, n * t->n_kv_heads, c->head_dim, c->rms_norm_eps);
     }
     int rot = c->rope.partial_dims ? c->rope.partial_dims : c->head_dim;
-    be->rope(be, t->q, t->positions, n, c->n_heads, c->head_dim, rot, t->inv_freq, t->attn_factor);
-    be->rope(be, t->k, t->positions, n, c->n_kv_heads, c->head_dim, rot, t->inv_freq,
+    be->rope(be, t->q, t->positions, n, t->n_heads, c->head_dim, rot, t->inv_freq, t->attn_factor);
+    be->rope(be, t->k, t->positions, n, t->n_kv_heads, c->head_dim, rot, t->inv_freq,
              t->attn_factor);
     be->kv_write(be, kv, t->k, t->v, t->slots, n, t->kv_dim);
     be->attention(be, t->q, kv, ab, t->att);
     be->matmul(be, &l->wo, t->att, t->xn, n);
+    if (sum_across_ranks(t, t->xn, n, err, errlen)) return -1;
     be->add(be, t->x, t->xn, n * t->dim);
+    return 0;
 }
 
-static void mlp_block(transformer *t, int li, int64_t n) {
+static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen) {
     compute_backend *be = t->be;
     const model_config *c = t->c;
     const layer_weights *l = &t->w->layers[li];
@@ -309,24 +319,28 @@ static void mlp_block(transformer *t, int li, int64_t n) {
         be->silu_mul(be, t->gate, t->up, n * t->inter);
         be->matmul(be, &l->w_down, t->gate, t->ffn_out, n);
     }
+    if (sum_across_ranks(t, t->ffn_out, n, err, errlen)) return -1;
     be->add(be, t->x, t->ffn_out, n * t->dim);
+    return 0;
 }
 
-/* The ops of one step, from the embedding to the logits (no host memory touched). */
-static void run_layers(transformer *t, const kv_layer *kv, const attention_batch *ab,
-                       const transformer_batch *b) {
+/* The ops of one step, from the embedding to the logits (no host memory touched, except by a
+ * tensor-parallel all-reduce). Returns 0, or -1 with err (a failed all-reduce). */
+static int run_layers(transformer *t, const kv_layer *kv, const attention_batch *ab,
+                      const transformer_batch *b, char *err, size_t errlen) {
     compute_backend *be = t->be;
     int64_t n = b->n_tokens;
     if (t->first) be->embed(be, &t->w->embed, t->tokens, n, t->x);
-    for (int li = 0; li < t->n_local; li++) {
-        attention_block(t, li, &kv[li], ab, n);
-        mlp_block(t, li, n);
-    }
-    if (!t->last || !b->n_logits) return;
+    for (int li = 0; li < t->n_local; li++)
+        if (attention_block(t, li, &kv[li], ab, n, err, errlen) ||
+            mlp_block(t, li, n, err, errlen))
+            return -1;
+    if (!t->last || !b->n_logits) return 0;
     be->gather_rows(be, t->x, t->logit_rows, b->n_logits, t->dim, t->head_in);
     be->rmsnorm(be, t->head_in, t->final_norm, t->head_in, b->n_logits, t->dim,
                 t->c->rms_norm_eps);
     be->matmul(be, &t->w->lm_head, t->head_in, t->logits, b->n_logits);
+    return 0;
 }
 
 /* What a step's ops and their arguments depend on besides memory contents (backend.h,
@@ -351,21 +365,26 @@ int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
     attention_batch ab = {.n_tokens = n, .positions = t->positions,
                           .seq_of_token = t->seq_of_token, .block_table_start = t->table_start,
                           .block_tables = t->tables, .block_size = block_size,
-                          .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+                          .n_heads = t->n_heads, .n_kv_heads = t->n_kv_heads,
                           .head_dim = c->head_dim, .scale = 1.0f / sqrtf((float)c->head_dim),
                           .host_positions = b->positions, .host_seq_of_token = b->seq_of_token,
                           .host_block_table_start = b->block_table_start};
-    uint64_t key = step_key(t, kv, block_size, b);
+    /* A recorded step replays backend ops only: an all-reduce is a call between them that a
+     * recording cannot hold, so a tensor-parallel step always runs as called. */
+    int record = be->step_begin && be->step_end && !t->allreduce;
+    uint64_t key = record ? step_key(t, kv, block_size, b) : 0;
     for (int attempt = 0; attempt < 2; attempt++) { /* a second time only if recording failed */
-        if (attempt == 0 && be->step_begin && be->step_begin(be, key, n)) break;
-        run_layers(t, kv, &ab, b);
-        if (attempt == 0 && be->step_end && be->step_end(be)) continue;
+        if (attempt == 0 && record && be->step_begin(be, key, n)) break;
+        /* only an all-reduce fails here, and steps with one are never recorded */
+        if (run_layers(t, kv, &ab, b, err, errlen)) return -1;
+        if (attempt == 0 && record && be->step_end(be)) continue;
         break;
     }
-    if (!t->last)
-        be->download(be, out, t->x, (size_t)(n * t->dim) * sizeof(float));
-    else if (b->n_logits)
+    if (!t->last) {
+        if (out) be->download(be, out, t->x, (size_t)(n * t->dim) * sizeof(float));
+    } else if (b->n_logits) {
         be->download(be, out, t->logits,
-                     (size_t)b->n_logits * (size_t)c->vocab_size * sizeof(float));
+                     (size_t)b->n_logits * (size_t)t->w->lm_head.rows * sizeof(float));
+    }
     return be->status ? be->status(be, err, errlen) : 0;
 }

@@ -8,6 +8,10 @@
  *
  * Shard-aware: a transformer holds layers [layer_start, layer_end). The first stage embeds
  * tokens; later stages take hidden states; the last stage returns logits, others hidden states.
+ * Tensor parallel (weights loaded as a tensor-parallel slice, see model/weights.h): each rank
+ * computes its heads and its share of the FFN; the partial outputs of o_proj and of the MLP's
+ * down projection are summed across ranks by the all-reduce the caller installs
+ * (transformer_set_allreduce): two per layer. The residual stream is whole on every rank.
  *
  * Refuses: loading what the config does not describe; batches over max_tokens. */
 #ifndef EXO_ARCH_TRANSFORMER_H
@@ -42,9 +46,16 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
                                 size_t errlen);
 void transformer_destroy(transformer *t);
 
+/* Sums n floats of backend memory in place across the tensor-parallel ranks (every rank gets
+ * the same sum). Returns 0, or -1 with err (a rank died or timed out). */
+typedef int (*transformer_allreduce_fn)(void *ctx, float *buf, size_t n, char *err, size_t errlen);
+/* Installs the all-reduce of a tensor-parallel shard (required when the weights are a slice). */
+void transformer_set_allreduce(transformer *t, transformer_allreduce_fn fn, void *ctx);
+
 /* Runs the layers over the batch, writing K/V of every token into `kv` (one kv_layer per local
- * layer). Last stage: out = logits [n_logits][vocab]; otherwise hidden [n_tokens][dim]. Host
- * memory. Returns 0, or -1 with err (bad batch). */
+ * layer). Last stage: out = logits [n_logits][lm_head rows] (the whole vocabulary, or a tensor-
+ * parallel rank's share of it); otherwise hidden [n_tokens][dim]. Host memory. Returns 0, or -1
+ * with err (bad batch, failed all-reduce). */
 int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
                         const transformer_batch *b, float *out, char *err, size_t errlen);
 

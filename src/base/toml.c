@@ -3,6 +3,8 @@
  * builds is owned by its parent, so toml_free on the root releases everything. */
 #include "base/toml.h"
 
+#include "base/error.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -24,12 +26,11 @@ static void fail(parser *ps, const char *fmt, ...) __attribute__((format(printf,
 static void fail(parser *ps, const char *fmt, ...) {
     if (ps->failed) return;
     ps->failed = 1;
-    if (!ps->err || !ps->errlen) return;
-    int n = snprintf(ps->err, ps->errlen, "line %d: ", ps->line);
-    if (n < 0 || (size_t)n >= ps->errlen) return;
+    char where[32];
+    snprintf(where, sizeof where, "line %d", ps->line);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ps->err + n, ps->errlen - (size_t)n, fmt, ap);
+    error_vset_at(ps->err, ps->errlen, where, fmt, ap);
     va_end(ap);
 }
 
@@ -543,22 +544,29 @@ static toml_value *parse_value(parser *ps, int depth) {
     return parse_number_or_bool(ps);
 }
 
+/* The table under key *part in t, created when absent (the key's string moves into it: *part
+ * becomes NULL). NULL after fail(ps, defined_fmt, key) when the key holds a value or an inline
+ * table. */
+static toml_value *child_table(parser *ps, toml_value *t, char **part, const char *defined_fmt) {
+    toml_value *next = table_find(t, *part);
+    if (!next) {
+        next = value_new(TOML_TABLE);
+        table_add(t, *part, next);
+        *part = NULL;
+    } else if (next->type != TOML_TABLE || next->u.table.is_inline) {
+        fail(ps, defined_fmt, *part);
+        return NULL;
+    }
+    return next;
+}
+
 /* Walks/creates intermediate tables for parts[0..n-1] and stores v under the last part.
  * Frees parts; takes v (freed on error). */
 static int set_dotted(parser *ps, toml_value *table, char **parts, int n, toml_value *v) {
     toml_value *t = table;
     int rc = -1;
     for (int i = 0; i < n - 1; i++) {
-        toml_value *next = table_find(t, parts[i]);
-        if (!next) {
-            next = value_new(TOML_TABLE);
-            table_add(t, parts[i], next);
-            parts[i] = NULL;
-        } else if (next->type != TOML_TABLE || next->u.table.is_inline) {
-            fail(ps, "key '%s' is already defined as a value", parts[i]);
-            goto out;
-        }
-        t = next;
+        if (!(t = child_table(ps, t, &parts[i], "key '%s' is already defined as a value"))) goto out;
     }
     if (table_find(t, parts[n - 1])) {
         fail(ps, "duplicate key '%s'", parts[n - 1]);
@@ -592,15 +600,10 @@ static toml_value *open_table(parser *ps, toml_value *root) {
     }
     ps->p++;
     for (int i = 0; i < n; i++) {
-        toml_value *next = table_find(t, parts[i]);
-        if (!next) {
-            next = value_new(TOML_TABLE);
-            table_add(t, parts[i], next);
-            parts[i] = NULL;
-        } else if (next->type != TOML_TABLE || next->u.table.is_inline) {
-            fail(ps, "'%s' is already defined as a value", parts[i]);
-            goto out;
-        } else if (i == n - 1 && next->u.table.explicit_header) {
+        int existed = table_find(t, parts[i]) != NULL;
+        toml_value *next = child_table(ps, t, &parts[i], "'%s' is already defined as a value");
+        if (!next) goto out;
+        if (existed && i == n - 1 && next->u.table.explicit_header) {
             fail(ps, "table [%s] is defined twice", parts[i]);
             goto out;
         }

@@ -14,14 +14,27 @@
 #ifndef EXO_CLUSTER_H
 #define EXO_CLUSTER_H
 
-#include "options.h"
-
 #include <jansson.h>
 #include <stdint.h>
 
+#define CLUSTER_MAX_PEERS 64
+
+/* What the member needs from the node's configuration (cmd/ fills it from the command line). */
+typedef struct cluster_config {
+    char data_dir[1024];         /* identity, logs and the event log (under <data_dir>/cluster) */
+    char namespace_name[128];    /* nodes join only their own namespace */
+    char cluster_key_file[1024]; /* secret for cluster traffic; "" = derived from the namespace */
+    int listen_port;             /* cluster traffic (TCP); 0 = any free port */
+    int api_port;                /* this node's HTTP API (published: other nodes forward
+                                    generations to it); 0 = none */
+    int discovery_port;          /* UDP beacons */
+    const char *peers[CLUSTER_MAX_PEERS]; /* HOST:PORT of peers beyond broadcast (borrowed) */
+    int n_peers;
+} cluster_config;
+
 /* Starts the member. Returns 0, or -1 after logging an error a user can act on (data dir not
  * writable, port in use, bad --cluster-key, ...). */
-int cluster_start(const exo_options *options);
+int cluster_start(const cluster_config *config);
 /* Stops the thread, closes sockets and the log. Safe to call when not started. */
 void cluster_stop(void);
 

@@ -115,11 +115,18 @@ static int validate_peers(const json_t *m, char *err, size_t errlen) {
     return 0;
 }
 
+/* o[key] as an array of at most MAX_ARRAY_ITEMS, or NULL after fail(). */
+static json_t *need_array(const json_t *o, const char *key, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, key);
+    if (json_is_array(v) && json_array_size(v) <= MAX_ARRAY_ITEMS) return v;
+    fail(err, errlen, "field '%s' missing or not an array", key);
+    return NULL;
+}
+
 static int validate_submit(const json_t *m, char *err, size_t errlen) {
     if (need_string(m, "sess", 32, err, errlen)) return -1;
-    json_t *evs = json_object_get(m, "ev");
-    if (!json_is_array(evs) || json_array_size(evs) > MAX_ARRAY_ITEMS)
-        return fail(err, errlen, "%s", "field 'ev' missing or not an array");
+    json_t *evs = need_array(m, "ev", err, errlen);
+    if (!evs) return -1;
     size_t i;
     json_t *e;
     json_array_foreach(evs, i, e) {
@@ -148,9 +155,8 @@ static int validate_entries(const json_t *m, char *err, size_t errlen) {
     json_t *more = json_object_get(m, "more"), *trunc = json_object_get(m, "trunc");
     if ((more && !json_is_boolean(more)) || (trunc && !json_is_boolean(trunc)))
         return fail(err, errlen, "%s", "fields 'more' and 'trunc' must be booleans");
-    json_t *ents = json_object_get(m, "ents");
-    if (!json_is_array(ents) || json_array_size(ents) > MAX_ARRAY_ITEMS)
-        return fail(err, errlen, "%s", "field 'ents' missing or not an array");
+    json_t *ents = need_array(m, "ents", err, errlen);
+    if (!ents) return -1;
     size_t i;
     json_t *e;
     json_array_foreach(ents, i, e) {

@@ -55,6 +55,12 @@ json_t *nodeinfo_memory_json(void) {
     int rc = nodeinfo_parse_meminfo(text, &m);
     free(text);
     if (rc) return NULL;
+    /* EXO_NODE_MEMORY_BYTES: report this much memory (at most the real amount): a small machine
+     * for placement tests, or memory kept back for other programs. */
+    const char *cap = getenv("EXO_NODE_MEMORY_BYTES");
+    uint64_t limit = cap && *cap ? strtoull(cap, NULL, 10) : 0;
+    if (limit && limit < m.total) m.total = limit;
+    if (limit && limit < m.available) m.available = limit;
     return json_pack("{s:o, s:o, s:o, s:o}", "ramTotal", bytes_json(m.total), "ramAvailable",
                      bytes_json(m.available), "swapTotal", bytes_json(m.swap_total),
                      "swapAvailable", bytes_json(m.swap_free));
@@ -157,6 +163,22 @@ json_t *nodeinfo_system_json(void) {
     return json_pack("{s:s, s:i, s:s, s:o, s:o, s:s, s:s}", "cpuModel", model, "cpuCores",
                      (int)(cores > 0 ? cores : 1), "simd", nodeinfo_simd_level(), "gpus", gpus,
                      "backends", backends, "os", os, "arch", u.machine);
+}
+
+const char *nodeinfo_reachable_ipv4(const json_t *interfaces) {
+    const char *addr = NULL, *loopback = NULL;
+    size_t i;
+    json_t *itf;
+    json_array_foreach(interfaces, i, itf) {
+        const char *ip = json_string_value(json_object_get(itf, "ipAddress"));
+        if (!ip || strchr(ip, ':')) continue; /* IPv4 only, as the beacons */
+        if (json_is_true(json_object_get(itf, "isLoopback"))) {
+            if (!loopback) loopback = ip;
+        } else if (!addr) {
+            addr = ip;
+        }
+    }
+    return addr ? addr : loopback;
 }
 
 json_t *nodeinfo_network_json(void) {

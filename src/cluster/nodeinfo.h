@@ -20,6 +20,10 @@ json_t *nodeinfo_memory_json(void); /* {ramTotal:{inBytes}, ramAvailable, swapTo
 json_t *nodeinfo_disk_json(const char *path); /* {path, total:{inBytes}, available:{inBytes}} */
 json_t *nodeinfo_system_json(void); /* {cpuModel, cpuCores, simd, gpus[], backends[], os, arch} */
 json_t *nodeinfo_network_json(void); /* {interfaces:[{name, ipAddress, isLoopback}]} */
+/* The IPv4 address other nodes reach a node at, from its interfaces list (as published in
+ * nodeNetwork): the first non-loopback one, else loopback (every node on one host); NULL when
+ * there is none. Borrowed from interfaces. */
+const char *nodeinfo_reachable_ipv4(const json_t *interfaces);
 
 /* "avx512", "avx2", "sse4.2", "neon" or "generic": the best CPU vector level usable here. */
 const char *nodeinfo_simd_level(void);

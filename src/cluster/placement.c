@@ -17,6 +17,7 @@ uint64_t placement_kv_bytes(const placement_model *m) {
 
 static int by_memory_desc(const void *a, const void *b) {
     const placement_node *x = a, *y = b;
+    if (x->has_files != y->has_files) return x->has_files ? -1 : 1;
     if (x->memory_available != y->memory_available)
         return x->memory_available > y->memory_available ? -1 : 1;
     return strcmp(x->id, y->id);
@@ -89,6 +90,11 @@ int placement_place(const placement_model *m, const placement_node *nodes, int n
                      "tensor parallel over %d nodes needs the %d KV heads (and the attention "
                      "heads) to divide by %d",
                      n_nodes, m->n_kv_heads, n_nodes);
+            return -1;
+        }
+        char why[200];
+        if (m->tensor_check && m->tensor_check(m->tensor_check_ctx, n_nodes, why, sizeof why)) {
+            snprintf(out->error, sizeof out->error, "tensor parallel over %d nodes: %s", n_nodes, why);
             return -1;
         }
     }

@@ -10,8 +10,13 @@
  * fractions, at least one layer per node). Tensor: every node holds 1/N of every layer, which
  * needs the attention heads and the KV heads to divide by N.
  *
- * It refuses: topology-aware ordering (links) and file locality; those come with the multi-node
- * data plane. */
+ * Which nodes: those already holding the model's files first (no download before the instance
+ * can start), then the most free memory. Tensor splits beyond heads and KV heads (FFN and expert
+ * dims, quantization groups of column splits) are the model's own rules: the caller passes them
+ * as tensor_check (model_config_tensor_split_check for a model on disk).
+ *
+ * It refuses: ordering by link speed (State's topology has latencies, but every link of the
+ * clusters we place on is one hop of the same LAN; a ring over the fastest links is left). */
 #ifndef EXO_CLUSTER_PLACEMENT_H
 #define EXO_CLUSTER_PLACEMENT_H
 
@@ -28,11 +33,16 @@ typedef struct placement_model {
     int head_dim;       /* 0 = unknown: 128 is assumed for the KV estimate */
     uint64_t weight_bytes;
     int context_length; /* tokens of KV cache to reserve for */
+    /* The model's own tensor-parallel rules for n ranks (NULL = heads and KV heads only): 0, or
+     * -1 with err saying which dimension does not divide. */
+    int (*tensor_check)(const void *ctx, int n, char *err, size_t errlen);
+    const void *tensor_check_ctx;
 } placement_model;
 
 typedef struct placement_node {
     char id[64];
     uint64_t memory_available;
+    int has_files; /* the model is on this node's disk already: preferred */
 } placement_node;
 
 typedef enum placement_sharding { PLACEMENT_PIPELINE = 0, PLACEMENT_TENSOR = 1 } placement_sharding;

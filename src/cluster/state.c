@@ -134,6 +134,26 @@ static const char *instance_id(const json_t *instance) {
     return id_field(json_object_iter_value(json_object_iter((json_t *)instance)), "instanceId");
 }
 
+/* A key of a multi-node instance's rendezvous (the ranks' data-plane addresses), kept inside the
+ * instance as rendezvous{key: value}, so it goes when the instance goes. A key for an instance
+ * that is already gone changes nothing. */
+static int apply_rendezvous(json_t *state, const json_t *ev, char *err, size_t errlen) {
+    const char *id = id_field(ev, "instanceId"), *key = id_field(ev, "key");
+    json_t *value = json_object_get(ev, "value");
+    if (!id || !key || !json_is_string(value))
+        return ignore(err, errlen, "InstanceRendezvousSet", "needs instanceId, key and value");
+    json_t *inst = json_object_get(json_object_get(state, "instances"), id);
+    if (!inst) return 0;
+    json_t *body = json_object_iter_value(json_object_iter(inst));
+    json_t *keys = json_object_get(body, "rendezvous");
+    if (!json_is_object(keys)) {
+        keys = json_object();
+        json_object_set_new(body, "rendezvous", keys);
+    }
+    json_object_set_new(keys, key, json_deep_copy(value));
+    return 0;
+}
+
 /* Download progress is a tagged union {"DownloadOngoing": {"nodeId", "modelId", ...}}. */
 static int apply_download(json_t *state, const json_t *ev, char *err, size_t errlen) {
     json_t *progress = json_object_get(ev, "downloadProgress");
@@ -210,6 +230,7 @@ static int apply_event(json_t *state, const char *name, const json_t *ev, const 
         json_object_set_new(json_object_get(state, "instances"), id, json_deep_copy(inst));
         return 0;
     }
+    if (!strcmp(name, "InstanceRendezvousSet")) return apply_rendezvous(state, ev, err, errlen);
     if (!strcmp(name, "InstanceDeleted"))
         return apply_delete(state, ev, name, "instances", "instanceId", err, errlen);
     if (!strcmp(name, "RunnerStatusUpdated"))

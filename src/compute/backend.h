@@ -3,7 +3,7 @@
  *
  * Memory: every float/int pointer an op takes is backend memory, made by alloc() and filled by
  * upload(); arch code never dereferences it (on CUDA it is device memory). Weights are
- * weight_matrix views (compute.h); a backend may keep them where they are (CPU: the mmap).
+ * weight_matrix views (model/weight_types.h); a backend may keep them where they are (CPU: the mmap).
  * Activations are row-major float32 [n_tokens][dim].
  *
  * The KV cache is paged: each layer's K and V are arrays of slots [n_slots][n_kv_heads*head_dim]
@@ -16,7 +16,7 @@
 #ifndef EXO_COMPUTE_BACKEND_H
 #define EXO_COMPUTE_BACKEND_H
 
-#include "compute/compute.h"
+#include "model/weight_types.h"
 
 #include <stddef.h>
 #include <stdint.h>

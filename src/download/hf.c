@@ -2,6 +2,7 @@
 #include "download/hf.h"
 
 #include "base/strbuf.h"
+#include "download/download_internal.h"
 #include "model/store.h"
 
 #include <curl/curl.h>
@@ -13,7 +14,6 @@
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
-void download_curl_init(void); /* shared with fetch.c */
 void download_curl_init(void) { pthread_once(&curl_once, curl_init_once); }
 
 const char *download_error_name(enum download_error e) {

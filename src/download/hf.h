@@ -5,7 +5,8 @@
  * The endpoint is HF_ENDPOINT (default https://huggingface.co); HF_TOKEN, when set, is sent as a
  * bearer token (never to another host after a redirect). Every answer is untrusted: paths are
  * checked with store_relpath_valid, sizes and hashes with their formats.
- * It does not download file bodies (fetch.c does) and keeps no state between calls. */
+ * It does not download file bodies (the transfers in download.h do) and keeps no state between
+ * calls. */
 #ifndef EXO_DOWNLOAD_HF_H
 #define EXO_DOWNLOAD_HF_H
 

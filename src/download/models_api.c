@@ -78,6 +78,17 @@ void models_service_free(models_service *s) {
     free(s);
 }
 
+int models_service_has_card(models_service *s, const char *model_id) {
+    pthread_mutex_lock(&s->lock);
+    int known = card_catalog_find(&s->cards, model_id) != NULL;
+    pthread_mutex_unlock(&s->lock);
+    return known;
+}
+
+int models_service_offline(const models_service *s) { return s->offline; }
+
+download_manager *models_service_downloads(models_service *s) { return s->downloads; }
+
 /* ---- GET /models ---- */
 
 struct list_ctx {

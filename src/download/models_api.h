@@ -40,6 +40,12 @@ typedef struct models_service_options {
  * warning (the catalog is then empty). */
 models_service *models_service_new(const models_service_options *o, char *err, size_t errlen);
 void models_service_free(models_service *s);
+/* For the worker's download-then-place, which must not reach into the struct: whether the
+ * catalog (built-in and custom cards) has model_id (takes the lock), whether this node is
+ * offline (--offline), and the node's download manager (owned by s). */
+int models_service_has_card(models_service *s, const char *model_id);
+int models_service_offline(const models_service *s);
+download_manager *models_service_downloads(models_service *s);
 
 /* Each returns the HTTP status and sets *body (a new reference). */
 int models_api_list(models_service *s, const char *status_filter, json_t **body);

@@ -13,84 +13,26 @@
  *   4. one forward over the flat batch; every sequence whose chunk reached its last known token
  *      samples its next token.
  * Refuses: prompts that cannot fit the context or the whole cache (engine_submit fails). */
-#include "infer/engine.h"
+#include "infer/engine_internal.h"
 
-#include "arch/transformer.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "base/log.h"
-#include "compute/backend.h"
 #include "compute/device.h"
-#include "infer/kv_cache.h"
-#include "infer/sampler.h"
-#include "model/model_config.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#define ENGINE_BLOCK_SIZE 16
-
-typedef enum seq_state { SEQ_WAITING = 0, SEQ_RUNNING } seq_state;
-
-typedef struct sequence {
-    uint64_t id;
-    seq_state state;
-    int32_t *tokens; /* prompt then generated, [cap] */
-    int n_tokens, cap, n_prompt;
-    int n_computed;  /* tokens whose K/V are in the cache */
-    int n_generated, max_tokens;
-    sampling_params sampling;
-    sampler_rng rng;
-    int32_t *stops;  /* eos ids + request stop ids */
-    int n_stops;
-    int ban_eos;
-    int32_t *blocks; /* block table */
-    int n_blocks, blocks_cap;
-    int no_prefix_cache;
-    int n_hashed;       /* leading full blocks whose chain hash is known (and registered) */
-    uint64_t last_hash; /* chain hash of block n_hashed - 1 (0 before the first) */
-    int cached_tokens;  /* prompt tokens served from the prefix cache at admission */
-    int admitted;       /* has been admitted once (cached_tokens is final) */
-    /* this step */
-    int chunk;       /* tokens in the batch */
-    int logit_index; /* row in logits, or -1 */
-} sequence;
-
-struct engine {
-    engine_info info;
-    model_config cfg;
-    safetensors_set *st;
-    model_weights w;
-    compute_backend *be;
-    transformer *tf;
-    kv_cache *kv;
-    int max_batch_tokens, max_sequences, block_size;
-    sequence **seqs; /* live sequences in arrival order */
-    int n_seqs;
-    uint64_t *cancelled; /* ids to report as cancelled at the next step */
-    int n_cancelled, cancelled_cap;
-    uint64_t preemptions;
-    /* batch staging (host) */
-    int32_t *b_tokens, *b_positions, *b_seq, *b_slots, *b_table_start, *b_logit_rows;
-    int32_t *b_tables;
-    int b_tables_cap;
-    sequence **b_members;
-    float *logits; /* [max_sequences][vocab] */
-    sampler_scratch sampler;
-};
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
+void engine_set_error(engine *e, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
+    vsnprintf(e->error, sizeof e->error, fmt, ap);
     va_end(ap);
 }
+
+const char *engine_last_error(const engine *e) { return e->error; }
 
 static size_t available_memory(void) {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -105,13 +47,13 @@ static size_t available_memory(void) {
 static int open_kv(engine *e, const engine_options *o, char *err, size_t errlen) {
     const model_config *c = &e->cfg;
     int n_local = e->w.layer_end - e->w.layer_start;
-    int64_t kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t kv_dim = (int64_t)(c->n_kv_heads / e->w.tp_size) * c->head_dim;
     dtype type = DTYPE_F16;
     const char *name = o->kv_cache_dtype;
     if (name && !strcmp(name, "f32")) type = DTYPE_F32;
     else if (name && !strcmp(name, "bf16")) type = DTYPE_BF16;
     else if (name && strcmp(name, "f16")) {
-        set_err(err, errlen, "KV cache dtype '%.16s' is not one of f16, bf16, f32", name);
+        error_set(err, errlen, "KV cache dtype '%.16s' is not one of f16, bf16, f32", name);
         return -1;
     }
     size_t block_bytes = kv_cache_block_bytes(n_local, kv_dim, e->block_size, type);
@@ -127,13 +69,15 @@ static int open_kv(engine *e, const engine_options *o, char *err, size_t errlen)
     }
     size_t n_blocks = bytes / block_bytes;
     if (n_blocks < 2) {
-        set_err(err, errlen, "KV cache budget of %zu bytes holds fewer than 2 blocks of %zu bytes",
-                bytes, block_bytes);
+        error_set(err, errlen,
+                  "KV cache budget of %zu bytes holds fewer than 2 blocks of %zu bytes", bytes,
+                  block_bytes);
         return -1;
     }
     if (n_blocks > (1u << 30)) n_blocks = 1u << 30;
-    e->kv = kv_cache_create(e->be, n_local, kv_dim, e->block_size, (int)n_blocks, type, err,
-                            errlen);
+    int agreed = (int)n_blocks;
+    if (e->dist && engine_dist_agree(e, &agreed, err, errlen)) return -1;
+    e->kv = kv_cache_create(e->be, n_local, kv_dim, e->block_size, agreed, type, err, errlen);
     return e->kv ? 0 : -1;
 }
 
@@ -147,10 +91,14 @@ static int alloc_staging(engine *e) {
     e->b_table_start = malloc((size_t)T * 4);
     e->b_logit_rows = malloc((size_t)T * 4);
     e->b_members = malloc((size_t)T * sizeof *e->b_members);
-    e->logits = malloc((size_t)e->max_sequences * (size_t)e->cfg.vocab_size * sizeof(float));
+    int samples_here = e->w.has_head && e->d.rank == e->d.head_rank; /* 0, 0 in one process */
+    if (samples_here) /* only the sampling rank sees whole logits */
+        e->logits = malloc((size_t)e->max_sequences * (size_t)e->cfg.vocab_size * sizeof(float));
+    e->samples = calloc((size_t)e->max_sequences, sizeof *e->samples);
     e->seqs = calloc((size_t)e->max_sequences * 4 + 16, sizeof *e->seqs);
     return e->b_tokens && e->b_positions && e->b_seq && e->b_slots && e->b_table_start &&
-                   e->b_logit_rows && e->b_members && e->logits && e->seqs &&
+                   e->b_logit_rows && e->b_members && (e->logits || !samples_here) &&
+                   e->samples && e->seqs &&
                    sampler_scratch_init(&e->sampler, e->cfg.vocab_size) == 0
                ? 0
                : -1;
@@ -174,11 +122,23 @@ static void load_weight(weight_matrix *m, void *ctx) {
         wl->failed = 1;
 }
 
-/* The backend for o->device, described in info->device. */
-static int open_backend(engine *e, const engine_options *o, char *err, size_t errlen) {
-    compute_device d;
-    if (compute_device_parse(o->device, &d, err, errlen) != 0) return -1;
-    d = compute_device_resolve(d);
+/* The backend for o->device, described in info->device. A tensor-parallel rank computes on the
+ * CPU: its all-reduce (dist/) sums host memory between backend ops, which a GPU backend's buffers
+ * and recorded steps are not; `auto` picks the CPU there and an explicit `cuda` is refused. */
+static int open_backend(engine *e, const engine_options *o, int tensor_parallel, char *err,
+                        size_t errlen) {
+    compute_device asked, d;
+    if (compute_device_parse(o->device, &asked, err, errlen) != 0) return -1;
+    d = compute_device_resolve(asked);
+    if (tensor_parallel && d == COMPUTE_DEVICE_CUDA) {
+        if (asked == COMPUTE_DEVICE_CUDA) {
+            error_set(err, errlen, "--device cuda: tensor parallel runs on the CPU only (use "
+                                   "--device cpu, or a pipeline split on GPUs)");
+            return -1;
+        }
+        log_info("engine: tensor parallel runs on the CPU (device auto)");
+        d = COMPUTE_DEVICE_CPU;
+    }
     e->be = compute_backend_open(d, o->n_threads, err, errlen);
     if (!e->be) return -1;
     compute_gpu g;
@@ -198,12 +158,12 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     const model_config *c = &e->cfg;
     e->st = safetensors_set_open(o->model_dir, err, errlen);
     if (!e->st) goto fail;
-    if (open_backend(e, o, err, errlen) != 0) goto fail;
+    model_shard shard = {.layer_start = o->layer_start, .layer_end = o->layer_end};
+    if (o->dist && engine_dist_init(e, o, &shard, err, errlen)) goto fail;
+    if (open_backend(e, o, shard.tp_size > 1, err, errlen) != 0) goto fail;
     /* a backend with memory of its own copies the weights there: no host copy first */
-    if (model_weights_load_placed(e->st, c, o->layer_start, o->layer_end,
-                                  e->be->load_weight ? WEIGHTS_MEM_MMAP : WEIGHTS_MEM_AUTO, &e->w,
-                                  err, errlen))
-        goto fail;
+    shard.memory = e->be->load_weight ? WEIGHTS_MEM_MMAP : WEIGHTS_MEM_AUTO;
+    if (model_weights_load_shard(e->st, c, &shard, &e->w, err, errlen)) goto fail;
     if (e->be->load_weight) {
         weight_loading wl = {.be = e->be, .err = err, .errlen = errlen};
         model_weights_for_each(&e->w, load_weight, &wl);
@@ -227,10 +187,11 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     if (alloc_staging(e) != 0) goto oom;
     e->tf = transformer_create(c, &e->w, e->be, e->max_batch_tokens, e->max_sequences, err,
                                errlen);
-    if (!e->tf || open_kv(e, o, err, errlen) != 0) goto fail;
+    if (!e->tf || (e->dist && engine_dist_start(e, err, errlen)) || open_kv(e, o, err, errlen))
+        goto fail;
     return e;
 oom:
-    set_err(err, errlen, "out of memory opening %s", o->model_dir);
+    error_set(err, errlen, "out of memory opening %s", o->model_dir);
 fail:
     engine_close(e);
     return NULL;
@@ -246,6 +207,7 @@ static void seq_free(engine *e, sequence *s) {
 
 void engine_close(engine *e) {
     if (!e) return;
+    if (e->dist) engine_dist_close(e); /* rank 0: tells the followers to stop */
     for (int i = 0; i < e->n_seqs; i++) seq_free(e, e->seqs[i]);
     kv_cache_destroy(e->kv);
     transformer_destroy(e->tf);
@@ -262,6 +224,7 @@ void engine_close(engine *e) {
     free(e->b_tables);
     free(e->b_members);
     free(e->logits);
+    free(e->samples);
     free(e->seqs);
     free(e->cancelled);
     free(e);
@@ -282,10 +245,13 @@ void engine_get_stats(const engine *e, engine_stats *out) {
     out->kv_blocks_cached = e->kv->n_cached;
     out->kv_block_tokens = e->block_size;
     out->preemptions = e->preemptions;
+    out->steps = e->steps;
+    out->step_ns = e->step_ns;
+    out->comm_ns = e->comm_ns;
 }
 
 int engine_pending(const engine *e) {
-    return e->n_seqs + e->n_cancelled;
+    return e->n_seqs + e->n_cancelled + e->d.queued_submits;
 }
 
 static sequence *find_seq(const engine *e, uint64_t id, int *index) {
@@ -299,42 +265,54 @@ static sequence *find_seq(const engine *e, uint64_t id, int *index) {
 
 int engine_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err, size_t errlen) {
     if (find_seq(e, seq_id, NULL)) {
-        set_err(err, errlen, "sequence id %llu is already live", (unsigned long long)seq_id);
+        error_set(err, errlen, "sequence id %llu is already live", (unsigned long long)seq_id);
         return -1;
     }
     if (!r->prompt || r->n_prompt < 1) {
-        set_err(err, errlen, "the prompt is empty");
+        error_set(err, errlen, "the prompt is empty");
         return -1;
     }
     if (r->max_tokens < 1) {
-        set_err(err, errlen, "max_tokens must be at least 1");
+        error_set(err, errlen, "max_tokens must be at least 1");
         return -1;
     }
     int ctx = e->info.context_length;
     if (r->n_prompt >= ctx) {
-        set_err(err, errlen, "prompt of %d tokens does not fit the context length %d",
-                r->n_prompt, ctx);
+        error_set(err, errlen, "prompt of %d tokens does not fit the context length %d",
+                  r->n_prompt, ctx);
         return -1;
     }
     if (r->n_prompt + 1 > e->kv->n_blocks * e->block_size) {
-        set_err(err, errlen, "prompt of %d tokens does not fit the KV cache (%d tokens)",
-                r->n_prompt, e->kv->n_blocks * e->block_size);
+        error_set(err, errlen, "prompt of %d tokens does not fit the KV cache (%d tokens)",
+                  r->n_prompt, e->kv->n_blocks * e->block_size);
         return -1;
     }
     for (int i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= e->cfg.vocab_size) {
-            set_err(err, errlen, "prompt token %d (id %d) is outside the vocabulary of %d", i,
-                    r->prompt[i], e->cfg.vocab_size);
+            error_set(err, errlen, "prompt token %d (id %d) is outside the vocabulary of %d", i,
+                      r->prompt[i], e->cfg.vocab_size);
             return -1;
         }
     if (sampler_params_check(&r->sampling, err, errlen) != 0) return -1;
-    if (e->n_seqs >= e->max_sequences * 4 + 16) {
-        set_err(err, errlen, "too many queued requests (%d)", e->n_seqs);
+    int queued = e->n_seqs + e->d.queued_submits;
+    if (queued >= e->max_sequences * 4 + 16) {
+        error_set(err, errlen, "too many queued requests (%d)", queued);
         return -1;
     }
+    if (e->dist) return engine_dist_queue_submit(e, seq_id, r, err, errlen);
+    if (engine_add_sequence(e, seq_id, r)) {
+        error_set(err, errlen, "out of memory queueing a request");
+        return -1;
+    }
+    return 0;
+}
+
+int engine_add_sequence(engine *e, uint64_t seq_id, const engine_request *r) {
+    int ctx = e->info.context_length;
     sequence *s = calloc(1, sizeof *s);
-    if (!s) goto oom;
+    if (!s) return -1;
     s->id = seq_id;
+    s->serial = ++e->next_serial;
     s->n_prompt = s->n_tokens = r->n_prompt;
     int max_total = r->n_prompt + r->max_tokens;
     s->cap = max_total < ctx ? max_total : ctx;
@@ -346,7 +324,7 @@ int engine_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err
         free(s->tokens);
         free(s->stops);
         free(s);
-        goto oom;
+        return -1;
     }
     memcpy(s->tokens, r->prompt, (size_t)r->n_prompt * sizeof *s->tokens);
     memcpy(s->stops, e->info.eos_ids, (size_t)e->info.n_eos * sizeof *s->stops);
@@ -358,9 +336,6 @@ int engine_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err
     sampler_rng_seed(&s->rng, r->sampling.seed);
     e->seqs[e->n_seqs++] = s;
     return 0;
-oom:
-    set_err(err, errlen, "out of memory queueing a request");
-    return -1;
 }
 
 static void remove_seq(engine *e, int index) {
@@ -371,6 +346,11 @@ static void remove_seq(engine *e, int index) {
 }
 
 void engine_cancel(engine *e, uint64_t seq_id) {
+    if (e->dist) engine_dist_queue_cancel(e, seq_id);
+    else engine_cancel_local(e, seq_id);
+}
+
+void engine_cancel_local(engine *e, uint64_t seq_id) {
     int i;
     if (!find_seq(e, seq_id, &i)) return;
     remove_seq(e, i);
@@ -456,7 +436,8 @@ static void register_full_blocks(engine *e, sequence *s) {
 static sequence *newest_running(engine *e, const sequence *keep) {
     for (int i = e->n_seqs - 1; i >= 0; i--) {
         sequence *s = e->seqs[i];
-        if (s->state == SEQ_RUNNING && s != keep && s->n_blocks && !s->chunk) return s;
+        if (s->state == SEQ_RUNNING && s != keep && s->n_blocks && !s->chunk && !s->in_flight)
+            return s;
     }
     return NULL;
 }
@@ -469,10 +450,17 @@ static int plan_batch(engine *e, int max_members) {
         e->seqs[i]->logit_index = -1;
         running += e->seqs[i]->state == SEQ_RUNNING;
     }
+    /* a pipeline with steps in flight: each step decodes its share of the running sequences, so
+     * the next steps have sequences to carry and every stage works (engine_dist.c) */
+    int decode_cap = max_members;
+    if (e->pipeline_steps > 1) {
+        int share = (running + e->pipeline_steps - 1) / e->pipeline_steps;
+        decode_cap = share > 0 && share < decode_cap ? share : decode_cap;
+    }
     /* decode first: one token each; when the cache is full, the newest sequence yields */
-    for (int i = 0; i < e->n_seqs && budget > 0 && n_members < max_members; i++) {
+    for (int i = 0; i < e->n_seqs && budget > 0 && n_members < decode_cap; i++) {
         sequence *s = e->seqs[i];
-        if (s->state != SEQ_RUNNING || s->n_tokens - s->n_computed != 1) continue;
+        if (s->state != SEQ_RUNNING || s->in_flight || s->n_tokens - s->n_computed != 1) continue;
         int ok;
         while (!(ok = ensure_blocks(e, s, s->n_tokens) == 0)) {
             sequence *victim = newest_running(e, s);
@@ -510,7 +498,8 @@ static int plan_batch(engine *e, int max_members) {
         for (int i = 0; i < e->n_seqs && budget > 0 && n_members < max_members; i++) {
             sequence *s = e->seqs[i];
             int left = s->n_tokens - s->n_computed;
-            if (s->chunk || left < 1 || (left <= short_limit) != want_short) continue;
+            if (s->chunk || s->in_flight || left < 1 || (left <= short_limit) != want_short)
+                continue;
             if (want_waiting != (s->state == SEQ_WAITING)) continue;
             if (!want_waiting && left == 1) continue; /* decode, handled above */
             if (want_waiting && running >= e->max_sequences) break;
@@ -585,29 +574,77 @@ static int is_stop(const sequence *s, int32_t token) {
     return 0;
 }
 
-/* Samples s's next token into ev; returns the finish reason. */
-static engine_finish sample_next(engine *e, sequence *s, engine_event *ev) {
-    sampler_input in = {.params = &s->sampling, .history = s->tokens, .n_history = s->n_tokens,
-                        .n_prompt = s->n_prompt, .banned = s->ban_eos ? s->stops : NULL,
-                        .n_banned = s->ban_eos ? s->n_stops : 0};
-    sampler_result r;
-    float *logits = e->logits + (size_t)s->logit_index * (size_t)e->cfg.vocab_size;
-    sampler_sample(&e->sampler, logits, &in, &s->rng, &r);
-    s->tokens[s->n_tokens++] = r.token;
+void engine_sample_all(engine *e, int n_members) {
+    for (int m = 0; m < n_members; m++) {
+        sequence *s = e->b_members[m];
+        if (s->logit_index < 0) continue;
+        sampler_input in = {.params = &s->sampling, .history = s->tokens,
+                            .n_history = s->n_tokens, .n_prompt = s->n_prompt,
+                            .banned = s->ban_eos ? s->stops : NULL,
+                            .n_banned = s->ban_eos ? s->n_stops : 0};
+        float *logits = e->logits + (size_t)s->logit_index * (size_t)e->cfg.vocab_size;
+        sampler_sample(&e->sampler, logits, &in, &s->rng, &e->samples[s->logit_index]);
+    }
+}
+
+/* Appends s's sampled token r and reports it in ev; returns the finish reason. */
+static engine_finish take_sample(sequence *s, const sampler_result *r, engine_event *ev) {
+    s->tokens[s->n_tokens++] = r->token;
     s->n_generated++;
-    ev->token = r.token;
-    ev->logprob = r.logprob;
-    ev->n_top = r.n_top;
-    memcpy(ev->top_ids, r.top_ids, sizeof ev->top_ids);
-    memcpy(ev->top_logprobs, r.top_logprobs, sizeof ev->top_logprobs);
-    if (!s->ban_eos && is_stop(s, r.token)) return ENGINE_FINISH_STOP;
+    ev->token = r->token;
+    ev->logprob = r->logprob;
+    ev->n_top = r->n_top;
+    memcpy(ev->top_ids, r->top_ids, sizeof ev->top_ids);
+    memcpy(ev->top_logprobs, r->top_logprobs, sizeof ev->top_logprobs);
+    if (!s->ban_eos && is_stop(s, r->token)) return ENGINE_FINISH_STOP;
     if (s->n_generated >= s->max_tokens || s->n_tokens >= s->cap) return ENGINE_FINISH_LENGTH;
     return ENGINE_FINISH_NONE;
 }
 
+/* The model's part of a step: forward, then every batch member with logits gets its token in
+ * e->samples (sampled here, or by the sampling rank and received). */
+static int forward_and_sample(engine *e, int n_members, const transformer_batch *b) {
+    if (e->dist) return engine_dist_forward(e, n_members, b);
+    char err[256];
+    if (transformer_forward(e->tf, e->kv->layers, e->block_size, b, e->logits, err,
+                            sizeof err) != 0) {
+        engine_set_error(e, "forward pass: %s", err);
+        return -1;
+    }
+    engine_sample_all(e, n_members);
+    return 0;
+}
+
+int engine_idle_step_ms(const engine *e) {
+    if (!e->dist || e->d.rank != 0) return -1;
+    return e->d.timeout_ms / 4 > 0 ? e->d.timeout_ms / 4 : 1;
+}
+
 int engine_step(engine *e, engine_event *events, int max_events) {
+    if (e->failed) return -1;
+    uint64_t t0 = clock_now_ns(), steps = e->steps, comm_ns = e->comm_ns;
+    int n;
+    if (e->dist && e->d.overlap) {
+        n = engine_dist_tick(e, events, max_events);
+    } else {
+        if (e->dist) {
+            if (engine_dist_exchange_inputs(e, &max_events)) {
+                e->failed = 1;
+                return -1;
+            }
+            if (e->d.shut_down) return 0;
+        }
+        n = engine_step_local(e, events, max_events);
+    }
+    if (n < 0) e->failed = 1;
+    if (e->steps != steps) e->step_ns += clock_now_ns() - t0;
+    else e->comm_ns = comm_ns; /* an idle step (a keep-alive) is no step: neither time counts */
+    return n;
+}
+
+int engine_report_cancelled(engine *e, engine_event *events, int limit) {
     int n_ev = 0;
-    while (e->n_cancelled > 0 && n_ev < max_events) {
+    while (e->n_cancelled > 0 && n_ev < limit) {
         engine_event *ev = &events[n_ev++];
         memset(ev, 0, sizeof *ev);
         ev->seq_id = e->cancelled[0];
@@ -615,19 +652,23 @@ int engine_step(engine *e, engine_event *events, int max_events) {
         ev->finish = ENGINE_FINISH_CANCELLED;
         memmove(e->cancelled, e->cancelled + 1, (size_t)--e->n_cancelled * sizeof *e->cancelled);
     }
-    int room = max_events - n_ev;
-    if (room <= 0 || e->n_seqs == 0) return n_ev;
-    int cap = room < e->max_sequences ? room : e->max_sequences;
+    return n_ev;
+}
+
+int engine_plan_step(engine *e, int cap, transformer_batch *b, engine_event *events, int *n_ev) {
+    if (e->n_seqs == 0 || cap <= 0) return 0;
     int n_members = plan_batch(e, cap);
-    while (n_members == 0) { /* stuck prefills: the newest holder of blocks yields */
+    int in_flight = 0;
+    for (int i = 0; i < e->n_seqs; i++) in_flight |= e->seqs[i]->in_flight;
+    while (n_members == 0 && !in_flight) { /* stuck prefills: the newest holder of blocks yields */
         sequence *victim = newest_running(e, NULL);
         if (!victim || victim == e->seqs[0]) break;
         preempt(e, victim);
         n_members = plan_batch(e, cap);
     }
-    if (n_members == 0) { /* the oldest request cannot fit even alone: it never will */
+    if (n_members == 0 && !in_flight) { /* the oldest request cannot fit even alone: it never will */
         sequence *s = e->seqs[0];
-        engine_event *ev = &events[n_ev++];
+        engine_event *ev = &events[(*n_ev)++];
         memset(ev, 0, sizeof *ev);
         ev->seq_id = s->id;
         ev->token = -1;
@@ -635,39 +676,60 @@ int engine_step(engine *e, engine_event *events, int max_events) {
         ev->prompt_tokens = s->n_prompt;
         snprintf(ev->error, sizeof ev->error, "the KV cache is too small for this request");
         remove_seq(e, 0);
-        return n_ev;
+        return 0;
     }
+    if (n_members && stage_batch(e, n_members, b) != 0) {
+        engine_set_error(e, "out of memory staging a batch");
+        return -1;
+    }
+    for (int m = 0; m < n_members; m++) e->b_members[m]->in_flight = 1;
+    return n_members;
+}
+
+sequence *engine_find_serial(engine *e, uint64_t serial) {
+    for (int i = 0; i < e->n_seqs; i++)
+        if (e->seqs[i]->serial == serial) return e->seqs[i];
+    return NULL;
+}
+
+void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
+                          const sampler_result *samples, engine_event *events, int *n_ev,
+                          int max_events) {
+    s->in_flight = 0;
+    s->n_computed += chunk;
+    register_full_blocks(e, s);
+    engine_finish fin = ENGINE_FINISH_NONE;
+    engine_event *ev = NULL;
+    if (logit_index >= 0 || *n_ev < max_events) {
+        ev = &events[(*n_ev)++];
+        memset(ev, 0, sizeof *ev);
+        ev->seq_id = s->id;
+        ev->token = -1;
+        ev->prompt_tokens = s->n_prompt;
+        ev->cached_tokens = s->cached_tokens;
+        ev->prefill_done = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
+    }
+    if (logit_index >= 0) fin = take_sample(s, &samples[logit_index], ev);
+    if (fin != ENGINE_FINISH_NONE) {
+        ev->finish = fin;
+        int i;
+        if (find_seq(e, s->id, &i)) remove_seq(e, i);
+    }
+}
+
+int engine_step_local(engine *e, engine_event *events, int max_events) {
+    int n_ev = engine_report_cancelled(e, events, max_events);
+    int room = max_events - n_ev;
+    int cap = room < e->max_sequences ? room : e->max_sequences;
     transformer_batch b;
-    char err[256];
-    if (stage_batch(e, n_members, &b) != 0) {
-        log_error("engine: out of memory staging a batch");
-        return -1;
-    }
-    if (transformer_forward(e->tf, e->kv->layers, e->block_size, &b, e->logits, err, sizeof err)) {
-        log_error("engine: forward step failed: %s", err);
-        return -1;
-    }
+    int n_members = engine_plan_step(e, cap, &b, events, &n_ev);
+    if (n_members <= 0) return n_members < 0 ? -1 : n_ev;
+    if (forward_and_sample(e, n_members, &b)) return -1;
+    e->steps++;
     for (int m = 0; m < n_members; m++) {
         sequence *s = e->b_members[m];
-        s->n_computed += s->chunk;
-        register_full_blocks(e, s);
-        engine_finish fin = ENGINE_FINISH_NONE;
-        engine_event *ev = NULL;
-        if (s->logit_index >= 0 || n_ev < max_events) {
-            ev = &events[n_ev++];
-            memset(ev, 0, sizeof *ev);
-            ev->seq_id = s->id;
-            ev->token = -1;
-            ev->prompt_tokens = s->n_prompt;
-            ev->cached_tokens = s->cached_tokens;
-            ev->prefill_done = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
-        }
-        if (s->logit_index >= 0) fin = sample_next(e, s, ev);
-        if (fin != ENGINE_FINISH_NONE) {
-            ev->finish = fin;
-            int i;
-            if (find_seq(e, s->id, &i)) remove_seq(e, i);
-        }
+        engine_finish_member(e, s, s->chunk, s->logit_index, e->samples, events, &n_ev,
+                             max_events);
     }
     return n_ev;
 }

@@ -7,7 +7,17 @@
  * other; the engine uses its own worker threads inside a step.
  *
  * Scheduling (continuous batching, chunked prefill, paged KV cache, prefix cache, preemption) is
- * the engine's business; a caller only submits, cancels and steps. */
+ * the engine's business; a caller only submits, cancels and steps.
+ *
+ * Several ranks (processes) can run one model together (docs/distributed.md): pipeline parallel
+ * (each rank holds a layer range) or tensor parallel (each rank holds a slice of every layer).
+ * Rank 0 is the door: engine_submit / engine_cancel / engine_step as above. Every other rank
+ * calls engine_follow, which mirrors rank 0's steps until rank 0's engine_close. Each step, rank
+ * 0 sends the requests and cancellations it received since the last one; every rank runs the
+ * same deterministic scheduler on the same KV cache capacity, so they agree on the batch, the
+ * block tables and the prefix-cache hits without shipping them; the rank holding the lm_head
+ * samples and sends the tokens to the others. A dead or silent rank fails the step within the
+ * data plane's timeout (engine_step returns -1, engine_last_error says why). */
 #ifndef EXO_INFER_ENGINE_H
 #define EXO_INFER_ENGINE_H
 
@@ -18,6 +28,14 @@
 
 typedef struct engine engine;
 
+struct dist_group; /* dist/dist.h */
+
+typedef enum engine_parallel {
+    ENGINE_SINGLE = 0, /* one process runs the whole model */
+    ENGINE_PIPELINE,   /* each rank holds layers [layer_start, layer_end); ranks in layer order */
+    ENGINE_TENSOR,     /* each rank holds 1/size of every layer (heads, FFN and expert dims) */
+} engine_parallel;
+
 typedef struct engine_options {
     const char *model_dir;  /* Hugging Face layout: config.json, *.safetensors, tokenizer files */
     int n_threads;          /* 0 = all cores */
@@ -26,9 +44,19 @@ typedef struct engine_options {
     int max_batch_tokens;   /* tokens per forward step (prefill chunk), 0 = default 512 */
     int max_sequences;      /* concurrent sequences, 0 = default 64 */
     int context_length;     /* 0 = the model's own max_position_embeddings */
-    /* Pipeline shard: layers [layer_start, layer_end) of the model; both 0 = the whole model. */
+    /* Pipeline shard: layers [layer_start, layer_end) of the model; both 0 = the whole model (or,
+     * with ENGINE_PIPELINE, an even split by rank). */
     int layer_start, layer_end;
-    const char *device;     /* "cpu", "cuda" or "auto" (NULL = auto: the GPU when there is one) */
+    const char *device;     /* "cpu", "cuda" or "auto" (NULL = auto: the GPU when there is one;
+                               tensor parallel runs on the CPU: auto picks it, cuda is refused) */
+    /* Several ranks: the connected data plane of this instance (the caller keeps it and closes
+     * it after engine_close), and how the model is split. NULL / ENGINE_SINGLE: one process. */
+    struct dist_group *dist;
+    engine_parallel parallel;
+    int dist_timeout_ms;    /* the timeout the group was connected with (0 = 30000): rank 0
+                               keeps idle followers alive well within it */
+    int pipeline_serial;    /* pipeline: one step at a time through all stages (else each stage
+                               works on its own step; the default) */
 } engine_options;
 
 typedef struct sampling_params {
@@ -108,8 +136,22 @@ int engine_submit(engine *e, uint64_t seq_id, const engine_request *request, cha
  * ENGINE_FINISH_CANCELLED event is reported by the next engine_step. Unknown ids are ignored. */
 void engine_cancel(engine *e, uint64_t seq_id);
 /* Runs one batched forward step over the live sequences and writes up to max_events events.
- * Returns the number written (0 when idle), or -1 on a fatal engine error. */
+ * Returns the number written (0 when idle), or -1 on a fatal engine error (engine_last_error).
+ * Rank 0 of several: every call is a step of all ranks, even an idle one. */
 int engine_step(engine *e, engine_event *events, int max_events);
+/* Rank 0 of several: while idle, call engine_step at least this often (ms) so the other ranks'
+ * wait for the next step stays within the data plane's timeout. -1 when there is nothing to
+ * keep alive (one process). */
+int engine_idle_step_ms(const engine *e);
+/* Ranks other than 0: runs rank 0's steps until it closes its engine (returns 0), a rank fails
+ * (returns -1, engine_last_error says why) or engine_stop_following is called (returns 0 after
+ * the step in progress: at most about engine_idle_step_ms of rank 0 while it is idle). */
+int engine_follow(engine *e);
+/* Asks engine_follow to return; the one call that may come from another thread. Leaving breaks
+ * the instance: rank 0's next step fails (the other ranks cannot go on without this one). */
+void engine_stop_following(engine *e);
+/* Why the last failing call failed ("" if none). */
+const char *engine_last_error(const engine *e);
 /* Number of sequences queued or running. */
 int engine_pending(const engine *e);
 
@@ -122,6 +164,9 @@ typedef struct engine_stats {
     int kv_blocks_cached; /* unused blocks kept for the prefix cache */
     int kv_block_tokens; /* tokens per block */
     uint64_t preemptions; /* since open */
+    /* time since open: steps run, their wall time, and the part spent waiting on other ranks
+     * (collectives, sends, receives: communication plus their compute imbalance) */
+    uint64_t steps, step_ns, comm_ns;
 } engine_stats;
 void engine_get_stats(const engine *e, engine_stats *out);
 

@@ -1,46 +1,49 @@
 /* config.json -> model_config, every field validated. See model_config.h. */
 #include "model/model_config.h"
 
+#include "base/error.h"
 #include "base/paths.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
+/* The value of key, an integer (integer) or any number. NULL when it is missing or null (then
+ * *rc is -1 with err set when the field is required, else 0) or of another type (*rc -1). */
+static json_t *field_value(json_t *o, const char *key, int required, int integer, int *rc,
+                           char *err, size_t errlen) {
+    json_t *v = json_object_get(o, key);
+    *rc = 0;
+    if (!v || json_is_null(v)) {
+        if (required) {
+            error_set(err, errlen, "config.json: missing required field '%s'", key);
+            *rc = -1;
+        }
+        return NULL;
+    }
+    if (integer ? json_is_integer(v) : json_is_number(v)) return v;
+    error_set(err, errlen, "config.json: '%s' must be %s", key,
+              integer ? "an integer" : "a number");
+    *rc = -1;
+    return NULL;
 }
 
 /* An integer field in [lo, hi]. Missing: *out = def, or an error when required. */
 static int get_int(json_t *o, const char *key, int required, int def, long long lo, long long hi,
                    int *out, char *err, size_t errlen) {
-    json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v)) {
-        if (required) {
-            set_err(err, errlen, "config.json: missing required field '%s'", key);
-            return -1;
-        }
-        *out = def;
-        return 0;
-    }
-    if (!json_is_integer(v)) {
-        set_err(err, errlen, "config.json: '%s' must be an integer", key);
-        return -1;
+    int rc;
+    json_t *v = field_value(o, key, required, 1, &rc, err, errlen);
+    if (!v) {
+        if (!rc) *out = def;
+        return rc;
     }
     long long x = json_integer_value(v);
     if (x < lo || x > hi) {
-        set_err(err, errlen, "config.json: '%s' = %lld is out of range [%lld, %lld]", key, x, lo,
-                hi);
+        error_set(err, errlen, "config.json: '%s' = %lld is out of range [%lld, %lld]", key, x, lo,
+                  hi);
         return -1;
     }
     *out = (int)x;
@@ -49,22 +52,15 @@ static int get_int(json_t *o, const char *key, int required, int def, long long 
 
 static int get_num(json_t *o, const char *key, int required, double def, double lo, double hi,
                    double *out, char *err, size_t errlen) {
-    json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v)) {
-        if (required) {
-            set_err(err, errlen, "config.json: missing required field '%s'", key);
-            return -1;
-        }
-        *out = def;
-        return 0;
-    }
-    if (!json_is_number(v)) {
-        set_err(err, errlen, "config.json: '%s' must be a number", key);
-        return -1;
+    int rc;
+    json_t *v = field_value(o, key, required, 0, &rc, err, errlen);
+    if (!v) {
+        if (!rc) *out = def;
+        return rc;
     }
     double x = json_number_value(v);
     if (!(x >= lo && x <= hi)) {
-        set_err(err, errlen, "config.json: '%s' = %g is out of range [%g, %g]", key, x, lo, hi);
+        error_set(err, errlen, "config.json: '%s' = %g is out of range [%g, %g]", key, x, lo, hi);
         return -1;
     }
     *out = x;
@@ -78,7 +74,7 @@ static int get_bool(json_t *o, const char *key, int def, int *out, char *err, si
         return 0;
     }
     if (!json_is_boolean(v)) {
-        set_err(err, errlen, "config.json: '%s' must be true or false", key);
+        error_set(err, errlen, "config.json: '%s' must be true or false", key);
         return -1;
     }
     *out = json_is_true(v);
@@ -111,14 +107,14 @@ static int parse_rope(json_t *root, model_config *c, char *err, size_t errlen) {
     json_t *s = json_object_get(root, "rope_scaling");
     if (!s || json_is_null(s)) return 0;
     if (!json_is_object(s)) {
-        set_err(err, errlen, "config.json: 'rope_scaling' must be an object or null");
+        error_set(err, errlen, "config.json: 'rope_scaling' must be an object or null");
         return -1;
     }
     json_t *t = json_object_get(s, "rope_type");
     if (!t) t = json_object_get(s, "type");
     const char *type = json_is_string(t) ? json_string_value(t) : NULL;
     if (!type) {
-        set_err(err, errlen, "config.json: rope_scaling needs a 'rope_type'");
+        error_set(err, errlen, "config.json: rope_scaling needs a 'rope_type'");
         return -1;
     }
     if (!strcmp(type, "default")) return 0;
@@ -135,8 +131,8 @@ static int parse_rope(json_t *root, model_config *c, char *err, size_t errlen) {
                     &r->original_max_position, err, errlen))
             return -1;
         if (r->high_freq_factor <= r->low_freq_factor) {
-            set_err(err, errlen,
-                    "config.json: rope_scaling high_freq_factor must exceed low_freq_factor");
+            error_set(err, errlen,
+                      "config.json: rope_scaling high_freq_factor must exceed low_freq_factor");
             return -1;
         }
         return 0;
@@ -150,13 +146,15 @@ static int parse_rope(json_t *root, model_config *c, char *err, size_t errlen) {
             get_num(s, "attention_factor", 0, 0.0, 0.0, 100.0, &r->attention_factor, err, errlen))
             return -1;
         if (json_object_get(s, "mscale") || json_object_get(s, "mscale_all_dim")) {
-            set_err(err, errlen, "config.json: yarn with mscale/mscale_all_dim is not supported");
+            error_set(err, errlen, "config.json: yarn with mscale/mscale_all_dim is not supported");
             return -1;
         }
         return 0;
     }
-    set_err(err, errlen, "config.json: rope_scaling type '%.32s' is not supported "
-            "(default, linear, llama3, yarn)", type);
+    error_set(err, errlen,
+              "config.json: rope_scaling type '%.32s' is not supported "
+              "(default, linear, llama3, yarn)",
+              type);
     return -1;
 }
 
@@ -175,7 +173,7 @@ static int parse_token_ids(json_t *root, model_config *c, char *err, size_t errl
         json_incref(e);
     } else {
         if (e && !json_is_null(e)) {
-            set_err(err, errlen, "config.json: 'eos_token_id' must be an integer or a list");
+            error_set(err, errlen, "config.json: 'eos_token_id' must be an integer or a list");
             return -1;
         }
         return 0;
@@ -186,7 +184,7 @@ static int parse_token_ids(json_t *root, model_config *c, char *err, size_t errl
     json_array_foreach(e, i, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 ||
             json_integer_value(v) >= c->vocab_size) {
-            set_err(err, errlen, "config.json: eos_token_id entry %zu is not a token id", i);
+            error_set(err, errlen, "config.json: eos_token_id entry %zu is not a token id", i);
             rc = -1;
             break;
         }
@@ -212,7 +210,7 @@ static int parse_moe(json_t *root, model_config *c, char *err, size_t errlen) {
     json_t *m = json_object_get(root, "mlp_only_layers");
     if (m && !json_is_null(m)) {
         if (!json_is_array(m)) {
-            set_err(err, errlen, "config.json: 'mlp_only_layers' must be a list");
+            error_set(err, errlen, "config.json: 'mlp_only_layers' must be a list");
             return -1;
         }
         size_t i;
@@ -220,7 +218,7 @@ static int parse_moe(json_t *root, model_config *c, char *err, size_t errlen) {
         json_array_foreach(m, i, v) {
             if (!json_is_integer(v) || json_integer_value(v) < 0 ||
                 json_integer_value(v) >= c->n_layers || json_integer_value(v) >= 256) {
-                set_err(err, errlen, "config.json: mlp_only_layers entry %zu is not a layer", i);
+                error_set(err, errlen, "config.json: mlp_only_layers entry %zu is not a layer", i);
                 return -1;
             }
             int l = (int)json_integer_value(v);
@@ -235,19 +233,23 @@ static int parse_quantization(json_t *root, model_config *c, char *err, size_t e
     if (!q) q = json_object_get(root, "quantization_config");
     if (!q || json_is_null(q)) return 0;
     if (!json_is_object(q)) {
-        set_err(err, errlen, "config.json: 'quantization' must be an object");
+        error_set(err, errlen, "config.json: 'quantization' must be an object");
         return -1;
     }
     json_t *method = json_object_get(q, "quant_method");
     if (json_is_string(method) && strcmp(json_string_value(method), "mlx")) {
-        set_err(err, errlen, "config.json: quantization method '%.32s' is not supported (mlx "
-                "affine only)", json_string_value(method));
+        error_set(err, errlen,
+                  "config.json: quantization method '%.32s' is not supported (mlx "
+                  "affine only)",
+                  json_string_value(method));
         return -1;
     }
     json_t *mode = json_object_get(q, "mode");
     if (json_is_string(mode) && strcmp(json_string_value(mode), "affine")) {
-        set_err(err, errlen, "config.json: quantization mode '%.32s' is not supported (affine "
-                "only)", json_string_value(mode));
+        error_set(err, errlen,
+                  "config.json: quantization mode '%.32s' is not supported (affine "
+                  "only)",
+                  json_string_value(mode));
         return -1;
     }
     if (get_int(q, "bits", 1, 0, 2, 8, &c->quant_bits, err, errlen) ||
@@ -255,8 +257,10 @@ static int parse_quantization(json_t *root, model_config *c, char *err, size_t e
         return -1;
     int b = c->quant_bits, g = c->quant_group_size;
     if (b == 7 || (g != 32 && g != 64 && g != 128)) {
-        set_err(err, errlen, "config.json: quantization bits %d / group_size %d not supported "
-                "(bits 2,3,4,5,6,8; group 32,64,128)", b, g);
+        error_set(err, errlen,
+                  "config.json: quantization bits %d / group_size %d not supported "
+                  "(bits 2,3,4,5,6,8; group 32,64,128)",
+                  b, g);
         return -1;
     }
     return 0;
@@ -264,19 +268,21 @@ static int parse_quantization(json_t *root, model_config *c, char *err, size_t e
 
 static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
     if (!json_is_object(root)) {
-        set_err(err, errlen, "config.json: not a JSON object");
+        error_set(err, errlen, "config.json: not a JSON object");
         return -1;
     }
     json_t *archs = json_object_get(root, "architectures");
     json_t *a0 = json_is_array(archs) ? json_array_get(archs, 0) : NULL;
     if (!json_is_string(a0)) {
-        set_err(err, errlen, "config.json: missing 'architectures' list");
+        error_set(err, errlen, "config.json: missing 'architectures' list");
         return -1;
     }
     snprintf(c->architecture, sizeof c->architecture, "%s", json_string_value(a0));
     if (parse_family(json_string_value(a0), &c->family) != 0) {
-        set_err(err, errlen, "config.json: architecture '%s' is not supported (Llama, Mistral, "
-                "Qwen2, Qwen3, Qwen3-MoE)", c->architecture);
+        error_set(err, errlen,
+                  "config.json: architecture '%s' is not supported (Llama, Mistral, "
+                  "Qwen2, Qwen3, Qwen3-MoE)",
+                  c->architecture);
         return -1;
     }
     if (get_int(root, "vocab_size", 1, 0, 1, 1 << 22, &c->vocab_size, err, errlen) ||
@@ -289,16 +295,20 @@ static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
                 &c->max_position_embeddings, err, errlen))
         return -1;
     if (c->n_heads % c->n_kv_heads) {
-        set_err(err, errlen, "config.json: num_attention_heads %d is not a multiple of "
-                "num_key_value_heads %d", c->n_heads, c->n_kv_heads);
+        error_set(err, errlen,
+                  "config.json: num_attention_heads %d is not a multiple of "
+                  "num_key_value_heads %d",
+                  c->n_heads, c->n_kv_heads);
         return -1;
     }
     int hd_default = c->hidden_size % c->n_heads ? 0 : c->hidden_size / c->n_heads;
     if (get_int(root, "head_dim", hd_default == 0, hd_default, 2, 1024, &c->head_dim, err, errlen))
         return -1;
     if (c->head_dim < 2 || c->head_dim % 2 || c->head_dim > 1024) {
-        set_err(err, errlen, "config.json: head_dim %d must be even and in [2, 1024] "
-                "(hidden_size / num_attention_heads when absent)", c->head_dim);
+        error_set(err, errlen,
+                  "config.json: head_dim %d must be even and in [2, 1024] "
+                  "(hidden_size / num_attention_heads when absent)",
+                  c->head_dim);
         return -1;
     }
     double eps;
@@ -311,13 +321,13 @@ static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
     int mlp_bias = 0;
     if (get_bool(root, "mlp_bias", 0, &mlp_bias, err, errlen)) return -1;
     if (mlp_bias) {
-        set_err(err, errlen, "config.json: mlp_bias is not supported");
+        error_set(err, errlen, "config.json: mlp_bias is not supported");
         return -1;
     }
     int sliding = 0;
     if (get_bool(root, "use_sliding_window", 0, &sliding, err, errlen)) return -1;
     if (sliding) {
-        set_err(err, errlen, "config.json: use_sliding_window is not supported");
+        error_set(err, errlen, "config.json: use_sliding_window is not supported");
         return -1;
     }
     if (c->family == MODEL_FAMILY_LLAMA) { /* Mistral v0.1: full attention is exact up to it */
@@ -327,7 +337,7 @@ static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
     }
     json_t *act = json_object_get(root, "hidden_act");
     if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu"))) {
-        set_err(err, errlen, "config.json: hidden_act must be 'silu'");
+        error_set(err, errlen, "config.json: hidden_act must be 'silu'");
         return -1;
     }
     c->qk_norm = c->family == MODEL_FAMILY_QWEN3 || c->family == MODEL_FAMILY_QWEN3_MOE;
@@ -348,7 +358,7 @@ int model_config_parse(const char *json, size_t len, model_config *out, char *er
     json_error_t jerr;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        set_err(err, errlen, "config.json: not valid JSON: %s (line %d)", jerr.text, jerr.line);
+        error_set(err, errlen, "config.json: not valid JSON: %s (line %d)", jerr.text, jerr.line);
         return -1;
     }
     int rc = parse_root(root, out, err, errlen);
@@ -362,7 +372,7 @@ int model_config_load(const char *dir, model_config *out, char *err, size_t errl
     size_t len;
     char *text = paths_read_file(path, 16u << 20, &len);
     if (!text) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        error_set(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
     int rc = model_config_parse(text, len, out, err, errlen);
@@ -374,4 +384,40 @@ int model_config_layer_is_moe(const model_config *c, int layer) {
     if (c->n_experts == 0) return 0;
     if (layer >= 0 && layer < 256 && (c->mlp_only_layers[layer / 64] >> (layer % 64) & 1)) return 0;
     return (layer + 1) % c->decoder_sparse_step == 0;
+}
+
+/* One dimension of a tensor-parallel split: `size` must divide by n, and when it is a quantized
+ * matrix's input dim, each share must be whole groups. */
+static int split_dim_check(const char *what, int size, int n, int group, char *err, size_t errlen) {
+    if (size % n) {
+        error_set(err, errlen, "cannot split the model %d ways: %s (%d) does not divide by %d", n,
+                what, size, n);
+        return -1;
+    }
+    if (group && (size / n) % group) {
+        error_set(err, errlen, "cannot split the model %d ways: each rank's share of %s (%d) is not "
+                "a multiple of the quantization group size %d", n, what, size / n, group);
+        return -1;
+    }
+    return 0;
+}
+
+int model_config_tensor_split_check(const model_config *c, int n, char *err, size_t errlen) {
+    if (n < 1) {
+        error_set(err, errlen, "a tensor-parallel split needs at least 1 rank (got %d)", n);
+        return -1;
+    }
+    if (n == 1) return 0;
+    int any_dense = 0, group = c->quant_bits ? c->quant_group_size : 0;
+    for (int i = 0; i < c->n_layers; i++) any_dense |= !model_config_layer_is_moe(c, i);
+    if (split_dim_check("the attention heads", c->n_heads, n, 0, err, errlen) ||
+        split_dim_check("the KV heads", c->n_kv_heads, n, 0, err, errlen) ||
+        split_dim_check("o_proj's input (heads x head_dim)", c->n_heads * c->head_dim, n, group,
+                        err, errlen) ||
+        (any_dense && split_dim_check("intermediate_size", c->intermediate_size, n, group, err,
+                                      errlen)) ||
+        (c->n_experts && split_dim_check("moe_intermediate_size", c->moe_intermediate_size, n,
+                                         group, err, errlen)))
+        return -1;
+    return 0;
 }

@@ -74,5 +74,11 @@ int model_config_parse(const char *json, size_t len, model_config *out, char *er
 int model_config_load(const char *dir, model_config *out, char *err, size_t errlen);
 /* Whether layer i has a sparse MoE MLP. */
 int model_config_layer_is_moe(const model_config *c, int layer);
+/* Whether a tensor-parallel split n ways is possible (for placement and the loader): attention
+ * heads, KV heads, the dense FFN's and every expert's hidden dim divide by n, and for quantized
+ * models each rank's share of o_proj's and down_proj's input columns is a whole number of
+ * quantization groups (the config's default group; the loader checks each tensor's own).
+ * Returns 0, or -1 with err saying what does not divide. n = 1 always fits. */
+int model_config_tensor_split_check(const model_config *c, int n, char *err, size_t errlen);
 
 #endif

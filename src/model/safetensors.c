@@ -1,11 +1,12 @@
 /* safetensors reader: mmap, full header validation, name lookup. See safetensors.h. */
 #include "model/safetensors.h"
 
+#include "base/error.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,16 +92,6 @@ struct safetensors_file {
     name_index index;
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static const char *file_tensor_name(const void *ctx, int i) {
     return ((const safetensors_file *)ctx)->tensors[i].name;
 }
@@ -132,27 +123,27 @@ static int cmp_by_offset(const void *a, const void *b) {
 static int parse_entry(const char *fname, const char *key, json_t *val, const uint8_t *data,
                        uint64_t data_len, safetensors_tensor *t, char *err, size_t errlen) {
     if (!json_is_object(val)) {
-        set_err(err, errlen, "%s: tensor '%s': header entry is not an object", fname, key);
+        error_set(err, errlen, "%s: tensor '%s': header entry is not an object", fname, key);
         return -1;
     }
     json_t *jd = json_object_get(val, "dtype"), *js = json_object_get(val, "shape"),
            *jo = json_object_get(val, "data_offsets");
     if (!json_is_string(jd) || !json_is_array(js) || !json_is_array(jo)) {
-        set_err(err, errlen, "%s: tensor '%s': needs string dtype, array shape and data_offsets",
-                fname, key);
+        error_set(err, errlen, "%s: tensor '%s': needs string dtype, array shape and data_offsets",
+                  fname, key);
         return -1;
     }
     int dt = parse_dtype(json_string_value(jd));
     if (dt < 0) {
-        set_err(err, errlen, "%s: tensor '%s': unknown dtype '%.20s'", fname, key,
-                json_string_value(jd));
+        error_set(err, errlen, "%s: tensor '%s': unknown dtype '%.20s'", fname, key,
+                  json_string_value(jd));
         return -1;
     }
     t->dtype = (safetensors_dtype)dt;
     size_t nd = json_array_size(js);
     if (nd > SAFETENSORS_MAX_DIMS) {
-        set_err(err, errlen, "%s: tensor '%s': %zu dims (at most %d)", fname, key, nd,
-                SAFETENSORS_MAX_DIMS);
+        error_set(err, errlen, "%s: tensor '%s': %zu dims (at most %d)", fname, key, nd,
+                  SAFETENSORS_MAX_DIMS);
         return -1;
     }
     t->n_dims = (int)nd;
@@ -160,12 +151,12 @@ static int parse_entry(const char *fname, const char *key, json_t *val, const ui
     for (size_t i = 0; i < nd; i++) {
         uint64_t d;
         if (json_uint(json_array_get(js, i), &d) != 0 || d > (1ull << 40)) {
-            set_err(err, errlen, "%s: tensor '%s': bad shape dimension %zu", fname, key, i);
+            error_set(err, errlen, "%s: tensor '%s': bad shape dimension %zu", fname, key, i);
             return -1;
         }
         t->shape[i] = (int64_t)d;
         if (d && count > UINT64_MAX / 16 / d) {
-            set_err(err, errlen, "%s: tensor '%s': shape overflows", fname, key);
+            error_set(err, errlen, "%s: tensor '%s': shape overflows", fname, key);
             return -1;
         }
         count *= d;
@@ -173,22 +164,22 @@ static int parse_entry(const char *fname, const char *key, json_t *val, const ui
     uint64_t begin, end;
     if (json_array_size(jo) != 2 || json_uint(json_array_get(jo, 0), &begin) != 0 ||
         json_uint(json_array_get(jo, 1), &end) != 0 || begin > end) {
-        set_err(err, errlen, "%s: tensor '%s': data_offsets must be [begin, end], begin <= end",
-                fname, key);
+        error_set(err, errlen, "%s: tensor '%s': data_offsets must be [begin, end], begin <= end",
+                  fname, key);
         return -1;
     }
     if (end > data_len) {
-        set_err(err, errlen,
-                "%s: tensor '%s': data ends at byte %llu but the file's data region has %llu "
-                "(truncated file?)",
-                fname, key, (unsigned long long)end, (unsigned long long)data_len);
+        error_set(err, errlen,
+                  "%s: tensor '%s': data ends at byte %llu but the file's data region has %llu "
+                  "(truncated file?)",
+                  fname, key, (unsigned long long)end, (unsigned long long)data_len);
         return -1;
     }
     uint64_t want = count * dtype_table[dt].size;
     if (end - begin != want) {
-        set_err(err, errlen, "%s: tensor '%s': %llu bytes for %llu %s elements (want %llu)",
-                fname, key, (unsigned long long)(end - begin), (unsigned long long)count,
-                dtype_table[dt].name, (unsigned long long)want);
+        error_set(err, errlen, "%s: tensor '%s': %llu bytes for %llu %s elements (want %llu)",
+                  fname, key, (unsigned long long)(end - begin), (unsigned long long)count,
+                  dtype_table[dt].name, (unsigned long long)want);
         return -1;
     }
     t->data = data + begin;
@@ -200,27 +191,27 @@ static int parse_header(safetensors_file *f, const uint8_t *buf, size_t len, cha
                         size_t errlen) {
     const char *fname = f->path;
     if (len < 8) {
-        set_err(err, errlen, "%s: too short for a safetensors file (%zu bytes)", fname, len);
+        error_set(err, errlen, "%s: too short for a safetensors file (%zu bytes)", fname, len);
         return -1;
     }
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | buf[i];
     if (hlen > SAFETENSORS_MAX_HEADER || hlen > len - 8) {
-        set_err(err, errlen, "%s: header length %llu does not fit the file (%zu bytes)", fname,
-                (unsigned long long)hlen, len);
+        error_set(err, errlen, "%s: header length %llu does not fit the file (%zu bytes)", fname,
+                  (unsigned long long)hlen, len);
         return -1;
     }
     json_error_t jerr;
     json_t *root = json_loadb((const char *)buf + 8, (size_t)hlen,
                               JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        set_err(err, errlen, "%s: header is not valid JSON: %s (byte %d)", fname, jerr.text,
-                jerr.position);
+        error_set(err, errlen, "%s: header is not valid JSON: %s (byte %d)", fname, jerr.text,
+                  jerr.position);
         return -1;
     }
     if (!json_is_object(root)) {
         json_decref(root);
-        set_err(err, errlen, "%s: header is not a JSON object", fname);
+        error_set(err, errlen, "%s: header is not a JSON object", fname);
         return -1;
     }
     size_t n = json_object_size(root);
@@ -228,7 +219,7 @@ static int parse_header(safetensors_file *f, const uint8_t *buf, size_t len, cha
     f->names = calloc(n ? n : 1, sizeof *f->names);
     if (!f->tensors || !f->names || name_index_init(&f->index, n) != 0) {
         json_decref(root);
-        set_err(err, errlen, "%s: out of memory", fname);
+        error_set(err, errlen, "%s: out of memory", fname);
         return -1;
     }
     const uint8_t *data = buf + 8 + hlen;
@@ -239,7 +230,7 @@ static int parse_header(safetensors_file *f, const uint8_t *buf, size_t len, cha
     json_object_foreach(root, key, val) {
         if (!strcmp(key, "__metadata__")) {
             if (!json_is_object(val)) {
-                set_err(err, errlen, "%s: __metadata__ is not an object", fname);
+                error_set(err, errlen, "%s: __metadata__ is not an object", fname);
                 rc = -1;
                 break;
             }
@@ -252,7 +243,7 @@ static int parse_header(safetensors_file *f, const uint8_t *buf, size_t len, cha
         }
         f->names[f->n] = strdup(key);
         if (!f->names[f->n]) {
-            set_err(err, errlen, "%s: out of memory", fname);
+            error_set(err, errlen, "%s: out of memory", fname);
             rc = -1;
             break;
         }
@@ -266,7 +257,7 @@ static int parse_header(safetensors_file *f, const uint8_t *buf, size_t len, cha
     /* No two tensors may share bytes. Empty tensors take no space and never overlap. */
     const safetensors_tensor **order = malloc((size_t)(f->n ? f->n : 1) * sizeof *order);
     if (!order) {
-        set_err(err, errlen, "%s: out of memory", fname);
+        error_set(err, errlen, "%s: out of memory", fname);
         return -1;
     }
     for (int i = 0; i < f->n; i++) order[i] = &f->tensors[i];
@@ -276,7 +267,7 @@ static int parse_header(safetensors_file *f, const uint8_t *buf, size_t len, cha
         const safetensors_tensor *t = order[i];
         if (!t->nbytes) continue;
         if (prev && (const uint8_t *)prev->data + prev->nbytes > (const uint8_t *)t->data) {
-            set_err(err, errlen, "%s: tensors '%s' and '%s' overlap", fname, prev->name, t->name);
+            error_set(err, errlen, "%s: tensors '%s' and '%s' overlap", fname, prev->name, t->name);
             rc = -1;
             break;
         }
@@ -301,12 +292,12 @@ safetensors_file *safetensors_parse(const void *buf, size_t len, const char *nam
 safetensors_file *safetensors_open(const char *path, char *err, size_t errlen) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        error_set(err, errlen, "%s: %s", path, strerror(errno));
         return NULL;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        set_err(err, errlen, "%s: not a regular file", path);
+        error_set(err, errlen, "%s: not a regular file", path);
         close(fd);
         return NULL;
     }
@@ -314,7 +305,7 @@ safetensors_file *safetensors_open(const char *path, char *err, size_t errlen) {
     void *map = len ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : NULL;
     close(fd);
     if (len && map == MAP_FAILED) {
-        set_err(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
+        error_set(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
         return NULL;
     }
     safetensors_file *f = calloc(1, sizeof *f);
@@ -373,12 +364,12 @@ static const char *set_tensor_name(const void *ctx, int i) {
 static int add_file(safetensors_set *s, const char *dir, const char *name, char *err,
                     size_t errlen) {
     if (!name[0] || strchr(name, '/') || !strcmp(name, "..") || !strcmp(name, ".")) {
-        set_err(err, errlen, "%s: index names an unsafe file '%.100s'", dir, name);
+        error_set(err, errlen, "%s: index names an unsafe file '%.100s'", dir, name);
         return -1;
     }
     char path[4096];
     if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) {
-        set_err(err, errlen, "%s: path too long", dir);
+        error_set(err, errlen, "%s: path too long", dir);
         return -1;
     }
     for (int i = 0; i < s->n_files; i++)
@@ -388,7 +379,7 @@ static int add_file(safetensors_set *s, const char *dir, const char *name, char 
     safetensors_file **nf = realloc(s->files, (size_t)(s->n_files + 1) * sizeof *nf);
     if (!nf) {
         safetensors_close(f);
-        set_err(err, errlen, "out of memory");
+        error_set(err, errlen, "out of memory");
         return -1;
     }
     s->files = nf;
@@ -404,7 +395,7 @@ static int cmp_str(const void *a, const void *b) {
 static int add_all_files(safetensors_set *s, const char *dir, char *err, size_t errlen) {
     DIR *d = opendir(dir);
     if (!d) {
-        set_err(err, errlen, "%s: %s", dir, strerror(errno));
+        error_set(err, errlen, "%s: %s", dir, strerror(errno));
         return -1;
     }
     char **names = NULL;
@@ -425,7 +416,7 @@ static int add_all_files(safetensors_set *s, const char *dir, char *err, size_t 
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
     if (rc == 0 && s->n_files == 0) {
-        set_err(err, errlen, "%s: no .safetensors files", dir);
+        error_set(err, errlen, "%s: no .safetensors files", dir);
         rc = -1;
     }
     return rc;
@@ -436,20 +427,21 @@ static int add_indexed_files(safetensors_set *s, const char *dir, const char *in
     json_error_t jerr;
     json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        set_err(err, errlen, "%s: not valid JSON: %s (line %d)", index_path, jerr.text, jerr.line);
+        error_set(err, errlen, "%s: not valid JSON: %s (line %d)", index_path, jerr.text,
+                  jerr.line);
         return -1;
     }
     json_t *map = json_object_get(root, "weight_map");
     if (!json_is_object(map)) {
         json_decref(root);
-        set_err(err, errlen, "%s: no weight_map object", index_path);
+        error_set(err, errlen, "%s: no weight_map object", index_path);
         return -1;
     }
     const char *key;
     json_t *val;
     json_object_foreach(map, key, val) {
         if (!json_is_string(val)) {
-            set_err(err, errlen, "%s: weight_map['%s'] is not a file name", index_path, key);
+            error_set(err, errlen, "%s: weight_map['%s'] is not a file name", index_path, key);
             json_decref(root);
             return -1;
         }
@@ -477,7 +469,7 @@ safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen)
     for (int i = 0; i < s->n_files; i++) s->n_all += s->files[i]->n;
     s->all = malloc((size_t)(s->n_all ? s->n_all : 1) * sizeof *s->all);
     if (!s->all || name_index_init(&s->index, (size_t)s->n_all) != 0) {
-        set_err(err, errlen, "out of memory");
+        error_set(err, errlen, "out of memory");
         goto fail;
     }
     int k = 0;
@@ -485,7 +477,8 @@ safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen)
         for (int j = 0; j < s->files[i]->n; j++) {
             s->all[k] = &s->files[i]->tensors[j];
             if (name_index_put(&s->index, s->all[k]->name, k, set_tensor_name, s) != 0) {
-                set_err(err, errlen, "%s: tensor '%s' appears in two files", dir, s->all[k]->name);
+                error_set(err, errlen, "%s: tensor '%s' appears in two files", dir,
+                          s->all[k]->name);
                 goto fail;
             }
             k++;
@@ -498,8 +491,8 @@ safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen)
             const safetensors_tensor *t = safetensors_set_find(s, key);
             const char *fname = strrchr(t ? t->file : "", '/');
             if (!t || strcmp(fname ? fname + 1 : "", json_string_value(val))) {
-                set_err(err, errlen, "%s: index lists tensor '%s' in %s but it is not there",
-                        dir, key, json_string_value(val));
+                error_set(err, errlen, "%s: index lists tensor '%s' in %s but it is not there", dir,
+                          key, json_string_value(val));
                 goto fail;
             }
         }

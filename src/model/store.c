@@ -1,6 +1,7 @@
 /* store — model directories on disk (see store.h). */
 #include "model/store.h"
 
+#include "base/error.h"
 #include "base/paths.h"
 
 #include <dirent.h>
@@ -11,10 +12,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static void set_err(char *err, size_t errlen, const char *msg) {
-    if (err && errlen) snprintf(err, errlen, "%s", msg);
-}
 
 static int part_valid(const char *p, size_t n) {
     if (n == 0 || n > 96) return 0;
@@ -35,23 +32,23 @@ static int part_valid(const char *p, size_t n) {
 
 int store_id_valid(const char *id, char *err, size_t errlen) {
     if (!id || !*id) {
-        set_err(err, errlen, "model id is empty");
+        error_set(err, errlen, "model id is empty");
         return -1;
     }
     if (id[0] == '/') {
-        set_err(err, errlen, "model id must be \"org/name\", not an absolute path");
+        error_set(err, errlen, "model id must be \"org/name\", not an absolute path");
         return -1;
     }
     const char *slash = strchr(id, '/');
     if (slash && strchr(slash + 1, '/')) {
-        set_err(err, errlen, "model id must be \"org/name\" (one '/')");
+        error_set(err, errlen, "model id must be \"org/name\" (one '/')");
         return -1;
     }
     size_t n1 = slash ? (size_t)(slash - id) : strlen(id);
     if (!part_valid(id, n1) || (slash && !part_valid(slash + 1, strlen(slash + 1)))) {
-        set_err(err, errlen,
-                "model id parts may only use letters, digits, '.', '_' and '-' (no '..', no "
-                "'--', at most 96 characters each)");
+        error_set(err, errlen,
+                  "model id parts may only use letters, digits, '.', '_' and '-' (no '..', no "
+                  "'--', at most 96 characters each)");
         return -1;
     }
     return 0;
@@ -89,11 +86,11 @@ int store_init(model_store *s, const char *models_dir, const char *models_path, 
                size_t errlen) {
     memset(s, 0, sizeof *s);
     if (!models_dir || !*models_dir) {
-        set_err(err, errlen, "no models dir given");
+        error_set(err, errlen, "no models dir given");
         return -1;
     }
     if (snprintf(s->models_dir, sizeof s->models_dir, "%s", models_dir) >= (int)sizeof s->models_dir) {
-        set_err(err, errlen, "models dir path is too long");
+        error_set(err, errlen, "models dir path is too long");
         return -1;
     }
     const char *p = models_path ? models_path : "";
@@ -102,7 +99,7 @@ int store_init(model_store *s, const char *models_dir, const char *models_path, 
         size_t n = e ? (size_t)(e - p) : strlen(p);
         if (n > 0) {
             if (s->n_search == STORE_MAX_PATHS || n >= STORE_PATH_MAX) {
-                set_err(err, errlen, "too many or too long entries in the models path");
+                error_set(err, errlen, "too many or too long entries in the models path");
                 return -1;
             }
             memcpy(s->search[s->n_search], p, n);
@@ -258,7 +255,7 @@ int store_delete(const model_store *s, const char *id, char *err, size_t errlen)
     char dir[STORE_PATH_MAX * 2];
     if (store_id_valid(id, err, errlen) < 0) return -1;
     if (store_write_dir(s, id, dir, sizeof dir) < 0) {
-        set_err(err, errlen, "model path is too long");
+        error_set(err, errlen, "model path is too long");
         return -1;
     }
     if (remove_tree(dir, 0) < 0) {

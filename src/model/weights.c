@@ -1,35 +1,18 @@
 /* Weight views from safetensors by name, shape-checked against the config. See weights.h. */
 #include "model/weights.h"
 
+#include "base/array.h"
 #include "base/clock.h"
+#include "base/error.h"
 #include "base/log.h"
 
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
-static int dense_format(safetensors_dtype t, weight_format *f) {
-    switch (t) {
-    case ST_F32: *f = WEIGHT_F32; return 0;
-    case ST_F16: *f = WEIGHT_F16; return 0;
-    case ST_BF16: *f = WEIGHT_BF16; return 0;
-    default: return -1;
-    }
-}
-
+/* The float dtypes a dense weight or an MLX scale may have. -1 for any other. */
 static int scale_dtype(safetensors_dtype t, dtype *d) {
     switch (t) {
     case ST_F32: *d = DTYPE_F32; return 0;
@@ -37,6 +20,13 @@ static int scale_dtype(safetensors_dtype t, dtype *d) {
     case ST_BF16: *d = DTYPE_BF16; return 0;
     default: return -1;
     }
+}
+
+static int dense_format(safetensors_dtype t, weight_format *f) {
+    dtype d;
+    if (scale_dtype(t, &d)) return -1;
+    *f = d == DTYPE_F32 ? WEIGHT_F32 : d == DTYPE_F16 ? WEIGHT_F16 : WEIGHT_BF16;
+    return 0;
 }
 
 static void shape_str(const safetensors_tensor *t, char *buf, size_t n) {
@@ -60,24 +50,31 @@ static int check_shape(const safetensors_tensor *t, int n_stack, int64_t rows, i
     if (ok) return 0;
     char got[128];
     shape_str(t, got, sizeof got);
-    set_err(err, errlen, "%s: tensor '%s' has shape %s, expected [%s%lld, %lld]", t->file, t->name,
-            got, n_stack ? "experts, " : "", (long long)(vector ? 1 : rows), (long long)cols);
+    error_set(err, errlen, "%s: tensor '%s' has shape %s, expected [%s%lld, %lld]", t->file,
+              t->name, got, n_stack ? "experts, " : "", (long long)(vector ? 1 : rows),
+              (long long)cols);
     if (vector)
-        set_err(err, errlen, "%s: tensor '%s' has shape %s, expected [%lld]", t->file, t->name, got,
-                (long long)cols);
+        error_set(err, errlen, "%s: tensor '%s' has shape %s, expected [%lld]", t->file, t->name,
+                  got, (long long)cols);
     return -1;
+}
+
+/* The tensor `prefix`.`suffix` (its name into name[512]), or NULL with err naming it. */
+static const safetensors_tensor *need_tensor(const safetensors_set *st, const char *prefix,
+                                             const char *suffix, char name[512], char *err,
+                                             size_t errlen) {
+    snprintf(name, 512, "%.400s.%s", prefix, suffix);
+    const safetensors_tensor *t = safetensors_set_find(st, name);
+    if (!t) error_set(err, errlen, "model is missing tensor '%s'", name);
+    return t;
 }
 
 /* Resolves `prefix`.weight (+ .scales/.biases) into n (n_stack, or 1) matrices [rows][cols]. */
 static int load_matrices(const safetensors_set *st, const char *prefix, int n_stack, int64_t rows,
                          int64_t cols, int vector, weight_matrix *out, char *err, size_t errlen) {
     char name[512];
-    snprintf(name, sizeof name, "%.400s.weight", prefix);
-    const safetensors_tensor *w = safetensors_set_find(st, name);
-    if (!w) {
-        set_err(err, errlen, "model is missing tensor '%s'", name);
-        return -1;
-    }
+    const safetensors_tensor *w = need_tensor(st, prefix, "weight", name, err, errlen);
+    if (!w) return -1;
     int count = n_stack ? n_stack : 1;
     weight_format fmt;
     if (dense_format(w->dtype, &fmt) == 0) {
@@ -89,8 +86,8 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
         return 0;
     }
     if (w->dtype != ST_U32) {
-        set_err(err, errlen, "%s: tensor '%s' has dtype %s (want F32, F16, BF16 or MLX U32)",
-                w->file, name, safetensors_dtype_name(w->dtype));
+        error_set(err, errlen, "%s: tensor '%s' has dtype %s (want F32, F16, BF16 or MLX U32)",
+                  w->file, name, safetensors_dtype_name(w->dtype));
         return -1;
     }
     snprintf(name, sizeof name, "%.400s.scales", prefix);
@@ -98,24 +95,25 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
     snprintf(name, sizeof name, "%.400s.biases", prefix);
     const safetensors_tensor *b = safetensors_set_find(st, name);
     if (!s || !b) {
-        set_err(err, errlen, "%s: tensor '%s' is U32 but '%s.scales'/'%s.biases' are missing",
-                w->file, w->name, prefix, prefix);
+        error_set(err, errlen, "%s: tensor '%s' is U32 but '%s.scales'/'%s.biases' are missing",
+                  w->file, w->name, prefix, prefix);
         return -1;
     }
     int nd = w->n_dims;
     if (nd != (n_stack ? 3 : 2) || s->n_dims != nd || b->n_dims != nd || w->shape[nd - 1] == 0 ||
         s->shape[nd - 1] == 0) {
-        set_err(err, errlen, "%s: quantized tensor '%s' has the wrong number of dims", w->file,
-                w->name);
+        error_set(err, errlen, "%s: quantized tensor '%s' has the wrong number of dims", w->file,
+                  w->name);
         return -1;
     }
     int64_t wcols = w->shape[nd - 1], groups = s->shape[nd - 1];
     int64_t gs = cols / groups, bits = wcols * 32 / cols;
     if (cols % groups || (gs != 32 && gs != 64 && gs != 128) || wcols * 32 % cols ||
         bits < 2 || bits > 8 || bits == 7) {
-        set_err(err, errlen, "%s: quantized tensor '%s' has %lld packed words and %lld groups "
-                "per row, which is no supported bits/group size for %lld columns", w->file,
-                w->name, (long long)wcols, (long long)groups, (long long)cols);
+        error_set(err, errlen,
+                  "%s: quantized tensor '%s' has %lld packed words and %lld groups "
+                  "per row, which is no supported bits/group size for %lld columns",
+                  w->file, w->name, (long long)wcols, (long long)groups, (long long)cols);
         return -1;
     }
     dtype sd;
@@ -124,8 +122,8 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
         check_shape(b, n_stack, rows, groups, 0, err, errlen))
         return -1;
     if (scale_dtype(s->dtype, &sd) || s->dtype != b->dtype) {
-        set_err(err, errlen, "%s: '%s.scales'/'%s.biases' must both be F32, F16 or BF16", s->file,
-                prefix, prefix);
+        error_set(err, errlen, "%s: '%s.scales'/'%s.biases' must both be F32, F16 or BF16", s->file,
+                  prefix, prefix);
         return -1;
     }
     size_t wstride = (size_t)rows * (size_t)wcols * 4;
@@ -153,15 +151,11 @@ static int load_vector(const safetensors_set *st, const char *prefix, int64_t n,
 static int load_bias(const safetensors_set *st, const char *prefix, int64_t n, weight_matrix *out,
                      char *err, size_t errlen) {
     char name[512];
-    snprintf(name, sizeof name, "%.400s.bias", prefix);
-    const safetensors_tensor *t = safetensors_set_find(st, name);
-    if (!t) {
-        set_err(err, errlen, "model is missing tensor '%s'", name);
-        return -1;
-    }
+    const safetensors_tensor *t = need_tensor(st, prefix, "bias", name, err, errlen);
+    if (!t) return -1;
     weight_format fmt;
     if (dense_format(t->dtype, &fmt)) {
-        set_err(err, errlen, "%s: tensor '%s' must be F32, F16 or BF16", t->file, name);
+        error_set(err, errlen, "%s: tensor '%s' must be F32, F16 or BF16", t->file, name);
         return -1;
     }
     if (check_shape(t, 0, 1, n, 1, err, errlen)) return -1;
@@ -177,7 +171,7 @@ static int load_experts(const safetensors_set *st, const model_config *c, const 
     l->expert_up = calloc((size_t)ne, sizeof(weight_matrix));
     l->expert_down = calloc((size_t)ne, sizeof(weight_matrix));
     if (!l->expert_gate || !l->expert_up || !l->expert_down) {
-        set_err(err, errlen, "out of memory");
+        error_set(err, errlen, "out of memory");
         return -1;
     }
     char name[512];
@@ -245,6 +239,170 @@ static int load_layer(const safetensors_set *st, const model_config *c, int i, l
     return 0;
 }
 
+/* ---- tensor-parallel slices ------------------------------------------------------------------ */
+
+/* A buffer w owns until its bytes are in the arena (or w is freed); NULL when out of memory. */
+static char *owned_alloc(model_weights *w, size_t bytes) {
+    if (w->n_owned == w->owned_cap) {
+        int cap = w->owned_cap ? w->owned_cap * 2 : 64;
+        void **n = realloc(w->owned, (size_t)cap * sizeof *n);
+        if (!n) return NULL;
+        w->owned = n;
+        w->owned_cap = cap;
+    }
+    char *p = malloc(bytes ? bytes : 1);
+    if (p) w->owned[w->n_owned++] = p;
+    return p;
+}
+
+static void free_owned(model_weights *w) {
+    for (int i = 0; i < w->n_owned; i++) free(w->owned[i]);
+    free(w->owned);
+    w->owned = NULL;
+    w->n_owned = w->owned_cap = 0;
+}
+
+static size_t dense_elem_size(const weight_matrix *m) { return m->format == WEIGHT_F32 ? 4 : 2; }
+
+/* Keeps elements [i0, i0 + n) of a dense vector ([1][cols], e.g. a bias): a view. */
+static void slice_vector(weight_matrix *m, int64_t i0, int64_t n) {
+    if (!m->data) return;
+    m->data = (const char *)m->data + (size_t)i0 * dense_elem_size(m);
+    m->cols = n;
+}
+
+/* Keeps rows [r0, r0 + n) of m: a view into the same bytes (rows are contiguous in every format
+ * published; the backend's interleaved layout comes later, on the slice). */
+static void slice_rows(weight_matrix *m, int64_t r0, int64_t n) {
+    if (m->format != WEIGHT_MLX_AFFINE) {
+        m->data = (const char *)m->data + (size_t)(r0 * m->cols) * dense_elem_size(m);
+    } else {
+        size_t words = (size_t)(m->cols * m->bits / 32), groups = (size_t)(m->cols / m->group_size);
+        size_t ss = dtype_size(m->scale_dtype);
+        m->data = (const uint32_t *)m->data + (size_t)r0 * words;
+        m->scales = (const char *)m->scales + (size_t)r0 * groups * ss;
+        m->biases = (const char *)m->biases + (size_t)r0 * groups * ss;
+    }
+    m->rows = n;
+}
+
+/* Copies `rows` runs of `run` bytes, `stride` apart from src + offset, into dst. */
+static void gather_runs(char *dst, const void *src, size_t offset, size_t stride, size_t run,
+                        int64_t rows) {
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * run, (const char *)src + (size_t)r * stride + offset, run);
+}
+
+/* Keeps input columns [c0, c0 + n) of m, gathered into one owned buffer. MLX matrices can only be
+ * cut at quantization groups (a group's scale and bias cover all of its columns). */
+static int slice_cols(model_weights *w, weight_matrix *m, int64_t c0, int64_t n, const char *name,
+                      char *err, size_t errlen) {
+    if (m->format != WEIGHT_MLX_AFFINE) {
+        size_t es = dense_elem_size(m);
+        char *buf = owned_alloc(w, (size_t)(m->rows * n) * es);
+        if (!buf) goto oom;
+        gather_runs(buf, m->data, (size_t)c0 * es, (size_t)m->cols * es, (size_t)n * es, m->rows);
+        m->data = buf;
+        m->cols = n;
+        return 0;
+    }
+    if (c0 % m->group_size || n % m->group_size) {
+        error_set(err, errlen, "cannot split '%s' %d ways: each rank would take %lld of its %lld "
+                "input columns, not a multiple of its quantization group of %d", name,
+                w->tp_size, (long long)n, (long long)m->cols, m->group_size);
+        return -1;
+    }
+    size_t ss = dtype_size(m->scale_dtype);
+    size_t words = (size_t)(m->cols * m->bits / 32), groups = (size_t)(m->cols / m->group_size);
+    size_t nw = (size_t)(n * m->bits / 32), ng = (size_t)(n / m->group_size);
+    size_t data_bytes = (size_t)m->rows * nw * 4, group_bytes = (size_t)m->rows * ng * ss;
+    size_t sc_off = (data_bytes + 63) & ~(size_t)63, bi_off = sc_off + ((group_bytes + 63) & ~(size_t)63);
+    char *buf = owned_alloc(w, bi_off + group_bytes);
+    if (!buf) goto oom;
+    gather_runs(buf, m->data, (size_t)(c0 * m->bits / 32) * 4, words * 4, nw * 4, m->rows);
+    gather_runs(buf + sc_off, m->scales, (size_t)(c0 / m->group_size) * ss, groups * ss, ng * ss,
+                m->rows);
+    gather_runs(buf + bi_off, m->biases, (size_t)(c0 / m->group_size) * ss, groups * ss, ng * ss,
+                m->rows);
+    m->data = buf;
+    m->scales = buf + sc_off;
+    m->biases = buf + bi_off;
+    m->cols = n;
+    return 0;
+oom:
+    error_set(err, errlen, "out of memory slicing '%s'", name);
+    return -1;
+}
+
+/* Tensor parallel: keeps this rank's share of the lm_head's rows (the vocabulary). A tied head is
+ * the embedding's bytes, which every rank still looks tokens up in: its share is copied, so the
+ * backend's rewrite of the head cannot touch the embedding. */
+static int slice_vocab(model_weights *w, int64_t vocab, int tied, char *err, size_t errlen) {
+    int64_t v0 = vocab * w->tp_rank / w->tp_size, v1 = vocab * (w->tp_rank + 1) / w->tp_size;
+    weight_matrix *m = &w->lm_head;
+    slice_rows(m, v0, v1 - v0);
+    w->vocab_start = v0;
+    if (!tied) return 0;
+    size_t bytes = weight_matrix_bytes(m), groups = 0, ss = 0;
+    if (m->format == WEIGHT_MLX_AFFINE) {
+        groups = (size_t)(m->rows * (m->cols / m->group_size));
+        ss = dtype_size(m->scale_dtype);
+        bytes = (size_t)(m->rows * m->cols * m->bits / 8);
+    }
+    size_t sc_off = (bytes + 63) & ~(size_t)63, bi_off = sc_off + ((groups * ss + 63) & ~(size_t)63);
+    char *buf = owned_alloc(w, bi_off + groups * ss);
+    if (!buf) {
+        error_set(err, errlen, "out of memory copying the lm_head's share");
+        return -1;
+    }
+    memcpy(buf, m->data, bytes);
+    m->data = buf;
+    if (groups) {
+        memcpy(buf + sc_off, m->scales, groups * ss);
+        memcpy(buf + bi_off, m->biases, groups * ss);
+        m->scales = buf + sc_off;
+        m->biases = buf + bi_off;
+    }
+    return 0;
+}
+
+/* One SwiGLU FFN's share: hidden units [i0, i0 + n) (rows of gate/up, columns of down). */
+static int slice_ffn(model_weights *w, weight_matrix *gate, weight_matrix *up, weight_matrix *down,
+                     int64_t i0, int64_t n, const char *name, char *err, size_t errlen) {
+    slice_rows(gate, i0, n);
+    slice_rows(up, i0, n);
+    return slice_cols(w, down, i0, n, name, err, errlen);
+}
+
+/* Cuts layer i (already resolved whole) down to this rank's tensor-parallel slice. */
+static int slice_layer(model_weights *w, const model_config *c, int i, layer_weights *l,
+                       char *err, size_t errlen) {
+    int n = w->tp_size, r = w->tp_rank;
+    int64_t hd = c->head_dim, heads = c->n_heads / n, kv_heads = c->n_kv_heads / n;
+    char name[160];
+    slice_rows(&l->wq, r * heads * hd, heads * hd);
+    slice_rows(&l->wk, r * kv_heads * hd, kv_heads * hd);
+    slice_rows(&l->wv, r * kv_heads * hd, kv_heads * hd);
+    slice_vector(&l->bq, r * heads * hd, heads * hd);
+    slice_vector(&l->bk, r * kv_heads * hd, kv_heads * hd);
+    slice_vector(&l->bv, r * kv_heads * hd, kv_heads * hd);
+    snprintf(name, sizeof name, "model.layers.%d.self_attn.o_proj", i);
+    if (slice_cols(w, &l->wo, r * heads * hd, heads * hd, name, err, errlen)) return -1;
+    if (!l->is_moe) {
+        int64_t inter = c->intermediate_size / n;
+        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj", i);
+        return slice_ffn(w, &l->w_gate, &l->w_up, &l->w_down, r * inter, inter, name, err, errlen);
+    }
+    int64_t inter = c->moe_intermediate_size / n;
+    for (int e = 0; e < c->n_experts; e++) {
+        snprintf(name, sizeof name, "model.layers.%d.mlp expert %d down_proj", i, e);
+        if (slice_ffn(w, &l->expert_gate[e], &l->expert_up[e], &l->expert_down[e], r * inter,
+                      inter, name, err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
 static size_t layer_bytes(const model_config *c, const layer_weights *l) {
     size_t b = weight_matrix_bytes(&l->wq) + weight_matrix_bytes(&l->wk) +
                weight_matrix_bytes(&l->wv) + weight_matrix_bytes(&l->wo);
@@ -296,16 +454,12 @@ typedef struct range_list {
 
 static void range_add(range_list *l, const void *p, size_t len) {
     if (!p || !len || l->oom) return;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 256;
-        byte_range *r = realloc(l->r, cap * sizeof *r);
-        if (!r) {
-            l->oom = 1;
-            return;
-        }
-        l->r = r;
-        l->cap = cap;
+    byte_range *r = array_reserve_one(l->r, l->n, &l->cap, 256, sizeof *r);
+    if (!r) {
+        l->oom = 1;
+        return;
     }
+    l->r = r;
     l->r[l->n++] = (byte_range){(uintptr_t)p, len, 0};
 }
 
@@ -469,18 +623,29 @@ void model_weights_for_each(model_weights *w, void (*fn)(weight_matrix *m, void 
 
 int model_weights_load(const safetensors_set *st, const model_config *c, int layer_start,
                        int layer_end, model_weights *out, char *err, size_t errlen) {
-    return model_weights_load_placed(st, c, layer_start, layer_end, WEIGHTS_MEM_AUTO, out, err,
-                                     errlen);
+    model_shard shard = {.layer_start = layer_start, .layer_end = layer_end};
+    return model_weights_load_shard(st, c, &shard, out, err, errlen);
 }
 
-int model_weights_load_placed(const safetensors_set *st, const model_config *c, int layer_start,
-                              int layer_end, weights_memory unset_default, model_weights *out,
-                              char *err, size_t errlen) {
+int model_weights_load_shard(const safetensors_set *st, const model_config *c,
+                             const model_shard *shard, model_weights *out, char *err,
+                             size_t errlen) {
     memset(out, 0, sizeof *out);
+    int layer_start = shard->layer_start, layer_end = shard->layer_end;
     if (layer_start == 0 && layer_end == 0) layer_end = c->n_layers;
     if (layer_start < 0 || layer_end > c->n_layers || layer_start >= layer_end) {
-        set_err(err, errlen, "layer range [%d, %d) is not inside the model's %d layers",
-                layer_start, layer_end, c->n_layers);
+        error_set(err, errlen, "layer range [%d, %d) is not inside the model's %d layers",
+                  layer_start, layer_end, c->n_layers);
+        return -1;
+    }
+    out->tp_size = shard->tp_size > 1 ? shard->tp_size : 1;
+    out->tp_rank = out->tp_size > 1 ? shard->tp_rank : 0;
+    if (out->tp_size > 1 &&
+        (model_config_tensor_split_check(c, out->tp_size, err, errlen) ||
+         out->tp_rank < 0 || out->tp_rank >= out->tp_size)) {
+        if (out->tp_rank < 0 || out->tp_rank >= out->tp_size)
+            error_set(err, errlen, "tensor-parallel rank %d is not in 0..%d", out->tp_rank,
+                    out->tp_size - 1);
         return -1;
     }
     out->layer_start = layer_start;
@@ -488,18 +653,23 @@ int model_weights_load_placed(const safetensors_set *st, const model_config *c, 
     out->n_experts = c->n_experts;
     out->layers = calloc((size_t)(layer_end - layer_start), sizeof *out->layers);
     if (!out->layers) {
-        set_err(err, errlen, "out of memory");
+        error_set(err, errlen, "out of memory");
         return -1;
     }
     int64_t dim = c->hidden_size, vocab = c->vocab_size;
+    /* tensor parallel: every rank embeds its own copy of the tokens and holds a vocab share */
     int first = layer_start == 0, last = layer_end == c->n_layers;
     out->has_embed = first || (last && c->tie_word_embeddings);
     out->has_head = last;
     if (out->has_embed &&
         load_matrix(st, "model.embed_tokens", vocab, dim, &out->embed, err, errlen))
         goto fail;
-    for (int i = layer_start; i < layer_end; i++)
-        if (load_layer(st, c, i, &out->layers[i - layer_start], err, errlen)) goto fail;
+    for (int i = layer_start; i < layer_end; i++) {
+        layer_weights *l = &out->layers[i - layer_start];
+        if (load_layer(st, c, i, l, err, errlen) ||
+            (out->tp_size > 1 && slice_layer(out, c, i, l, err, errlen)))
+            goto fail;
+    }
     if (last) {
         if (load_vector(st, "model.norm", dim, &out->final_norm, err, errlen)) goto fail;
         if (c->tie_word_embeddings) {
@@ -507,11 +677,14 @@ int model_weights_load_placed(const safetensors_set *st, const model_config *c, 
         } else if (load_matrix(st, "lm_head", vocab, dim, &out->lm_head, err, errlen)) {
             goto fail;
         }
+        if (out->tp_size > 1 && slice_vocab(out, vocab, c->tie_word_embeddings, err, errlen))
+            goto fail;
         out->bytes_per_token += weight_matrix_bytes(&out->lm_head);
     }
     for (int i = layer_start; i < layer_end; i++)
         out->bytes_per_token += layer_bytes(c, &out->layers[i - layer_start]);
-    model_weights_place(out, weights_memory_from_env(unset_default));
+    /* once the slices are copied into the arena, their gathered buffers are not needed */
+    if (model_weights_place(out, weights_memory_from_env(shard->memory))) free_owned(out);
     return 0;
 fail:
     model_weights_free(out);
@@ -520,6 +693,7 @@ fail:
 
 void model_weights_free(model_weights *w) {
     if (w->arena) munmap(w->arena, w->arena_len);
+    free_owned(w);
     w->arena = NULL;
     w->arena_len = w->copied_bytes = w->rewritten_bytes = 0;
     if (!w->layers) return;

@@ -12,11 +12,22 @@
  *
  * Only layers [layer_start, layer_end) are resolved; the embedding is resolved for the first
  * stage, the final norm and lm_head (or the tied embedding) for the last. Refuses: anything whose
- * shape disagrees with the config (the error names the tensor and both shapes). */
+ * shape disagrees with the config (the error names the tensor and both shapes).
+ *
+ * Tensor-parallel shards (Megatron split, model_weights_load_shard with tp_size > 1): rank r of N
+ * keeps attention heads [r*H/N, (r+1)*H/N) and KV heads likewise (rows of q/k/v and their biases,
+ * input columns of o_proj), and 1/N of the FFN hidden dim (rows of gate/up, input columns of down;
+ * for MoE, of every expert's hidden dim, so routing stays replicated). Norms, the router and the
+ * embedding are whole on every rank; every rank holds the final norm and the lm_head rows of its
+ * share of the vocabulary, [vocab_start, vocab_start + lm_head.rows) (the caller gathers the
+ * logits; a tied lm_head slice is copied, so the backend may lay it out apart from the embedding).
+ * Row slices stay views into the file; column slices are gathered into owned buffers, which for
+ * MLX matrices must start and end on a quantization group (refused otherwise, naming the tensor).
+ * Slicing happens before the backend's prepare_weight rewrite, which sees only the slice. */
 #ifndef EXO_MODEL_WEIGHTS_H
 #define EXO_MODEL_WEIGHTS_H
 
-#include "compute/compute.h"
+#include "model/weight_types.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
 
@@ -45,7 +56,9 @@ typedef struct model_weights {
     weight_matrix embed;    /* [vocab][dim] */
     int has_head;           /* last stage */
     weight_matrix final_norm; /* [1][dim] */
-    weight_matrix lm_head;  /* [vocab][dim] (the embedding when tied) */
+    weight_matrix lm_head;  /* [vocab][dim] (the embedding when tied); tensor parallel: rows of
+                               this rank's vocabulary share */
+    int64_t vocab_start;    /* first vocabulary row of lm_head (tensor parallel, else 0) */
     layer_weights *layers;  /* layer_end - layer_start, index = layer - layer_start */
     int n_experts;          /* entries of each MoE layer's expert arrays */
     size_t bytes_per_token; /* weight bytes one decode token reads (experts: top-k share) */
@@ -53,6 +66,9 @@ typedef struct model_weights {
     size_t arena_len;       /* bytes mapped at arena */
     size_t copied_bytes;    /* weight bytes copied there (0: views point into the mmap) */
     size_t rewritten_bytes; /* of those, bytes the backend rewrote (model_weights_rewrite) */
+    int tp_rank, tp_size;   /* tensor-parallel slice held (0, 1 = whole layers) */
+    void **owned;           /* column slices gathered at load (freed once copied to the arena) */
+    int n_owned, owned_cap;
 } model_weights;
 
 /* Where the weights live once loaded:
@@ -63,15 +79,25 @@ typedef struct model_weights {
  * EXO_WEIGHTS_MEM=auto|copy|mmap overrides what model_weights_load uses. */
 typedef enum weights_memory { WEIGHTS_MEM_AUTO = 0, WEIGHTS_MEM_COPY, WEIGHTS_MEM_MMAP } weights_memory;
 
+/* Which part of the model one rank loads: layers [layer_start, layer_end) (0, 0 = all), and
+ * tensor-parallel slice tp_rank of tp_size (tp_size 0 or 1 = whole layers); `memory` is the
+ * placement used when EXO_WEIGHTS_MEM is unset (AUTO; a GPU backend copies the weights into its
+ * own memory, where a host copy first would only cost time and RAM: MMAP). */
+typedef struct model_shard {
+    int layer_start, layer_end;
+    int tp_rank, tp_size;
+    weights_memory memory;
+} model_shard;
+
 /* Resolves the views of layers [layer_start, layer_end) (0, 0 = all), then places them as
  * EXO_WEIGHTS_MEM says (default AUTO). Returns 0, or -1 with err. */
 int model_weights_load(const safetensors_set *st, const model_config *c, int layer_start,
                        int layer_end, model_weights *out, char *err, size_t errlen);
-/* The same with the placement used when EXO_WEIGHTS_MEM is unset (a GPU backend copies the
- * weights into its own memory: a host copy first would only cost time and RAM, so MMAP). */
-int model_weights_load_placed(const safetensors_set *st, const model_config *c, int layer_start,
-                              int layer_end, weights_memory unset_default, model_weights *out,
-                              char *err, size_t errlen);
+/* The same for any shard (pipeline layer range and/or tensor-parallel slice). Returns 0, or -1
+ * with err (a split the model's shapes or quantization groups do not allow names the tensor). */
+int model_weights_load_shard(const safetensors_set *st, const model_config *c,
+                             const model_shard *shard, model_weights *out, char *err,
+                             size_t errlen);
 /* Calls fn on every view of the shard (embedding, norms and biases too; views of absent
  * tensors have data == NULL). */
 void model_weights_for_each(model_weights *w, void (*fn)(weight_matrix *m, void *ctx), void *ctx);

@@ -28,6 +28,10 @@
  *     {"type":"kv_stats","blocks_total":N,"blocks_free":N,"blocks_cached":N,"block_tokens":N,
  *      "running":N,"waiting":N,"preemptions":N}   scheduler and KV cache state, on change
  *      (free counts cached blocks too: they are evictable; used = total - free)
+ *   rendezvous of a multi-node instance (runner/store_node.h; only while the ranks connect)
+ *     runner -> node {"type":"store_set","key":K,"value":HEX}   publish K for every rank
+ *     runner -> node {"type":"store_get","key":K}
+ *     node -> runner {"type":"store_value","key":K,"value"?:HEX} no value: not there yet
  *   A request rejected before it starts (e.g. prompt longer than the context) gets only "done"
  *   with finish_reason "error" and error_status 400.
  *

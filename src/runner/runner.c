@@ -62,6 +62,7 @@ typedef struct runner {
     _Atomic int heartbeat_stop;
     engine_stats sent_stats; /* last kv_stats sent to the node */
     uint64_t t_stats;        /* when */
+    dist_group *dist;        /* several ranks: this instance's data plane, else NULL */
 } runner;
 
 /* ------------------------------------------------------------------ messages to the node */
@@ -466,8 +467,33 @@ static int warm_up(runner *r) {
     return 0;
 }
 
+/* Several ranks: joins the instance's data plane (every rank waits for the others here). */
+static int connect_ranks(runner *r, const runner_options *o, char *err, size_t errlen) {
+    const runner_dist *d = &o->dist;
+    if (d->size <= 1) return 0;
+    if (!d->store) {
+        snprintf(err, errlen, "a runner of %d ranks needs a rendezvous store", d->size);
+        return -1;
+    }
+    dist_config c = {.rank = d->rank, .size = d->size,
+                     .prefix = d->instance ? d->instance : "exo",
+                     .bind_host = d->bind_host ? d->bind_host : "127.0.0.1",
+                     .advertise_host = d->advertise_host, .timeout_ms = d->timeout_ms};
+    r->dist = dist_connect(&c, d->store, err, errlen);
+    return r->dist ? 0 : -1;
+}
+
 static int load(runner *r, const runner_options *o) {
     char err[512];
+    /* exo's order: the ranks connect, then each loads its shard. */
+    if (o->dist.size > 1) {
+        send_status(r, "Connecting", NULL);
+        if (connect_ranks(r, o, err, sizeof err)) {
+            send_status(r, "Failed", json_pack("{s:s}", "error", err));
+            return -1;
+        }
+        send_status(r, "Connected", NULL);
+    }
     int layers = config_layers(o->model_dir);
     send_status(r, "Loading", json_pack("{s:i,s:i}", "layers_loaded", 0, "total_layers", layers));
     r->tok = tokenizer_load(o->model_dir, err, sizeof err);
@@ -476,7 +502,10 @@ static int load(runner *r, const runner_options *o) {
         return -1;
     }
     engine_options eo = {.model_dir = o->model_dir, .n_threads = o->n_threads,
-                         .kv_cache_bytes = o->kv_cache_bytes, .device = o->device};
+                         .kv_cache_bytes = o->kv_cache_bytes, .device = o->device,
+                         .dist = r->dist, .parallel = r->dist ? o->dist.parallel : ENGINE_SINGLE,
+                         .layer_start = o->dist.layer_start, .layer_end = o->dist.layer_end,
+                         .dist_timeout_ms = o->dist.timeout_ms};
     r->engine = engine_open(&eo, err, sizeof err);
     if (!r->engine) {
         send_status(r, "Failed", json_pack("{s:s}", "error", err));
@@ -491,7 +520,7 @@ static int load(runner *r, const runner_options *o) {
     r->format = output_format_detect(r->info->architecture, src);
     send_status(r, "Loaded", NULL);
     send_status(r, "WarmingUp", NULL);
-    if (warm_up(r)) {
+    if (o->dist.rank == 0 && warm_up(r)) { /* followers warm up inside rank 0's steps */
         send_status(r, "Failed", json_pack("{s:s}", "error", "the engine failed during warm-up"));
         return -1;
     }
@@ -540,6 +569,35 @@ static void *heartbeat_main(void *arg) {
     return NULL;
 }
 
+/* A follower's node socket, watched while the main thread follows rank 0: a "shutdown" or the
+ * node going away (EOF) stops the following, so a runner whose node gave up on it exits instead
+ * of holding its shard until rank 0 notices. */
+static void *watch_node_main(void *arg) {
+    runner *r = arg;
+    while (!atomic_load(&r->heartbeat_stop)) {
+        if (read_messages(r, 100) < 0) r->shutdown = 1; /* EOF or a broken stream */
+        if (r->shutdown) {
+            engine_stop_following(r->engine);
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* A rank other than 0: mirrors rank 0's steps until it shuts down. Returns the exit code. */
+static int follow(runner *r) {
+    atomic_store(&r->step_started_ns, 0);
+    pthread_t watcher;
+    int watching = pthread_create(&watcher, NULL, watch_node_main, r) == 0;
+    int rc = engine_follow(r->engine);
+    atomic_store(&r->heartbeat_stop, 1); /* also ends the watcher */
+    if (watching) pthread_join(watcher, NULL);
+    if (rc == 0) return 0;
+    log_error("%s", engine_last_error(r->engine));
+    send_status(r, "Failed", json_pack("{s:s}", "error", engine_last_error(r->engine)));
+    return 1;
+}
+
 int runner_run(const runner_options *o) {
     runner r = {.fd = o->fd, .model_id = o->model_id};
     pthread_mutex_init(&r.send_lock, NULL);
@@ -548,26 +606,34 @@ int runner_run(const runner_options *o) {
     int heartbeat_started = 0;
     if (load(&r, o)) goto out;
     heartbeat_started = pthread_create(&heartbeat, NULL, heartbeat_main, &r) == 0;
+    if (o->dist.size > 1 && o->dist.rank != 0) {
+        rc = follow(&r);
+        goto out;
+    }
     r.sent_stats.kv_blocks_total = -1; /* the first report always goes out */
     send_stats(&r, 1);
     flush(&r);
     engine_event *events = calloc(MAX_EVENTS, sizeof *events);
+    /* several ranks: an idle rank 0 still steps now and then, so the others' wait for the next
+     * step never reaches the data plane's timeout */
+    int keepalive_ms = engine_idle_step_ms(r.engine);
     while (!r.shutdown) {
         int busy = engine_pending(r.engine) > 0;
-        if (read_messages(&r, busy ? 0 : -1)) break; /* node gone */
+        if (read_messages(&r, busy ? 0 : keepalive_ms)) break; /* node gone */
         flush(&r); /* accepted / rejected answers */
-        if (!engine_pending(r.engine)) continue;
+        if (!engine_pending(r.engine) && keepalive_ms < 0) continue;
         atomic_store(&r.step_started_ns, clock_now_ns());
         int n = engine_step(r.engine, events, MAX_EVENTS);
         atomic_store(&r.step_started_ns, 0);
         if (n < 0) {
+            const char *why = engine_last_error(r.engine);
             for (seq *s = r.seqs; s;) {
                 seq *next = s->next;
-                send_done_error(&r, s->id, 500, "the engine failed");
+                send_done_error(&r, s->id, 500, why[0] ? why : "the engine failed");
                 seq_remove(&r, s);
                 s = next;
             }
-            log_error("engine step failed; exiting");
+            log_error("engine step failed (%s); exiting", why);
             break;
         }
         for (int i = 0; i < n; i++) handle_event(&r, &events[i]);
@@ -587,7 +653,8 @@ out:
     strbuf_free(&r.out);
     protocol_reader_free(&r.reader);
     if (r.tmpl) chat_template_free(r.tmpl);
-    if (r.engine) engine_close(r.engine);
+    if (r.engine) engine_close(r.engine); /* rank 0: also tells the other ranks to stop */
+    if (r.dist) dist_close(r.dist);
     if (r.tok) tokenizer_free(r.tok);
     pthread_mutex_destroy(&r.send_lock);
     return rc;

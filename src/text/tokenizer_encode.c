@@ -9,6 +9,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "base/array.h"
 #include "base/strbuf.h"
 #include "text/tokenizer_internal.h"
 
@@ -98,33 +99,27 @@ static const char *arena_copy(encode_ctx *c, const char *s, size_t n) {
     return p;
 }
 
+/* array_reserve_one, recording a failure in c->oom. */
+static void *grow_for_one(encode_ctx *c, void *v, size_t n, size_t *cap, size_t first,
+                          size_t elem) {
+    void *p = array_reserve_one(v, n, cap, first, elem);
+    if (!p) c->oom = 1;
+    return p;
+}
+
 static void push_piece(encode_ctx *c, piece_list *l, const char *s, size_t n, int origin) {
     if (n == 0) return;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 64;
-        piece *p = realloc(l->v, cap * sizeof(piece));
-        if (!p) {
-            c->oom = 1;
-            return;
-        }
-        l->v = p;
-        l->cap = cap;
-    }
+    piece *v = grow_for_one(c, l->v, l->n, &l->cap, 64, sizeof *v);
+    if (!v) return;
+    l->v = v;
     l->v[l->n++] = (piece){s, (uint32_t)n, (uint8_t)origin};
 }
 
 static void push_id(encode_ctx *c, int32_t id) {
     ids_vec *o = &c->out;
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 256;
-        int32_t *p = realloc(o->v, cap * sizeof(int32_t));
-        if (!p) {
-            c->oom = 1;
-            return;
-        }
-        o->v = p;
-        o->cap = cap;
-    }
+    int32_t *v = grow_for_one(c, o->v, o->n, &o->cap, 256, sizeof *v);
+    if (!v) return;
+    o->v = v;
     o->v[o->n++] = id;
 }
 
@@ -143,16 +138,9 @@ typedef struct span_list {
 } span_list;
 
 static void push_span(span_list *l, size_t s, size_t e, int m) {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 64;
-        span *p = realloc(l->v, cap * sizeof(span));
-        if (!p) {
-            l->c->oom = 1;
-            return;
-        }
-        l->v = p;
-        l->cap = cap;
-    }
+    span *v = grow_for_one(l->c, l->v, l->n, &l->cap, 64, sizeof *v);
+    if (!v) return;
+    l->v = v;
     l->v[l->n++] = (span){s, e, (uint8_t)m};
 }
 
@@ -489,16 +477,9 @@ static int cand_less(const bpe_merge_cand *a, const bpe_merge_cand *b) {
  * node share a cache line or two, which matters for the one huge "word" of a SentencePiece
  * text (no pre-tokenizer: every merge of the whole text goes through this heap). */
 static void heap_push(encode_ctx *c, bpe_merge_cand m) {
-    if (c->heap_n == c->heap_cap) {
-        size_t cap = c->heap_cap ? c->heap_cap * 2 : 256;
-        bpe_merge_cand *p = realloc(c->heap, cap * sizeof *p);
-        if (!p) {
-            c->oom = 1;
-            return;
-        }
-        c->heap = p;
-        c->heap_cap = cap;
-    }
+    bpe_merge_cand *heap = grow_for_one(c, c->heap, c->heap_n, &c->heap_cap, 256, sizeof *heap);
+    if (!heap) return;
+    c->heap = heap;
     size_t i = c->heap_n++;
     while (i > 0) {
         size_t parent = (i - 1) / 4;
@@ -534,16 +515,9 @@ static void try_pair(encode_ctx *c, int32_t pos) {
 }
 
 static int add_symbol(encode_ctx *c, size_t *ns, int32_t id) {
-    if (*ns == c->sym_cap) {
-        size_t cap = c->sym_cap ? c->sym_cap * 2 : 256;
-        bpe_symbol *p = realloc(c->sym, cap * sizeof *p);
-        if (!p) {
-            c->oom = 1;
-            return -1;
-        }
-        c->sym = p;
-        c->sym_cap = cap;
-    }
+    bpe_symbol *sym = grow_for_one(c, c->sym, *ns, &c->sym_cap, 256, sizeof *sym);
+    if (!sym) return -1;
+    c->sym = sym;
     c->sym[*ns] = (bpe_symbol){id, (int32_t)*ns - 1, -1, 1};
     if (*ns > 0) c->sym[*ns - 1].next = (int32_t)*ns;
     (*ns)++;

@@ -1,6 +1,8 @@
 /* tokenizer_internal — the private shape of a loaded tokenizer, shared by tokenizer_load.c
- * (tokenizer.json -> these structs), tokenizer_encode.c (text -> ids) and tokenizer_decode.c
- * (ids -> text, streaming detokenizer). Nothing outside src/text/tokenizer*.c includes this.
+ * (tokenizer.json -> these structs, with tokenizer_pipeline.c for the pipeline components),
+ * tokenizer_tables.c (UTF-8, byte alphabet, hash maps), tokenizer_encode.c (text -> ids) and
+ * tokenizer_decode.c (ids -> text, streaming detokenizer). Nothing outside src/text/tokenizer*.c
+ * includes this.
  *
  * Only the pieces of the Hugging Face pipeline that real LLM tokenizers use are modelled:
  * a BPE model, and the normalizer / pre-tokenizer / decoder / post-processor kinds listed in
@@ -221,6 +223,33 @@ void tok_strmap_free(tok_strmap *m);
 int32_t tok_strmap_get(const tok_strmap *m, const tok_strtab *tab, const char *s, size_t n);
 int32_t tok_addedmap_get(const tokenizer *t, const char *s, size_t n);
 const tok_merge_entry *tok_merges_get(const tok_mergemap *m, int32_t left, int32_t right);
+/* Inserts id (whose string is tab->str[id]); a second id with the same string replaces it. */
+void tok_strmap_put(tok_strmap *m, const tok_strtab *tab, int32_t id);
+/* Inserts added token idx of t by its content. */
+void tok_addedmap_put(tokenizer *t, int32_t idx);
+void tok_merges_put(tok_mergemap *m, int32_t left, int32_t right, int32_t rank, int32_t result);
+
+/* ---- loading (tokenizer_load.c over tokenizer_pipeline.c) ---- */
+/* Where a load error goes: "<file>: <message>" into err. */
+typedef struct tok_load_ctx {
+    char *err;
+    size_t errlen;
+    const char *file;
+} tok_load_ctx;
+void tok_load_fail(tok_load_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A NUL-terminated copy of s[0..n), or NULL without memory. */
+char *tok_dup_bytes(const char *s, size_t n);
+/* o[k] as a boolean, dflt when absent; o["type"] or "". */
+struct json_t;
+int tok_json_bool(struct json_t *o, const char *k, int dflt);
+const char *tok_json_type(struct json_t *o);
+/* Each reads one component (and nested Sequences up to a depth) into t; 0, or -1 after
+ * tok_load_fail. */
+int tok_parse_normalizer(tokenizer *t, tok_load_ctx *c, struct json_t *j, int depth);
+int tok_parse_pretokenizer(tokenizer *t, tok_load_ctx *c, struct json_t *j, int depth);
+int tok_parse_decoder(tokenizer *t, tok_load_ctx *c, struct json_t *j, int depth);
+int tok_parse_post(tokenizer *t, tok_load_ctx *c, struct json_t *j, int depth);
+void tok_pattern_free(tok_pattern *p);
 
 /* ---- regex ---- */
 /* Runs the pattern over s[0..n) and calls back with each match [start, end). */

@@ -234,3 +234,53 @@ test('--peer joins nodes that cannot hear each other\'s beacons; the rest is lea
     await c.stop();
   }
 });
+
+// Found by trying it as a new user: three nodes started with --peer to the first, the first
+// killed about a second after the others joined it, before any gossip could introduce them. The
+// survivors must still find each other (gossip at join, and every member dials the members the
+// replicated State lists), elect one master between them and agree on State.
+test('--peer bootstrap killed right after the others joined: the survivors still meet', async () => {
+  const c = new Cluster();
+  try {
+    const a = c.addNode(['--discovery-port', '41011']);
+    const peerOf = (n) => `${n.addr}:${n.listenPort}`;
+    const b = c.addNode(['--discovery-port', '41012', '--peer', peerOf(a)]);
+    const d = c.addNode(['--discovery-port', '41013', '--peer', peerOf(a)]);
+    // As soon as a lists both as alive, kill it (no quiet period for gossip to happen in).
+    await c.until(() => {
+      const s = c.status(a);
+      return s && s.peers && s.peers.filter((p) => p.alive).length >= 2;
+    }, 10000, 'the bootstrap node to see both joiners');
+    await sleep(1000);
+    c.kill(a);
+    await c.waitExit(a);
+    await c.until(() => c.meshed([b, d]), 10000, 'the two survivors meshed');
+    await c.until(() => c.oneMaster([b, d]), 10000, 'one master among the survivors');
+    const st = c.get(b, '/state');
+    assert.ok(st.topology.nodes.includes(c.status(d).nodeId), 'b lists d in State');
+  } finally {
+    await c.stop();
+  }
+});
+
+test('members dial every member the replicated State lists (gossip off): the survivors of a dead bootstrap node meet', async () => {
+  const c = new Cluster({ env: { EXO_CLUSTER_NO_GOSSIP: '1' } });
+  try {
+    const a = c.addNode(['--discovery-port', '41021']);
+    const peerOf = (n) => `${n.addr}:${n.listenPort}`;
+    const b = c.addNode(['--discovery-port', '41022', '--peer', peerOf(a)]);
+    const d = c.addNode(['--discovery-port', '41023', '--peer', peerOf(a)]);
+    // b and d know only a; without gossip, only State can introduce them.
+    await c.until(() => {
+      const st = c.get(b, '/state');
+      return st && !st.status && Object.keys(st.nodeIdentities || {}).length === 3 &&
+        Object.values(st.nodeIdentities).every((i) => i.listenPort > 0);
+    }, 15000, 'State listing all three members with their listen ports');
+    c.kill(a);
+    await c.waitExit(a);
+    await c.until(() => c.meshed([b, d]), 10000, 'the two survivors meshed through State');
+    await c.until(() => c.oneMaster([b, d]), 10000, 'one master among the survivors');
+  } finally {
+    await c.stop();
+  }
+});

@@ -24,7 +24,8 @@ test('previews of a local model list a one-node pipeline placement with its memo
   const pipe = body.previews.find((p) => p.sharding === 'Pipeline' && p.min_nodes === 1);
   assert.ok(pipe, 'a pipeline preview');
   assert.equal(pipe.error, null);
-  const shard = Object.values(pipe.instance.PipelineInstance.shardAssignments.runnerToShard)[0].PipelineShardMetadata;
+  assert.equal(pipe.instance_meta, 'MlxRing');
+  const shard = Object.values(pipe.instance.MlxRingInstance.shardAssignments.runnerToShard)[0].PipelineShardMetadata;
   assert.equal(shard.startLayer, 0);
   assert.equal(shard.endLayer, shard.nLayers);
   const mem = Object.values(pipe.memory_delta_by_node)[0];

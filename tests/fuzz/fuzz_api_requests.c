@@ -21,18 +21,18 @@ static void encode_stream(gen_state *st) {
     strbuf out = {0};
     json_t *accepted = json_pack("{s:s,s:i,s:i}", "type", "accepted", "id", 1, "prompt_tokens", 3);
     gen_state_accumulate(st, accepted);
-    st->adapter->stream_begin(st, &out);
+    st->adapter->stream->begin(st, &out);
     json_t *delta = json_pack("{s:s,s:i,s:s,s:s,s:[{s:s,s:s,s:s}]}", "type", "delta", "id", 1,
                               "content", st->req.model, "reasoning", "r", "tool_calls", "id",
                               "call_1", "name", st->req.model, "arguments", "{\"a\":1}");
     gen_state_accumulate(st, delta);
-    st->adapter->stream_delta(st, delta, &out);
+    st->adapter->stream->delta(st, delta, &out);
     /* a text-only delta (OpenAI chat encodes it from a template): its frame must be valid JSON
      * carrying exactly the text */
     json_t *text = json_pack("{s:s,s:i,s:s,s:i}", "type", "delta", "id", 1, "content",
                              st->req.model, "tokens", 2);
     strbuf frame = {0};
-    st->adapter->stream_delta(st, text, &frame);
+    st->adapter->stream->delta(st, text, &frame);
     if (st->adapter == &gen_adapter_openai_chat) {
         if (frame.len < 8 || memcmp(frame.data, "data: ", 6)) abort();
         json_t *c = json_loadb(frame.data + 6, frame.len - 8, 0, NULL);
@@ -48,7 +48,7 @@ static void encode_stream(gen_state *st) {
                              "finish_reason", "tool_calls", "usage", "prompt_tokens", 3,
                              "completion_tokens", 2);
     gen_state_accumulate(st, done);
-    st->adapter->stream_end(st, &out);
+    st->adapter->stream->end(st, &out);
     json_decref(st->adapter->final(st));
     json_decref(accepted);
     json_decref(delta);

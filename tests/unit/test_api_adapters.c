@@ -36,9 +36,9 @@ static char *run(const gen_adapter *a, const char *body_json, json_t **final) {
         assert_non_null(m);
         gen_state_accumulate(st, m);
         const char *type = json_string_value(json_object_get(m, "type"));
-        if (!strcmp(type, "accepted")) a->stream_begin(st, &out);
-        if (!strcmp(type, "delta")) a->stream_delta(st, m, &out);
-        if (!strcmp(type, "done")) a->stream_end(st, &out);
+        if (!strcmp(type, "accepted")) a->stream->begin(st, &out);
+        if (!strcmp(type, "delta")) a->stream->delta(st, m, &out);
+        if (!strcmp(type, "done")) a->stream->end(st, &out);
         json_decref(m);
     }
     *final = a->final(st);
@@ -222,7 +222,7 @@ static void test_openai_text_delta_template(void **state) {
                               "content", texts[i], "tokens", (int)i + 1);
         assert_non_null(d);
         strbuf out = {0};
-        gen_adapter_openai_chat.stream_delta(st, d, &out);
+        gen_adapter_openai_chat.stream->delta(st, d, &out);
         json_t *want = json_pack(
             "{s:s,s:s,s:I,s:s,s:s,s:[{s:i,s:{s:s},s:n,s:n}]}", "id", st->id, "object",
             "chat.completion.chunk", "created", (json_int_t)st->created, "model", st->req.model,

@@ -79,6 +79,32 @@ static void test_node_info_and_timeout(void **unused) {
     json_decref(s);
 }
 
+/* The ranks' rendezvous keys live inside their instance: every node reads them from State, and
+ * they go when the instance goes (a key for a gone instance changes nothing). */
+static void test_rendezvous_keys_live_in_the_instance(void **unused) {
+    (void)unused;
+    json_t *s = cluster_state_new();
+    int i = 1;
+    assert_int_equal(apply(s, i++, "{\"InstanceCreated\":{\"instance\":{\"MlxRingInstance\":"
+                                   "{\"instanceId\":\"i1\"}}}}"),
+                     CLUSTER_APPLY_OK);
+    assert_int_equal(apply(s, i++, "{\"InstanceRendezvousSet\":{\"instanceId\":\"i1\","
+                                   "\"key\":\"i1/rank/0\",\"value\":\"0a0b\"}}"),
+                     CLUSTER_APPLY_OK);
+    json_t *keys = cluster_state_lookup(s, "instances/i1/MlxRingInstance/rendezvous");
+    assert_string_equal(json_string_value(json_object_get(keys, "i1/rank/0")), "0a0b");
+    assert_int_equal(apply(s, i++, "{\"InstanceRendezvousSet\":{\"instanceId\":\"i1\","
+                                   "\"key\":\"k\"}}"),
+                     CLUSTER_APPLY_IGNORED);
+    assert_int_equal(apply(s, i++, "{\"InstanceDeleted\":{\"instanceId\":\"i1\"}}"),
+                     CLUSTER_APPLY_OK);
+    assert_int_equal(apply(s, i++, "{\"InstanceRendezvousSet\":{\"instanceId\":\"i1\","
+                                   "\"key\":\"k\",\"value\":\"00\"}}"),
+                     CLUSTER_APPLY_OK);
+    assert_null(cluster_state_lookup(s, "instances/i1"));
+    json_decref(s);
+}
+
 static void test_instances_runners_tasks_downloads(void **unused) {
     (void)unused;
     json_t *s = cluster_state_new();
@@ -207,6 +233,7 @@ int main(void) {
         cmocka_unit_test(test_new_state_has_exo_fields),
         cmocka_unit_test(test_node_info_and_timeout),
         cmocka_unit_test(test_instances_runners_tasks_downloads),
+        cmocka_unit_test(test_rendezvous_keys_live_in_the_instance),
         cmocka_unit_test(test_bad_events_only_advance_index),
         cmocka_unit_test(test_out_of_order_is_refused),
         cmocka_unit_test(test_deterministic_and_unaliased),

@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "compute/cpu/cpu_internal.h"
+#include "compute/cpu/cpu_levels.h"
 
 #include <math.h>
 #include <stdio.h>

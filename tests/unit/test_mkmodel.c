@@ -10,7 +10,7 @@
 #include <cmocka.h>
 
 #include "base/paths.h"
-#include "compute/compute.h"
+#include "model/weight_types.h"
 
 #include <jansson.h>
 #include <math.h>

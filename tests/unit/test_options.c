@@ -5,8 +5,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "cmd/options.h"
 #include "compute/device.h"
-#include "options.h"
 
 #include <stdlib.h>
 #include <string.h>

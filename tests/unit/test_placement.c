@@ -8,6 +8,7 @@
 
 #include "cluster/placement.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static placement_model llama_1b(void) {
@@ -20,7 +21,7 @@ static placement_model llama_1b(void) {
 static void test_single_node_fits(void **state) {
     (void)state;
     placement_model m = llama_1b();
-    placement_node n[1] = {{"a", 8ull << 30}};
+    placement_node n[1] = {{"a", 8ull << 30, 0}};
     placement_result r;
     assert_int_equal(placement_place(&m, n, 1, PLACEMENT_PIPELINE, 1, &r), 0);
     assert_int_equal(r.n_nodes, 1);
@@ -34,7 +35,7 @@ static void test_kv_cache_is_counted(void **state) {
     (void)state;
     placement_model m = llama_1b();
     m.context_length = 131072; /* 4 GiB of KV */
-    placement_node n[1] = {{"a", 5ull << 30}};
+    placement_node n[1] = {{"a", 5ull << 30, 0}};
     placement_result r;
     assert_int_equal(placement_place(&m, n, 1, PLACEMENT_PIPELINE, 1, &r), -1);
     assert_non_null(strstr(r.error, "KV cache"));
@@ -44,7 +45,7 @@ static void test_kv_cache_is_counted(void **state) {
 static void test_pipeline_split_proportional(void **state) {
     (void)state;
     placement_model m = llama_1b();
-    placement_node n[3] = {{"small", 2ull << 30}, {"big", 6ull << 30}, {"mid", 4ull << 30}};
+    placement_node n[3] = {{"small", 2ull << 30, 0}, {"big", 6ull << 30, 0}, {"mid", 4ull << 30, 0}};
     placement_result r;
     assert_int_equal(placement_place(&m, n, 3, PLACEMENT_PIPELINE, 2, &r), 0);
     /* the two with most memory, biggest first: 6:4 of 16 layers -> 9.6 / 6.4 -> 10 / 6 */
@@ -61,7 +62,7 @@ static void test_every_node_gets_a_layer(void **state) {
     m.n_layers = 3;
     m.weight_bytes = 1000;
     m.context_length = 0;
-    placement_node n[3] = {{"a", 100ull << 30}, {"b", 1ull << 30}, {"c", 1ull << 30}};
+    placement_node n[3] = {{"a", 100ull << 30, 0}, {"b", 1ull << 30, 0}, {"c", 1ull << 30, 0}};
     placement_result r;
     assert_int_equal(placement_place(&m, n, 3, PLACEMENT_PIPELINE, 3, &r), 0);
     for (int i = 0; i < 3; i++) assert_int_equal(r.layer_end[i] - r.layer_start[i], 1);
@@ -71,7 +72,7 @@ static void test_every_node_gets_a_layer(void **state) {
 static void test_tensor_needs_divisible_heads(void **state) {
     (void)state;
     placement_model m = llama_1b();
-    placement_node n[3] = {{"a", 8ull << 30}, {"b", 8ull << 30}, {"c", 8ull << 30}};
+    placement_node n[3] = {{"a", 8ull << 30, 0}, {"b", 8ull << 30, 0}, {"c", 8ull << 30, 0}};
     placement_result r;
     assert_int_equal(placement_place(&m, n, 3, PLACEMENT_TENSOR, 2, &r), 0);
     assert_int_equal(r.layer_end[1], 16);
@@ -80,12 +81,48 @@ static void test_tensor_needs_divisible_heads(void **state) {
     assert_non_null(strstr(r.error, "divide"));
 }
 
+/* A node holding the files comes first, even with less free memory: no download before start. */
+static void test_nodes_with_files_first(void **state) {
+    (void)state;
+    placement_model m = llama_1b();
+    placement_node n[3] = {{"big", 64ull << 30, 0}, {"has", 8ull << 30, 1}, {"mid", 32ull << 30, 0}};
+    placement_result r;
+    assert_int_equal(placement_place(&m, n, 3, PLACEMENT_PIPELINE, 1, &r), 0);
+    assert_string_equal(r.node_ids[0], "has");
+    assert_int_equal(placement_place(&m, n, 3, PLACEMENT_PIPELINE, 2, &r), 0);
+    assert_string_equal(r.node_ids[0], "has");
+    assert_string_equal(r.node_ids[1], "big");
+}
+
+/* The model's own split rules (FFN, experts, quantization groups) are asked for tensor only. */
+static int refuse_three(const void *ctx, int n, char *err, size_t errlen) {
+    (void)ctx;
+    if (n != 3) return 0;
+    snprintf(err, errlen, "down_proj's 96 columns are not whole groups of 64 for 3 ranks");
+    return -1;
+}
+
+static void test_tensor_asks_the_model(void **state) {
+    (void)state;
+    placement_model m = llama_1b();
+    m.n_heads = 48;
+    m.n_kv_heads = 12;
+    m.tensor_check = refuse_three;
+    placement_node n[3] = {{"a", 8ull << 30, 0}, {"b", 8ull << 30, 0}, {"c", 8ull << 30, 0}};
+    placement_result r;
+    assert_int_equal(placement_place(&m, n, 3, PLACEMENT_TENSOR, 2, &r), 0);
+    assert_int_equal(placement_place(&m, n, 3, PLACEMENT_TENSOR, 3, &r), -1);
+    assert_non_null(strstr(r.error, "whole groups"));
+    assert_int_equal(placement_place(&m, n, 3, PLACEMENT_PIPELINE, 3, &r), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_single_node_fits), cmocka_unit_test(test_kv_cache_is_counted),
         cmocka_unit_test(test_pipeline_split_proportional),
         cmocka_unit_test(test_every_node_gets_a_layer),
         cmocka_unit_test(test_tensor_needs_divisible_heads),
+        cmocka_unit_test(test_nodes_with_files_first), cmocka_unit_test(test_tensor_asks_the_model),
     };
     return cmocka_run_group_tests_name("placement", tests, NULL, NULL);
 }

@@ -9,7 +9,7 @@
 #include "arch/transformer.h"
 #include "base/paths.h"
 #include "base/strbuf.h"
-#include "compute/compute.h"
+#include "model/weight_types.h"
 #include "model/model_config.h"
 #include "model/safetensors.h"
 #include "model/safetensors_write.h"

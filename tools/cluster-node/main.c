@@ -2,10 +2,10 @@
  * tests and the scale benchmark: `cluster-node [exo node flags]`. It serves the cluster's HTTP
  * endpoints (GET /node_id, /state, /state/{path}, /events, /cluster/status) on --api-port and,
  * for tests only, POST /cluster/submit {"EventName": {...}} to submit an event as this node.
- * It runs no models and no worker; it is not the `exo` binary (node.c wires the full node). */
+ * It runs no models and no worker; it is not the `exo` binary (cmd/node.c wires the full node). */
 #include "base/log.h"
 #include "cluster/cluster.h"
-#include "options.h"
+#include "cmd/cmd.h"
 
 #include <microhttpd.h>
 #include <signal.h>
@@ -99,7 +99,9 @@ int main(int argc, char **argv) {
     sigaddset(&stop, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
-    if (cluster_start(&o)) return 1;
+    cluster_config cc;
+    node_cluster_config(&o, &cc);
+    if (cluster_start(&cc)) return 1;
     struct MHD_Daemon *d = NULL;
     if (!o.no_api) {
         d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION,

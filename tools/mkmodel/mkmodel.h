@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "compute/compute.h"
+#include "model/weight_types.h"
 
 typedef enum mk_arch { MK_LLAMA = 0, MK_QWEN2, MK_QWEN3, MK_QWEN3_MOE } mk_arch;
 typedef enum mk_rope { MK_ROPE_NONE = 0, MK_ROPE_LLAMA3, MK_ROPE_LINEAR, MK_ROPE_YARN } mk_rope;

@@ -6,7 +6,7 @@
 #define EXO_COMPUTE_CPU_H
 
 #include "base/threadpool.h"
-#include "compute/compute.h"
+#include "model/weight_types.h"
 
 #include <stdint.h>
 
@@ -20,7 +20,7 @@ threadpool *cpu_thread_pool(void);
 const char *cpu_simd_level(void);
 
 /* y[t][r] = sum_c x[t][c] * W[r][c] for t < n_tokens. x: [n_tokens][w->cols], y: [n_tokens][w->rows].
- * Every weight format of compute.h. */
+ * Every weight format of model/weight_types.h. */
 void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_tokens);
 /* The same for n matrices with the same number of columns that read the same x (q/k/v,
  * gate/up): ys[i] = x W_i^T. At decode sizes they run as one parallel job (one barrier, one
@@ -28,7 +28,7 @@ void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_toke
 #define CPU_MATMUL_MULTI_MAX 4
 void cpu_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
                       int64_t n_tokens);
-/* The 16-row interleaved 4-bit layout (WEIGHT_LAYOUT_MLX_ROWS16, compute.h; layout.c).
+/* The 16-row interleaved 4-bit layout (WEIGHT_LAYOUT_MLX_ROWS16, model/weight_types.h; layout.c).
  * cpu_weight_prefers_rows16: 1 when w is a 4-bit MLX matrix in MLX order with columns a multiple
  * of 128 and at least 16 rows, the level in use is AVX-512, and EXO_Q4_LAYOUT is not `mlx`.
  * cpu_weight_repack_rows16: rewrites w's data, scales and biases in place (the memory behind the

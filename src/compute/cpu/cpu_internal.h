@@ -1,24 +1,17 @@
-/* cpu_internal — private to compute/cpu/ (and its tests): the per-SIMD-level kernel tables that
- * cpu.c dispatches through, and the prepared-activation structure the matvec kernels share.
- *
- * Matmul has two regimes:
- *   - matvec (decode; up to CPU_MATVEC_PASSES_* tokens, in passes of CPU_MATVEC_MAX_TOKENS):
- *     one pass over the weights per 8 tokens, every token
- *     dotted with each row while it is in registers; memory-bound, so kernels read each weight
- *     byte once and do as little arithmetic per byte as possible.
- *   - gemm (prefill): weights dequantized tile by tile to f32 and multiplied with a register-
- *     blocked kernel (or OpenBLAS sgemm); compute-bound. */
+/* cpu_internal — private to compute/cpu/: what the kernels and cpu.c share beyond the levels
+ * and kernel tables of cpu_levels.h (tuning constants, activation layouts, the MLX int16 gemm,
+ * scratch memory). Nothing outside compute/cpu/ includes it (scripts/check-layout.sh checks).
+ */
 #ifndef EXO_COMPUTE_CPU_INTERNAL_H
 #define EXO_COMPUTE_CPU_INTERNAL_H
 
-#include "compute/cpu/cpu.h"
+#include "compute/cpu/cpu_levels.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#define CPU_MATVEC_MAX_TOKENS 8
 /* Up to this many tokens, cpu_matmul runs matvec passes of <= 8 tokens instead of the gemm: at
  * these sizes dequantizing and packing the weights for the gemm costs more than reading them
  * again (measured per core: MLX 4-bit 1024x2048 at 9/16/32 tokens: 0.43/0.76/1.58 ms as
@@ -35,23 +28,10 @@
  * about as much (bench/RESULTS.md). The L2 streamer alone leaves the core stalled at each page. */
 #define CPU_MATVEC_PREFETCH_DEFAULT 2048
 
-typedef enum cpu_level {
-    CPU_LEVEL_GENERIC = 0,
-    CPU_LEVEL_AVX2,   /* AVX2 + FMA + F16C */
-    CPU_LEVEL_AVX512, /* AVX-512 F/BW/VL/VBMI/VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later) */
-    CPU_LEVEL_NEON,   /* aarch64 */
-    CPU_LEVEL_COUNT
-} cpu_level;
-
 /* An A/B switch read once from the environment: 1 unless variable `name` equals off_word.
  * *cache starts at -1 (not read yet). For the EXO_* knobs that keep an older path in the same
  * binary (docs/kernels.md lists them). */
 int cpu_env_switch(_Atomic int *cache, const char *name, const char *off_word);
-
-/* 4-bit kernel choice for A/B runs and tests: 1 = byte planes (the default; see cpu_mlx_x_planes),
- * 0 = the int16 layout below. Default from EXO_MATVEC_Q4 (planes|int16), read once. */
-int cpu_matvec_q4_planes(void);
-void cpu_matvec_set_q4_planes(int on);
 
 /* For 4-bit MLX weights whose columns are a multiple of 128, the AVX-512 kernel dots the packed
  * nibbles (u8) directly with the int16 activations split into bytes, x = 256*hi + lo (hi signed,
@@ -66,22 +46,6 @@ static inline int cpu_mlx_x_planes(const weight_matrix *w) {
            (w->layout == WEIGHT_LAYOUT_MLX_ROWS16 || cpu_matvec_q4_planes());
 }
 
-/* Rewrites a row of int16 activations (natural order, cols a multiple of 128) into the byte-plane
- * layout of cpu_mlx_x_planes, in place. */
-static inline void cpu_mlx_x_to_planes(int16_t *q, int64_t cols) {
-    for (int64_t c0 = 0; c0 < cols; c0 += 128) {
-        uint8_t tmp[256];
-        for (int j = 0; j < 64; j++)
-            for (int k = 0; k < 2; k++) {
-                int v = q[c0 + 2 * j + k];
-                int lo = v & 0xff, hi = (v - lo) / 256; /* v = 256*hi + lo, hi in [-128, 127] */
-                tmp[64 * k + j] = (uint8_t)(hi & 0xff);
-                tmp[128 + 64 * k + j] = (uint8_t)lo;
-            }
-        memcpy(q + c0, tmp, sizeof tmp);
-    }
-}
-
 /* For 2- and 4-bit MLX weights whose columns are a multiple of the 32-byte chunk (128 or 64
  * values), the int16 activations are stored permuted within each chunk so that the kernel can
  * unpack 32 bytes with one zero-extension plus a shift/AND per value slot: with P = 8/bits values
@@ -93,53 +57,6 @@ static inline int cpu_mlx_x_permuted(const weight_matrix *w) {
     int per_byte = 8 / w->bits;
     return w->cols % (32 * per_byte) == 0 ? per_byte : 0;
 }
-
-/* Activations prepared once per matmul call, shared read-only by all threads.
- * For MLX-affine weights the AVX-512 kernels dot integer weights with int16 activations:
- * x[t][c] ~= xq[t][c] * xscale[t][g] with xscale = max|x in group| / 32767, so the quantization
- * error of an activation is at most 1/65534 of its group's largest magnitude — far below the bf16
- * rounding of the weights themselves. The bias term uses the exact float group sums. */
-typedef struct matvec_input {
-    const float *x;       /* [n_tokens][cols] */
-    int64_t n_tokens;     /* 1..CPU_MATVEC_MAX_TOKENS */
-    const int16_t *xq;    /* [n_tokens][cols] (MLX, levels that use it) */
-    const float *xscale;  /* [n_tokens][groups] */
-    const float *xsum;    /* [n_tokens][groups]: sum of x over each group (MLX) */
-} matvec_input;
-
-/* Computes y[t][r] for rows [r0, r1); y is [n_tokens][w->rows]. */
-typedef void (*cpu_matvec_fn)(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                              int64_t r1);
-/* Dequantizes W[r][c0 .. c0+len) into out (f32). For MLX, c0 and len are multiples of the group
- * size (or len reaches the end of the row). */
-typedef void (*cpu_dequant_fn)(const weight_matrix *w, int64_t r, int64_t c0, int64_t len,
-                               float *out);
-/* Register-blocked f32 micro-kernel of the gemm regime, or NULL (the level uses OpenBLAS sgemm).
- * wpanel: [k_len][CPU_GEMM_MR] (MR consecutive weight rows, transposed); xpanel: [k_len][CPU_GEMM_NR]
- * (NR consecutive tokens, transposed); y points at y[t0][r0] with row stride ldy (= w->rows);
- * writes (accumulate = 0) or adds (1) the tile's n_valid_tokens x m_valid_rows results. */
-typedef void (*cpu_gemm_tile_fn)(const float *wpanel, const float *xpanel, int64_t k_len, float *y,
-                                 int64_t ldy, int m_valid_rows, int n_valid_tokens, int accumulate);
-
-/* Fills wpanel [k_len][CPU_GEMM_MR] with W[r0 + i][c0 + k] (rows i >= m_valid are zero); tmp has
- * room for CPU_GEMM_MR * CPU_GEMM_KC floats. */
-typedef void (*cpu_gemm_pack_fn)(const weight_matrix *w, int64_t r0, int m_valid, int64_t c0,
-                                 int64_t k_len, float *wpanel, float *tmp);
-
-/* Fills xsum/xscale/xq ([n][groups], [n][groups], [n][cols]) for MLX weights as matvec_input
- * describes, xq in the cpu_mlx_x_permuted layout where it applies. */
-typedef void (*cpu_prepare_mlx_fn)(const weight_matrix *w, const float *x, int64_t n, float *xsum,
-                                   float *xscale, int16_t *xq);
-
-typedef struct cpu_kernels {
-    const char *name;
-    int needs_int16_x; /* MLX matvec wants xq/xscale */
-    cpu_prepare_mlx_fn prepare_mlx; /* NULL: the portable loop in cpu.c */
-    cpu_matvec_fn matvec;
-    cpu_dequant_fn dequant;
-    cpu_gemm_tile_fn gemm_tile; /* NULL: sgemm */
-    cpu_gemm_pack_fn gemm_pack; /* with gemm_tile */
-} cpu_kernels;
 
 /* Tile shape of gemm_tile: CPU_GEMM_MR weight rows (two 16-float vectors) x CPU_GEMM_NR tokens
  * (broadcast), and the K block the weight panel is dequantized in (fits L1: 256*32*4 = 32 KiB). */
@@ -176,35 +93,9 @@ void cpu_mlx_gemm_prepare(const float *x, mlx_gemm_x *px, int64_t g0, int64_t g1
 int cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float *y, int64_t r0,
                       int64_t r1);
 
-/* Kernel table for a level, or NULL when this build or this CPU lacks it. */
-const cpu_kernels *cpu_kernels_for(cpu_level level);
-int cpu_level_supported(cpu_level level);
 extern const cpu_kernels cpu_kernels_generic;
 extern const cpu_kernels cpu_kernels_avx2;
 extern const cpu_kernels cpu_kernels_avx512;
-
-/* cpu_matmul with an explicit level and gemm engine (tests and benchmarks compare them). */
-/* AUTO: the MLX int16 gemm for MLX weights at 9..CPU_MLX_GEMM_MAX_TOKENS tokens on AVX-512,
- * else OWN where the level has a micro-kernel, else OPENBLAS. MLX_INT forces the MLX int16 gemm
- * whenever the level is AVX-512 and the weights are MLX (any token count above the matvec
- * threshold); OWN and OPENBLAS never use it. */
-typedef enum cpu_gemm_engine { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_OPENBLAS, CPU_GEMM_MLX_INT } cpu_gemm_engine;
-/* Returns 0; -1 if the level is not supported here (y untouched) or the view is unsupported
- * (y zeroed). max_matvec_tokens < 0 uses the default threshold. */
-int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_tokens,
-                    cpu_level level, cpu_gemm_engine gemm, int max_matvec_tokens);
-/* cpu_matmul_multi with an explicit level (1 <= n <= CPU_MATMUL_MULTI_MAX; the matrices must
- * have the same number of columns, else their outputs are zeroed and -1 returned). */
-int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
-                          int64_t n_tokens, cpu_level level, cpu_gemm_engine gemm,
-                          int max_matvec_tokens);
-
-/* How matvec jobs split rows over threads (see cpu.c): STATIC = one contiguous, equal run of
- * bytes per thread; DYNAMIC = chunks first come first served; STEAL = STATIC's runs in chunks,
- * finished threads take chunks from the back of the others' runs. Default: EXO_MATVEC_SPLIT
- * (static|dynamic|steal), else STEAL. For tests and benchmarks. */
-enum { CPU_SPLIT_STATIC = 0, CPU_SPLIT_DYNAMIC = 1, CPU_SPLIT_STEAL = 2 };
-void cpu_matvec_set_split(int split);
 
 /* Bytes ahead of the current row that matvec kernels prefetch (0 = none): EXO_MATVEC_PREFETCH,
  * read once, else CPU_MATVEC_PREFETCH_DEFAULT. */
@@ -213,8 +104,5 @@ size_t cpu_matvec_prefetch(void);
 /* Thread-local scratch memory, 64-byte aligned, grown on demand and kept for the thread's life
  * (slot 0..3; a slot's previous contents are lost when it grows). NULL when out of memory. */
 void *cpu_scratch(int slot, size_t bytes);
-
-/* Checks a view's fields so kernels can trust them (bits, group size, divisibility, pointers). */
-int cpu_weight_supported(const weight_matrix *w);
 
 #endif

@@ -1,5 +1,5 @@
 /* layout — the 16-row interleaved order of 4-bit MLX matrices (WEIGHT_LAYOUT_MLX_ROWS16, see
- * compute.h) and the one function that rewrites a matrix into it.
+ * model/weight_types.h) and the one function that rewrites a matrix into it.
  *
  * Why: the AVX-512 4-bit matvec then holds 16 rows in the 16 dword lanes of a vector (4 packed
  * bytes of each row's group per lane), so the int32 dot products of a group are converted and

@@ -9,6 +9,7 @@
  * activation quantization on this level.
  * gemm: dequantized tiles go to OpenBLAS sgemm (gemm_tile = NULL). */
 #include "compute/cpu/cpu_internal.h"
+#include "compute/cpu/matvec_dispatch.h"
 
 #if defined(__x86_64__)
 
@@ -140,51 +141,11 @@ T256 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float 
     }
 }
 
-#define DISPATCH_NT(call_with_nt)                                                                  \
-    switch (in->n_tokens) {                                                                        \
-    case 1: call_with_nt(1); break;                                                                \
-    case 2: call_with_nt(2); break;                                                                \
-    case 3: call_with_nt(3); break;                                                                \
-    case 4: call_with_nt(4); break;                                                                \
-    case 5: call_with_nt(5); break;                                                                \
-    case 6: call_with_nt(6); break;                                                                \
-    case 7: call_with_nt(7); break;                                                                \
-    default: call_with_nt(8); break;                                                               \
-    }
-
-T256 static void matvec_f32(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_F32, n)
-    DISPATCH_NT(CALL)
-#undef CALL
-}
-
-T256 static void matvec_f16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_F16, n)
-    DISPATCH_NT(CALL)
-#undef CALL
-}
-
-T256 static void matvec_bf16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows(w, in, y, r0, r1, WEIGHT_BF16, n)
-    DISPATCH_NT(CALL)
-#undef CALL
-}
-
 T256 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) mlx_rows(w, in, y, r0, r1, n)
-    DISPATCH_NT(CALL)
-#undef CALL
+    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows, w, in, y, r0, r1)
 }
 
-T256 static void avx2_matvec(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                             int64_t r1) {
-    switch (w->format) {
-    case WEIGHT_F32: matvec_f32(w, in, y, r0, r1); return;
-    case WEIGHT_F16: matvec_f16(w, in, y, r0, r1); return;
-    case WEIGHT_BF16: matvec_bf16(w, in, y, r0, r1); return;
-    case WEIGHT_MLX_AFFINE: matvec_mlx(w, in, y, r0, r1); return;
-    }
-}
+CPU_MATVEC_BY_FORMAT(T256, avx2_matvec, dense_rows, matvec_mlx)
 
 T256 static void avx2_dequant(const weight_matrix *w, int64_t r, int64_t c0, int64_t len, float *out) {
     int64_t cols = w->cols;

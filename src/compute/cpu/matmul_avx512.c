@@ -20,6 +20,7 @@
  *
  * Refuses: anything cpu_weight_supported() rejects (the driver never calls us with it). */
 #include "compute/cpu/cpu_internal.h"
+#include "compute/cpu/matvec_dispatch.h"
 #include "compute/cpu/mlx_avx512.h"
 
 #if defined(__x86_64__)
@@ -198,7 +199,7 @@ T512 INLINE void mlx_unit_dot(const uint8_t **q, const int16_t *xu, int64_t cols
  * Consecutive units alternate between two float accumulators when there are few tokens, so the
  * FMA latency chain does not limit a single-token decode. */
 T512 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                          int64_t r1, float *sd, const int nt, const int bits) {
+                          int64_t r1, float *sd, const int bits, const int nt) {
     int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
     const int P = bits ? 8 / bits : 1, V = bits ? 32 * P : 32;
     const int wide = V > gs; /* a chunk spans several groups */
@@ -439,47 +440,13 @@ T512 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
     if (r1 > rows16) mlx4_planes_rows(w, in, y, r0 > rows16 ? r0 : rows16, r1, nt);
 }
 
-#define DISPATCH_NT(call_with_nt)                                                                  \
-    switch (in->n_tokens) {                                                                        \
-    case 1: call_with_nt(1); break;                                                                \
-    case 2: call_with_nt(2); break;                                                                \
-    case 3: call_with_nt(3); break;                                                                \
-    case 4: call_with_nt(4); break;                                                                \
-    case 5: call_with_nt(5); break;                                                                \
-    case 6: call_with_nt(6); break;                                                                \
-    case 7: call_with_nt(7); break;                                                                \
-    default: call_with_nt(8); break;                                                               \
-    }
-
-T512 static void matvec_f32(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows_any(w, in, y, r0, r1, WEIGHT_F32, n)
-    DISPATCH_NT(CALL)
-#undef CALL
-}
-
-T512 static void matvec_f16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows_any(w, in, y, r0, r1, WEIGHT_F16, n)
-    DISPATCH_NT(CALL)
-#undef CALL
-}
-
-T512 static void matvec_bf16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-#define CALL(n) dense_rows_any(w, in, y, r0, r1, WEIGHT_BF16, n)
-    DISPATCH_NT(CALL)
-#undef CALL
-}
-
 T512 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
     if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16) {
-#define CALL(n) mlx4_rows16(w, in, y, r0, r1, n)
-        DISPATCH_NT(CALL)
-#undef CALL
+        CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx4_rows16, w, in, y, r0, r1)
         return;
     }
     if (cpu_mlx_x_planes(w)) { /* scales in registers: no sd array */
-#define CALL(n) mlx4_planes_rows(w, in, y, r0, r1, n)
-        DISPATCH_NT(CALL)
-#undef CALL
+        CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx4_planes_rows, w, in, y, r0, r1)
         return;
     }
     int64_t groups = w->cols / w->group_size;
@@ -495,31 +462,15 @@ T512 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, floa
     }
     int layout = w->bits == 8 ? 8 : cpu_mlx_x_permuted(w) ? w->bits : 0;
     switch (layout) {
-#define CALL(n) mlx_rows(w, in, y, r0, r1, sd, n, 8)
-    case 8: DISPATCH_NT(CALL) break;
-#undef CALL
-#define CALL(n) mlx_rows(w, in, y, r0, r1, sd, n, 4)
-    case 4: DISPATCH_NT(CALL) break;
-#undef CALL
-#define CALL(n) mlx_rows(w, in, y, r0, r1, sd, n, 2)
-    case 2: DISPATCH_NT(CALL) break;
-#undef CALL
-#define CALL(n) mlx_rows(w, in, y, r0, r1, sd, n, 0)
-    default: DISPATCH_NT(CALL) break;
-#undef CALL
+    case 8: CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows, w, in, y, r0, r1, sd, 8) break;
+    case 4: CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows, w, in, y, r0, r1, sd, 4) break;
+    case 2: CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows, w, in, y, r0, r1, sd, 2) break;
+    default: CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows, w, in, y, r0, r1, sd, 0) break;
     }
     if (sd != stack) free(sd);
 }
 
-T512 static void avx512_matvec(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                               int64_t r1) {
-    switch (w->format) {
-    case WEIGHT_F32: matvec_f32(w, in, y, r0, r1); return;
-    case WEIGHT_F16: matvec_f16(w, in, y, r0, r1); return;
-    case WEIGHT_BF16: matvec_bf16(w, in, y, r0, r1); return;
-    case WEIGHT_MLX_AFFINE: matvec_mlx(w, in, y, r0, r1); return;
-    }
-}
+CPU_MATVEC_BY_FORMAT(T512, avx512_matvec, dense_rows_any, matvec_mlx)
 
 /* ---- dequantization (gemm regime) ---------------------------------------------------------- */
 

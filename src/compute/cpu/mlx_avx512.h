@@ -7,7 +7,7 @@
 
 #if defined(__x86_64__)
 
-#include "compute/compute.h"
+#include "model/weight_types.h"
 
 #include <immintrin.h>
 #include <stdint.h>

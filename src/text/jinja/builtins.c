@@ -19,15 +19,6 @@ static bool given(jval v) {
     return v.kind != JV_UNDEF || v.u.undef_name != NULL;
 }
 
-static jval mkfunc(jctx *c, const char *name, jbuiltin_fn fn, jval self) {
-    jval v = {.kind = JV_FUNC};
-    v.u.fn = jalloc(c, sizeof *v.u.fn);
-    v.u.fn->name = name;
-    v.u.fn->builtin = fn;
-    v.u.fn->self = self;
-    return v;
-}
-
 static jval need_str(jctx *c, jval v, const char *what, int line) {
     if (v.kind != JV_STR) jfail(c, line, "%s: expected a string, got %s", what, jv_type_name(v));
     return v;
@@ -1479,7 +1470,7 @@ jval jmethod_get(jctx *c, jval obj, const char *name, bool *found) {
     for (size_t i = 0; i < sizeof METHODS / sizeof METHODS[0]; i++)
         if (METHODS[i].kind == obj.kind && !strcmp(METHODS[i].name, name)) {
             *found = true;
-            return mkfunc(c, METHODS[i].name, METHODS[i].fn, obj);
+            return jv_builtin(c, METHODS[i].name, METHODS[i].fn, obj);
         }
     if (obj.kind == JV_LIST || obj.kind == JV_DICT)
         for (int i = 0; UNSAFE[i]; i++)
@@ -1569,10 +1560,10 @@ static jval g_strftime_now(jctx *c, jval self, jargs *a, int line) {
 }
 
 void jglobals_install(jctx *c, jframe *root) {
-    jframe_set(c, root, "range", mkfunc(c, "range", g_range, NONE_ARG));
-    jframe_set(c, root, "dict", mkfunc(c, "dict", g_dict, NONE_ARG));
-    jframe_set(c, root, "namespace", mkfunc(c, "namespace", g_namespace, NONE_ARG));
+    jframe_set(c, root, "range", jv_builtin(c, "range", g_range, NONE_ARG));
+    jframe_set(c, root, "dict", jv_builtin(c, "dict", g_dict, NONE_ARG));
+    jframe_set(c, root, "namespace", jv_builtin(c, "namespace", g_namespace, NONE_ARG));
     jframe_set(c, root, "raise_exception",
-               mkfunc(c, "raise_exception", g_raise_exception, NONE_ARG));
-    jframe_set(c, root, "strftime_now", mkfunc(c, "strftime_now", g_strftime_now, NONE_ARG));
+               jv_builtin(c, "raise_exception", g_raise_exception, NONE_ARG));
+    jframe_set(c, root, "strftime_now", jv_builtin(c, "strftime_now", g_strftime_now, NONE_ARG));
 }

@@ -475,15 +475,6 @@ static jval loop_changed(jctx *c, jval self, jargs *a, int line) {
     return jv_bool(true);
 }
 
-static jval bound(jctx *c, const char *name, jbuiltin_fn fn, jval self) {
-    jval v = {.kind = JV_FUNC};
-    v.u.fn = jalloc(c, sizeof *v.u.fn);
-    v.u.fn->name = name;
-    v.u.fn->builtin = fn;
-    v.u.fn->self = self;
-    return v;
-}
-
 static jval loop_attr(jctx *c, jloop *lp, const char *name, int line) {
     (void)line;
     size_t n = lp->items->n, i = lp->index0;
@@ -502,8 +493,8 @@ static jval loop_attr(jctx *c, jloop *lp, const char *name, int line) {
         return i > 0 ? lp->items->items[i - 1] : jv_undef("there is no previous item");
     if (!strcmp(name, "nextitem"))
         return i + 1 < n ? lp->items->items[i + 1] : jv_undef("there is no next item");
-    if (!strcmp(name, "cycle")) return bound(c, "cycle", loop_cycle, self);
-    if (!strcmp(name, "changed")) return bound(c, "changed", loop_changed, self);
+    if (!strcmp(name, "cycle")) return jv_builtin(c, "cycle", loop_cycle, self);
+    if (!strcmp(name, "changed")) return jv_builtin(c, "changed", loop_changed, self);
     return undef_msg(c, "'LoopContext object' has no attribute '%s'%s", name, "");
 }
 

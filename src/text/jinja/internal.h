@@ -229,6 +229,8 @@ jval jcapture_end(jctx *c, strbuf *previous_out);
 jval jv_undef(const char *name);
 jval jv_none(void);
 jval jv_bool(bool b);
+/* A callable builtin fn named name, bound to self (a method's object; undefined for none). */
+jval jv_builtin(jctx *c, const char *name, jbuiltin_fn fn, jval self);
 jval jv_int(int64_t i);
 jval jv_float(double f);
 jval jv_str(const char *p, size_t n); /* does not copy */

@@ -17,6 +17,15 @@ jval jv_undef(const char *name) {
 jval jv_none(void) {
     return (jval){.kind = JV_NONE};
 }
+jval jv_builtin(jctx *c, const char *name, jbuiltin_fn fn, jval self) {
+    jval v = {.kind = JV_FUNC};
+    v.u.fn = jalloc(c, sizeof *v.u.fn);
+    v.u.fn->name = name;
+    v.u.fn->builtin = fn;
+    v.u.fn->self = self;
+    return v;
+}
+
 jval jv_bool(bool b) {
     jval v = {.kind = JV_BOOL};
     v.u.b = b;

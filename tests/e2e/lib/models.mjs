@@ -31,6 +31,12 @@ const building = new Map();
 export async function tinyModel(name) {
   const args = tinyModelSpecs()[name];
   if (!args) throw new Error(`unknown tiny model '${name}' (see tools/mkmodel/tiny-models.json)`);
+  return mkModel(name, args);
+}
+
+// A model of a test's own shape (mkmodel arguments), cached like the named ones. For shapes a
+// test needs that the reference fixtures do not cover (tiny-models.json lists only those).
+export async function mkModel(name, args) {
   const dir = path.join(repoRoot, '.cache/models', name);
   const stamp = JSON.stringify(args);
   const stampFile = path.join(dir, '.mkmodel-args');

@@ -1,0 +1,157 @@
+/* node — `exo` with no subcommand: wires the node's services from its options and runs until
+ * SIGINT/SIGTERM, then stops them in reverse order. --model places a model at start.
+ *
+ * The cluster member (cluster/) starts first: its persistent node id is the API's node id.
+ * Then the models service (download/: store, catalog, downloads), the worker (worker/: runners,
+ * download-then-place, publishing to the cluster) and the HTTP API (api/: every route). With
+ * --no-api the node is a cluster member only. Each service gets its own config struct built
+ * here; none of them sees exo_options. */
+#include "cmd/cmd.h"
+
+#include "api/api.h"
+#include "base/log.h"
+#include "cluster/cluster.h"
+#include "download/models_api.h"
+#include "worker/worker.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+_Static_assert(OPTIONS_MAX_PEERS <= CLUSTER_MAX_PEERS, "every --peer fits the cluster config");
+
+static void make_node_id(char *out, size_t n) {
+    unsigned char b[16] = {0};
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) b[0] = 1;
+    char hex[33];
+    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", b[i]);
+    snprintf(out, n, "%s", hex);
+}
+
+void node_cluster_config(const exo_options *o, cluster_config *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->data_dir, sizeof out->data_dir, "%s", o->data_dir);
+    snprintf(out->namespace_name, sizeof out->namespace_name, "%s", o->namespace_name);
+    snprintf(out->cluster_key_file, sizeof out->cluster_key_file, "%s", o->cluster_key_file);
+    out->listen_port = o->listen_port;
+    out->api_port = o->no_api ? 0 : o->api_port;
+    out->discovery_port = o->discovery_port;
+    for (int i = 0; i < o->n_peers; i++) out->peers[i] = o->peers[i];
+    out->n_peers = o->n_peers;
+}
+
+/* EXO_RUNNER_WATCHDOG_S: seconds; "0" turns the watchdog off; unset = the default. */
+static int runner_watchdog_s(void) {
+    const char *env = getenv("EXO_RUNNER_WATCHDOG_S");
+    if (!env) return 0;
+    int s = atoi(env);
+    return s == 0 ? -1 : s;
+}
+
+/* The services of a node with an API, in the order they start (and stop in reverse). */
+typedef struct node_services {
+    models_service *models;
+    worker *worker;
+    api_service *api;
+} node_services;
+
+static void services_free(node_services *n) {
+    worker_stop(n->worker);    /* no more publishing; downloads waiting to be placed cancelled */
+    api_service_stop(n->api);  /* no more requests */
+    worker_free(n->worker);    /* every runner stopped */
+    api_service_free(n->api);
+    models_service_free(n->models);
+}
+
+static int services_start(node_services *n, const exo_options *o, const char *node_id, char *err,
+                          size_t errlen) {
+    memset(n, 0, sizeof *n);
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) {
+        snprintf(err, errlen, "cannot find the exo binary (/proc/self/exe)");
+        return -1;
+    }
+    exe[len] = 0;
+    models_service_options mo = {.models_dir = o->models_dir, .models_path = o->models_path,
+                                 .data_dir = o->data_dir, .node_id = node_id,
+                                 .offline = o->offline};
+    n->models = models_service_new(&mo, err, errlen);
+    if (!n->models) return -1;
+    worker_config wc = {.runner_exe = exe,
+                        .models_dir = o->models_dir,
+                        .models_path = o->models_path,
+                        .data_dir = o->data_dir,
+                        .node_id = node_id,
+                        .kv_cache_bytes = o->kv_cache_bytes,
+                        .device = o->device,
+                        .watchdog_s = runner_watchdog_s(),
+                        .api_port = o->api_port};
+    n->worker = worker_new(&wc, n->models, err, errlen);
+    api_config ac = {.port = o->api_port,
+                     .api_key = o->api_key,
+                     .max_body_bytes = o->max_body_bytes,
+                     .models_dir = o->models_dir,
+                     .models_path = o->models_path,
+                     .data_dir = o->data_dir};
+    if (n->worker) n->api = api_service_new(&ac, node_id, n->worker, n->models, err, errlen);
+    if (!n->api || api_service_start(n->api, err, errlen)) {
+        services_free(n);
+        return -1;
+    }
+    return 0;
+}
+
+int node_main(const exo_options *options) {
+    /* Block the stop signals in every thread; the main thread waits for them below. */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    /* Without the cluster (port taken, data dir locked, bad --cluster-key) a node still serves
+     * its own API; the reason is in the log just above. */
+    cluster_config cc;
+    node_cluster_config(options, &cc);
+    int clustered = cluster_start(&cc) == 0;
+    if (!clustered) log_error("cluster: not joined; this node serves alone");
+    if (options->no_api) {
+        if (!clustered) return 1;
+        int sig = 0;
+        sigwait(&stop, &sig);
+        log_info("stopping (%s)", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        cluster_stop();
+        return 0;
+    }
+    char node_id[64], err[1024];
+    if (clustered) snprintf(node_id, sizeof node_id, "%s", cluster_node_id());
+    else make_node_id(node_id, sizeof node_id);
+    node_services services;
+    if (services_start(&services, options, node_id, err, sizeof err)) {
+        log_error("%s", err);
+        cluster_stop();
+        return 1;
+    }
+    if (clustered) worker_join_cluster(services.worker);
+    log_info("node %s: API and dashboard on http://0.0.0.0:%d", node_id,
+             api_service_port(services.api));
+    if (options->default_model[0]) {
+        char id[64];
+        int status = instances_place(worker_instances(services.worker), options->default_model,
+                                     id, sizeof id, err, sizeof err);
+        if (status) log_error("--model %s: %s", options->default_model, err);
+    }
+    int sig = 0;
+    sigwait(&stop, &sig);
+    log_info("stopping (%s)", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    services_free(&services);
+    cluster_stop();
+    return 0;
+}

@@ -1,0 +1,166 @@
+/* engine_internal — the engine's state, shared by the scheduler (engine.c) and the multi-rank
+ * glue (engine_dist.c). Private to infer/: nothing outside this folder includes it. */
+#ifndef EXO_INFER_ENGINE_INTERNAL_H
+#define EXO_INFER_ENGINE_INTERNAL_H
+
+#include "arch/transformer.h"
+#include "compute/backend.h"
+#include "infer/engine.h"
+#include "infer/kv_cache.h"
+#include "infer/sampler.h"
+#include "model/model_config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ENGINE_BLOCK_SIZE 16
+#define ENGINE_DIST_MAX_EVENTS 1024 /* events per step of several ranks (followers' buffer) */
+
+typedef enum seq_state { SEQ_WAITING = 0, SEQ_RUNNING } seq_state;
+
+typedef struct sequence {
+    uint64_t id;
+    seq_state state;
+    int32_t *tokens; /* prompt then generated, [cap] */
+    int n_tokens, cap, n_prompt;
+    int n_computed;  /* tokens whose K/V are in the cache */
+    int n_generated, max_tokens;
+    sampling_params sampling;
+    sampler_rng rng;
+    int32_t *stops;  /* eos ids + request stop ids */
+    int n_stops;
+    int ban_eos;
+    int32_t *blocks; /* block table */
+    int n_blocks, blocks_cap;
+    int no_prefix_cache;
+    int n_hashed;       /* leading full blocks whose chain hash is known (and registered) */
+    uint64_t last_hash; /* chain hash of block n_hashed - 1 (0 before the first) */
+    int cached_tokens;  /* prompt tokens served from the prefix cache at admission */
+    int admitted;       /* has been admitted once (cached_tokens is final) */
+    uint64_t serial;    /* engine-assigned, unique for the engine's life (same on every rank) */
+    int in_flight;      /* in a step whose results are not applied yet (pipeline overlap) */
+    /* this step */
+    int chunk;       /* tokens in the batch */
+    int logit_index; /* row in logits, or -1 */
+} sequence;
+
+/* One step of an overlapped pipeline, from its plan until its results are applied (every rank
+ * keeps its own copy; see engine_dist.c). */
+typedef struct step_record {
+    int64_t step;             /* the step held (-1: none yet) */
+    int n_members, n_tokens, n_logits;
+    uint64_t *serials;        /* [max_sequences] members, by sequence serial */
+    int32_t *chunks, *logit_index; /* [max_sequences] */
+    sampler_result *samples;  /* [max_sequences] the step's tokens, by logit row */
+    int64_t inputs_step;      /* step whose inputs (rank 0's requests/cancels) are held, or -1 */
+    unsigned char *inputs;
+    size_t inputs_len, inputs_cap;
+} step_record;
+
+/* Multi-rank state (engine_dist.c); e->dist == NULL in a single-process engine. */
+typedef struct engine_dist_state {
+    int rank, size;
+    engine_parallel parallel;
+    int head_rank;      /* the rank that holds the lm_head and samples */
+    int timeout_ms;
+    /* rank 0: requests and cancellations since the last step, serialized in call order; every
+     * rank applies them at the start of the next step, so all hold the same sequences */
+    unsigned char *inputs;
+    size_t inputs_len, inputs_cap;
+    int queued_submits;
+    int shut_down;      /* rank 0 closed its engine: followers stop */
+    _Atomic int stop_following; /* engine_stop_following (from another thread) */
+    float *hidden;      /* pipeline: [max_batch_tokens][dim] hidden states between stages */
+    float *part_logits; /* tensor: [max_sequences][a rank's vocab share] lm_head outputs */
+    /* overlapped pipeline: one step per stage in flight */
+    int overlap;
+    int64_t tick;       /* engine_step calls so far: the same count on every rank */
+    float *hidden_in;   /* [max_batch_tokens][dim] received for the next step */
+    transformer_batch staged; /* ranks > 0: the step planned for the next tick's forward */
+    step_record *ring;  /* steps by index % ring_size */
+    int ring_size;
+} engine_dist_state;
+
+struct engine {
+    engine_info info;
+    model_config cfg;
+    safetensors_set *st;
+    model_weights w;
+    compute_backend *be;
+    transformer *tf;
+    kv_cache *kv;
+    int max_batch_tokens, max_sequences, block_size;
+    sequence **seqs; /* live sequences in arrival order */
+    int n_seqs;
+    uint64_t *cancelled; /* ids to report as cancelled at the next step */
+    int n_cancelled, cancelled_cap;
+    uint64_t preemptions;
+    /* batch staging (host) */
+    int32_t *b_tokens, *b_positions, *b_seq, *b_slots, *b_table_start, *b_logit_rows;
+    int32_t *b_tables;
+    int b_tables_cap;
+    sequence **b_members;
+    float *logits;            /* [max_sequences][vocab] (the sampling rank only) */
+    sampler_result *samples;  /* [max_sequences] this step's sampled tokens, by logit row */
+    sampler_scratch sampler;
+    /* distribution */
+    struct dist_group *dist;  /* NULL: this process runs the whole model */
+    engine_dist_state d;
+    int failed;               /* a rank failed: every later step fails at once */
+    char error[256];          /* why (engine_last_error) */
+    uint64_t steps, step_ns, comm_ns; /* timing totals (engine_get_stats) */
+    uint64_t next_serial;
+    int pipeline_steps;       /* > 1: steps in flight at once (a pipeline's stages), see plan */
+};
+
+/* ---- engine.c, used by engine_dist.c ---- */
+void engine_set_error(engine *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Adds a checked request to the live sequences (every rank, same order). 0, or -1 when out of
+ * memory. */
+int engine_add_sequence(engine *e, uint64_t seq_id, const engine_request *r);
+/* Removes a live sequence and queues its cancellation event (unknown ids: nothing). */
+void engine_cancel_local(engine *e, uint64_t seq_id);
+/* The step after its inputs are applied: plan, forward, sample, events. */
+int engine_step_local(engine *e, engine_event *events, int max_events);
+/* Reports queued cancellations as events, at most `limit`; returns how many. */
+int engine_report_cancelled(engine *e, engine_event *events, int limit);
+/* Plans this step's batch (at most cap sequences) and stages it into *b; marks the members in
+ * flight. Returns the member count (e->b_members), 0 when there is nothing to run (an error event
+ * may be added: a request the cache can never hold), or -1. */
+int engine_plan_step(engine *e, int cap, transformer_batch *b, engine_event *events, int *n_ev);
+/* Applies a member's finished step: its chunk is computed, its sampled token (samples[logit_index]
+ * when logit_index >= 0) appended; adds its event (tokens always, progress while there is room)
+ * and removes it when finished. */
+void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
+                          const sampler_result *samples, engine_event *events, int *n_ev,
+                          int max_events);
+/* The live sequence with this serial, or NULL (cancelled or finished since). */
+sequence *engine_find_serial(engine *e, uint64_t serial);
+/* Samples the next token of every batch member that has logits into e->samples. */
+void engine_sample_all(engine *e, int n_members);
+
+/* ---- engine_dist.c ---- */
+/* Before loading: records the group and this rank's part of the model in *shard. */
+int engine_dist_init(engine *e, const engine_options *o, model_shard *shard, char *err,
+                     size_t errlen);
+/* After the transformer exists: installs the tensor-parallel all-reduce, allocates buffers. */
+int engine_dist_start(engine *e, char *err, size_t errlen);
+/* At open: checks the ranks agree on the scheduler's settings and the shard layout, and lowers
+ * *n_blocks to the smallest KV cache of any rank (every rank schedules the same blocks). */
+int engine_dist_agree(engine *e, int *n_blocks, char *err, size_t errlen);
+int engine_dist_queue_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err,
+                             size_t errlen);
+void engine_dist_queue_cancel(engine *e, uint64_t seq_id);
+/* Start of a step: rank 0 sends its queued inputs, every rank applies them. *max_events becomes
+ * rank 0's (plans depend on it, clamped to ENGINE_DIST_MAX_EVENTS); d.shut_down is set when rank
+ * 0 closed its engine. 0, or -1 on a failed rank (engine_last_error). */
+int engine_dist_exchange_inputs(engine *e, int *max_events);
+/* One step of an overlapped pipeline (every stage busy with its own step; engine_dist.c). */
+int engine_dist_tick(engine *e, engine_event *events, int max_events);
+/* Forward over this rank's part of the model, then the sampling rank's tokens to every rank. */
+int engine_dist_forward(engine *e, int n_members, const transformer_batch *b);
+void engine_dist_close(engine *e);
+
+#endif

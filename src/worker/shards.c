@@ -1,0 +1,225 @@
+/* shards — this node's ranks of the State's multi-node instances (see shards.h). */
+#include "worker/shards.h"
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "cluster/cluster.h"
+#include "cluster/nodeinfo.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct shards {
+    instances *local;
+    placer_dirs dirs;
+    char dist_host[64];
+    int dist_timeout_ms;
+    json_t *started;  /* instance ids whose rank this node started: never twice */
+    json_t *pending;  /* master: {instanceId: {instance, due}} to place again once due */
+};
+
+json_t *shards_tagged_body(json_t *tagged) {
+    if (!json_is_object(tagged) || json_object_size(tagged) != 1) return NULL;
+    json_t *body = json_object_iter_value(json_object_iter(tagged));
+    return json_is_object(body) ? body : NULL;
+}
+
+int shards_is_cluster_instance(json_t *instance) {
+    return shards_tagged_body(instance) &&
+           strcmp(json_object_iter_key(json_object_iter(instance)), "LocalInstance") != 0;
+}
+
+/* The first non-loopback IPv4 address (ranks on other nodes dial it), else loopback. */
+static void find_dist_host(char *out, size_t n) {
+    const char *env = getenv("EXO_DIST_HOST");
+    snprintf(out, n, "%s", env && *env ? env : "127.0.0.1");
+    if (env && *env) return;
+    json_t *net = nodeinfo_network_json();
+    const char *ip = nodeinfo_reachable_ipv4(json_object_get(net, "interfaces"));
+    if (ip) snprintf(out, n, "%s", ip);
+    json_decref(net);
+}
+
+shards *shards_new(instances *local, const placer_dirs *dirs) {
+    shards *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->local = local;
+    if (dirs) s->dirs = *dirs;
+    find_dist_host(s->dist_host, sizeof s->dist_host);
+    const char *t = getenv("EXO_DIST_TIMEOUT_MS");
+    s->dist_timeout_ms = t ? atoi(t) : 0;
+    s->started = json_object();
+    s->pending = json_object();
+    return s;
+}
+
+void shards_free(shards *s) {
+    if (!s) return;
+    json_decref(s->started);
+    json_decref(s->pending);
+    free(s);
+}
+
+/* ------------------------------------------------------------------ rendezvous */
+
+static void rendezvous_set(void *ctx, const char *instance_id, const char *key, const char *value) {
+    (void)ctx;
+    cluster_submit(json_pack("{s:{s:s,s:s,s:s}}", "InstanceRendezvousSet", "instanceId",
+                             instance_id, "key", key, "value", value));
+}
+
+static char *rendezvous_get(void *ctx, const char *instance_id, const char *key) {
+    (void)ctx;
+    char path[128];
+    snprintf(path, sizeof path, "instances/%s", instance_id);
+    char *text = cluster_state_json(path);
+    json_t *inst = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    const char *v = json_string_value(
+        json_object_get(json_object_get(shards_tagged_body(inst), "rendezvous"), key));
+    char *out = v ? strdup(v) : NULL;
+    json_decref(inst);
+    return out;
+}
+
+instances_rendezvous shards_rendezvous(shards *s) {
+    return (instances_rendezvous){.ctx = s, .set = rendezvous_set, .get = rendezvous_get};
+}
+
+/* ------------------------------------------------------------------ following State */
+
+static void publish_failed(const char *runner_id, const char *why) {
+    cluster_submit(json_pack("{s:{s:s,s:{s:{s:s}}}}", "RunnerStatusUpdated", "runnerId", runner_id,
+                             "runnerStatus", "RunnerFailed", "errorMessage", why));
+}
+
+static void start_rank(shards *s, const char *id, json_t *inst, const char *runner_id) {
+    json_t *body = shards_tagged_body(inst);
+    json_t *assign = json_object_get(body, "shardAssignments");
+    json_t *shard = json_object_get(json_object_get(assign, "runnerToShard"), runner_id);
+    json_t *meta = shards_tagged_body(shard);
+    const char *model = json_string_value(json_object_get(assign, "modelId"));
+    json_object_set_new(s->started, id, json_true());
+    if (!meta || !model) {
+        publish_failed(runner_id, "the instance in State has no shard for this runner");
+        return;
+    }
+    instances_shard sh = {
+        .instance_id = id, .runner_id = runner_id, .model_id = model, .instance = inst,
+        .rank = (int)json_integer_value(json_object_get(meta, "deviceRank")),
+        .world_size = (int)json_integer_value(json_object_get(meta, "worldSize")),
+        .tensor = !strcmp(json_object_iter_key(json_object_iter(shard)), "TensorShardMetadata"),
+        .layer_start = (int)json_integer_value(json_object_get(meta, "startLayer")),
+        .layer_end = (int)json_integer_value(json_object_get(meta, "endLayer")),
+        .dist_host = s->dist_host, .dist_timeout_ms = s->dist_timeout_ms};
+    char err[512];
+    if (instances_start_shard(s->local, &sh, err, sizeof err)) {
+        log_error("instance %s: cannot start rank %d: %s", id, sh.rank, err);
+        publish_failed(runner_id, err);
+    }
+}
+
+void shards_follow(shards *s, json_t *state, const char *me) {
+    json_t *insts = json_object_get(state, "instances");
+    const char *id;
+    json_t *inst, *tmp;
+    json_object_foreach(insts, id, inst) {
+        if (!shards_is_cluster_instance(inst) || json_object_get(s->started, id)) continue;
+        json_t *map = json_object_get(json_object_get(shards_tagged_body(inst), "shardAssignments"),
+                                      "nodeToRunner");
+        const char *runner = json_string_value(json_object_get(map, me));
+        if (runner && !instances_has(s->local, id)) start_rank(s, id, inst, runner);
+    }
+    json_object_foreach_safe(s->started, tmp, id, inst) {
+        if (!json_object_get(insts, id)) json_object_del(s->started, id);
+    }
+}
+
+/* ------------------------------------------------------------------ master: fail-over */
+
+static int has_failed_runner(json_t *state, json_t *body) {
+    json_t *runners = json_object_get(state, "runners");
+    const char *node;
+    json_t *runner;
+    json_object_foreach(json_object_get(json_object_get(body, "shardAssignments"), "nodeToRunner"),
+                        node, runner) {
+        json_t *st = json_object_get(runners, json_string_value(runner));
+        if (st && json_object_get(st, "RunnerFailed")) return 1;
+    }
+    return 0;
+}
+
+/* The same model, sharding and transport on the nodes alive now (any count that fits). */
+static void place_again(shards *s, json_t *inst) {
+    json_t *body = shards_tagged_body(inst);
+    const char *model = json_string_value(
+        json_object_get(json_object_get(body, "shardAssignments"), "modelId"));
+    const char *sharding = json_string_value(json_object_get(body, "sharding"));
+    char meta[64];
+    snprintf(meta, sizeof meta, "%s", json_object_iter_key(json_object_iter(inst)));
+    char *suffix = strstr(meta, "Instance");
+    if (suffix) *suffix = 0;
+    placer_model m;
+    char err[512];
+    if (!model || placer_model_load(&s->dirs, model, 0, &m, err, sizeof err)) return;
+    placement_node nodes[PLACEMENT_MAX_NODES];
+    int n = placer_nodes(&s->dirs, model, nodes, PLACEMENT_MAX_NODES);
+    placement_sharding sh = sharding && !strcmp(sharding, "Tensor") ? PLACEMENT_TENSOR
+                                                                     : PLACEMENT_PIPELINE;
+    placement_result r;
+    if (placer_place(&m, sh, 1, nodes, n, &r, err, sizeof err) == 0) {
+        json_t *again = placer_instance_json(&m.facts, sh, meta, &r, NULL);
+        /* a second failure is not placed again: no loop when the model cannot start anywhere */
+        json_object_set_new(shards_tagged_body(again), "placedAgainFrom",
+                            json_string(json_string_value(json_object_get(body, "instanceId"))));
+        log_info("cluster: placing %s again on %d node(s)", model, r.n_nodes);
+        cluster_submit(json_pack("{s:{s:o}}", "InstanceCreated", "instance", again));
+    } else {
+        log_warn("cluster: %s does not fit the remaining nodes: %s", model, err);
+    }
+    placer_model_free(&m);
+}
+
+void shards_submit_delete(json_t *instance, const char *id) {
+    cluster_submit(json_pack("{s:{s:s}}", "InstanceDeleted", "instanceId", id));
+    const char *node;
+    json_t *runner;
+    json_object_foreach(json_object_get(json_object_get(shards_tagged_body(instance),
+                                                        "shardAssignments"),
+                                        "nodeToRunner"),
+                        node, runner) {
+        if (json_is_string(runner))
+            cluster_submit(json_pack("{s:{s:O}}", "RunnerDeleted", "runnerId", runner));
+    }
+}
+
+/* A peer that died is still listed alive until the cluster's peer timeout: the placement waits
+ * that long, so it does not count on the node whose death failed the instance. */
+static uint64_t replace_delay_ns(void) {
+    const char *env = getenv("EXO_CLUSTER_PEER_TIMEOUT_MS");
+    uint64_t ms = env && atoi(env) > 0 ? (uint64_t)atoi(env) : 5000;
+    return (ms + 1000) * 1000000ull;
+}
+
+void shards_fail_over(shards *s, json_t *state, json_t *deleting) {
+    const char *id;
+    json_t *inst, *tmp;
+    uint64_t now = clock_now_ns();
+    json_object_foreach(json_object_get(state, "instances"), id, inst) {
+        if (!shards_is_cluster_instance(inst) || json_object_get(deleting, id) ||
+            !has_failed_runner(state, shards_tagged_body(inst)))
+            continue;
+        log_info("cluster: instance %s has a failed runner; deleting it", id);
+        shards_submit_delete(inst, id);
+        json_object_set_new(deleting, id, json_true());
+        if (json_object_get(shards_tagged_body(inst), "placedAgainFrom")) continue;
+        json_object_set_new(s->pending, id, json_pack("{s:O,s:I}", "instance", inst, "due",
+                                                      (json_int_t)(now + replace_delay_ns())));
+    }
+    json_object_foreach_safe(s->pending, tmp, id, inst) {
+        if ((uint64_t)json_integer_value(json_object_get(inst, "due")) > now) continue;
+        place_again(s, json_object_get(inst, "instance"));
+        json_object_del(s->pending, id);
+    }
+}
