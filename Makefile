@@ -5,7 +5,8 @@
 #   make SAN=1      ASan + UBSan, into build/san/
 #   make CUDA=1     also build the CUDA backend (needs nvcc), into build/cuda/
 #   make test       install deps if missing, build, run every test (unit + e2e)
-#   make run        install deps if missing, build, start a node with the demo model
+#   make run        install what running needs if missing, build build/exo, start a node with
+#                   the demo model
 #   make test-san   the whole suite under ASan + UBSan + LSan (build/san/)
 #   make fuzz       build the libFuzzer targets (clang) into build/fuzz/
 #
@@ -137,9 +138,12 @@ e2e:
 	@$(MAKE) --no-print-directory -j$(NPROC) all
 	@bash tests/run-e2e.sh $(BUILD)
 
-run: deps
-	@$(MAKE) --no-print-directory -j$(NPROC) RELEASE=1 all
-	@bash scripts/run-demo.sh build/release
+# The node and the tools the README's next commands call (build/exo, build/tools/*): no unit
+# tests, no test-only packages.
+run:
+	@bash scripts/deps.sh run
+	@$(MAKE) --no-print-directory -j$(NPROC) $(BUILD)/exo $(TOOL_BIN)
+	@bash scripts/run-demo.sh $(BUILD)
 
 bench:
 	@$(MAKE) --no-print-directory -j$(NPROC) RELEASE=1 all

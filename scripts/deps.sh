@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
-# Installs everything exo needs to build and test, from Debian 12 packages and npm.
-# Idempotent: a second run installs nothing. Uses sudo when not root.
+# Installs what exo needs, from Debian 12 packages and npm. Idempotent: a second run installs
+# nothing. Uses sudo when not root.
+#
+#   scripts/deps.sh        everything to build and test (make test): compilers, libraries, the
+#                          unit-test framework, network tools, node + the e2e npm packages, chromium
+#   scripts/deps.sh run    only what building and running a node needs (make run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=${1:-test}
 
-APT_PACKAGES=(
-  build-essential clang pkg-config
+RUN_PACKAGES=(
+  build-essential pkg-config
   libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libcurl4-openssl-dev libssl-dev
-  libczmq-dev libzmq3-dev libsodium-dev libopenblas-dev libcmocka-dev libgloo-dev
-  iproute2 iptables nftables wrk curl ca-certificates
+  libczmq-dev libzmq3-dev libsodium-dev libopenblas-dev libgloo-dev
+  curl ca-certificates
+)
+TEST_PACKAGES=(
+  clang libcmocka-dev
+  iproute2 iptables nftables wrk
   nodejs npm chromium python3 python3-jinja2
 )
+APT_PACKAGES=("${RUN_PACKAGES[@]}")
+if [ "$mode" != run ]; then APT_PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
@@ -37,7 +48,7 @@ fi
 
 # npm packages for end-to-end tests and tokenizer fixtures (pinned by the lock file). The stamp
 # holds the lock file's hash, so a checkout with a newer mtime but the same lock reinstalls nothing.
-if [ -f tests/e2e/package.json ]; then
+if [ "$mode" != run ] && [ -f tests/e2e/package.json ]; then
   want=$(sha256sum tests/e2e/package-lock.json | cut -d' ' -f1)
   have=$(cat tests/e2e/node_modules/.stamp 2>/dev/null || true)
   if [ "$want" != "$have" ]; then

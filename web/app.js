@@ -298,7 +298,7 @@ function renderModelRows() {
       el('td', { class: 'size' }), el('td', { class: 'fit' }), el('td', { class: 'dl' }),
       el('td', { class: 'actions' },
         el('button', { class: 'primary', onclick: () => showLaunch(m.id), 'aria-label': `Launch ${m.id}` }, 'Launch'), ' ',
-        el('button', { onclick: () => deleteDownloads(m.id), 'aria-label': `Delete downloads of ${m.id}` }, 'Delete files'))),
+        el('button', { class: 'delete', onclick: () => deleteDownloads(m.id), 'aria-label': `Delete downloads of ${m.id}` }, 'Delete files'))),
     (tr, m) => {
       tr.querySelector('.name').textContent = m.id;
       tr.querySelector('.small').textContent = [m.family, m.quantization, m.context_length ? `${m.context_length} ctx` : ''].filter(Boolean).join(' · ');
@@ -309,6 +309,8 @@ function renderModelRows() {
       fit.textContent = f.text;
       const dl = downloadsFor(m.id).map((d) => `${d.node.slice(0, 6)}: ${d.tag}${d.total ? ` ${Math.round((100 * (d.done || 0)) / d.total)}%` : ''}`).join(', ');
       tr.querySelector('.dl').textContent = dl || (m.downloaded ? 'on disk' : '—');
+      // Files in a read-only place (built-in models, --models-path) cannot be deleted.
+      tr.querySelector('button.delete').hidden = !m.deletable && !dl;
     });
 }
 async function deleteDownloads(modelId) {

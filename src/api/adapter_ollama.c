@@ -53,6 +53,13 @@ static int chat_parse(const json_t *b, gen_state *st, char *err, size_t errlen) 
             json_decref(out);
             return 400;
         }
+        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
+            strcmp(role, "tool")) {
+            snprintf(err, errlen, "'messages[%zu].role': unknown role '%.64s' (expected system, "
+                                  "user, assistant or tool)", i, role);
+            json_decref(out);
+            return 400;
+        }
         if (content && !json_is_string(content)) {
             snprintf(err, errlen, "'messages[%zu].content' must be a string", i);
             json_decref(out);

@@ -51,15 +51,19 @@ static void h_metrics(api_request *r, void *ctx) {
     api_service *s = ctx;
     strbuf out = {0};
     metrics_render(&out, instances_in_flight(s->instances),
-                   api_server_open_connections(s->server));
+                   api_server_open_connections(s->server),
+                   api_server_request_timeouts(s->server));
     instances_render_metrics(s->instances, &out);
     api_respond_bytes(r, 200, "text/plain; version=0.0.4; charset=utf-8", out.data, out.len);
     strbuf_free(&out);
 }
 
-static void place(api_request *r, api_service *s, const char *model_id) {
-    char id[64], err[1024];
-    int status = instances_place(s->instances, model_id, id, sizeof id, err, sizeof err);
+static void place(api_request *r, api_service *s, const char *requested) {
+    char id[64], err[1024], model_id[512];
+    int status = instances_canonical_model(s->instances, requested, model_id, sizeof model_id,
+                                           err, sizeof err)
+                     ? 404
+                     : instances_place(s->instances, model_id, id, sizeof id, err, sizeof err);
     if (status) {
         api_respond_error(r, status, "%s", err);
         return;
@@ -135,15 +139,18 @@ static void h_place_instance(api_request *r, void *ctx) {
     api_service *s = ctx;
     json_t *b = api_request_json(r);
     if (!b) return;
-    const char *model = json_string_value(json_object_get(b, "model_id"));
+    const char *requested = json_string_value(json_object_get(b, "model_id"));
     const char *sh = json_string_value(json_object_get(b, "sharding"));
     const char *meta = json_string_value(json_object_get(b, "instance_meta"));
     json_t *mn = json_object_get(b, "min_nodes");
-    char id[64], err[1024], cmd[32];
+    char id[64], err[1024], cmd[32], model[512];
     int status;
     placement_sharding sharding;
-    if (!model) {
+    if (!requested) {
         api_respond_error(r, 400, "'model_id' is required and must be a string");
+    } else if (instances_canonical_model(s->instances, requested, model, sizeof model, err,
+                                         sizeof err)) {
+        api_respond_error(r, 404, "%s", err);
     } else if (mn && !json_is_integer(mn)) {
         api_respond_error(r, 400, "'min_nodes' must be an integer");
     } else if (routes_placement_options(r, sh, meta, mn ? (int)json_integer_value(mn) : 1,
@@ -354,6 +361,9 @@ api_service *api_service_new(const api_config *c, const char *node_id, worker *w
     api_server_options so = {.port = c->port,
                              .api_key = c->api_key,
                              .max_body_bytes = c->max_body_bytes,
+                             .max_connections_per_ip = c->max_connections_per_ip,
+                             .header_timeout_s = c->header_timeout_s,
+                             .body_timeout_s = c->body_timeout_s,
                              .web_dir = web[0] ? web : NULL};
     s->server = api_server_new(&so);
     if (!s->server || add_routes(s, models)) {

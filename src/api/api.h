@@ -18,6 +18,9 @@ typedef struct api_config {
     int port;                /* 0 = any free port */
     const char *api_key;     /* NULL or "": no key required */
     size_t max_body_bytes;
+    int max_connections_per_ip; /* 0 = the server's default, < 0 = no limit */
+    unsigned header_timeout_s;  /* 0 = the server's defaults (api/server.h) */
+    unsigned body_timeout_s;
     const char *models_dir;  /* placement previews read the model store ... */
     const char *models_path;
     const char *data_dir;    /* ... and the custom cards under <data_dir>/custom_cards */

@@ -346,6 +346,16 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
         state_unref(st);
         return;
     }
+    /* One model, one identity (a path inside the model dirs becomes its id; any other path is
+     * refused): the runner table, the router and the download all see the same id. */
+    char model_id[sizeof st->req.model];
+    if (instances_canonical_model(ctx->instances, st->req.model, model_id, sizeof model_id, err,
+                                  sizeof err)) {
+        respond_error(st, r, 404, err);
+        state_unref(st);
+        return;
+    }
+    snprintf(st->req.model, sizeof st->req.model, "%s", model_id);
     if (bench) {
         st->req.ban_eos = 1;
         if (!st->req.max_tokens) st->req.max_tokens = 128;
@@ -468,6 +478,10 @@ int gen_get_int(const json_t *o, const char *field, long lo, long hi, long *out,
     json_t *v = number_field(o, field, 1, &rc, err, errlen);
     if (!v) return rc;
     json_int_t d = json_integer_value(v);
+    if ((d < lo || d > hi) && lo == hi) {
+        snprintf(err, errlen, "'%s' must be %ld (got %lld)", field, lo, (long long)d);
+        return 400;
+    }
     if (d < lo || d > hi) {
         snprintf(err, errlen, "'%s' must be between %ld and %ld (got %lld)", field, lo, hi,
                  (long long)d);

@@ -43,6 +43,21 @@ void metrics_request(const char *api, int status) {
     atomic_fetch_add(&requests[api_index(api)][status_index(status)], 1);
 }
 
+const char *metrics_api_of_path(const char *path) {
+    static const char *routes[][2] = {
+        {"/v1/chat/completions", "openai"},  {"/bench/chat/completions", "openai"},
+        {"/v1/completions", "completions"},  {"/v1/responses", "responses"},
+        {"/v1/messages", "claude"},          {"/ollama/api/chat", "ollama"},
+        {"/ollama/api/generate", "ollama"},
+    };
+    for (size_t i = 0; path && i < sizeof routes / sizeof routes[0]; i++) {
+        size_t n = strlen(routes[i][0]);
+        if (!strncmp(path, routes[i][0], n) && (path[n] == 0 || !strcmp(path + n, "/")))
+            return routes[i][1];
+    }
+    return "other";
+}
+
 void metrics_tokens(uint64_t p, uint64_t c) {
     atomic_fetch_add(&prompt_tokens_total, p);
     atomic_fetch_add(&completion_tokens_total, c);
@@ -68,7 +83,8 @@ static void render_histogram(strbuf *out, const char *name, const char *help, hi
                    atomic_load(&h->count));
 }
 
-void metrics_render(strbuf *out, int queue_depth, int open_connections) {
+void metrics_render(strbuf *out, int queue_depth, int open_connections,
+                    unsigned long long request_timeouts) {
     strbuf_appendf(out, "# HELP exo_requests_total Generation requests by API and HTTP status.\n"
                         "# TYPE exo_requests_total counter\n");
     for (int a = 0; a < N_APIS; a++)
@@ -89,6 +105,10 @@ void metrics_render(strbuf *out, int queue_depth, int open_connections) {
                    "# HELP exo_queue_depth Generations in flight (queued or running).\n"
                    "# TYPE exo_queue_depth gauge\nexo_queue_depth %d\n"
                    "# HELP exo_open_connections Open HTTP connections.\n"
-                   "# TYPE exo_open_connections gauge\nexo_open_connections %d\n",
-                   queue_depth, open_connections);
+                   "# TYPE exo_open_connections gauge\nexo_open_connections %d\n"
+                   "# HELP exo_http_request_timeouts_total Connections closed because their "
+                   "request did not arrive in time (slow or stalled clients).\n"
+                   "# TYPE exo_http_request_timeouts_total counter\n"
+                   "exo_http_request_timeouts_total %llu\n",
+                   queue_depth, open_connections, request_timeouts);
 }

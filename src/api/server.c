@@ -16,6 +16,8 @@
  * (where MHD might not use chunked encoding) stay on the queued path through MHD. */
 #include "api/server.h"
 
+#include "api/conn_watch.h"
+#include "api/metrics.h"
 #include "base/log.h"
 #include "base/paths.h"
 #include "base/strbuf.h"
@@ -63,6 +65,7 @@ struct api_server {
     route *routes;
     int n_routes, cap_routes;
     atomic_int open_connections;
+    conn_watch *watch; /* request deadlines for slow clients (conn_watch.h) */
 };
 
 struct api_request {
@@ -832,6 +835,13 @@ static void dispatch(api_request *r) {
     }
 }
 
+/* The connection's deadline entry (NULL when it has none). */
+static conn_watch_entry *watch_entry(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls) {
@@ -848,9 +858,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         r->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1) &&
                     !(conn_hdr && strcasestr(conn_hdr, "close"));
         *con_cls = r;
+        conn_watch_set_phase(s->watch, watch_entry(conn), CONN_BODY);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->options.max_body_bytes) {
             r->body_too_large = 1;
+            metrics_request(metrics_api_of_path(r->path), 413);
             api_respond_error(r, 413, "request body of %s bytes is over the limit of %zu bytes "
                                       "(start the node with --max-body-size to raise it)",
                               cl, s->options.max_body_bytes);
@@ -865,8 +877,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         *upload_data_size = 0;
         return MHD_YES;
     }
+    conn_watch_set_phase(s->watch, watch_entry(conn), CONN_HANDLING);
     if (r->answered) return MHD_YES;
     if (r->body_too_large) {
+        metrics_request(metrics_api_of_path(r->path), 413);
         api_respond_error(r, 413, "request body is over the limit of %zu bytes",
                           s->options.max_body_bytes);
         return MHD_YES;
@@ -875,22 +889,38 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
     return MHD_YES;
 }
 
+/* A request is over (answered, or the client left): a keep-alive connection waits for the next
+ * one, with a fresh header deadline. */
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls;
-    (void)conn;
+    api_server *s = cls;
     (void)toe;
     request_free(*con_cls);
     *con_cls = NULL;
+    conn_watch_set_phase(s->watch, watch_entry(conn), CONN_WAITING);
+}
+
+/* The request line has arrived (called once per request, before the headers are parsed). */
+static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *conn) {
+    api_server *s = cls;
+    (void)uri;
+    conn_watch_set_phase(s->watch, watch_entry(conn), CONN_HEADERS);
+    return NULL; /* the first on_access call still sees *con_cls == NULL */
 }
 
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe) {
-    (void)conn;
-    (void)socket_context;
     api_server *s = cls;
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED) atomic_fetch_add(&s->open_connections, 1);
-    else atomic_fetch_sub(&s->open_connections, 1);
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        atomic_fetch_add(&s->open_connections, 1);
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? conn_watch_add(s->watch, ci->connect_fd) : NULL;
+    } else {
+        atomic_fetch_sub(&s->open_connections, 1);
+        conn_watch_remove(s->watch, *socket_context);
+        *socket_context = NULL;
+    }
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -901,6 +931,11 @@ api_server *api_server_new(const api_server_options *options) {
     s->options = *options;
     if (!s->options.max_body_bytes) s->options.max_body_bytes = 32u << 20;
     if (!s->options.idle_timeout_s) s->options.idle_timeout_s = 300;
+    if (!s->options.header_timeout_s) s->options.header_timeout_s = API_HEADER_TIMEOUT_S;
+    if (!s->options.body_timeout_s) s->options.body_timeout_s = API_BODY_TIMEOUT_S;
+    if (!s->options.max_connections) s->options.max_connections = API_MAX_CONNECTIONS;
+    if (!s->options.max_connections_per_ip)
+        s->options.max_connections_per_ip = API_MAX_CONNECTIONS_PER_IP;
     s->api_key = options->api_key && options->api_key[0] ? strdup(options->api_key) : NULL;
     s->web_dir = options->web_dir && options->web_dir[0] ? strdup(options->web_dir) : NULL;
     pthread_mutex_init(&s->routes_lock, NULL);
@@ -928,6 +963,15 @@ static void raise_fd_limit(void) {
 
 int api_server_start(api_server *s, char *err, size_t errlen) {
     raise_fd_limit();
+    s->watch = conn_watch_start(s->options.header_timeout_s, s->options.body_timeout_s);
+    if (!s->watch) {
+        snprintf(err, errlen, "cannot start the HTTP request deadline thread");
+        return -1;
+    }
+    /* A negative per-IP limit means none (MHD's 0). */
+    unsigned per_ip = s->options.max_connections_per_ip < 0
+                          ? 0u
+                          : (unsigned)s->options.max_connections_per_ip;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ERROR_LOG;
     for (int attempt = 0; attempt < 2 && !s->daemon; attempt++) {
@@ -935,13 +979,17 @@ int api_server_start(api_server *s, char *err, size_t errlen) {
         s->daemon = MHD_start_daemon(
             f, (uint16_t)s->options.port, NULL, NULL, on_access, s, MHD_OPTION_NOTIFY_COMPLETED,
             on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+            MHD_OPTION_URI_LOG_CALLBACK, on_request_line, s,
             MHD_OPTION_CONNECTION_TIMEOUT, s->options.idle_timeout_s,
-            MHD_OPTION_CONNECTION_LIMIT, 4096u, MHD_OPTION_PER_IP_CONNECTION_LIMIT, 0u,
+            MHD_OPTION_CONNECTION_LIMIT, s->options.max_connections,
+            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512u << 10), MHD_OPTION_LISTENING_ADDRESS_REUSE,
             1u, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256u << 10),
             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     }
     if (!s->daemon) {
+        conn_watch_stop(s->watch);
+        s->watch = NULL;
         snprintf(err, errlen, "cannot listen on port %d (in use, or not permitted); "
                               "choose another with --api-port",
                  s->options.port);
@@ -958,9 +1006,15 @@ int api_server_open_connections(const api_server *s) {
     return atomic_load(&((api_server *)s)->open_connections);
 }
 
+unsigned long long api_server_request_timeouts(const api_server *s) {
+    return conn_watch_timeouts(s->watch);
+}
+
 void api_server_stop(api_server *s) {
     if (s->daemon) MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
+    conn_watch_stop(s->watch); /* after the daemon: every connection has closed */
+    s->watch = NULL;
 }
 
 void api_server_free(api_server *s) {

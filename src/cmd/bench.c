@@ -17,6 +17,7 @@
 #include "base/threadpool.h"
 #include "cmd/cmd.h"
 #include "compute/cpu/cpu_levels.h"
+#include "dist/dist_bench.h"
 
 #include <cblas.h>
 #include <stdatomic.h>
@@ -648,13 +649,17 @@ static void bench_batch(const bench_options *o) {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: exo bench [--section mem|pool|gemm|matvec|batch] [--quick] [--reps N] [--threads N]\n"
+            "usage: exo bench [--section mem|pool|gemm|matvec|batch|dist] [--quick] [--reps N] [--threads N]\n"
             "                 [--mem-mib N] [--sweep-mib N] [--cpu-time]\n"
             "                 [--formats q4,bf16] [--tokens 1,2,4,8] [--no-prefill]   (matvec section)\n"
-            "       exo bench --model DIR [model options, see exo bench --model DIR --help]\n");
+            "       exo bench --model DIR [model options, see exo bench --model DIR --help]\n"
+            "       exo bench --section dist [data-plane options, see exo bench --section dist --help]\n");
 }
 
 int cmd_bench_main(int argc, char **argv) {
+    /* The data plane's section has its own options (src/dist/dist_bench.c). */
+    for (int k = 1; k + 1 < argc; k++)
+        if (!strcmp(argv[k], "--section") && !strcmp(argv[k + 1], "dist")) return dist_bench_main(argc, argv);
     bench_options o = {.mem_bytes = (size_t)1024 << 20, .reps = 5};
     int i = 1;
     for (; i < argc; i++) {

@@ -3,8 +3,8 @@
  * the real data plane on loopback:
  *
  *   exo bench --model DIR --tp 2 [--batch 1,4] [--tg 64] [--reps 2] [--cores 0-7/8-15]
- *             [--threads-per-rank T] [--dist-port-base P --dist-advertise-offset O]
- *             [--pp-serial 1]
+ *             [--threads-per-rank T] [--pp-serial 1] [--rank-mem-mib 256]
+ *             [--dist-bind HOST --dist-advertise HOST --dist-port-base P --dist-advertise-offset O]
  *
  * First each rank measures its read bandwidth with its own threads, alone and with all ranks
  * reading at once (--rank-mem-mib N, default 256; 0 skips). Then it prints, per batch size,
@@ -12,8 +12,9 @@
  * communication (rank 0's time inside dist calls: the messages themselves plus waiting for slower
  * ranks), then each rank's own split over its whole run. With --cores each rank is pinned
  * (sched_setaffinity) to one '/'-separated CPU list; the threads per rank default to its CPU
- * count (else cores / N). --dist-port-base and --dist-advertise-offset put a proxy in the data
- * path (dist.h: ranks dial advertise port = listening port + offset), for latency/bandwidth runs.
+ * count (else cores / N). The --dist-* address options put a proxy in the data path (dist.h:
+ * rank r listens on bind:port_base + r*N + p for peer p, the others dial advertise:that + offset;
+ * tools/netproxy, bench/dist_scaling.sh), for latency and bandwidth runs.
  * --pp-serial 1 runs a pipeline one step at a time through the stages (the schedule without
  * overlap, for comparison). --tp 1 / --pp-ranks 1 is the one-rank baseline through the same path.
  *
@@ -44,6 +45,7 @@ typedef struct dist_bench {
     int ranks, rank;          /* rank -1: the coordinator */
     engine_parallel parallel;
     const char *batch, *tg, *reps, *kv, *cores, *store, *threads;
+    const char *bind, *advertise; /* data-plane addresses (default 127.0.0.1, = bind) */
     int timeout_ms, port_base, advertise_offset;
     int serial; /* pipeline: one step at a time through the stages */
     int mem_mib; /* each rank's read-bandwidth probe (0 = none) */
@@ -51,7 +53,7 @@ typedef struct dist_bench {
 
 static int parse(dist_bench *b, int argc, char **argv) {
     *b = (dist_bench){.rank = -1, .batch = "1", .tg = "64", .reps = "2", .timeout_ms = 60000,
-                      .mem_mib = 256};
+                      .mem_mib = 256, .bind = "127.0.0.1"};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) {
@@ -76,10 +78,13 @@ static int parse(dist_bench *b, int argc, char **argv) {
         else if (!strcmp(a, "--dist-advertise-offset")) b->advertise_offset = atoi(v);
         else if (!strcmp(a, "--pp-serial")) b->serial = atoi(v);
         else if (!strcmp(a, "--rank-mem-mib")) b->mem_mib = atoi(v);
+        else if (!strcmp(a, "--dist-bind")) b->bind = v;
+        else if (!strcmp(a, "--dist-advertise")) b->advertise = v;
         else {
             fprintf(stderr, "exo bench --model: unknown option %s with --tp/--pp-ranks (--batch "
                     "--tg --reps --kv-dtype --cores --threads-per-rank --dist-timeout-ms "
-                    "--dist-port-base --dist-advertise-offset --pp-serial 0|1 --rank-mem-mib N)\n", a);
+                    "--dist-port-base --dist-advertise-offset --dist-bind --dist-advertise --pp-serial 0|1 "
+                    "--rank-mem-mib N)\n", a);
             return -1;
         }
     }
@@ -161,7 +166,8 @@ static int run_rank(const char *model_dir, const dist_bench *b) {
         return 1;
     }
     dist_config dc = {.rank = b->rank, .size = b->ranks, .prefix = "bench",
-                      .bind_host = "127.0.0.1", .timeout_ms = b->timeout_ms,
+                      .bind_host = b->bind, .advertise_host = b->advertise,
+                      .timeout_ms = b->timeout_ms,
                       .port_base = b->port_base, .advertise_port_offset = b->advertise_offset};
     dist_group *g = dist_connect(&dc, &store, err, sizeof err);
     if (!g) {
@@ -261,9 +267,10 @@ static int spawn_rank(const char *model_dir, const dist_bench *b, int k, const c
                             store, "--batch", b->batch, "--tg", b->tg, "--reps", b->reps,
                             "--dist-timeout-ms", timeout, "--dist-port-base", port,
                             "--dist-advertise-offset", offset, "--pp-serial", serial,
-                            "--rank-mem-mib", mem};
-    int n = 32;
+                            "--rank-mem-mib", mem, "--dist-bind", b->bind};
+    int n = 34;
     if (b->kv) args[n++] = "--kv-dtype", args[n++] = b->kv;
+    if (b->advertise) args[n++] = "--dist-advertise", args[n++] = b->advertise;
     args[n] = NULL;
     fflush(stdout);
     *pid = fork();

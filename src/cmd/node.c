@@ -10,28 +10,21 @@
 
 #include "api/api.h"
 #include "base/log.h"
+#include "base/paths.h"
 #include "cluster/cluster.h"
 #include "download/models_api.h"
 #include "worker/worker.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 _Static_assert(OPTIONS_MAX_PEERS <= CLUSTER_MAX_PEERS, "every --peer fits the cluster config");
-
-static void make_node_id(char *out, size_t n) {
-    unsigned char b[16] = {0};
-    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) b[0] = 1;
-    char hex[33];
-    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", b[i]);
-    snprintf(out, n, "%s", hex);
-}
 
 void node_cluster_config(const exo_options *o, cluster_config *out) {
     memset(out, 0, sizeof *out);
@@ -51,6 +44,32 @@ static int runner_watchdog_s(void) {
     if (!env) return 0;
     int s = atoi(env);
     return s == 0 ? -1 : s;
+}
+
+/* EXO_HTTP_HEADER_TIMEOUT_S / EXO_HTTP_BODY_TIMEOUT_S: seconds a request's headers / body may
+ * take to arrive (api/server.h); unset or 0 = the server's default. Tests shorten them. */
+static unsigned env_seconds(const char *name) {
+    const char *env = getenv(name);
+    int s = env ? atoi(env) : 0;
+    return s > 0 ? (unsigned)s : 0u;
+}
+
+/* A models dir the node cannot write fails every download later, far from the cause: say so at
+ * start. (A probe file rather than access(2): root passes access() on a read-only mount.) */
+static void warn_if_unwritable(const char *models_dir) {
+    char probe[PATH_MAX];
+    int fd = -1;
+    if (paths_mkdir_p(models_dir) == 0 &&
+        snprintf(probe, sizeof probe, "%s/.exo-write-probe-XXXXXX", models_dir) < (int)sizeof probe)
+        fd = mkstemp(probe);
+    if (fd >= 0) {
+        close(fd);
+        unlink(probe);
+        return;
+    }
+    log_warn("the models directory %s is not writable (%s): downloads will fail; choose another "
+             "with --models-dir or EXO_MODELS_DIR",
+             models_dir, strerror(errno));
 }
 
 /* The services of a node with an API, in the order they start (and stop in reverse). */
@@ -81,6 +100,7 @@ static int services_start(node_services *n, const exo_options *o, const char *no
     models_service_options mo = {.models_dir = o->models_dir, .models_path = o->models_path,
                                  .data_dir = o->data_dir, .node_id = node_id,
                                  .offline = o->offline};
+    warn_if_unwritable(o->models_dir);
     n->models = models_service_new(&mo, err, errlen);
     if (!n->models) return -1;
     worker_config wc = {.runner_exe = exe,
@@ -91,11 +111,16 @@ static int services_start(node_services *n, const exo_options *o, const char *no
                         .kv_cache_bytes = o->kv_cache_bytes,
                         .device = o->device,
                         .watchdog_s = runner_watchdog_s(),
+                        .max_runners = o->max_runners,
                         .api_port = o->api_port};
     n->worker = worker_new(&wc, n->models, err, errlen);
     api_config ac = {.port = o->api_port,
                      .api_key = o->api_key,
                      .max_body_bytes = o->max_body_bytes,
+                     .max_connections_per_ip =
+                         o->max_connections_per_ip ? o->max_connections_per_ip : -1,
+                     .header_timeout_s = env_seconds("EXO_HTTP_HEADER_TIMEOUT_S"),
+                     .body_timeout_s = env_seconds("EXO_HTTP_BODY_TIMEOUT_S"),
                      .models_dir = o->models_dir,
                      .models_path = o->models_path,
                      .data_dir = o->data_dir};
@@ -116,14 +141,17 @@ int node_main(const exo_options *options) {
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    /* Without the cluster (port taken, data dir locked, bad --cluster-key) a node still serves
-     * its own API; the reason is in the log just above. */
     cluster_config cc;
     node_cluster_config(options, &cc);
-    int clustered = cluster_start(&cc) == 0;
-    if (!clustered) log_error("cluster: not joined; this node serves alone");
+    /* A node is a cluster member with its stored identity (--data-dir), or nothing: running
+     * without the member would mean serving under an id of no cluster's (a random one), which
+     * peers and the dashboard would take for another node. */
+    if (cluster_start(&cc) != 0) {
+        log_error("exo: not starting: the cluster member could not start (the reason is just "
+                  "above; --listen-port 0 picks a free cluster port)");
+        return 1;
+    }
     if (options->no_api) {
-        if (!clustered) return 1;
         int sig = 0;
         sigwait(&stop, &sig);
         log_info("stopping (%s)", sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -131,15 +159,14 @@ int node_main(const exo_options *options) {
         return 0;
     }
     char node_id[64], err[1024];
-    if (clustered) snprintf(node_id, sizeof node_id, "%s", cluster_node_id());
-    else make_node_id(node_id, sizeof node_id);
+    snprintf(node_id, sizeof node_id, "%s", cluster_node_id());
     node_services services;
     if (services_start(&services, options, node_id, err, sizeof err)) {
         log_error("%s", err);
         cluster_stop();
         return 1;
     }
-    if (clustered) worker_join_cluster(services.worker);
+    worker_join_cluster(services.worker);
     log_info("node %s: API and dashboard on http://0.0.0.0:%d", node_id,
              api_service_port(services.api));
     if (options->default_model[0]) {

@@ -16,6 +16,8 @@ void options_defaults(exo_options *o) {
     snprintf(o->namespace_name, sizeof o->namespace_name, "default");
     if (paths_default_data_dir(o->data_dir, sizeof o->data_dir) != 0) o->data_dir[0] = 0;
     o->max_body_bytes = 32u << 20;
+    o->max_runners = 8;
+    o->max_connections_per_ip = 512;
 }
 
 static int env_true(const char *name) {
@@ -48,6 +50,19 @@ static int parse_port(const char *v, int *out, const char *flag, char *err, size
         return -1;
     }
     *out = (int)p;
+    return 0;
+}
+
+static int parse_count(const char *v, int min, int *out, const char *flag, char *err,
+                       size_t errlen) {
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || *end || end == v || n < min || n > 1000000) {
+        snprintf(err, errlen, "%s: '%s' is not a whole number from %d to 1000000", flag, v, min);
+        return -1;
+    }
+    *out = (int)n;
     return 0;
 }
 
@@ -96,11 +111,16 @@ void options_print_help(const char *prog) {
            "  --listen-port N       cluster traffic port (default 52414)\n"
            "  --discovery-port N    UDP discovery beacon port (default 52413)\n"
            "  --api-key KEY         require `Authorization: Bearer KEY` (env EXO_API_KEY)\n"
-           "  --model ID|DIR        place this model when the node starts\n"
+           "  --model ID|DIR        place this model when the node starts (a DIR must sit in a\n"
+           "                        models directory: --models-dir or --models-path)\n"
            "  --max-body-size SIZE  largest accepted HTTP request body (default 32M)\n"
            "  --kv-cache-mem SIZE   KV cache budget per runner (default: automatic)\n"
            "  --device DEV          cpu, cuda or auto: what runners compute on (env EXO_DEVICE;\n"
            "                        default auto: the GPU when this build has CUDA and one is present)\n"
+           "  --max-runners N       runner processes (placed models) this node starts (default 8)\n"
+           "  --max-connections-per-ip N\n"
+           "                        open HTTP connections from one address; more are refused\n"
+           "                        (default 512; 0 = no limit, e.g. behind a proxy)\n"
            "  -v, --verbose         more logging (repeat for debug)\n"
            "  -q, --quiet           less logging\n"
            "  -h, --help            this help\n"
@@ -218,6 +238,15 @@ enum options_result options_parse(exo_options *o, int argc, char **argv, char *e
                 snprintf(err, errlen, "--kv-cache-mem: '%s' is not a size (e.g. 4G)", v);
                 return OPTIONS_ERROR;
             }
+        } else if (VALUE("--max-runners")) {
+            REQUIRE_VALUE("--max-runners");
+            if (parse_count(v, 1, &o->max_runners, "--max-runners", err, errlen))
+                return OPTIONS_ERROR;
+        } else if (VALUE("--max-connections-per-ip")) {
+            REQUIRE_VALUE("--max-connections-per-ip");
+            if (parse_count(v, 0, &o->max_connections_per_ip, "--max-connections-per-ip", err,
+                            errlen))
+                return OPTIONS_ERROR;
         } else if (VALUE("--peer")) {
             REQUIRE_VALUE("--peer");
             const char *colon = strrchr(v, ':');

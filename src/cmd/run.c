@@ -39,8 +39,8 @@ typedef struct run_flags {
     int offline; /* --offline / EXO_OFFLINE: never download a missing model */
 } run_flags;
 
-static void usage(void) {
-    fprintf(stderr,
+static void usage(FILE *out) {
+    fprintf(out,
             "usage: exo run MODEL [PROMPT] [flags]\n"
             "  MODEL               a model directory, or an id org/name in the models dir\n"
             "  --max-tokens N      tokens to generate (default 256)\n"
@@ -58,13 +58,16 @@ static void usage(void) {
             "                      $XDG_DATA_HOME/exo/models)\n");
 }
 
+/* parse_flags: 0 run, RUN_HELP --help (usage on stdout, exit 0), else bad usage (exit 2). */
+#define RUN_HELP 3
+
 static int parse_flags(int argc, char **argv, run_flags *f) {
     *f = (run_flags){.max_tokens = 256, .temperature = 0.7f, .seed = 42};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return RUN_HELP;
         if (!strcmp(a, "--raw")) {
             f->raw = 1;
             continue;
@@ -141,11 +144,13 @@ static int resolve_model(const run_flags *f, char *out, size_t n) {
     }
     enum store_state st = store_locate(&store, f->model, out, n);
     if (st == STORE_COMPLETE) return 0;
+    char why[1024];
+    store_missing_reason(&store, f->model, why, sizeof why);
     const char *off = getenv("EXO_OFFLINE");
     int offline = f->offline || (off && off[0] && strcmp(off, "0") && strcmp(off, "false"));
     if (!offline && strchr(f->model, '/')) {
         /* Not here: fetch it (HF_ENDPOINT, resumable) into the models dir, with a progress bar. */
-        fprintf(stderr, "exo run: %s is not on disk; downloading it into %s\n", f->model, dir);
+        fprintf(stderr, "exo run: %s: %s; downloading it into %s\n", f->model, why, dir);
         if (setenv("EXO_MODELS_DIR", dir, 1) == 0 &&
             download_model_blocking(f->model, download_progress_bar, stderr, out, n, err,
                                     sizeof err) == 0)
@@ -154,8 +159,7 @@ static int resolve_model(const run_flags *f, char *out, size_t n) {
         return -1;
     }
     fprintf(stderr, "exo run: no model '%s': %s (looked in %s%s%s and the built-in models)\n",
-            f->model, st == STORE_PARTIAL ? "its download is incomplete" : "not found", dir,
-            path && path[0] ? ", " : "", path && path[0] ? path : "");
+            f->model, strcmp(why, "it is not on disk") ? why : "not found", dir, path && path[0] ? ", " : "", path && path[0] ? path : "");
     return -1;
 }
 
@@ -330,9 +334,13 @@ static int open_text(run_session *rs, const char *dir) {
 int cmd_run_main(int argc, char **argv) {
     run_flags f;
     int pr = parse_flags(argc, argv, &f);
+    if (pr == RUN_HELP) {
+        usage(stdout);
+        return 0;
+    }
     if (pr != 0) {
-        usage();
-        return pr > 0 && f.model ? 0 : 2;
+        usage(stderr);
+        return 2;
     }
     char dir[2048], derr[256];
     compute_device dev;

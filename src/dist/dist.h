@@ -37,7 +37,8 @@ typedef struct dist_config {
     int rank, size;
     const char *prefix;         /* key namespace in the store (e.g. the instance id) */
     const char *bind_host;      /* address to listen on, e.g. "127.0.0.1" or "0.0.0.0" */
-    const char *advertise_host; /* address other ranks dial (NULL = bind_host); lets a proxy sit in the path */
+    const char *advertise_host; /* address other ranks dial (NULL = bind_host); lets a proxy sit in
+                                   the path */
     int timeout_ms;             /* bound on every operation, connect included (0 = 30000) */
     const char *transport;      /* "tcp" (NULL = tcp) or "ibverbs" */
     /* Fixed listening ports (0 = the kernel picks). Rank r listens for peer p on

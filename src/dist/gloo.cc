@@ -92,7 +92,7 @@ std::string gloo_message(const std::exception &e) {
 /* gloo::rendezvous::Store over the caller's callbacks; keys live under "<prefix>/". A get that
  * times out throws gloo::IoException like every other failed wait in Gloo. */
 class CallbackStore : public gloo::rendezvous::Store {
-   public:
+  public:
     CallbackStore(const dist_store &store, std::string prefix, int timeout_ms)
         : store_(store), prefix_(std::move(prefix)), timeout_ms_(timeout_ms) {}
 
@@ -102,7 +102,9 @@ class CallbackStore : public gloo::rendezvous::Store {
             throw gloo::IoException("store: publishing key '" + full + "' failed");
     }
 
-    std::vector<char> get(const std::string &key) override { return get(key, Millis(timeout_ms_)); }
+    std::vector<char> get(const std::string &key) override {
+        return get(key, Millis(timeout_ms_));
+    }
 
     std::vector<char> get(const std::string &key, Millis timeout) {
         std::string full = prefix_ + "/" + key;
@@ -116,13 +118,16 @@ class CallbackStore : public gloo::rendezvous::Store {
         return out;
     }
 
-    void wait(const std::vector<std::string> &keys) override { wait(keys, Millis(timeout_ms_)); }
-
-    void wait(const std::vector<std::string> &keys, const Millis &timeout) override {
-        for (const auto &k : keys) get(k, timeout);
+    void wait(const std::vector<std::string> &keys) override {
+        wait(keys, Millis(timeout_ms_));
     }
 
-   private:
+    void wait(const std::vector<std::string> &keys, const Millis &timeout) override {
+        for (const auto &k : keys)
+            get(k, timeout);
+    }
+
+  private:
     const dist_store &store_;
     std::string prefix_;
     int timeout_ms_;
@@ -131,7 +136,7 @@ class CallbackStore : public gloo::rendezvous::Store {
 /* A gloo::Context whose device and transport context we set ourselves (connectFullMesh is the
  * only other way in, and it publishes addresses we cannot choose). */
 class MeshContext : public gloo::Context {
-   public:
+  public:
     MeshContext(int rank, int size) : gloo::Context(rank, size) {}
     void adopt(std::shared_ptr<gloo::transport::Device> device,
                std::shared_ptr<gloo::transport::Context> transport) {
@@ -147,10 +152,14 @@ class MeshContext : public gloo::Context {
  * unbound-buffer path, which we never use). Debian's package lacks a header that tcp::Context
  * and tcp::Pair need, so composing through the generic interfaces is also the only way. */
 class PerPeerDeviceContext : public gloo::transport::Context {
-   public:
-    PerPeerDeviceContext(std::vector<std::shared_ptr<gloo::transport::Device>> devices, int rank, int size)
-        : gloo::transport::Context(rank, size), devices_(std::move(devices)), origins_(size_t(size)) {}
-    ~PerPeerDeviceContext() override { pairs_.clear(); /* before their devices and contexts */ }
+  public:
+    PerPeerDeviceContext(std::vector<std::shared_ptr<gloo::transport::Device>> devices, int rank,
+                         int size)
+        : gloo::transport::Context(rank, size), devices_(std::move(devices)),
+          origins_(size_t(size)) {}
+    ~PerPeerDeviceContext() override {
+        pairs_.clear(); /* before their devices and contexts */
+    }
 
     std::unique_ptr<gloo::transport::Pair> &createPair(int peer) override {
         origins_[peer] = devices_[peer]->createContext(rank, size);
@@ -160,10 +169,11 @@ class PerPeerDeviceContext : public gloo::transport::Context {
     }
 
     std::unique_ptr<gloo::transport::UnboundBuffer> createUnboundBuffer(void *, size_t) override {
-        throw gloo::InvalidOperationException("dist: unbound buffers are not used on fixed-port pairs");
+        throw gloo::InvalidOperationException(
+            "dist: unbound buffers are not used on fixed-port pairs");
     }
 
-   private:
+  private:
     std::vector<std::shared_ptr<gloo::transport::Device>> devices_; /* [peer]; null for ourselves */
     std::vector<std::shared_ptr<gloo::transport::Context>> origins_;
 };
@@ -171,7 +181,7 @@ class PerPeerDeviceContext : public gloo::transport::Context {
 /* The ring copies the caller's buffer into its own inbox/outbox each run, so only ptrs_[0]
  * refers to the caller: pointing it elsewhere between runs is safe and saves a copy. */
 class RebindableRing : public gloo::AllreduceRing<float> {
-   public:
+  public:
     RebindableRing(const std::shared_ptr<gloo::Context> &ctx, float *ptr, int count)
         : gloo::AllreduceRing<float>(ctx, std::vector<float *>{ptr}, count) {}
     void run_on(float *ptr) {
@@ -208,8 +218,10 @@ int sockaddr_port(const sockaddr_storage &ss) {
 }
 
 void sockaddr_set_port(sockaddr_storage &ss, int port) {
-    if (ss.ss_family == AF_INET) ((sockaddr_in *)&ss)->sin_port = htons(uint16_t(port));
-    else ((sockaddr_in6 *)&ss)->sin6_port = htons(uint16_t(port));
+    if (ss.ss_family == AF_INET)
+        ((sockaddr_in *)&ss)->sin_port = htons(uint16_t(port));
+    else
+        ((sockaddr_in6 *)&ss)->sin6_port = htons(uint16_t(port));
 }
 
 std::string sockaddr_text(const sockaddr_storage &ss) {
@@ -225,7 +237,8 @@ sockaddr_storage resolve_host(const char *host, int family) {
     hints.ai_socktype = SOCK_STREAM;
     int rc = getaddrinfo(host, nullptr, &hints, &res);
     if (rc != 0 || !res)
-        throw gloo::InvalidOperationException(std::string("cannot resolve '") + host + "': " + gai_strerror(rc));
+        throw gloo::InvalidOperationException(std::string("cannot resolve '") + host +
+                                              "': " + gai_strerror(rc));
     sockaddr_storage ss = {};
     memcpy(&ss, res->ai_addr, res->ai_addrlen);
     freeaddrinfo(res);
@@ -250,7 +263,8 @@ struct AddressRecord {
         p += 12 + kHostLen;
         for (size_t i = 0; i < listen.size(); i++, p += 2 * addr_len) {
             if (listen[i].size() == addr_len) memcpy(p, listen[i].data(), addr_len);
-            if (advertise[i].size() == addr_len) memcpy(p + addr_len, advertise[i].data(), addr_len);
+            if (advertise[i].size() == addr_len)
+                memcpy(p + addr_len, advertise[i].data(), addr_len);
         }
         return out;
     }
@@ -259,11 +273,12 @@ struct AddressRecord {
         const size_t head = 8 + 4 + kHostLen;
         uint32_t addr_len = 0;
         if (in.size() >= head) memcpy(&addr_len, in.data() + 8, 4);
-        if (in.size() < head || memcmp(in.data(), kMagic, 8) != 0 || addr_len == 0 || addr_len > 4096 ||
-            in.size() != head + size_t(size) * 2 * addr_len)
-            throw gloo::InvalidOperationException("store: the address record of rank " + std::to_string(from) +
-                                                  " is malformed (" + std::to_string(in.size()) +
-                                                  " bytes; another exo version, or a group of another size?)");
+        if (in.size() < head || memcmp(in.data(), kMagic, 8) != 0 || addr_len == 0 ||
+            addr_len > 4096 || in.size() != head + size_t(size) * 2 * addr_len)
+            throw gloo::InvalidOperationException(
+                "store: the address record of rank " + std::to_string(from) + " is malformed (" +
+                std::to_string(in.size()) +
+                " bytes; another exo version, or a group of another size?)");
         AddressRecord r;
         r.host.assign(in.data() + 8 + 4, strnlen(in.data() + 8 + 4, kHostLen));
         const char *p = in.data() + head;
@@ -281,7 +296,7 @@ std::string local_host_name() {
     return h;
 }
 
-}  // namespace
+} // namespace
 
 /* ---- the group ---------------------------------------------------------------------------- */
 
@@ -296,9 +311,9 @@ struct dist_group {
     std::shared_ptr<MeshContext> context;
 
     std::unique_ptr<gloo::BarrierAllToOne> barrier;
-    std::map<size_t, std::unique_ptr<RebindableRing>> rings;          /* by float count */
-    std::map<size_t, ScratchCollective> halving_doubling;             /* by float count */
-    std::map<std::pair<int, size_t>, ScratchCollective> broadcasts;   /* by (root, bytes) */
+    std::map<size_t, std::unique_ptr<RebindableRing>> rings;        /* by float count */
+    std::map<size_t, ScratchCollective> halving_doubling;           /* by float count */
+    std::map<std::pair<int, size_t>, ScratchCollective> broadcasts; /* by (root, bytes) */
     size_t cached_objects = 0, cached_bytes = 0;
 
     /* Point to point, per peer: before a message goes from s to r, r sends s one credit holding
@@ -311,11 +326,23 @@ struct dist_group {
 
 namespace {
 
-int p2p_data_slot(int from, int to) { return kP2PSlotBase + (from < to ? 0 : 1); }
-int p2p_credit_slot(int from, int to) { return kP2PSlotBase + 2 + (from < to ? 0 : 1); }
+/* The ring for latency-bound sizes and for 2 ranks (one exchange of the whole buffer either way);
+ * halving-doubling past kRingMaxBytes with more ranks. */
+bool uses_ring(const dist_group *g, size_t count) {
+    return count * sizeof(float) <= kRingMaxBytes || g->size == 2;
+}
+
+int p2p_data_slot(int from, int to) {
+    return kP2PSlotBase + (from < to ? 0 : 1);
+}
+int p2p_credit_slot(int from, int to) {
+    return kP2PSlotBase + 2 + (from < to ? 0 : 1);
+}
 
 void drop_cache_if_full(dist_group *g, size_t adding_bytes) {
-    if (g->cached_objects + 1 <= kMaxCachedObjects && g->cached_bytes + adding_bytes <= kMaxCachedBytes) return;
+    if (g->cached_objects + 1 <= kMaxCachedObjects &&
+        g->cached_bytes + adding_bytes <= kMaxCachedBytes)
+        return;
     g->rings.clear();
     g->halving_doubling.clear();
     g->broadcasts.clear();
@@ -347,7 +374,7 @@ int guarded(dist_group *g, const char *what, char *err, size_t errlen, Op op) {
 }
 
 struct Devices {
-    std::shared_ptr<gloo::transport::Device> shared;              /* the one device (fixed ports: any) */
+    std::shared_ptr<gloo::transport::Device> shared; /* the one device (fixed ports: any) */
     std::vector<std::shared_ptr<gloo::transport::Device>> per_peer; /* fixed ports: one per peer */
 };
 
@@ -374,7 +401,8 @@ std::shared_ptr<gloo::transport::Context> make_transport(const dist_config *c, D
     attr.port = 1;
     attr.index = 0;
     auto names = gloo::transport::ibverbs::getDeviceNames();
-    if (names.empty()) throw gloo::InvalidOperationException("transport ibverbs: no RDMA device on this host");
+    if (names.empty())
+        throw gloo::InvalidOperationException("transport ibverbs: no RDMA device on this host");
     attr.name = names[0];
     devs.shared = gloo::transport::ibverbs::CreateDevice(attr);
     return devs.shared->createContext(c->rank, c->size);
@@ -414,26 +442,36 @@ std::vector<char> address_above_all(int family) {
  * address sorts above the address it dials, so the dialer is chosen among the sides allowed to
  * (the higher rank when both are), and the other side is handed an address that keeps it
  * listening. */
-std::vector<char> tcp_connect_address(int rank, int peer, const AddressRecord &mine, const AddressRecord &theirs) {
+std::vector<char> tcp_connect_address(int rank, int peer, const AddressRecord &mine,
+                                      const AddressRecord &theirs) {
     tcp::Address my_listen(mine.listen[peer]), their_listen(theirs.listen[rank]);
     tcp::Address my_adv(mine.advertise[peer]), their_adv(theirs.advertise[rank]);
     if (my_listen.getSockaddr().ss_family != their_adv.getSockaddr().ss_family)
-        throw gloo::InvalidOperationException("rank " + std::to_string(peer) + " uses another address family");
+        throw gloo::InvalidOperationException("rank " + std::to_string(peer) +
+                                              " uses another address family");
     bool i_can_dial = gloo_address_order(my_listen.getSockaddr(), their_adv.getSockaddr()) > 0;
     bool they_can_dial = gloo_address_order(their_listen.getSockaddr(), my_adv.getSockaddr()) > 0;
     if (!i_can_dial && !they_can_dial)
         throw gloo::InvalidOperationException(
-            "neither side of the pair with rank " + std::to_string(peer) + " can dial: Gloo dials only from a listening address (" +
-            sockaddr_text(my_listen.getSockaddr()) + ", " + sockaddr_text(their_listen.getSockaddr()) +
-            ") that sorts above the advertised one it dials (" + sockaddr_text(their_adv.getSockaddr()) + ", " +
-            sockaddr_text(my_adv.getSockaddr()) + "); bind a specific address (not 0.0.0.0), and put a proxy on an address "
+            "neither side of the pair with rank " + std::to_string(peer) +
+            " can dial: Gloo dials only from a listening address (" +
+            sockaddr_text(my_listen.getSockaddr()) + ", " +
+            sockaddr_text(their_listen.getSockaddr()) +
+            ") that sorts above the advertised one it dials (" +
+            sockaddr_text(their_adv.getSockaddr()) + ", " + sockaddr_text(my_adv.getSockaddr()) +
+            "); bind a specific address (not 0.0.0.0), and put a proxy on an address "
             "that sorts below the ranks' (e.g. ranks on 127.0.0.2, proxy on 127.0.0.1)");
     bool i_dial = i_can_dial && (!they_can_dial || rank > peer);
     if (i_dial) return theirs.advertise[rank];
+    /* Gloo keeps what it is given as the peer's name in its messages: the peer's real address
+     * where that keeps us listening, else one that sorts above everything. */
+    if (gloo_address_order(my_listen.getSockaddr(), their_listen.getSockaddr()) < 0)
+        return theirs.listen[rank];
     return address_above_all(my_listen.getSockaddr().ss_family);
 }
 
-void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store, gloo::transport::Context &transport) {
+void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
+                   gloo::transport::Context &transport) {
     const auto deadline = std::chrono::steady_clock::now() + Millis(g->timeout_ms);
     CallbackStore kv(*store, c->prefix && *c->prefix ? c->prefix : "dist", g->timeout_ms);
 
@@ -446,7 +484,8 @@ void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
         if (p == c->rank) continue;
         auto &pair = transport.createPair(p);
         mine.listen[p] = pair->address().bytes();
-        mine.advertise[p] = g->is_tcp ? advertised_address(c, (const tcp::Address &)pair->address()) : mine.listen[p];
+        mine.advertise[p] = g->is_tcp ? advertised_address(c, (const tcp::Address &)pair->address())
+                                      : mine.listen[p];
         addr_len = uint32_t(mine.listen[p].size());
     }
     kv.set("addr/" + std::to_string(c->rank), mine.encode(addr_len));
@@ -460,7 +499,8 @@ void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
             blob = kv.get("addr/" + std::to_string(p), std::max(left, Millis(1)));
         } catch (const gloo::IoException &e) {
             throw gloo::IoException("rank " + std::to_string(p) + " did not join within " +
-                                    std::to_string(g->timeout_ms) + " ms (" + gloo_message(e) + ")");
+                                    std::to_string(g->timeout_ms) + " ms (" + gloo_message(e) +
+                                    ")");
         }
         AddressRecord theirs = AddressRecord::decode(blob, c->size, p);
         if (theirs.host == mine.host) ranks_on_host++;
@@ -469,7 +509,8 @@ void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
         try {
             transport.getPair(p)->connect(dial);
         } catch (const std::exception &e) {
-            throw gloo::IoException("connecting to rank " + std::to_string(p) + ": " + gloo_message(e));
+            throw gloo::IoException("connecting to rank " + std::to_string(p) + ": " +
+                                    gloo_message(e));
         }
     }
 
@@ -491,8 +532,10 @@ void setup_p2p(dist_group *g) {
         if (p == g->rank) continue;
         auto &pair = g->context->getPair(p);
         /* Credits for what we send to p arrive from p; credits for what p sends us go to p. */
-        g->credit_recv[p] = pair->createRecvBuffer(p2p_credit_slot(g->rank, p), &g->credit_in[p], sizeof(int64_t));
-        g->credit_send[p] = pair->createSendBuffer(p2p_credit_slot(p, g->rank), &g->credit_out[p], sizeof(int64_t));
+        g->credit_recv[p] =
+            pair->createRecvBuffer(p2p_credit_slot(g->rank, p), &g->credit_in[p], sizeof(int64_t));
+        g->credit_send[p] =
+            pair->createSendBuffer(p2p_credit_slot(p, g->rank), &g->credit_out[p], sizeof(int64_t));
     }
 }
 
@@ -502,13 +545,14 @@ int check_peer(dist_group *g, int peer, const char *what, char *err, size_t errl
         return -1;
     }
     if (peer < 0 || peer >= g->size || peer == g->rank) {
-        set_err(err, errlen, "%s: rank %d is not a peer of rank %d in a group of %d", what, peer, g->rank, g->size);
+        set_err(err, errlen, "%s: rank %d is not a peer of rank %d in a group of %d", what, peer,
+                g->rank, g->size);
         return -1;
     }
     return 0;
 }
 
-}  // namespace
+} // namespace
 
 /* ---- the C surface ------------------------------------------------------------------------ */
 
@@ -528,24 +572,27 @@ dist_group *dist_connect(const dist_config *c, const dist_store *store, char *er
         set_err(err, errlen, "dist_connect: unknown transport '%s' (tcp or ibverbs)", c->transport);
         return nullptr;
     }
-    if (c->port_base < 0 || c->port_base + c->size * c->size > 65535 || c->advertise_port_offset < -65535 ||
-        c->advertise_port_offset > 65535) {
-        set_err(err, errlen, "dist_connect: port_base %d / advertise_port_offset %d out of range", c->port_base,
-                c->advertise_port_offset);
+    if (c->port_base < 0 || c->port_base + c->size * c->size > 65535 ||
+        c->advertise_port_offset < -65535 || c->advertise_port_offset > 65535) {
+        set_err(err, errlen, "dist_connect: port_base %d / advertise_port_offset %d out of range",
+                c->port_base, c->advertise_port_offset);
         return nullptr;
     }
     if (c->advertise_port_offset && !c->port_base) {
         set_err(err, errlen,
-                "dist_connect: advertise_port_offset needs port_base (a proxy must know the ports in advance)");
+                "dist_connect: advertise_port_offset needs port_base (a proxy must know the ports "
+                "in advance)");
         return nullptr;
     }
     if (!tcp_transport && (c->port_base || (c->advertise_host && *c->advertise_host))) {
-        set_err(err, errlen, "dist_connect: ports and advertise_host apply to the tcp transport only");
+        set_err(err, errlen,
+                "dist_connect: ports and advertise_host apply to the tcp transport only");
         return nullptr;
     }
     /* A peer that dies mid-write must be an error from writev(2), not a signal that kills us. */
     struct sigaction old;
-    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL)
+        signal(SIGPIPE, SIG_IGN);
 
     auto g = std::make_unique<dist_group>();
     g->rank = c->rank;
@@ -565,7 +612,8 @@ dist_group *dist_connect(const dist_config *c, const dist_store *store, char *er
         }
         g->barrier = std::make_unique<gloo::BarrierAllToOne>(g->context, 0);
     } catch (const std::exception &e) {
-        set_err(err, errlen, "dist_connect (rank %d of %d): %s", c->rank, c->size, gloo_message(e).c_str());
+        set_err(err, errlen, "dist_connect (rank %d of %d): %s", c->rank, c->size,
+                gloo_message(e).c_str());
         return nullptr;
     } catch (...) {
         set_err(err, errlen, "dist_connect (rank %d of %d): unknown error", c->rank, c->size);
@@ -579,12 +627,17 @@ void dist_close(dist_group *g) {
     try {
         delete g;
     } catch (...) {
-        /* A destructor that throws leaves nothing we can repair; the sockets close with the process. */
+        /* A destructor that throws leaves nothing we can repair; the sockets close with the
+         * process. */
     }
 }
 
-int dist_rank(const dist_group *g) { return g ? g->rank : -1; }
-int dist_size(const dist_group *g) { return g ? g->size : -1; }
+int dist_rank(const dist_group *g) {
+    return g ? g->rank : -1;
+}
+int dist_size(const dist_group *g) {
+    return g ? g->size : -1;
+}
 
 int dist_allreduce_sum(dist_group *g, float *buf, size_t n, char *err, size_t errlen) {
     if (n && !buf) {
@@ -597,11 +650,14 @@ int dist_allreduce_sum(dist_group *g, float *buf, size_t n, char *err, size_t er
             size_t count = std::min(n - done, kMaxFloatsPerRun);
             float *p = buf + done;
             size_t bytes = count * sizeof(float);
-            if (bytes <= kRingMaxBytes || g->size == 2) {
+            if (uses_ring(g, count)) {
                 auto it = g->rings.find(count);
                 if (it == g->rings.end()) {
                     drop_cache_if_full(g, 2 * bytes);
-                    it = g->rings.emplace(count, std::make_unique<RebindableRing>(g->context, p, int(count))).first;
+                    it = g->rings
+                             .emplace(count,
+                                      std::make_unique<RebindableRing>(g->context, p, int(count)))
+                             .first;
                     g->cached_objects++;
                     g->cached_bytes += 2 * bytes; /* the ring's inbox and outbox */
                 }
@@ -629,7 +685,8 @@ int dist_allreduce_sum(dist_group *g, float *buf, size_t n, char *err, size_t er
 
 int dist_broadcast(dist_group *g, int root, void *buf, size_t bytes, char *err, size_t errlen) {
     if (g && (root < 0 || root >= g->size)) {
-        set_err(err, errlen, "dist_broadcast: root %d is not a rank of a group of %d", root, g->size);
+        set_err(err, errlen, "dist_broadcast: root %d is not a rank of a group of %d", root,
+                g->size);
         return -1;
     }
     if (bytes && !buf) {
@@ -667,10 +724,12 @@ int dist_send(dist_group *g, int dst, const void *buf, size_t bytes, char *err, 
         g->credit_recv[dst]->waitRecv();
         if (g->credit_in[dst] != int64_t(bytes))
             throw gloo::InvalidOperationException("rank " + std::to_string(dst) + " waits for " +
-                                                  std::to_string(g->credit_in[dst]) + " bytes, this send has " +
-                                                  std::to_string(bytes) + " (sizes must match on both ends)");
+                                                  std::to_string(g->credit_in[dst]) +
+                                                  " bytes, this send has " + std::to_string(bytes) +
+                                                  " (sizes must match on both ends)");
         auto &pair = g->context->getPair(dst);
-        auto data = pair->createSendBuffer(p2p_data_slot(g->rank, dst), const_cast<void *>(buf), bytes);
+        auto data =
+            pair->createSendBuffer(p2p_data_slot(g->rank, dst), const_cast<void *>(buf), bytes);
         data->send();
         data->waitSend();
     });
@@ -700,10 +759,15 @@ int dist_barrier(dist_group *g, char *err, size_t errlen) {
     });
 }
 
-/* ---- benchmark hook (dist_internal.h) ----------------------------------------------------- */
+/* ---- benchmark hooks (dist_internal.h) ---------------------------------------------------- */
 
-int dist_bench_bare_ring(dist_group *g, float *buf, size_t n, int iterations, double *seconds, char *err,
-                         size_t errlen) {
+const char *dist_allreduce_algorithm(const dist_group *g, size_t n) {
+    if (!g || g->size == 1 || n == 0) return "none";
+    return uses_ring(g, std::min(n, kMaxFloatsPerRun)) ? "ring" : "hd";
+}
+
+int dist_bench_bare_ring(dist_group *g, float *buf, size_t n, int iterations, double *seconds,
+                         char *err, size_t errlen) {
     if (n == 0 || n > kMaxFloatsPerRun || iterations < 1) {
         set_err(err, errlen, "dist_bench_bare_ring: bad size or iteration count");
         return -1;
@@ -711,9 +775,10 @@ int dist_bench_bare_ring(dist_group *g, float *buf, size_t n, int iterations, do
     return guarded(g, "bare gloo ring", err, errlen, [&] {
         gloo::AllreduceRing<float> ring(g->context, std::vector<float *>{buf}, int(n));
         auto start = std::chrono::steady_clock::now();
-        for (int i = 0; i < iterations; i++) ring.run();
+        for (int i = 0; i < iterations; i++)
+            ring.run();
         *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     });
 }
 
-}  // extern "C"
+} // extern "C"

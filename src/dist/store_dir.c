@@ -26,11 +26,14 @@ static int store_dir_path(const store_dir *s, const char *key, char *out, size_t
     size_t n = (size_t)snprintf(out, outlen, "%s/", s->dir);
     if (n >= outlen || !*key) return -1;
     for (const unsigned char *k = (const unsigned char *)key; *k; k++) {
-        int plain = (*k >= 'a' && *k <= 'z') || (*k >= 'A' && *k <= 'Z') || (*k >= '0' && *k <= '9') ||
-                    *k == '_' || *k == '-' || (*k == '.' && k != (const unsigned char *)key);
+        int plain = (*k >= 'a' && *k <= 'z') || (*k >= 'A' && *k <= 'Z') ||
+                    (*k >= '0' && *k <= '9') || *k == '_' || *k == '-' ||
+                    (*k == '.' && k != (const unsigned char *)key);
         if (n + 4 >= outlen) return -1;
-        if (plain) out[n++] = (char)*k;
-        else n += (size_t)snprintf(out + n, outlen - n, "%%%02X", *k);
+        if (plain)
+            out[n++] = (char)*k;
+        else
+            n += (size_t)snprintf(out + n, outlen - n, "%%%02X", *k);
     }
     out[n] = 0;
     return 0;
@@ -53,7 +56,8 @@ static int store_dir_set(void *ctx, const char *key, const void *value, size_t l
     char path[4096], tmp[4200];
     if (store_dir_path(s, key, path, sizeof path) < 0) return -1;
     static unsigned counter; /* distinguishes two sets of one process; getpid() two processes */
-    snprintf(tmp, sizeof tmp, "%s/.tmp.%ld.%u", s->dir, (long)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
+    snprintf(tmp, sizeof tmp, "%s/.tmp.%ld.%u", s->dir, (long)getpid(),
+             __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return -1;
     int rc = write_all(fd, value, len);

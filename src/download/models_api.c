@@ -133,6 +133,13 @@ static void on_local(const char *id, const char *dir, enum store_state st, void 
     }
     json_object_set_new(e, "downloaded", json_boolean(st == STORE_COMPLETE));
     json_object_set_new(e, "local_path", json_string(dir));
+    /* Only a copy in the writable models dir can be deleted (DELETE /download/...): the
+     * built-in models and --models-path are read-only. */
+    char writable[2048];
+    json_object_set_new(e, "deletable",
+                        json_boolean(store_write_dir(&c->s->store, id, writable,
+                                                     sizeof writable) == 0 &&
+                                     paths_is_dir(writable)));
 }
 
 int models_api_list(models_service *s, const char *status_filter, json_t **body) {
@@ -146,6 +153,7 @@ int models_api_list(models_service *s, const char *status_filter, json_t **body)
     for (size_t i = 0; i < s->cards.n; i++) {
         json_t *e = card_to_json(&s->cards.cards[i]);
         json_object_set_new(e, "downloaded", json_false());
+        json_object_set_new(e, "deletable", json_false());
         json_array_append_new(data, e);
     }
     pthread_mutex_unlock(&s->lock);

@@ -682,7 +682,20 @@ int engine_plan_step(engine *e, int cap, transformer_batch *b, engine_event *eve
         engine_set_error(e, "out of memory staging a batch");
         return -1;
     }
-    for (int m = 0; m < n_members; m++) e->b_members[m]->in_flight = 1;
+    for (int m = 0; m < n_members; m++) {
+        sequence *s = e->b_members[m];
+        if (e->pipeline_steps > 1 && s->logit_index < 0) {
+            /* an overlapped pipeline's prefill chunk that samples nothing counts as computed at
+             * once, so the next chunk can follow it through the stages back to back: each stage
+             * runs the steps in order, so the chunk's K/V are in the cache before any later step
+             * reads them there (the same holds for its prefix-cache blocks) */
+            s->n_computed += s->chunk;
+            register_full_blocks(e, s);
+            s->chunk = 0; /* nothing left to apply when its step completes */
+        } else {
+            s->in_flight = 1;
+        }
+    }
     return n_members;
 }
 
@@ -695,7 +708,7 @@ sequence *engine_find_serial(engine *e, uint64_t serial) {
 void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
                           const sampler_result *samples, engine_event *events, int *n_ev,
                           int max_events) {
-    s->in_flight = 0;
+    if (chunk || logit_index >= 0) s->in_flight = 0; /* else a chunk counted at its plan */
     s->n_computed += chunk;
     register_full_blocks(e, s);
     engine_finish fin = ENGINE_FINISH_NONE;

@@ -199,6 +199,7 @@ int engine_dist_agree(engine *e, int *n_blocks, char *err, size_t errlen) {
             if (r[i].n_blocks < *n_blocks) *n_blocks = r[i].n_blocks;
     }
     e->comm_ns = 0; /* waiting for the other ranks to load is not a step's communication */
+    e->d.agreed = rc == 0;
     free(r);
     return rc;
 }
@@ -458,9 +459,11 @@ int engine_dist_forward(engine *e, int n_members, const transformer_batch *b) {
  * inputs of tick k, plan k. The order is the same everywhere; only the time differs (rank s plans
  * k at tick k + s - 1, rank 0 at tick k), and everything a plan needs has arrived by then:
  * inputs of tick k at tick k, the tokens of step k - S at tick k - 1 (broadcast by the last stage
- * at the end of the tick that computed them). A sequence is in flight from its plan until its
- * results apply, and sits out the steps in between; each step decodes its share of the running
- * sequences (plan_batch), so S steps carry them all.
+ * at the end of the tick that computed them). A sequence whose step samples is in flight from
+ * its plan until its token applies, and sits out the steps in between; each step decodes its
+ * share of the running sequences (plan_batch), so S steps carry them all. A prefill chunk that
+ * samples nothing counts as computed at its plan (engine_plan_step), so a long prompt's chunks
+ * follow each other through the stages back to back.
  *
  * Tick t on rank s > 0: inputs of tick t (kept), forward step t - s (planned last tick, its hidden
  * states received last tick), send them to s + 1, plan step t + 1 - s, receive its hidden states
@@ -609,7 +612,7 @@ void engine_stop_following(engine *e) {
 
 void engine_dist_close(engine *e) {
     engine_dist_state *d = &e->d;
-    if (d->rank == 0 && !e->failed && !d->shut_down) {
+    if (d->rank == 0 && d->agreed && !e->failed && !d->shut_down) {
         int ignored = 0;
         exchange(e, &ignored, 1); /* best effort: a follower that is gone times out anyway */
     }

@@ -40,7 +40,7 @@ typedef struct sequence {
     int cached_tokens;  /* prompt tokens served from the prefix cache at admission */
     int admitted;       /* has been admitted once (cached_tokens is final) */
     uint64_t serial;    /* engine-assigned, unique for the engine's life (same on every rank) */
-    int in_flight;      /* in a step whose results are not applied yet (pipeline overlap) */
+    int in_flight;      /* in a step whose token is not applied yet (pipeline overlap) */
     /* this step */
     int chunk;       /* tokens in the batch */
     int logit_index; /* row in logits, or -1 */
@@ -70,6 +70,7 @@ typedef struct engine_dist_state {
     unsigned char *inputs;
     size_t inputs_len, inputs_cap;
     int queued_submits;
+    int agreed;         /* the ranks agreed at open: steps (and the shutdown) may follow */
     int shut_down;      /* rank 0 closed its engine: followers stop */
     _Atomic int stop_following; /* engine_stop_following (from another thread) */
     float *hidden;      /* pipeline: [max_batch_tokens][dim] hidden states between stages */
@@ -132,7 +133,8 @@ int engine_report_cancelled(engine *e, engine_event *events, int limit);
 int engine_plan_step(engine *e, int cap, transformer_batch *b, engine_event *events, int *n_ev);
 /* Applies a member's finished step: its chunk is computed, its sampled token (samples[logit_index]
  * when logit_index >= 0) appended; adds its event (tokens always, progress while there is room)
- * and removes it when finished. */
+ * and removes it when finished. chunk 0 and no logits: a prefill chunk an overlapped pipeline
+ * counted at its plan (only the event is left). */
 void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
                           const sampler_result *samples, engine_event *events, int *n_ev,
                           int max_events);

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,12 +188,76 @@ enum store_state store_dir_state(const char *dir) {
     return foreign_state(dir);
 }
 
+/* Whether dir (a path as given) is the same directory as one of the store's. */
+static int is_store_dir(const model_store *s, const char *real_dir) {
+    for (int i = -1; i < s->n_search; i++) {
+        char real[PATH_MAX];
+        if (realpath(i < 0 ? s->models_dir : s->search[i], real) && !strcmp(real, real_dir))
+            return 1;
+    }
+    return 0;
+}
+
+/* An absolute path -> the id of the model directory it names, when that directory sits directly
+ * in one of the store's directories. The last component is kept as written (a model dir may be a
+ * symlink placed there); everything above it is resolved, so aliases ("//a", "a/./b", "b/",
+ * "b/.") all reach the same id. */
+static int path_to_id(const model_store *s, const char *path, char *id, size_t n) {
+    char buf[STORE_PATH_MAX];
+    size_t len = strlen(path);
+    if (len >= sizeof buf) return -1;
+    memcpy(buf, path, len + 1);
+    for (;;) { /* drop trailing "/" and "/." */
+        if (len > 1 && buf[len - 1] == '/') buf[--len] = 0;
+        else if (len > 2 && buf[len - 1] == '.' && buf[len - 2] == '/') buf[len -= 2] = 0;
+        else break;
+    }
+    char *slash = strrchr(buf, '/');
+    const char *base = slash + 1;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, "..")) return -1;
+    *slash = 0;
+    char parent[PATH_MAX];
+    if (!realpath(buf[0] ? buf : "/", parent) || !is_store_dir(s, parent)) return -1;
+    /* "org--name" on disk is "org/name"; a bare "name" is itself. The id must map back to the
+     * same directory name, so no two names share an id. */
+    const char *sep = strstr(base, "--");
+    int w = sep ? snprintf(id, n, "%.*s/%s", (int)(sep - base), base, sep + 2)
+                : snprintf(id, n, "%s", base);
+    char back[256];
+    if (w < 0 || (size_t)w >= n || store_id_to_dirname(id, back, sizeof back) < 0 ||
+        strcmp(back, base))
+        return -1;
+    return 0;
+}
+
+int store_canonical_id(const model_store *s, const char *requested, char *id, size_t n,
+                       char *err, size_t errlen) {
+    if (requested && requested[0] == '/') {
+        if (path_to_id(s, requested, id, n) == 0) return 0;
+        /* One message whatever the path is, so an answer never tells whether it exists. */
+        if (err)
+            snprintf(err, errlen,
+                     "model '%.200s' not found: a path names a model only when it is a model "
+                     "directory directly inside this node's model directories (--models-dir, "
+                     "--models-path, the built-in models); name models by id (\"org/name\")",
+                     requested);
+        return -1;
+    }
+    if (store_id_valid(requested, err, errlen) < 0) return -1;
+    if (strlen(requested) >= n) {
+        error_set(err, errlen, "model id is too long");
+        return -1;
+    }
+    snprintf(id, n, "%s", requested);
+    return 0;
+}
+
 enum store_state store_locate(const model_store *s, const char *id_or_path, char *out, size_t n) {
     if (!id_or_path || !*id_or_path) return STORE_ABSENT;
+    char id[256];
     if (id_or_path[0] == '/') {
-        enum store_state st = store_dir_state(id_or_path);
-        if (st != STORE_ABSENT) snprintf(out, n, "%s", id_or_path);
-        return st;
+        if (path_to_id(s, id_or_path, id, sizeof id) < 0) return STORE_ABSENT;
+        id_or_path = id;
     }
     char name[256];
     if (store_id_to_dirname(id_or_path, name, sizeof name) < 0) return STORE_ABSENT;
@@ -208,6 +273,24 @@ enum store_state store_locate(const model_store *s, const char *id_or_path, char
         if (best == STORE_COMPLETE) break;
     }
     return best;
+}
+
+void store_missing_reason(const model_store *s, const char *id, char *out, size_t n) {
+    char name[256];
+    snprintf(out, n, "it is not on disk");
+    if (store_id_to_dirname(id, name, sizeof name) < 0) return;
+    for (int i = -1; i < s->n_search; i++) {
+        char dir[STORE_PATH_MAX * 2];
+        snprintf(dir, sizeof dir, "%s/%s", i < 0 ? s->models_dir : s->search[i], name);
+        if (!paths_is_dir(dir)) continue;
+        enum store_state st = store_dir_state(dir);
+        if (st == STORE_ABSENT)
+            snprintf(out, n, "%.900s has no config.json, so it is not a model directory", dir);
+        else if (st == STORE_PARTIAL)
+            snprintf(out, n, "its files in %.900s are incomplete (a download not finished, or a "
+                             "weight file missing)", dir);
+        return;
+    }
 }
 
 static uint64_t dir_bytes(const char *dir, int depth) {

@@ -2,7 +2,13 @@
  *
  * A Hugging Face id "org/name" lives in "<dir>/org--name/". One directory is writable (the
  * models dir: --models-dir / EXO_MODELS_DIR); others are searched read-only (--models-path /
- * EXO_MODELS_PATH, colon-separated). An absolute path to a model directory also names a model.
+ * EXO_MODELS_PATH, colon-separated), the models that ship with exo last.
+ *
+ * One model, one identity: an absolute path names a model only when it is a model directory
+ * directly inside one of those directories, and then it stands for that model's id (every alias
+ * of the path, "//", "/./", a trailing "/" or "/.", gives the same id). Any other path names
+ * nothing: the node's API is open to the network, and a path must not reach files elsewhere or
+ * tell whether they exist. (`exo run DIR` opens a directory directly; it is no node.)
  *
  * A directory without a manifest or config.json is not a model. A model is complete when its manifest (".exo-manifest.json", written by download/ after
  * every file was verified) lists files that are all present with their recorded sizes, or —
@@ -35,6 +41,12 @@ typedef struct model_store {
 int store_init(model_store *s, const char *models_dir, const char *models_path, char *err,
                size_t errlen);
 
+/* The one id of the model `requested` names: an id as is (when valid), or the id of a path that
+ * is a model directory directly inside a store directory (see the top comment). Returns 0, or -1
+ * with a message (the same message for every path that names no model). */
+int store_canonical_id(const model_store *s, const char *requested, char *id, size_t n,
+                       char *err, size_t errlen);
+
 /* 0 if `id` is a safe "org/name" (or a bare "name"), else -1 with a message saying why. */
 int store_id_valid(const char *id, char *err, size_t errlen);
 /* "org/name" -> "org--name". Returns 0, or -1 if invalid or it does not fit. */
@@ -48,10 +60,15 @@ int store_write_dir(const model_store *s, const char *id, char *out, size_t n);
 
 enum store_state { STORE_ABSENT = 0, STORE_PARTIAL = 1, STORE_COMPLETE = 2 };
 
-/* Resolves `id_or_path` to the directory holding it: an absolute path is used as is; an id is
- * looked up in the models dir, then the read-only dirs (the first complete copy wins, else the
- * first partial). Returns the state and fills out (when not ABSENT). */
+/* Resolves `id_or_path` to the directory holding it: an id is looked up in the models dir, then
+ * the read-only dirs (the first complete copy wins, else the first partial); a path stands for
+ * its id (store_canonical_id), and one outside the store dirs is ABSENT. Returns the state and
+ * fills out (when not ABSENT). */
 enum store_state store_locate(const model_store *s, const char *id_or_path, char *out, size_t n);
+
+/* Why `id` has no complete model in the store, for a message: "it is not on disk", or what is
+ * wrong with the first directory named for it (no config.json, incomplete files). */
+void store_missing_reason(const model_store *s, const char *id, char *out, size_t n);
 
 /* State of one directory (see the top comment). */
 enum store_state store_dir_state(const char *dir);

@@ -248,25 +248,31 @@ static void handle_message(runner *r, const json_t *msg) {
 
 /* ------------------------------------------------------------------ engine events */
 
-static json_t *token_logprob(runner *r, int32_t id, float lp) {
+/* One logprobs entry. `bytes` are the token's own bytes; `token` is the text it adds to the
+ * content: for the sampled token exactly what the detokenizer released for it (`added`, so the
+ * tokens join into the content), for an alternative its bytes as text (a leading space kept, as
+ * OpenAI's tokens keep it; one-token decoding would strip it as at the start of a text). */
+static json_t *token_logprob(runner *r, int32_t id, float lp, const char *added, size_t added_len) {
     uint8_t buf[256];
     size_t n = tokenizer_token_bytes(r->tok, id, buf, sizeof buf);
     if (n > sizeof buf) n = sizeof buf;
     json_t *bytes = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(bytes, json_integer(buf[i]));
-    size_t tl = 0;
-    char *text = tokenizer_decode(r->tok, &id, 1, 0, &tl);
+    char *text = added ? strndup(added, added_len) : tokenizer_token_text(r->tok, id, NULL);
     json_t *o = json_pack("{s:s,s:f,s:o}", "token", text ? text : "", "logprob", (double)lp,
                           "bytes", bytes);
     free(text);
     return o;
 }
 
-static json_t *event_logprobs(runner *r, const seq *s, const engine_event *ev) {
-    json_t *e = token_logprob(r, ev->token, ev->logprob);
+static json_t *event_logprobs(runner *r, const seq *s, const engine_event *ev, const char *added,
+                              size_t added_len) {
+    json_t *e = token_logprob(r, ev->token, ev->logprob, added, added_len);
     json_t *top = json_array();
     for (int i = 0; i < ev->n_top && i < s->top_logprobs; i++)
-        json_array_append_new(top, token_logprob(r, ev->top_ids[i], ev->top_logprobs[i]));
+        json_array_append_new(top, token_logprob(r, ev->top_ids[i], ev->top_logprobs[i],
+                                                 ev->top_ids[i] == ev->token ? added : NULL,
+                                                 added_len));
     json_object_set_new(e, "top_logprobs", top);
     return json_pack("[o]", e);
 }
@@ -394,7 +400,7 @@ static void handle_event(runner *r, const engine_event *ev) {
         size_t n = detokenizer_push(s->detok, ev->token, piece, sizeof piece);
         strbuf out = {0};
         int hit = stop_strings_push(&s->stops, piece, n, &out);
-        json_t *lp = s->logprobs ? event_logprobs(r, s, ev) : NULL;
+        json_t *lp = s->logprobs ? event_logprobs(r, s, ev, piece, n) : NULL;
         emit(r, s, out.data ? out.data : "", out.len, 0, lp);
         strbuf_free(&out);
         if (hit) {

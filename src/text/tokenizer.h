@@ -35,6 +35,9 @@ char *tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, int ski
 /* The raw bytes one token contributes to decoded output (byte-level/byte-fallback resolved,
  * `▁` as space), for logprobs `bytes`. Returns the byte count (may exceed cap: then truncated). */
 size_t tokenizer_token_bytes(const tokenizer *t, int32_t id, uint8_t *buf, size_t cap);
+/* The bytes of tokenizer_token_bytes as text (malloc'd, NUL-terminated; invalid UTF-8 as U+FFFD):
+ * what the token reads as in the middle of a text, leading space kept, for logprobs. */
+char *tokenizer_token_text(const tokenizer *t, int32_t id, size_t *len_out);
 /* The vocabulary string of a token (as in tokenizer.json), or NULL for an unknown id. */
 const char *tokenizer_token_string(const tokenizer *t, int32_t id);
 /* The id of an exact vocabulary or added-token string, or -1. */

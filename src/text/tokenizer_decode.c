@@ -246,6 +246,15 @@ size_t tokenizer_token_bytes(const tokenizer *t, int32_t id, uint8_t *buf, size_
     return n;
 }
 
+char *tokenizer_token_text(const tokenizer *t, int32_t id, size_t *len_out) {
+    strbuf raw = {0}, text = {0};
+    decode_ids_raw(t, &id, 1, 0, 0, 1, &raw);
+    tok_utf8_lossy_append(&text, (const uint8_t *)(raw.data ? raw.data : ""), raw.len);
+    strbuf_free(&raw);
+    if (len_out) *len_out = text.len;
+    return text.data ? text.data : strdup("");
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Streaming detokenizer.
  *

@@ -78,8 +78,10 @@ static void *wait_then_place(void *arg) {
 int autoplace_download_start(autoplace *a, const char *model_id, char *err, size_t errlen) {
     models_service *m = a->models;
     if (!models_service_has_card(m, model_id)) {
-        snprintf(err, errlen, "model '%s' not found: it is not on disk and not in the model "
-                              "catalog (add it with POST /models/add)", model_id);
+        char why[1024];
+        instances_missing_reason(a->local, model_id, why, sizeof why);
+        snprintf(err, errlen, "model '%s' not found: %s, and it is not in the model catalog "
+                              "(add it with POST /models/add)", model_id, why);
         return 404;
     }
     if (models_service_offline(m)) {

@@ -83,6 +83,7 @@ struct instances {
     char device[8];
     int ready_timeout_s;
     int watchdog_s;
+    int max_runners;
     pthread_mutex_t lock;
     pthread_cond_t cond;
     instance *list;
@@ -120,6 +121,7 @@ instances *instances_new(const instances_options *o) {
     m->kv_cache_bytes = o->kv_cache_bytes;
     snprintf(m->device, sizeof m->device, "%s", o->device && o->device[0] ? o->device : "auto");
     m->ready_timeout_s = o->ready_timeout_s ? o->ready_timeout_s : 600;
+    m->max_runners = o->max_runners > 0 ? o->max_runners : INSTANCES_MAX_RUNNERS_DEFAULT;
     m->next_call_id = 1;
     pthread_mutex_init(&m->lock, NULL);
     pthread_condattr_t ca;
@@ -152,6 +154,24 @@ int instances_resolve_model(const instances *m, const char *model_id, char *dir,
     if (model_id[0] != '/' && store_id_valid(model_id, err, sizeof err)) return -1;
     if (store_locate(&store, model_id, dir, n) != STORE_COMPLETE) return -1;
     return is_model_dir(dir) ? 0 : -1;
+}
+
+int instances_canonical_model(const instances *m, const char *requested, char *id, size_t n,
+                              char *err, size_t errlen) {
+    model_store store;
+    if (store_init(&store, m->models_dir[0] ? m->models_dir : "/nonexistent", m->models_path, err,
+                   errlen))
+        return -1;
+    return store_canonical_id(&store, requested, id, n, err, errlen);
+}
+
+void instances_missing_reason(const instances *m, const char *model_id, char *out, size_t n) {
+    model_store store;
+    char err[256];
+    snprintf(out, n, "it is not on disk");
+    if (store_init(&store, m->models_dir[0] ? m->models_dir : "/nonexistent", m->models_path, err,
+                   sizeof err) == 0)
+        store_missing_reason(&store, model_id, out, n);
 }
 
 /* Every complete model the store can see. */
@@ -565,18 +585,38 @@ static instance *find_id_locked(instances *m, const char *id) {
     return NULL;
 }
 
-static instance *place_locked(instances *m, const char *model_id, int *status, char *err,
+/* m->lock held. 1 (with err) when this node runs as many runners as it may start. */
+static int runner_cap_reached_locked(const instances *m, char *err, size_t errlen) {
+    int live = 0;
+    for (const instance *in = m->list; in; in = in->next)
+        live += in->status != RUNNER_FAILED && in->status != RUNNER_SHUTTING_DOWN &&
+                in->status != RUNNER_SHUTDOWN;
+    if (live < m->max_runners) return 0;
+    snprintf(err, errlen, "this node already runs %d model runners, the most it starts "
+                          "(--max-runners): delete an instance (DELETE /instance/ID) first",
+             live);
+    return 1;
+}
+
+static instance *place_locked(instances *m, const char *requested, int *status, char *err,
                               size_t errlen) {
+    char model_id[512]; /* one model, one identity: every alias of a path gives the same id */
+    if (instances_canonical_model(m, requested, model_id, sizeof model_id, err, errlen)) {
+        *status = 404;
+        return NULL;
+    }
     instance *in = find_model_locked(m, model_id);
     if (in) return in;
     in = find_own_model_locked(m, model_id);
     if (in) return in;
     char dir[1024];
     if (instances_resolve_model(m, model_id, dir, sizeof dir)) {
+        char why[1024];
+        instances_missing_reason(m, model_id, why, sizeof why);
         *status = 404;
-        snprintf(err, errlen, "model '%s' not found: no directory with config.json for it in the "
-                              "models directory (%s) or EXO_MODELS_PATH",
-                 model_id, m->models_dir);
+        snprintf(err, errlen, "model '%s' not found: %s (looked in the models directory %s, "
+                              "--models-path and the built-in models)",
+                 model_id, why, m->models_dir);
         return NULL;
     }
     /* A failed instance of this model (kept for /state) is replaced by the new one. */
@@ -586,6 +626,10 @@ static instance *place_locked(instances *m, const char *model_id, int *status, c
             continue;
         if (!f->exited) kill(f->pid, SIGKILL);
         if (unlink_locked(m, f)) instance_unref_locked(m, f);
+    }
+    if (runner_cap_reached_locked(m, err, errlen)) {
+        *status = 503;
+        return NULL;
     }
     in = spawn_locked(m, model_id, dir, NULL, err, errlen);
     if (!in) *status = 500;

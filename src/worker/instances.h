@@ -40,7 +40,11 @@ typedef struct instances_options {
     int ready_timeout_s;     /* how long a request waits for a runner to be Ready; 0 = 600 */
     int watchdog_s;          /* a busy runner silent this long is restarted; 0 = default,
                                 < 0 = no watchdog */
+    int max_runners;         /* runners this node starts at most (a placement past it is a 503);
+                                0 = INSTANCES_MAX_RUNNERS_DEFAULT */
 } instances_options;
+
+#define INSTANCES_MAX_RUNNERS_DEFAULT 8
 
 /* Watchdog. A runner's heartbeat thread reports once a second, also in the middle of a long
  * engine step; a runner with requests in flight that sends nothing for watchdog_s seconds is
@@ -101,9 +105,16 @@ int instances_has(instances *m, const char *instance_id);
 /* Stops every runner (shutdown message, then SIGKILL after a grace period) and frees. */
 void instances_free(instances *m);
 
-/* Model id -> directory holding config.json: an absolute path, <models_dir>/org--name, or a
- * directory under models_path (org--name, org/name or name). Returns 0 or -1. */
+/* The one id of the model `requested` names (model/store.h store_canonical_id: ids as they are,
+ * a path only when it is a model directory inside the model dirs). Every placement goes through
+ * it, so two spellings of one model never start two runners. Returns 0, or -1 with err. */
+int instances_canonical_model(const instances *m, const char *requested, char *id, size_t n,
+                              char *err, size_t errlen);
+/* Model id -> directory holding config.json: <models_dir>/org--name, or a directory under
+ * models_path (org--name or name); a path only inside those. Returns 0 or -1. */
 int instances_resolve_model(const instances *m, const char *model_id, char *dir, size_t n);
+/* Why model_id is not placeable from disk, for messages (model/store.h store_missing_reason). */
+void instances_missing_reason(const instances *m, const char *model_id, char *out, size_t n);
 /* Every model found on disk, as a JSON array of ids. */
 json_t *instances_local_models(const instances *m);
 

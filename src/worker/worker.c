@@ -33,7 +33,8 @@ worker *worker_new(const worker_config *c, models_service *models, char *err, si
                             .node_id = c->node_id,
                             .kv_cache_bytes = c->kv_cache_bytes,
                             .device = c->device,
-                            .watchdog_s = c->watchdog_s};
+                            .watchdog_s = c->watchdog_s,
+                            .max_runners = c->max_runners};
     w->models = models;
     snprintf(w->dirs.models_dir, sizeof w->dirs.models_dir, "%s", c->models_dir ? c->models_dir : "");
     snprintf(w->dirs.models_path, sizeof w->dirs.models_path, "%s",

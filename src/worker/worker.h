@@ -32,6 +32,7 @@ typedef struct worker_config {
     size_t kv_cache_bytes;   /* passed to runners; 0 = automatic */
     const char *device;      /* passed to runners: cpu, cuda or auto (NULL or "" = auto) */
     int watchdog_s;          /* a busy runner silent this long is restarted; 0 = default, < 0 off */
+    int max_runners;         /* runner processes this node starts at most; 0 = default */
     int api_port;            /* this node's HTTP port: peers serve model files on the same */
 } worker_config;
 

@@ -25,3 +25,17 @@ test('a bad flag exits 2 with a message naming it', () => {
   assert.equal(r.status, 2);
   assert.match(r.stderr, /--no-such-flag/);
 });
+
+test('exo run --help prints its usage on stdout and exits 0; no model is bad usage (2)', () => {
+  const r = spawnSync(exoBin(), ['run', '--help'], { encoding: 'utf8' });
+  assert.equal(r.status, 0);
+  assert.match(r.stdout, /usage: exo run MODEL/);
+  const bad = spawnSync(exoBin(), ['run'], { encoding: 'utf8' });
+  assert.equal(bad.status, 2);
+  assert.match(bad.stderr, /usage: exo run MODEL/);
+});
+
+test('the new limits are in exo --help', () => {
+  const r = spawnSync(exoBin(), ['--help'], { encoding: 'utf8' });
+  for (const flag of ['--max-runners', '--max-connections-per-ip']) assert.ok(r.stdout.includes(flag), flag);
+});

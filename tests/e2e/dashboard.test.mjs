@@ -61,6 +61,13 @@ test('the models view lists and searches the local tiny model', async () => {
   const row = page.locator('#model-rows tr', { hasText: MODEL_ID });
   await row.waitFor();
   await page.screenshot({ path: path.join(shots, '3-models.png') });
+  const deleteButton = (r) => r.locator('button', { hasText: 'Delete files' });
+  assert.ok(await deleteButton(row).isVisible(), 'a model in the models dir can be deleted');
+  // A built-in model's files are read-only: no "Delete files" (it would only answer 404).
+  await page.fill('#model-search', 'demo-dictionary');
+  const demo = page.locator('#model-rows tr', { hasText: 'exo/demo-dictionary' });
+  await demo.waitFor();
+  assert.equal(await deleteButton(demo).isVisible(), false, 'a built-in model offers no Delete files');
 });
 
 test('sending "Say hello" streams a reply and launches an instance', async () => {

@@ -11,11 +11,15 @@
 
 #include "dist/dist.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -30,8 +34,10 @@ typedef struct run_opts {
     int size;
     int timeout_ms;
     int port_base;
-    int skip_rank;       /* a rank that is never started (-1: none) */
-    const char *dir;     /* store directory (NULL: a fresh temporary one) */
+    int skip_rank;                          /* a rank that is never started (-1: none) */
+    const char *bind_host, *advertise_host; /* NULL: 127.0.0.1, the same */
+    int advertise_port_offset;
+    const char *dir; /* store directory (NULL: a fresh temporary one) */
     int expect_connect_failure;
 } run_opts;
 
@@ -42,17 +48,25 @@ static char *make_store_dir(void) {
     return dir;
 }
 
-static void remove_store_dir(const char *dir) {
+/* Removes the directory and frees its name. */
+static void remove_store_dir(char *dir) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
+    free(dir);
 }
 
 static int child(const run_opts *o, const char *dir, int rank, rank_fn fn, void *arg) {
     dist_store store;
     if (dist_store_dir(&store, dir) < 0) return 10;
-    dist_config c = {.rank = rank, .size = o->size, .prefix = "test", .bind_host = "127.0.0.1",
-                     .timeout_ms = o->timeout_ms ? o->timeout_ms : 20000, .port_base = o->port_base};
+    dist_config c = {.rank = rank,
+                     .size = o->size,
+                     .prefix = "test",
+                     .bind_host = o->bind_host ? o->bind_host : "127.0.0.1",
+                     .advertise_host = o->advertise_host,
+                     .timeout_ms = o->timeout_ms ? o->timeout_ms : 20000,
+                     .port_base = o->port_base,
+                     .advertise_port_offset = o->advertise_port_offset};
     char err[512] = "";
     dist_group *g = dist_connect(&c, &store, err, sizeof err);
     if (!g) {
@@ -102,13 +116,17 @@ static int run_ranks(const run_opts *o, rank_fn fn, void *arg) {
             failures++;
         }
     }
-    if (!o->dir) remove_store_dir(dir);
-    free(dir);
+    if (!o->dir)
+        remove_store_dir(dir);
+    else
+        free(dir);
     return failures;
 }
 
 /* Small integers: their float sums are exact in any order, so equality is the right check. */
-static float value_at(int rank, size_t i) { return (float)((i * 7 + (size_t)rank * 3) % 251) - 100.0f; }
+static float value_at(int rank, size_t i) {
+    return (float)((i * 7 + (size_t)rank * 3) % 251) - 100.0f;
+}
 
 static int allreduce_sizes(dist_group *g, void *arg) {
     (void)arg;
@@ -119,16 +137,19 @@ static int allreduce_sizes(dist_group *g, void *arg) {
         /* A fresh buffer each time: the cached collective must follow the caller's pointer. */
         float *buf = malloc(n * sizeof *buf);
         if (!buf) return 1;
-        for (size_t i = 0; i < n; i++) buf[i] = value_at(dist_rank(g), i);
+        for (size_t i = 0; i < n; i++)
+            buf[i] = value_at(dist_rank(g), i);
         if (dist_allreduce_sum(g, buf, n, err, sizeof err) < 0) {
             fprintf(stderr, "rank %d n=%zu: %s\n", dist_rank(g), n, err);
             return 2;
         }
         for (size_t i = 0; i < n; i++) {
             float want = 0;
-            for (int r = 0; r < dist_size(g); r++) want += value_at(r, i);
+            for (int r = 0; r < dist_size(g); r++)
+                want += value_at(r, i);
             if (buf[i] != want) {
-                fprintf(stderr, "rank %d n=%zu [%zu]: %g, want %g\n", dist_rank(g), n, i, buf[i], want);
+                fprintf(stderr, "rank %d n=%zu [%zu]: %g, want %g\n", dist_rank(g), n, i, buf[i],
+                        want);
                 free(buf);
                 return 3;
             }
@@ -148,9 +169,88 @@ static void test_allreduce_2_3_4_ranks(void **state) {
 
 static void test_allreduce_fixed_ports(void **state) {
     (void)state;
-    /* A port range unlikely to be taken, different per run so TIME_WAIT does not matter. */
-    run_opts o = {.size = 3, .skip_rank = -1, .port_base = 30000 + (int)(getpid() % 2000) * 10};
+    /* Below the kernel's ephemeral range (32768+), so no outgoing connection holds it; different
+     * per run so TIME_WAIT does not matter. */
+    run_opts o = {.size = 3, .skip_rank = -1, .port_base = 20000 + (int)(getpid() % 1000) * 10};
     assert_int_equal(run_ranks(&o, allreduce_sizes, NULL), 0);
+}
+
+static int pipeline_pass(dist_group *g, void *arg);
+
+/* Starts tools/netproxy forwarding `count` ports from 127.0.0.1:listen_port to
+ * 127.0.0.2:target_port with a delay, and waits until its last port accepts. */
+static pid_t start_proxy(int listen_port, int target_port, int count) {
+    const char *build = getenv("EXO_BUILD");
+    char bin[512], listen_arg[64], target_arg[64], count_arg[16];
+    snprintf(bin, sizeof bin, "%s/tools/netproxy", build && *build ? build : "build");
+    snprintf(listen_arg, sizeof listen_arg, "127.0.0.1:%d", listen_port);
+    snprintf(target_arg, sizeof target_arg, "127.0.0.2:%d", target_port);
+    snprintf(count_arg, sizeof count_arg, "%d", count);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failed test must not leave it running */
+        execl(bin, bin, "--listen", listen_arg, "--target", target_arg, "--count", count_arg,
+              "--delay-ms", "0.1", "--rate-gbit", "10", (char *)NULL);
+        _exit(127);
+    }
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)(listen_port + count - 1))};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    for (int tries = 0; tries < 500; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok) return pid;
+        assert_int_equal(waitpid(pid, NULL, WNOHANG), 0); /* it must not have exited */
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fail_msg("netproxy did not start listening (%s)", bin);
+    return -1;
+}
+
+static void test_allreduce_through_proxy(void **state) {
+    (void)state;
+    /* Ranks listen on 127.0.0.2 at fixed ports and advertise the proxy on 127.0.0.1 (an address
+     * that sorts below theirs, so Gloo lets every rank dial it). */
+    for (int size = 2; size <= 3; size++) {
+        int base = 10000 + (int)(getpid() % 500) * 20, offset = 10;
+        pid_t proxy = start_proxy(base + offset, base, size * size);
+        run_opts o = {.size = size,
+                      .skip_rank = -1,
+                      .port_base = base,
+                      .bind_host = "127.0.0.2",
+                      .advertise_host = "127.0.0.1",
+                      .advertise_port_offset = offset};
+        int failures = run_ranks(&o, allreduce_sizes, NULL);
+        int failures_p2p = run_ranks(&(run_opts){.size = size,
+                                                 .skip_rank = -1,
+                                                 .port_base = base,
+                                                 .bind_host = "127.0.0.2",
+                                                 .advertise_host = "127.0.0.1",
+                                                 .advertise_port_offset = offset},
+                                     pipeline_pass, NULL);
+        kill(proxy, SIGTERM);
+        int status = 0;
+        waitpid(proxy, &status, 0);
+        assert_int_equal(failures, 0);
+        assert_int_equal(failures_p2p, 0);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+}
+
+/* Both sides bound to the wildcard address cannot form a TCP pair in Gloo (neither may dial):
+ * that must be a clear error at connect, not a hang. */
+static void test_unusable_addresses_fail_connect(void **state) {
+    (void)state;
+    run_opts o = {.size = 2,
+                  .skip_rank = -1,
+                  .bind_host = "0.0.0.0",
+                  .timeout_ms = 2000,
+                  .expect_connect_failure = 1};
+    assert_int_equal(run_ranks(&o, NULL, NULL), 0);
 }
 
 static int broadcast_roots(dist_group *g, void *arg) {
@@ -162,7 +262,8 @@ static int broadcast_roots(dist_group *g, void *arg) {
             size_t n = sizes[s];
             unsigned char *buf = malloc(n);
             if (!buf) return 1;
-            for (size_t i = 0; i < n; i++) buf[i] = dist_rank(g) == root ? (unsigned char)(i * 31 + root) : 0xEE;
+            for (size_t i = 0; i < n; i++)
+                buf[i] = dist_rank(g) == root ? (unsigned char)(i * 31 + root) : 0xEE;
             if (dist_broadcast(g, root, buf, n, err, sizeof err) < 0) {
                 fprintf(stderr, "rank %d root %d: %s\n", dist_rank(g), root, err);
                 return 2;
@@ -199,8 +300,10 @@ static int pipeline_pass(dist_group *g, void *arg) {
         if (!buf) return 1;
         int next = (rank + 1) % size, prev = (rank + size - 1) % size;
         if (rank == 0) {
-            for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)(i + s);
-            if (dist_send(g, next, buf, n, err, sizeof err) < 0 || dist_recv(g, prev, buf, n, err, sizeof err) < 0) {
+            for (size_t i = 0; i < n; i++)
+                buf[i] = (unsigned char)(i + s);
+            if (dist_send(g, next, buf, n, err, sizeof err) < 0 ||
+                dist_recv(g, prev, buf, n, err, sizeof err) < 0) {
                 fprintf(stderr, "rank 0: %s\n", err);
                 return 2;
             }
@@ -212,7 +315,8 @@ static int pipeline_pass(dist_group *g, void *arg) {
                 fprintf(stderr, "rank %d: %s\n", rank, err);
                 return 4;
             }
-            for (size_t i = 0; i < n; i++) buf[i]++;
+            for (size_t i = 0; i < n; i++)
+                buf[i]++;
             if (dist_send(g, next, buf, n, err, sizeof err) < 0) return 5;
         }
         free(buf);
@@ -233,7 +337,8 @@ static void test_send_recv_pipeline(void **state) {
 static int mismatched_sizes(dist_group *g, void *arg) {
     (void)arg;
     char buf[64] = {0}, err[512] = "";
-    int rc = dist_rank(g) == 0 ? dist_send(g, 1, buf, 32, err, sizeof err) : dist_recv(g, 0, buf, 64, err, sizeof err);
+    int rc = dist_rank(g) == 0 ? dist_send(g, 1, buf, 32, err, sizeof err)
+                               : dist_recv(g, 0, buf, 64, err, sizeof err);
     if (rc != -1 || !err[0]) return 1;
     /* The group is broken now, and says so. */
     err[0] = 0;
@@ -251,6 +356,9 @@ static void test_send_recv_size_mismatch_fails_both_ends(void **state) {
 static int survivor_sees_failure(dist_group *g, void *arg) {
     int stall = *(int *)arg;
     char err[512] = "";
+    /* Everyone connected first: a rank that leaves while the others are still connecting makes
+     * their dist_connect fail instead (also an error, test_missing_rank_fails_connect). */
+    if (dist_barrier(g, err, sizeof err) < 0) return 3;
     if (dist_rank(g) == 1) {
         if (stall) sleep(3); /* longer than the others' timeout, then leave */
         return 0;
@@ -290,7 +398,8 @@ static void test_malformed_address_record_fails_connect(void **state) {
     dist_store s;
     assert_int_equal(dist_store_dir(&s, dir), 0);
     assert_int_equal(s.set(s.ctx, "test/addr/1", "not an address", 14), 0);
-    dist_config c = {.rank = 0, .size = 2, .prefix = "test", .bind_host = "127.0.0.1", .timeout_ms = 500};
+    dist_config c = {
+        .rank = 0, .size = 2, .prefix = "test", .bind_host = "127.0.0.1", .timeout_ms = 500};
     char err[512] = "";
     assert_null(dist_connect(&c, &s, err, sizeof err));
     assert_non_null(strstr(err, "malformed"));
@@ -312,7 +421,8 @@ static void test_bad_config_is_an_error(void **state) {
     assert_non_null(strstr(err, "carrier-pigeon"));
     dist_config offset_without_ports = {.rank = 0, .size = 2, .advertise_port_offset = 5};
     assert_null(dist_connect(&offset_without_ports, &s, err, sizeof err));
-    dist_config unresolvable = {.rank = 0, .size = 2, .bind_host = "no-such-host.invalid", .timeout_ms = 200};
+    dist_config unresolvable = {
+        .rank = 0, .size = 2, .bind_host = "no-such-host.invalid", .timeout_ms = 200};
     assert_null(dist_connect(&unresolvable, &s, err, sizeof err));
     assert_true(err[0] != 0);
     assert_null(dist_connect(&unresolvable, NULL, err, sizeof err));
@@ -343,7 +453,8 @@ static int never_get(void *ctx, const char *key, void **value, size_t *len, int 
 static void test_failing_store_is_an_error(void **state) {
     (void)state;
     dist_store s = {.set = failing_set, .get = never_get};
-    dist_config c = {.rank = 0, .size = 2, .prefix = "x", .bind_host = "127.0.0.1", .timeout_ms = 200};
+    dist_config c = {
+        .rank = 0, .size = 2, .prefix = "x", .bind_host = "127.0.0.1", .timeout_ms = 200};
     char err[512] = "";
     assert_null(dist_connect(&c, &s, err, sizeof err));
     assert_non_null(strstr(err, "store"));
@@ -395,6 +506,8 @@ int main(void) {
         cmocka_unit_test(test_dead_rank_is_an_error),
         cmocka_unit_test(test_stalled_rank_times_out),
         cmocka_unit_test(test_missing_rank_fails_connect),
+        cmocka_unit_test(test_allreduce_through_proxy),
+        cmocka_unit_test(test_unusable_addresses_fail_connect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,8 +5,9 @@
  * a cancellation, exactly as a one-process engine does: the same greedy tokens, logprobs within
  * 1e-3, the same finish reasons and cached-prefix counts. A follower killed mid-generation makes
  * rank 0's next step fail with an error naming the failure, within the data plane's timeout
- * (never a hang); a rank 0 that goes away ends the followers' loop with an error. Tensor parallel
- * asked to run on the GPU is refused at open, on every rank, with a message (never a crash). */
+ * (never a hang); a rank 0 that goes away ends the followers' loop with an error; ranks whose
+ * scheduler settings differ are refused at open, naming the rank. Tensor parallel asked to run on
+ * the GPU is refused at open, on every rank, with a message (never a crash). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -118,6 +119,8 @@ static void drive(engine *e, shared *sh, int kill_after, int cancel_step) {
     }
 }
 
+static int rank1_max_sequences; /* a test's rank 1 with other scheduler settings (0 = same) */
+
 static shared *shared_new(void) {
     shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     assert_true(sh != MAP_FAILED);
@@ -140,6 +143,7 @@ static void rank_main(const char *model, const char *store_dir, int rank, int si
         _exit(11);
     }
     engine_options o = options(model);
+    if (rank == 1 && rank1_max_sequences) o.max_sequences = rank1_max_sequences;
     o.dist = g;
     o.parallel = mode;
     o.dist_timeout_ms = TIMEOUT_MS;
@@ -147,8 +151,8 @@ static void rank_main(const char *model, const char *store_dir, int rank, int si
     o.device = rank_device;
     engine *e = engine_open(&o, err, sizeof err);
     if (!e) {
-        fprintf(stderr, "rank %d: engine_open: %s\n", rank, err);
         if (rank == 0) snprintf(sh->error, sizeof sh->error, "%s", err);
+        dist_close(g);
         _exit(12);
     }
     int rc = 0;
@@ -389,6 +393,22 @@ static void test_follower_dies_pipeline(void **s) {
     kill_follower(3, ENGINE_PIPELINE, 1);
 }
 
+static void test_ranks_with_other_settings_are_refused(void **s) {
+    (void)s; /* different scheduler settings would plan different batches: refused at open */
+    char store[256];
+    store_dir(store, sizeof store, "mismatch");
+    shared *sh = shared_new();
+    pid_t pids[2];
+    rank1_max_sequences = 8;
+    spawn(pids, model_dirs[0], store, 2, ENGINE_TENSOR, 0, sh, 0);
+    rank1_max_sequences = 0;
+    assert_int_equal(wait_exit(pids[0]), 12);
+    assert_int_equal(wait_exit(pids[1]), 12);
+    printf("refused: %s\n", sh->error);
+    assert_non_null(strstr(sh->error, "rank 1 runs a different model or scheduler settings"));
+    munmap(sh, sizeof *sh);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ground_truth_is_rich),
@@ -399,6 +419,7 @@ int main(void) {
         cmocka_unit_test(test_tensor_4),
         cmocka_unit_test(test_follower_dies_tensor),
         cmocka_unit_test(test_follower_dies_pipeline),
+        cmocka_unit_test(test_ranks_with_other_settings_are_refused),
         cmocka_unit_test(test_tensor_on_gpu_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

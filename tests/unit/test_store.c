@@ -122,7 +122,7 @@ static void test_locate_and_completeness(void **state) {
     assert_string_equal(dir, ro_model);
     assert_true(store_dir_bytes(ro_model) > 0);
 
-    /* an absolute path is a model too; a traversal id is never resolved */
+    /* a path to a model inside a store dir is that model; a traversal id is never resolved */
     assert_int_equal(store_locate(&s, ro_model, dir, sizeof dir), STORE_COMPLETE);
     assert_int_equal(store_locate(&s, "../ro/other--m", dir, sizeof dir), STORE_ABSENT);
 
@@ -132,6 +132,62 @@ static void test_locate_and_completeness(void **state) {
     assert_int_equal(store_delete(&s, "org/model", err, sizeof err), 0);
     assert_int_equal(store_locate(&s, "org/model", dir, sizeof dir), STORE_ABSENT);
     assert_int_equal(store_delete(&s, "../../etc", err, sizeof err), -1);
+}
+
+/* One model, one identity: every spelling of a model directory's path inside a store dir is its
+ * id; a path anywhere else names nothing, with one message whether it exists or not. */
+static void test_canonical_ids(void **state) {
+    (void)state;
+    char models[300], ro[300], outside[300], err[512], err2[512], id[256], p[900];
+    snprintf(models, sizeof models, "%s/cmodels", root);
+    snprintf(ro, sizeof ro, "%s/cro", root);
+    snprintf(outside, sizeof outside, "%s/elsewhere", root);
+    char model[700], bare[700], other[700];
+    snprintf(model, sizeof model, "%s/org--m", ro);
+    snprintf(bare, sizeof bare, "%s/plain", models);
+    snprintf(other, sizeof other, "%s/org--m", outside);
+    write_file(model, "config.json", "{}");
+    write_file(model, "model.safetensors", "x");
+    write_file(bare, "config.json", "{}");
+    write_file(other, "config.json", "{}");
+    model_store s;
+    assert_int_equal(store_init(&s, models, ro, err, sizeof err), 0);
+
+    const char *aliases[] = {"%s", "%s/", "%s/.", "/%s", "%s//./", "%s/../org--m"};
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++) {
+        snprintf(p, sizeof p, aliases[i], model);
+        assert_int_equal(store_canonical_id(&s, p, id, sizeof id, err, sizeof err), 0);
+        assert_string_equal(id, "org/m");
+    }
+    snprintf(p, sizeof p, "%s/../cro/./org--m", ro);
+    assert_int_equal(store_canonical_id(&s, p, id, sizeof id, err, sizeof err), 0);
+    assert_string_equal(id, "org/m");
+    assert_int_equal(store_canonical_id(&s, bare, id, sizeof id, err, sizeof err), 0);
+    assert_string_equal(id, "plain");
+    assert_int_equal(store_canonical_id(&s, "org/m", id, sizeof id, err, sizeof err), 0);
+    assert_string_equal(id, "org/m");
+
+    /* outside the store dirs: a model dir, an existing dir, a missing path, a file inside a
+     * model dir, the root: the same answer, and store_locate finds nothing */
+    snprintf(p, sizeof p, "%s/config.json", model);
+    const char *refused[] = {other, "/etc", "/nonexistent/x", p, "/", models};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        assert_int_equal(store_canonical_id(&s, refused[i], id, sizeof id, err, sizeof err), -1);
+        assert_non_null(strstr(err, "model directories"));
+        char dir[1024];
+        assert_int_equal(store_locate(&s, refused[i], dir, sizeof dir), STORE_ABSENT);
+    }
+    assert_int_equal(store_canonical_id(&s, "/etc", id, sizeof id, err, sizeof err), -1);
+    assert_int_equal(store_canonical_id(&s, "/nonexistent", id, sizeof id, err2, sizeof err2), -1);
+    assert_string_equal(strstr(err, "' not found"), strstr(err2, "' not found"));
+    assert_int_equal(store_canonical_id(&s, "a/b/c", id, sizeof id, err, sizeof err), -1);
+
+    /* why a model is missing: a directory without config.json says so */
+    write_file(models, "org--empty/README.md", "x");
+    store_missing_reason(&s, "org/empty", err, sizeof err);
+    assert_non_null(strstr(err, "has no config.json"));
+    store_missing_reason(&s, "org/none", err, sizeof err);
+    assert_string_equal(err, "it is not on disk");
 }
 
 struct seen {
@@ -191,6 +247,7 @@ int main(void) {
         cmocka_unit_test(test_relpath_validation),
         cmocka_unit_test(test_locate_and_completeness),
         cmocka_unit_test(test_list),
+        cmocka_unit_test(test_canonical_ids),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
