@@ -228,6 +228,18 @@ static int parse_moe(json_t *root, model_config *c, char *err, size_t errlen) {
     return 0;
 }
 
+/* Fails when o[key] is a string other than the one value exo supports; absent is fine.
+ * what names the field in the message, supported_hint says what is supported. */
+static int check_supported_string(json_t *o, const char *key, const char *supported,
+                                  const char *what, const char *supported_hint, char *err,
+                                  size_t errlen) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_string(v) || !strcmp(json_string_value(v), supported)) return 0;
+    error_set(err, errlen, "config.json: %s '%.32s' is not supported (%s only)", what,
+              json_string_value(v), supported_hint);
+    return -1;
+}
+
 static int parse_quantization(json_t *root, model_config *c, char *err, size_t errlen) {
     json_t *q = json_object_get(root, "quantization");
     if (!q) q = json_object_get(root, "quantization_config");
@@ -236,22 +248,10 @@ static int parse_quantization(json_t *root, model_config *c, char *err, size_t e
         error_set(err, errlen, "config.json: 'quantization' must be an object");
         return -1;
     }
-    json_t *method = json_object_get(q, "quant_method");
-    if (json_is_string(method) && strcmp(json_string_value(method), "mlx")) {
-        error_set(err, errlen,
-                  "config.json: quantization method '%.32s' is not supported (mlx "
-                  "affine only)",
-                  json_string_value(method));
+    if (check_supported_string(q, "quant_method", "mlx", "quantization method", "mlx affine", err,
+                               errlen) ||
+        check_supported_string(q, "mode", "affine", "quantization mode", "affine", err, errlen))
         return -1;
-    }
-    json_t *mode = json_object_get(q, "mode");
-    if (json_is_string(mode) && strcmp(json_string_value(mode), "affine")) {
-        error_set(err, errlen,
-                  "config.json: quantization mode '%.32s' is not supported (affine "
-                  "only)",
-                  json_string_value(mode));
-        return -1;
-    }
     if (get_int(q, "bits", 1, 0, 2, 8, &c->quant_bits, err, errlen) ||
         get_int(q, "group_size", 1, 0, 32, 128, &c->quant_group_size, err, errlen))
         return -1;
