@@ -31,40 +31,42 @@ static json_t *field_value(json_t *o, const char *key, int required, int integer
     return NULL;
 }
 
-/* An integer field in [lo, hi]. Missing: *out = def, or an error when required. */
-static int get_int(json_t *o, const char *key, int required, int def, long long lo, long long hi,
-                   int *out, char *err, size_t errlen) {
+/* A number field in [lo, hi] (integer: it must be a JSON integer, and the message shows it as
+ * one). Missing: *out = def, or an error when required. */
+static int get_number(json_t *o, const char *key, int required, int integer, double def,
+                      double lo, double hi, double *out, char *err, size_t errlen) {
     int rc;
-    json_t *v = field_value(o, key, required, 1, &rc, err, errlen);
-    if (!v) {
-        if (!rc) *out = def;
-        return rc;
-    }
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi) {
-        error_set(err, errlen, "config.json: '%s' = %lld is out of range [%lld, %lld]", key, x, lo,
-                  hi);
-        return -1;
-    }
-    *out = (int)x;
-    return 0;
-}
-
-static int get_num(json_t *o, const char *key, int required, double def, double lo, double hi,
-                   double *out, char *err, size_t errlen) {
-    int rc;
-    json_t *v = field_value(o, key, required, 0, &rc, err, errlen);
+    json_t *v = field_value(o, key, required, integer, &rc, err, errlen);
     if (!v) {
         if (!rc) *out = def;
         return rc;
     }
     double x = json_number_value(v);
     if (!(x >= lo && x <= hi)) {
-        error_set(err, errlen, "config.json: '%s' = %g is out of range [%g, %g]", key, x, lo, hi);
+        if (integer)
+            error_set(err, errlen, "config.json: '%s' = %lld is out of range [%lld, %lld]", key,
+                      (long long)json_integer_value(v), (long long)lo, (long long)hi);
+        else
+            error_set(err, errlen, "config.json: '%s' = %g is out of range [%g, %g]", key, x, lo,
+                      hi);
         return -1;
     }
     *out = x;
     return 0;
+}
+
+/* get_number for an int field; lo and hi are small enough to be exact as doubles. */
+static int get_int(json_t *o, const char *key, int required, int def, long long lo, long long hi,
+                   int *out, char *err, size_t errlen) {
+    double x;
+    int rc = get_number(o, key, required, 1, def, (double)lo, (double)hi, &x, err, errlen);
+    if (!rc) *out = (int)x;
+    return rc;
+}
+
+static int get_num(json_t *o, const char *key, int required, double def, double lo, double hi,
+                   double *out, char *err, size_t errlen) {
+    return get_number(o, key, required, 0, def, lo, hi, out, err, errlen);
 }
 
 static int get_bool(json_t *o, const char *key, int def, int *out, char *err, size_t errlen) {

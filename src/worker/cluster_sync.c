@@ -170,6 +170,17 @@ static void *sync_main(void *arg) {
     return NULL;
 }
 
+/* Frees s and all it owns; its thread has ended or never started. */
+static void free_sync(cluster_sync *s) {
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->cond);
+    json_decref(s->tracked);
+    json_decref(s->runners);
+    json_decref(s->deleting);
+    shards_free(s->shards);
+    free(s);
+}
+
 cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs) {
     cluster_sync *s = calloc(1, sizeof *s);
     if (!s) return NULL;
@@ -190,11 +201,7 @@ cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs) {
     sync_cond_init_monotonic(&s->cond);
     if (pthread_create(&s->thread, NULL, sync_main, s)) {
         log_error("cluster: cannot start the instance sync thread");
-        json_decref(s->tracked);
-        json_decref(s->runners);
-        json_decref(s->deleting);
-        shards_free(s->shards);
-        free(s);
+        free_sync(s);
         return NULL;
     }
     return s;
@@ -204,11 +211,5 @@ void cluster_sync_stop(cluster_sync *s) {
     if (!s) return;
     sync_set_flag_and_wake(&s->lock, &s->cond, &s->stop);
     pthread_join(s->thread, NULL);
-    pthread_mutex_destroy(&s->lock);
-    pthread_cond_destroy(&s->cond);
-    json_decref(s->tracked);
-    json_decref(s->runners);
-    json_decref(s->deleting);
-    shards_free(s->shards);
-    free(s);
+    free_sync(s);
 }
