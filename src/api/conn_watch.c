@@ -69,6 +69,13 @@ static void *watch_main(void *arg) {
     return NULL;
 }
 
+/* Frees w once its thread has ended (or never started) and its list is empty. */
+static void free_watch(conn_watch *w) {
+    pthread_cond_destroy(&w->wake);
+    pthread_mutex_destroy(&w->lock);
+    free(w);
+}
+
 conn_watch *conn_watch_start(unsigned header_timeout_s, unsigned body_timeout_s) {
     conn_watch *w = calloc(1, sizeof *w);
     if (!w) return NULL;
@@ -77,9 +84,7 @@ conn_watch *conn_watch_start(unsigned header_timeout_s, unsigned body_timeout_s)
     pthread_mutex_init(&w->lock, NULL);
     sync_cond_init_monotonic(&w->wake);
     if (pthread_create(&w->thread, NULL, watch_main, w)) {
-        pthread_cond_destroy(&w->wake);
-        pthread_mutex_destroy(&w->lock);
-        free(w);
+        free_watch(w);
         return NULL;
     }
     return w;
@@ -90,9 +95,7 @@ void conn_watch_stop(conn_watch *w) {
     sync_set_flag_and_wake(&w->lock, &w->wake, &w->stopping);
     pthread_join(w->thread, NULL);
     while (w->list) conn_watch_remove(w, w->list);
-    pthread_cond_destroy(&w->wake);
-    pthread_mutex_destroy(&w->lock);
-    free(w);
+    free_watch(w);
 }
 
 conn_watch_entry *conn_watch_add(conn_watch *w, int fd) {
