@@ -7,6 +7,7 @@
  * squares and the router's softmax in double, cos/sin of the float32 angle in double. */
 #include "compute/cuda/cuda.h"
 #include "compute/cuda/cuda_internal.cuh"
+#include "compute/ops_shared.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -429,12 +430,7 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int64_t n, int n_heads
     float angle = (float)pos[t] * inv_freq[p];
     float cs = (float)cos((double)angle) * attn_factor;
     float sn = (float)sin((double)angle) * attn_factor;
-    for (int h = 0; h < n_heads; h++) {
-        float *xh = x + (t * n_heads + h) * head_dim;
-        float a = xh[p], bb = xh[p + half];
-        xh[p] = a * cs - bb * sn;
-        xh[p + half] = bb * cs + a * sn;
-    }
+    ops_rope_rotate_pair(x + t * n_heads * head_dim, n_heads, head_dim, p, half, cs, sn);
 }
 
 static void cuda_rope(compute_backend *b, float *x, const int32_t *pos, int64_t n, int n_heads,
@@ -495,28 +491,7 @@ __global__ void moe_route_kernel(const float *logits, int64_t n, int ne, int k, 
                                  int32_t *ids, float *weights) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n) return;
-    const float *lg = logits + t * ne;
-    float m = -INFINITY;
-    for (int e = 0; e < ne; e++) m = lg[e] > m ? lg[e] : m;
-    double sum = 0;
-    for (int e = 0; e < ne; e++) sum += exp((double)lg[e] - m);
-    int32_t *id = ids + t * k;
-    float *w = weights + t * k;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < ne; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++) taken |= id[i] == e;
-            if (!taken && (best < 0 || lg[e] > lg[best])) best = e;
-        }
-        id[j] = best;
-        w[j] = (float)(exp((double)lg[best] - m) / sum);
-    }
-    if (norm) {
-        float s = 0;
-        for (int j = 0; j < k; j++) s += w[j];
-        for (int j = 0; j < k; j++) w[j] /= s;
-    }
+    ops_moe_route_token(logits + t * ne, ne, k, norm, ids + t * k, weights + t * k);
 }
 
 static void cuda_moe_route(compute_backend *b, const float *logits, int64_t n, int ne, int k,
