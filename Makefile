@@ -51,6 +51,10 @@ ifeq ($(CUDA),1)
 BUILD := build/cuda
 NVCC ?= nvcc
 CUDA_HOME ?= /usr/local/cuda
+# sm_90a machine code for Hopper (H100/H200) plus compute_90 PTX the driver can compile for later
+# GPUs; warnings are errors as for the C code.
+NVCC_FLAGS ?= -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90 \
+              -Werror all-warnings -Xcompiler -Wall,-Wextra
 CU_SRC := $(shell find src -name '*.cu' 2>/dev/null)
 CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 CFLAGS += -DEXO_CUDA=1 -I$(CUDA_HOME)/include
@@ -89,7 +93,7 @@ $(BUILD)/obj/%.o: %.cc
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	@echo '  NVCC $<'
-	@$(NVCC) -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -DEXO_CUDA=1 -c $< -o $@
+	@$(NVCC) $(NVCC_FLAGS) -Isrc -DEXO_CUDA=1 -MMD -MP -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

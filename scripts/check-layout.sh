@@ -151,7 +151,7 @@ for f in src/*.c src/*.h; do
 done
 
 # Every '#include "..."' of src/, as "file:line:target".
-includes=$(grep -rn --include='*.c' --include='*.h' --include='*.cu' -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' src |
+includes=$(grep -rn --include='*.c' --include='*.h' --include='*.cu' --include='*.cuh' -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' src |
            sed -E 's/^([^:]+):([0-9]+):.*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1:\2:\3/')
 
 # options: only cmd/ knows the command line.

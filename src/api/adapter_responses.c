@@ -227,62 +227,75 @@ static void event(gen_state *st, strbuf *out, const char *type, json_t *body) {
     gen_sse_event(out, type, body);
 }
 
+/* What differs between the two kinds of output item that stream text: a message (its text in an
+ * output_text content part) and a reasoning item (its text in a summary_text part). */
+typedef struct text_item_kind {
+    const char *id_prefix;
+    const char *part_index_key; /* the part's index field; each item has one part, index 0 */
+    const char *part_added, *text_delta, *text_done, *part_done; /* event names */
+} text_item_kind;
+
+static const text_item_kind MESSAGE_ITEM = {
+    "msg", "content_index", "response.content_part.added", "response.output_text.delta",
+    "response.output_text.done", "response.content_part.done"};
+static const text_item_kind REASONING_ITEM = {
+    "rs", "summary_index", "response.reasoning_summary_part.added",
+    "response.reasoning_summary_text.delta", "response.reasoning_summary_text.done",
+    "response.reasoning_summary_part.done"};
+
+/* kind: ITEM_MESSAGE or ITEM_REASONING. */
+static const text_item_kind *text_kind(int kind) {
+    return kind == ITEM_MESSAGE ? &MESSAGE_ITEM : &REASONING_ITEM;
+}
+
+static json_t *text_part(int kind, const char *text) {
+    if (kind == ITEM_MESSAGE)
+        return json_pack("{s:s,s:s,s:[]}", "type", "output_text", "text", text, "annotations");
+    return json_pack("{s:s,s:s}", "type", "summary_text", "text", text);
+}
+
+static void part_event(gen_state *st, strbuf *out, const char *type, int kind, const char *id,
+                       int idx, const char *text) {
+    const text_item_kind *k = text_kind(kind);
+    event(st, out, type,
+          json_pack("{s:s,s:i,s:i,s:o}", "item_id", id, "output_index", idx, k->part_index_key, 0,
+                    "part", text_part(kind, text)));
+}
+
 static void close_item(gen_state *st, strbuf *out) {
-    int idx = st->n_blocks - 1;
-    char id[96];
-    if (st->open_block == ITEM_MESSAGE) {
-        item_id(st, "msg", idx, id, sizeof id);
+    int kind = st->open_block, idx = st->n_blocks - 1;
+    if (kind == ITEM_MESSAGE || kind == ITEM_REASONING) {
+        const text_item_kind *k = text_kind(kind);
+        char id[96];
+        item_id(st, k->id_prefix, idx, id, sizeof id);
         const char *text = json_string_value(json_object_get(st->scratch, "open_text"));
         text = text ? text : "";
-        event(st, out, "response.output_text.done",
-              json_pack("{s:s,s:i,s:i,s:s}", "item_id", id, "output_index", idx, "content_index",
+        event(st, out, k->text_done,
+              json_pack("{s:s,s:i,s:i,s:s}", "item_id", id, "output_index", idx, k->part_index_key,
                         0, "text", text));
-        event(st, out, "response.content_part.done",
-              json_pack("{s:s,s:i,s:i,s:{s:s,s:s,s:[]}}", "item_id", id, "output_index", idx,
-                        "content_index", 0, "part", "type", "output_text", "text", text,
-                        "annotations"));
+        part_event(st, out, k->part_done, kind, id, idx, text);
+        json_t *item = kind == ITEM_MESSAGE ? message_item(st, idx, text, "completed")
+                                            : reasoning_item(st, idx, text);
         event(st, out, "response.output_item.done",
-              json_pack("{s:i,s:o}", "output_index", idx, "item",
-                        message_item(st, idx, text, "completed")));
-    } else if (st->open_block == ITEM_REASONING) {
-        item_id(st, "rs", idx, id, sizeof id);
-        const char *text = json_string_value(json_object_get(st->scratch, "open_text"));
-        text = text ? text : "";
-        event(st, out, "response.reasoning_summary_text.done",
-              json_pack("{s:s,s:i,s:i,s:s}", "item_id", id, "output_index", idx, "summary_index",
-                        0, "text", text));
-        event(st, out, "response.reasoning_summary_part.done",
-              json_pack("{s:s,s:i,s:i,s:{s:s,s:s}}", "item_id", id, "output_index", idx,
-                        "summary_index", 0, "part", "type", "summary_text", "text", text));
-        event(st, out, "response.output_item.done",
-              json_pack("{s:i,s:o}", "output_index", idx, "item", reasoning_item(st, idx, text)));
+              json_pack("{s:i,s:o}", "output_index", idx, "item", item));
     }
     st->open_block = ITEM_NONE;
     json_object_set_new(st->scratch, "open_text", json_string(""));
 }
 
+/* kind: ITEM_MESSAGE or ITEM_REASONING. */
 static void open_item(gen_state *st, int kind, strbuf *out) {
     close_item(st, out);
     int idx = st->n_blocks++;
+    const text_item_kind *k = text_kind(kind);
     char id[96];
+    item_id(st, k->id_prefix, idx, id, sizeof id);
     st->open_block = kind;
-    if (kind == ITEM_MESSAGE) {
-        item_id(st, "msg", idx, id, sizeof id);
-        event(st, out, "response.output_item.added",
-              json_pack("{s:i,s:o}", "output_index", idx, "item",
-                        message_item(st, idx, NULL, "in_progress")));
-        event(st, out, "response.content_part.added",
-              json_pack("{s:s,s:i,s:i,s:{s:s,s:s,s:[]}}", "item_id", id, "output_index", idx,
-                        "content_index", 0, "part", "type", "output_text", "text", "",
-                        "annotations"));
-    } else {
-        item_id(st, "rs", idx, id, sizeof id);
-        event(st, out, "response.output_item.added",
-              json_pack("{s:i,s:o}", "output_index", idx, "item", reasoning_item(st, idx, NULL)));
-        event(st, out, "response.reasoning_summary_part.added",
-              json_pack("{s:s,s:i,s:i,s:{s:s,s:s}}", "item_id", id, "output_index", idx,
-                        "summary_index", 0, "part", "type", "summary_text", "text", ""));
-    }
+    json_t *item = kind == ITEM_MESSAGE ? message_item(st, idx, NULL, "in_progress")
+                                        : reasoning_item(st, idx, NULL);
+    event(st, out, "response.output_item.added",
+          json_pack("{s:i,s:o}", "output_index", idx, "item", item));
+    part_event(st, out, k->part_added, kind, id, idx, "");
 }
 
 static void append_open_text(gen_state *st, const char *piece) {
@@ -302,26 +315,26 @@ static void responses_stream_begin(gen_state *st, strbuf *out) {
           json_pack("{s:o}", "response", response_object(st, "in_progress", json_array())));
 }
 
+/* Streams piece into the open item of this kind, opening one first if another kind is open. */
+static void text_delta(gen_state *st, strbuf *out, int kind, const char *piece) {
+    const text_item_kind *k = text_kind(kind);
+    if (st->open_block != kind) open_item(st, kind, out);
+    int idx = st->n_blocks - 1;
+    char id[96];
+    item_id(st, k->id_prefix, idx, id, sizeof id);
+    append_open_text(st, piece);
+    json_t *body = json_pack("{s:s,s:i,s:i,s:s}", "item_id", id, "output_index", idx,
+                             k->part_index_key, 0, "delta", piece);
+    if (kind == ITEM_MESSAGE) json_object_set_new(body, "logprobs", json_array());
+    event(st, out, k->text_delta, body);
+}
+
 static void responses_stream_delta(gen_state *st, const json_t *d, strbuf *out) {
     const char *r = json_string_value(json_object_get(d, "reasoning"));
     const char *c = json_string_value(json_object_get(d, "content"));
     char id[96];
-    if (r && r[0]) {
-        if (st->open_block != ITEM_REASONING) open_item(st, ITEM_REASONING, out);
-        item_id(st, "rs", st->n_blocks - 1, id, sizeof id);
-        append_open_text(st, r);
-        event(st, out, "response.reasoning_summary_text.delta",
-              json_pack("{s:s,s:i,s:i,s:s}", "item_id", id, "output_index", st->n_blocks - 1,
-                        "summary_index", 0, "delta", r));
-    }
-    if (c && c[0]) {
-        if (st->open_block != ITEM_MESSAGE) open_item(st, ITEM_MESSAGE, out);
-        item_id(st, "msg", st->n_blocks - 1, id, sizeof id);
-        append_open_text(st, c);
-        event(st, out, "response.output_text.delta",
-              json_pack("{s:s,s:i,s:i,s:s,s:[]}", "item_id", id, "output_index", st->n_blocks - 1,
-                        "content_index", 0, "delta", c, "logprobs"));
-    }
+    if (r && r[0]) text_delta(st, out, ITEM_REASONING, r);
+    if (c && c[0]) text_delta(st, out, ITEM_MESSAGE, c);
     size_t i;
     json_t *call;
     json_array_foreach(json_object_get(d, "tool_calls"), i, call) {

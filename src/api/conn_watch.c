@@ -5,6 +5,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/sync.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #define CHECK_INTERVAL_MS 500
@@ -61,17 +61,19 @@ static void *watch_main(void *arg) {
     conn_watch *w = arg;
     pthread_mutex_lock(&w->lock);
     while (!w->stopping) {
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        t.tv_nsec += CHECK_INTERVAL_MS * 1000000L;
-        t.tv_sec += t.tv_nsec / 1000000000L;
-        t.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&w->wake, &w->lock, &t);
+        sync_cond_wait_ms(&w->wake, &w->lock, CHECK_INTERVAL_MS);
         uint64_t now = clock_now_ns();
         for (conn_watch_entry *e = w->list; e; e = e->next) check_entry_locked(w, e, now);
     }
     pthread_mutex_unlock(&w->lock);
     return NULL;
+}
+
+/* Frees w once its thread has ended (or never started) and its list is empty. */
+static void free_watch(conn_watch *w) {
+    pthread_cond_destroy(&w->wake);
+    pthread_mutex_destroy(&w->lock);
+    free(w);
 }
 
 conn_watch *conn_watch_start(unsigned header_timeout_s, unsigned body_timeout_s) {
@@ -80,15 +82,9 @@ conn_watch *conn_watch_start(unsigned header_timeout_s, unsigned body_timeout_s)
     w->header_ns = (uint64_t)header_timeout_s * 1000000000ull;
     w->body_ns = (uint64_t)body_timeout_s * 1000000000ull;
     pthread_mutex_init(&w->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&w->wake, &ca);
-    pthread_condattr_destroy(&ca);
+    sync_cond_init_monotonic(&w->wake);
     if (pthread_create(&w->thread, NULL, watch_main, w)) {
-        pthread_cond_destroy(&w->wake);
-        pthread_mutex_destroy(&w->lock);
-        free(w);
+        free_watch(w);
         return NULL;
     }
     return w;
@@ -96,15 +92,10 @@ conn_watch *conn_watch_start(unsigned header_timeout_s, unsigned body_timeout_s)
 
 void conn_watch_stop(conn_watch *w) {
     if (!w) return;
-    pthread_mutex_lock(&w->lock);
-    w->stopping = 1;
-    pthread_cond_signal(&w->wake);
-    pthread_mutex_unlock(&w->lock);
+    sync_set_flag_and_wake(&w->lock, &w->wake, &w->stopping);
     pthread_join(w->thread, NULL);
     while (w->list) conn_watch_remove(w, w->list);
-    pthread_cond_destroy(&w->wake);
-    pthread_mutex_destroy(&w->lock);
-    free(w);
+    free_watch(w);
 }
 
 conn_watch_entry *conn_watch_add(conn_watch *w, int fd) {

@@ -9,6 +9,7 @@
 #include "api/metrics.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/sync.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -17,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 
 /* ------------------------------------------------------------------ active generations */
 
@@ -89,11 +89,7 @@ gen_state *gen_state_new(const gen_adapter *a, instances *m) {
     st->refs = 1;
     st->t_start_ns = clock_now_ns();
     pthread_mutex_init(&st->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&st->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    sync_cond_init_monotonic(&st->cond);
     return st;
 }
 
@@ -423,14 +419,7 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
     }
     /* Non-streamed: wait for the end, cancelling if the client goes away meanwhile. */
     while (!st->done) {
-        struct timespec t;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        t.tv_nsec += 200 * 1000000L;
-        if (t.tv_nsec >= 1000000000L) {
-            t.tv_sec++;
-            t.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&st->cond, &st->lock, &t);
+        sync_cond_wait_ms(&st->cond, &st->lock, 200);
         if (!st->done && api_request_client_gone(r)) instances_cancel(st->instances, st->call_id);
     }
     pthread_mutex_unlock(&st->lock);

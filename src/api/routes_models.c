@@ -18,6 +18,17 @@ static json_t *body_json(api_request *r) {
     return api_request_json(r); /* answers 400 itself on bad JSON */
 }
 
+/* A models_api call that takes the request's JSON body (an empty body reads as {}). */
+typedef int (*models_body_call)(models_service *s, json_t *request, json_t **body);
+
+static void answer_body_call(api_request *r, models_service *s, models_body_call call) {
+    json_t *req = body_json(r), *b;
+    if (!req) return;
+    int st = call(s, req, &b);
+    json_decref(req);
+    answer(r, st, b);
+}
+
 static void h_list(api_request *r, void *ctx) {
     json_t *b;
     int st = models_api_list(ctx, api_request_query(r, "status"), &b);
@@ -30,13 +41,7 @@ static void h_search(api_request *r, void *ctx) {
     answer(r, st, b);
 }
 
-static void h_add(api_request *r, void *ctx) {
-    json_t *req = body_json(r), *b;
-    if (!req) return;
-    int st = models_api_add(ctx, req, &b);
-    json_decref(req);
-    answer(r, st, b);
-}
+static void h_add(api_request *r, void *ctx) { answer_body_call(r, ctx, models_api_add); }
 
 static void h_delete_custom(api_request *r, void *ctx) {
     json_t *b;
@@ -44,21 +49,9 @@ static void h_delete_custom(api_request *r, void *ctx) {
     answer(r, st, b);
 }
 
-static void h_download_start(api_request *r, void *ctx) {
-    json_t *req = body_json(r), *b;
-    if (!req) return;
-    int st = models_api_download_start(ctx, req, &b);
-    json_decref(req);
-    answer(r, st, b);
-}
+static void h_download_start(api_request *r, void *ctx) { answer_body_call(r, ctx, models_api_download_start); }
 
-static void h_download_cancel(api_request *r, void *ctx) {
-    json_t *req = body_json(r), *b;
-    if (!req) return;
-    int st = models_api_download_cancel(ctx, req, &b);
-    json_decref(req);
-    answer(r, st, b);
-}
+static void h_download_cancel(api_request *r, void *ctx) { answer_body_call(r, ctx, models_api_download_cancel); }
 
 /* DELETE /download/{node_id}/{model_id}: as models_api, and State forgets the download, so no
  * node takes this one for a peer that holds the model. */

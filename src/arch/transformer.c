@@ -324,34 +324,67 @@ static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen
     return 0;
 }
 
+/* The ops of one step, from the embedding to the logits (no host memory touched, except by a
+ * tensor-parallel all-reduce). Returns 0, or -1 with err (a failed all-reduce). */
+static int run_layers(transformer *t, const kv_layer *kv, const attention_batch *ab,
+                      const transformer_batch *b, char *err, size_t errlen) {
+    compute_backend *be = t->be;
+    int64_t n = b->n_tokens;
+    if (t->first) be->embed(be, &t->w->embed, t->tokens, n, t->x);
+    for (int li = 0; li < t->n_local; li++)
+        if (attention_block(t, li, &kv[li], ab, n, err, errlen) ||
+            mlp_block(t, li, n, err, errlen))
+            return -1;
+    if (!t->last || !b->n_logits) return 0;
+    be->gather_rows(be, t->x, t->logit_rows, b->n_logits, t->dim, t->head_in);
+    be->rmsnorm(be, t->head_in, t->final_norm, t->head_in, b->n_logits, t->dim,
+                t->c->rms_norm_eps);
+    be->matmul(be, &t->w->lm_head, t->head_in, t->logits, b->n_logits);
+    return 0;
+}
+
+/* What a step's ops and their arguments depend on besides memory contents (backend.h,
+ * step_begin): sizes, and the buffers that can move between steps (block tables, the cache). */
+static uint64_t step_key(const transformer *t, const kv_layer *kv, int block_size,
+                         const transformer_batch *b) {
+    uint64_t v[] = {(uint64_t)b->n_tokens, (uint64_t)b->n_logits, (uint64_t)block_size,
+                    (uint64_t)(uintptr_t)t->tables, (uint64_t)(uintptr_t)kv,
+                    (uint64_t)(uintptr_t)kv[0].k, (uint64_t)(uintptr_t)kv[0].v};
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) h = (h ^ v[i]) * 0x100000001b3ull;
+    return h;
+}
+
 int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
                         const transformer_batch *b, float *out, char *err, size_t errlen) {
     if (check_batch(t, b, err, errlen) || upload_batch(t, b, err, errlen)) return -1;
     compute_backend *be = t->be;
     const model_config *c = t->c;
     int64_t n = b->n_tokens;
-    if (t->first)
-        be->embed(be, &t->w->embed, t->tokens, n, t->x);
-    else
-        be->upload(be, t->x, b->hidden_in, (size_t)(n * t->dim) * sizeof(float));
+    if (!t->first) be->upload(be, t->x, b->hidden_in, (size_t)(n * t->dim) * sizeof(float));
     attention_batch ab = {.n_tokens = n, .positions = t->positions,
                           .seq_of_token = t->seq_of_token, .block_table_start = t->table_start,
                           .block_tables = t->tables, .block_size = block_size,
                           .n_heads = t->n_heads, .n_kv_heads = t->n_kv_heads,
-                          .head_dim = c->head_dim, .scale = 1.0f / sqrtf((float)c->head_dim)};
-    for (int li = 0; li < t->n_local; li++)
-        if (attention_block(t, li, &kv[li], &ab, n, err, errlen) ||
-            mlp_block(t, li, n, err, errlen))
-            return -1;
+                          .head_dim = c->head_dim, .scale = 1.0f / sqrtf((float)c->head_dim),
+                          .host_positions = b->positions, .host_seq_of_token = b->seq_of_token,
+                          .host_block_table_start = b->block_table_start};
+    /* A recorded step replays backend ops only: an all-reduce is a call between them that a
+     * recording cannot hold, so a tensor-parallel step always runs as called. */
+    int record = be->step_begin && be->step_end && !t->allreduce;
+    uint64_t key = record ? step_key(t, kv, block_size, b) : 0;
+    for (int attempt = 0; attempt < 2; attempt++) { /* a second time only if recording failed */
+        if (attempt == 0 && record && be->step_begin(be, key, n)) break;
+        /* only an all-reduce fails here, and steps with one are never recorded */
+        if (run_layers(t, kv, &ab, b, err, errlen)) return -1;
+        if (attempt == 0 && record && be->step_end(be)) continue;
+        break;
+    }
     if (!t->last) {
         if (out) be->download(be, out, t->x, (size_t)(n * t->dim) * sizeof(float));
-        return 0;
+    } else if (b->n_logits) {
+        be->download(be, out, t->logits,
+                     (size_t)b->n_logits * (size_t)t->w->lm_head.rows * sizeof(float));
     }
-    if (!b->n_logits) return 0;
-    be->gather_rows(be, t->x, t->logit_rows, b->n_logits, t->dim, t->head_in);
-    be->rmsnorm(be, t->head_in, t->final_norm, t->head_in, b->n_logits, t->dim, c->rms_norm_eps);
-    be->matmul(be, &t->w->lm_head, t->head_in, t->logits, b->n_logits);
-    be->download(be, out, t->logits,
-                 (size_t)b->n_logits * (size_t)t->w->lm_head.rows * sizeof(float));
-    return 0;
+    return be->status ? be->status(be, err, errlen) : 0;
 }

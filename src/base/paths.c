@@ -39,7 +39,7 @@ int paths_mkdir_p(const char *path) {
 }
 
 char *paths_read_file(const char *path, size_t max_bytes, size_t *len_out) {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rbe"); /* e: close-on-exec, runners are forked from threads */
     if (!f) return NULL;
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || (size_t)st.st_size > max_bytes) {

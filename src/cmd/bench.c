@@ -12,6 +12,7 @@
  * development machine cannot serve them. Timings report the best and the median of the runs: on a
  * shared machine the best is the closest to what the hardware can do.
  * Refuses: to run sections it does not know; it never writes files (bench/run.sh does). */
+#include "compute/device.h"
 #include "base/clock.h"
 #include "base/threadpool.h"
 #include "cmd/cmd.h"
@@ -740,6 +741,14 @@ int cmd_bench_main(int argc, char **argv) {
             return 2;
         }
         use_cpu_time = 1;
+    }
+    for (int j = i; o.model_dir && j + 1 < argc; j++) { /* refuse a device before measuring */
+        compute_device dev;
+        char derr[256];
+        if (!strcmp(argv[j], "--device") && compute_device_check(argv[j + 1], &dev, derr, sizeof derr)) {
+            fprintf(stderr, "exo bench: %s\n", derr);
+            return 2;
+        }
     }
     const char *sec = o.section;
     if (sec && strcmp(sec, "mem") && strcmp(sec, "pool") && strcmp(sec, "gemm") && strcmp(sec, "matvec") &&

@@ -186,10 +186,12 @@ static int run_rank(const char *model_dir, const dist_bench *b) {
     int tg = atoi(b->tg), ctx = 16 + tg + 16;
     size_t kv_bytes = (size_t)((double)(max_b + 1) * ctx * c.n_layers * 2 * c.n_kv_heads *
                                c.head_dim * 4) + (64u << 20);
+    /* ranks pinned to cores, measured against their own read bandwidth: a CPU benchmark */
     engine_options o = {.model_dir = model_dir, .max_batch_tokens = 512, .max_sequences = max_b,
                         .context_length = ctx, .kv_cache_bytes = kv_bytes,
                         .kv_cache_dtype = b->kv, .dist = g, .parallel = b->parallel,
-                        .dist_timeout_ms = b->timeout_ms, .pipeline_serial = b->serial};
+                        .dist_timeout_ms = b->timeout_ms, .pipeline_serial = b->serial,
+                        .device = "cpu"};
     engine *e = engine_open(&o, err, sizeof err);
     int rc = 0;
     if (!e) {

@@ -15,6 +15,7 @@
  * Refuses: writing files (bench/run.sh records results). */
 #include "base/clock.h"
 #include "compute/cpu/cpu.h"
+#include "compute/device.h"
 #include "infer/engine.h"
 #include "model/model_config.h"
 
@@ -30,9 +31,17 @@ double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *w
 double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
 double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens);
 
-/* The higher of the run's first probe and a probe now (1 GiB, best of 5). */
+/* On a GPU the ceilings are the GPU's: its device-to-device copy (bytes read plus written) for
+ * the decode roofline, and cuBLAS's bf16 GEMM for prefill (cmd_bench_model's header says why a
+ * probe runs again after each decode measurement). */
+static int on_gpu;
+#define GPU_COPY_BYTES ((size_t)2 << 30)
+#define GPU_GEMM_N 8192
+
+/* The higher of the run's first probe and a probe now (1 GiB, best of 5; the GPU: 2 GiB). */
 static double read_gbs_now(double first) {
-    double now = bench_read_gbs((size_t)1 << 30, 5, NULL);
+    double now = on_gpu ? compute_gpu_copy_gbs(GPU_COPY_BYTES, 5)
+                        : bench_read_gbs((size_t)1 << 30, 5, NULL);
     return now > first ? now : first;
 }
 
@@ -380,10 +389,10 @@ static double nearest_full_step(const bench_step *st, int n, double t) {
     return best;
 }
 
-static void run_interrupt(const char *model_dir, const char *kv, int long_len, int short_len,
-                          int n_short, int chunk, int reps, int vocab) {
+static void run_interrupt(const char *model_dir, const char *kv, const char *device, int long_len,
+                          int short_len, int n_short, int chunk, int reps, int vocab) {
     engine_options o = {.model_dir = model_dir, .max_batch_tokens = chunk, .max_sequences = 64,
-                        .context_length = long_len + 64, .kv_cache_dtype = kv};
+                        .context_length = long_len + 64, .kv_cache_dtype = kv, .device = device};
     char err[512];
     engine *e = engine_open(&o, err, sizeof err);
     if (!e) {
@@ -490,7 +499,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     int pp[8] = {128, 512}, n_pp = 2, batch[8] = {1, 8}, n_batch = 2, tg = 64, reps = 2;
     int streams[8] = {0}, n_streams = 0, stream_prompt = 128;
     int interrupt = 0, short_prompt = 32, n_short = 24, chunk = 512, set_pp = 0, set_batch = 0;
-    const char *kv = NULL;
+    const char *kv = NULL, *device = NULL;
     for (int i = 0; i < argc; i++) /* several ranks: cmd_bench_dist.c */
         if (!strcmp(argv[i], "--tp") || !strcmp(argv[i], "--pp-ranks") || !strcmp(argv[i], "--rank"))
             return bench_dist_main(model_dir, argc, argv);
@@ -512,11 +521,13 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
         else if (!strcmp(a, "--short-prompt")) short_prompt = atoi(v);
         else if (!strcmp(a, "--shorts")) n_short = atoi(v);
         else if (!strcmp(a, "--chunk")) chunk = atoi(v);
+        else if (!strcmp(a, "--device")) device = v;
         else {
             fprintf(stderr, "exo bench --model: unknown option %s (--pp 128,512 --tg 64 "
                     "--batch 1,8 --reps 2 --kv-dtype f16 --streams 1,8,32 --stream-prompt 128 "
-                    "--interrupt 4096 --short-prompt 32 --shorts 24 --chunk 512; several ranks: "
-                    "--tp N or --pp-ranks N, see cmd_bench_dist.c)\n", a);
+                    "--interrupt 4096 --short-prompt 32 --shorts 24 --chunk 512 "
+                    "--device cpu|cuda|auto; several ranks: --tp N or --pp-ranks N, see "
+                    "cmd_bench_dist.c)\n", a);
             return 2;
         }
         if (n_pp < 1 || n_batch < 1 || tg < 2 || reps < 1 || n_streams < 0 || stream_prompt < 1 ||
@@ -537,6 +548,11 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     if (max_b < 1) max_b = 1;
     model_config cfg;
     char err[512];
+    compute_device dev;
+    if (compute_device_check(device, &dev, err, sizeof err) != 0) {
+        fprintf(stderr, "exo bench: %s\n", err);
+        return 2;
+    }
     if (model_config_load(model_dir, &cfg, err, sizeof err) != 0) {
         fprintf(stderr, "exo bench: %s\n", err);
         return 1;
@@ -546,7 +562,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
                                cfg.n_kv_heads * cfg.head_dim * 4) + (64u << 20);
     /* prefill benchmarks run each prompt in one step; otherwise the server's default chunk */
     engine_options o = {.model_dir = model_dir, .max_batch_tokens = max_pp > 512 ? max_pp : 512,
-                        .max_sequences = max_b,
+                        .max_sequences = max_b, .device = device,
                         .context_length = ctx, .kv_cache_bytes = kv_bytes, .kv_cache_dtype = kv};
     uint64_t t0 = clock_now_ns();
     engine *e = engine_open(&o, err, sizeof err);
@@ -557,15 +573,27 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     const engine_info *info = engine_get_info(e);
     model_costs mc;
     costs_of(&cfg, info, &mc);
-    double blas = 0, ours = 0, peak = gemm_peak_gflops(&blas, &ours);
-    double mlx_peak = cfg.quant_bits ? bench_mlx_matmul_gflops(cfg.quant_bits, cfg.quant_group_size, 1536, 128) : 0;
+    double open_s = (double)(clock_now_ns() - t0) * 1e-9;
+    on_gpu = info->on_gpu;
+    double blas = 0, ours = 0, peak = 0, mlx_peak = 0;
+    if (on_gpu) {
+        read_gbs = compute_gpu_copy_gbs(GPU_COPY_BYTES, 5);
+        peak = compute_gpu_gemm_bf16_gflops(GPU_GEMM_N, 5);
+    } else {
+        peak = gemm_peak_gflops(&blas, &ours);
+        mlx_peak = cfg.quant_bits ? bench_mlx_matmul_gflops(cfg.quant_bits, cfg.quant_group_size, 1536, 128) : 0;
+    }
     double decode_peak = mlx_peak > peak ? mlx_peak : peak;
     printf("model %s: %s, %d layers, %.1f MB of weights read per token, %.2f GFLOP per token "
-           "(opened in %.1f s)\n", model_dir, info->architecture, info->n_layers,
-           info->weight_bytes / 1e6, mc.flops_per_token * 1e-9,
-           (double)(clock_now_ns() - t0) * 1e-9);
-    printf("gemm  f32 1536^3: OpenBLAS %.1f GFLOP/s, cpu_matmul %.1f GFLOP/s (peak = the better: "
-           "the prefill ceiling)\n", blas, ours);
+           "(opened in %.1f s) on %s\n", model_dir, info->architecture, info->n_layers,
+           info->weight_bytes / 1e6, mc.flops_per_token * 1e-9, open_s, info->device);
+    if (on_gpu)
+        printf("gpu   copy %zu MiB device to device: %.1f GB/s (read + written: the decode "
+               "roofline's bandwidth) | cuBLAS bf16 GEMM %d^3: %.1f GFLOP/s (the prefill "
+               "ceiling)\n", GPU_COPY_BYTES >> 20, read_gbs, GPU_GEMM_N, peak);
+    else
+        printf("gemm  f32 1536^3: OpenBLAS %.1f GFLOP/s, cpu_matmul %.1f GFLOP/s (peak = the "
+               "better: the prefill ceiling)\n", blas, ours);
     if (mlx_peak > 0)
         printf("gemm  MLX %d-bit g%d 1536^2 x 128 tokens: %.1f GFLOP/s (int-gemm rooflines use the "
                "better of this and the f32 peak: %.1f)\n", cfg.quant_bits, cfg.quant_group_size,
@@ -578,8 +606,8 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
             if (t > 0 && t < best) best = t;
         }
         double gflops = mc.flops_per_token * pp[i] / best * 1e-9;
-        printf("prefill pp%-5d b1: %8.1f tok/s  %7.1f GFLOP/s = %5.1f%% of f32 GEMM peak\n", pp[i],
-               pp[i] / best, gflops, peak > 0 ? 100 * gflops / peak : 0);
+        printf("prefill pp%-5d b1: %8.1f tok/s  %7.1f GFLOP/s = %5.1f%% of %s GEMM peak\n", pp[i],
+               pp[i] / best, gflops, peak > 0 ? 100 * gflops / peak : 0, on_gpu ? "bf16" : "f32");
         fflush(stdout);
     }
     for (int i = 0; i < n_batch; i++) {
@@ -606,6 +634,6 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     }
     engine_close(e);
     if (interrupt)
-        run_interrupt(model_dir, kv, interrupt, short_prompt, n_short, chunk, reps, cfg.vocab_size);
+        run_interrupt(model_dir, kv, device, interrupt, short_prompt, n_short, chunk, reps, cfg.vocab_size);
     return 0;
 }

@@ -1,6 +1,7 @@
 #include "cmd/options.h"
 
 #include "base/paths.h"
+#include "compute/device.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -30,6 +31,13 @@ static int copy_value(char *dst, size_t n, const char *v, const char *flag, char
         return -1;
     }
     memcpy(dst, v, strlen(v) + 1);
+    return 0;
+}
+
+static int options_set_device(exo_options *o, const char *v, char *err, size_t errlen) {
+    compute_device d;
+    if (compute_device_check(v, &d, err, errlen)) return -1;
+    snprintf(o->device, sizeof o->device, "%s", compute_device_name(d));
     return 0;
 }
 
@@ -107,6 +115,8 @@ void options_print_help(const char *prog) {
            "                        models directory: --models-dir or --models-path)\n"
            "  --max-body-size SIZE  largest accepted HTTP request body (default 32M)\n"
            "  --kv-cache-mem SIZE   KV cache budget per runner (default: automatic)\n"
+           "  --device DEV          cpu, cuda or auto: what runners compute on (env EXO_DEVICE;\n"
+           "                        default auto: the GPU when this build has CUDA and one is present)\n"
            "  --max-runners N       runner processes (placed models) this node starts (default 8)\n"
            "  --max-connections-per-ip N\n"
            "                        open HTTP connections from one address; more are refused\n"
@@ -140,6 +150,8 @@ enum options_result options_parse(exo_options *o, int argc, char **argv, char *e
         copy_value(o->api_key, sizeof o->api_key, env, "EXO_API_KEY", err, errlen))
         return OPTIONS_ERROR;
     if (env_true("EXO_OFFLINE")) o->offline = 1;
+    if ((env = getenv("EXO_DEVICE")) && env[0] && options_set_device(o, env, err, errlen))
+        return OPTIONS_ERROR;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -217,6 +229,9 @@ enum options_result options_parse(exo_options *o, int argc, char **argv, char *e
                 snprintf(err, errlen, "--max-body-size: '%s' is not a size (e.g. 32M)", v);
                 return OPTIONS_ERROR;
             }
+        } else if (VALUE("--device")) {
+            REQUIRE_VALUE("--device");
+            if (options_set_device(o, v, err, errlen)) return OPTIONS_ERROR;
         } else if (VALUE("--kv-cache-mem")) {
             REQUIRE_VALUE("--kv-cache-mem");
             if (options_parse_size(v, &o->kv_cache_bytes)) {

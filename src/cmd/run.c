@@ -9,6 +9,7 @@
 #include "download/download.h"
 #include "base/strbuf.h"
 #include "cmd/cmd.h"
+#include "compute/device.h"
 #include "infer/engine.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -32,6 +33,7 @@ typedef struct run_flags {
     int no_think;
     int threads;
     int context;
+    const char *device; /* --device cpu|cuda|auto */
     const char *models_dir;
     const char *models_path;
     int offline; /* --offline / EXO_OFFLINE: never download a missing model */
@@ -49,6 +51,7 @@ static void usage(FILE *out) {
             "  --offline           never download a missing model (env EXO_OFFLINE)\n"
             "  --tokens 1,2,3      the prompt as token ids (prints ids)\n"
             "  --threads N         CPU threads (default: all cores)\n"
+            "  --device DEV        cpu, cuda or auto (default: the GPU when there is one)\n"
             "  --context N         context length (default: the model's)\n"
             "  --models-path DIRS  read-only model dirs, colon-separated ($EXO_MODELS_PATH)\n"
             "  --models-dir DIR    where model ids are looked up (default $EXO_MODELS_DIR or\n"
@@ -90,6 +93,7 @@ static int parse_flags(int argc, char **argv, run_flags *f) {
             else if (!strcmp(a, "--threads")) f->threads = (int)strtol(v, &end, 10);
             else if (!strcmp(a, "--context")) f->context = (int)strtol(v, &end, 10);
             else if (!strcmp(a, "--tokens")) f->tokens = v, end = (char *)v + strlen(v);
+            else if (!strcmp(a, "--device")) f->device = v, end = (char *)v + strlen(v);
             else if (!strcmp(a, "--models-dir")) f->models_dir = v, end = (char *)v + strlen(v);
             else if (!strcmp(a, "--models-path")) f->models_path = v, end = (char *)v + strlen(v);
             else {
@@ -338,14 +342,19 @@ int cmd_run_main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    char dir[2048];
+    char dir[2048], derr[256];
+    compute_device dev;
+    if (compute_device_check(f.device, &dev, derr, sizeof derr) != 0) {
+        fprintf(stderr, "exo run: %s\n", derr);
+        return 2;
+    }
     if (resolve_model(&f, dir, sizeof dir) != 0) return 1;
     run_session rs = {.f = &f, .next_id = 1};
     if (open_text(&rs, dir) != 0) return 1;
     char err[512] = "";
     uint64_t t0 = clock_now_ns();
     engine_options o = {.model_dir = dir, .n_threads = f.threads, .context_length = f.context,
-                        .max_sequences = 1};
+                        .max_sequences = 1, .device = f.device};
     rs.e = engine_open(&o, err, sizeof err);
     int rc = 0;
     if (!rs.e) {

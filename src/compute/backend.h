@@ -21,6 +21,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA backend (.cu) includes these */
+extern "C" {
+#endif
+
 /* One layer's paged KV storage (backend memory). */
 typedef struct kv_layer {
     void *k;      /* [n_slots][kv_dim] of `type` */
@@ -40,6 +44,9 @@ typedef struct attention_batch {
     int block_size;
     int n_heads, n_kv_heads, head_dim;
     float scale;                      /* usually 1/sqrt(head_dim) */
+    /* Host copies of positions, seq_of_token and block_table_start (NULL when the caller has
+     * none): a backend may plan per sequence from them (CUDA: prefill runs as GEMMs). */
+    const int32_t *host_positions, *host_seq_of_token, *host_block_table_start;
 } attention_batch;
 
 /* A sparse MoE MLP's experts: n_experts SwiGLU FFNs. */
@@ -65,6 +72,27 @@ struct compute_backend {
      * read faster, recording it in w->layout (CPU with AVX-512: 4-bit matrices interleaved in
      * blocks of 16 rows). Returns 1 if it rewrote w. NULL: weights are used as loaded. */
     int (*prepare_weight)(compute_backend *b, weight_matrix *w);
+    /* Offered every weight view once at load (the embedding and norms too), wherever its bytes
+     * are: a backend with memory of its own copies the matrix there (CUDA), and ops given a view
+     * with the same host data later use that copy. Returns 0, or -1 with err (out of memory, a
+     * layout it cannot read). The host bytes must outlive the backend and stay unchanged (a
+     * backend may also copy a view on its first use). NULL: the backend reads weights where
+     * they are. */
+    int (*load_weight)(compute_backend *b, const weight_matrix *w, char *err, size_t errlen);
+    /* Free and total bytes of the backend's memory. NULL: host memory (/proc/meminfo). */
+    int (*memory_info)(compute_backend *b, size_t *free_bytes, size_t *total_bytes);
+    /* 0, or -1 with err when an earlier op failed (asynchronous backends report kernel and
+     * allocation errors here, after the download that waited for them). NULL: ops cannot fail. */
+    int (*status)(compute_backend *b, char *err, size_t errlen);
+    /* Bracket the ops of one forward step of n_tokens tokens (after its uploads, before its
+     * download), so a backend can record them once and replay them (CUDA graphs: one launch
+     * instead of hundreds). step_begin returns 1 when it replayed the ops recorded under `key`
+     * (the caller skips them), else 0 (the caller issues them). step_end returns 1 when the ops
+     * just issued did not run (a recording failed): the caller issues them again. Steps with
+     * equal keys must issue the same ops with the same arguments; only memory contents differ.
+     * NULL: ops run as called. */
+    int (*step_begin)(compute_backend *b, uint64_t key, int64_t n_tokens);
+    int (*step_end)(compute_backend *b);
 
     /* y[t][r] = sum_c x[t][c] * W[r][c] */
     void (*matmul)(compute_backend *b, const weight_matrix *w, const float *x, float *y,
@@ -112,5 +140,9 @@ struct compute_backend {
 
 /* The CPU backend (compute/cpu/backend_cpu.c). n_threads 0 = all cores. */
 compute_backend *compute_backend_cpu(int n_threads);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -5,8 +5,9 @@
 #include "dist/dist.h"
 
 #include "base/clock.h"
+#include "base/fdio.h"
+#include "base/paths.h"
 
-#include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,18 +40,6 @@ static int store_dir_path(const store_dir *s, const char *key, char *out, size_t
     return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t len) {
-    const char *p = buf;
-    while (len) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
 static int store_dir_set(void *ctx, const char *key, const void *value, size_t len) {
     store_dir *s = ctx;
     char path[4096], tmp[4200];
@@ -60,39 +49,11 @@ static int store_dir_set(void *ctx, const char *key, const void *value, size_t l
              __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return -1;
-    int rc = write_all(fd, value, len);
+    int rc = fdio_write_all(fd, value, len);
     if (close(fd) < 0) rc = -1;
     if (rc == 0 && rename(tmp, path) < 0) rc = -1;
     if (rc < 0) unlink(tmp);
     return rc;
-}
-
-/* Reads the whole file; -1 when it does not exist (yet) or cannot be read. */
-static int read_file(const char *path, void **value, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        close(fd);
-        return -1;
-    }
-    size_t size = (size_t)st.st_size;
-    char *buf = malloc(size ? size : 1);
-    size_t got = 0;
-    while (buf && got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    if (!buf || got != size) {
-        free(buf);
-        return -1;
-    }
-    *value = buf;
-    *len = size;
-    return 0;
 }
 
 static int store_dir_get(void *ctx, const char *key, void **value, size_t *len, int timeout_ms) {
@@ -104,7 +65,12 @@ static int store_dir_get(void *ctx, const char *key, void **value, size_t *len, 
      * so a long wait does not spin on a 2-core machine. */
     unsigned sleep_us = 200;
     for (;;) {
-        if (read_file(path, value, len) == 0) return 0;
+        /* -1 while the key's file does not exist (yet) */
+        char *data = paths_read_file(path, SIZE_MAX, len);
+        if (data) {
+            *value = data;
+            return 0;
+        }
         uint64_t now = clock_now_ns();
         if (now >= deadline) return -1;
         uint64_t left_us = (deadline - now) / 1000;

@@ -13,6 +13,8 @@
  * in werr_pf / werr, and the engine stops the download with it. It knows nothing of HTTP. */
 #include "download/download_internal.h"
 
+#include "base/sync.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -133,10 +135,7 @@ static void *ring_main(void *arg) {
 
 void ring_stop(ring *r) {
     if (!r) return;
-    pthread_mutex_lock(&r->lock);
-    r->stop = 1;
-    pthread_cond_broadcast(&r->cond);
-    pthread_mutex_unlock(&r->lock);
+    sync_set_flag_and_wake(&r->lock, &r->cond, &r->stop);
     for (int k = 0; k < r->nthreads; k++)
         pthread_join(r->thread[k], NULL);
     pthread_cond_destroy(&r->cond);

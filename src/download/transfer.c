@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -198,7 +199,9 @@ static void end_transfer(CURLM *multi, plan_file *pf) {
     pf->active = 0;
 }
 
-static void schedule_retry(engine *e, plan_file *pf, double delay_s) {
+/* Counts an attempt and schedules the next one after delay_s (< 0: the doubling backoff).
+ * Returns whether pf still has attempts left (false: the caller gives up with its reason). */
+static bool schedule_retry(engine *e, plan_file *pf, double delay_s) {
     pf->attempts++;
     if (delay_s < 0) {
         delay_s = (double)e->backoff_ms / 1000.0;
@@ -206,6 +209,7 @@ static void schedule_retry(engine *e, plan_file *pf, double delay_s) {
             delay_s *= 2;
     }
     pf->not_before = engine_now_s() + delay_s;
+    return pf->attempts <= e->max_retries;
 }
 
 /* Deletes pf's .partial, to fetch the file again from its first byte. */
@@ -257,16 +261,12 @@ static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
         if (wait > 300) wait = 300;
         log_info("download %s: rate limited on %s, waiting %.0f s", e->req->model_id, pf->f.path,
                  wait < 0 ? (double)e->backoff_ms / 1000.0 : wait);
-        schedule_retry(e, pf, wait);
-        if (pf->attempts > e->max_retries) {
-            engine_set_result(
-                e, DOWNLOAD_ERR_RATE_LIMIT,
-                "the Hub kept answering 429 (rate limited) for %s after %d attempts; wait "
-                "and retry, or set HF_TOKEN for higher limits",
-                pf->f.path, pf->attempts);
-            return -1;
-        }
-        return 0;
+        if (schedule_retry(e, pf, wait)) return 0;
+        engine_set_result(e, DOWNLOAD_ERR_RATE_LIMIT,
+                          "the Hub kept answering 429 (rate limited) for %s after %d attempts; "
+                          "wait and retry, or set HF_TOKEN for higher limits",
+                          pf->f.path, pf->attempts);
+        return -1;
     } else if (status == 416 && pf->offset == pf->f.size) {
         return finish_file(e, pf) < 0 ? (schedule_retry(e, pf, -1), 0) : 0;
     } else if (status == 401 || status == 403) {
@@ -288,14 +288,11 @@ static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
         if (status == 416) { /* our partial is out of step with the server: restart the file */
             drop_partial(e, pf);
         }
-        schedule_retry(e, pf, -1);
-        if (pf->attempts > e->max_retries) {
-            engine_set_result(e, DOWNLOAD_ERR_NETWORK, "giving up on %s after %d attempts: %s%s%ld",
-                              pf->f.path, pf->attempts, rc != CURLE_OK ? cerr : "",
-                              rc != CURLE_OK ? "" : "HTTP ", rc != CURLE_OK ? 0L : status);
-            return -1;
-        }
-        return 0;
+        if (schedule_retry(e, pf, -1)) return 0;
+        engine_set_result(e, DOWNLOAD_ERR_NETWORK, "giving up on %s after %d attempts: %s%s%ld",
+                          pf->f.path, pf->attempts, rc != CURLE_OK ? cerr : "",
+                          rc != CURLE_OK ? "" : "HTTP ", rc != CURLE_OK ? 0L : status);
+        return -1;
     } else if (pf->offset < pf->f.size) {
         schedule_retry(e, pf, -1); /* short body: resume */
     } else if (finish_file(e, pf) < 0) {
@@ -303,16 +300,12 @@ static int on_done(engine *e, CURLM *multi, plan_file *pf, CURLcode rc) {
             pf->use_peer = 0;
             return 0;
         }
-        schedule_retry(e, pf, -1);
-        if (pf->attempts > e->max_retries) {
-            engine_set_result(
-                e, DOWNLOAD_ERR_VERIFY,
-                "%s failed its checksum %d times (corrupt data from the server?); the "
-                "corrupt file was removed — retry later",
-                pf->f.path, pf->attempts);
-            return -1;
-        }
-        return 0;
+        if (schedule_retry(e, pf, -1)) return 0;
+        engine_set_result(e, DOWNLOAD_ERR_VERIFY,
+                          "%s failed its checksum %d times (corrupt data from the server?); the "
+                          "corrupt file was removed — retry later",
+                          pf->f.path, pf->attempts);
+        return -1;
     }
     if (pf->attempts > e->max_retries && !pf->done) {
         engine_set_result(e, DOWNLOAD_ERR_NETWORK, "giving up on %s after %d attempts", pf->f.path,

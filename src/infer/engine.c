@@ -17,6 +17,8 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/log.h"
+#include "compute/device.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,10 +58,13 @@ static int open_kv(engine *e, const engine_options *o, char *err, size_t errlen)
     }
     size_t block_bytes = kv_cache_block_bytes(n_local, kv_dim, e->block_size, type);
     size_t bytes = o->kv_cache_bytes;
-    if (!bytes) { /* enough for every sequence at full context, within a quarter of free RAM */
+    if (!bytes) { /* enough for every sequence at full context, within a quarter of free RAM
+                   * (on a GPU: 80% of what the weights and buffers left free) */
         size_t want = (size_t)e->max_sequences * (size_t)e->info.context_length /
                       (size_t)e->block_size * block_bytes + block_bytes;
-        size_t cap = available_memory() / 4;
+        size_t cap = available_memory() / 4, gpu_free = 0, gpu_total = 0;
+        if (e->be->memory_info && e->be->memory_info(e->be, &gpu_free, &gpu_total) == 0)
+            cap = gpu_free / 10 * 8;
         bytes = want < cap ? want : cap;
     }
     size_t n_blocks = bytes / block_bytes;
@@ -104,6 +109,48 @@ static int prepare_weight(weight_matrix *m, void *backend) {
     return b->prepare_weight(b, m);
 }
 
+typedef struct weight_loading {
+    compute_backend *be;
+    char *err;
+    size_t errlen;
+    int failed;
+} weight_loading;
+
+static void load_weight(weight_matrix *m, void *ctx) {
+    weight_loading *wl = ctx;
+    if (!wl->failed && m->data && wl->be->load_weight(wl->be, m, wl->err, wl->errlen) != 0)
+        wl->failed = 1;
+}
+
+/* The backend for o->device, described in info->device. A tensor-parallel rank computes on the
+ * CPU: its all-reduce (dist/) sums host memory between backend ops, which a GPU backend's buffers
+ * and recorded steps are not; `auto` picks the CPU there and an explicit `cuda` is refused. */
+static int open_backend(engine *e, const engine_options *o, int tensor_parallel, char *err,
+                        size_t errlen) {
+    compute_device asked, d;
+    if (compute_device_parse(o->device, &asked, err, errlen) != 0) return -1;
+    d = compute_device_resolve(asked);
+    if (tensor_parallel && d == COMPUTE_DEVICE_CUDA) {
+        if (asked == COMPUTE_DEVICE_CUDA) {
+            error_set(err, errlen, "--device cuda: tensor parallel runs on the CPU only (use "
+                                   "--device cpu, or a pipeline split on GPUs)");
+            return -1;
+        }
+        log_info("engine: tensor parallel runs on the CPU (device auto)");
+        d = COMPUTE_DEVICE_CPU;
+    }
+    e->be = compute_backend_open(d, o->n_threads, err, errlen);
+    if (!e->be) return -1;
+    compute_gpu g;
+    e->info.on_gpu = d == COMPUTE_DEVICE_CUDA;
+    if (e->info.on_gpu && compute_gpu_get(0, &g) == 0)
+        snprintf(e->info.device, sizeof e->info.device, "cuda (%s, %.1f GB)", g.name,
+                 (double)g.memory_total / 1e9);
+    else
+        snprintf(e->info.device, sizeof e->info.device, "%s", compute_device_name(d));
+    return 0;
+}
+
 engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     engine *e = calloc(1, sizeof *e);
     if (!e) return NULL;
@@ -113,9 +160,15 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     if (!e->st) goto fail;
     model_shard shard = {.layer_start = o->layer_start, .layer_end = o->layer_end};
     if (o->dist && engine_dist_init(e, o, &shard, err, errlen)) goto fail;
+    if (open_backend(e, o, shard.tp_size > 1, err, errlen) != 0) goto fail;
+    /* a backend with memory of its own copies the weights there: no host copy first */
+    shard.memory = e->be->load_weight ? WEIGHTS_MEM_MMAP : WEIGHTS_MEM_AUTO;
     if (model_weights_load_shard(e->st, c, &shard, &e->w, err, errlen)) goto fail;
-    e->be = compute_backend_cpu(o->n_threads);
-    if (!e->be) goto oom;
+    if (e->be->load_weight) {
+        weight_loading wl = {.be = e->be, .err = err, .errlen = errlen};
+        model_weights_for_each(&e->w, load_weight, &wl);
+        if (wl.failed) goto fail;
+    }
     if (e->be->prepare_weight) model_weights_rewrite(&e->w, prepare_weight, e->be);
     e->max_batch_tokens = o->max_batch_tokens > 0 ? o->max_batch_tokens : 512;
     e->max_sequences = o->max_sequences > 0 ? o->max_sequences : 64;

@@ -47,6 +47,8 @@ typedef struct engine_options {
     /* Pipeline shard: layers [layer_start, layer_end) of the model; both 0 = the whole model (or,
      * with ENGINE_PIPELINE, an even split by rank). */
     int layer_start, layer_end;
+    const char *device;     /* "cpu", "cuda" or "auto" (NULL = auto: the GPU when there is one;
+                               tensor parallel runs on the CPU: auto picks it, cuda is refused) */
     /* Several ranks: the connected data plane of this instance (the caller keeps it and closes
      * it after engine_close), and how the model is split. NULL / ENGINE_SINGLE: one process. */
     struct dist_group *dist;
@@ -118,6 +120,8 @@ typedef struct engine_info {
     int n_eos;
     int32_t bos_id;         /* -1 if none */
     size_t weight_bytes;    /* bytes of weights this engine reads per token */
+    char device[128];       /* what runs the model: "cpu", or "cuda (GPU name, memory)" */
+    int on_gpu;             /* the CUDA backend */
 } engine_info;
 
 engine *engine_open(const engine_options *options, char *err, size_t errlen);

@@ -31,40 +31,42 @@ static json_t *field_value(json_t *o, const char *key, int required, int integer
     return NULL;
 }
 
-/* An integer field in [lo, hi]. Missing: *out = def, or an error when required. */
-static int get_int(json_t *o, const char *key, int required, int def, long long lo, long long hi,
-                   int *out, char *err, size_t errlen) {
+/* A number field in [lo, hi] (integer: it must be a JSON integer, and the message shows it as
+ * one). Missing: *out = def, or an error when required. */
+static int get_number(json_t *o, const char *key, int required, int integer, double def,
+                      double lo, double hi, double *out, char *err, size_t errlen) {
     int rc;
-    json_t *v = field_value(o, key, required, 1, &rc, err, errlen);
-    if (!v) {
-        if (!rc) *out = def;
-        return rc;
-    }
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi) {
-        error_set(err, errlen, "config.json: '%s' = %lld is out of range [%lld, %lld]", key, x, lo,
-                  hi);
-        return -1;
-    }
-    *out = (int)x;
-    return 0;
-}
-
-static int get_num(json_t *o, const char *key, int required, double def, double lo, double hi,
-                   double *out, char *err, size_t errlen) {
-    int rc;
-    json_t *v = field_value(o, key, required, 0, &rc, err, errlen);
+    json_t *v = field_value(o, key, required, integer, &rc, err, errlen);
     if (!v) {
         if (!rc) *out = def;
         return rc;
     }
     double x = json_number_value(v);
     if (!(x >= lo && x <= hi)) {
-        error_set(err, errlen, "config.json: '%s' = %g is out of range [%g, %g]", key, x, lo, hi);
+        if (integer)
+            error_set(err, errlen, "config.json: '%s' = %lld is out of range [%lld, %lld]", key,
+                      (long long)json_integer_value(v), (long long)lo, (long long)hi);
+        else
+            error_set(err, errlen, "config.json: '%s' = %g is out of range [%g, %g]", key, x, lo,
+                      hi);
         return -1;
     }
     *out = x;
     return 0;
+}
+
+/* get_number for an int field; lo and hi are small enough to be exact as doubles. */
+static int get_int(json_t *o, const char *key, int required, int def, long long lo, long long hi,
+                   int *out, char *err, size_t errlen) {
+    double x;
+    int rc = get_number(o, key, required, 1, def, (double)lo, (double)hi, &x, err, errlen);
+    if (!rc) *out = (int)x;
+    return rc;
+}
+
+static int get_num(json_t *o, const char *key, int required, double def, double lo, double hi,
+                   double *out, char *err, size_t errlen) {
+    return get_number(o, key, required, 0, def, lo, hi, out, err, errlen);
 }
 
 static int get_bool(json_t *o, const char *key, int def, int *out, char *err, size_t errlen) {
@@ -228,6 +230,18 @@ static int parse_moe(json_t *root, model_config *c, char *err, size_t errlen) {
     return 0;
 }
 
+/* Fails when o[key] is a string other than the one value exo supports; absent is fine.
+ * what names the field in the message, supported_hint says what is supported. */
+static int check_supported_string(json_t *o, const char *key, const char *supported,
+                                  const char *what, const char *supported_hint, char *err,
+                                  size_t errlen) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_string(v) || !strcmp(json_string_value(v), supported)) return 0;
+    error_set(err, errlen, "config.json: %s '%.32s' is not supported (%s only)", what,
+              json_string_value(v), supported_hint);
+    return -1;
+}
+
 static int parse_quantization(json_t *root, model_config *c, char *err, size_t errlen) {
     json_t *q = json_object_get(root, "quantization");
     if (!q) q = json_object_get(root, "quantization_config");
@@ -236,22 +250,10 @@ static int parse_quantization(json_t *root, model_config *c, char *err, size_t e
         error_set(err, errlen, "config.json: 'quantization' must be an object");
         return -1;
     }
-    json_t *method = json_object_get(q, "quant_method");
-    if (json_is_string(method) && strcmp(json_string_value(method), "mlx")) {
-        error_set(err, errlen,
-                  "config.json: quantization method '%.32s' is not supported (mlx "
-                  "affine only)",
-                  json_string_value(method));
+    if (check_supported_string(q, "quant_method", "mlx", "quantization method", "mlx affine", err,
+                               errlen) ||
+        check_supported_string(q, "mode", "affine", "quantization mode", "affine", err, errlen))
         return -1;
-    }
-    json_t *mode = json_object_get(q, "mode");
-    if (json_is_string(mode) && strcmp(json_string_value(mode), "affine")) {
-        error_set(err, errlen,
-                  "config.json: quantization mode '%.32s' is not supported (affine "
-                  "only)",
-                  json_string_value(mode));
-        return -1;
-    }
     if (get_int(q, "bits", 1, 0, 2, 8, &c->quant_bits, err, errlen) ||
         get_int(q, "group_size", 1, 0, 32, 128, &c->quant_group_size, err, errlen))
         return -1;

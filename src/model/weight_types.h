@@ -14,6 +14,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA backend (.cu) includes these */
+extern "C" {
+#endif
+
 typedef enum dtype {
     DTYPE_F32 = 0,
     DTYPE_F16,
@@ -86,5 +90,9 @@ float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -531,9 +531,10 @@ static size_t mem_available(void) {
     return (size_t)kb * 1024;
 }
 
-static weights_memory weights_memory_from_env(void) {
+static weights_memory weights_memory_from_env(weights_memory unset_default) {
     const char *v = getenv("EXO_WEIGHTS_MEM");
-    if (!v || !*v || !strcmp(v, "auto")) return WEIGHTS_MEM_AUTO;
+    if (!v || !*v) return unset_default;
+    if (!strcmp(v, "auto")) return WEIGHTS_MEM_AUTO;
     if (!strcmp(v, "copy")) return WEIGHTS_MEM_COPY;
     if (!strcmp(v, "mmap")) return WEIGHTS_MEM_MMAP;
     log_warn("EXO_WEIGHTS_MEM=%s is not auto, copy or mmap; using auto", v);
@@ -616,6 +617,10 @@ size_t model_weights_rewrite(model_weights *w, int (*rewrite)(weight_matrix *m, 
     return rw.bytes;
 }
 
+void model_weights_for_each(model_weights *w, void (*fn)(weight_matrix *m, void *ctx), void *ctx) {
+    for_each_view(w, fn, ctx);
+}
+
 int model_weights_load(const safetensors_set *st, const model_config *c, int layer_start,
                        int layer_end, model_weights *out, char *err, size_t errlen) {
     model_shard shard = {.layer_start = layer_start, .layer_end = layer_end};
@@ -679,7 +684,7 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
     for (int i = layer_start; i < layer_end; i++)
         out->bytes_per_token += layer_bytes(c, &out->layers[i - layer_start]);
     /* once the slices are copied into the arena, their gathered buffers are not needed */
-    if (model_weights_place(out, weights_memory_from_env())) free_owned(out);
+    if (model_weights_place(out, weights_memory_from_env(shard->memory))) free_owned(out);
     return 0;
 fail:
     model_weights_free(out);

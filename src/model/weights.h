@@ -71,13 +71,6 @@ typedef struct model_weights {
     int n_owned, owned_cap;
 } model_weights;
 
-/* Which part of the model one rank loads: layers [layer_start, layer_end) (0, 0 = all), and
- * tensor-parallel slice tp_rank of tp_size (tp_size 0 or 1 = whole layers). */
-typedef struct model_shard {
-    int layer_start, layer_end;
-    int tp_rank, tp_size;
-} model_shard;
-
 /* Where the weights live once loaded:
  *   AUTO: copy when the viewed bytes fit in half of MemAvailable (else keep the mmap, so a model
  *         near the machine's RAM still runs from the page cache); the default.
@@ -85,6 +78,16 @@ typedef struct model_shard {
  *   MMAP: never copy.
  * EXO_WEIGHTS_MEM=auto|copy|mmap overrides what model_weights_load uses. */
 typedef enum weights_memory { WEIGHTS_MEM_AUTO = 0, WEIGHTS_MEM_COPY, WEIGHTS_MEM_MMAP } weights_memory;
+
+/* Which part of the model one rank loads: layers [layer_start, layer_end) (0, 0 = all), and
+ * tensor-parallel slice tp_rank of tp_size (tp_size 0 or 1 = whole layers); `memory` is the
+ * placement used when EXO_WEIGHTS_MEM is unset (AUTO; a GPU backend copies the weights into its
+ * own memory, where a host copy first would only cost time and RAM: MMAP). */
+typedef struct model_shard {
+    int layer_start, layer_end;
+    int tp_rank, tp_size;
+    weights_memory memory;
+} model_shard;
 
 /* Resolves the views of layers [layer_start, layer_end) (0, 0 = all), then places them as
  * EXO_WEIGHTS_MEM says (default AUTO). Returns 0, or -1 with err. */
@@ -95,6 +98,9 @@ int model_weights_load(const safetensors_set *st, const model_config *c, int lay
 int model_weights_load_shard(const safetensors_set *st, const model_config *c,
                              const model_shard *shard, model_weights *out, char *err,
                              size_t errlen);
+/* Calls fn on every view of the shard (embedding, norms and biases too; views of absent
+ * tensors have data == NULL). */
+void model_weights_for_each(model_weights *w, void (*fn)(weight_matrix *m, void *ctx), void *ctx);
 /* Copies every byte the views cover (only this shard's tensors) into one huge-page-advised
  * anonymous arena and repoints the views there, or leaves them on the mmap (see weights_memory).
  * Returns 1 if the weights were copied, 0 if they stay on the mmap (never fails: the mmap views

@@ -1,6 +1,7 @@
 /* protocol — gen_request JSON codec and length-prefixed framing (see protocol.h). */
 #include "runner/protocol.h"
 
+#include "base/fdio.h"
 #include "base/strbuf.h"
 
 #include <errno.h>
@@ -137,18 +138,6 @@ static int write_all(int fd, const void *data, size_t n) {
     return 0;
 }
 
-static int read_all(int fd, void *data, size_t n) {
-    char *p = data;
-    while (n) {
-        ssize_t r = read(fd, p, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
 int protocol_send(int fd, const json_t *message) {
     char *text = json_dumps(message, JSON_COMPACT);
     if (!text) return -1;
@@ -191,7 +180,7 @@ static json_t *parse_payload(const unsigned char *p, size_t n) {
 
 json_t *protocol_recv(int fd, char *err, size_t errlen) {
     unsigned char hdr[4];
-    if (read_all(fd, hdr, 4)) {
+    if (fdio_read_all(fd, hdr, 4)) {
         snprintf(err, errlen, "connection closed");
         return NULL;
     }
@@ -201,7 +190,7 @@ json_t *protocol_recv(int fd, char *err, size_t errlen) {
         return NULL;
     }
     unsigned char *p = malloc(n ? n : 1);
-    if (!p || read_all(fd, p, n)) {
+    if (!p || fdio_read_all(fd, p, n)) {
         free(p);
         snprintf(err, errlen, "connection closed mid-frame");
         return NULL;

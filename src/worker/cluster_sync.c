@@ -3,6 +3,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/sync.h"
 #include "cluster/cluster.h"
 #include "worker/shards.h"
 
@@ -163,15 +164,21 @@ static void *sync_main(void *arg) {
         tick(s);
         pthread_mutex_lock(&s->lock);
         if (s->stop) break;
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        long long ns = t.tv_nsec + (long long)s->period_ms * 1000000LL;
-        t.tv_sec += (time_t)(ns / 1000000000LL);
-        t.tv_nsec = (long)(ns % 1000000000LL);
-        pthread_cond_timedwait(&s->cond, &s->lock, &t);
+        sync_cond_wait_ms(&s->cond, &s->lock, (unsigned)s->period_ms);
     }
     pthread_mutex_unlock(&s->lock);
     return NULL;
+}
+
+/* Frees s and all it owns; its thread has ended or never started. */
+static void free_sync(cluster_sync *s) {
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->cond);
+    json_decref(s->tracked);
+    json_decref(s->runners);
+    json_decref(s->deleting);
+    shards_free(s->shards);
+    free(s);
 }
 
 cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs) {
@@ -191,14 +198,10 @@ cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs) {
     s->runners = json_object();
     s->deleting = json_object();
     pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->cond, NULL);
+    sync_cond_init_monotonic(&s->cond);
     if (pthread_create(&s->thread, NULL, sync_main, s)) {
         log_error("cluster: cannot start the instance sync thread");
-        json_decref(s->tracked);
-        json_decref(s->runners);
-        json_decref(s->deleting);
-        shards_free(s->shards);
-        free(s);
+        free_sync(s);
         return NULL;
     }
     return s;
@@ -206,16 +209,7 @@ cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs) {
 
 void cluster_sync_stop(cluster_sync *s) {
     if (!s) return;
-    pthread_mutex_lock(&s->lock);
-    s->stop = 1;
-    pthread_cond_broadcast(&s->cond);
-    pthread_mutex_unlock(&s->lock);
+    sync_set_flag_and_wake(&s->lock, &s->cond, &s->stop);
     pthread_join(s->thread, NULL);
-    pthread_mutex_destroy(&s->lock);
-    pthread_cond_destroy(&s->cond);
-    json_decref(s->tracked);
-    json_decref(s->runners);
-    json_decref(s->deleting);
-    shards_free(s->shards);
-    free(s);
+    free_sync(s);
 }

@@ -80,6 +80,7 @@ typedef struct instance {
 struct instances {
     char *runner_exe, *models_dir, *models_path, *node_id;
     size_t kv_cache_bytes;
+    char device[8];
     int ready_timeout_s;
     int watchdog_s;
     int max_runners;
@@ -118,6 +119,7 @@ instances *instances_new(const instances_options *o) {
     m->models_path = strdup(o->models_path ? o->models_path : "");
     m->node_id = strdup(o->node_id ? o->node_id : "node");
     m->kv_cache_bytes = o->kv_cache_bytes;
+    snprintf(m->device, sizeof m->device, "%s", o->device && o->device[0] ? o->device : "auto");
     m->ready_timeout_s = o->ready_timeout_s ? o->ready_timeout_s : 600;
     m->max_runners = o->max_runners > 0 ? o->max_runners : INSTANCES_MAX_RUNNERS_DEFAULT;
     m->next_call_id = 1;
@@ -471,8 +473,8 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
     char kv[32], rank[16], ranks[16], layers[32], timeout[16];
     snprintf(kv, sizeof kv, "%zu", m->kv_cache_bytes);
     char *argv[32] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
-                      (char *)model_id, "--kv-cache-mem", kv};
-    int argc = 10;
+                      (char *)model_id, "--kv-cache-mem", kv, "--device", m->device};
+    int argc = 12;
     if (shard && shard->world_size > 1) {
         snprintf(rank, sizeof rank, "%d", shard->rank);
         snprintf(ranks, sizeof ranks, "%d", shard->world_size);

@@ -6,7 +6,8 @@
  * 1e-3, the same finish reasons and cached-prefix counts. A follower killed mid-generation makes
  * rank 0's next step fail with an error naming the failure, within the data plane's timeout
  * (never a hang); a rank 0 that goes away ends the followers' loop with an error; ranks whose
- * scheduler settings differ are refused at open, naming the rank. */
+ * scheduler settings differ are refused at open, naming the rank. Tensor parallel asked to run on
+ * the GPU is refused at open, on every rank, with a message (never a crash). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -53,6 +54,7 @@ static const int arrive_step[N_REQ] = {0, 0, 2, 8, 9, 0};
 static int32_t prompts[N_REQ][64];
 static result alone[4][N_REQ], full[4][N_REQ]; /* full: the same without the cancellation */
 static char model_dirs[4][256];
+static const char *rank_device; /* engine_options.device of the forked ranks (NULL = auto) */
 
 static void make_prompts(void) {
     for (int r = 0; r < N_REQ; r++)
@@ -146,6 +148,7 @@ static void rank_main(const char *model, const char *store_dir, int rank, int si
     o.parallel = mode;
     o.dist_timeout_ms = TIMEOUT_MS;
     o.pipeline_serial = serial;
+    o.device = rank_device;
     engine *e = engine_open(&o, err, sizeof err);
     if (!e) {
         if (rank == 0) snprintf(sh->error, sizeof sh->error, "%s", err);
@@ -368,6 +371,23 @@ static void test_follower_dies_tensor(void **s) {
     kill_follower(2, ENGINE_TENSOR, 1);
 }
 
+/* --device cuda with a tensor split: both ranks refuse at open (the all-reduce sums host memory),
+ * before any collective, so neither waits for the other. */
+static void test_tensor_on_gpu_refused(void **s) {
+    (void)s;
+    char store[256];
+    store_dir(store, sizeof store, "gpu");
+    shared *sh = shared_new();
+    pid_t pids[2];
+    rank_device = "cuda";
+    spawn(pids, model_dirs[0], store, 2, ENGINE_TENSOR, 0, sh, 0);
+    rank_device = NULL;
+    for (int k = 0; k < 2; k++) assert_int_equal(wait_exit(pids[k]), 12);
+    printf("tensor x2 --device cuda: %s\n", sh->error);
+    assert_non_null(strstr(sh->error, "tensor parallel runs on the CPU only"));
+    munmap(sh, sizeof *sh);
+}
+
 static void test_follower_dies_pipeline(void **s) {
     (void)s;
     kill_follower(3, ENGINE_PIPELINE, 1);
@@ -400,6 +420,7 @@ int main(void) {
         cmocka_unit_test(test_follower_dies_tensor),
         cmocka_unit_test(test_follower_dies_pipeline),
         cmocka_unit_test(test_ranks_with_other_settings_are_refused),
+        cmocka_unit_test(test_tensor_on_gpu_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

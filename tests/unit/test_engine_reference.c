@@ -7,7 +7,13 @@
  * Teacher forcing: every prompt position's top-10 logits and logsumexp within TF_TOL.
  * Greedy (the engine as users run it: f16 KV cache, batched scheduler): tokens equal while the
  * reference's top-1/top-2 gap is >= 1e-2 (below that a float32 summation-order difference may
- * legitimately flip a near-tie); every step's top-5 logprobs within 1e-3. */
+ * legitimately flip a near-tie); every step's top-5 logprobs within 1e-3.
+ *
+ * Where a CUDA GPU is present (and the build has CUDA) every fixture runs twice more on the GPU:
+ * with EXO_CUDA_MATMUL=exact (float32 activations in every matmul) to the same bars as the exact
+ * CPU kernels, and as the GPU runs by default (prefill matmuls of more than 8 tokens as bf16
+ * GEMMs) to GEMM_TOL, tokens equal while the gap is >= GEMM_GAP_MIN. EXO_TEST_DEVICE=cuda runs
+ * the GPU passes only. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +22,7 @@
 
 #include "arch/transformer.h"
 #include "compute/cpu/cpu.h"
+#include "compute/device.h"
 #include "base/paths.h"
 #include "infer/engine.h"
 #include "infer/kv_cache.h"
@@ -50,6 +57,20 @@
 #define QUANT_INT16_TOL 3e-3
 #define F16_KV_TOL 6e-3
 #define GAP_MIN 1e-2
+/* bf16 activations (and 4-bit weights dequantized to bf16) in prefill GEMMs: 2^-9 relative per
+ * product; measured on one H200: teacher-forced logits 1.8e-2..2.1e-2 (bf16 models) and 3.3e-2..
+ * 3.6e-2 (4-bit), greedy logprobs <= 4.1e-5, every token equal */
+#define GEMM_TOL 5e-2
+#define GEMM_GAP_MIN 5e-2
+
+/* The pass being run: which device, and the bars it is held to. */
+typedef struct pass {
+    const char *device; /* engine_options.device */
+    const char *label;
+    double gap_min;
+    double tol; /* > 0: replaces TF_TOL, LOGPROB_TOL and F16_KV_TOL */
+} pass;
+static pass cur = {"cpu", "cpu", GAP_MIN, 0};
 
 static int sha256_file(const char *path, char hex[65]) {
     FILE *f = fopen(path, "rb");
@@ -85,7 +106,9 @@ static void ensure_model(json_t *fx, const char *dir) {
         if (i > 0 && !strcmp(json_string_value(json_array_get(args, i - 1)), "--tokenizer"))
             tok = json_string_value(a);
     }
-    if (tok) {
+    char tok_file[512];
+    snprintf(tok_file, sizeof tok_file, ".cache/tokenizers/%s/tokenizer.json", tok ? tok : "");
+    if (tok && access(tok_file, R_OK) != 0) { /* (the GPU machine gets them carried, no npm) */
         char t[256];
         snprintf(t, sizeof t, "bash scripts/tokenizers.sh %s >/dev/null", tok);
         assert_int_equal(system(t), 0);
@@ -111,7 +134,10 @@ static void teacher_forced(const char *dir, json_t *prompts, stats *st) {
     assert_non_null(set);
     model_weights w;
     assert_int_equal(model_weights_load(set, &c, 0, 0, &w, err, sizeof err), 0);
-    compute_backend *be = compute_backend_cpu(0);
+    compute_device dev;
+    assert_int_equal(compute_device_parse(cur.device, &dev, err, sizeof err), 0);
+    compute_backend *be = compute_backend_open(dev, 0, err, sizeof err);
+    assert_non_null(be);
     transformer *t = transformer_create(&c, &w, be, 256, 256, err, sizeof err);
     assert_non_null(t);
     float *logits = malloc(sizeof(float) * 256 * (size_t)c.vocab_size);
@@ -163,7 +189,8 @@ static void teacher_forced(const char *dir, json_t *prompts, stats *st) {
 
 /* All prompts at once through one engine: batching is part of what is being checked. */
 static void greedy(const char *dir, json_t *prompts, const char *kv_dtype, stats *st) {
-    engine_options o = {.model_dir = dir, .max_batch_tokens = 64, .kv_cache_dtype = kv_dtype};
+    engine_options o = {.model_dir = dir, .max_batch_tokens = 64, .kv_cache_dtype = kv_dtype,
+                        .device = cur.device};
     char err[512];
     engine *e = engine_open(&o, err, sizeof err);
     if (!e) fprintf(stderr, "%s\n", err);
@@ -212,10 +239,10 @@ static void greedy(const char *dir, json_t *prompts, const char *kv_dtype, stats
             } else {
                 /* only a near-tie may flip */
                 double gap = json_number_value(json_object_get(ref, "gap"));
-                if (gap >= GAP_MIN)
+                if (gap >= cur.gap_min)
                     fprintf(stderr, "prompt %zu step %d: token %d, reference %d (gap %g)\n", pi,
                             step_of[pi] - 1, ev[i].token, want, gap);
-                assert_true(gap < GAP_MIN);
+                assert_true(gap < cur.gap_min);
                 diverged[pi] = 1;
             }
         }
@@ -239,14 +266,16 @@ static void check_fixture(const char *file) {
     greedy(dir, prompts, "f32", &st);
     greedy(dir, prompts, NULL, &st16); /* the default: f16 KV cache */
     int int16_kernels = json_array_size(json_object_get(fx, "mkmodel_args")) > 0 &&
-                        strstr(name, "4bit") && !strcmp(cpu_simd_level(), "avx512");
-    double tol = int16_kernels ? QUANT_INT16_TOL : TF_TOL;
+                        strstr(name, "4bit") && !strcmp(cpu_simd_level(), "avx512") &&
+                        !strcmp(cur.device, "cpu");
+    double tol = cur.tol > 0 ? cur.tol : int16_kernels ? QUANT_INT16_TOL : TF_TOL;
     printf("%-24s [%s] logits %.1e | f32 KV: %d/%d tokens, logprobs %.1e | f16 KV: %d/%d, %.1e\n",
-           name, cpu_simd_level(), st.tf_max, st.tokens_equal, st.steps_compared, st.lp_max,
-           st16.tokens_equal, st16.steps_compared, st16.lp_max);
+           name, !strcmp(cur.device, "cpu") ? cpu_simd_level() : cur.label, st.tf_max,
+           st.tokens_equal, st.steps_compared, st.lp_max, st16.tokens_equal, st16.steps_compared,
+           st16.lp_max);
     assert_true(st.tf_max <= tol);
-    assert_true(st.lp_max <= (int16_kernels ? QUANT_INT16_TOL : LOGPROB_TOL));
-    assert_true(st16.lp_max <= F16_KV_TOL);
+    assert_true(st.lp_max <= (cur.tol > 0 ? cur.tol : int16_kernels ? QUANT_INT16_TOL : LOGPROB_TOL));
+    assert_true(st16.lp_max <= (cur.tol > 0 ? cur.tol : F16_KV_TOL));
     assert_true(st.steps_compared >= 5 * 8 && st16.steps_compared >= 5 * 8);
     json_decref(fx);
 }
@@ -275,8 +304,25 @@ int main(void) {
         cmocka_unit_test(test_qwen3_moe_4bit), cmocka_unit_test(test_qwen3_moe_mlx),
         cmocka_unit_test(test_qwen3_moe_4bit_mlx),
     };
-    int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    if (strcmp(cpu_simd_level(), "avx512") || getenv("EXO_CPU_SIMD")) return failed;
+    const char *only = getenv("EXO_TEST_DEVICE");
+    int failed = 0, gpu_only = only && !strcmp(only, "cuda");
+    if (!gpu_only) failed = cmocka_run_group_tests_name("cpu", tests, NULL, NULL);
+    if (!getenv("EXO_CPU_SIMD")) { /* the GPU passes, once (not again in the exact-CPU child) */
+        if (compute_gpu_count() == 0) {
+            printf("GPU passes skipped: %s\n", compute_cuda_built()
+                                                    ? "no CUDA GPU on this machine"
+                                                    : "this build has no CUDA (make CUDA=1)");
+        } else {
+            setenv("EXO_CUDA_MATMUL", "exact", 1);
+            cur = (pass){"cuda", "cuda exact", GAP_MIN, 0};
+            failed += cmocka_run_group_tests_name("cuda exact", tests, NULL, NULL);
+            unsetenv("EXO_CUDA_MATMUL");
+            cur = (pass){"cuda", "cuda", GEMM_GAP_MIN, GEMM_TOL};
+            failed += cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
+            cur = (pass){"cpu", "cpu", GAP_MIN, 0};
+        }
+    }
+    if (gpu_only || strcmp(cpu_simd_level(), "avx512") || getenv("EXO_CPU_SIMD")) return failed;
     printf("again with the exact kernels (EXO_CPU_SIMD=avx2):\n");
     fflush(stdout);
     pid_t pid = fork();

@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include "cmd/options.h"
+#include "compute/device.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,36 @@ static void test_bad_flags(void **state) {
     assert_int_equal(parse(&o, err, 3, a5), OPTIONS_ERROR);
 }
 
+/* --device / EXO_DEVICE: what runners compute on; cuda is refused at start where it cannot run. */
+static void test_device(void **state) {
+    (void)state;
+    unsetenv("EXO_DEVICE");
+    exo_options o;
+    char err[256];
+    char *none[] = {"exo"};
+    assert_int_equal(parse(&o, err, 1, none), OPTIONS_OK);
+    assert_string_equal(o.device, ""); /* unset: runners pick (auto) */
+    char *cpu[] = {"exo", "--device", "cpu"};
+    assert_int_equal(parse(&o, err, 3, cpu), OPTIONS_OK);
+    assert_string_equal(o.device, "cpu");
+    char *bad[] = {"exo", "--device", "tpu"};
+    assert_int_equal(parse(&o, err, 3, bad), OPTIONS_ERROR);
+    assert_non_null(strstr(err, "not one of cpu, cuda, auto"));
+    setenv("EXO_DEVICE", "auto", 1);
+    assert_int_equal(parse(&o, err, 1, none), OPTIONS_OK);
+    assert_string_equal(o.device, "auto");
+    unsetenv("EXO_DEVICE");
+    char *cuda[] = {"exo", "--device", "cuda"};
+    enum options_result r = parse(&o, err, 3, cuda);
+    if (compute_gpu_count() > 0) {
+        assert_int_equal(r, OPTIONS_OK);
+        assert_string_equal(o.device, "cuda");
+    } else {
+        assert_int_equal(r, OPTIONS_ERROR);
+        assert_non_null(strstr(err, compute_cuda_built() ? "no CUDA GPU" : "built without the CUDA backend"));
+    }
+}
+
 static void test_sizes(void **state) {
     (void)state;
     size_t v;
@@ -110,7 +141,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults), cmocka_unit_test(test_all_flags),
         cmocka_unit_test(test_env), cmocka_unit_test(test_bad_flags),
-        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_sizes), cmocka_unit_test(test_device),
     };
     return cmocka_run_group_tests_name("options", tests, NULL, NULL);
 }

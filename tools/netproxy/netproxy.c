@@ -435,6 +435,7 @@ int main(int argc, char **argv) {
     timer_handle.fd = P.timer;
     struct epoll_event te = {.events = EPOLLIN, .data.ptr = &timer_handle};
     epoll_ctl(P.epoll, EPOLL_CTL_ADD, P.timer, &te);
+    handle *listeners = xmalloc((size_t)count * sizeof *listeners); /* freed at exit */
     for (int i = 0; i < count; i++) {
         struct sockaddr_storage a = listen_addr;
         addr_set_port(&a, addr_port(&listen_addr) + i);
@@ -442,9 +443,10 @@ int main(int argc, char **argv) {
         if (fd < 0) {
             fprintf(stderr, "netproxy: cannot listen on port %d: %s\n", addr_port(&a),
                     strerror(errno));
+            free(listeners);
             return 1;
         }
-        handle *h = xmalloc(sizeof *h);
+        handle *h = &listeners[i];
         *h = (handle){.kind = H_LISTENER, .fd = fd, .port_index = i};
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = h};
         epoll_ctl(P.epoll, EPOLL_CTL_ADD, fd, &e);
@@ -458,6 +460,7 @@ int main(int argc, char **argv) {
         if (n < 0) {
             if (errno == EINTR) continue;
             perror("netproxy: epoll_wait");
+            free(listeners);
             return 1;
         }
         uint64_t now = now_ns();
@@ -474,5 +477,7 @@ int main(int argc, char **argv) {
         arm_timer();
     }
     fprintf(stderr, "netproxy: moved %llu bytes\n", (unsigned long long)P.moved);
+    for (int i = 0; i < count; i++) close(listeners[i].fd);
+    free(listeners);
     return 0;
 }

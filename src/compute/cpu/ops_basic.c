@@ -1,5 +1,6 @@
 /* Reference elementwise and row ops of the CPU backend. */
 #include "compute/cpu/ops.h"
+#include "compute/ops_shared.h"
 
 #include <math.h>
 #include <string.h>
@@ -46,12 +47,7 @@ void cpu_op_rope(float *x, const int32_t *positions, int64_t begin, int64_t end,
             float angle = pos * inv_freq[i]; /* float32 product, as transformers computes it */
             float c = (float)cos((double)angle) * attn_factor;
             float s = (float)sin((double)angle) * attn_factor;
-            for (int h = 0; h < n_heads; h++) {
-                float *xh = x + (t * n_heads + h) * head_dim;
-                float a = xh[i], b = xh[i + half];
-                xh[i] = a * c - b * s;
-                xh[i + half] = b * c + a * s;
-            }
+            ops_rope_rotate_pair(x + t * n_heads * head_dim, n_heads, head_dim, i, half, c, s);
         }
     }
 }

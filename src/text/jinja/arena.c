@@ -7,6 +7,8 @@
 
 #include "text/jinja/internal.h"
 
+#include "base/error.h"
+
 struct jarena_chunk {
     jarena_chunk *next;
     size_t used, cap;
@@ -44,9 +46,29 @@ void jarena_free(jarena *a) {
     a->used_total = 0;
 }
 
+void *jarena_grow(jarena *a, void *items, size_t n, size_t *cap, size_t elem, size_t first_cap) {
+    if (n < *cap) return items;
+    size_t grown_cap = *cap ? *cap * 2 : first_cap;
+    void *grown = jarena_alloc(a, grown_cap * elem);
+    if (!grown) return NULL;
+    if (n) memcpy(grown, items, n * elem);
+    *cap = grown_cap;
+    return grown;
+}
+
+static _Noreturn void fail_memory(jctx *c) {
+    jfail(c, 0, "template rendering used more than %zu bytes of memory", c->arena.limit);
+}
+
 void *jalloc(jctx *c, size_t n) {
     void *p = jarena_alloc(&c->arena, n);
-    if (!p) jfail(c, 0, "template rendering used more than %zu bytes of memory", c->arena.limit);
+    if (!p) fail_memory(c);
+    return p;
+}
+
+void *jgrow(jctx *c, void *items, size_t n, size_t *cap, size_t elem) {
+    void *p = jarena_grow(&c->arena, items, n, cap, elem, 8);
+    if (!p) fail_memory(c);
     return p;
 }
 
@@ -58,17 +80,12 @@ char *jstrdup_n(jctx *c, const char *s, size_t n) {
 }
 
 void jfail(jctx *c, int line, const char *fmt, ...) {
-    char msg[512];
+    char where[32] = "template";
+    if (line > 0) snprintf(where, sizeof where, "template line %d", line);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    error_vset_at(c->err, c->errlen, where, fmt, ap);
     va_end(ap);
-    if (c->errlen) {
-        if (line > 0)
-            snprintf(c->err, c->errlen, "template line %d: %s", line, msg);
-        else
-            snprintf(c->err, c->errlen, "template: %s", msg);
-    }
     longjmp(c->fail, 1);
 }
 

@@ -216,8 +216,14 @@ struct jctx {
 /* arena.c */
 void *jarena_alloc(jarena *a, size_t n);
 void jarena_free(jarena *a);
+/* Makes room for one more element in an arena array of n used and *cap allocated elements of
+ * elem bytes: when full, copies it into a block twice the size (first_cap when empty) and updates
+ * *cap. Returns the array to use, or NULL when the arena is over its limit. */
+void *jarena_grow(jarena *a, void *items, size_t n, size_t *cap, size_t elem, size_t first_cap);
 /* Allocation in the render arena; fails the render when over the memory limit. */
 void *jalloc(jctx *c, size_t n);
+/* jarena_grow in the render arena (first capacity 8); fails the render like jalloc. */
+void *jgrow(jctx *c, void *items, size_t n, size_t *cap, size_t elem);
 char *jstrdup_n(jctx *c, const char *s, size_t n);
 _Noreturn void jfail(jctx *c, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

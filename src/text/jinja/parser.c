@@ -66,6 +66,13 @@ static void *palloc(parser *p, size_t n) {
     return r;
 }
 
+/* Room for one more element in an arena array (see jarena_grow); fails the parse without. */
+static void *pgrow(parser *p, void *items, size_t n, size_t *cap, size_t elem, size_t first_cap) {
+    void *r = jarena_grow(&p->t->arena, items, n, cap, elem, first_cap);
+    if (!r) pfail(p, 0, "out of memory");
+    return r;
+}
+
 static char *pstrdup(parser *p, const char *s, size_t n) {
     char *r = palloc(p, n + 1);
     memcpy(r, s, n);
@@ -76,13 +83,7 @@ static char *pstrdup(parser *p, const char *s, size_t n) {
 /* ================= lexer ================= */
 
 static void push_tok(parser *p, token t) {
-    if (p->ntoks == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 256;
-        token *nt = palloc(p, cap * sizeof(token));
-        if (p->ntoks) memcpy(nt, p->toks, p->ntoks * sizeof(token));
-        p->toks = nt;
-        p->cap = cap;
-    }
+    p->toks = pgrow(p, p->toks, p->ntoks, &p->cap, sizeof(token), 256);
     p->toks[p->ntoks++] = t;
 }
 
@@ -522,13 +523,7 @@ typedef struct nodevec {
     size_t n, cap;
 } nodevec;
 static void nv_push(parser *p, nodevec *nv, jnode *x) {
-    if (nv->n == nv->cap) {
-        size_t cap = nv->cap ? nv->cap * 2 : 8;
-        jnode **v = palloc(p, cap * sizeof *v);
-        if (nv->n) memcpy(v, nv->v, nv->n * sizeof *v);
-        nv->v = v;
-        nv->cap = cap;
-    }
+    nv->v = pgrow(p, nv->v, nv->n, &nv->cap, sizeof *nv->v, 8);
     nv->v[nv->n++] = x;
 }
 typedef struct namevec {
@@ -536,13 +531,7 @@ typedef struct namevec {
     size_t n, cap;
 } namevec;
 static void sv_push(parser *p, namevec *sv, const char *x) {
-    if (sv->n == sv->cap) {
-        size_t cap = sv->cap ? sv->cap * 2 : 8;
-        const char **v = palloc(p, cap * sizeof *v);
-        if (sv->n) memcpy(v, sv->v, sv->n * sizeof *v);
-        sv->v = v;
-        sv->cap = cap;
-    }
+    sv->v = pgrow(p, sv->v, sv->n, &sv->cap, sizeof *sv->v, 8);
     sv->v[sv->n++] = x;
 }
 

@@ -77,13 +77,7 @@ jval jv_dict(jctx *c, size_t cap) {
 }
 
 void jlist_push(jctx *c, jlist *l, jval v) {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 8;
-        jval *items = jalloc(c, cap * sizeof(jval));
-        if (l->n) memcpy(items, l->items, l->n * sizeof(jval));
-        l->items = items;
-        l->cap = cap;
-    }
+    l->items = jgrow(c, l->items, l->n, &l->cap, sizeof(jval));
     l->items[l->n++] = v;
 }
 
@@ -110,17 +104,9 @@ void jdict_set(jctx *c, jdict *d, jval key, jval v) {
 
 /* adds a key known to be new */
 static void jdict_append(jctx *c, jdict *d, jval key, jval v) {
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 8;
-        jval *k = jalloc(c, cap * sizeof(jval)), *vv = jalloc(c, cap * sizeof(jval));
-        if (d->n) {
-            memcpy(k, d->keys, d->n * sizeof(jval));
-            memcpy(vv, d->vals, d->n * sizeof(jval));
-        }
-        d->keys = k;
-        d->vals = vv;
-        d->cap = cap;
-    }
+    size_t keys_cap = d->cap; /* keys and vals share one capacity */
+    d->keys = jgrow(c, d->keys, d->n, &keys_cap, sizeof(jval));
+    d->vals = jgrow(c, d->vals, d->n, &d->cap, sizeof(jval));
     d->keys[d->n] = key;
     d->vals[d->n] = v;
     d->n++;

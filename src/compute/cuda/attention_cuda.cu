@@ -1,0 +1,432 @@
+/* Attention over the paged KV cache on the GPU, and the writes into it.
+ *
+ * One warp per (token, KV head): the query heads sharing that KV head (up to 8 at a time) are
+ * done together, so each cached K/V row is read once per group. Lane j scores key base + j of
+ * each chunk of 32 cached positions (its dot products over the whole head), the chunk's softmax
+ * update is a warp max and sum, and for the weighted sum of V each lane owns the head dims
+ * lane, lane + 32, ... -- an online softmax in float32 as the CPU reference (ops_attention.c).
+ * Four warps of a block take four consecutive tokens of the batch: in a prefill chunk they read
+ * the same cached rows, which the L1 then serves once.
+ *
+ * Flash-decoding split: when the batch has too few (token, KV head) pairs to fill the GPU, each
+ * pair's chunks are dealt round-robin to `splits` warps (no host knowledge of the context length
+ * is needed), which write partial (max, sum, weighted V) triples that a second kernel merges.
+ *
+ * Prefill runs (64 or more consecutive positions of one sequence in the batch, found from the
+ * host copies of the batch layout) go to the tensor cores instead: the sequence's cached K and V
+ * gathered into contiguous rows, then per query head S = Q K^T (cuBLAS, float32 out), a causal
+ * softmax into P, and O = P V (cuBLAS), with Q and P in the cache's type (f16/bf16: 2^-11 and
+ * 2^-9 relative rounding; an f32 cache keeps everything f32). EXO_CUDA_MATMUL=exact keeps every
+ * token on the warp kernel. */
+#include "compute/cuda/cuda_internal.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdio.h>
+
+#define ATT_WARPS 4
+#define ATT_GROUP 8  /* query heads per pass */
+#define ATT_DIMS 8   /* head dims per lane: head_dim <= 256 */
+#define ATT_MAX_SPLITS 32
+
+template <int T> __device__ __forceinline__ float kv_load(const void *base, int64_t i);
+template <> __device__ __forceinline__ float kv_load<DTYPE_F32>(const void *base, int64_t i) {
+    return ((const float *)base)[i];
+}
+template <> __device__ __forceinline__ float kv_load<DTYPE_F16>(const void *base, int64_t i) {
+    return __half2float(((const __half *)base)[i]);
+}
+template <> __device__ __forceinline__ float kv_load<DTYPE_BF16>(const void *base, int64_t i) {
+    return __uint_as_float((uint32_t)((const uint16_t *)base)[i] << 16);
+}
+
+/* 8 consecutive cached values from a 16-byte aligned offset. */
+template <int T> __device__ __forceinline__ void kv_load8(const void *base, int64_t i, float *v) {
+    if (T == DTYPE_F32) {
+        float4 a = *(const float4 *)((const float *)base + i);
+        float4 b = *(const float4 *)((const float *)base + i + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+        uint4 u = *(const uint4 *)((const uint16_t *)base + i);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (T == DTYPE_BF16) {
+                v[2 * k] = __uint_as_float(w[k] << 16);
+                v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+            } else {
+                float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w[k]));
+                v[2 * k] = f.x, v[2 * k + 1] = f.y;
+            }
+        }
+    }
+}
+
+struct att_args {
+    const float *q;
+    const void *k, *v;
+    attention_batch ab;
+    float *out;     /* splits == 1: the output */
+    float *partial; /* splits > 1: [n_tokens][n_heads][splits][head_dim + 2] */
+    int splits;
+    int64_t t_begin, t_end; /* the batch tokens this launch serves */
+};
+
+template <int T, bool VEC>
+__global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
+    extern __shared__ float q_smem[]; /* [ATT_WARPS][ATT_GROUP][head_dim] */
+    const attention_batch &ab = a.ab;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t t = a.t_begin + (int64_t)blockIdx.x * ATT_WARPS + warp;
+    if (t >= a.t_end) return; /* no block-wide barrier below */
+    int kvh = blockIdx.y, split = blockIdx.z;
+    int hd = ab.head_dim, nh = ab.n_heads, group = nh / ab.n_kv_heads;
+    int64_t kv_dim = (int64_t)ab.n_kv_heads * hd;
+    float *qs = q_smem + warp * ATT_GROUP * hd;
+    const int32_t *table = ab.block_tables + ab.block_table_start[ab.seq_of_token[t]];
+    int n_ctx = ab.positions[t] + 1, bs = ab.block_size;
+    for (int h0 = 0; h0 < group; h0 += ATT_GROUP) {
+        int gc = group - h0 < ATT_GROUP ? group - h0 : ATT_GROUP;
+        const float *qt = a.q + (t * nh + (int64_t)kvh * group + h0) * hd;
+        for (int i = lane; i < gc * hd; i += 32) qs[i] = qt[i];
+        __syncwarp();
+        float m[ATT_GROUP], l[ATT_GROUP], acc[ATT_GROUP][ATT_DIMS];
+#pragma unroll
+        for (int g = 0; g < ATT_GROUP; g++) {
+            m[g] = -INFINITY;
+            l[g] = 0;
+#pragma unroll
+            for (int i = 0; i < ATT_DIMS; i++) acc[g][i] = 0;
+        }
+        for (int base = split * 32; base < n_ctx; base += 32 * a.splits) {
+            int p = base + lane;
+            bool valid = p < n_ctx;
+            int64_t row = 0;
+            float s[ATT_GROUP];
+#pragma unroll
+            for (int g = 0; g < ATT_GROUP; g++) s[g] = 0;
+            if (valid) {
+                row = ((int64_t)table[p / bs] * bs + p % bs) * kv_dim + (int64_t)kvh * hd;
+                if (VEC) {
+                    for (int d = 0; d < hd; d += 8) {
+                        float kv8[8];
+                        kv_load8<T>(a.k, row + d, kv8);
+#pragma unroll
+                        for (int g = 0; g < ATT_GROUP; g++) {
+                            if (g >= gc) break;
+                            const float *qg = qs + g * hd + d;
+#pragma unroll
+                            for (int i = 0; i < 8; i++) s[g] = fmaf(qg[i], kv8[i], s[g]);
+                        }
+                    }
+                } else {
+                    for (int d = 0; d < hd; d++) {
+                        float kd = kv_load<T>(a.k, row + d);
+#pragma unroll
+                        for (int g = 0; g < ATT_GROUP; g++)
+                            if (g < gc) s[g] = fmaf(qs[g * hd + d], kd, s[g]);
+                    }
+                }
+            }
+            /* softmax update per head; s[g] becomes this lane's weight */
+#pragma unroll
+            for (int g = 0; g < ATT_GROUP; g++) {
+                if (g >= gc) break;
+                float sc = valid ? s[g] * ab.scale : -INFINITY;
+                float cm = sc;
+                for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+                float mn = fmaxf(m[g], cm);
+                float corr = __expf(m[g] - mn); /* m = -inf at first: 0 */
+                float w = valid ? __expf(sc - mn) : 0.0f;
+                float ws = w;
+                for (int o = 16; o > 0; o >>= 1) ws += __shfl_xor_sync(0xffffffffu, ws, o);
+                l[g] = l[g] * corr + ws;
+                m[g] = mn;
+#pragma unroll
+                for (int i = 0; i < ATT_DIMS; i++) acc[g][i] *= corr;
+                s[g] = w;
+            }
+            int n_valid = n_ctx - base < 32 ? n_ctx - base : 32;
+            for (int j = 0; j < n_valid; j++) {
+                int64_t rj = __shfl_sync(0xffffffffu, row, j);
+                float vv[ATT_DIMS];
+#pragma unroll
+                for (int i = 0; i < ATT_DIMS; i++) {
+                    int d = lane + 32 * i;
+                    vv[i] = d < hd ? kv_load<T>(a.v, rj + d) : 0.0f;
+                }
+#pragma unroll
+                for (int g = 0; g < ATT_GROUP; g++) {
+                    if (g >= gc) break;
+                    float w = __shfl_sync(0xffffffffu, s[g], j);
+#pragma unroll
+                    for (int i = 0; i < ATT_DIMS; i++) acc[g][i] = fmaf(w, vv[i], acc[g][i]);
+                }
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < ATT_GROUP; g++) {
+            if (g >= gc) break;
+            int64_t h = (int64_t)kvh * group + h0 + g;
+            if (a.splits == 1) {
+                float *o = a.out + (t * nh + h) * hd;
+                float inv = 1.0f / l[g];
+#pragma unroll
+                for (int i = 0; i < ATT_DIMS; i++)
+                    if (lane + 32 * i < hd) o[lane + 32 * i] = acc[g][i] * inv;
+            } else {
+                float *o = a.partial + ((t * nh + h) * a.splits + split) * (hd + 2);
+#pragma unroll
+                for (int i = 0; i < ATT_DIMS; i++)
+                    if (lane + 32 * i < hd) o[lane + 32 * i] = acc[g][i];
+                if (lane == 0) o[hd] = m[g], o[hd + 1] = l[g];
+            }
+        }
+        __syncwarp();
+    }
+}
+
+/* Merges the splits of one (token, head): weights e^(m_s - M), sums l_s e^(m_s - M). A split
+ * that saw no position has m = -inf and weight 0. */
+__global__ void attention_merge_kernel(const float *partial, int splits, int hd, int64_t th0,
+                                       float *out) {
+    int64_t th = th0 + blockIdx.x;
+    const float *p = partial + th * splits * (hd + 2);
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, p[s * (hd + 2) + hd]);
+    float l = 0;
+    for (int s = 0; s < splits; s++) l += p[s * (hd + 2) + hd + 1] * __expf(p[s * (hd + 2) + hd] - mx);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0;
+        for (int s = 0; s < splits; s++) {
+            float ms = p[s * (hd + 2) + hd];
+            if (ms != -INFINITY) acc += p[s * (hd + 2) + d] * __expf(ms - mx);
+        }
+        out[th * hd + d] = acc / l;
+    }
+}
+
+template <int T>
+static void launch_attention(cuda_ctx *c, const att_args &a, dim3 grid, size_t smem) {
+    if (a.ab.head_dim % 8 == 0)
+        attention_kernel<T, true><<<grid, ATT_WARPS * 32, smem, c->stream>>>(a);
+    else
+        attention_kernel<T, false><<<grid, ATT_WARPS * 32, smem, c->stream>>>(a);
+}
+
+/* The warp kernel over batch tokens [t0, t1). */
+static void attention_warps(cuda_ctx *c, const float *q, const kv_layer *kv,
+                            const attention_batch *ab, float *out, int64_t t0, int64_t t1) {
+    int hd = ab->head_dim;
+    if (t1 <= t0) return;
+    /* enough warps for every multiprocessor several times over: ~132 SMs x 16 warps */
+    int64_t pairs = (t1 - t0) * ab->n_kv_heads;
+    int splits = 1;
+    while (splits < ATT_MAX_SPLITS && pairs * splits < 2048) splits *= 2;
+    att_args a;
+    a.q = q;
+    a.k = kv->k;
+    a.v = kv->v;
+    a.ab = *ab;
+    a.out = out;
+    a.splits = splits;
+    a.partial = NULL;
+    a.t_begin = t0;
+    a.t_end = t1;
+    if (splits > 1) {
+        size_t bytes = (size_t)ab->n_tokens * ab->n_heads * splits * (hd + 2) * sizeof(float);
+        a.partial = (float *)cuda_scratch(c, SCRATCH_ATTENTION, bytes);
+        if (!a.partial) return;
+    }
+    dim3 grid(cuda_blocks(t1 - t0, ATT_WARPS), ab->n_kv_heads, splits);
+    size_t smem = (size_t)ATT_WARPS * ATT_GROUP * hd * sizeof(float);
+    switch (kv->type) {
+    case DTYPE_F16: launch_attention<DTYPE_F16>(c, a, grid, smem); break;
+    case DTYPE_BF16: launch_attention<DTYPE_BF16>(c, a, grid, smem); break;
+    default: launch_attention<DTYPE_F32>(c, a, grid, smem); break;
+    }
+    CUDA_LAUNCHED(c, "attention");
+    if (splits > 1) {
+        attention_merge_kernel<<<(unsigned)((t1 - t0) * ab->n_heads), hd < 128 ? 32 : 128, 0,
+                                 c->stream>>>(a.partial, splits, hd, t0 * ab->n_heads, out);
+        CUDA_LAUNCHED(c, "attention_merge");
+    }
+}
+
+/* ---- prefill runs on the tensor cores ---------------------------------------------------- */
+
+#define ATT_GEMM_MIN_RUN 64
+
+/* Rows 0..ctx-1 of one sequence's cache, in position order (elements of es bytes). */
+__global__ void gather_kv_kernel(const void *k, const void *v, const int32_t *table, int bs,
+                                 int64_t kv_dim, int es, void *kc, void *vc) {
+    int64_t p = blockIdx.x, slot = (int64_t)table[p / bs] * bs + p % bs;
+    for (int64_t d = threadIdx.x; d < kv_dim; d += blockDim.x) {
+        if (es == 4) {
+            ((float *)kc)[p * kv_dim + d] = ((const float *)k)[slot * kv_dim + d];
+            ((float *)vc)[p * kv_dim + d] = ((const float *)v)[slot * kv_dim + d];
+        } else {
+            ((uint16_t *)kc)[p * kv_dim + d] = ((const uint16_t *)k)[slot * kv_dim + d];
+            ((uint16_t *)vc)[p * kv_dim + d] = ((const uint16_t *)v)[slot * kv_dim + d];
+        }
+    }
+}
+
+template <int T> __device__ __forceinline__ void store_elem(void *base, int64_t i, float v) {
+    if (T == DTYPE_F16) ((__half *)base)[i] = __float2half_rn(v);
+    else if (T == DTYPE_BF16) ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(v);
+    else ((float *)base)[i] = v;
+}
+
+template <int T> __global__ void convert_kernel(const float *x, int64_t n, void *out) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) store_elem<T>(out, i, x[i]);
+}
+
+/* Row (head h, run token i) of S [n_heads][n_run][ctx]: softmax over the positions up to the
+ * token's own (pos0 + i), zeros after, into P of the cache's type. */
+template <int T>
+__global__ void causal_softmax_kernel(const float *s, int64_t n_run, int64_t ctx, int pos0,
+                                      void *p) {
+    __shared__ float red[32];
+    int64_t row = blockIdx.x, i = row % n_run;
+    int64_t last = pos0 + i; /* attends to 0..last */
+    const float *sr = s + row * ctx;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) mx = fmaxf(mx, sr[j]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float sum = 0;
+    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) sum += __expf(sr[j] - mx);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    sum = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) sum += red[w];
+    float inv = 1.0f / sum;
+    for (int64_t j = threadIdx.x; j < ctx; j += blockDim.x)
+        store_elem<T>(p, row * ctx + j, j <= last ? __expf(sr[j] - mx) * inv : 0.0f);
+}
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Batch tokens [t0, t1): one sequence at positions pos0 .. pos0 + (t1 - t0) - 1, its block table
+ * at device offset table_off. */
+static void attention_gemm_run(cuda_ctx *c, const float *q, const kv_layer *kv,
+                               const attention_batch *ab, float *out, int64_t t0, int64_t t1,
+                               int pos0, int table_off) {
+    int64_t nr = t1 - t0, ctx = pos0 + nr, nh = ab->n_heads, nkv = ab->n_kv_heads,
+            hd = ab->head_dim, group = nh / nkv, kv_dim = nkv * hd;
+    int es = kv->type == DTYPE_F32 ? 4 : 2;
+    cudaDataType ct = kv->type == DTYPE_F16 ? CUDA_R_16F : kv->type == DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    size_t kv_bytes = align256((size_t)(ctx * kv_dim) * es), q_bytes = align256((size_t)(nr * nh * hd) * es);
+    size_t s_bytes = align256((size_t)(nh * nr * ctx) * 4), p_bytes = align256((size_t)(nh * nr * ctx) * es);
+    char *buf = (char *)cuda_scratch(c, SCRATCH_ATT_GEMM, 2 * kv_bytes + q_bytes + s_bytes + p_bytes);
+    if (!buf) return;
+    char *kc = buf, *vc = kc + kv_bytes, *qh = vc + kv_bytes, *p = qh + q_bytes + s_bytes;
+    float *s = (float *)(qh + q_bytes);
+    gather_kv_kernel<<<(unsigned)ctx, 256, 0, c->stream>>>(kv->k, kv->v, ab->block_tables + table_off,
+                                                           ab->block_size, kv_dim, es, kc, vc);
+    int64_t qn = nr * nh * hd;
+    const float *qt = q + t0 * nh * hd;
+    unsigned rows = (unsigned)(nh * nr);
+    switch (kv->type) {
+    case DTYPE_F16:
+        convert_kernel<DTYPE_F16><<<cuda_blocks(qn, 256), 256, 0, c->stream>>>(qt, qn, qh);
+        break;
+    case DTYPE_BF16:
+        convert_kernel<DTYPE_BF16><<<cuda_blocks(qn, 256), 256, 0, c->stream>>>(qt, qn, qh);
+        break;
+    default: convert_kernel<DTYPE_F32><<<cuda_blocks(qn, 256), 256, 0, c->stream>>>(qt, qn, qh);
+    }
+    CUDA_LAUNCHED(c, "attention gather");
+    const float zero = 0.0f, one = 1.0f, scale = ab->scale;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    for (int64_t g = 0; g < group && st == CUBLAS_STATUS_SUCCESS; g++) /* S = scale Q K^T */
+        st = cublasGemmStridedBatchedEx(
+            c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)ctx, (int)nr, (int)hd, &scale, kc, ct,
+            (int)kv_dim, hd, qh + g * hd * es, ct, (int)(nh * hd), group * hd, &zero,
+            s + g * nr * ctx, CUDA_R_32F, (int)ctx, group * nr * ctx, (int)nkv,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    switch (kv->type) {
+    case DTYPE_F16: causal_softmax_kernel<DTYPE_F16><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, p); break;
+    case DTYPE_BF16: causal_softmax_kernel<DTYPE_BF16><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, p); break;
+    default: causal_softmax_kernel<DTYPE_F32><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, p);
+    }
+    CUDA_LAUNCHED(c, "attention softmax");
+    for (int64_t g = 0; g < group && st == CUBLAS_STATUS_SUCCESS; g++) /* O = P V */
+        st = cublasGemmStridedBatchedEx(
+            c->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)hd, (int)nr, (int)ctx, &one, vc, ct,
+            (int)kv_dim, hd, p + g * nr * ctx * es, ct, (int)ctx, group * nr * ctx, &zero,
+            out + t0 * nh * hd + g * hd, CUDA_R_32F, (int)(nh * hd), group * hd, (int)nkv,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "status %d", (int)st);
+        cuda_fail(c, "cuBLAS (attention)", msg);
+    }
+}
+
+void cuda_attention(cuda_ctx *c, const float *q, const kv_layer *kv, const attention_batch *ab,
+                    float *out) {
+    int64_t n = ab->n_tokens;
+    if (n <= 0) return;
+    if (ab->head_dim > 32 * ATT_DIMS || ab->n_heads % ab->n_kv_heads) {
+        cuda_fail(c, "attention", "head_dim over 256 or heads not a multiple of KV heads");
+        return;
+    }
+    const int32_t *pos = ab->host_positions, *seq = ab->host_seq_of_token;
+    if (c->exact || !pos || !seq || !ab->host_block_table_start || n < ATT_GEMM_MIN_RUN) {
+        attention_warps(c, q, kv, ab, out, 0, n);
+        return;
+    }
+    int64_t warp_from = 0;
+    for (int64_t t = 0; t < n;) {
+        int64_t e = t + 1;
+        while (e < n && seq[e] == seq[t] && pos[e] == pos[e - 1] + 1) e++;
+        if (e - t >= ATT_GEMM_MIN_RUN) {
+            attention_warps(c, q, kv, ab, out, warp_from, t);
+            attention_gemm_run(c, q, kv, ab, out, t, e, pos[t], ab->host_block_table_start[seq[t]]);
+            warp_from = e;
+        }
+        t = e;
+    }
+    attention_warps(c, q, kv, ab, out, warp_from, n);
+}
+
+/* Rounds to nearest even like the CPU's f32_to_f16 / f32_to_bf16. */
+template <int T> __device__ __forceinline__ void kv_store(void *base, int64_t i, float v) {
+    if (T == DTYPE_F16)
+        ((__half *)base)[i] = __float2half_rn(v);
+    else if (T == DTYPE_BF16)
+        ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(v);
+    else
+        ((float *)base)[i] = v;
+}
+
+template <int T>
+__global__ void kv_write_kernel(void *kc, void *vc, const float *k, const float *v,
+                                const int32_t *slots, int64_t n, int64_t kv_dim) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n * kv_dim) return;
+    int64_t t = i / kv_dim, d = i % kv_dim, dst = (int64_t)slots[t] * kv_dim + d;
+    kv_store<T>(kc, dst, k[i]);
+    kv_store<T>(vc, dst, v[i]);
+}
+
+void cuda_kv_write(cuda_ctx *c, const kv_layer *kv, const float *k, const float *v,
+                   const int32_t *slots, int64_t n, int64_t kv_dim) {
+    if (n <= 0) return;
+    unsigned blocks = cuda_blocks(n * kv_dim, 256);
+    switch (kv->type) {
+    case DTYPE_F16: kv_write_kernel<DTYPE_F16><<<blocks, 256, 0, c->stream>>>(kv->k, kv->v, k, v, slots, n, kv_dim); break;
+    case DTYPE_BF16: kv_write_kernel<DTYPE_BF16><<<blocks, 256, 0, c->stream>>>(kv->k, kv->v, k, v, slots, n, kv_dim); break;
+    default: kv_write_kernel<DTYPE_F32><<<blocks, 256, 0, c->stream>>>(kv->k, kv->v, k, v, slots, n, kv_dim); break;
+    }
+    CUDA_LAUNCHED(c, "kv_write");
+}

@@ -1,0 +1,125 @@
+/* Private to compute/cuda: the backend's state, device-side weight descriptors and the entry
+ * points each .cu file gives the others. Everything here runs on the backend's one stream. */
+#ifndef EXO_COMPUTE_CUDA_INTERNAL_CUH
+#define EXO_COMPUTE_CUDA_INTERNAL_CUH
+
+#include "compute/backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Which GEMV kernel reads a matrix: 16-byte loads of a known element type, or the per-element
+ * path for everything else (MLX 2/3/5/6-bit, rows not a multiple of 16 bytes). */
+enum gemv_kind { GEMV_F32 = 0, GEMV_F16, GEMV_BF16, GEMV_Q4, GEMV_Q8, GEMV_GENERIC };
+
+/* A weight matrix in GPU memory (MLX order), by value in kernel arguments. */
+struct dev_matrix {
+    const void *data, *scales, *biases;
+    int64_t rows, cols;
+    int format;      /* weight_format */
+    int bits, group_size;
+    int group_shift; /* log2(group_size) (MLX group sizes are powers of two) */
+    int scale_dtype; /* dtype of scales and biases */
+    int kind;        /* gemv_kind */
+};
+
+/* An MoE layer's experts as device descriptor tables ([n_experts] each), built on first use. */
+struct dev_experts {
+    const void *key;   /* host: ex->gate */
+    const void *first; /* host: ex->gate[0].data, n_experts: the key still describes ex */
+    int n;
+    dev_matrix *gate, *up, *down; /* device arrays */
+    int kind_gate_up, kind_down;  /* the one kind of every expert, or GEMV_GENERIC */
+};
+
+struct weight_entry {
+    const void *host; /* the view's host data pointer (the key) */
+    dev_matrix m;
+};
+
+struct cuda_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    int exact;             /* EXO_CUDA_MATMUL=exact: every matmul through the f32 GEMV kernels */
+    char error[256];       /* first failure, reported by status */
+    /* weights: hash of host pointer -> entry; bytes from a bump allocator of big chunks */
+    weight_entry *entries;
+    size_t n_entries, cap_entries;
+    int64_t *slots; /* open addressing into entries, -1 empty */
+    size_t slot_mask;
+    void **chunks;
+    size_t n_chunks, cap_chunks;
+    char *chunk_ptr;
+    size_t chunk_left;
+    size_t weight_bytes;
+    dev_experts *experts;
+    size_t n_experts_sets;
+    /* scratch, grown on demand (GPU memory) */
+    void *scratch[5];
+    size_t scratch_bytes[5];
+    /* recorded decode steps (CUDA graphs), see step_begin in backend_cuda.cu */
+    struct step_graph {
+        uint64_t key;
+        int seen, disabled;
+        unsigned epoch;
+        cudaGraphExec_t exec;
+    } graphs[64];
+    int n_graphs;
+    int capturing;      /* index into graphs, or -1 */
+    int capture_broken; /* an op could not be recorded: run the step again unrecorded */
+    unsigned epoch;     /* bumped when scratch moves: graphs recorded before hold stale pointers */
+    int no_graphs;      /* EXO_CUDA_GRAPHS=0 */
+};
+
+enum { SCRATCH_GEMM_X = 0, SCRATCH_GEMM_W, SCRATCH_ATTENTION, SCRATCH_MOE, SCRATCH_ATT_GEMM };
+
+/* Records the first error (sticky) from a CUDA or cuBLAS call site. */
+void cuda_fail(cuda_ctx *c, const char *what, const char *detail);
+#define CUDA_OK(c, call)                                                              \
+    do {                                                                              \
+        cudaError_t e_ = (call);                                                      \
+        if (e_ != cudaSuccess) cuda_fail((c), #call, cudaGetErrorString(e_));          \
+    } while (0)
+/* After a kernel launch: a bad configuration shows up at once. */
+#define CUDA_LAUNCHED(c, name)                                                        \
+    do {                                                                              \
+        cudaError_t e_ = cudaGetLastError();                                          \
+        if (e_ != cudaSuccess) cuda_fail((c), name, cudaGetErrorString(e_));           \
+    } while (0)
+
+/* GPU scratch buffer `which` of at least `bytes` (grown, never shrunk); NULL on failure. */
+void *cuda_scratch(cuda_ctx *c, int which, size_t bytes);
+/* The device copy of a view (uploaded now if it was not); NULL with the error recorded. */
+const dev_matrix *cuda_weight(cuda_ctx *c, const weight_matrix *w);
+/* Device descriptor tables of an MoE layer's experts; NULL with the error recorded. */
+const dev_experts *cuda_experts(cuda_ctx *c, const moe_experts *ex);
+
+/* matmul_cuda.cu */
+void cuda_matmul(cuda_ctx *c, const weight_matrix *w, const float *x, float *y, int64_t n);
+void cuda_matmul_multi(cuda_ctx *c, int n, const weight_matrix *const *w, const float *x,
+                       float *const *ys, int64_t n_tokens);
+/* y[j] = table[ids[j]] x[j / x_div] for j < n_jobs (one token each): MoE experts. */
+void cuda_gemv_experts(cuda_ctx *c, const dev_matrix *table, int kind, int64_t rows, int64_t cols,
+                       const int32_t *ids, int64_t n_jobs, int x_div, const float *x, float *y);
+/* out[t] = row ids[t] of w, dequantized to f32. */
+void cuda_embed(cuda_ctx *c, const dev_matrix *w, const int32_t *ids, int64_t n, float *out);
+/* cuBLAS bf16 GEMM rate on n^3 random operands (the prefill ceiling), best of reps. */
+double cuda_gemm_bf16_gflops(cuda_ctx *c, int n, int reps);
+/* Fills bytes (a multiple of 4) of GPU memory with bf16 values of modest size, never NaN. */
+void cuda_fill_random(cuda_ctx *c, void *p, size_t bytes, uint32_t seed);
+
+/* attention_cuda.cu */
+void cuda_attention(cuda_ctx *c, const float *q, const kv_layer *kv, const attention_batch *ab,
+                    float *out);
+void cuda_kv_write(cuda_ctx *c, const kv_layer *kv, const float *k, const float *v,
+                   const int32_t *slots, int64_t n, int64_t kv_dim);
+
+/* Launch shape helpers. */
+static inline unsigned cuda_blocks(int64_t n, int per_block) {
+    return (unsigned)((n + per_block - 1) / per_block);
+}
+
+#endif

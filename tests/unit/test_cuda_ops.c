@@ -1,0 +1,533 @@
+/* The CUDA backend's ops against the CPU backend (exact kernels: EXO_CPU_SIMD=avx2) on random
+ * inputs: every op the forward pass uses, every weight format, GEMV and GEMM token counts, paged
+ * attention over scattered block tables. Skipped, with a message, where there is no GPU or the
+ * binary has no CUDA.
+ *
+ * Tolerances (max |gpu - cpu| / max |cpu| over the output):
+ *   GEMV matmuls (<= 8 tokens, or any count with EXO_CUDA_MATMUL=exact), attention, rmsnorm,
+ *   rope, silu, MoE: 1e-5 -- float32 throughout, only the summation order differs;
+ *   GEMM matmuls (> 8 tokens): 1e-2 -- activations and dequantized weights rounded to bf16
+ *   (2^-9 relative each; measured below 4e-3);
+ *   attention over prefill runs of 64+ positions (tensor cores, Q and P in the cache's type):
+ *   ATT_GEMM_TOL 1e-2 (f16 measured ~1e-3, bf16 ~5e-3); with EXO_CUDA_MATMUL=exact: 1e-5;
+ *   embed, kv_write, gather, add, add_row, routing ids: exact. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "compute/backend.h"
+#include "compute/device.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GEMV_TOL 1e-5
+#define GEMM_TOL 1e-2
+#define ATT_GEMM_TOL 1e-2
+
+static compute_backend *cpu, *gpu, *gpu_exact;
+static uint64_t rng = 0x243f6a8885a308d3ull;
+
+static uint32_t rand32(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float frand(void) { return (float)rand32() / 4294967296.0f * 2.0f - 1.0f; }
+static float *rand_floats(size_t n, float scale) {
+    float *p = malloc(n * sizeof *p);
+    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
+    return p;
+}
+
+/* GPU copy of host bytes (freed by the caller through gpu->free). */
+static void *to_gpu(compute_backend *b, const void *host, size_t bytes) {
+    void *d = b->alloc(b, bytes);
+    assert_non_null(d);
+    b->upload(b, d, host, bytes);
+    return d;
+}
+
+static float *from_gpu(compute_backend *b, const void *dev, size_t floats) {
+    float *h = malloc(floats * sizeof *h);
+    b->download(b, h, dev, floats * sizeof *h);
+    char err[256];
+    if (b->status && b->status(b, err, sizeof err)) fail_msg("GPU error: %s", err);
+    return h;
+}
+
+static double rel_diff(const float *a, const float *ref, size_t n) {
+    double md = 0, mr = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i])) return INFINITY;
+        double d = fabs((double)a[i] - ref[i]);
+        md = d > md ? d : md;
+        mr = fabs(ref[i]) > mr ? fabs(ref[i]) : mr;
+    }
+    return md / mr;
+}
+
+/* ---- weight matrices of every format ------------------------------------------------------ */
+
+typedef struct test_matrix {
+    weight_matrix w;
+    void *data, *scales, *biases;
+} test_matrix;
+
+static void make_matrix(test_matrix *m, weight_format f, int64_t rows, int64_t cols, int bits,
+                        int group, dtype sd) {
+    memset(m, 0, sizeof *m);
+    m->w = (weight_matrix){.format = f, .rows = rows, .cols = cols, .bits = bits,
+                           .group_size = group, .scale_dtype = sd};
+    size_t n = (size_t)(rows * cols);
+    if (f == WEIGHT_MLX_AFFINE) {
+        size_t words = n * (size_t)bits / 32, groups = n / (size_t)group;
+        uint32_t *q = malloc(words * 4);
+        for (size_t i = 0; i < words; i++) q[i] = rand32() ^ (rand32() << 16);
+        uint16_t *s = malloc(groups * 4), *b = malloc(groups * 4);
+        float *sf = (float *)s, *bf = (float *)b;
+        for (size_t g = 0; g < groups; g++) {
+            float sv = 0.01f + 0.02f * (frand() + 1), bv = -0.1f * (frand() + 1);
+            if (sd == DTYPE_F32) sf[g] = sv, bf[g] = bv;
+            else if (sd == DTYPE_F16) s[g] = f32_to_f16(sv), b[g] = f32_to_f16(bv);
+            else s[g] = f32_to_bf16(sv), b[g] = f32_to_bf16(bv);
+        }
+        m->data = q, m->scales = s, m->biases = b;
+    } else {
+        size_t es = f == WEIGHT_F32 ? 4 : 2;
+        uint8_t *d = malloc(n * es);
+        for (size_t i = 0; i < n; i++) {
+            float v = frand() * 0.1f;
+            if (f == WEIGHT_F32) memcpy(d + i * 4, &v, 4);
+            else {
+                uint16_t h = f == WEIGHT_F16 ? f32_to_f16(v) : f32_to_bf16(v);
+                memcpy(d + i * 2, &h, 2);
+            }
+        }
+        m->data = d;
+    }
+    m->w.data = m->data, m->w.scales = m->scales, m->w.biases = m->biases;
+}
+
+/* Weights must outlive the backend that copied them (backend.h: it may key its copies by the
+ * host address), so test matrices are released only after the backends, at exit. */
+static void *kept[4096];
+static int n_kept;
+
+static void free_matrix(test_matrix *m) {
+    void *p[3] = {m->data, m->scales, m->biases};
+    for (int i = 0; i < 3; i++)
+        if (p[i] && n_kept < (int)(sizeof kept / sizeof *kept)) kept[n_kept++] = p[i];
+}
+
+/* One matmul on both backends; returns the relative difference. */
+static double matmul_diff(compute_backend *g, const weight_matrix *w, int64_t n) {
+    float *x = rand_floats((size_t)(n * w->cols), 1.0f);
+    float *ref = malloc(sizeof(float) * (size_t)(n * w->rows));
+    cpu->matmul(cpu, w, x, ref, n);
+    float *dx = to_gpu(g, x, sizeof(float) * (size_t)(n * w->cols));
+    float *dy = g->alloc(g, sizeof(float) * (size_t)(n * w->rows));
+    g->matmul(g, w, dx, dy, n);
+    float *y = from_gpu(g, dy, (size_t)(n * w->rows));
+    double d = rel_diff(y, ref, (size_t)(n * w->rows));
+    g->free(g, dx);
+    g->free(g, dy);
+    free(x);
+    free(ref);
+    free(y);
+    return d;
+}
+
+#define SKIP_WITHOUT_GPU()                                                           \
+    do {                                                                             \
+        if (!gpu) {                                                                  \
+            print_message("skipped: %s\n", compute_cuda_built() ? "no CUDA GPU here" \
+                                                                : "built without CUDA"); \
+            skip();                                                                  \
+        }                                                                            \
+    } while (0)
+
+typedef struct format_case {
+    const char *name;
+    weight_format f;
+    int bits, group;
+    dtype sd;
+    int64_t rows, cols;
+} format_case;
+
+static const format_case formats[] = {
+    {"bf16", WEIGHT_BF16, 0, 0, DTYPE_BF16, 300, 512},
+    {"f16", WEIGHT_F16, 0, 0, DTYPE_BF16, 129, 256},
+    {"f32", WEIGHT_F32, 0, 0, DTYPE_BF16, 67, 132},
+    {"bf16 odd cols", WEIGHT_BF16, 0, 0, DTYPE_BF16, 33, 100},
+    {"mlx4 g64", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 301, 1024},
+    {"mlx4 g32 f16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_F16, 64, 256},
+    {"mlx4 g128 f32", WEIGHT_MLX_AFFINE, 4, 128, DTYPE_F32, 70, 512},
+    {"mlx8 g64", WEIGHT_MLX_AFFINE, 8, 64, DTYPE_BF16, 130, 512},
+    {"mlx3 g64", WEIGHT_MLX_AFFINE, 3, 64, DTYPE_BF16, 40, 256},
+    {"mlx6 g32", WEIGHT_MLX_AFFINE, 6, 32, DTYPE_BF16, 41, 128},
+    {"mlx2 g64", WEIGHT_MLX_AFFINE, 2, 64, DTYPE_BF16, 17, 256},
+    {"mlx5 g32", WEIGHT_MLX_AFFINE, 5, 32, DTYPE_BF16, 19, 256},
+};
+
+static void test_matmul_formats(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    static const int64_t tokens[] = {1, 2, 5, 8, 9, 40};
+    int failures = 0;
+    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++) {
+        const format_case *fc = &formats[i];
+        test_matrix m;
+        make_matrix(&m, fc->f, fc->rows, fc->cols, fc->bits, fc->group, fc->sd);
+        for (size_t k = 0; k < sizeof tokens / sizeof *tokens; k++) {
+            int64_t n = tokens[k];
+            double d = matmul_diff(gpu, &m.w, n), tol = n > 8 ? GEMM_TOL : GEMV_TOL;
+            double de = matmul_diff(gpu_exact, &m.w, n);
+            printf("  matmul %-14s %3d x %4d, %2d tokens: %.1e (exact mode %.1e)\n", fc->name,
+                   (int)fc->rows, (int)fc->cols, (int)n, d, de);
+            if (!(d <= tol) || !(de <= GEMV_TOL)) failures++;
+        }
+        free_matrix(&m);
+    }
+    assert_int_equal(failures, 0);
+}
+
+/* q/k/v through matmul_multi equal three matmuls. */
+static void test_matmul_multi(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    test_matrix m[3];
+    for (int i = 0; i < 3; i++) make_matrix(&m[i], WEIGHT_MLX_AFFINE, i ? 64 : 256, 512, 4, 64, DTYPE_BF16);
+    for (int n = 1; n <= 12; n += 11) {
+        float *x = rand_floats((size_t)n * 512, 1.0f);
+        float *dx = to_gpu(gpu, x, sizeof(float) * (size_t)n * 512);
+        float *dy[3];
+        const weight_matrix *w[3];
+        for (int i = 0; i < 3; i++) {
+            w[i] = &m[i].w;
+            dy[i] = gpu->alloc(gpu, sizeof(float) * (size_t)n * (size_t)m[i].w.rows);
+        }
+        gpu->matmul_multi(gpu, 3, w, dx, dy, n);
+        for (int i = 0; i < 3; i++) {
+            size_t cnt = (size_t)n * (size_t)m[i].w.rows;
+            float *ref = malloc(cnt * sizeof *ref);
+            cpu->matmul(cpu, w[i], x, ref, n);
+            float *y = from_gpu(gpu, dy[i], cnt);
+            double d = rel_diff(y, ref, cnt);
+            printf("  matmul_multi %d of 3, %d tokens: %.1e\n", i, n, d);
+            assert_true(d <= (n > 8 ? GEMM_TOL : GEMV_TOL));
+            free(ref);
+            free(y);
+            gpu->free(gpu, dy[i]);
+        }
+        gpu->free(gpu, dx);
+        free(x);
+    }
+    for (int i = 0; i < 3; i++) free_matrix(&m[i]);
+}
+
+static void test_embed(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++) {
+        const format_case *fc = &formats[i];
+        test_matrix m;
+        make_matrix(&m, fc->f, fc->rows, fc->cols, fc->bits, fc->group, fc->sd);
+        int32_t ids[5] = {0, (int32_t)fc->rows - 1, 3, 3, (int32_t)fc->rows / 2};
+        size_t cnt = 5 * (size_t)fc->cols;
+        float *ref = malloc(cnt * sizeof *ref);
+        cpu->embed(cpu, &m.w, ids, 5, ref);
+        int32_t *did = to_gpu(gpu, ids, sizeof ids);
+        float *dout = gpu->alloc(gpu, cnt * sizeof(float));
+        gpu->embed(gpu, &m.w, did, 5, dout);
+        float *out = from_gpu(gpu, dout, cnt);
+        double d = rel_diff(out, ref, cnt);
+        if (d > 1e-6) printf("  embed %s: %.1e\n", fc->name, d);
+        assert_true(d <= 1e-6); /* one multiply-add per value: fma or not */
+        gpu->free(gpu, did);
+        gpu->free(gpu, dout);
+        free(ref);
+        free(out);
+        free_matrix(&m);
+    }
+}
+
+/* rmsnorm, add, add_row, silu_mul, rope, gather_rows on one random activation. */
+static void test_row_ops(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    int64_t rows = 37, dim = 384, n = rows * dim;
+    float *x = rand_floats((size_t)n, 3.0f), *y = rand_floats((size_t)n, 1.0f);
+    float *w = rand_floats((size_t)dim, 1.0f), *ref = malloc(sizeof(float) * (size_t)n);
+    float *dx = to_gpu(gpu, x, sizeof(float) * (size_t)n), *dy = to_gpu(gpu, y, sizeof(float) * (size_t)n);
+    float *dw = to_gpu(gpu, w, sizeof(float) * (size_t)dim);
+    float *dout = gpu->alloc(gpu, sizeof(float) * (size_t)n), *out;
+
+    cpu->rmsnorm(cpu, x, w, ref, rows, dim, 1e-6f);
+    gpu->rmsnorm(gpu, dx, dw, dout, rows, dim, 1e-6f);
+    out = from_gpu(gpu, dout, (size_t)n);
+    printf("  rmsnorm: %.1e\n", rel_diff(out, ref, (size_t)n));
+    assert_true(rel_diff(out, ref, (size_t)n) <= GEMV_TOL);
+    free(out);
+
+    /* per-head norm, as qk_norm calls it: rows of head_dim, in place */
+    memcpy(ref, x, sizeof(float) * (size_t)n);
+    cpu->rmsnorm(cpu, ref, w, ref, n / 64, 64, 1e-6f);
+    float *dxx = to_gpu(gpu, x, sizeof(float) * (size_t)n);
+    gpu->rmsnorm(gpu, dxx, dw, dxx, n / 64, 64, 1e-6f);
+    out = from_gpu(gpu, dxx, (size_t)n);
+    assert_true(rel_diff(out, ref, (size_t)n) <= GEMV_TOL);
+    free(out);
+
+    memcpy(ref, x, sizeof(float) * (size_t)n);
+    cpu->add(cpu, ref, y, n);
+    cpu->add_row(cpu, ref, w, rows, dim);
+    gpu->upload(gpu, dxx, x, sizeof(float) * (size_t)n);
+    gpu->add(gpu, dxx, dy, n);
+    gpu->add_row(gpu, dxx, dw, rows, dim);
+    out = from_gpu(gpu, dxx, (size_t)n);
+    assert_true(rel_diff(out, ref, (size_t)n) == 0);
+    free(out);
+
+    memcpy(ref, x, sizeof(float) * (size_t)n);
+    cpu->silu_mul(cpu, ref, y, n);
+    gpu->upload(gpu, dxx, x, sizeof(float) * (size_t)n);
+    gpu->silu_mul(gpu, dxx, dy, n);
+    out = from_gpu(gpu, dxx, (size_t)n);
+    printf("  silu_mul: %.1e\n", rel_diff(out, ref, (size_t)n));
+    assert_true(rel_diff(out, ref, (size_t)n) <= GEMV_TOL);
+    free(out);
+
+    /* rope: 37 tokens of 6 heads of 64 dims, 48 of them rotated, positions up to 40000 */
+    int32_t pos[37];
+    for (int i = 0; i < 37; i++) pos[i] = (int32_t)(rand32() % 40000);
+    float inv[24];
+    for (int i = 0; i < 24; i++) inv[i] = powf(10000.0f, -(float)(2 * i) / 48.0f);
+    int32_t *dpos = to_gpu(gpu, pos, sizeof pos);
+    float *dinv = to_gpu(gpu, inv, sizeof inv);
+    memcpy(ref, x, sizeof(float) * (size_t)n);
+    cpu->rope(cpu, ref, pos, rows, 6, 64, 48, inv, 1.25f);
+    gpu->upload(gpu, dxx, x, sizeof(float) * (size_t)n);
+    gpu->rope(gpu, dxx, dpos, rows, 6, 64, 48, dinv, 1.25f);
+    out = from_gpu(gpu, dxx, (size_t)n);
+    printf("  rope: %.1e\n", rel_diff(out, ref, (size_t)n));
+    assert_true(rel_diff(out, ref, (size_t)n) <= GEMV_TOL);
+    free(out);
+
+    int32_t sel[4] = {36, 0, 5, 5};
+    int32_t *dsel = to_gpu(gpu, sel, sizeof sel);
+    cpu->gather_rows(cpu, x, sel, 4, dim, ref);
+    gpu->gather_rows(gpu, dx, dsel, 4, dim, dout);
+    out = from_gpu(gpu, dout, 4 * (size_t)dim);
+    assert_true(rel_diff(out, ref, 4 * (size_t)dim) == 0);
+    free(out);
+
+    void *bufs[] = {dx, dy, dw, dout, dxx, dpos, dinv, dsel};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->free(gpu, bufs[i]);
+    free(x), free(y), free(w), free(ref);
+}
+
+/* A paged cache with blocks in scrambled order; a batch mixing decode tokens of several
+ * sequences with a prefill run of one. Compares kv_write (bit for bit) and attention. */
+static void attention_case(dtype type, int n_heads, int n_kv, int hd, int n_seqs, int prefill) {
+    int bs = 16, max_ctx = 300, blocks_per_seq = (max_ctx + bs - 1) / bs;
+    int n_blocks = n_seqs * blocks_per_seq;
+    int64_t kv_dim = (int64_t)n_kv * hd, slots = (int64_t)n_blocks * bs;
+    size_t es = dtype_size(type), cache_bytes = (size_t)slots * (size_t)kv_dim * es;
+    /* block tables: a permutation of all blocks */
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)(rand32() % (uint32_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    int32_t *start = malloc(sizeof(int32_t) * (size_t)n_seqs);
+    for (int s = 0; s < n_seqs; s++) start[s] = s * blocks_per_seq;
+    /* the cache holds random history for every sequence (written through kv_write below) */
+    int n_tok = (n_seqs - 1) + prefill;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_tok), *seq = malloc(sizeof(int32_t) * (size_t)n_tok);
+    int32_t *slot = malloc(sizeof(int32_t) * (size_t)n_tok);
+    int t = 0;
+    for (int s = 0; s < n_seqs - 1; s++, t++) {
+        seq[t] = s;
+        pos[t] = (int32_t)(rand32() % (uint32_t)max_ctx);
+    }
+    int p0 = (int)(rand32() % (uint32_t)(max_ctx - prefill));
+    for (int i = 0; i < prefill; i++, t++) seq[t] = n_seqs - 1, pos[t] = p0 + i;
+    for (t = 0; t < n_tok; t++)
+        slot[t] = perm[start[seq[t]] + pos[t] / bs] * bs + pos[t] % bs;
+    /* history: every slot random */
+    float *hk = rand_floats((size_t)(slots * kv_dim), 1.0f), *hv = rand_floats((size_t)(slots * kv_dim), 1.0f);
+    int32_t *all = malloc(sizeof(int32_t) * (size_t)slots);
+    for (int64_t i = 0; i < slots; i++) all[i] = (int32_t)i;
+    void *ck = calloc(1, cache_bytes), *cv = calloc(1, cache_bytes);
+    kv_layer ckv = {.k = ck, .v = cv, .type = type};
+    cpu->kv_write(cpu, &ckv, hk, hv, all, slots, kv_dim);
+    void *gk = gpu->alloc(gpu, cache_bytes), *gv = gpu->alloc(gpu, cache_bytes);
+    kv_layer gkv = {.k = gk, .v = gv, .type = type};
+    float *dhk = to_gpu(gpu, hk, sizeof(float) * (size_t)(slots * kv_dim));
+    float *dhv = to_gpu(gpu, hv, sizeof(float) * (size_t)(slots * kv_dim));
+    int32_t *dall = to_gpu(gpu, all, sizeof(int32_t) * (size_t)slots);
+    gpu->kv_write(gpu, &gkv, dhk, dhv, dall, slots, kv_dim);
+    void *back = malloc(cache_bytes);
+    gpu->download(gpu, back, gk, cache_bytes);
+    assert_memory_equal(back, ck, cache_bytes);
+    /* this batch's new K/V at its slots, then attention */
+    float *nk = rand_floats((size_t)(n_tok * kv_dim), 1.0f), *nv = rand_floats((size_t)(n_tok * kv_dim), 1.0f);
+    float *q = rand_floats((size_t)n_tok * (size_t)(n_heads * hd), 1.0f);
+    cpu->kv_write(cpu, &ckv, nk, nv, slot, n_tok, kv_dim);
+    float *dnk = to_gpu(gpu, nk, sizeof(float) * (size_t)(n_tok * kv_dim));
+    float *dnv = to_gpu(gpu, nv, sizeof(float) * (size_t)(n_tok * kv_dim));
+    int32_t *dslot = to_gpu(gpu, slot, sizeof(int32_t) * (size_t)n_tok);
+    gpu->kv_write(gpu, &gkv, dnk, dnv, dslot, n_tok, kv_dim);
+    gpu->download(gpu, back, gv, cache_bytes);
+    assert_memory_equal(back, cv, cache_bytes);
+    attention_batch ab = {.n_tokens = n_tok, .positions = pos, .seq_of_token = seq,
+                          .block_table_start = start, .block_tables = perm, .block_size = bs,
+                          .n_heads = n_heads, .n_kv_heads = n_kv, .head_dim = hd,
+                          .scale = 1.0f / sqrtf((float)hd)};
+    size_t out_n = (size_t)n_tok * (size_t)(n_heads * hd);
+    float *ref = malloc(out_n * sizeof *ref);
+    cpu->attention(cpu, q, &ckv, &ab, ref);
+    attention_batch gab = ab;
+    gab.positions = to_gpu(gpu, pos, sizeof(int32_t) * (size_t)n_tok);
+    gab.seq_of_token = to_gpu(gpu, seq, sizeof(int32_t) * (size_t)n_tok);
+    gab.block_table_start = to_gpu(gpu, start, sizeof(int32_t) * (size_t)n_seqs);
+    gab.block_tables = to_gpu(gpu, perm, sizeof(int32_t) * (size_t)n_blocks);
+    gab.host_positions = pos, gab.host_seq_of_token = seq, gab.host_block_table_start = start;
+    float *dq = to_gpu(gpu, q, out_n * sizeof(float));
+    float *dout = gpu->alloc(gpu, out_n * sizeof(float));
+    gpu->attention(gpu, dq, &gkv, &gab, dout);
+    float *out = from_gpu(gpu, dout, out_n);
+    double d = rel_diff(out, ref, out_n);
+    gpu_exact->attention(gpu_exact, dq, &gkv, &gab, dout); /* the same memory: one stream each, */
+    float *out_exact = from_gpu(gpu_exact, dout, out_n);   /* but from_gpu waited for gpu's */
+    double de = rel_diff(out_exact, ref, out_n);
+    printf("  attention %s heads %d/%d dim %d, %d decode + %d prefill tokens: %.1e (exact mode "
+           "%.1e)\n", dtype_name(type), n_heads, n_kv, hd, n_seqs - 1, prefill, d, de);
+    assert_true(d <= (prefill >= 64 ? ATT_GEMM_TOL : GEMV_TOL));
+    assert_true(de <= GEMV_TOL);
+    free(out_exact);
+    void *bufs[] = {gk, gv, dhk, dhv, dall, dnk, dnv, dslot, (void *)gab.positions,
+                    (void *)gab.seq_of_token, (void *)gab.block_table_start,
+                    (void *)gab.block_tables, dq, dout};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->free(gpu, bufs[i]);
+    void *hb[] = {perm, start, pos, seq, slot, hk, hv, all, ck, cv, back, nk, nv, q, ref, out};
+    for (size_t i = 0; i < sizeof hb / sizeof *hb; i++) free(hb[i]);
+}
+
+static void test_attention(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    attention_case(DTYPE_F16, 32, 8, 128, 4, 70);  /* llama-8B heads: decode split + prefill */
+    attention_case(DTYPE_BF16, 16, 8, 64, 3, 1);
+    attention_case(DTYPE_F32, 4, 2, 16, 2, 33);    /* the tiny models' heads */
+    attention_case(DTYPE_F16, 16, 1, 32, 2, 5);    /* 16 query heads per KV head: two passes */
+    attention_case(DTYPE_F32, 6, 3, 12, 3, 9);     /* head_dim not a multiple of 8 */
+    attention_case(DTYPE_F16, 8, 4, 256, 1, 280); /* head_dim 256, long prefill */
+}
+
+static void test_moe(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    int ne = 8, k = 2;
+    int64_t n = 5, dim = 128, inter = 64;
+    float *logits = rand_floats((size_t)(n * ne), 2.0f);
+    int32_t cid[10], *gid = NULL;
+    float cw[10];
+    for (int norm = 0; norm < 2; norm++) {
+        cpu->moe_route(cpu, logits, n, ne, k, norm, cid, cw);
+        float *dl = to_gpu(gpu, logits, sizeof(float) * (size_t)(n * ne));
+        int32_t *did = gpu->alloc(gpu, sizeof cid);
+        float *dw = gpu->alloc(gpu, sizeof cw);
+        gpu->moe_route(gpu, dl, n, ne, k, norm, did, dw);
+        float *w = from_gpu(gpu, dw, 10);
+        gid = malloc(sizeof cid);
+        gpu->download(gpu, gid, did, sizeof cid);
+        assert_memory_equal(gid, cid, sizeof cid);
+        assert_true(rel_diff(w, cw, 10) <= GEMV_TOL);
+        for (int fmt = 0; fmt < 2; fmt++) {
+            test_matrix g[8], u[8], d[8];
+            weight_matrix gw[8], uw[8], dwm[8];
+            for (int e = 0; e < ne; e++) {
+                if (fmt) {
+                    make_matrix(&g[e], WEIGHT_MLX_AFFINE, inter, dim, 4, 64, DTYPE_BF16);
+                    make_matrix(&u[e], WEIGHT_MLX_AFFINE, inter, dim, 4, 64, DTYPE_BF16);
+                    make_matrix(&d[e], WEIGHT_MLX_AFFINE, dim, inter, 4, 64, DTYPE_BF16);
+                } else {
+                    make_matrix(&g[e], WEIGHT_BF16, inter, dim, 0, 0, DTYPE_BF16);
+                    make_matrix(&u[e], WEIGHT_BF16, inter, dim, 0, 0, DTYPE_BF16);
+                    make_matrix(&d[e], WEIGHT_BF16, dim, inter, 0, 0, DTYPE_BF16);
+                }
+                gw[e] = g[e].w, uw[e] = u[e].w, dwm[e] = d[e].w;
+            }
+            moe_experts ex = {.n_experts = ne, .dim = dim, .inter = inter, .gate = gw, .up = uw,
+                              .down = dwm};
+            float *x = rand_floats((size_t)(n * dim), 1.0f), *ref = malloc(sizeof(float) * (size_t)(n * dim));
+            cpu->moe_ffn(cpu, &ex, x, n, cid, cw, k, ref);
+            float *dx = to_gpu(gpu, x, sizeof(float) * (size_t)(n * dim));
+            float *dout = gpu->alloc(gpu, sizeof(float) * (size_t)(n * dim));
+            gpu->moe_ffn(gpu, &ex, dx, n, did, dw, k, dout);
+            float *out = from_gpu(gpu, dout, (size_t)(n * dim));
+            double diff = rel_diff(out, ref, (size_t)(n * dim));
+            printf("  moe_ffn %s norm %d: %.1e\n", fmt ? "mlx4" : "bf16", norm, diff);
+            assert_true(diff <= GEMV_TOL);
+            gpu->free(gpu, dx);
+            gpu->free(gpu, dout);
+            free(x), free(ref), free(out);
+            for (int e = 0; e < ne; e++) free_matrix(&g[e]), free_matrix(&u[e]), free_matrix(&d[e]);
+        }
+        gpu->free(gpu, dl);
+        gpu->free(gpu, did);
+        gpu->free(gpu, dw);
+        free(w);
+        free(gid);
+    }
+    free(logits);
+}
+
+/* A view of a layout the backend cannot read is refused with a message, not misread. */
+static void test_refuses_interleaved_layout(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    test_matrix m;
+    make_matrix(&m, WEIGHT_MLX_AFFINE, 32, 64, 4, 64, DTYPE_BF16);
+    m.w.layout = WEIGHT_LAYOUT_MLX_ROWS16;
+    char err[256] = "";
+    assert_int_equal(gpu->load_weight(gpu, &m.w, err, sizeof err), -1);
+    assert_non_null(strstr(err, "MLX order"));
+    free_matrix(&m);
+}
+
+int main(void) {
+    setenv("EXO_CPU_SIMD", "avx2", 0); /* the exact CPU kernels are the reference */
+    cpu = compute_backend_cpu(0);
+    char err[256];
+    if (compute_gpu_count() > 0) {
+        gpu = compute_backend_open(COMPUTE_DEVICE_CUDA, 0, err, sizeof err);
+        if (!gpu) fprintf(stderr, "CUDA backend: %s\n", err);
+        setenv("EXO_CUDA_MATMUL", "exact", 1);
+        gpu_exact = compute_backend_open(COMPUTE_DEVICE_CUDA, 0, err, sizeof err);
+        unsetenv("EXO_CUDA_MATMUL");
+        if (!gpu || !gpu_exact) return 1;
+    } else {
+        printf("test_cuda_ops: every test skipped: %s\n",
+               compute_cuda_built() ? "no CUDA GPU on this machine" : "this build has no CUDA (make CUDA=1)");
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_formats), cmocka_unit_test(test_matmul_multi),
+        cmocka_unit_test(test_embed),          cmocka_unit_test(test_row_ops),
+        cmocka_unit_test(test_attention),      cmocka_unit_test(test_moe),
+        cmocka_unit_test(test_refuses_interleaved_layout),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (gpu) gpu->destroy(gpu);
+    if (gpu_exact) gpu_exact->destroy(gpu_exact);
+    cpu->destroy(cpu);
+    for (int i = 0; i < n_kept; i++) free(kept[i]);
+    return failed;
+}
