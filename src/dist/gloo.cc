@@ -12,6 +12,8 @@
  * collectives are the bound-buffer algorithm classes, built once per message size and reused:
  * building one takes a slot from the context, and slots must stay in lockstep on every rank,
  * so the cache key is what every rank agrees on (the size, the root), never a pointer.
+ * Small sums (decode's) skip Gloo's algorithms: DirectAllreduce sends every rank's buffer to
+ * every other rank at once over the same pairs, one hop instead of the ring's 2(N-1).
  *
  * The address exchange is ours rather than gloo::rendezvous::Context::connectFullMesh because
  * the address a rank publishes may be a proxy's (tools/netproxy puts latency and a rate limit
@@ -43,6 +45,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -61,6 +64,15 @@ constexpr int kP2PSlotBase = 1 << 30;
  * latency-bound decode case); above it, with more than 2 ranks, through halving-doubling,
  * which sends 2(p-1)/p of the buffer instead of the ring's p-1 whole copies. */
 constexpr size_t kRingMaxBytes = 256 << 10;
+/* Up to this size (EXO_DIST_ALLREDUCE=auto, the default) a sum goes direct: every rank sends its
+ * whole buffer to every other rank at once, one message hop whatever the group size, at (N-1)
+ * buffers sent per rank. Decode's all-reduces (hidden size x tokens floats) are a few KB to tens
+ * of KB, where the ring's 2(N-1) sequential hops are the whole cost. */
+constexpr size_t kDirectAutoMaxBytes = 64 << 10;
+/* EXO_DIST_ALLREDUCE=direct goes direct up to here. Each rank writes N-1 copies before it reads
+ * any, so the copies must fit the sockets' buffers (Gloo sizes SO_SNDBUF to the message, capped by
+ * net.core.wmem_max, 208 KB by default) or two ranks writing to each other could both block. */
+constexpr size_t kDirectMaxBytes = 128 << 10;
 /* Gloo's algorithms keep byte counts in an int; longer sums run in pieces of this many floats. */
 constexpr size_t kMaxFloatsPerRun = size_t(1) << 28;
 /* The cache is dropped whole (on every rank alike: it depends only on the call sequence) past
@@ -197,6 +209,106 @@ struct ScratchCollective {
     std::unique_ptr<gloo::Algorithm> algorithm;
 };
 
+/* The direct all-reduce for one message size, built once and reused (no per-call allocation).
+ * Every rank sends its whole buffer to every peer, then sums the N contributions in rank order
+ * 0..N-1, its own included, with the same loop: the terms and their order are the same on every
+ * rank, so every rank gets the bit-identical sum (tensor-parallel ranks must agree exactly; the
+ * ring sums in a different order on each rank, see dist_allreduce_sum).
+ *
+ * Two inboxes per peer, used alternately (by call parity), so no flow control is needed on any
+ * transport: a peer's call k+2 can only start after our call k+1 data reached it, which we send
+ * only after summing call k, so a message can never land in an inbox that is still being read.
+ * (Over TCP in sync mode data moves only while the receiver reads, but ibverbs writes into the
+ * registered memory whenever the sender sends.) */
+class DirectAllreduce {
+  public:
+    DirectAllreduce(const std::shared_ptr<gloo::Context> &ctx, size_t count)
+        : rank_(ctx->rank), size_(ctx->size), count_(count), outbox_(count),
+          inboxes_(size_t(2 * ctx->size) * count), terms_(size_t(ctx->size)) {
+        const size_t bytes = count * sizeof(float);
+        /* Both parities' slots from the context's counter, so every rank (building the same
+         * objects in the same order) agrees on them. */
+        const int base_slot = ctx->nextSlot(2);
+        send_.resize(size_t(2 * size_));
+        recv_.resize(size_t(2 * size_));
+        for (int parity = 0; parity < 2; parity++) {
+            for (int p = 0; p < size_; p++) {
+                if (p == rank_) continue;
+                auto &pair = ctx->getPair(p);
+                send_[index(parity, p)] =
+                    pair->createSendBuffer(base_slot + parity, outbox_.data(), bytes);
+                recv_[index(parity, p)] =
+                    pair->createRecvBuffer(base_slot + parity, inbox(parity, p), bytes);
+            }
+        }
+    }
+
+    /* Scratch held: the outbox and two inboxes per peer. */
+    static size_t scratch_bytes(int size, size_t count) {
+        return size_t(1 + 2 * (size - 1)) * count * sizeof(float);
+    }
+
+    void run(float *buf) {
+        const int parity = parity_;
+        parity_ ^= 1;
+        memcpy(outbox_.data(), buf, count_ * sizeof(float));
+        for (int p = 0; p < size_; p++)
+            if (p != rank_) send_[index(parity, p)]->send();
+        for (int p = 0; p < size_; p++) {
+            if (p == rank_) {
+                terms_[size_t(p)] = outbox_.data();
+                continue;
+            }
+            recv_[index(parity, p)]->waitRecv();
+            terms_[size_t(p)] = inbox(parity, p);
+        }
+        /* One pass per term, each element ((t0 + t1) + t2) + ...: vectorizable, same bits. */
+        const float *first = terms_[0], *second = terms_[1];
+        for (size_t i = 0; i < count_; i++)
+            buf[i] = first[i] + second[i];
+        for (int r = 2; r < size_; r++) {
+            const float *term = terms_[size_t(r)];
+            for (size_t i = 0; i < count_; i++)
+                buf[i] += term[i];
+        }
+        /* Before the outbox may change (ibverbs reads it after send() returns). */
+        for (int p = 0; p < size_; p++)
+            if (p != rank_) send_[index(parity, p)]->waitSend();
+    }
+
+  private:
+    size_t index(int parity, int peer) const {
+        return size_t(parity * size_ + peer);
+    }
+    float *inbox(int parity, int peer) {
+        return inboxes_.data() + index(parity, peer) * count_;
+    }
+
+    const int rank_, size_;
+    const size_t count_;
+    int parity_ = 0;
+    std::vector<float> outbox_;
+    std::vector<float> inboxes_; /* [parity][peer][count]; our own rank's rows unused */
+    std::vector<const float *> terms_;
+    std::vector<std::unique_ptr<gloo::transport::Buffer>> send_, recv_; /* [parity][peer] */
+};
+
+/* How dist_allreduce_sum picks its algorithm (EXO_DIST_ALLREDUCE, for A/B measurements). The
+ * values travel in the address record. */
+enum class AllreduceMode : uint32_t { kAuto = 0, kRing = 1, kDirect = 2 };
+
+std::string allreduce_mode_name(uint32_t mode) {
+    switch (AllreduceMode(mode)) {
+    case AllreduceMode::kAuto:
+        return "auto";
+    case AllreduceMode::kRing:
+        return "ring";
+    case AllreduceMode::kDirect:
+        return "direct";
+    }
+    return "unknown (" + std::to_string(mode) + ")";
+}
+
 /* ---- addresses ---------------------------------------------------------------------------- */
 
 /* Gloo's own order (tcp/pair.cc): memcmp of the IP, then the difference of the ports as stored
@@ -245,22 +357,27 @@ sockaddr_storage resolve_host(const char *host, int family) {
     return ss;
 }
 
-/* What each rank publishes under "addr/<rank>": its host name (ranks sharing a host share its
- * cores, which decides busy polling), then for every peer p the transport address of its pair
- * to p as listened on and as advertised (for TCP: gloo::transport::tcp::Address bytes). */
+/* What each rank publishes under "addr/<rank>": the all-reduce mode it runs (the ranks must
+ * agree, checked at connect rather than by a failing first sum), its host name (ranks sharing a
+ * host share its cores, which decides busy polling), then for every peer p the transport address
+ * of its pair to p as listened on and as advertised (for TCP: gloo::transport::tcp::Address
+ * bytes). Layout: magic, address length (u32), mode (u32), host, addresses. */
 struct AddressRecord {
-    static constexpr char kMagic[8] = {'e', 'x', 'o', 'd', 'i', 's', 't', '1'};
+    static constexpr char kMagic[8] = {'e', 'x', 'o', 'd', 'i', 's', 't', '2'};
     static constexpr size_t kHostLen = 64;
+    static constexpr size_t kHead = 8 + 4 + 4 + kHostLen;
+    uint32_t allreduce_mode = 0;
     std::string host;
     std::vector<std::vector<char>> listen, advertise; /* [peer] */
 
     std::vector<char> encode(uint32_t addr_len) const {
-        std::vector<char> out(8 + 4 + kHostLen + listen.size() * 2 * addr_len, 0);
+        std::vector<char> out(kHead + listen.size() * 2 * addr_len, 0);
         char *p = out.data();
         memcpy(p, kMagic, 8);
         memcpy(p + 8, &addr_len, 4);
-        memcpy(p + 12, host.data(), std::min(host.size(), kHostLen - 1));
-        p += 12 + kHostLen;
+        memcpy(p + 12, &allreduce_mode, 4);
+        memcpy(p + 16, host.data(), std::min(host.size(), kHostLen - 1));
+        p += kHead;
         for (size_t i = 0; i < listen.size(); i++, p += 2 * addr_len) {
             if (listen[i].size() == addr_len) memcpy(p, listen[i].data(), addr_len);
             if (advertise[i].size() == addr_len)
@@ -270,18 +387,18 @@ struct AddressRecord {
     }
 
     static AddressRecord decode(const std::vector<char> &in, int size, int from) {
-        const size_t head = 8 + 4 + kHostLen;
         uint32_t addr_len = 0;
-        if (in.size() >= head) memcpy(&addr_len, in.data() + 8, 4);
-        if (in.size() < head || memcmp(in.data(), kMagic, 8) != 0 || addr_len == 0 ||
-            addr_len > 4096 || in.size() != head + size_t(size) * 2 * addr_len)
+        if (in.size() >= kHead) memcpy(&addr_len, in.data() + 8, 4);
+        if (in.size() < kHead || memcmp(in.data(), kMagic, 8) != 0 || addr_len == 0 ||
+            addr_len > 4096 || in.size() != kHead + size_t(size) * 2 * addr_len)
             throw gloo::InvalidOperationException(
                 "store: the address record of rank " + std::to_string(from) + " is malformed (" +
                 std::to_string(in.size()) +
                 " bytes; another exo version, or a group of another size?)");
         AddressRecord r;
-        r.host.assign(in.data() + 8 + 4, strnlen(in.data() + 8 + 4, kHostLen));
-        const char *p = in.data() + head;
+        memcpy(&r.allreduce_mode, in.data() + 12, 4);
+        r.host.assign(in.data() + 16, strnlen(in.data() + 16, kHostLen));
+        const char *p = in.data() + kHead;
         for (int i = 0; i < size; i++, p += 2 * addr_len) {
             r.listen.emplace_back(p, p + addr_len);
             r.advertise.emplace_back(p + addr_len, p + 2 * addr_len);
@@ -304,6 +421,7 @@ struct dist_group {
     int rank = 0, size = 1;
     int timeout_ms = kDefaultTimeoutMs;
     bool is_tcp = true;
+    AllreduceMode allreduce_mode = AllreduceMode::kAuto;
     std::string failure; /* set by the first failed call; the pairs are gone after it */
 
     /* Declared before everything holding Gloo buffers: members die in reverse order, and a
@@ -313,6 +431,7 @@ struct dist_group {
     std::unique_ptr<gloo::BarrierAllToOne> barrier;
     std::map<size_t, std::unique_ptr<RebindableRing>> rings;        /* by float count */
     std::map<size_t, ScratchCollective> halving_doubling;           /* by float count */
+    std::map<size_t, std::unique_ptr<DirectAllreduce>> directs;     /* by float count */
     std::map<std::pair<int, size_t>, ScratchCollective> broadcasts; /* by (root, bytes) */
     size_t cached_objects = 0, cached_bytes = 0;
 
@@ -326,10 +445,32 @@ struct dist_group {
 
 namespace {
 
-/* The ring for latency-bound sizes and for 2 ranks (one exchange of the whole buffer either way);
- * halving-doubling past kRingMaxBytes with more ranks. */
-bool uses_ring(const dist_group *g, size_t count) {
-    return count * sizeof(float) <= kRingMaxBytes || g->size == 2;
+enum class Algorithm { kDirect, kRing, kHalvingDoubling };
+
+/* Direct for latency-bound sizes (one hop); above that the ring up to kRingMaxBytes and for 2
+ * ranks (one exchange of the whole buffer either way); halving-doubling past it with more ranks. */
+Algorithm allreduce_algorithm(const dist_group *g, size_t count) {
+    const size_t bytes = count * sizeof(float);
+    if ((g->allreduce_mode == AllreduceMode::kAuto && bytes <= kDirectAutoMaxBytes) ||
+        (g->allreduce_mode == AllreduceMode::kDirect && bytes <= kDirectMaxBytes))
+        return Algorithm::kDirect;
+    if (bytes <= kRingMaxBytes || g->size == 2) return Algorithm::kRing;
+    return Algorithm::kHalvingDoubling;
+}
+
+/* EXO_DIST_ALLREDUCE: auto (unset), ring (never direct) or direct (direct up to kDirectMaxBytes).
+ * Every rank of a group must see the same value (the algorithms do not interoperate):
+ * dist_connect compares them. Returns false on an unknown value. */
+bool parse_allreduce_mode(const char *text, AllreduceMode *out) {
+    if (!text || !*text || !strcmp(text, "auto"))
+        *out = AllreduceMode::kAuto;
+    else if (!strcmp(text, "ring"))
+        *out = AllreduceMode::kRing;
+    else if (!strcmp(text, "direct"))
+        *out = AllreduceMode::kDirect;
+    else
+        return false;
+    return true;
 }
 
 int p2p_data_slot(int from, int to) {
@@ -345,6 +486,7 @@ void drop_cache_if_full(dist_group *g, size_t adding_bytes) {
         return;
     g->rings.clear();
     g->halving_doubling.clear();
+    g->directs.clear();
     g->broadcasts.clear();
     g->cached_objects = g->cached_bytes = 0;
 }
@@ -476,6 +618,7 @@ void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
     CallbackStore kv(*store, c->prefix && *c->prefix ? c->prefix : "dist", g->timeout_ms);
 
     AddressRecord mine;
+    mine.allreduce_mode = uint32_t(g->allreduce_mode);
     mine.host = local_host_name();
     mine.listen.resize(size_t(c->size));
     mine.advertise.resize(size_t(c->size));
@@ -503,6 +646,11 @@ void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
                                     ")");
         }
         AddressRecord theirs = AddressRecord::decode(blob, c->size, p);
+        if (theirs.allreduce_mode != mine.allreduce_mode)
+            throw gloo::InvalidOperationException(
+                "rank " + std::to_string(p) + " runs EXO_DIST_ALLREDUCE=" +
+                allreduce_mode_name(theirs.allreduce_mode) + ", this rank " +
+                allreduce_mode_name(mine.allreduce_mode) + " (every rank must run the same)");
         if (theirs.host == mine.host) ranks_on_host++;
         std::vector<char> dial =
             g->is_tcp ? tcp_connect_address(c->rank, p, mine, theirs) : theirs.listen[c->rank];
@@ -589,6 +737,13 @@ dist_group *dist_connect(const dist_config *c, const dist_store *store, char *er
                 "dist_connect: ports and advertise_host apply to the tcp transport only");
         return nullptr;
     }
+    AllreduceMode allreduce_mode;
+    const char *mode_text = getenv("EXO_DIST_ALLREDUCE");
+    if (!parse_allreduce_mode(mode_text, &allreduce_mode)) {
+        set_err(err, errlen, "dist_connect: EXO_DIST_ALLREDUCE='%s' is not auto, ring or direct",
+                mode_text);
+        return nullptr;
+    }
     /* A peer that dies mid-write must be an error from writev(2), not a signal that kills us. */
     struct sigaction old;
     if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL)
@@ -599,6 +754,7 @@ dist_group *dist_connect(const dist_config *c, const dist_store *store, char *er
     g->size = c->size;
     g->timeout_ms = c->timeout_ms > 0 ? c->timeout_ms : kDefaultTimeoutMs;
     g->is_tcp = tcp_transport;
+    g->allreduce_mode = allreduce_mode;
     Devices devs;
     try {
         g->context = std::make_shared<MeshContext>(c->rank, c->size);
@@ -650,7 +806,23 @@ int dist_allreduce_sum(dist_group *g, float *buf, size_t n, char *err, size_t er
             size_t count = std::min(n - done, kMaxFloatsPerRun);
             float *p = buf + done;
             size_t bytes = count * sizeof(float);
-            if (uses_ring(g, count)) {
+            Algorithm algorithm = allreduce_algorithm(g, count);
+            if (algorithm == Algorithm::kDirect) {
+                auto it = g->directs.find(count);
+                if (it == g->directs.end()) {
+                    size_t scratch = DirectAllreduce::scratch_bytes(g->size, count);
+                    drop_cache_if_full(g, scratch);
+                    it = g->directs
+                             .emplace(count, std::make_unique<DirectAllreduce>(g->context, count))
+                             .first;
+                    g->cached_objects++;
+                    g->cached_bytes += scratch;
+                }
+                it->second->run(p);
+            } else if (algorithm == Algorithm::kRing) {
+                /* Rank r adds the others' buffers in the order they travel the ring (r-1, r-2,
+                 * ...), so with 3 or more ranks the float sums differ in the last bits from rank
+                 * to rank; with 2 both add the same two numbers. Direct sums in rank order. */
                 auto it = g->rings.find(count);
                 if (it == g->rings.end()) {
                     drop_cache_if_full(g, 2 * bytes);
@@ -763,7 +935,15 @@ int dist_barrier(dist_group *g, char *err, size_t errlen) {
 
 const char *dist_allreduce_algorithm(const dist_group *g, size_t n) {
     if (!g || g->size == 1 || n == 0) return "none";
-    return uses_ring(g, std::min(n, kMaxFloatsPerRun)) ? "ring" : "hd";
+    switch (allreduce_algorithm(g, std::min(n, kMaxFloatsPerRun))) {
+    case Algorithm::kDirect:
+        return "direct";
+    case Algorithm::kRing:
+        return "ring";
+    case Algorithm::kHalvingDoubling:
+        break;
+    }
+    return "hd";
 }
 
 int dist_bench_bare_ring(dist_group *g, float *buf, size_t n, int iterations, double *seconds,

@@ -39,6 +39,9 @@ typedef struct run_opts {
     int advertise_port_offset;
     const char *dir; /* store directory (NULL: a fresh temporary one) */
     int expect_connect_failure;
+    const char *expect_error;   /* with expect_connect_failure: text the message must hold */
+    const char *allreduce;      /* EXO_DIST_ALLREDUCE in the ranks (NULL: unset, auto) */
+    const char *allreduce_last; /* ... in the last rank, when not NULL */
 } run_opts;
 
 static char *make_store_dir(void) {
@@ -57,6 +60,8 @@ static void remove_store_dir(char *dir) {
 }
 
 static int child(const run_opts *o, const char *dir, int rank, rank_fn fn, void *arg) {
+    const char *mode = rank == o->size - 1 && o->allreduce_last ? o->allreduce_last : o->allreduce;
+    if (mode ? setenv("EXO_DIST_ALLREDUCE", mode, 1) : unsetenv("EXO_DIST_ALLREDUCE")) return 9;
     dist_store store;
     if (dist_store_dir(&store, dir) < 0) return 10;
     dist_config c = {.rank = rank,
@@ -70,7 +75,9 @@ static int child(const run_opts *o, const char *dir, int rank, rank_fn fn, void 
     char err[512] = "";
     dist_group *g = dist_connect(&c, &store, err, sizeof err);
     if (!g) {
-        if (o->expect_connect_failure && err[0]) return 0;
+        if (o->expect_connect_failure && err[0] &&
+            (!o->expect_error || strstr(err, o->expect_error)))
+            return 0;
         fprintf(stderr, "rank %d: %s\n", rank, err);
         return 11;
     }
@@ -161,10 +168,88 @@ static int allreduce_sizes(dist_group *g, void *arg) {
 
 static void test_allreduce_2_3_4_ranks(void **state) {
     (void)state;
-    for (int size = 2; size <= 4; size++) {
-        run_opts o = {.size = size, .skip_rank = -1};
-        assert_int_equal(run_ranks(&o, allreduce_sizes, NULL), 0);
+    static const char *modes[] = {NULL, "ring", "direct"};
+    for (size_t m = 0; m < 3; m++)
+        for (int size = 2; size <= 4; size++) {
+            run_opts o = {.size = size, .skip_rank = -1, .allreduce = modes[m]};
+            assert_int_equal(run_ranks(&o, allreduce_sizes, NULL), 0);
+        }
+}
+
+/* Floats whose sums round, different on every call: a sum in another order, or a stale inbox
+ * from the previous call, changes the bits. */
+static float rounding_value_at(int rank, size_t i, int call) {
+    uint32_t h = (uint32_t)(i * 2654435761u) ^ (uint32_t)(rank * 40503 + call * 977);
+    return (float)(h % 1000003u) / 997.0f * (rank % 2 ? -1.0f : 1.0f) + 0.1f * (float)rank;
+}
+
+/* The direct all-reduce: every rank gets exactly the rank-order sum ((x0 + x1) + x2) + ...,
+ * bit for bit, and all ranks agree (rank 0's result, broadcast, is every rank's). Repeated
+ * calls with new values: each call sees only its own data. */
+static int direct_allreduce_bit_identical(dist_group *g, void *arg) {
+    (void)arg;
+    static const size_t sizes[] = {1, 7, 4096};
+    char err[512];
+    float *buf = malloc(4096 * sizeof *buf), *theirs = malloc(4096 * sizeof *theirs);
+    if (!buf || !theirs) return 1;
+    int rc = 0;
+    for (int call = 0; call < 9 && !rc; call++) {
+        size_t n = sizes[call % 3];
+        for (size_t i = 0; i < n; i++)
+            buf[i] = rounding_value_at(dist_rank(g), i, call);
+        if (dist_allreduce_sum(g, buf, n, err, sizeof err) < 0) {
+            fprintf(stderr, "rank %d n=%zu: %s\n", dist_rank(g), n, err);
+            rc = 2;
+            break;
+        }
+        for (size_t i = 0; i < n && !rc; i++) {
+            float want = rounding_value_at(0, i, call);
+            for (int r = 1; r < dist_size(g); r++)
+                want += rounding_value_at(r, i, call);
+            if (memcmp(&buf[i], &want, sizeof want) != 0) {
+                fprintf(stderr, "rank %d n=%zu [%zu]: %.9g, want %.9g\n", dist_rank(g), n, i,
+                        buf[i], want);
+                rc = 3;
+            }
+        }
+        memcpy(theirs, buf, n * sizeof *buf);
+        if (!rc && dist_broadcast(g, 0, theirs, n * sizeof *theirs, err, sizeof err) < 0) rc = 4;
+        if (!rc && memcmp(theirs, buf, n * sizeof *buf) != 0) rc = 5;
     }
+    free(buf);
+    free(theirs);
+    return rc;
+}
+
+static void test_direct_allreduce_is_rank_order_sum_on_every_rank(void **state) {
+    (void)state;
+    for (int size = 2; size <= 4; size++) {
+        run_opts o = {.size = size, .skip_rank = -1, .allreduce = "direct"};
+        assert_int_equal(run_ranks(&o, direct_allreduce_bit_identical, NULL), 0);
+    }
+}
+
+static void test_unknown_allreduce_mode_fails_connect(void **state) {
+    (void)state;
+    run_opts o = {.size = 2,
+                  .skip_rank = -1,
+                  .allreduce = "telepathy",
+                  .expect_connect_failure = 1,
+                  .expect_error = "telepathy"};
+    assert_int_equal(run_ranks(&o, NULL, NULL), 0);
+}
+
+/* Ranks that would run different algorithms are refused at connect, not at the first sum. */
+static void test_mismatched_allreduce_modes_fail_connect(void **state) {
+    (void)state;
+    run_opts o = {.size = 3,
+                  .skip_rank = -1,
+                  .timeout_ms = 5000,
+                  .allreduce = "direct",
+                  .allreduce_last = "ring",
+                  .expect_connect_failure = 1,
+                  .expect_error = "every rank must run the same"};
+    assert_int_equal(run_ranks(&o, NULL, NULL), 0);
 }
 
 static void test_allreduce_fixed_ports(void **state) {
@@ -367,23 +452,31 @@ static int survivor_sees_failure(dist_group *g, void *arg) {
     if (dist_allreduce_sum(g, buf, 4096, err, sizeof err) != -1) return 1;
     if (!err[0]) return 2;
     fprintf(stderr, "rank %d got, as expected: %s\n", dist_rank(g), err);
+    /* The group is marked failed: the next call refuses at once instead of waiting again. */
+    if (dist_allreduce_sum(g, buf, 4096, err, sizeof err) != -1 || !strstr(err, "failed earlier"))
+        return 4;
     return 0;
 }
 
 static void test_dead_rank_is_an_error(void **state) {
     (void)state;
     int stall = 0;
-    for (int size = 2; size <= 3; size++) {
-        run_opts o = {.size = size, .skip_rank = -1, .timeout_ms = 2000};
-        assert_int_equal(run_ranks(&o, survivor_sees_failure, &stall), 0);
-    }
+    static const char *modes[] = {"ring", "direct"};
+    for (size_t m = 0; m < 2; m++)
+        for (int size = 2; size <= 4; size++) {
+            run_opts o = {.size = size, .skip_rank = -1, .timeout_ms = 2000, .allreduce = modes[m]};
+            assert_int_equal(run_ranks(&o, survivor_sees_failure, &stall), 0);
+        }
 }
 
 static void test_stalled_rank_times_out(void **state) {
     (void)state;
     int stall = 1;
-    run_opts o = {.size = 2, .skip_rank = -1, .timeout_ms = 500};
-    assert_int_equal(run_ranks(&o, survivor_sees_failure, &stall), 0);
+    static const char *modes[] = {"ring", "direct"};
+    for (size_t m = 0; m < 2; m++) {
+        run_opts o = {.size = 3, .skip_rank = -1, .timeout_ms = 500, .allreduce = modes[m]};
+        assert_int_equal(run_ranks(&o, survivor_sees_failure, &stall), 0);
+    }
 }
 
 static void test_missing_rank_fails_connect(void **state) {
@@ -499,6 +592,9 @@ int main(void) {
         cmocka_unit_test(test_failing_store_is_an_error),
         cmocka_unit_test(test_malformed_address_record_fails_connect),
         cmocka_unit_test(test_allreduce_2_3_4_ranks),
+        cmocka_unit_test(test_direct_allreduce_is_rank_order_sum_on_every_rank),
+        cmocka_unit_test(test_unknown_allreduce_mode_fails_connect),
+        cmocka_unit_test(test_mismatched_allreduce_modes_fail_connect),
         cmocka_unit_test(test_allreduce_fixed_ports),
         cmocka_unit_test(test_broadcast_from_every_root),
         cmocka_unit_test(test_send_recv_pipeline),
