@@ -3,6 +3,8 @@
 # and its self-test, and prints "unit: N passed, N failed". Each binary is a cmocka group; its own
 # exit code says whether it passed.
 # Unit tests run from the repository root (they read tests/fixtures/ and .cache/).
+# UNIT_EXEC: a command each test binary runs under (qemu-aarch64 for a cross build, see
+# tests/run-cross.sh); UNIT_TOOLS_BUILD: the build whose tools/ the tests call (default $1).
 set -u
 build=${1:-build}
 # In a sanitized build (build/san) any ASan/UBSan/LSan report makes the binary exit non-zero.
@@ -17,7 +19,7 @@ run_one() {
   case " ${UNIT_SKIP:-} " in *" $name "*) echo "  $name (not in this pass: UNIT_SKIP)"; return;; esac
   local log="$build/tests/$name.log" start status
   start=$(date +%s%N)
-  if EXO_BUILD="$build" "$@" >"$log" 2>&1; then
+  if EXO_BUILD="${UNIT_TOOLS_BUILD:-$build}" ${UNIT_EXEC:-} "$@" >"$log" 2>&1; then
     passed=$((passed + 1)); status=ok
   else
     failed=$((failed + 1)); status=FAIL; failed_names+=("$name")
