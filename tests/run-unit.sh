@@ -17,6 +17,8 @@ run_one() {
   local name=$1; shift
   # UNIT_SKIP: space-separated names run-all.sh leaves out of the sanitized pass (they ran above).
   case " ${UNIT_SKIP:-} " in *" $name "*) echo "  $name (not in this pass: UNIT_SKIP)"; return;; esac
+  # UNIT_ONLY: space-separated names a focused pass runs (run-all.sh's AVX2 and aarch64 passes).
+  if [ -n "${UNIT_ONLY:-}" ]; then case " $UNIT_ONLY " in *" $name "*) ;; *) return;; esac; fi
   local log="$build/tests/$name.log" start status
   start=$(date +%s%N)
   if EXO_BUILD="${UNIT_TOOLS_BUILD:-$build}" ${UNIT_EXEC:-} "$@" >"$log" 2>&1; then

@@ -278,6 +278,10 @@ FIXTURE_TEST(test_qwen3_moe_4bit_mlx, "qwen3-moe-tiny-4bit-mlx.json")
 
 int main(void) {
     if (sodium_init() < 0) return 1;
+    /* EXO_TEST_FILTER: a glob over the test names (the aarch64 pass under qemu runs a subset:
+     * emulation is ~20x slower, and the kernels themselves are covered by test_cpu_matmul). */
+    const char *filter = getenv("EXO_TEST_FILTER");
+    if (filter) cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3),          cmocka_unit_test(test_qwen3_tied),
         cmocka_unit_test(test_qwen3_4bit),     cmocka_unit_test(test_llama3_rope),

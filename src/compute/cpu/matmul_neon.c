@@ -177,14 +177,18 @@ TDOT INLINE void mlx4_planes_rows(const weight_matrix *w, const matvec_input *in
             uint32x4_t al[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) ah[t] = vdupq_n_s32(0), al[t] = vdupq_n_u32(0);
-            for (int64_t i = 0; i < vpg; i++) {
-                int64_t byte = g * gs / 2 + 16 * i; /* into the row; chunk = byte / 64 */
-                uint8x16_t v = vld1q_u8(q + byte);
+            /* a group never crosses a 128-value chunk: its planes are contiguous 16-byte steps */
+            int64_t byte = g * gs / 2, xo = 256 * (byte / 64) + byte % 64;
+            /* vpg <= 4: said to the compiler, which otherwise carries plane loads across
+             * iterations (hi-odd of vector i + 4 is lo-even of vector i) in register rotations */
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                if (i == vpg) break;
+                uint8x16_t v = vld1q_u8(q + byte + 16 * i);
                 uint8x16_t we = vandq_u8(v, m0f), wo = vshrq_n_u8(v, 4);
-                int64_t xo = 256 * (byte / 64) + byte % 64;
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++) {
-                    const uint8_t *xb = (const uint8_t *)(in->xq + t * cols) + xo;
+                    const uint8_t *xb = (const uint8_t *)(in->xq + t * cols) + xo + 16 * i;
                     ah[t] = vdotq_s32(ah[t], vreinterpretq_s8_u8(we), vld1q_s8((const int8_t *)xb));
                     ah[t] = vdotq_s32(ah[t], vreinterpretq_s8_u8(wo), vld1q_s8((const int8_t *)xb + 64));
                     al[t] = vdotq_u32(al[t], we, vld1q_u8(xb + 128));
