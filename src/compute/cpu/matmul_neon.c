@@ -83,6 +83,19 @@ static float scale_value(dtype t, const void *p, int64_t i) {
     return ((const float *)p)[i];
 }
 
+/* Scales and biases of groups [g0, g0 + n) of row r as f32 (n <= NEON_SCALE_BLOCK): converted
+ * once per block of groups, so the group loops read plain floats (a per-group switch on the
+ * dtype and the pointer reloads around it were half the instructions of a 32-value group). */
+#define NEON_SCALE_BLOCK 256
+
+static void row_scales(const weight_matrix *w, int64_t r, int64_t g0, int64_t n, float *sc, float *bi) {
+    int64_t first = r * (w->cols / w->group_size) + g0;
+    for (int64_t i = 0; i < n; i++) {
+        sc[i] = scale_value(w->scale_dtype, w->scales, first + i);
+        bi[i] = scale_value(w->scale_dtype, w->biases, first + i);
+    }
+}
+
 /* The gs values of one group (starting at value c0 of the row at data) as bytes, natural order. */
 INLINE void unpack_group(const uint8_t *data, int bits, int64_t c0, int64_t gs, uint8_t *out) {
     if (bits == 8) {
@@ -160,48 +173,53 @@ CPU_MATVEC_BY_FORMAT(TNEON, neon_matvec, dense_rows, matvec_mlx_f32)
 /* ---- MLX affine, integer (dotprod level) --------------------------------------------------- */
 
 /* 4-bit rows against the byte planes (see the file comment). */
+/* vpg = group_size / 32, the 16-byte weight vectors per group, as a constant: with a run-time
+ * count GCC carried plane loads across iterations in register rotations (hi-odd of vector i + 4
+ * is lo-even of vector i), and a bounded loop still paid a compare per vector. */
 TDOT INLINE void mlx4_planes_rows(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                                  int64_t r1, const int nt) {
+                                  int64_t r1, const int vpg, const int nt) {
     int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
-    int64_t vpg = gs / 32; /* 16-byte vectors per group */
     size_t row_bytes = (size_t)cols / 2;
     const uint8x16_t m0f = vdupq_n_u8(0x0f);
+    const uint8_t *xq = (const uint8_t *)in->xq;
+    const float *xscale = in->xscale, *xsum = in->xsum;
+    float sc[NEON_SCALE_BLOCK], bi[NEON_SCALE_BLOCK];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *q = (const uint8_t *)w->data + (size_t)r * row_bytes;
         float32x4_t acc[CPU_MATVEC_MAX_TOKENS];
         float bias_term[CPU_MATVEC_MAX_TOKENS] = {0};
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t] = vdupq_n_f32(0);
-        for (int64_t g = 0; g < groups; g++) {
-            int32x4_t ah[CPU_MATVEC_MAX_TOKENS];
-            uint32x4_t al[CPU_MATVEC_MAX_TOKENS];
+        for (int64_t g0 = 0; g0 < groups; g0 += NEON_SCALE_BLOCK) {
+            int64_t ng = groups - g0 < NEON_SCALE_BLOCK ? groups - g0 : NEON_SCALE_BLOCK;
+            row_scales(w, r, g0, ng, sc, bi);
+            for (int64_t gi = 0; gi < ng; gi++) {
+                int64_t g = g0 + gi;
+                int32x4_t ah[CPU_MATVEC_MAX_TOKENS];
+                uint32x4_t al[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) ah[t] = vdupq_n_s32(0), al[t] = vdupq_n_u32(0);
-            /* a group never crosses a 128-value chunk: its planes are contiguous 16-byte steps */
-            int64_t byte = g * gs / 2, xo = 256 * (byte / 64) + byte % 64;
-            /* vpg <= 4: said to the compiler, which otherwise carries plane loads across
-             * iterations (hi-odd of vector i + 4 is lo-even of vector i) in register rotations */
+                for (int t = 0; t < nt; t++) ah[t] = vdupq_n_s32(0), al[t] = vdupq_n_u32(0);
+                /* a group never crosses a 128-value chunk: its planes are contiguous 16-byte steps */
+                int64_t byte = g * gs / 2, xo = 256 * (byte / 64) + byte % 64;
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) {
-                if (i == vpg) break;
-                uint8x16_t v = vld1q_u8(q + byte + 16 * i);
-                uint8x16_t we = vandq_u8(v, m0f), wo = vshrq_n_u8(v, 4);
+                for (int i = 0; i < vpg; i++) {
+                    uint8x16_t v = vld1q_u8(q + byte + 16 * i);
+                    uint8x16_t we = vandq_u8(v, m0f), wo = vshrq_n_u8(v, 4);
+#pragma GCC unroll 8
+                    for (int t = 0; t < nt; t++) {
+                        const uint8_t *xb = xq + 2 * t * cols + xo + 16 * i;
+                        ah[t] = vdotq_s32(ah[t], vreinterpretq_s8_u8(we), vld1q_s8((const int8_t *)xb));
+                        ah[t] = vdotq_s32(ah[t], vreinterpretq_s8_u8(wo), vld1q_s8((const int8_t *)xb + 64));
+                        al[t] = vdotq_u32(al[t], we, vld1q_u8(xb + 128));
+                        al[t] = vdotq_u32(al[t], wo, vld1q_u8(xb + 192));
+                    }
+                }
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++) {
-                    const uint8_t *xb = (const uint8_t *)(in->xq + t * cols) + xo + 16 * i;
-                    ah[t] = vdotq_s32(ah[t], vreinterpretq_s8_u8(we), vld1q_s8((const int8_t *)xb));
-                    ah[t] = vdotq_s32(ah[t], vreinterpretq_s8_u8(wo), vld1q_s8((const int8_t *)xb + 64));
-                    al[t] = vdotq_u32(al[t], we, vld1q_u8(xb + 128));
-                    al[t] = vdotq_u32(al[t], wo, vld1q_u8(xb + 192));
+                    int32x4_t a = vaddq_s32(vshlq_n_s32(ah[t], 8), vreinterpretq_s32_u32(al[t]));
+                    acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(a), sc[gi] * xscale[t * groups + g]);
+                    bias_term[t] += bi[gi] * xsum[t * groups + g];
                 }
-            }
-            float s = scale_value(w->scale_dtype, w->scales, r * groups + g);
-            float b = scale_value(w->scale_dtype, w->biases, r * groups + g);
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) {
-                int32x4_t a = vaddq_s32(vshlq_n_s32(ah[t], 8), vreinterpretq_s32_u32(al[t]));
-                acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(a), s * in->xscale[t * groups + g]);
-                bias_term[t] += b * in->xsum[t * groups + g];
             }
         }
 #pragma GCC unroll 8
@@ -213,36 +231,42 @@ TDOT INLINE void mlx4_planes_rows(const weight_matrix *w, const matvec_input *in
 TDOT INLINE void mlx8_rows(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
                            int64_t r1, const int nt) {
     int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
+    const int16_t *xq = in->xq;
+    const float *xscale = in->xscale, *xsum = in->xsum;
+    float sc[NEON_SCALE_BLOCK], bi[NEON_SCALE_BLOCK];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *q = (const uint8_t *)w->data + (size_t)r * (size_t)cols;
         float32x4_t acc[CPU_MATVEC_MAX_TOKENS];
         float bias_term[CPU_MATVEC_MAX_TOKENS] = {0};
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t] = vdupq_n_f32(0);
-        for (int64_t g = 0; g < groups; g++) {
-            int32x4_t ia[CPU_MATVEC_MAX_TOKENS];
+        for (int64_t g0 = 0; g0 < groups; g0 += NEON_SCALE_BLOCK) {
+            int64_t ng = groups - g0 < NEON_SCALE_BLOCK ? groups - g0 : NEON_SCALE_BLOCK;
+            row_scales(w, r, g0, ng, sc, bi);
+            for (int64_t gi = 0; gi < ng; gi++) {
+                int64_t g = g0 + gi;
+                int32x4_t ia[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) ia[t] = vdupq_n_s32(0);
-            for (int64_t c = g * gs; c < (g + 1) * gs; c += 16) {
-                uint8x16_t b = vld1q_u8(q + c);
-                int16x8_t lo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(b)));
-                int16x8_t hi = vreinterpretq_s16_u16(vmovl_high_u8(b));
+                for (int t = 0; t < nt; t++) ia[t] = vdupq_n_s32(0);
+                for (int64_t c = g * gs; c < (g + 1) * gs; c += 16) {
+                    uint8x16_t b = vld1q_u8(q + c);
+                    int16x8_t lo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(b)));
+                    int16x8_t hi = vreinterpretq_s16_u16(vmovl_high_u8(b));
+#pragma GCC unroll 8
+                    for (int t = 0; t < nt; t++) {
+                        const int16_t *x = xq + t * cols + c;
+                        int16x8_t x0 = vld1q_s16(x), x1 = vld1q_s16(x + 8);
+                        ia[t] = vmlal_s16(ia[t], vget_low_s16(lo), vget_low_s16(x0));
+                        ia[t] = vmlal_high_s16(ia[t], lo, x0);
+                        ia[t] = vmlal_s16(ia[t], vget_low_s16(hi), vget_low_s16(x1));
+                        ia[t] = vmlal_high_s16(ia[t], hi, x1);
+                    }
+                }
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++) {
-                    const int16_t *x = in->xq + t * cols + c;
-                    int16x8_t x0 = vld1q_s16(x), x1 = vld1q_s16(x + 8);
-                    ia[t] = vmlal_s16(ia[t], vget_low_s16(lo), vget_low_s16(x0));
-                    ia[t] = vmlal_high_s16(ia[t], lo, x0);
-                    ia[t] = vmlal_s16(ia[t], vget_low_s16(hi), vget_low_s16(x1));
-                    ia[t] = vmlal_high_s16(ia[t], hi, x1);
+                    acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(ia[t]), sc[gi] * xscale[t * groups + g]);
+                    bias_term[t] += bi[gi] * xsum[t * groups + g];
                 }
-            }
-            float s = scale_value(w->scale_dtype, w->scales, r * groups + g);
-            float b = scale_value(w->scale_dtype, w->biases, r * groups + g);
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) {
-                acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(ia[t]), s * in->xscale[t * groups + g]);
-                bias_term[t] += b * in->xsum[t * groups + g];
             }
         }
 #pragma GCC unroll 8
@@ -253,7 +277,11 @@ TDOT INLINE void mlx8_rows(const weight_matrix *w, const matvec_input *in, float
 TDOT static void matvec_mlx_dot(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
                                 int64_t r1) {
     if (cpu_mlx_x_planes(w)) {
-        CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx4_planes_rows, w, in, y, r0, r1)
+        switch (w->group_size) {
+        case 32: CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx4_planes_rows, w, in, y, r0, r1, 1) break;
+        case 64: CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx4_planes_rows, w, in, y, r0, r1, 2) break;
+        default: CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx4_planes_rows, w, in, y, r0, r1, 4) break;
+        }
     } else if (w->bits == 8) {
         CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx8_rows, w, in, y, r0, r1)
     } else {
