@@ -185,8 +185,12 @@ T256 INLINE __m256 scales_load8(dtype t, const void *p, int64_t i) {
 T256 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
                                  int64_t r1, const int vnni, const int nt) {
     int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
-    int64_t kpg = gs / 8, rows16 = rows & ~(int64_t)15;
+    int64_t kpg = gs / 8, rows16 = rows & ~(int64_t)15; /* kpg: 4, 8, 16 */
     const __m256i m0f = _mm256_set1_epi8(0x0f);
+    /* independent int32 chains per plane and token: with one, the two dependent dot products
+     * per word (vpdpbusd: 5 cycles each) bounded a 1-token pass at ~10 GB/s per core. 4 at 1
+     * token (even/odd values x two words per step), 2 at 2, 1 above (16 ymm registers) */
+    const int nc = nt == 1 ? 4 : nt == 2 ? 2 : 1, ku = nc == 4 ? 2 : 1;
     size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
@@ -204,29 +208,40 @@ T256 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
                 if (ahead)
                     for (int64_t o = 0; o < kpg * 64; o += 64) _mm_prefetch((const char *)wg + o + ahead, _MM_HINT_T0);
                 int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
-                __m256i ah[CPU_MATVEC_MAX_TOKENS], al[CPU_MATVEC_MAX_TOKENS];
+                __m256i ah[CPU_MATVEC_MAX_TOKENS][4], al[CPU_MATVEC_MAX_TOKENS][4];
 #pragma GCC unroll 8
-                for (int t = 0; t < nt; t++) ah[t] = al[t] = _mm256_setzero_si256();
-                for (int64_t k = 0; k < kpg; k++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(wg + 64 * k));
-                    __m256i we = _mm256_and_si256(v, m0f);
-                    __m256i wo = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+                for (int t = 0; t < nt; t++)
+#pragma GCC unroll 4
+                    for (int j = 0; j < nc; j++) ah[t][j] = al[t][j] = _mm256_setzero_si256();
+                for (int64_t k = 0; k < kpg; k += ku) {
+#pragma GCC unroll 2
+                    for (int u = 0; u < ku; u++) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(wg + 64 * (k + u)));
+                        __m256i we = _mm256_and_si256(v, m0f);
+                        __m256i wo = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+                        const int je = nc == 4 ? 2 * u : 0, jo = nc == 1 ? 0 : je + 1;
 #pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++) {
-                        const uint8_t *xb = xq[t] + xoff + 4 * k;
-                        int32_t he, ho, le, lo;
-                        memcpy(&he, xb, 4), memcpy(&ho, xb + 64, 4), memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
-                        ah[t] = dot4_u8s8(ah[t], we, _mm256_set1_epi32(he), vnni);
-                        ah[t] = dot4_u8s8(ah[t], wo, _mm256_set1_epi32(ho), vnni);
-                        al[t] = dot4_u8s8(al[t], _mm256_set1_epi32(le), we, vnni);
-                        al[t] = dot4_u8s8(al[t], _mm256_set1_epi32(lo), wo, vnni);
+                        for (int t = 0; t < nt; t++) {
+                            const uint8_t *xb = xq[t] + xoff + 4 * (k + u);
+                            int32_t he, ho, le, lo;
+                            memcpy(&he, xb, 4), memcpy(&ho, xb + 64, 4), memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
+                            ah[t][je] = dot4_u8s8(ah[t][je], we, _mm256_set1_epi32(he), vnni);
+                            ah[t][jo] = dot4_u8s8(ah[t][jo], wo, _mm256_set1_epi32(ho), vnni);
+                            al[t][je] = dot4_u8s8(al[t][je], _mm256_set1_epi32(le), we, vnni);
+                            al[t][jo] = dot4_u8s8(al[t][jo], _mm256_set1_epi32(lo), wo, vnni);
+                        }
                     }
                 }
                 __m256 sc = scales_load8(w->scale_dtype, sb, g * 16 + 8 * h);
                 __m256 bi = scales_load8(w->scale_dtype, bb, g * 16 + 8 * h);
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++) {
-                    __m256i a = _mm256_add_epi32(_mm256_slli_epi32(ah[t], 8), al[t]);
+#pragma GCC unroll 4
+                    for (int j = 1; j < nc; j++) {
+                        ah[t][0] = _mm256_add_epi32(ah[t][0], ah[t][j]);
+                        al[t][0] = _mm256_add_epi32(al[t][0], al[t][j]);
+                    }
+                    __m256i a = _mm256_add_epi32(_mm256_slli_epi32(ah[t][0], 8), al[t][0]);
                     __m256 sv = _mm256_mul_ps(sc, _mm256_set1_ps(in->xscale[t * groups + g]));
                     acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), sv, acc[t]);
                     acc[t] = _mm256_fmadd_ps(bi, _mm256_set1_ps(in->xsum[t * groups + g]), acc[t]);
