@@ -127,7 +127,7 @@ static int level_in_hardware(cpu_level level) {
 #endif
 #if defined(__aarch64__)
     case CPU_LEVEL_NEON: return 1;
-    case CPU_LEVEL_NEON_DOTPROD: return arm_cached() & 1;
+    case CPU_LEVEL_NEON_DOTPROD: return (arm_cached() & 1) && cpu_kernels_neon_dotprod.matvec;
 #endif
     default: return 0;
     }

@@ -29,7 +29,16 @@
 #include <string.h>
 
 #define TNEON /* Advanced SIMD is part of the aarch64 base architecture */
+/* GCC declares the dot intrinsics under a target pragma, so a function with the target may use
+ * them; clang before 16 declares them only when the whole file is built with dotprod, and then
+ * this build has no dotprod level (cpu_kernels_neon_dotprod.matvec is NULL; cpu.c checks). */
+#if defined(__clang__) && !defined(__ARM_FEATURE_DOTPROD) && __clang_major__ < 16
+#define NEON_NO_DOTPROD 1
+#elif defined(__clang__)
+#define TDOT __attribute__((target("dotprod")))
+#else
 #define TDOT __attribute__((target("arch=armv8.2-a+dotprod")))
+#endif
 #define INLINE static inline __attribute__((always_inline))
 
 /* ---- dense --------------------------------------------------------------------------------- */
@@ -81,19 +90,6 @@ static float scale_value(dtype t, const void *p, int64_t i) {
     if (t == DTYPE_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
     if (t == DTYPE_F16) return f16_to_f32(((const uint16_t *)p)[i]);
     return ((const float *)p)[i];
-}
-
-/* Scales and biases of groups [g0, g0 + n) of row r as f32 (n <= NEON_SCALE_BLOCK): converted
- * once per block of groups, so the group loops read plain floats (a per-group switch on the
- * dtype and the pointer reloads around it were half the instructions of a 32-value group). */
-#define NEON_SCALE_BLOCK 256
-
-static void row_scales(const weight_matrix *w, int64_t r, int64_t g0, int64_t n, float *sc, float *bi) {
-    int64_t first = r * (w->cols / w->group_size) + g0;
-    for (int64_t i = 0; i < n; i++) {
-        sc[i] = scale_value(w->scale_dtype, w->scales, first + i);
-        bi[i] = scale_value(w->scale_dtype, w->biases, first + i);
-    }
 }
 
 /* The gs values of one group (starting at value c0 of the row at data) as bytes, natural order. */
@@ -170,7 +166,22 @@ TNEON static void matvec_mlx_f32(const weight_matrix *w, const matvec_input *in,
 
 CPU_MATVEC_BY_FORMAT(TNEON, neon_matvec, dense_rows, matvec_mlx_f32)
 
+#if !defined(NEON_NO_DOTPROD)
 /* ---- MLX affine, integer (dotprod level) --------------------------------------------------- */
+
+/* Scales and biases of groups [g0, g0 + n) of row r as f32 (n <= NEON_SCALE_BLOCK): converted
+ * once per block of groups, so the group loops read plain floats (a per-group switch on the
+ * dtype and the pointer reloads around it were half the instructions of a 32-value group). */
+#define NEON_SCALE_BLOCK 256
+
+static void row_scales(const weight_matrix *w, int64_t r, int64_t g0, int64_t n, float *sc, float *bi) {
+    int64_t first = r * (w->cols / w->group_size) + g0;
+    for (int64_t i = 0; i < n; i++) {
+        sc[i] = scale_value(w->scale_dtype, w->scales, first + i);
+        bi[i] = scale_value(w->scale_dtype, w->biases, first + i);
+    }
+}
+
 
 /* 4-bit rows against the byte planes (see the file comment). */
 /* vpg = group_size / 32, the 16-byte weight vectors per group, as a constant: with a run-time
@@ -291,6 +302,8 @@ TDOT static void matvec_mlx_dot(const weight_matrix *w, const matvec_input *in, 
 
 CPU_MATVEC_BY_FORMAT(TDOT, neon_dot_matvec, dense_rows, matvec_mlx_dot)
 
+#endif
+
 /* ---- dequantization (gemm regime) ---------------------------------------------------------- */
 
 static void neon_dequant(const weight_matrix *w, int64_t r, int64_t c0, int64_t len, float *out) {
@@ -325,7 +338,9 @@ const cpu_kernels cpu_kernels_neon = {
 const cpu_kernels cpu_kernels_neon_dotprod = {
     .name = "neon-dotprod",
     .needs_int16_x = 1,
+#if !defined(NEON_NO_DOTPROD)
     .matvec = neon_dot_matvec,
+#endif
     .dequant = neon_dequant,
     .gemm_tile = NULL,
 };
