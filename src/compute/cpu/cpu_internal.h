@@ -62,6 +62,20 @@ static inline int cpu_mlx_x_max(const weight_matrix *w) {
     return cpu_mlx_x_planes8(w) ? CPU_MLX_Q8_XMAX : 32767;
 }
 
+/* Element i of an MLX scale or bias array (bf16, f16 or f32), and of a dense weight row, as f32:
+ * the scalar tails and per-group lookups of the kernels. */
+static inline float cpu_scale_at(dtype t, const void *p, int64_t i) {
+    if (t == DTYPE_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
+    if (t == DTYPE_F16) return f16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+static inline float cpu_dense_at(weight_format f, const void *row, int64_t i) {
+    if (f == WEIGHT_F32) return ((const float *)row)[i];
+    if (f == WEIGHT_F16) return f16_to_f32(((const uint16_t *)row)[i]);
+    return bf16_to_f32(((const uint16_t *)row)[i]);
+}
+
 /* The kernel table of the level cpu_matmul uses (the best one EXO_CPU_SIMD allows). */
 const cpu_kernels *cpu_kernels_best(void);
 

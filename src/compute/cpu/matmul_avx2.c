@@ -35,12 +35,6 @@ T256 INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static float scalar_weight(weight_format f, const void *row, int64_t i) {
-    if (f == WEIGHT_F32) return ((const float *)row)[i];
-    if (f == WEIGHT_F16) return f16_to_f32(((const uint16_t *)row)[i]);
-    return bf16_to_f32(((const uint16_t *)row)[i]);
-}
-
 T256 INLINE void dense_rows(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
                             int64_t r1, const weight_format f, const int nt) {
     int64_t cols = w->cols, rows = w->rows;
@@ -63,16 +57,10 @@ T256 INLINE void dense_rows(const weight_matrix *w, const matvec_input *in, floa
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             float s = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));
-            for (int64_t cc = c; cc < cols; cc++) s += scalar_weight(f, row, cc) * in->x[t * cols + cc];
+            for (int64_t cc = c; cc < cols; cc++) s += cpu_dense_at(f, row, cc) * in->x[t * cols + cc];
             y[t * rows + r] = s;
         }
     }
-}
-
-static float scale_value(dtype t, const void *p, int64_t i) {
-    if (t == DTYPE_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
-    if (t == DTYPE_F16) return f16_to_f32(((const uint16_t *)p)[i]);
-    return ((const float *)p)[i];
 }
 
 typedef struct unpack8_consts {
@@ -140,8 +128,8 @@ T256 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float 
                 for (int t = 0; t < nt; t++)
                     gacc[t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(in->x + t * cols + c), gacc[t]);
             }
-            float s = scale_value(w->scale_dtype, w->scales, r * groups + g);
-            float b = scale_value(w->scale_dtype, w->biases, r * groups + g);
+            float s = cpu_scale_at(w->scale_dtype, w->scales, r * groups + g);
+            float b = cpu_scale_at(w->scale_dtype, w->biases, r * groups + g);
             __m256 sv = _mm256_set1_ps(s);
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
@@ -175,15 +163,13 @@ T256 INLINE __m256i dot4_u8s8(__m256i acc, __m256i u8, __m256i s8, const int vnn
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
 }
 
+/* 8 scales or biases (bf16, f16, f32) from element i, widened as dense weights are. */
 T256 INLINE __m256 scales_load8(dtype t, const void *p, int64_t i) {
-    if (t == DTYPE_F32) return _mm256_loadu_ps((const float *)p + i);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-    if (t == DTYPE_F16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return dense_load8(t == DTYPE_F32 ? WEIGHT_F32 : t == DTYPE_F16 ? WEIGHT_F16 : WEIGHT_BF16, p, i);
 }
 
 T256 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                                 int64_t r1, const int vnni, const int nt) {
+                             int64_t r1, const int vnni, const int nt) {
     int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
     int64_t kpg = gs / 8, rows16 = rows & ~(int64_t)15; /* kpg: 4, 8, 16 */
     const __m256i m0f = _mm256_set1_epi8(0x0f);
@@ -315,7 +301,7 @@ T256 static void avx2_dequant(const weight_matrix *w, int64_t r, int64_t c0, int
         const void *row = (const char *)w->data + (size_t)(r * cols) * (w->format == WEIGHT_F32 ? 4 : 2);
         int64_t c = 0;
         for (; c + 8 <= len; c += 8) _mm256_storeu_ps(out + c, dense_load8(w->format, row, c0 + c));
-        for (; c < len; c++) out[c] = scalar_weight(w->format, row, c0 + c);
+        for (; c < len; c++) out[c] = cpu_dense_at(w->format, row, c0 + c);
         return;
     }
     int64_t gs = w->group_size;
@@ -326,8 +312,8 @@ T256 static void avx2_dequant(const weight_matrix *w, int64_t r, int64_t c0, int
     const uint8_t *q = (const uint8_t *)((const uint32_t *)w->data + weight_mlx_word(w, r, c0 * w->bits / 32));
     for (int64_t c = 0; c < len; c += gs) {
         int64_t g = weight_mlx_group(w, r, (c0 + c) / gs);
-        __m256 s = _mm256_set1_ps(scale_value(w->scale_dtype, w->scales, g));
-        __m256 b = _mm256_set1_ps(scale_value(w->scale_dtype, w->biases, g));
+        __m256 s = _mm256_set1_ps(cpu_scale_at(w->scale_dtype, w->scales, g));
+        __m256 b = _mm256_set1_ps(cpu_scale_at(w->scale_dtype, w->biases, g));
         for (int64_t i = 0; i < gs; i += 8) {
             _mm256_storeu_ps(out + c + i, _mm256_fmadd_ps(unpack8(&u, q), s, b));
             q += strided ? 64 : u.bits;

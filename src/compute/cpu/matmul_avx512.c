@@ -351,6 +351,40 @@ T512 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i a, const uint8_t *p) {
     return acc;
 }
 
+/* The end of group g of a 16-row interleaved block (scales and biases of the block at sb, bb):
+ * the nc int32 chains of each plane summed (exact), 256*hi + lo converted and scaled by
+ * scale * activation step, and bias * sum(x), into the 16 row accumulators of each token. */
+T512 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in, const uint8_t *sb,
+                                  const uint8_t *bb, int64_t g, __m512i ah[][4], __m512i al[][4],
+                                  const int nc, __m512 *acc, const int nt) {
+    int64_t groups = w->cols / w->group_size;
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++)
+#pragma GCC unroll 4
+        for (int j = 1; j < nc; j++) {
+            ah[t][0] = _mm512_add_epi32(ah[t][0], ah[t][j]);
+            al[t][0] = _mm512_add_epi32(al[t][0], al[t][j]);
+        }
+    __m512 sc = scales_load16(w->scale_dtype, sb, g * 16, 0xffff);
+    __m512 bi = scales_load16(w->scale_dtype, bb, g * 16, 0xffff);
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t][0], 8), al[t][0]);
+        __m512 sv = _mm512_mul_ps(sc, _mm512_set1_ps(in->xscale[t * groups + g]));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), sv, acc[t]);
+        acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(in->xsum[t * groups + g]), acc[t]);
+    }
+}
+
+/* Stores block b's rows that lie in [r0, r1) (a block straddling the range computes all 16). */
+T512 INLINE void rows16_store(float *y, int64_t rows, int64_t b, int64_t r0, int64_t r1, const __m512 *acc,
+                              const int nt) {
+    int64_t lo = r0 > 16 * b ? r0 - 16 * b : 0, hi = r1 < 16 * b + 16 ? r1 - 16 * b : 16;
+    __mmask16 m = (__mmask16)(tail_mask16(hi) & ~tail_mask16(lo));
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * rows + 16 * b, m, acc[t]);
+}
+
 /* 4-bit rows in the 16-row interleaved layout (WEIGHT_LAYOUT_MLX_ROWS16): per block of 16 rows
  * and group, vector k (k < gs/8) holds word k of the group of each row (lane l: values 8k..8k+7
  * of row 16b+l, as MLX packs them), so the same AND / shift+AND split the even and odd nibbles of
@@ -415,27 +449,9 @@ T512 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
                     }
                 }
             }
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++)
-#pragma GCC unroll 4
-                for (int j = 1; j < nc; j++) {
-                    ah[t][0] = _mm512_add_epi32(ah[t][0], ah[t][j]);
-                    al[t][0] = _mm512_add_epi32(al[t][0], al[t][j]);
-                }
-            __m512 sc = scales_load16(w->scale_dtype, sb, g * 16, 0xffff);
-            __m512 bi = scales_load16(w->scale_dtype, bb, g * 16, 0xffff);
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) {
-                __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t][0], 8), al[t][0]);
-                __m512 sv = _mm512_mul_ps(sc, _mm512_set1_ps(in->xscale[t * groups + g]));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), sv, acc[t]);
-                acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(in->xsum[t * groups + g]), acc[t]);
-            }
+            rows16_group_end(w, in, sb, bb, g, ah, al, nc, acc, nt);
         }
-        int64_t lo = r0 > 16 * b ? r0 - 16 * b : 0, hi = r1 < 16 * b + 16 ? r1 - 16 * b : 16;
-        __mmask16 m = (__mmask16)(tail_mask16(hi) & ~tail_mask16(lo));
-#pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * rows + 16 * b, m, acc[t]);
+        rows16_store(y, rows, b, r0, r1, acc, nt);
     }
     if (r1 > rows16) mlx4_planes_rows(w, in, y, r0 > rows16 ? r0 : rows16, r1, nt);
 }
@@ -494,27 +510,9 @@ T512 INLINE void mlx8_rows16(const weight_matrix *w, const matvec_input *in, flo
                     }
                 }
             }
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++)
-#pragma GCC unroll 4
-                for (int j = 1; j < nc; j++) {
-                    ah[t][0] = _mm512_add_epi32(ah[t][0], ah[t][j]);
-                    al[t][0] = _mm512_add_epi32(al[t][0], al[t][j]);
-                }
-            __m512 sc = scales_load16(w->scale_dtype, sb, g * 16, 0xffff);
-            __m512 bi = scales_load16(w->scale_dtype, bb, g * 16, 0xffff);
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) {
-                __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t][0], 8), al[t][0]);
-                __m512 sv = _mm512_mul_ps(sc, _mm512_set1_ps(in->xscale[t * groups + g]));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), sv, acc[t]);
-                acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(in->xsum[t * groups + g]), acc[t]);
-            }
+            rows16_group_end(w, in, sb, bb, g, ah, al, nc, acc, nt);
         }
-        int64_t lo = r0 > 16 * b ? r0 - 16 * b : 0, hi = r1 < 16 * b + 16 ? r1 - 16 * b : 16;
-        __mmask16 m = (__mmask16)(tail_mask16(hi) & ~tail_mask16(lo));
-#pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * rows + 16 * b, m, acc[t]);
+        rows16_store(y, rows, b, r0, r1, acc, nt);
     }
 }
 

@@ -50,12 +50,6 @@ INLINE float32x4_t dense_load4(weight_format f, const void *row, int64_t i) {
     return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
 }
 
-static float scalar_weight(weight_format f, const void *row, int64_t i) {
-    if (f == WEIGHT_F32) return ((const float *)row)[i];
-    if (f == WEIGHT_F16) return f16_to_f32(((const uint16_t *)row)[i]);
-    return bf16_to_f32(((const uint16_t *)row)[i]);
-}
-
 INLINE void dense_rows(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
                        int64_t r1, const weight_format f, const int nt) {
     int64_t cols = w->cols, rows = w->rows;
@@ -78,19 +72,13 @@ INLINE void dense_rows(const weight_matrix *w, const matvec_input *in, float *y,
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             float s = vaddvq_f32(vaddq_f32(acc[t][0], acc[t][1]));
-            for (int64_t cc = c; cc < cols; cc++) s += scalar_weight(f, row, cc) * in->x[t * cols + cc];
+            for (int64_t cc = c; cc < cols; cc++) s += cpu_dense_at(f, row, cc) * in->x[t * cols + cc];
             y[t * rows + r] = s;
         }
     }
 }
 
 /* ---- MLX affine, exact f32 ----------------------------------------------------------------- */
-
-static float scale_value(dtype t, const void *p, int64_t i) {
-    if (t == DTYPE_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
-    if (t == DTYPE_F16) return f16_to_f32(((const uint16_t *)p)[i]);
-    return ((const float *)p)[i];
-}
 
 /* The gs values of one group (starting at value c0 of the row at data) as bytes, natural order. */
 INLINE void unpack_group(const uint8_t *data, int bits, int64_t c0, int64_t gs, uint8_t *out) {
@@ -146,8 +134,8 @@ INLINE void mlx_rows_f32(const weight_matrix *w, const matvec_input *in, float *
                     for (int k = 0; k < 4; k++) ga[t] = vfmaq_f32(ga[t], v[k], vld1q_f32(x + 4 * k));
                 }
             }
-            float s = scale_value(w->scale_dtype, w->scales, r * groups + g);
-            float b = scale_value(w->scale_dtype, w->biases, r * groups + g);
+            float s = cpu_scale_at(w->scale_dtype, w->scales, r * groups + g);
+            float b = cpu_scale_at(w->scale_dtype, w->biases, r * groups + g);
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
                 acc[t] = vfmaq_n_f32(acc[t], ga[t], s);
@@ -177,8 +165,8 @@ CPU_MATVEC_BY_FORMAT(TNEON, neon_matvec, dense_rows, matvec_mlx_f32)
 static void row_scales(const weight_matrix *w, int64_t r, int64_t g0, int64_t n, float *sc, float *bi) {
     int64_t first = r * (w->cols / w->group_size) + g0;
     for (int64_t i = 0; i < n; i++) {
-        sc[i] = scale_value(w->scale_dtype, w->scales, first + i);
-        bi[i] = scale_value(w->scale_dtype, w->biases, first + i);
+        sc[i] = cpu_scale_at(w->scale_dtype, w->scales, first + i);
+        bi[i] = cpu_scale_at(w->scale_dtype, w->biases, first + i);
     }
 }
 
@@ -317,8 +305,8 @@ static void neon_dequant(const weight_matrix *w, int64_t r, int64_t c0, int64_t 
     for (int64_t c = 0; c < len; c += gs) {
         int64_t g = (c0 + c) / gs;
         unpack_group(data, w->bits, c0 + c, gs, qv);
-        float32x4_t s = vdupq_n_f32(scale_value(w->scale_dtype, w->scales, r * groups + g));
-        float32x4_t b = vdupq_n_f32(scale_value(w->scale_dtype, w->biases, r * groups + g));
+        float32x4_t s = vdupq_n_f32(cpu_scale_at(w->scale_dtype, w->scales, r * groups + g));
+        float32x4_t b = vdupq_n_f32(cpu_scale_at(w->scale_dtype, w->biases, r * groups + g));
         for (int64_t i = 0; i < gs; i += 8) {
             uint16x8_t h = vmovl_u8(vld1_u8(qv + i));
             vst1q_f32(out + c + i, vfmaq_f32(b, vcvtq_f32_u32(vmovl_u16(vget_low_u16(h))), s));
