@@ -296,6 +296,7 @@ static void test_malformed_address_record_fails_connect(void **state) {
     assert_non_null(strstr(err, "malformed"));
     dist_store_dir_free(&s);
     remove_store_dir(dir);
+    free(dir);
 }
 
 static void test_bad_config_is_an_error(void **state) {
@@ -328,6 +329,7 @@ static void test_bad_config_is_an_error(void **state) {
     dist_close(g);
     dist_store_dir_free(&s);
     remove_store_dir(dir);
+    free(dir);
 }
 
 static int failing_set(void *ctx, const char *key, const void *value, size_t len) {
@@ -379,6 +381,7 @@ static void test_store_dir_roundtrip(void **state) {
     dist_store none;
     assert_int_equal(dist_store_dir(&none, "/nonexistent/exo-dist"), -1);
     remove_store_dir(dir);
+    free(dir);
 }
 
 int main(void) {
