@@ -9,6 +9,8 @@
 #                   the demo model
 #   make test-san   the whole suite under ASan + UBSan + LSan (build/san/)
 #   make fuzz       build the libFuzzer targets (clang) into build/fuzz/
+#   make CROSS=aarch64-linux-gnu-   cross-build the engine half and its unit tests into build/aarch64/
+#   make test-aarch64  that build's unit tests under qemu-user (NEON with and without dotprod)
 #
 # Sources are discovered: every src/**/*.c (and src/**/*.cc: the Gloo wrapper, the only C++)
 # goes into libexo.a, every tests/unit/test_*.c becomes one test binary, every tools/<name>/*.c
@@ -39,6 +41,26 @@ PKGS := libmicrohttpd jansson libpcre2-8 libutf8proc libcurl libczmq libzmq libs
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
+# Cross build (CROSS=aarch64-linux-gnu-, Debian's gcc-aarch64-linux-gnu): only the engine half
+# (base, model, text, compute, arch, infer, dist with tests/cross/dist_absent.c in place of Gloo)
+# and the unit tests that need nothing else, linked against the arm64 multiarch libraries scripts/deps.sh --cross installs.
+# The node half (HTTP, ZeroMQ, curl, Gloo) is left out: its arm64 -dev packages cannot be
+# installed next to the amd64 ones on Debian 12 (libczmq-dev, libgloo-dev conflict), and it
+# holds no architecture-specific code. libpcre2-dev:arm64 would pull libc6-dev:arm64 and upgrade
+# amd64 libraries, so the runtime library is linked by its file name (headers are shared).
+# test_tokenizer links too but is left out: 3 minutes under qemu and no architecture-specific code.
+CROSS_DIRS := base model text compute arch infer dist
+CROSS_EXTRA := tests/cross/dist_absent.c
+CROSS_TESTS := test_cpu_matmul test_ops test_engine_reference test_forward test_engine \
+               test_kv_cache test_sampler test_threadpool test_safetensors test_model_config \
+               test_toml
+ifneq ($(CROSS),)
+CC := $(CROSS)gcc
+BUILD := build/$(patsubst %-linux-gnu-,%,$(CROSS))
+PKG_CFLAGS := -DUTF8PROC_EXPORTS
+PKG_LIBS := -ljansson -l:libpcre2-8.so.0 -lutf8proc -lsodium
+endif
+
 CFLAGS := -std=c17 -Wall -Wextra -Werror -g $(OPT) -D_GNU_SOURCE -pthread -Isrc $(PKG_CFLAGS) \
           -MMD -MP $(EXTRA_CFLAGS)
 CXXFLAGS := $(filter-out -std=c17,$(CFLAGS)) -std=c++17
@@ -46,6 +68,9 @@ LDFLAGS := $(OPT) -pthread $(EXTRA_LDFLAGS)
 # Gloo (dist/): the shared library brings its own ibverbs/hiredis; -lstdc++ because the link
 # driver is the C compiler.
 LDLIBS := $(PKG_LIBS) -lopenblas -lgloo -lstdc++ -lm -ldl
+ifneq ($(CROSS),)
+LDLIBS := $(PKG_LIBS) -lopenblas -lm -ldl
+endif
 
 ifeq ($(CUDA),1)
 BUILD := build/cuda
@@ -77,8 +102,18 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TOOLS := $(notdir $(patsubst %/,%,$(sort $(dir $(wildcard tools/*/*.c)))))
 TOOL_BIN := $(TOOLS:%=$(BUILD)/tools/%)
 
-.PHONY: all test test-san unit e2e run fuzz clean format deps bench
+ifneq ($(CROSS),)
+LIB_SRC := $(filter $(CROSS_DIRS:%=src/%/%),$(LIB_SRC)) $(CROSS_EXTRA)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+UNIT_BIN := $(CROSS_TESTS:%=$(BUILD)/tests/%)
+endif
+
+.PHONY: all test test-san test-aarch64 unit e2e run fuzz clean format deps bench
+ifeq ($(CROSS),)
 all: $(BUILD)/exo $(TOOL_BIN) $(UNIT_BIN)
+else
+all: $(UNIT_BIN)
+endif
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -125,6 +160,15 @@ NPROC := $(shell nproc 2>/dev/null || echo 2)
 test: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all
 	@bash tests/run-all.sh $(BUILD)
+
+# The aarch64 unit tests under qemu-user: once on a CPU with dotprod and i8mm (every NEON level),
+# once on a Cortex-A72 (plain NEON: run-time detection must fall back). The engine tests find
+# their models through the native build's mkmodel (EXO_MKMODEL_BUILD).
+test-aarch64: deps
+	@bash scripts/deps.sh --cross
+	@$(MAKE) --no-print-directory -j$(NPROC) all
+	@$(MAKE) --no-print-directory -j$(NPROC) CROSS=aarch64-linux-gnu- all
+	@bash tests/run-cross.sh build/aarch64 $(BUILD)
 
 # Whole suite (unit + e2e) against build/san; sanitizer reports fail it.
 test-san: deps

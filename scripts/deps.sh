@@ -46,6 +46,26 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# The aarch64 cross build and its tests under qemu-user (make test-aarch64, part of make test):
+# the cross compiler, qemu, and the arm64 multiarch libraries the engine half links (see the
+# Makefile's CROSS section for why only these). EXO_DEPS_CROSS=0 skips them.
+CROSS_PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+CROSS_ARM64=(libjansson-dev libutf8proc-dev libopenblas-dev libcmocka-dev libsodium-dev libpcre2-8-0)
+if [ "${EXO_DEPS_CROSS:-1}" != 0 ] && [ "$(dpkg --print-architecture)" = amd64 ]; then
+  missing=()
+  for p in "${CROSS_PACKAGES[@]}" "${CROSS_ARM64[@]/%/:arm64}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "deps: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+fi
+[ "${1:-}" = --cross ] && exit 0
+
 # npm packages for end-to-end tests and tokenizer fixtures (pinned by the lock file). The stamp
 # holds the lock file's hash, so a checkout with a newer mtime but the same lock reinstalls nothing.
 if [ "$mode" != run ] && [ -f tests/e2e/package.json ]; then

@@ -5,6 +5,27 @@ build=${1:-build}
 cd "$(dirname "$0")/.."
 bash tests/run-unit.sh "$build" | tee "$build/unit.out"; unit_rc=${PIPESTATUS[0]}
 bash tests/run-e2e.sh "$build" | tee "$build/e2e.out"; e2e_rc=${PIPESTATUS[0]}
+# The kernel and engine tests again as on an AVX2-only CPU (EXO_CPU_SIMD=avx2: no AVX-512 kernel,
+# attention or layout anywhere), where this machine has AVX-512.
+avx2_rc=0; ap=0; af=0
+if [ "$build" != build/san ] && grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
+  echo "unit tests with the AVX-512 path disabled (EXO_CPU_SIMD=avx2):"
+  EXO_CPU_SIMD=avx2 UNIT_ONLY="test_ops test_forward test_engine test_engine_reference test_tensor_parallel" \
+    bash tests/run-unit.sh "$build" | tee "$build/unit-avx2.out"; avx2_rc=${PIPESTATUS[0]}
+  ap=$(grep -E '^unit: ' "$build/unit-avx2.out" | awk '{print $2}'); af=$(grep -E '^unit: ' "$build/unit-avx2.out" | awk '{print $4}')
+fi
+# The aarch64 cross build's tests under qemu-user (tests/run-cross.sh); EXO_TEST_CROSS=0 skips.
+cross_rc=0; cp=0; cf=0
+if [ "$build" != build/san ] && [ "${EXO_TEST_CROSS:-1}" != 0 ] && [ "$(uname -m)" = x86_64 ]; then
+  if make --no-print-directory -j"$(nproc)" CROSS=aarch64-linux-gnu- all >"build/cross-build.out" 2>&1; then
+    bash tests/run-cross.sh build/aarch64 "$build" | tee build/aarch64/unit.out; cross_rc=${PIPESTATUS[0]}
+    cp=$(grep -E '^unit: ' build/aarch64/unit.out | awk '{s+=$2} END {print s+0}')
+    cf=$(grep -E '^unit: ' build/aarch64/unit.out | awk '{s+=$4} END {print s+0}')
+  else
+    echo "aarch64 cross build failed (bash scripts/deps.sh --cross installs the toolchain):"
+    tail -30 build/cross-build.out; cross_rc=1; cf=1
+  fi
+fi
 # Unit tests again under ASan+UBSan+LSan (build/san), unless this run already is the sanitized
 # one or EXO_TEST_SAN=0. test_engine_reference is left out of this pass: it already ran above
 # and takes ~300 s under ASan on 2 cores versus ~25 s for all the others together; so are the
@@ -23,5 +44,5 @@ fi
 up=$(grep -E '^unit: ' "$build/unit.out" | awk '{print $2}'); uf=$(grep -E '^unit: ' "$build/unit.out" | awk '{print $4}')
 ep=$(grep -E '^e2e: ' "$build/e2e.out" | awk '{print $2}'); ef=$(grep -E '^e2e: ' "$build/e2e.out" | awk '{print $4}')
 echo
-echo "total: $(( ${up:-0} + ${ep:-0} + ${sp:-0} )) passed, $(( ${uf:-0} + ${ef:-0} + ${sf:-0} )) failed"
-[ "$unit_rc" -eq 0 ] && [ "$e2e_rc" -eq 0 ] && [ "$san_rc" -eq 0 ]
+echo "total: $(( ${up:-0} + ${ep:-0} + ${sp:-0} + ${ap:-0} + ${cp:-0} )) passed, $(( ${uf:-0} + ${ef:-0} + ${sf:-0} + ${af:-0} + ${cf:-0} )) failed"
+[ "$unit_rc" -eq 0 ] && [ "$e2e_rc" -eq 0 ] && [ "$san_rc" -eq 0 ] && [ "$avx2_rc" -eq 0 ] && [ "$cross_rc" -eq 0 ]

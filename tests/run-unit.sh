@@ -3,6 +3,8 @@
 # and its self-test, and prints "unit: N passed, N failed". Each binary is a cmocka group; its own
 # exit code says whether it passed.
 # Unit tests run from the repository root (they read tests/fixtures/ and .cache/).
+# UNIT_EXEC: a command each test binary runs under (qemu-aarch64 for a cross build, see
+# tests/run-cross.sh); UNIT_TOOLS_BUILD: the build whose tools/ the tests call (default $1).
 set -u
 build=${1:-build}
 # In a sanitized build (build/san) any ASan/UBSan/LSan report makes the binary exit non-zero.
@@ -15,9 +17,11 @@ run_one() {
   local name=$1; shift
   # UNIT_SKIP: space-separated names run-all.sh leaves out of the sanitized pass (they ran above).
   case " ${UNIT_SKIP:-} " in *" $name "*) echo "  $name (not in this pass: UNIT_SKIP)"; return;; esac
+  # UNIT_ONLY: space-separated names a focused pass runs (run-all.sh's AVX2 and aarch64 passes).
+  if [ -n "${UNIT_ONLY:-}" ]; then case " $UNIT_ONLY " in *" $name "*) ;; *) return;; esac; fi
   local log="$build/tests/$name.log" start status
   start=$(date +%s%N)
-  if EXO_BUILD="$build" "$@" >"$log" 2>&1; then
+  if EXO_BUILD="${UNIT_TOOLS_BUILD:-$build}" ${UNIT_EXEC:-} "$@" >"$log" 2>&1; then
     passed=$((passed + 1)); status=ok
   else
     failed=$((failed + 1)); status=FAIL; failed_names+=("$name")

@@ -48,8 +48,9 @@ typedef enum weight_format {
  *     row 16b+l is word 16*d + l of the block, and scale/bias g of that row is element 16*g + l of
  *     the block's [groups][16]; a block is exactly as many bytes as 16 MLX rows. Rows past the last
  *     whole block (rows % 16 of them) stay in MLX order where MLX has them. Set only by
- *     cpu_weight_repack_rows16 (4-bit MLX, the AVX-512 kernels); every reader of w->data, scales
- *     and biases goes through weight_mlx_word / weight_mlx_group below or knows the layout. */
+ *     cpu_weight_repack_rows16 (4- and 8-bit MLX; compute/cpu/layout.c); every reader of
+ *     w->data, scales and biases goes through weight_mlx_word / weight_mlx_group below or knows
+ *     the layout. */
 typedef enum weight_layout { WEIGHT_LAYOUT_MLX = 0, WEIGHT_LAYOUT_MLX_ROWS16 } weight_layout;
 
 /* A read-only weight matrix view [rows][cols]. Does not own its memory. */

@@ -147,7 +147,8 @@ static void check_all_paths(const weight_matrix *w, int64_t n_tokens) {
     };
     for (int level = 0; level < CPU_LEVEL_COUNT; level++) {
         if (!cpu_kernels_for((cpu_level)level)) continue;
-        if (w->layout != WEIGHT_LAYOUT_MLX && level != CPU_LEVEL_AVX512) continue; /* AVX-512 only */
+        if (w->layout != WEIGHT_LAYOUT_MLX && !(cpu_kernels_for((cpu_level)level)->rows16_bits & (1u << w->bits)))
+            continue; /* levels that read the interleaved layout at this width */
         for (size_t g = 0; g < sizeof regimes / sizeof *regimes; g++) {
             for (size_t i = 0; i < ysize; i++) y[i] = NAN;
             assert_int_equal(cpu_matmul_with(w, x, y, n_tokens, (cpu_level)level, regimes[g].gemm,
@@ -276,7 +277,8 @@ static void test_public_entry_and_level(void **state) {
     (void)state;
     const char *level = cpu_simd_level();
     assert_true(strcmp(level, "generic") == 0 || strcmp(level, "avx2") == 0 ||
-                strcmp(level, "avx512") == 0 || strcmp(level, "neon") == 0);
+                strcmp(level, "avx512") == 0 || strcmp(level, "neon") == 0 ||
+                strcmp(level, "neon-dotprod") == 0);
     assert_non_null(cpu_kernels_for(CPU_LEVEL_GENERIC));
     test_weight tw = make_weight(WEIGHT_MLX_AFFINE, 20, 256, 5, 32, DTYPE_BF16);
     float *x = random_x(3, 256), y[60], ref[60];
@@ -463,25 +465,28 @@ static test_weight copy_weight(const test_weight *t) {
     return c;
 }
 
-/* The 16-row interleaved 4-bit layout: the repack moves every word, scale and bias exactly where
- * weight_mlx_word / weight_mlx_group say (rows past the last whole block stay put), the reference
- * dequantization reads the same values, and every regime of the AVX-512 level (matvec 1..8
- * tokens, the MLX int16 gemm at 9..256, the f32 gemms on dequantized panels, passes) matches the
- * reference on odd row counts, g32/g64/g128 and f16/bf16/f32 scales. */
+/* The 16-row interleaved layout (4- and 8-bit): the repack moves every word, scale and bias
+ * exactly where weight_mlx_word / weight_mlx_group say (rows past the last whole block stay put),
+ * the reference dequantization reads the same values, and every regime of each level that reads
+ * the layout (matvec 1..8 tokens, the MLX int16 gemm at 9..256, the f32 gemms on dequantized
+ * panels, passes) matches the reference on odd row counts (4-bit; 8-bit takes multiples of 16
+ * only), g32/g64/g128 and f16/bf16/f32 scales. */
 static void test_q4_rows16(void **state) {
     (void)state;
     int groups[] = {32, 64, 128};
     dtype sdts[] = {DTYPE_F16, DTYPE_BF16, DTYPE_F32};
-    int64_t shapes[][2] = {{16, 128}, {33, 256}, {47, 384}, {64, 1024}, {100, 128}};
+    int64_t shapes[][2] = {{16, 128}, {33, 256}, {47, 384}, {64, 1024}, {100, 128}, {48, 256}};
     int64_t tokens[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 48, 130, 300};
+    for (int bits = 4; bits <= 8; bits += 4)
     for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
         for (size_t g = 0; g < 3; g++) {
             int64_t rows = shapes[sh][0], cols = shapes[sh][1], gs = groups[g];
-            test_weight orig = make_weight(WEIGHT_MLX_AFFINE, rows, cols, 4, (int)gs, sdts[(sh + g) % 3]);
+            if (bits == 8 && rows % 16) continue;
+            test_weight orig = make_weight(WEIGHT_MLX_AFFINE, rows, cols, bits, (int)gs, sdts[(sh + g) % 3]);
             test_weight rp = copy_weight(&orig);
             assert_int_equal(cpu_weight_repack_rows16(&rp.w), 0);
             assert_int_equal(rp.w.layout, WEIGHT_LAYOUT_MLX_ROWS16);
-            int64_t words = cols / 8, ng = cols / gs;
+            int64_t words = cols * bits / 32, ng = cols / gs;
             size_t es = dtype_size(rp.w.scale_dtype);
             int moved = 0;
             for (int64_t r = 0; r < rows; r++) {
@@ -508,13 +513,24 @@ static void test_q4_rows16(void **state) {
             free(a), free(b);
             /* a second repack, or any other width, is refused and changes nothing */
             assert_int_equal(cpu_weight_repack_rows16(&rp.w), -1);
-            if (cpu_kernels_for(CPU_LEVEL_AVX512))
-                for (size_t n = 0; n < sizeof tokens / sizeof *tokens; n++)
-                    if (tokens[n] <= 9 || (sh + g) % 2 == 0) check_all_paths(&rp.w, tokens[n]);
+            for (size_t n = 0; n < sizeof tokens / sizeof *tokens; n++)
+                if (tokens[n] <= 9 || (sh + g) % 2 == 0) check_all_paths(&rp.w, tokens[n]);
             free_weight(&orig);
             free_weight(&rp);
         }
-    int64_t refused[][3] = {{15, 128, 4}, {32, 64, 4}, {32, 128, 3}, {32, 256, 8}};
+    /* The AVX2 level's kernel without AVX-VNNI (vpmaddubsw), where the CPU has it. */
+    if (cpu_kernels_for(CPU_LEVEL_AVX2) && cpu_avx2_vnni()) {
+        cpu_avx2_set_vnni(0);
+        for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+            test_weight tw = make_weight(WEIGHT_MLX_AFFINE, shapes[sh][0], shapes[sh][1], 4, groups[sh % 3], sdts[sh % 3]);
+            assert_int_equal(cpu_weight_repack_rows16(&tw.w), 0);
+            for (int64_t n = 1; n <= 9; n += 1 + (int64_t)(sh % 2)) check_all_paths(&tw.w, n);
+            free_weight(&tw);
+        }
+        cpu_avx2_set_vnni(1);
+        assert_true(cpu_avx2_vnni());
+    }
+    int64_t refused[][3] = {{15, 128, 4}, {32, 64, 4}, {32, 128, 3}, {40, 256, 8}, {32, 128, 2}, {16, 64, 8}};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
         test_weight t = make_weight(WEIGHT_MLX_AFFINE, refused[i][0], refused[i][1], (int)refused[i][2], 32, DTYPE_BF16);
         test_weight c = copy_weight(&t);
@@ -538,11 +554,15 @@ static void test_q4_rows16_splits_and_levels(void **state) {
     assert_int_equal(cpu_weight_repack_rows16(&t[0].w), 0);
     assert_int_equal(cpu_weight_repack_rows16(&t[1].w), 0);
     const weight_matrix *ws[3] = {&t[0].w, &t[1].w, &t[2].w};
-    if (cpu_kernels_for(CPU_LEVEL_AVX512)) {
+    cpu_level rows16_levels[] = {CPU_LEVEL_AVX512, CPU_LEVEL_AVX2};
+    for (size_t li = 0; li < 2; li++) {
+        cpu_level lv = rows16_levels[li];
+        if (!cpu_kernels_for(lv)) continue;
         for (int split = CPU_SPLIT_STATIC; split <= CPU_SPLIT_STEAL; split++) {
             cpu_matvec_set_split(split);
-            /* 40 and 100 tokens: a job mixing interleaved and MLX-order matrices goes to the
-             * MLX int16 gemm, which copies interleaved blocks back to MLX order */
+            /* 40 and 100 tokens: on AVX-512 a job mixing interleaved and MLX-order matrices goes to
+             * the MLX int16 gemm, which copies interleaved blocks back to MLX order; on AVX2 to the
+             * f32 gemm on panels dequantized from the interleaved rows */
             int64_t tokens[] = {1, 4, 7, 40, 100};
             for (size_t ti = 0; ti < sizeof tokens / sizeof *tokens; ti++) {
                 int64_t n = tokens[ti];
@@ -552,13 +572,13 @@ static void test_q4_rows16_splits_and_levels(void **state) {
                     ref[i] = malloc((size_t)(n * ws[i]->rows) * sizeof(float));
                     cpu_matmul_reference(ws[i], x, ref[i], n);
                 }
-                assert_int_equal(cpu_matmul_multi_with(3, ws, x, ys, n, CPU_LEVEL_AVX512, CPU_GEMM_AUTO, -1), 0);
+                assert_int_equal(cpu_matmul_multi_with(3, ws, x, ys, n, lv, CPU_GEMM_AUTO, -1), 0);
                 for (int i = 0; i < 3; i++) {
                     for (int64_t j = 0; j < n * ws[i]->rows; j++) {
                         double tol = 4e-5 * tolerance_scale(ws[i], x, j / ws[i]->rows, j % ws[i]->rows) + 1e-6;
                         if (!(fabs((double)ys[i][j] - (double)ref[i][j]) <= tol))
-                            fail_msg("rows16 split %d matrix %d n=%lld element %lld: got %.7g, reference %.7g",
-                                     split, i, (long long)n, (long long)j, ys[i][j], ref[i][j]);
+                            fail_msg("rows16 %s split %d matrix %d n=%lld element %lld: got %.7g, reference %.7g",
+                                     cpu_kernels_for(lv)->name, split, i, (long long)n, (long long)j, ys[i][j], ref[i][j]);
                     }
                     free(ys[i]), free(ref[i]);
                 }
@@ -603,8 +623,9 @@ static void test_q4_rows16_splits_and_levels(void **state) {
         checks_run++;
         free(x), free(ref), free(y), free(xsum), free(xscale), free(xq);
     }
-    for (int level = CPU_LEVEL_GENERIC; level <= CPU_LEVEL_AVX2; level++) {
-        if (!cpu_kernels_for((cpu_level)level)) continue;
+    for (int level = CPU_LEVEL_GENERIC; level < CPU_LEVEL_COUNT; level++) {
+        const cpu_kernels *kl = cpu_kernels_for((cpu_level)level);
+        if (!kl || (kl->rows16_bits & (1u << 4))) continue;
         float *x = random_x(2, 512), *y = malloc(2 * 200 * sizeof(float));
         for (int i = 0; i < 400; i++) y[i] = 1.0f;
         assert_int_equal(cpu_matmul_with(&t[0].w, x, y, 2, (cpu_level)level, CPU_GEMM_AUTO, -1), -1);

@@ -163,7 +163,7 @@ static void attention_range(void *ctx, int64_t begin, int64_t end, int thread) {
 static void attention_fast_range(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const rows_job *j = ctx;
-    cpu_op_attention_avx2(j->x, j->kv, j->ab, j->y, begin, end);
+    cpu_op_attention_grouped(j->x, j->kv, j->ab, j->y, begin, end);
 }
 
 typedef struct att512_job {

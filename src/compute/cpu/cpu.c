@@ -15,6 +15,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -89,15 +93,66 @@ static x86_features x86_cached(void) {
 }
 #endif
 
-int cpu_level_supported(cpu_level level) {
+#if defined(__aarch64__)
+/* aarch64 features from the kernel's HWCAP words (the instructions are not readable from user
+ * space on every kernel): bit 0 ASIMD dotprod, bit 1 i8mm. Read once. */
+static _Atomic int arm_bits = -1;
+
+static int arm_cached(void) {
+    int v = atomic_load_explicit(&arm_bits, memory_order_relaxed);
+    if (v < 0) {
+        unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+        v = ((hw & HWCAP_ASIMD) && (hw & HWCAP_ASIMDDP) ? 1 : 0) | (hw2 & HWCAP2_I8MM ? 2 : 0);
+        atomic_store(&arm_bits, v);
+    }
+    return v;
+}
+#endif
+
+int cpu_neon_i8mm(void) {
+#if defined(__aarch64__)
+    return (arm_cached() & 2) && cpu_level_supported(CPU_LEVEL_NEON_DOTPROD);
+#else
+    return 0;
+#endif
+}
+
+/* What the hardware (and this build) offers, before EXO_CPU_SIMD. */
+static int level_in_hardware(cpu_level level) {
     switch (level) {
     case CPU_LEVEL_GENERIC: return 1;
 #if defined(__x86_64__)
     case CPU_LEVEL_AVX2: return x86_cached().avx2;
     case CPU_LEVEL_AVX512: return x86_cached().avx512;
 #endif
+#if defined(__aarch64__)
+    case CPU_LEVEL_NEON: return 1;
+    case CPU_LEVEL_NEON_DOTPROD: return (arm_cached() & 1) && cpu_kernels_neon_dotprod.matvec;
+#endif
     default: return 0;
     }
+}
+
+static const char *const level_names[CPU_LEVEL_COUNT] = {"generic", "avx2", "avx512", "neon",
+                                                         "neon-dotprod"};
+
+/* The highest level EXO_CPU_SIMD allows (generic|avx2|avx512|neon|neon-dotprod; levels of the
+ * other architecture never exist here, so the enum order is the order within each family). */
+static cpu_level level_cap(void) {
+    static _Atomic int cap = -1;
+    int c = atomic_load_explicit(&cap, memory_order_relaxed);
+    if (c < 0) {
+        c = CPU_LEVEL_COUNT - 1;
+        const char *env = getenv("EXO_CPU_SIMD");
+        for (int l = 0; env && l < CPU_LEVEL_COUNT; l++)
+            if (!strcmp(env, level_names[l])) c = l;
+        atomic_store(&cap, c);
+    }
+    return (cpu_level)c;
+}
+
+int cpu_level_supported(cpu_level level) {
+    return level >= 0 && level < CPU_LEVEL_COUNT && level <= level_cap() && level_in_hardware(level);
 }
 
 const cpu_kernels *cpu_kernels_for(cpu_level level) {
@@ -108,31 +163,33 @@ const cpu_kernels *cpu_kernels_for(cpu_level level) {
     case CPU_LEVEL_AVX2: return &cpu_kernels_avx2;
     case CPU_LEVEL_AVX512: return &cpu_kernels_avx512;
 #endif
+#if defined(__aarch64__)
+    case CPU_LEVEL_NEON: return &cpu_kernels_neon;
+    case CPU_LEVEL_NEON_DOTPROD: return &cpu_kernels_neon_dotprod;
+#endif
     default: return NULL;
     }
 }
 
 static _Atomic int best_level = -1;
 
-/* The best supported level, lowered by EXO_CPU_SIMD=generic|avx2|avx512 (never raised). */
+/* The best supported level (cpu_level_supported already applies EXO_CPU_SIMD). */
 static cpu_level cpu_best_level(void) {
     int l = atomic_load_explicit(&best_level, memory_order_relaxed);
     if (l >= 0) return (cpu_level)l;
     l = CPU_LEVEL_GENERIC;
-    for (int c = CPU_LEVEL_AVX2; c <= CPU_LEVEL_AVX512; c++)
+    for (int c = CPU_LEVEL_GENERIC + 1; c < CPU_LEVEL_COUNT; c++)
         if (cpu_level_supported((cpu_level)c)) l = c;
-    const char *env = getenv("EXO_CPU_SIMD");
-    if (env) {
-        static const char *names[] = {"generic", "avx2", "avx512"};
-        for (int c = 0; c < 3; c++)
-            if (strcmp(env, names[c]) == 0 && c < l) l = c;
-    }
     atomic_store(&best_level, l);
     return (cpu_level)l;
 }
 
+const cpu_kernels *cpu_kernels_best(void) {
+    return cpu_kernels_for(cpu_best_level());
+}
+
 const char *cpu_simd_level(void) {
-    return cpu_kernels_for(cpu_best_level())->name;
+    return cpu_kernels_best()->name;
 }
 
 /* ---- weight checks and activation preparation --------------------------------------------- */
@@ -147,8 +204,9 @@ int cpu_weight_supported(const weight_matrix *w) {
             return 0;
         if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128) return 0;
         if (w->cols % w->group_size != 0 || !w->scales || !w->biases) return 0;
-        if (w->layout != WEIGHT_LAYOUT_MLX && (w->layout != WEIGHT_LAYOUT_MLX_ROWS16 || w->bits != 4 || w->cols % 128))
-            return 0; /* the interleaved layout exists for 4-bit rows of whole 128-value chunks only */
+        if (w->layout != WEIGHT_LAYOUT_MLX &&
+            (w->layout != WEIGHT_LAYOUT_MLX_ROWS16 || (w->bits != 4 && w->bits != 8) || w->cols % 128))
+            return 0; /* the interleaved layout exists for 4- and 8-bit rows of whole 128-value chunks */
         return w->scale_dtype == DTYPE_BF16 || w->scale_dtype == DTYPE_F16 ||
                w->scale_dtype == DTYPE_F32;
     }
@@ -177,8 +235,9 @@ static int prepare_mlx_input(const weight_matrix *w, matvec_input *in, int want_
             }
             xsum[t * groups + g] = sum;
             if (!want_int16) continue;
-            float scale = amax / 32767.0f;
-            float inv = amax > 0 ? 32767.0f / amax : 0.0f;
+            float xmax = (float)cpu_mlx_x_max(w);
+            float scale = amax / xmax;
+            float inv = amax > 0 ? xmax / amax : 0.0f;
             xscale[t * groups + g] = scale;
             int16_t *q = xq + t * cols + g * gs;
             for (int64_t c = 0; c < gs; c++) q[c] = (int16_t)lrintf(xs[c] * inv);
@@ -198,6 +257,8 @@ static int prepare_mlx_input(const weight_matrix *w, matvec_input *in, int want_
     }
     if (want_int16 && cpu_mlx_x_planes(w))
         for (int64_t t = 0; t < n; t++) cpu_mlx_x_to_planes(xq + t * cols, cols);
+    if (want_int16 && cpu_mlx_x_planes8(w))
+        for (int64_t t = 0; t < n; t++) cpu_mlx_x_to_planes8(xq + t * cols, cols);
     in->xsum = xsum;
     in->xscale = xscale;
     in->xq = xq;
@@ -446,7 +507,8 @@ static int matvec_run(const cpu_kernels *k, const weight_matrix *const *ws, int 
         for (int j = 0; j < i && !same; j++) {
             const weight_matrix *v = ws[j];
             if (v->format == WEIGHT_MLX_AFFINE && v->cols == w->cols && v->bits == w->bits &&
-                v->group_size == w->group_size && cpu_mlx_x_planes(v) == cpu_mlx_x_planes(w))
+                v->group_size == w->group_size && cpu_mlx_x_planes(v) == cpu_mlx_x_planes(w) &&
+                cpu_mlx_x_planes8(v) == cpu_mlx_x_planes8(w))
                 same = &job.parts[j];
         }
         if (same) {
@@ -715,12 +777,12 @@ int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x,
     int bad = 0;
     for (int i = 0; i < n; i++) {
         if (check_view(ws[i], ys[i], n_tokens)) bad = 1;
-        else if (ws[i]->layout != WEIGHT_LAYOUT_MLX && k != &cpu_kernels_avx512) {
-            /* only the AVX-512 kernels read the interleaved layout (layout.c repacks only then) */
+        else if (ws[i]->layout != WEIGHT_LAYOUT_MLX && !(k->rows16_bits & (1u << ws[i]->bits))) {
+            /* layout.c repacks only for a level that reads the interleaved rows of that width */
             static _Atomic int warned;
             if (!atomic_exchange(&warned, 1))
-                log_error("cpu_matmul: a 16-row interleaved matrix at SIMD level %s, which reads MLX "
-                          "order only; output set to zero", k->name);
+                log_error("cpu_matmul: a 16-row interleaved %d-bit matrix at SIMD level %s, which reads "
+                          "it in MLX order only; output set to zero", ws[i]->bits, k->name);
             memset(ys[i], 0, (size_t)(n_tokens * ws[i]->rows) * sizeof(float));
             bad = 1;
         }

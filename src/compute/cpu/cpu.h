@@ -28,9 +28,12 @@ void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_toke
 #define CPU_MATMUL_MULTI_MAX 4
 void cpu_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
                       int64_t n_tokens);
-/* The 16-row interleaved 4-bit layout (WEIGHT_LAYOUT_MLX_ROWS16, model/weight_types.h; layout.c).
- * cpu_weight_prefers_rows16: 1 when w is a 4-bit MLX matrix in MLX order with columns a multiple
- * of 128 and at least 16 rows, the level in use is AVX-512, and EXO_Q4_LAYOUT is not `mlx`.
+/* The 16-row interleaved layout of 4- and 8-bit MLX matrices (WEIGHT_LAYOUT_MLX_ROWS16,
+ * model/weight_types.h; layout.c).
+ * cpu_weight_prefers_rows16: 1 when w is a 4-bit MLX matrix (8-bit: and its rows a multiple of
+ * 16) in MLX order with columns a multiple of 128 and at least 16 rows, the level in use reads
+ * that width interleaved (4-bit: AVX-512, AVX2; 8-bit: AVX-512), and EXO_Q4_LAYOUT (8-bit:
+ * EXO_Q8_LAYOUT) is not `mlx`.
  * cpu_weight_repack_rows16: rewrites w's data, scales and biases in place (the memory behind the
  * view must be writable and owned by the caller, and no other view may read it in MLX order) and
  * sets w->layout. Returns 0, or -1 (not such a matrix, or out of memory) with w unchanged. */

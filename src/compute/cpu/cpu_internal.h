@@ -46,6 +46,39 @@ static inline int cpu_mlx_x_planes(const weight_matrix *w) {
            (w->layout == WEIGHT_LAYOUT_MLX_ROWS16 || cpu_matvec_q4_planes());
 }
 
+/* 8-bit MLX matrices in the 16-row interleaved layout: the AVX-512 kernel multiplies the weight
+ * bytes (u8, 0..255) with the activations split into two *signed* bytes, x = 256*hi + lo with
+ * lo in [-128, 127], through vpdpbusd (u8 x s8) twice; hi then fits s8 only for |x| <= 32639, so
+ * these activations are quantized to that range instead of 32767 (a step of max|x|/32639: the
+ * error bound grows by 0.4%). Per chunk of 128 values the xq row holds 256 bytes: the 128 hi
+ * bytes in natural order, then the 128 lo bytes (cpu_mlx_x_to_planes8). */
+#define CPU_MLX_Q8_XMAX 32639
+static inline int cpu_mlx_x_planes8(const weight_matrix *w) {
+    return w->format == WEIGHT_MLX_AFFINE && w->bits == 8 && w->layout == WEIGHT_LAYOUT_MLX_ROWS16;
+}
+
+/* The largest |xq| of the int16 activations of w (see matvec_input). */
+static inline int cpu_mlx_x_max(const weight_matrix *w) {
+    return cpu_mlx_x_planes8(w) ? CPU_MLX_Q8_XMAX : 32767;
+}
+
+/* Element i of an MLX scale or bias array (bf16, f16 or f32), and of a dense weight row, as f32:
+ * the scalar tails and per-group lookups of the kernels. */
+static inline float cpu_scale_at(dtype t, const void *p, int64_t i) {
+    if (t == DTYPE_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
+    if (t == DTYPE_F16) return f16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+static inline float cpu_dense_at(weight_format f, const void *row, int64_t i) {
+    if (f == WEIGHT_F32) return ((const float *)row)[i];
+    if (f == WEIGHT_F16) return f16_to_f32(((const uint16_t *)row)[i]);
+    return bf16_to_f32(((const uint16_t *)row)[i]);
+}
+
+/* The kernel table of the level cpu_matmul uses (the best one EXO_CPU_SIMD allows). */
+const cpu_kernels *cpu_kernels_best(void);
+
 /* For 2- and 4-bit MLX weights whose columns are a multiple of the 32-byte chunk (128 or 64
  * values), the int16 activations are stored permuted within each chunk so that the kernel can
  * unpack 32 bytes with one zero-extension plus a shift/AND per value slot: with P = 8/bits values
@@ -96,6 +129,8 @@ int cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float *y, in
 extern const cpu_kernels cpu_kernels_generic;
 extern const cpu_kernels cpu_kernels_avx2;
 extern const cpu_kernels cpu_kernels_avx512;
+extern const cpu_kernels cpu_kernels_neon;
+extern const cpu_kernels cpu_kernels_neon_dotprod;
 
 /* Bytes ahead of the current row that matvec kernels prefetch (0 = none): EXO_MATVEC_PREFETCH,
  * read once, else CPU_MATVEC_PREFETCH_DEFAULT. */

@@ -25,14 +25,25 @@ typedef enum cpu_level {
     CPU_LEVEL_GENERIC = 0,
     CPU_LEVEL_AVX2,   /* AVX2 + FMA + F16C */
     CPU_LEVEL_AVX512, /* AVX-512 F/BW/VL/VBMI/VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later) */
-    CPU_LEVEL_NEON,   /* aarch64 */
+    CPU_LEVEL_NEON,   /* aarch64 Advanced SIMD (every aarch64 CPU: Cortex-A53/A72, Pi 3/4) */
+    CPU_LEVEL_NEON_DOTPROD, /* + SDOT/UDOT (ARMv8.2 dotprod: Cortex-A76/Pi 5, Graviton 2+, Ampere) */
     CPU_LEVEL_COUNT
 } cpu_level;
+
+/* Whether this CPU has the aarch64 i8mm extension (USDOT/SMMLA: Graviton 3+, Cortex-A710+, read
+ * from HWCAP2); the dotprod level's 8-bit kernel then uses USDOT. 0 elsewhere. */
+int cpu_neon_i8mm(void);
 
 /* 4-bit kernel choice for A/B runs and tests: 1 = byte planes (the default; cpu_mlx_x_to_planes),
  * 0 = int16 activations permuted within each 32-byte chunk. Default from EXO_MATVEC_Q4 (planes|int16), read once. */
 int cpu_matvec_q4_planes(void);
 void cpu_matvec_set_q4_planes(int on);
+
+/* Whether the AVX2 level's interleaved 4-bit kernel uses AVX-VNNI (vpdpbusd on 256 bits) rather
+ * than vpmaddubsw + vpmaddwd: 1 when the CPU has it and EXO_AVX2_VNNI is not 0. The setter (tests)
+ * cannot turn it on where the CPU lacks it. 0 on other architectures. */
+int cpu_avx2_vnni(void);
+void cpu_avx2_set_vnni(int on);
 
 /* Rewrites a row of int16 activations (natural order, cols a multiple of 128) into the byte-plane
  * layout the AVX-512 4-bit kernel reads, in place: per chunk of 128 values x = 256*hi + lo, the hi
@@ -48,6 +59,22 @@ static inline void cpu_mlx_x_to_planes(int16_t *q, int64_t cols) {
                 tmp[64 * k + j] = (uint8_t)(hi & 0xff);
                 tmp[128 + 64 * k + j] = (uint8_t)lo;
             }
+        memcpy(q + c0, tmp, sizeof tmp);
+    }
+}
+
+/* Rewrites a row of int16 activations (natural order, cols a multiple of 128, |q| <= 32639) into
+ * the layout of the 8-bit interleaved kernel, in place: per chunk of 128 values x = 256*hi + lo
+ * with both bytes signed, the 128 hi bytes then the 128 lo bytes (cpu_internal.h,
+ * cpu_mlx_x_planes8). */
+static inline void cpu_mlx_x_to_planes8(int16_t *q, int64_t cols) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 128) {
+        int8_t tmp[256];
+        for (int j = 0; j < 128; j++) {
+            int v = q[c0 + j], lo = (int8_t)(uint8_t)(v & 0xff); /* v = 256*hi + lo exactly */
+            tmp[j] = (int8_t)((v - lo) / 256);
+            tmp[128 + j] = (int8_t)lo;
+        }
         memcpy(q + c0, tmp, sizeof tmp);
     }
 }
@@ -92,6 +119,9 @@ typedef void (*cpu_prepare_mlx_fn)(const weight_matrix *w, const float *x, int64
 typedef struct cpu_kernels {
     const char *name;
     int needs_int16_x; /* MLX matvec wants xq/xscale */
+    /* Bit widths (bit b set: b-bit) of MLX matrices this level reads in the 16-row interleaved
+     * layout (WEIGHT_LAYOUT_MLX_ROWS16, layout.c); the driver refuses the others. */
+    unsigned rows16_bits;
     cpu_prepare_mlx_fn prepare_mlx; /* NULL: the portable loop in cpu.c */
     cpu_matvec_fn matvec;
     cpu_dequant_fn dequant;
@@ -99,7 +129,9 @@ typedef struct cpu_kernels {
     cpu_gemm_pack_fn gemm_pack; /* with gemm_tile */
 } cpu_kernels;
 
-/* Kernel table for a level, or NULL when this build or this CPU lacks it. */
+/* Kernel table for a level, or NULL when this build or this CPU lacks it, or EXO_CPU_SIMD caps
+ * the levels below it (EXO_CPU_SIMD=avx2 on an AVX-512 machine behaves as an AVX2-only CPU
+ * everywhere: kernels, attention, the weight layout chosen at load). */
 const cpu_kernels *cpu_kernels_for(cpu_level level);
 int cpu_level_supported(cpu_level level);
 

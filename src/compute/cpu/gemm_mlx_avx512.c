@@ -64,7 +64,7 @@ T512 void cpu_mlx_gemm_prepare(const float *x, mlx_gemm_x *px, int64_t g0, int64
             }
             uint32_t pairs[64]; /* the group's int16 values in order, two per word */
             quantize_group_int16(x + t * cols + g * gs, gs, (int16_t *)pairs, &px->xsum[g * tpad + t],
-                                 &px->xscale[g * tpad + t]);
+                                 &px->xscale[g * tpad + t], 32767.0f);
             if (!px->pairs4) {
                 for (int64_t i = 0; i < gs / 2; i++) xp[i * tpad + t] = pairs[i];
                 continue;
@@ -233,7 +233,7 @@ TILE_FN(3, 4)
  * the tiles' work; reading the interleaved rows inside the tiles instead (gathers per row and
  * group) made the gemm up to 2x slower at 9-32 tokens. */
 T512 static weight_matrix rows_in_mlx_order(const weight_matrix *w, int64_t b0, int64_t b1, void *mem) {
-    int64_t words = w->cols / 8, groups = w->cols / w->group_size, n = b1 - b0;
+    int64_t words = w->cols * w->bits / 32, groups = w->cols / w->group_size, n = b1 - b0;
     size_t es = dtype_size(w->scale_dtype);
     uint32_t *d = mem;
     uint8_t *sc = (uint8_t *)(d + n * words), *bi = sc + (size_t)(n * groups) * es;
@@ -272,7 +272,8 @@ T512 int cpu_mlx_gemm_rows(const weight_matrix *w, const mlx_gemm_x *px, float *
     /* interleaved rows: one MLX-order copy per block in thread scratch slot 1 (the tiles read
      * MLX order only) */
     size_t copy_bytes = full->layout == WEIGHT_LAYOUT_MLX_ROWS16
-                            ? (size_t)MLX_GEMM_BLOCK_ROWS * ((size_t)full->cols / 2 + 2 * (size_t)groups * dtype_size(full->scale_dtype))
+                            ? (size_t)MLX_GEMM_BLOCK_ROWS * ((size_t)full->cols * (size_t)full->bits / 8 +
+                                                             2 * (size_t)groups * dtype_size(full->scale_dtype))
                             : 0;
     void *copy_mem = copy_bytes ? cpu_scratch(1, copy_bytes) : NULL;
     if (copy_bytes && !copy_mem) return -1;

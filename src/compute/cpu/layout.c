@@ -1,11 +1,13 @@
-/* layout — the 16-row interleaved order of 4-bit MLX matrices (WEIGHT_LAYOUT_MLX_ROWS16, see
- * model/weight_types.h) and the one function that rewrites a matrix into it.
+/* layout — the 16-row interleaved order of 4- and 8-bit MLX matrices (WEIGHT_LAYOUT_MLX_ROWS16,
+ * see model/weight_types.h) and the one function that rewrites a matrix into it.
  *
- * Why: the AVX-512 4-bit matvec then holds 16 rows in the 16 dword lanes of a vector (4 packed
- * bytes of each row's group per lane), so the int32 dot products of a group are converted and
- * scaled once per 16 rows and no horizontal sums are needed (matmul_avx512.c, docs/kernels.md).
- * Refuses: other bit widths, columns not a multiple of 128, fewer than 16 rows, matrices already
- * repacked, and any level but AVX-512 (the AVX2 and generic kernels read MLX order only). */
+ * Why: the matvec then holds 16 rows in the 16 dword lanes of a vector (4 packed bytes of each
+ * row's group per lane: 8 values at 4 bits, 4 at 8 bits), so the int32 dot products of a group
+ * are converted and scaled once per 16 rows and no horizontal sums are needed (matmul_avx512.c,
+ * matmul_avx2.c, docs/kernels.md).
+ * Refuses: other bit widths, columns not a multiple of 128, fewer than 16 rows (8-bit: a row
+ * count that is not a multiple of 16, so its kernel needs no MLX-order tail), matrices already
+ * repacked, and a level whose kernels do not read the layout at that width (cpu_kernels.rows16_bits). */
 #include "compute/cpu/cpu_internal.h"
 
 #include "base/threadpool.h"
@@ -13,14 +15,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-static _Atomic int q4_layout_rows16 = -1;
+static _Atomic int q4_layout_rows16 = -1, q8_layout_rows16 = -1;
 
-int cpu_weight_prefers_rows16(const weight_matrix *w) {
-    if (!w || w->format != WEIGHT_MLX_AFFINE || w->bits != 4 || w->cols % 128 || w->rows < 16 ||
+/* The matrices the layout exists for, whatever the level. */
+static int rows16_shape(const weight_matrix *w) {
+    if (!w || w->format != WEIGHT_MLX_AFFINE || w->cols % 128 || w->rows < 16 ||
         w->layout != WEIGHT_LAYOUT_MLX || !cpu_weight_supported(w))
         return 0;
-    if (strcmp(cpu_simd_level(), "avx512") != 0) return 0;
-    return cpu_env_switch(&q4_layout_rows16, "EXO_Q4_LAYOUT", "mlx");
+    return w->bits == 4 || (w->bits == 8 && w->rows % 16 == 0);
+}
+
+int cpu_weight_prefers_rows16(const weight_matrix *w) {
+    if (!rows16_shape(w) || !(cpu_kernels_best()->rows16_bits & (1u << w->bits))) return 0;
+    return w->bits == 4 ? cpu_env_switch(&q4_layout_rows16, "EXO_Q4_LAYOUT", "mlx")
+                        : cpu_env_switch(&q8_layout_rows16, "EXO_Q8_LAYOUT", "mlx");
 }
 
 typedef struct repack_job {
@@ -64,11 +72,9 @@ static void repack_blocks(void *p, int64_t b0, int64_t b1, int thread_index) {
 }
 
 int cpu_weight_repack_rows16(weight_matrix *w) {
-    if (!w || w->format != WEIGHT_MLX_AFFINE || w->bits != 4 || w->cols % 128 || w->rows < 16 ||
-        w->layout != WEIGHT_LAYOUT_MLX || !cpu_weight_supported(w))
-        return -1;
+    if (!rows16_shape(w)) return -1;
     repack_job job = {.data = (uint32_t *)w->data, .scales = (uint8_t *)w->scales,
-                      .biases = (uint8_t *)w->biases, .words = w->cols / 8,
+                      .biases = (uint8_t *)w->biases, .words = w->cols * w->bits / 32,
                       .groups = w->cols / w->group_size, .esize = dtype_size(w->scale_dtype)};
     threadpool *pool = cpu_thread_pool();
     size_t sbytes = (size_t)job.groups * 16 * job.esize;

@@ -351,6 +351,40 @@ T512 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i a, const uint8_t *p) {
     return acc;
 }
 
+/* The end of group g of a 16-row interleaved block (scales and biases of the block at sb, bb):
+ * the nc int32 chains of each plane summed (exact), 256*hi + lo converted and scaled by
+ * scale * activation step, and bias * sum(x), into the 16 row accumulators of each token. */
+T512 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in, const uint8_t *sb,
+                                  const uint8_t *bb, int64_t g, __m512i ah[][4], __m512i al[][4],
+                                  const int nc, __m512 *acc, const int nt) {
+    int64_t groups = w->cols / w->group_size;
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++)
+#pragma GCC unroll 4
+        for (int j = 1; j < nc; j++) {
+            ah[t][0] = _mm512_add_epi32(ah[t][0], ah[t][j]);
+            al[t][0] = _mm512_add_epi32(al[t][0], al[t][j]);
+        }
+    __m512 sc = scales_load16(w->scale_dtype, sb, g * 16, 0xffff);
+    __m512 bi = scales_load16(w->scale_dtype, bb, g * 16, 0xffff);
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t][0], 8), al[t][0]);
+        __m512 sv = _mm512_mul_ps(sc, _mm512_set1_ps(in->xscale[t * groups + g]));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), sv, acc[t]);
+        acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(in->xsum[t * groups + g]), acc[t]);
+    }
+}
+
+/* Stores block b's rows that lie in [r0, r1) (a block straddling the range computes all 16). */
+T512 INLINE void rows16_store(float *y, int64_t rows, int64_t b, int64_t r0, int64_t r1, const __m512 *acc,
+                              const int nt) {
+    int64_t lo = r0 > 16 * b ? r0 - 16 * b : 0, hi = r1 < 16 * b + 16 ? r1 - 16 * b : 16;
+    __mmask16 m = (__mmask16)(tail_mask16(hi) & ~tail_mask16(lo));
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * rows + 16 * b, m, acc[t]);
+}
+
 /* 4-bit rows in the 16-row interleaved layout (WEIGHT_LAYOUT_MLX_ROWS16): per block of 16 rows
  * and group, vector k (k < gs/8) holds word k of the group of each row (lane l: values 8k..8k+7
  * of row 16b+l, as MLX packs them), so the same AND / shift+AND split the even and odd nibbles of
@@ -415,32 +449,78 @@ T512 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
                     }
                 }
             }
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++)
-#pragma GCC unroll 4
-                for (int j = 1; j < nc; j++) {
-                    ah[t][0] = _mm512_add_epi32(ah[t][0], ah[t][j]);
-                    al[t][0] = _mm512_add_epi32(al[t][0], al[t][j]);
-                }
-            __m512 sc = scales_load16(w->scale_dtype, sb, g * 16, 0xffff);
-            __m512 bi = scales_load16(w->scale_dtype, bb, g * 16, 0xffff);
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) {
-                __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t][0], 8), al[t][0]);
-                __m512 sv = _mm512_mul_ps(sc, _mm512_set1_ps(in->xscale[t * groups + g]));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), sv, acc[t]);
-                acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(in->xsum[t * groups + g]), acc[t]);
-            }
+            rows16_group_end(w, in, sb, bb, g, ah, al, nc, acc, nt);
         }
-        int64_t lo = r0 > 16 * b ? r0 - 16 * b : 0, hi = r1 < 16 * b + 16 ? r1 - 16 * b : 16;
-        __mmask16 m = (__mmask16)(tail_mask16(hi) & ~tail_mask16(lo));
-#pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * rows + 16 * b, m, acc[t]);
+        rows16_store(y, rows, b, r0, r1, acc, nt);
     }
     if (r1 > rows16) mlx4_planes_rows(w, in, y, r0 > rows16 ? r0 : rows16, r1, nt);
 }
 
+/* 8-bit rows in the 16-row interleaved layout (rows a multiple of 16, layout.c): per block of 16
+ * rows and group, vector k (k < gs/4) holds word k of the group of each row (lane l: values
+ * 4k..4k+3 of row 16b+l). The activations are the signed byte planes of cpu_mlx_x_planes8
+ * (x = 256*hi + lo), read 4 bytes at a time by broadcast: per vector and token one vpdpbusd of
+ * the weights (u8) with the hi bytes (s8) and one with the lo bytes (s8), into two int32
+ * accumulators combined as 256*hi + lo once per group: the exact int16 dot product of each of the
+ * 16 rows, converted and scaled once per group and token. No unpacking at all: 2 VNNI
+ * instructions per 64 weight bytes and token (the MLX-order 8-bit kernel: a vpmovzxbw and 2
+ * vpdpwssd per 32 bytes, plus a horizontal sum per row). */
+T512 INLINE void mlx8_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                             int64_t r1, const int nt) {
+    int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
+    int64_t kpg = gs / 4; /* vectors per group: 8, 16, 32 */
+    /* independent accumulator chains per plane and token (vpdpbusd latency): 4 at 1-2 tokens,
+     * 2 at 3-4, 1 above (register budget) */
+    const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1;
+    size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
+    /* scales and biases stream at 16*esize bytes per 16*gs weight bytes */
+    size_t sahead = ahead ? ((ahead * esize / (size_t)gs + 63) & ~(size_t)63) : 0;
+    const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
+    for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows; b++) {
+        const uint8_t *wb = (const uint8_t *)w->data + (size_t)b * 16 * (size_t)cols;
+        const uint8_t *sb = (const uint8_t *)w->scales + (size_t)(b * 16 * groups) * esize;
+        const uint8_t *bb = (const uint8_t *)w->biases + (size_t)(b * 16 * groups) * esize;
+        __m512 acc[CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *wg = wb + (size_t)(g * kpg) * 64;
+            if (ahead) {
+                prefetch_span(wg, (size_t)kpg * 64, ahead);
+                _mm_prefetch((const char *)sb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
+                _mm_prefetch((const char *)bb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
+            }
+            int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + (v0 & 127);
+            __m512i ah[CPU_MATVEC_MAX_TOKENS][4], al[CPU_MATVEC_MAX_TOKENS][4];
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++)
+#pragma GCC unroll 4
+                for (int j = 0; j < nc; j++) ah[t][j] = al[t][j] = _mm512_setzero_si512();
+            for (int64_t k = 0; k < kpg; k += nc) {
+#pragma GCC unroll 4
+                for (int u = 0; u < nc; u++) {
+                    __m512i v = _mm512_loadu_si512(wg + 64 * (k + u));
+#pragma GCC unroll 8
+                    for (int t = 0; t < nt; t++) {
+                        const uint8_t *xb = xq[t] + xoff + 4 * (k + u);
+                        ah[t][u] = dpbusd_bcast(ah[t][u], v, xb);
+                        al[t][u] = dpbusd_bcast(al[t][u], v, xb + 128);
+                    }
+                }
+            }
+            rows16_group_end(w, in, sb, bb, g, ah, al, nc, acc, nt);
+        }
+        rows16_store(y, rows, b, r0, r1, acc, nt);
+    }
+}
+
 T512 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
+    if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16 && w->bits == 8) {
+        CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx8_rows16, w, in, y, r0, r1)
+        return;
+    }
     if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16) {
         CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx4_rows16, w, in, y, r0, r1)
         return;
@@ -486,7 +566,7 @@ T512 static void avx512_dequant(const weight_matrix *w, int64_t r, int64_t c0, i
     }
     int64_t gs = w->group_size;
     unpack_consts u = unpack_setup(w->bits);
-    /* 32 values are `bits` words; in a 16-row interleaved block (4-bit only) a row's words are
+    /* 32 values are `bits` words; in a 16-row interleaved block (4- or 8-bit) a row's words are
      * 16 apart and its scales too (weight_mlx_word / weight_mlx_group) */
     const int strided = row_strided(w, r);
     const uint32_t *q = (const uint32_t *)w->data + weight_mlx_word(w, r, c0 * w->bits / 32);
@@ -497,9 +577,10 @@ T512 static void avx512_dequant(const weight_matrix *w, int64_t r, int64_t c0, i
         s = _mm512_broadcastss_ps(_mm512_castps512_ps128(s));
         b = _mm512_broadcastss_ps(_mm512_castps512_ps128(b));
         for (int64_t i = 0; i < gs; i += 32) {
-            __m512i v = strided ? unpack32_raw(&u, _mm256_zextsi128_si256(rows16_words4(q)))
-                                : unpack32(&u, (const uint8_t *)q);
-            q += strided ? 64 : w->bits;
+            __m512i v = !strided       ? unpack32(&u, (const uint8_t *)q)
+                        : w->bits == 4 ? unpack32_raw(&u, _mm256_zextsi128_si256(rows16_words4(q)))
+                                       : unpack32_raw(&u, rows16_words8(q));
+            q += strided ? 16 * w->bits : w->bits;
             __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)));
             __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)));
             _mm512_storeu_ps(out + c + i, _mm512_fmadd_ps(lo, s, b));
@@ -564,10 +645,25 @@ T512 static void avx512_prepare_mlx(const weight_matrix *w, const float *x, int6
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * cols;
         int16_t *qt = xq + t * cols;
+        float xmax = (float)cpu_mlx_x_max(w);
         for (int64_t g = 0; g < groups; g++)
-            quantize_group_int16(xt + g * gs, gs, qt + g * gs, &xsum[t * groups + g], &xscale[t * groups + g]);
+            quantize_group_int16(xt + g * gs, gs, qt + g * gs, &xsum[t * groups + g], &xscale[t * groups + g], xmax);
         int per_byte = cpu_mlx_x_permuted(w);
-        if (cpu_mlx_x_planes(w)) { /* per 128 values: hi bytes even/odd, lo bytes even/odd */
+        if (cpu_mlx_x_planes8(w)) { /* per 128 values: the signed hi bytes, then the signed lo bytes */
+            for (int64_t c = 0; c < cols; c += 128) {
+                __m512i v[4], hi[4];
+                for (int k = 0; k < 4; k++) {
+                    v[k] = _mm512_loadu_si512(qt + c + 32 * k);
+                    __m512i lo = _mm512_srai_epi16(_mm512_slli_epi16(v[k], 8), 8); /* sign-extended */
+                    hi[k] = _mm512_srai_epi16(_mm512_sub_epi16(v[k], lo), 8);
+                }
+                int8_t *out = (int8_t *)(qt + c);
+                for (int k = 0; k < 4; k++) {
+                    _mm256_storeu_si256((__m256i *)(out + 32 * k), _mm512_cvtepi16_epi8(hi[k]));
+                    _mm256_storeu_si256((__m256i *)(out + 128 + 32 * k), _mm512_cvtepi16_epi8(v[k]));
+                }
+            }
+        } else if (cpu_mlx_x_planes(w)) { /* per 128 values: hi bytes even/odd, lo bytes even/odd */
             int16_t ev[32], od[32];
             for (int j = 0; j < 32; j++) ev[j] = (int16_t)(2 * j), od[j] = (int16_t)(2 * j + 1);
             __m512i even = _mm512_loadu_si512(ev), odd = _mm512_loadu_si512(od);
@@ -611,6 +707,7 @@ T512 static void avx512_prepare_mlx(const weight_matrix *w, const float *x, int6
 const cpu_kernels cpu_kernels_avx512 = {
     .name = "avx512",
     .needs_int16_x = 1,
+    .rows16_bits = 1u << 4 | 1u << 8,
     .prepare_mlx = avx512_prepare_mlx,
     .matvec = avx512_matvec,
     .dequant = avx512_dequant,

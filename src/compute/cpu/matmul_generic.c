@@ -4,14 +4,6 @@
 #include "compute/cpu/cpu_internal.h"
 
 
-static float scale_value(dtype t, const void *p, int64_t i) {
-    switch (t) {
-    case DTYPE_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
-    case DTYPE_F16: return f16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
-    }
-}
-
 static void generic_dequant(const weight_matrix *w, int64_t r, int64_t c0, int64_t len, float *out) {
     int64_t cols = w->cols;
     switch (w->format) {
@@ -37,8 +29,8 @@ static void generic_dequant(const weight_matrix *w, int64_t r, int64_t c0, int64
         uint32_t mask = (1u << bits) - 1u;
         for (int64_t c = c0; c < c0 + len; c += gs) {
             int64_t g = r * groups + c / gs;
-            float s = scale_value(w->scale_dtype, w->scales, g);
-            float b = scale_value(w->scale_dtype, w->biases, g);
+            float s = cpu_scale_at(w->scale_dtype, w->scales, g);
+            float b = cpu_scale_at(w->scale_dtype, w->biases, g);
             for (int64_t i = c; i < c + gs; i++) {
                 uint64_t bit = (uint64_t)i * (uint64_t)bits, word = bit >> 5, off = bit & 31;
                 uint64_t v = q[word] >> off;

@@ -56,9 +56,11 @@ T512 INLINE __m512i unpack32(const unpack_consts *u, const uint8_t *p) {
 }
 
 /* The int16 quantization of one group of gs activations (gs a multiple of 16) that every MLX
- * kernel multiplies: q = round-to-nearest-even(x * 32767 / max|x|), saturated; *sum = sum(x) (for
- * the bias term), *scale = max|x| / 32767. One copy, so the matvec and the gemm round alike. */
-T512 INLINE void quantize_group_int16(const float *xs, int64_t gs, int16_t *q, float *sum, float *scale) {
+ * kernel multiplies: q = round-to-nearest-even(x * xmax / max|x|), saturated; *sum = sum(x) (for
+ * the bias term), *scale = max|x| / xmax; xmax = 32767, or CPU_MLX_Q8_XMAX for the 8-bit
+ * interleaved kernel. One copy, so the matvec and the gemm round alike. */
+T512 INLINE void quantize_group_int16(const float *xs, int64_t gs, int16_t *q, float *sum, float *scale,
+                                      float xmax) {
     const __m512 sign = _mm512_set1_ps(-0.0f);
     __m512 s = _mm512_setzero_ps(), amax = _mm512_setzero_ps();
     for (int64_t c = 0; c < gs; c += 16) {
@@ -68,18 +70,22 @@ T512 INLINE void quantize_group_int16(const float *xs, int64_t gs, int16_t *q, f
     }
     float m = _mm512_reduce_max_ps(amax);
     *sum = _mm512_reduce_add_ps(s);
-    *scale = m / 32767.0f;
-    __m512 inv = _mm512_set1_ps(m > 0 ? 32767.0f / m : 0.0f);
+    *scale = m / xmax;
+    __m512 inv = _mm512_set1_ps(m > 0 ? xmax / m : 0.0f);
     for (int64_t c = 0; c < gs; c += 16) {
         __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + c), inv));
         _mm256_storeu_si256((__m256i *)(q + c), _mm512_cvtsepi32_epi16(v));
     }
 }
 
-/* 4 or 16 consecutive 32-bit words of one row of a WEIGHT_LAYOUT_MLX_ROWS16 block, starting at
- * p: every 16th word, one gather. */
+/* 4, 8 or 16 consecutive 32-bit words of one row of a WEIGHT_LAYOUT_MLX_ROWS16 block, starting
+ * at p: every 16th word, one gather. */
 T512 INLINE __m128i rows16_words4(const uint32_t *p) {
     return _mm_i32gather_epi32((const int *)p, _mm_setr_epi32(0, 16, 32, 48), 4);
+}
+
+T512 INLINE __m256i rows16_words8(const uint32_t *p) {
+    return _mm256_i32gather_epi32((const int *)p, _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112), 4);
 }
 
 T512 INLINE __m512i rows16_words16(const uint32_t *p) {

@@ -22,10 +22,11 @@ void cpu_op_kv_write(const kv_layer *kv, const float *k, const float *v, const i
 void cpu_op_attention(const float *q, const kv_layer *kv, const attention_batch *ab, float *out,
                       int64_t begin, int64_t end);
 
-/* AVX2/F16C path; work items are (token, kv head) pairs: item i = t * n_kv_heads + kvh. Only
- * when cpu_op_attention_fast_ok(ab). */
-void cpu_op_attention_avx2(const float *q, const kv_layer *kv, const attention_batch *ab,
-                           float *out, int64_t begin, int64_t end);
+/* SIMD path (AVX2/F16C on x86-64, NEON on aarch64): the query heads of one KV head together;
+ * work items are (token, kv head) pairs: item i = t * n_kv_heads + kvh. Only when
+ * cpu_op_attention_fast_ok(ab). */
+void cpu_op_attention_grouped(const float *q, const kv_layer *kv, const attention_batch *ab,
+                              float *out, int64_t begin, int64_t end);
 int cpu_op_attention_fast_ok(const attention_batch *ab);
 
 /* AVX-512 path in blocks of 16 cached positions (ops_attention_avx512.c). Work items are

@@ -81,13 +81,41 @@ void cpu_op_attention(const float *q, const kv_layer *kv, const attention_batch 
     }
 }
 
+/* ---- grouped attention: AVX2 on x86-64, NEON on aarch64 ------------------------------------
+ * One body over an 8-float vector type (vec8): __m256 with AVX2/FMA/F16C, two float32x4_t with
+ * NEON. */
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#define TAVX2 __attribute__((target("avx2,fma,f16c")))
+#define TVEC __attribute__((target("avx2,fma,f16c")))
+typedef __m256 vec8;
 
-/* 8 cached values at offset i of a head, widened to f32. */
-TAVX2 static inline __m256 load8(const void *base, dtype type, int64_t off) {
+TVEC static inline vec8 v8_zero(void) {
+    return _mm256_setzero_ps();
+}
+TVEC static inline vec8 v8_load(const float *p) {
+    return _mm256_loadu_ps(p);
+}
+TVEC static inline void v8_store(float *p, vec8 v) {
+    _mm256_storeu_ps(p, v);
+}
+TVEC static inline vec8 v8_set1(float x) {
+    return _mm256_set1_ps(x);
+}
+TVEC static inline vec8 v8_mul(vec8 a, vec8 b) {
+    return _mm256_mul_ps(a, b);
+}
+TVEC static inline vec8 v8_fmadd(vec8 a, vec8 b, vec8 c) {
+    return _mm256_fmadd_ps(a, b, c);
+}
+TVEC static inline float v8_sum(vec8 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+/* 8 cached values at offset off of the cache, widened to f32. */
+TVEC static inline vec8 v8_load_kv(const void *base, dtype type, int64_t off) {
     switch (type) {
     case DTYPE_F16:
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + off)));
@@ -98,26 +126,64 @@ TAVX2 static inline __m256 load8(const void *base, dtype type, int64_t off) {
     default: return _mm256_loadu_ps((const float *)base + off);
     }
 }
+#define GROUPED_LEVEL CPU_LEVEL_AVX2
 
-TAVX2 static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+#define TVEC
+typedef struct vec8 {
+    float32x4_t lo, hi;
+} vec8;
+
+static inline vec8 v8_zero(void) {
+    return (vec8){vdupq_n_f32(0), vdupq_n_f32(0)};
 }
+static inline vec8 v8_load(const float *p) {
+    return (vec8){vld1q_f32(p), vld1q_f32(p + 4)};
+}
+static inline void v8_store(float *p, vec8 v) {
+    vst1q_f32(p, v.lo);
+    vst1q_f32(p + 4, v.hi);
+}
+static inline vec8 v8_set1(float x) {
+    return (vec8){vdupq_n_f32(x), vdupq_n_f32(x)};
+}
+static inline vec8 v8_mul(vec8 a, vec8 b) {
+    return (vec8){vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)};
+}
+static inline vec8 v8_fmadd(vec8 a, vec8 b, vec8 c) {
+    return (vec8){vfmaq_f32(c.lo, a.lo, b.lo), vfmaq_f32(c.hi, a.hi, b.hi)};
+}
+static inline float v8_sum(vec8 v) {
+    return vaddvq_f32(vaddq_f32(v.lo, v.hi));
+}
+static inline vec8 v8_load_kv(const void *base, dtype type, int64_t off) {
+    if (type == DTYPE_F32) return v8_load((const float *)base + off);
+    uint16x8_t h = vld1q_u16((const uint16_t *)base + off);
+    if (type == DTYPE_F16) {
+        float16x8_t f = vreinterpretq_f16_u16(h);
+        return (vec8){vcvt_f32_f16(vget_low_f16(f)), vcvt_high_f32_f16(f)};
+    }
+    return (vec8){vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16)),
+                  vreinterpretq_f32_u32(vshll_high_n_u16(h, 16))};
+}
+#define GROUPED_LEVEL CPU_LEVEL_NEON
+#endif
 
+#if defined(__x86_64__) || defined(__aarch64__)
 #define ATT_MAX_GROUP 16
 #define ATT_MAX_HD 256
 
 /* Work items are (token, kv head) pairs: the query heads sharing a KV head are done together,
  * so each cached K/V row is read once per group, not once per head. head_dim % 8 == 0,
  * head_dim <= 256, group <= 16 (cpu_op_attention_fast_ok). */
-TAVX2 void cpu_op_attention_avx2(const float *q, const kv_layer *kv, const attention_batch *ab,
-                                 float *out, int64_t begin, int64_t end) {
+TVEC void cpu_op_attention_grouped(const float *q, const kv_layer *kv, const attention_batch *ab,
+                                   float *out, int64_t begin, int64_t end) {
     int nkv = ab->n_kv_heads, hd = ab->head_dim, group = ab->n_heads / nkv;
     int64_t kv_dim = (int64_t)nkv * hd;
     int nv = hd / 8;
-    __m256 acc[ATT_MAX_GROUP][ATT_MAX_HD / 8];
+    vec8 acc[ATT_MAX_GROUP][ATT_MAX_HD / 8];
     float m[ATT_MAX_GROUP], l[ATT_MAX_GROUP], s[ATT_MAX_GROUP];
     for (int64_t item = begin; item < end; item++) {
         int64_t t = item / nkv;
@@ -128,24 +194,23 @@ TAVX2 void cpu_op_attention_avx2(const float *q, const kv_layer *kv, const atten
         for (int g = 0; g < group; g++) {
             m[g] = -INFINITY;
             l[g] = 0;
-            for (int i = 0; i < nv; i++) acc[g][i] = _mm256_setzero_ps();
+            for (int i = 0; i < nv; i++) acc[g][i] = v8_zero();
         }
         for (int32_t p = 0; p < n_ctx; p++) {
             int64_t slot = (int64_t)table[p / ab->block_size] * ab->block_size + p % ab->block_size;
             int64_t off = slot * kv_dim + (int64_t)kvh * hd;
             for (int g = 0; g < group; g++) {
-                __m256 d = _mm256_setzero_ps();
+                vec8 d = v8_zero();
                 for (int i = 0; i < nv; i++)
-                    d = _mm256_fmadd_ps(_mm256_loadu_ps(qg + g * hd + i * 8),
-                                        load8(kv->k, kv->type, off + i * 8), d);
-                s[g] = hsum8(d) * ab->scale;
+                    d = v8_fmadd(v8_load(qg + g * hd + i * 8), v8_load_kv(kv->k, kv->type, off + i * 8), d);
+                s[g] = v8_sum(d) * ab->scale;
             }
             for (int g = 0; g < group; g++) {
                 float w;
                 if (s[g] > m[g]) {
                     float corr = expf(m[g] - s[g]);
-                    __m256 c = _mm256_set1_ps(corr);
-                    for (int i = 0; i < nv; i++) acc[g][i] = _mm256_mul_ps(acc[g][i], c);
+                    vec8 c = v8_set1(corr);
+                    for (int i = 0; i < nv; i++) acc[g][i] = v8_mul(acc[g][i], c);
                     l[g] *= corr;
                     m[g] = s[g];
                     w = 1.0f;
@@ -156,29 +221,26 @@ TAVX2 void cpu_op_attention_avx2(const float *q, const kv_layer *kv, const atten
                 s[g] = w;
             }
             for (int i = 0; i < nv; i++) {
-                __m256 v = load8(kv->v, kv->type, off + i * 8);
-                for (int g = 0; g < group; g++)
-                    acc[g][i] = _mm256_fmadd_ps(_mm256_set1_ps(s[g]), v, acc[g][i]);
+                vec8 v = v8_load_kv(kv->v, kv->type, off + i * 8);
+                for (int g = 0; g < group; g++) acc[g][i] = v8_fmadd(v8_set1(s[g]), v, acc[g][i]);
             }
         }
         for (int g = 0; g < group; g++) {
             float *o = out + (t * ab->n_heads + (int64_t)kvh * group + g) * hd;
-            __m256 inv = _mm256_set1_ps(1.0f / l[g]);
-            for (int i = 0; i < nv; i++) _mm256_storeu_ps(o + i * 8, _mm256_mul_ps(acc[g][i], inv));
+            vec8 inv = v8_set1(1.0f / l[g]);
+            for (int i = 0; i < nv; i++) v8_store(o + i * 8, v8_mul(acc[g][i], inv));
         }
     }
 }
 
 int cpu_op_attention_fast_ok(const attention_batch *ab) {
-    static int have = -1; /* AVX2+FMA+F16C with OS support, unless EXO_CPU_SIMD=generic */
-    if (have < 0)
-        have = cpu_level_supported(CPU_LEVEL_AVX2) && strcmp(cpu_simd_level(), "generic") != 0;
-    int group = ab->n_heads / ab->n_kv_heads;
-    return have && ab->head_dim % 8 == 0 && ab->head_dim <= ATT_MAX_HD && group <= ATT_MAX_GROUP;
+    int group = ab->n_heads / ab->n_kv_heads; /* the level, unless EXO_CPU_SIMD=generic */
+    return cpu_level_supported(GROUPED_LEVEL) && ab->head_dim % 8 == 0 && ab->head_dim <= ATT_MAX_HD &&
+           group <= ATT_MAX_GROUP;
 }
 #else
-void cpu_op_attention_avx2(const float *q, const kv_layer *kv, const attention_batch *ab,
-                           float *out, int64_t begin, int64_t end) {
+void cpu_op_attention_grouped(const float *q, const kv_layer *kv, const attention_batch *ab,
+                              float *out, int64_t begin, int64_t end) {
     (void)q, (void)kv, (void)ab, (void)out, (void)begin, (void)end;
 }
 int cpu_op_attention_fast_ok(const attention_batch *ab) {
