@@ -239,31 +239,32 @@ static void h_ollama_version(api_request *r, void *ctx) {
     api_respond_json(r, 200, json_pack("{s:s}", "version", "0.6.4"));
 }
 
-static void h_ollama_tags(api_request *r, void *ctx) {
-    api_service *s = ctx;
-    json_t *ids = instances_local_models(s->instances);
-    json_t *models = json_array();
-    size_t i;
-    json_t *v;
-    json_array_foreach(ids, i, v) json_array_append_new(models, ollama_model(json_string_value(v)));
-    json_decref(ids);
-    api_respond_json(r, 200, json_pack("{s:o}", "models", models));
-}
-
-static void h_ollama_ps(api_request *r, void *ctx) {
-    api_service *s = ctx;
-    json_t *ids = instances_running_models(s->instances);
+/* {"models": [...]} for /api/tags (on disk) and /api/ps (loaded: with Ollama's residency fields,
+ * a model stays loaded until its instance is deleted). Takes the reference to ids. */
+static void respond_ollama_models(api_request *r, json_t *ids, int loaded) {
     json_t *models = json_array();
     size_t i;
     json_t *v;
     json_array_foreach(ids, i, v) {
         json_t *m = ollama_model(json_string_value(v));
-        json_object_set_new(m, "expires_at", json_string("2999-01-01T00:00:00Z"));
-        json_object_set_new(m, "size_vram", json_integer(0));
+        if (loaded) {
+            json_object_set_new(m, "expires_at", json_string("2999-01-01T00:00:00Z"));
+            json_object_set_new(m, "size_vram", json_integer(0));
+        }
         json_array_append_new(models, m);
     }
     json_decref(ids);
     api_respond_json(r, 200, json_pack("{s:o}", "models", models));
+}
+
+static void h_ollama_tags(api_request *r, void *ctx) {
+    api_service *s = ctx;
+    respond_ollama_models(r, instances_local_models(s->instances), 0);
+}
+
+static void h_ollama_ps(api_request *r, void *ctx) {
+    api_service *s = ctx;
+    respond_ollama_models(r, instances_running_models(s->instances), 1);
 }
 
 static void h_ollama_show(api_request *r, void *ctx) {

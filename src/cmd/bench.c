@@ -273,23 +273,26 @@ __attribute__((target("avx512f"))) static void fma_peak_range(void *p, int i, in
 }
 #endif
 
-typedef struct gemm_bench {
+/* One timed matmul: y = x W^T over n_tokens rows, through the given gemm engine and matvec
+ * limit (cpu_matmul_with), or OpenBLAS alone (raw_openblas: the GEMM section's baseline). */
+typedef struct matmul_case {
     weight_matrix w;
     float *x, *y;
     int64_t n_tokens;
     cpu_gemm_engine engine;
     int raw_openblas;
-} gemm_bench;
+    int max_matvec;
+} matmul_case;
 
 static void run_gemm(void *p) {
-    gemm_bench *g = p;
+    matmul_case *g = p;
     if (g->raw_openblas) { /* OpenBLAS's own threading, whole problem in one call */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)g->n_tokens, (int)g->w.rows,
                     (int)g->w.cols, 1.0f, g->x, (int)g->w.cols, g->w.data, (int)g->w.cols, 0.0f,
                     g->y, (int)g->w.rows);
         return;
     }
-    cpu_matmul_with(&g->w, g->x, g->y, g->n_tokens, CPU_LEVEL_AVX512, g->engine, 0);
+    cpu_matmul_with(&g->w, g->x, g->y, g->n_tokens, CPU_LEVEL_AVX512, g->engine, g->max_matvec);
 }
 
 /* Returns the best measured f32 GEMM rate (GFLOP/s). */
@@ -311,7 +314,7 @@ static double bench_gemm(const bench_options *o) {
     }
 #endif
     int64_t rows = 2048, cols = 2048, n = o->quick ? 128 : 512;
-    gemm_bench g = {.n_tokens = n};
+    matmul_case g = {.n_tokens = n};
     float *wdata = malloc((size_t)(rows * cols) * sizeof(float));
     g.x = malloc((size_t)(n * cols) * sizeof(float));
     g.y = malloc((size_t)(n * rows) * sizeof(float));
@@ -581,21 +584,12 @@ static void bench_matvec(const bench_options *o, double read_gbs, double gemm_pe
 
 /* ---- batched decode: each matmul regime at 8..256 tokens ------------------------------------- */
 
-typedef struct batch_case {
-    weight_matrix w;
-    const float *x;
-    float *y;
-    int64_t n;
-    cpu_gemm_engine gemm;
-    int max_matvec;
-} batch_case;
-
 static void run_batch_case(void *p) {
-    batch_case *c = p;
-    cpu_matmul_with(&c->w, c->x, c->y, c->n, cpu_level_supported(CPU_LEVEL_AVX512) ? CPU_LEVEL_AVX512
+    matmul_case *c = p;
+    cpu_matmul_with(&c->w, c->x, c->y, c->n_tokens, cpu_level_supported(CPU_LEVEL_AVX512) ? CPU_LEVEL_AVX512
                                              : cpu_level_supported(CPU_LEVEL_AVX2) ? CPU_LEVEL_AVX2
                                                                                     : CPU_LEVEL_GENERIC,
-                    c->gemm, c->max_matvec);
+                    c->engine, c->max_matvec);
 }
 
 /* MLX 4-bit g64 on the two Llama-3.2-1B MLP shapes at the token counts of batched decode: the
@@ -620,20 +614,20 @@ static void bench_batch(const bench_options *o) {
         for (int r = 0; r < NREG; r++) printf(" %10s", regimes[r].name);
         printf("\n");
         for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
-            batch_case c = {.w = sweep_matrix(&s, 0), .x = s.x, .y = s.y, .n = counts[ci]};
+            matmul_case c = {.w = sweep_matrix(&s, 0), .x = s.x, .y = s.y, .n_tokens = counts[ci]};
             double t[NREG][64];
             int reps = o->reps > 64 ? 64 : o->reps;
             for (int k = 0; k < reps; k++)
                 for (int r = 0; r < NREG; r++) {
-                    c.gemm = regimes[r].gemm;
+                    c.engine = regimes[r].gemm;
                     c.max_matvec = regimes[r].max_matvec;
                     if (k == 0) run_batch_case(&c); /* warm */
                     uint64_t t0 = bench_now_ns();
                     run_batch_case(&c);
                     t[r][k] = seconds(bench_now_ns() - t0);
                 }
-            double flop = 2.0 * (double)c.w.rows * (double)c.w.cols * (double)c.n;
-            printf("%-13s %6lld", "", (long long)c.n);
+            double flop = 2.0 * (double)c.w.rows * (double)c.w.cols * (double)c.n_tokens;
+            printf("%-13s %6lld", "", (long long)c.n_tokens);
             for (int r = 0; r < NREG; r++) {
                 qsort(t[r], (size_t)reps, sizeof(double), cmp_double);
                 printf(" %10.1f", flop / t[r][reps / 2] * 1e-9);

@@ -1334,35 +1334,26 @@ static jval m_format(jctx *c, jval self, jargs *a, int line) {
     return jcapture_end(c, prev);
 }
 
-static jval m_isdigit(jctx *c, jval self, jargs *a, int line) {
-    (void)c;
-    (void)a;
-    (void)line;
+/* Python's str.isdigit / isspace / isalpha: true when the string is non-empty and every code
+ * point passes the class test. */
+static jval all_code_points(jval self, bool (*is_class)(int32_t)) {
     if (!self.u.s.n) return jv_bool(false);
     size_t i = 0;
     while (i < self.u.s.n)
-        if (!py_isdigit(cp_at(self.u.s.p, self.u.s.n, &i))) return jv_bool(false);
+        if (!is_class(cp_at(self.u.s.p, self.u.s.n, &i))) return jv_bool(false);
     return jv_bool(true);
+}
+static jval m_isdigit(jctx *c, jval self, jargs *a, int line) {
+    (void)c, (void)a, (void)line;
+    return all_code_points(self, py_isdigit);
 }
 static jval m_isspace(jctx *c, jval self, jargs *a, int line) {
-    (void)c;
-    (void)a;
-    (void)line;
-    if (!self.u.s.n) return jv_bool(false);
-    size_t i = 0;
-    while (i < self.u.s.n)
-        if (!py_isspace(cp_at(self.u.s.p, self.u.s.n, &i))) return jv_bool(false);
-    return jv_bool(true);
+    (void)c, (void)a, (void)line;
+    return all_code_points(self, py_isspace);
 }
 static jval m_isalpha(jctx *c, jval self, jargs *a, int line) {
-    (void)c;
-    (void)a;
-    (void)line;
-    if (!self.u.s.n) return jv_bool(false);
-    size_t i = 0;
-    while (i < self.u.s.n)
-        if (!py_isalpha(cp_at(self.u.s.p, self.u.s.n, &i))) return jv_bool(false);
-    return jv_bool(true);
+    (void)c, (void)a, (void)line;
+    return all_code_points(self, py_isalpha);
 }
 
 static jval m_splitlines(jctx *c, jval self, jargs *a, int line) {
