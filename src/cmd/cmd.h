@@ -11,6 +11,8 @@
 #include "cluster/cluster.h"
 #include "cmd/options.h"
 
+#include <signal.h>
+
 int cmd_run_main(int argc, char **argv);
 int cmd_bench_main(int argc, char **argv);
 int cmd_runner_main(int argc, char **argv);
@@ -19,5 +21,8 @@ int node_main(const exo_options *options);
 /* The cluster member's configuration from the node's flags (node.c; tools/cluster-node). The
  * peers point into o (borrowed). */
 void node_cluster_config(const exo_options *o, cluster_config *out);
+/* Blocks SIGINT/SIGTERM in the calling thread and every thread it starts later (the main thread
+ * then sigwait()s on *stop) and ignores SIGPIPE (a peer closing a socket is an error return). */
+void node_block_stop_signals(sigset_t *stop);
 
 #endif

@@ -132,14 +132,18 @@ static int services_start(node_services *n, const exo_options *o, const char *no
     return 0;
 }
 
+void node_block_stop_signals(sigset_t *stop) {
+    sigemptyset(stop);
+    sigaddset(stop, SIGINT);
+    sigaddset(stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, stop, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
 int node_main(const exo_options *options) {
     /* Block the stop signals in every thread; the main thread waits for them below. */
     sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    node_block_stop_signals(&stop);
 
     cluster_config cc;
     node_cluster_config(options, &cc);

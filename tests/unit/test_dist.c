@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "dist/dist.h"
+#include "netproxy_spawn.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -265,20 +266,8 @@ static int pipeline_pass(dist_group *g, void *arg);
 /* Starts tools/netproxy forwarding `count` ports from 127.0.0.1:listen_port to
  * 127.0.0.2:target_port with a delay, and waits until its last port accepts. */
 static pid_t start_proxy(int listen_port, int target_port, int count) {
-    const char *build = getenv("EXO_BUILD");
-    char bin[512], listen_arg[64], target_arg[64], count_arg[16];
-    snprintf(bin, sizeof bin, "%s/tools/netproxy", build && *build ? build : "build");
-    snprintf(listen_arg, sizeof listen_arg, "127.0.0.1:%d", listen_port);
-    snprintf(target_arg, sizeof target_arg, "127.0.0.2:%d", target_port);
-    snprintf(count_arg, sizeof count_arg, "%d", count);
-    pid_t pid = fork();
+    pid_t pid = netproxy_spawn("127.0.0.1", listen_port, "127.0.0.2", target_port, count, "0.1", "10");
     assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failed test must not leave it running */
-        execl(bin, bin, "--listen", listen_arg, "--target", target_arg, "--count", count_arg,
-              "--delay-ms", "0.1", "--rate-gbit", "10", (char *)NULL);
-        _exit(127);
-    }
     struct sockaddr_in a = {.sin_family = AF_INET,
                             .sin_port = htons((uint16_t)(listen_port + count - 1))};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
@@ -292,7 +281,7 @@ static pid_t start_proxy(int listen_port, int target_port, int count) {
     }
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
-    fail_msg("netproxy did not start listening (%s)", bin);
+    fail_msg("netproxy did not start listening");
     return -1;
 }
 

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "netproxy_spawn.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -72,20 +74,9 @@ static void echo_stop(echo_server *s) {
 
 static pid_t proxy_start(int listen_port, int target_port, int count, const char *delay_ms,
                          const char *rate_gbit) {
-    const char *build = getenv("EXO_BUILD");
-    char bin[512], l[64], t[64], n[16];
-    snprintf(bin, sizeof bin, "%s/tools/netproxy", build && *build ? build : "build");
-    snprintf(l, sizeof l, "127.0.0.1:%d", listen_port);
-    snprintf(t, sizeof t, "127.0.0.1:%d", target_port);
-    snprintf(n, sizeof n, "%d", count);
-    pid_t pid = fork();
+    pid_t pid = netproxy_spawn("127.0.0.1", listen_port, "127.0.0.1", target_port, count, delay_ms,
+                               rate_gbit);
     assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failed test must not leave it running */
-        execl(bin, bin, "--listen", l, "--target", t, "--count", n, "--delay-ms", delay_ms,
-              "--rate-gbit", rate_gbit, (char *)NULL);
-        _exit(127);
-    }
     return pid;
 }
 

@@ -94,11 +94,7 @@ int main(int argc, char **argv) {
     log_set_level(o.verbosity >= 1 ? LOG_LEVEL_DEBUG : o.verbosity < 0 ? LOG_LEVEL_WARN : LOG_LEVEL_INFO);
     log_set_tag("node");
     sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    node_block_stop_signals(&stop);
     cluster_config cc;
     node_cluster_config(&o, &cc);
     if (cluster_start(&cc)) return 1;
