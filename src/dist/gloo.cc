@@ -767,6 +767,10 @@ dist_group *dist_connect(const dist_config *c, const dist_store *store, char *er
             setup_p2p(g.get());
         }
         g->barrier = std::make_unique<gloo::BarrierAllToOne>(g->context, 0);
+        /* Nobody leaves connect before everybody has connected: a rank that fails right after
+         * (a refused shard, say) must not break a peer's half-finished handshake, or the peer
+         * reports "connection closed" instead of the real error. */
+        if (c->size > 1) g->barrier->run();
     } catch (const std::exception &e) {
         set_err(err, errlen, "dist_connect (rank %d of %d): %s", c->rank, c->size,
                 gloo_message(e).c_str());
