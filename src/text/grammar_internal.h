@@ -1,0 +1,79 @@
+/* grammar_internal — the compiled form of a grammar, shared by the GBNF compiler
+ * (grammar_parse.c) and the matcher (grammar_match.c). Private to those two files.
+ *
+ * A grammar is a flat array of elements: rule r has alternatives alt_first[r] ..
+ * alt_first[r] + alt_count[r] - 1, and alternative a is the elements from alt_start[a] up to an
+ * END. An element matches one byte from a 256-bit set (BYTES) or a whole rule (REF). */
+#ifndef EXO_TEXT_GRAMMAR_INTERNAL_H
+#define EXO_TEXT_GRAMMAR_INTERNAL_H
+
+#include "text/grammar.h"
+
+#include <stdint.h>
+
+enum { GRAMMAR_END = 0, GRAMMAR_BYTES, GRAMMAR_REF };
+
+typedef struct grammar_element {
+    int32_t kind;  /* GRAMMAR_END / _BYTES / _REF */
+    int32_t value; /* BYTES: index in byte_sets; REF: rule index */
+} grammar_element;
+
+/* One parser stack, interned: `pos` is the element it waits on (a BYTES element at the top of a
+ * stack, the REF element being expanded below it), `parent` the node below (0: none). Node 0 is
+ * the empty stack: the output is complete. */
+typedef struct grammar_node {
+    int32_t pos, parent;
+} grammar_node;
+
+typedef struct id_list {
+    int32_t *v;
+    int n, cap;
+} id_list;
+
+typedef struct grammar_mask_entry {
+    uint64_t hash;
+    int32_t *set; /* sorted node ids, the key */
+    int n_set;
+    uint64_t *bits;
+} grammar_mask_entry;
+
+struct grammar {
+    int refs;
+    /* compiled form (grammar_parse.c) */
+    grammar_element *elements; /* [n_elements] */
+    int n_elements;
+    int32_t *alt_first, *alt_count; /* [n_rules] */
+    int32_t *alt_start;             /* [n_alts] */
+    int n_rules, n_alts, root;
+    uint64_t (*byte_sets)[4];       /* [n_byte_sets] 256-bit sets */
+    int n_byte_sets;
+    /* matcher (grammar_match.c): interned stacks and what follows each top node */
+    grammar_node *nodes;
+    int n_nodes, cap_nodes;
+    int32_t *node_index; /* open-addressing table of node ids, [index_cap] (-1 empty) */
+    int index_cap;
+    int32_t *after_off, *after_len; /* [cap_nodes] successors of a top node once its byte
+                                       matched (-1: not computed yet) */
+    int32_t *after_pool;
+    size_t after_n, after_cap;
+    uint32_t *mark, *expand_mark; /* [cap_nodes] generation stamps for de-duplication */
+    uint32_t mark_gen, expand_gen;
+    int32_t *start;               /* the start state's nodes */
+    int n_start;
+    int overflow;                 /* GRAMMAR_MAX_NODES reached: new stacks are dropped */
+    /* scratch of the mask walk: one node set per trie depth */
+    int32_t *level_pool;
+    size_t level_cap;
+    size_t *level_start;
+    int level_depth_cap;
+    id_list step_out;
+    /* mask cache: the vocabulary it was computed for, entries found by set hash */
+    const grammar_vocab *cache_vocab;
+    grammar_mask_entry *cache;
+    int cache_cap, cache_n, cache_max;
+};
+
+/* Frees the matcher's part (grammar_match.c); grammar_unref calls it. */
+void grammar_match_free(grammar *g);
+
+#endif
