@@ -880,6 +880,15 @@ static int compile_ref(compiler *c, const char *ref, const char *path) {
     for (int i = 0; i < c->n_refs; i++)
         if (c->refs[i].root == c->root && !strcmp(c->refs[i].ref, ref)) return c->refs[i].rule;
     const json_t *target = resolve_ref(c->root, ref);
+    /* a chain of bare $refs that comes back to itself describes no value at all */
+    const json_t *hop = target;
+    for (int k = 0; k < 64 && json_is_string(json_object_get(hop, "$ref")); k++) {
+        hop = resolve_ref(c->root, json_string_value(json_object_get(hop, "$ref")));
+        if (hop == target) {
+            fail(c, path, "$ref '%s' refers to itself without anything in between", ref);
+            return -1;
+        }
+    }
     if (!target) {
         fail(c, path, "$ref '%s' does not point into this schema (only local refs like "
                       "#/$defs/Name are supported)",
