@@ -283,7 +283,7 @@ static int cmp_range(const void *x, const void *y) {
 /* Sorts and merges ranges; with negate, replaces them by their complement. Surrogates are
  * removed either way (no UTF-8 encodes them). Returns the new count. */
 static int normalize_ranges(cp_range *r, int n, int negate, cp_range *out) {
-    qsort(r, (size_t)n, sizeof *r, cmp_range);
+    if (n > 1) qsort(r, (size_t)n, sizeof *r, cmp_range);
     int m = 0;
     for (int i = 0; i < n; i++) {
         if (m && r[i].lo <= out[m - 1].hi + 1) {

@@ -570,12 +570,29 @@ static void regex_quantifier(regex *x, strbuf *out) {
             fail(x->c, x->path, "%s", "unterminated { in pattern");
             return;
         }
-        for (const char *q = x->p + 1; q < close; q++)
-            if (!((*q >= '0' && *q <= '9') || *q == ',')) {
-                fail(x->c, x->path, "%s", "malformed {m,n} in pattern");
-                return;
+        /* {m}, {m,} or {m,n} with m <= n <= 10000 (the grammar's own limits) */
+        long m = -1, n = -1;
+        int comma = 0, digits = 0;
+        for (const char *q = x->p + 1; q < close; q++) {
+            if (*q == ',' && !comma && digits) {
+                comma = 1;
+                digits = 0;
+            } else if (*q >= '0' && *q <= '9' && digits < 6) {
+                long *v = comma ? &n : &m;
+                *v = (*v < 0 ? 0 : *v * 10) + (*q - '0');
+                digits++;
+            } else {
+                m = -2;
+                break;
             }
-        strbuf_append(out, x->p, (size_t)(close - x->p + 1));
+        }
+        if (m < 0 || m > 10000 || n > 10000 || (n >= 0 && n < m)) {
+            fail(x->c, x->path, "%s", "malformed {m,n} in pattern (need m <= n <= 10000)");
+            return;
+        }
+        if (!comma) strbuf_appendf(out, "{%ld}", m);
+        else if (n < 0) strbuf_appendf(out, "{%ld,}", m);
+        else strbuf_appendf(out, "{%ld,%ld}", m, n);
         x->p = close + 1;
     } else return;
     if (x->p < x->end && (*x->p == '?' || *x->p == '+')) x->p++; /* lazy/possessive: same set */
