@@ -185,6 +185,7 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
     }
     /* a grammar constrains the whole output: a thinking block would have to match it too */
     if (q.grammar && q.enable_thinking < 0) q.enable_thinking = 0;
+    if (q.grammar) q.ban_eos = 0; /* the grammar decides where the output ends (benchmarks) */
     char *prompt = render_prompt(r, &q, err, sizeof err);
     if (!prompt) {
         send_done_error(r, id, 400, err);

@@ -30,13 +30,6 @@ typedef struct id_list {
     int n, cap;
 } id_list;
 
-typedef struct grammar_mask_entry {
-    uint64_t hash;
-    int32_t *set; /* sorted node ids, the key */
-    int n_set;
-    uint64_t *bits;
-} grammar_mask_entry;
-
 struct grammar {
     int refs;
     /* compiled form (grammar_parse.c) */
@@ -61,16 +54,22 @@ struct grammar {
     int32_t *start;               /* the start state's nodes */
     int n_start;
     int overflow;                 /* GRAMMAR_MAX_NODES reached: new stacks are dropped */
-    /* scratch of the mask walk: one node set per trie depth */
-    int32_t *level_pool;
-    size_t level_cap;
-    size_t *level_start;
-    int level_depth_cap;
     id_list step_out;
-    /* mask cache: the vocabulary it was computed for, entries found by set hash */
-    const grammar_vocab *cache_vocab;
-    grammar_mask_entry *cache;
-    int cache_cap, cache_n, cache_max;
+    /* interned states (sorted node sets) and their byte transitions, so that the trie walk of a
+     * mask is one table read per trie node: set k is set_pool[set_off[k] ..+ set_len[k]] */
+    int32_t *set_pool;
+    size_t set_pool_n, set_pool_cap;
+    int32_t *set_off, *set_len; /* [cap_sets] */
+    int32_t *trans;             /* [cap_sets][256]: the set after a byte; -1 none, -2 unknown */
+    uint64_t **set_mask;        /* [cap_sets]: the cached mask of the set, or NULL */
+    int n_sets, cap_sets;
+    int32_t *set_index;         /* open-addressing table of set ids by content, [set_index_cap] */
+    int set_index_cap;
+    int32_t *level;             /* [level_cap]: the set at each trie depth during a walk */
+    int level_cap;
+    /* masks are for this vocabulary; n_masks of them are held */
+    const grammar_vocab *mask_vocab;
+    int n_masks, max_masks;
 };
 
 /* Frees the matcher's part (grammar_match.c); grammar_unref calls it. */

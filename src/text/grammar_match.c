@@ -132,7 +132,10 @@ static void expand(grammar *g, int32_t pos, int32_t parent, id_list *out) {
         }
         return;
     }
-    int32_t below = intern(g, pos, parent);
+    /* a reference last in its alternative returns straight to the parent (a tail call): no
+     * frame for it, so right recursion (x* is R ::= x R) keeps stacks, and states, from
+     * growing with every repetition */
+    int32_t below = g->elements[pos + 1].kind == GRAMMAR_END ? parent : intern(g, pos, parent);
     if (below < 0) return;
     int r = e->value;
     for (int a = 0; a < g->alt_count[r]; a++) expand(g, g->alt_start[g->alt_first[r] + a], below, out);
@@ -404,7 +407,9 @@ int grammar_vocab_is_eos(const grammar_vocab *v, int32_t id) {
     return 0;
 }
 
-/* ------------------------------------------------------------------ masks */
+/* ------------------------------------------------------------------ interned states */
+
+#define MAX_SETS (1 << 14) /* past this many states (16 MB of transitions), start over */
 
 static uint64_t set_hash(const int32_t *set, int n) {
     uint64_t h = 1469598103934665603ull;
@@ -412,93 +417,144 @@ static uint64_t set_hash(const int32_t *set, int n) {
     return h ^ (h >> 31);
 }
 
-static void cache_clear(grammar *g) {
-    for (int i = 0; i < g->cache_cap; i++) {
-        free(g->cache[i].set);
-        free(g->cache[i].bits);
+static void masks_clear(grammar *g) {
+    for (int k = 0; k < g->n_sets; k++) {
+        free(g->set_mask[k]);
+        g->set_mask[k] = NULL;
     }
-    memset(g->cache, 0, sizeof *g->cache * (size_t)g->cache_cap);
-    g->cache_n = 0;
+    g->n_masks = 0;
 }
 
-/* The walk: every trie node's state is its parent's after one step; empty prunes the subtree. */
-static void compute_mask(grammar *g, const grammar_vocab *v, const int32_t *set, int n,
-                         uint64_t *bits) {
+/* Forgets every interned set (states hold node ids, not set ids, so nothing dangles). */
+static void sets_clear(grammar *g) {
+    masks_clear(g);
+    g->n_sets = 0;
+    g->set_pool_n = 0;
+    if (g->set_index) memset(g->set_index, -1, sizeof *g->set_index * (size_t)g->set_index_cap);
+}
+
+static void set_index_insert(grammar *g, int32_t k) {
+    size_t mask = (size_t)g->set_index_cap - 1;
+    size_t i = set_hash(g->set_pool + g->set_off[k], g->set_len[k]) & mask;
+    while (g->set_index[i] >= 0) i = (i + 1) & mask;
+    g->set_index[i] = k;
+}
+
+/* The id of the sorted node set ids[0..n). */
+static int32_t intern_set(grammar *g, const int32_t *ids, int n) {
+    if (g->set_index_cap) {
+        size_t mask = (size_t)g->set_index_cap - 1;
+        for (size_t i = set_hash(ids, n) & mask;; i = (i + 1) & mask) {
+            int32_t k = g->set_index[i];
+            if (k < 0) break;
+            if (g->set_len[k] == n && !memcmp(g->set_pool + g->set_off[k], ids, sizeof *ids * (size_t)n))
+                return k;
+        }
+    }
+    if (g->n_sets >= MAX_SETS) sets_clear(g);
+    if (g->n_sets == g->cap_sets) {
+        int cap = g->cap_sets ? g->cap_sets * 2 : 256;
+        g->set_off = xrealloc(g->set_off, sizeof *g->set_off * (size_t)cap);
+        g->set_len = xrealloc(g->set_len, sizeof *g->set_len * (size_t)cap);
+        g->set_mask = xrealloc(g->set_mask, sizeof *g->set_mask * (size_t)cap);
+        g->trans = xrealloc(g->trans, sizeof *g->trans * 256 * (size_t)cap);
+        g->cap_sets = cap;
+        g->set_index_cap = cap * 2;
+        g->set_index = xrealloc(g->set_index, sizeof *g->set_index * (size_t)g->set_index_cap);
+        memset(g->set_index, -1, sizeof *g->set_index * (size_t)g->set_index_cap);
+        for (int32_t k = 0; k < g->n_sets; k++) set_index_insert(g, k);
+    }
+    if (g->set_pool_n + (size_t)n > g->set_pool_cap) {
+        g->set_pool_cap = (g->set_pool_n + (size_t)n) * 2;
+        g->set_pool = xrealloc(g->set_pool, sizeof *g->set_pool * g->set_pool_cap);
+    }
+    int32_t k = g->n_sets++;
+    memcpy(g->set_pool + g->set_pool_n, ids, sizeof *ids * (size_t)n);
+    g->set_off[k] = (int32_t)g->set_pool_n;
+    g->set_len[k] = n;
+    g->set_pool_n += (size_t)n;
+    g->set_mask[k] = NULL;
+    for (int b = 0; b < 256; b++) g->trans[(size_t)k * 256 + (size_t)b] = -2;
+    set_index_insert(g, k);
+    return k;
+}
+
+/* The set after `byte` from set k, or -1 when no stack takes it. May start the tables over
+ * (then the returned id belongs to the new tables: callers re-intern what they hold). */
+static int32_t transition(grammar *g, int32_t k, uint8_t byte) {
+    int32_t t = g->trans[(size_t)k * 256 + byte];
+    if (t != -2) return t;
+    step(g, g->set_pool + g->set_off[k], g->set_len[k], byte, &g->step_out);
+    if (!g->step_out.n) t = -1;
+    else {
+        qsort(g->step_out.v, (size_t)g->step_out.n, sizeof *g->step_out.v, cmp_id);
+        int before = g->n_sets;
+        t = intern_set(g, g->step_out.v, g->step_out.n);
+        if (g->n_sets < before) return t; /* the tables started over: k is gone */
+    }
+    g->trans[(size_t)k * 256 + byte] = t;
+    return t;
+}
+
+/* ------------------------------------------------------------------ masks */
+
+/* The walk: a trie node's state is its parent's after the node's byte (one table read once
+ * known); no state prunes the subtree. */
+static void compute_mask(grammar *g, const grammar_vocab *v, int32_t start, uint64_t *bits) {
     memset(bits, 0, sizeof *bits * (size_t)v->n_words);
-    if (g->level_depth_cap < v->max_depth + 2) {
-        g->level_depth_cap = v->max_depth + 2;
-        g->level_start = xrealloc(g->level_start, sizeof *g->level_start *
-                                                      (size_t)g->level_depth_cap);
+    if (g->level_cap < v->max_depth + 2) {
+        g->level_cap = v->max_depth + 2;
+        g->level = xrealloc(g->level, sizeof *g->level * (size_t)g->level_cap);
     }
-    if (g->level_cap < (size_t)n + 64) {
-        g->level_cap = (size_t)n + 64;
-        g->level_pool = xrealloc(g->level_pool, sizeof *g->level_pool * g->level_cap);
-    }
-    memcpy(g->level_pool, set, sizeof *set * (size_t)n);
-    g->level_start[0] = 0;
-    g->level_start[1] = (size_t)n;
+    int accepting = g->set_len[start] && g->set_pool[g->set_off[start]] == 0;
+    int generation = g->n_sets;
+    g->level[0] = start;
     for (int i = 0; i < v->n_nodes;) {
         int d = v->depth[i];
-        size_t from = g->level_start[d - 1], to = g->level_start[d];
-        step(g, g->level_pool + from, (int)(to - from), v->byte[i], &g->step_out);
-        int got = g->step_out.n;
-        if (!got) {
+        int32_t next = transition(g, g->level[d - 1], v->byte[i]);
+        if (g->n_sets < generation) { /* the tables started over mid-walk: walk again */
+            memset(bits, 0, sizeof *bits * (size_t)v->n_words);
+            return;
+        }
+        generation = g->n_sets;
+        if (next < 0) {
             i = v->skip[i];
             continue;
         }
-        if (to + (size_t)got > g->level_cap) {
-            g->level_cap = (to + (size_t)got) * 2;
-            g->level_pool = xrealloc(g->level_pool, sizeof *g->level_pool * g->level_cap);
-        }
-        memcpy(g->level_pool + to, g->step_out.v, sizeof *g->level_pool * (size_t)got);
-        g->level_start[d + 1] = to + (size_t)got;
+        g->level[d] = next;
         for (int k = 0; k < v->tok_count[i]; k++) {
             int32_t t = v->sorted[v->tok_begin[i] + k];
             bits[t >> 6] |= 1ull << (t & 63);
         }
         i++;
     }
-    if (n && set[0] == 0)
+    if (accepting)
         for (int k = 0; k < v->n_eos; k++) bits[v->eos[k] >> 6] |= 1ull << (v->eos[k] & 63);
 }
 
 const uint64_t *grammar_state_mask(grammar_state *s, const grammar_vocab *v) {
     grammar *g = s->g;
-    if (g->cache_vocab != v || !g->cache) {
-        if (g->cache) cache_clear(g);
+    if (g->mask_vocab != v) {
+        masks_clear(g);
+        g->mask_vocab = v;
         size_t per = sizeof(uint64_t) * (size_t)v->n_words;
-        g->cache_max = (int)(MASK_CACHE_BYTES / per);
-        if (g->cache_max < 4) g->cache_max = 4;
-        if (g->cache_cap < g->cache_max * 2) {
-            free(g->cache);
-            g->cache_cap = g->cache_max * 2;
-            g->cache = calloc((size_t)g->cache_cap, sizeof *g->cache);
-            if (!g->cache) return NULL;
+        g->max_masks = (int)(MASK_CACHE_BYTES / per) > 4 ? (int)(MASK_CACHE_BYTES / per) : 4;
+    }
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int32_t k = intern_set(g, s->set, s->n);
+        if (g->set_mask[k]) return g->set_mask[k];
+        if (g->n_masks >= g->max_masks) masks_clear(g); /* the states of the moment come back */
+        uint64_t *bits = xrealloc(NULL, sizeof *bits * (size_t)v->n_words);
+        int generation = g->n_sets;
+        compute_mask(g, v, k, bits);
+        if (g->n_sets >= generation) { /* the walk finished on the same tables */
+            g->set_mask[k] = bits;
+            g->n_masks++;
+            return bits;
         }
-        g->cache_vocab = v;
+        free(bits); /* the tables started over during the walk: once more on fresh ones */
     }
-    uint64_t h = set_hash(s->set, s->n);
-    size_t mask = (size_t)g->cache_cap; /* not a power of two: linear probing modulo */
-    size_t i = h % mask;
-    for (;; i = (i + 1) % mask) {
-        grammar_mask_entry *e = &g->cache[i];
-        if (!e->bits) break;
-        if (e->hash == h && e->n_set == s->n && !memcmp(e->set, s->set, sizeof *s->set * (size_t)s->n))
-            return e->bits;
-    }
-    if (g->cache_n >= g->cache_max) { /* full: start over (states of the moment come back) */
-        cache_clear(g);
-        i = h % mask;
-    }
-    grammar_mask_entry *e = &g->cache[i];
-    e->hash = h;
-    e->n_set = s->n;
-    e->set = xrealloc(NULL, sizeof *e->set * (size_t)(s->n ? s->n : 1));
-    memcpy(e->set, s->set, sizeof *s->set * (size_t)s->n);
-    e->bits = xrealloc(NULL, sizeof *e->bits * (size_t)v->n_words);
-    g->cache_n++;
-    compute_mask(g, v, s->set, s->n, e->bits);
-    return e->bits;
+    return NULL;
 }
 
 int grammar_state_accept_token(grammar_state *s, const grammar_vocab *v, int32_t id) {
@@ -510,8 +566,14 @@ int grammar_state_accept_token(grammar_state *s, const grammar_vocab *v, int32_t
 }
 
 void grammar_match_free(grammar *g) {
-    if (g->cache) cache_clear(g);
-    free(g->cache);
+    masks_clear(g);
+    free(g->set_pool);
+    free(g->set_off);
+    free(g->set_len);
+    free(g->set_mask);
+    free(g->trans);
+    free(g->set_index);
+    free(g->level);
     free(g->nodes);
     free(g->node_index);
     free(g->after_off);
@@ -520,7 +582,5 @@ void grammar_match_free(grammar *g) {
     free(g->mark);
     free(g->expand_mark);
     free(g->start);
-    free(g->level_pool);
-    free(g->level_start);
     free(g->step_out.v);
 }
