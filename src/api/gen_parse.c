@@ -122,8 +122,10 @@ int gen_append_tool_result(json_t *msgs, const json_t *content, const char *fiel
  * 400 here, not a runner error later). Takes text. */
 static int set_grammar(gen_request *req, char *text, const char *field, char *err, size_t errlen) {
     if (req->grammar) {
-        snprintf(err, errlen, "'%s' cannot be combined with another constraint on the output "
-                              "(response format, grammar or forced tool call)", field);
+        snprintf(err, errlen,
+                 "'%s' cannot be combined with another constraint on the output "
+                 "(response format, grammar or forced tool call)",
+                 field);
         free(text);
         return 400;
     }

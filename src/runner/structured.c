@@ -66,7 +66,8 @@ static int build_vocab(structured *s, char *err, size_t errlen) {
     }
     s->vocab = grammar_vocab_new(s->info->vocab_size, (const uint8_t *const *)bytes, lens, n,
                                  s->info->eos_ids, s->info->n_eos, err, errlen);
-    for (int id = 0; id < n; id++) free(bytes[id]);
+    for (int id = 0; id < n; id++)
+        free(bytes[id]);
     free(bytes);
     free(lens);
     return s->vocab ? 0 : -1;
@@ -97,7 +98,8 @@ static void constraint_mask(void *ctx, float *logits, int n) {
     sequence_constraint *c = ctx;
     const uint64_t *bits = grammar_state_mask(c->state, c->vocab);
     int words = (grammar_vocab_size(c->vocab) + 63) / 64, any = 0;
-    for (int w = 0; bits && w < words && !any; w++) any = bits[w] != 0;
+    for (int w = 0; bits && w < words && !any; w++)
+        any = bits[w] != 0;
     if (!any) {
         for (int t = 0; t < n; t++)
             if (!grammar_vocab_is_eos(c->vocab, t)) logits[t] = -INFINITY;
@@ -110,7 +112,8 @@ static void constraint_mask(void *ctx, float *logits, int n) {
         for (int t = base; t < end; t++)
             if (!((b >> (t - base)) & 1)) logits[t] = -INFINITY;
     }
-    for (int t = words * 64; t < n; t++) logits[t] = -INFINITY;
+    for (int t = words * 64; t < n; t++)
+        logits[t] = -INFINITY;
 }
 
 static void constraint_accept(void *ctx, int32_t token) {
@@ -139,7 +142,9 @@ int structured_constraint(structured *s, const char *grammar_text, engine_constr
         error_set(err, errlen, "out of memory for the grammar");
         return -1;
     }
-    *out = (engine_constraint){.mask = constraint_mask, .accept = constraint_accept,
-                               .release = constraint_release, .ctx = c};
+    *out = (engine_constraint){.mask = constraint_mask,
+                               .accept = constraint_accept,
+                               .release = constraint_release,
+                               .ctx = c};
     return 0;
 }

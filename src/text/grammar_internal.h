@@ -38,7 +38,7 @@ struct grammar {
     int32_t *alt_first, *alt_count; /* [n_rules] */
     int32_t *alt_start;             /* [n_alts] */
     int n_rules, n_alts, root;
-    uint64_t (*byte_sets)[4];       /* [n_byte_sets] 256-bit sets */
+    uint64_t (*byte_sets)[4]; /* [n_byte_sets] 256-bit sets */
     int n_byte_sets;
     /* matcher (grammar_match.c): interned stacks and what follows each top node */
     grammar_node *nodes;
@@ -51,9 +51,9 @@ struct grammar {
     size_t after_n, after_cap;
     uint32_t *mark, *expand_mark; /* [cap_nodes] generation stamps for de-duplication */
     uint32_t mark_gen, expand_gen;
-    int32_t *start;               /* the start state's nodes */
+    int32_t *start; /* the start state's nodes */
     int n_start;
-    int overflow;                 /* GRAMMAR_MAX_NODES reached: new stacks are dropped */
+    int overflow; /* GRAMMAR_MAX_NODES reached: new stacks are dropped */
     id_list step_out;
     /* interned states (sorted node sets) and their byte transitions, so that the trie walk of a
      * mask is one table read per trie node: set k is set_pool[set_off[k] ..+ set_len[k]] */
@@ -63,9 +63,9 @@ struct grammar {
     int32_t *trans;             /* [cap_sets][256]: the set after a byte; -1 none, -2 unknown */
     uint64_t **set_mask;        /* [cap_sets]: the cached mask of the set, or NULL */
     int n_sets, cap_sets;
-    int32_t *set_index;         /* open-addressing table of set ids by content, [set_index_cap] */
+    int32_t *set_index; /* open-addressing table of set ids by content, [set_index_cap] */
     int set_index_cap;
-    int32_t *level;             /* [level_cap]: the set at each trie depth during a walk */
+    int32_t *level; /* [level_cap]: the set at each trie depth during a walk */
     int level_cap;
     /* masks are for this vocabulary; n_masks of them are held */
     const grammar_vocab *mask_vocab;

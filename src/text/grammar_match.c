@@ -25,8 +25,8 @@ struct grammar_state {
 
 struct grammar_vocab {
     int n_vocab, n_words;
-    uint8_t *blob;         /* token bytes, concatenated */
-    uint32_t *off, *len;   /* [n_vocab] */
+    uint8_t *blob;       /* token bytes, concatenated */
+    uint32_t *off, *len; /* [n_vocab] */
     int32_t *eos;
     int n_eos;
     /* trie of token bytes in preorder: node i is byte[i] at depth[i] (1 = first byte); its
@@ -55,7 +55,8 @@ static uint64_t node_hash(int32_t pos, int32_t parent) {
 static void index_insert(grammar *g, int32_t id) {
     size_t mask = (size_t)g->index_cap - 1;
     size_t i = node_hash(g->nodes[id].pos, g->nodes[id].parent) & mask;
-    while (g->node_index[i] >= 0) i = (i + 1) & mask;
+    while (g->node_index[i] >= 0)
+        i = (i + 1) & mask;
     g->node_index[i] = id;
 }
 
@@ -72,13 +73,13 @@ static int grow_nodes(grammar *g) {
     g->mark = xrealloc(g->mark, sizeof *g->mark * (size_t)cap);
     g->expand_mark = xrealloc(g->expand_mark, sizeof *g->expand_mark * (size_t)cap);
     memset(g->mark + g->cap_nodes, 0, sizeof *g->mark * (size_t)(cap - g->cap_nodes));
-    memset(g->expand_mark + g->cap_nodes, 0,
-           sizeof *g->expand_mark * (size_t)(cap - g->cap_nodes));
+    memset(g->expand_mark + g->cap_nodes, 0, sizeof *g->expand_mark * (size_t)(cap - g->cap_nodes));
     g->cap_nodes = cap;
     g->index_cap = cap * 2;
     g->node_index = xrealloc(g->node_index, sizeof *g->node_index * (size_t)g->index_cap);
     memset(g->node_index, -1, sizeof *g->node_index * (size_t)g->index_cap);
-    for (int32_t i = 0; i < g->n_nodes; i++) index_insert(g, i);
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        index_insert(g, i);
     return 0;
 }
 
@@ -123,8 +124,10 @@ static void expand(grammar *g, int32_t pos, int32_t parent, id_list *out) {
     }
     const grammar_element *e = &g->elements[pos];
     int32_t id = -1;
-    if (e->kind == GRAMMAR_END) id = 0;
-    else if (e->kind == GRAMMAR_BYTES) id = intern(g, pos, parent);
+    if (e->kind == GRAMMAR_END)
+        id = 0;
+    else if (e->kind == GRAMMAR_BYTES)
+        id = intern(g, pos, parent);
     if (e->kind != GRAMMAR_REF) {
         if (id >= 0 && g->expand_mark[id] != g->expand_gen) {
             g->expand_mark[id] = g->expand_gen;
@@ -138,7 +141,8 @@ static void expand(grammar *g, int32_t pos, int32_t parent, id_list *out) {
     int32_t below = g->elements[pos + 1].kind == GRAMMAR_END ? parent : intern(g, pos, parent);
     if (below < 0) return;
     int r = e->value;
-    for (int a = 0; a < g->alt_count[r]; a++) expand(g, g->alt_start[g->alt_first[r] + a], below, out);
+    for (int a = 0; a < g->alt_count[r]; a++)
+        expand(g, g->alt_start[g->alt_first[r] + a], below, out);
 }
 
 static void expand_begin(grammar *g) {
@@ -237,7 +241,8 @@ void grammar_state_free(grammar_state *s) {
 int grammar_state_advance(grammar_state *s, const uint8_t *bytes, size_t n) {
     grammar *g = s->g;
     id_list cur = {0}, next = {0};
-    for (int i = 0; i < s->n; i++) list_add(&cur, s->set[i]);
+    for (int i = 0; i < s->n; i++)
+        list_add(&cur, s->set[i]);
     for (size_t i = 0; i < n && cur.n; i++) {
         step(g, cur.v, cur.n, bytes[i], &next);
         id_list t = cur;
@@ -304,7 +309,8 @@ static void build_trie(grammar_vocab *v) {
             int32_t p = v->sorted[k - 1];
             uint32_t lp = v->len[p];
             const uint8_t *ps = v->blob + v->off[p];
-            while (common < len && common < lp && ps[common] == s[common]) common++;
+            while (common < len && common < lp && ps[common] == s[common])
+                common++;
         }
         if (len + 1 > path_cap) {
             path_cap = (len + 1) * 2;
@@ -335,10 +341,12 @@ static void build_trie(grammar_vocab *v) {
     int32_t *stack = xrealloc(NULL, sizeof *stack * (size_t)(v->max_depth + 1));
     int sp = 0;
     for (int i = 0; i < n; i++) {
-        while (sp && v->depth[stack[sp - 1]] >= v->depth[i]) v->skip[stack[--sp]] = i;
+        while (sp && v->depth[stack[sp - 1]] >= v->depth[i])
+            v->skip[stack[--sp]] = i;
         stack[sp++] = i;
     }
-    while (sp) v->skip[stack[--sp]] = n;
+    while (sp)
+        v->skip[stack[--sp]] = n;
     free(stack);
 }
 
@@ -356,7 +364,8 @@ grammar_vocab *grammar_vocab_new(int n_vocab, const uint8_t *const *token_bytes,
     v->off = calloc((size_t)n_vocab, sizeof *v->off);
     v->len = calloc((size_t)n_vocab, sizeof *v->len);
     size_t total = 0;
-    for (int i = 0; i < n_tokens && i < n_vocab; i++) total += token_lens[i];
+    for (int i = 0; i < n_tokens && i < n_vocab; i++)
+        total += token_lens[i];
     v->blob = xrealloc(NULL, total);
     size_t at = 0;
     for (int i = 0; i < n_tokens && i < n_vocab; i++) {
@@ -390,7 +399,9 @@ void grammar_vocab_free(grammar_vocab *v) {
     free(v);
 }
 
-int grammar_vocab_size(const grammar_vocab *v) { return v->n_vocab; }
+int grammar_vocab_size(const grammar_vocab *v) {
+    return v->n_vocab;
+}
 
 const uint8_t *grammar_vocab_token(const grammar_vocab *v, int32_t id, uint32_t *len) {
     if (id < 0 || id >= v->n_vocab) {
@@ -413,7 +424,8 @@ int grammar_vocab_is_eos(const grammar_vocab *v, int32_t id) {
 
 static uint64_t set_hash(const int32_t *set, int n) {
     uint64_t h = 1469598103934665603ull;
-    for (int i = 0; i < n; i++) h = (h ^ (uint32_t)set[i]) * 1099511628211ull;
+    for (int i = 0; i < n; i++)
+        h = (h ^ (uint32_t)set[i]) * 1099511628211ull;
     return h ^ (h >> 31);
 }
 
@@ -436,7 +448,8 @@ static void sets_clear(grammar *g) {
 static void set_index_insert(grammar *g, int32_t k) {
     size_t mask = (size_t)g->set_index_cap - 1;
     size_t i = set_hash(g->set_pool + g->set_off[k], g->set_len[k]) & mask;
-    while (g->set_index[i] >= 0) i = (i + 1) & mask;
+    while (g->set_index[i] >= 0)
+        i = (i + 1) & mask;
     g->set_index[i] = k;
 }
 
@@ -447,7 +460,8 @@ static int32_t intern_set(grammar *g, const int32_t *ids, int n) {
         for (size_t i = set_hash(ids, n) & mask;; i = (i + 1) & mask) {
             int32_t k = g->set_index[i];
             if (k < 0) break;
-            if (g->set_len[k] == n && !memcmp(g->set_pool + g->set_off[k], ids, sizeof *ids * (size_t)n))
+            if (g->set_len[k] == n &&
+                !memcmp(g->set_pool + g->set_off[k], ids, sizeof *ids * (size_t)n))
                 return k;
         }
     }
@@ -462,7 +476,8 @@ static int32_t intern_set(grammar *g, const int32_t *ids, int n) {
         g->set_index_cap = cap * 2;
         g->set_index = xrealloc(g->set_index, sizeof *g->set_index * (size_t)g->set_index_cap);
         memset(g->set_index, -1, sizeof *g->set_index * (size_t)g->set_index_cap);
-        for (int32_t k = 0; k < g->n_sets; k++) set_index_insert(g, k);
+        for (int32_t k = 0; k < g->n_sets; k++)
+            set_index_insert(g, k);
     }
     if (g->set_pool_n + (size_t)n > g->set_pool_cap) {
         g->set_pool_cap = (g->set_pool_n + (size_t)n) * 2;
@@ -474,7 +489,8 @@ static int32_t intern_set(grammar *g, const int32_t *ids, int n) {
     g->set_len[k] = n;
     g->set_pool_n += (size_t)n;
     g->set_mask[k] = NULL;
-    for (int b = 0; b < 256; b++) g->trans[(size_t)k * 256 + (size_t)b] = -2;
+    for (int b = 0; b < 256; b++)
+        g->trans[(size_t)k * 256 + (size_t)b] = -2;
     set_index_insert(g, k);
     return k;
 }
@@ -485,7 +501,8 @@ static int32_t transition(grammar *g, int32_t k, uint8_t byte) {
     int32_t t = g->trans[(size_t)k * 256 + byte];
     if (t != -2) return t;
     step(g, g->set_pool + g->set_off[k], g->set_len[k], byte, &g->step_out);
-    if (!g->step_out.n) t = -1;
+    if (!g->step_out.n)
+        t = -1;
     else {
         qsort(g->step_out.v, (size_t)g->step_out.n, sizeof *g->step_out.v, cmp_id);
         int before = g->n_sets;
@@ -529,7 +546,8 @@ static void compute_mask(grammar *g, const grammar_vocab *v, int32_t start, uint
         i++;
     }
     if (accepting)
-        for (int k = 0; k < v->n_eos; k++) bits[v->eos[k] >> 6] |= 1ull << (v->eos[k] & 63);
+        for (int k = 0; k < v->n_eos; k++)
+            bits[v->eos[k] >> 6] |= 1ull << (v->eos[k] & 63);
 }
 
 const uint64_t *grammar_state_mask(grammar_state *s, const grammar_vocab *v) {

@@ -52,7 +52,8 @@ static void fail(builder *b, const char *msg) {
 static void *grow(void *p, int *cap, int need, size_t elem) {
     if (need <= *cap) return p;
     int c = *cap ? *cap * 2 : 8;
-    while (c < need) c *= 2;
+    while (c < need)
+        c *= 2;
     void *q = realloc(p, (size_t)c * elem);
     if (!q) abort(); /* as strbuf: no progress without memory for the grammar */
     *cap = c;
@@ -112,31 +113,37 @@ static int single_byte(builder *b, unsigned c) {
 
 static int byte_range_set(builder *b, unsigned lo, unsigned hi) {
     uint64_t set[4] = {0};
-    for (unsigned c = lo; c <= hi; c++) set[c >> 6] |= 1ull << (c & 63);
+    for (unsigned c = lo; c <= hi; c++)
+        set[c >> 6] |= 1ull << (c & 63);
     return byte_set_id(b, set);
 }
 
 /* ------------------------------------------------------------------ lexing */
 
-static int at_end(const builder *b) { return b->p >= b->end; }
+static int at_end(const builder *b) {
+    return b->p >= b->end;
+}
 
 /* Skips blanks and comments; newlines too when newline_ok (inside parentheses, after `|`). */
 static void skip_space(builder *b, int newline_ok) {
     while (!at_end(b)) {
         char c = *b->p;
-        if (c == ' ' || c == '\t') b->p++;
+        if (c == ' ' || c == '\t')
+            b->p++;
         else if (c == '#')
-            while (!at_end(b) && *b->p != '\n') b->p++;
+            while (!at_end(b) && *b->p != '\n')
+                b->p++;
         else if (newline_ok && (c == '\n' || c == '\r')) {
             if (c == '\n') b->line++;
             b->p++;
-        } else break;
+        } else
+            break;
     }
 }
 
 static int is_name_char(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
 }
 
 static int hex_value(char c) {
@@ -184,12 +191,30 @@ static long read_char(builder *b) {
     int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
     if (!digits) {
         switch (e) {
-        case 'n': return '\n';
-        case 'r': return '\r';
-        case 't': return '\t';
-        case '0': return 0;
-        case '\\': case '"': case '\'': case '[': case ']': case '-': case '^': case '/':
-        case '.': case '(': case ')': case '|': case '*': case '+': case '?': case '{':
+        case 'n':
+            return '\n';
+        case 'r':
+            return '\r';
+        case 't':
+            return '\t';
+        case '0':
+            return 0;
+        case '\\':
+        case '"':
+        case '\'':
+        case '[':
+        case ']':
+        case '-':
+        case '^':
+        case '/':
+        case '.':
+        case '(':
+        case ')':
+        case '|':
+        case '*':
+        case '+':
+        case '?':
+        case '{':
         case '}':
             return e;
         }
@@ -271,7 +296,8 @@ static void add_utf8_sequences(builder *b, int r, long lo, long hi) {
     }
     utf8_encode(hi, z);
     element_list seq = {0};
-    for (int i = 0; i < len; i++) list_push(b, &seq, GRAMMAR_BYTES, byte_range_set(b, a[i], z[i]));
+    for (int i = 0; i < len; i++)
+        list_push(b, &seq, GRAMMAR_BYTES, byte_range_set(b, a[i], z[i]));
     rule_add_alt(b, r, &seq);
 }
 
@@ -288,7 +314,8 @@ static int normalize_ranges(cp_range *r, int n, int negate, cp_range *out) {
     for (int i = 0; i < n; i++) {
         if (m && r[i].lo <= out[m - 1].hi + 1) {
             if (r[i].hi > out[m - 1].hi) out[m - 1].hi = r[i].hi;
-        } else out[m++] = r[i];
+        } else
+            out[m++] = r[i];
     }
     if (negate) {
         cp_range tmp[m + 1];
@@ -306,7 +333,8 @@ static int normalize_ranges(cp_range *r, int n, int negate, cp_range *out) {
     int k = 0;
     for (int i = 0; i < m; i++) {
         cp_range x = out[i];
-        if (x.hi < 0xd800 || x.lo > 0xdfff) split[k++] = x;
+        if (x.hi < 0xd800 || x.lo > 0xdfff)
+            split[k++] = x;
         else {
             if (x.lo < 0xd800) split[k++] = (cp_range){x.lo, 0xd7ff};
             if (x.hi > 0xdfff) split[k++] = (cp_range){0xe000, x.hi};
@@ -345,8 +373,8 @@ static void add_class(builder *b, element_list *seq, cp_range *ranges, int n, in
         rule_add_alt(b, r, &one);
     }
     for (int i = 0; i < n; i++)
-        if (norm[i].hi >= 0x80) add_utf8_sequences(b, r, norm[i].lo < 0x80 ? 0x80 : norm[i].lo,
-                                                   norm[i].hi);
+        if (norm[i].hi >= 0x80)
+            add_utf8_sequences(b, r, norm[i].lo < 0x80 ? 0x80 : norm[i].lo, norm[i].hi);
     list_push(b, seq, GRAMMAR_REF, r);
 }
 
@@ -369,7 +397,8 @@ static void parse_literal(builder *b, element_list *seq) {
         if (cp < 0) return;
         unsigned char bytes[4];
         int n = utf8_encode(cp, bytes);
-        for (int i = 0; i < n; i++) list_push(b, seq, GRAMMAR_BYTES, single_byte(b, bytes[i]));
+        for (int i = 0; i < n; i++)
+            list_push(b, seq, GRAMMAR_BYTES, single_byte(b, bytes[i]));
     }
 }
 
@@ -440,15 +469,18 @@ static void parse_repetition(builder *b, element_list *seq, int item_start) {
     if (seq->n - item_start > 1) { /* several elements (a literal, a wide class): wrap them */
         int r = rule_new(b, NULL, 0);
         element_list body = {0};
-        for (int i = item_start; i < seq->n; i++) list_push(b, &body, seq->v[i].kind, seq->v[i].value);
+        for (int i = item_start; i < seq->n; i++)
+            list_push(b, &body, seq->v[i].kind, seq->v[i].value);
         rule_add_alt(b, r, &body);
         x = (grammar_element){GRAMMAR_REF, r};
     }
     seq->n = item_start;
     char op = *b->p++;
     long min = 0, max = -1; /* -1: unbounded */
-    if (op == '+') min = 1;
-    else if (op == '?') max = 1;
+    if (op == '+')
+        min = 1;
+    else if (op == '?')
+        max = 1;
     else if (op == '{') {
         skip_space(b, 1);
         min = parse_count(b);
@@ -471,7 +503,8 @@ static void parse_repetition(builder *b, element_list *seq, int item_start) {
             return;
         }
     }
-    for (long i = 0; i < min && !b->failed; i++) list_push(b, seq, x.kind, x.value);
+    for (long i = 0; i < min && !b->failed; i++)
+        list_push(b, seq, x.kind, x.value);
     if (max == -1) {
         list_push(b, seq, GRAMMAR_REF, star_rule(b, x));
         return;
@@ -497,8 +530,10 @@ static void parse_sequence(builder *b, element_list *seq, int nested) {
         if (at_end(b)) return;
         char c = *b->p;
         int start = seq->n;
-        if (c == '"') parse_literal(b, seq);
-        else if (c == '[') parse_class(b, seq);
+        if (c == '"')
+            parse_literal(b, seq);
+        else if (c == '[')
+            parse_class(b, seq);
         else if (c == '.') {
             b->p++;
             cp_range any = {0, 0x10ffff};
@@ -521,7 +556,8 @@ static void parse_sequence(builder *b, element_list *seq, int nested) {
             list_push(b, seq, GRAMMAR_REF, r);
         } else if (is_name_char(c)) {
             const char *name = b->p;
-            while (!at_end(b) && is_name_char(*b->p)) b->p++;
+            while (!at_end(b) && is_name_char(*b->p))
+                b->p++;
             const char *after = b->p;
             skip_space(b, 0);
             if (b->end - b->p >= 3 && !memcmp(b->p, "::=", 3)) { /* the next rule begins */
@@ -564,7 +600,8 @@ static void parse_rules(builder *b) {
         skip_space(b, 1);
         if (at_end(b) || b->failed) return;
         const char *name = b->p;
-        while (!at_end(b) && is_name_char(*b->p)) b->p++;
+        while (!at_end(b) && is_name_char(*b->p))
+            b->p++;
         if (b->p == name) {
             fail(b, "expected a rule name");
             return;
@@ -643,7 +680,8 @@ static int check_rules(builder *b) {
                 element_list *l = &d->alts[a];
                 if (i < l->n && l->v[i].kind == GRAMMAR_REF) {
                     next = l->v[i].value;
-                    if (nullable[next]) i++; /* what follows it may start the rule too */
+                    if (nullable[next])
+                        i++; /* what follows it may start the rule too */
                     else {
                         a++;
                         i = 0;
@@ -691,7 +729,8 @@ static grammar *flatten(builder *b) {
     long n_el = 0, n_alts = 0;
     for (int r = 0; r < b->n_rules; r++) {
         n_alts += b->rules[r].n_alts;
-        for (int a = 0; a < b->rules[r].n_alts; a++) n_el += b->rules[r].alts[a].n + 1;
+        for (int a = 0; a < b->rules[r].n_alts; a++)
+            n_el += b->rules[r].alts[a].n + 1;
     }
     g->elements = malloc(sizeof *g->elements * (size_t)(n_el ? n_el : 1));
     g->alt_first = malloc(sizeof *g->alt_first * (size_t)b->n_rules);
@@ -719,7 +758,8 @@ static grammar *flatten(builder *b) {
 
 static void builder_free(builder *b) {
     for (int r = 0; r < b->n_rules; r++) {
-        for (int a = 0; a < b->rules[r].n_alts; a++) free(b->rules[r].alts[a].v);
+        for (int a = 0; a < b->rules[r].n_alts; a++)
+            free(b->rules[r].alts[a].v);
         free(b->rules[r].alts);
         free(b->rules[r].name);
     }
@@ -728,8 +768,8 @@ static void builder_free(builder *b) {
 }
 
 grammar *grammar_parse(const char *text, size_t len, char *err, size_t errlen) {
-    builder b = {.p = text, .end = text + len, .line = 1, .current = -1, .err = err,
-                 .errlen = errlen};
+    builder b = {
+        .p = text, .end = text + len, .line = 1, .current = -1, .err = err, .errlen = errlen};
     memset(b.single_byte_set, -1, sizeof b.single_byte_set);
     parse_rules(&b);
     grammar *g = NULL;
@@ -762,4 +802,6 @@ void grammar_unref(grammar *g) {
     free(g);
 }
 
-int grammar_n_rules(const grammar *g) { return g->n_rules; }
+int grammar_n_rules(const grammar *g) {
+    return g->n_rules;
+}

@@ -43,7 +43,8 @@ static const char fixed_rules[] =
     "object ::= \"{\" ( string \":\" ws value ( \",\" ws string \":\" ws value )* )? \"}\"\n"
     "array ::= \"[\" ( value ( \",\" ws value )* )? \"]\"\n"
     "string ::= \"\\\"\" char* \"\\\"\"\n"
-    "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-CefEF] hex hex hex "
+    "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-CefEF] hex hex "
+    "hex "
     "| [dD] [0-7] hex hex ) )\n"
     "hex ::= [0-9a-fA-F]\n"
     "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]{0,15} )\n"
@@ -62,16 +63,33 @@ static const char fixed_rules[] =
     "ipv4 ::= octet \".\" octet \".\" octet \".\" octet\n";
 
 static const char *const annotations[] = {
-    "title",    "description", "default",  "examples",   "$schema", "$id",      "$comment",
-    "deprecated", "readOnly",  "writeOnly", "$defs",     "definitions", "strict", "$anchor",
-    "contentMediaType", NULL};
+    "title",    "description", "default",          "examples",  "$schema", "$id",
+    "$comment", "deprecated",  "readOnly",         "writeOnly", "$defs",   "definitions",
+    "strict",   "$anchor",     "contentMediaType", NULL};
 
-static const char *const known[] = {
-    "type",      "enum",        "const",      "properties",       "required",
-    "additionalProperties",     "items",      "prefixItems",      "minItems",
-    "maxItems",  "anyOf",       "oneOf",      "allOf",            "$ref",
-    "minLength", "maxLength",   "pattern",    "format",           "minimum",
-    "maximum",   "exclusiveMinimum",          "exclusiveMaximum", NULL};
+static const char *const known[] = {"type",
+                                    "enum",
+                                    "const",
+                                    "properties",
+                                    "required",
+                                    "additionalProperties",
+                                    "items",
+                                    "prefixItems",
+                                    "minItems",
+                                    "maxItems",
+                                    "anyOf",
+                                    "oneOf",
+                                    "allOf",
+                                    "$ref",
+                                    "minLength",
+                                    "maxLength",
+                                    "pattern",
+                                    "format",
+                                    "minimum",
+                                    "maximum",
+                                    "exclusiveMinimum",
+                                    "exclusiveMaximum",
+                                    NULL};
 
 static int in_list(const char *const *list, const char *key) {
     for (int i = 0; list[i]; i++)
@@ -99,8 +117,10 @@ static void gbnf_literal(strbuf *out, const char *s, size_t n) {
         if (ch == '"' || ch == '\\') {
             strbuf_append_char(out, '\\');
             strbuf_append_char(out, (char)ch);
-        } else if (ch < 0x20 || ch == 0x7f) strbuf_appendf(out, "\\x%02x", ch);
-        else strbuf_append_char(out, (char)ch);
+        } else if (ch < 0x20 || ch == 0x7f)
+            strbuf_appendf(out, "\\x%02x", ch);
+        else
+            strbuf_append_char(out, (char)ch);
     }
     strbuf_append_char(out, '"');
 }
@@ -112,7 +132,9 @@ static void json_literal(strbuf *out, const json_t *v) {
     free(text);
 }
 
-static int rule_new(compiler *c) { return c->next_rule++; }
+static int rule_new(compiler *c) {
+    return c->next_rule++;
+}
 
 static void rule_emit(compiler *c, int rule, const char *body) {
     strbuf_appendf(&c->rules, "s%d ::= %s\n", rule, body);
@@ -127,8 +149,10 @@ static int compile(compiler *c, const json_t *schema, const char *path);
 /* ------------------------------------------------------------------ integers */
 
 static void append_digit_range(strbuf *out, int lo, int hi) {
-    if (lo == hi) strbuf_appendf(out, "\"%d\"", lo);
-    else strbuf_appendf(out, "[%d-%d]", lo, hi);
+    if (lo == hi)
+        strbuf_appendf(out, "\"%d\"", lo);
+    else
+        strbuf_appendf(out, "[%d-%d]", lo, hi);
 }
 
 /* Alternatives matching the decimal strings from a to b, both of n digits (may start with 0). */
@@ -183,7 +207,8 @@ static int digits_of(unsigned long long v) {
 
 static unsigned long long pow10u(int n) {
     unsigned long long p = 1;
-    while (n-- > 0) p *= 10;
+    while (n-- > 0)
+        p *= 10;
     return p;
 }
 
@@ -323,7 +348,8 @@ static void compile_number(compiler *c, const json_t *s, const char *path, strbu
         strbuf_append_str(body, " \".\" [0-9]{0,15} [1-9]");
     }
     strbuf_append_str(body, " )");
-    if (!alts) fail(c, path, "%s", "the number bounds are too narrow (no integer or whole unit inside)");
+    if (!alts)
+        fail(c, path, "%s", "the number bounds are too narrow (no integer or whole unit inside)");
 }
 
 /* ------------------------------------------------------------------ strings */
@@ -360,7 +386,8 @@ static int emit_class(strbuf *out, range_set *r, int negate) {
     for (int i = 0; i < r->n; i++) {
         if (merged.n && r->v[i].lo <= merged.v[merged.n - 1].hi + 1) {
             if (r->v[i].hi > merged.v[merged.n - 1].hi) merged.v[merged.n - 1].hi = r->v[i].hi;
-        } else range_add(&merged, r->v[i].lo, r->v[i].hi);
+        } else
+            range_add(&merged, r->v[i].lo, r->v[i].hi);
     }
     if (negate) {
         long next = 0;
@@ -370,7 +397,8 @@ static int emit_class(strbuf *out, range_set *r, int negate) {
         }
         if (next <= 0x10ffff) range_add(&chosen, next, 0x10ffff);
     } else {
-        for (int i = 0; i < merged.n; i++) range_add(&chosen, merged.v[i].lo, merged.v[i].hi);
+        for (int i = 0; i < merged.n; i++)
+            range_add(&chosen, merged.v[i].lo, merged.v[i].hi);
     }
     static const long forbidden[][2] = {{0, 0x1f}, {'"', '"'}, {'\\', '\\'}, {0xd800, 0xdfff}};
     strbuf text = {0};
@@ -411,7 +439,8 @@ static long regex_char(regex *x) {
     int n = ch < 0x80 ? 1 : (ch >> 5) == 6 ? 2 : (ch >> 4) == 14 ? 3 : (ch >> 3) == 30 ? 4 : 1;
     if (x->end - x->p < n) n = 1;
     long cp = n == 1 ? ch : n == 2 ? (ch & 0x1f) : n == 3 ? (ch & 0x0f) : (ch & 0x07);
-    for (int i = 1; i < n; i++) cp = (cp << 6) | (s[i] & 0x3f);
+    for (int i = 1; i < n; i++)
+        cp = (cp << 6) | (s[i] & 0x3f);
     x->p += n;
     return cp;
 }
@@ -419,26 +448,39 @@ static long regex_char(regex *x) {
 /* Adds the ranges of a class escape (\d \w \s); returns 1 if negated (\D \W \S), -1 unknown. */
 static int class_escape(char e, range_set *r) {
     switch (e) {
-    case 'd': case 'D': range_add(r, '0', '9'); break;
-    case 'w': case 'W':
+    case 'd':
+    case 'D':
+        range_add(r, '0', '9');
+        break;
+    case 'w':
+    case 'W':
         range_add(r, '0', '9');
         range_add(r, 'A', 'Z');
         range_add(r, 'a', 'z');
         range_add(r, '_', '_');
         break;
-    case 's': case 'S': range_add(r, ' ', ' '); break;
-    default: return -1;
+    case 's':
+    case 'S':
+        range_add(r, ' ', ' ');
+        break;
+    default:
+        return -1;
     }
     return e >= 'A' && e <= 'Z';
 }
 
 static long escaped_char(char e) {
     switch (e) {
-    case 'n': return '\n';
-    case 't': return '\t';
-    case 'r': return '\r';
-    case 'f': return '\f';
-    case 'v': return '\v';
+    case 'n':
+        return '\n';
+    case 't':
+        return '\t';
+    case 'r':
+        return '\r';
+    case 'f':
+        return '\f';
+    case 'v':
+        return '\v';
     }
     if (strchr("\\/.^$|?*+()[]{}-\"'", e)) return e;
     return -1;
@@ -448,12 +490,15 @@ static long escaped_char(char e) {
  * their escapes. */
 static void regex_literal(strbuf *out, long cp) {
     char buf[8];
-    if (cp == '"') strbuf_append_str(out, "\"\\\\\\\"\"");
-    else if (cp == '\\') strbuf_append_str(out, "\"\\\\\\\\\"");
+    if (cp == '"')
+        strbuf_append_str(out, "\"\\\\\\\"\"");
+    else if (cp == '\\')
+        strbuf_append_str(out, "\"\\\\\\\\\"");
     else if (cp < 0x20) {
         snprintf(buf, sizeof buf, "%04lx", cp);
         strbuf_appendf(out, "\"\\\\u%s\"", buf);
-    } else strbuf_appendf(out, "[\\U%08lx]", cp);
+    } else
+        strbuf_appendf(out, "[\\U%08lx]", cp);
 }
 
 static void regex_alternatives(regex *x, strbuf *out);
@@ -476,20 +521,23 @@ static void regex_class(regex *x, strbuf *out) {
             if (class_escape(e, &r) == 1) {
                 fail(x->c, x->path, "%s", "negated class escapes inside [...] are not supported");
                 break;
-            } else if (strchr("dws", e)) continue;
+            } else if (strchr("dws", e))
+                continue;
             lo = escaped_char(e);
             if (lo < 0) {
                 fail(x->c, x->path, "unsupported escape '\\%c' in pattern", e);
                 break;
             }
-        } else lo = regex_char(x);
+        } else
+            lo = regex_char(x);
         long hi = lo;
         if (x->end - x->p >= 2 && x->p[0] == '-' && x->p[1] != ']') {
             x->p++;
             if (*x->p == '\\' && x->p + 1 < x->end) {
                 hi = escaped_char(x->p[1]);
                 x->p += 2;
-            } else hi = regex_char(x);
+            } else
+                hi = regex_char(x);
             if (hi < lo) {
                 fail(x->c, x->path, "%s", "backwards range in a pattern class");
                 break;
@@ -497,11 +545,14 @@ static void regex_class(regex *x, strbuf *out) {
         }
         range_add(&r, lo, hi);
     }
-    if (x->p >= x->end) fail(x->c, x->path, "%s", "unterminated [ in pattern");
-    else x->p++;
+    if (x->p >= x->end)
+        fail(x->c, x->path, "%s", "unterminated [ in pattern");
+    else
+        x->p++;
     if (!x->c->failed && !emit_class(out, &r, negate))
-        fail(x->c, x->path, "%s", "a pattern class matches no character a JSON string may hold "
-                                  "unescaped");
+        fail(x->c, x->path, "%s",
+             "a pattern class matches no character a JSON string may hold "
+             "unescaped");
     free(r.v);
 }
 
@@ -515,8 +566,9 @@ static void regex_atom(regex *x, strbuf *out) {
         x->p++;
         if (x->end - x->p >= 2 && x->p[0] == '?') {
             if (x->p[1] != ':') {
-                fail(x->c, x->path, "%s", "lookaround and named groups are not supported in "
-                                          "patterns");
+                fail(x->c, x->path, "%s",
+                     "lookaround and named groups are not supported in "
+                     "patterns");
                 return;
             }
             x->p += 2;
@@ -544,11 +596,14 @@ static void regex_atom(regex *x, strbuf *out) {
         x->p += 2;
         range_set r = {0};
         int neg = class_escape(e, &r);
-        if (neg >= 0) emit_class(out, &r, neg); /* \\d \\w \\s and negations: never empty */
+        if (neg >= 0)
+            emit_class(out, &r, neg); /* \\d \\w \\s and negations: never empty */
         else {
             long cp = escaped_char(e);
-            if (cp < 0) fail(x->c, x->path, "unsupported escape '\\%c' in pattern", e);
-            else regex_literal(out, cp);
+            if (cp < 0)
+                fail(x->c, x->path, "unsupported escape '\\%c' in pattern", e);
+            else
+                regex_literal(out, cp);
         }
         free(r.v);
     } else if (ch == '*' || ch == '+' || ch == '?' || ch == '{') {
@@ -590,11 +645,15 @@ static void regex_quantifier(regex *x, strbuf *out) {
             fail(x->c, x->path, "%s", "malformed {m,n} in pattern (need m <= n <= 10000)");
             return;
         }
-        if (!comma) strbuf_appendf(out, "{%ld}", m);
-        else if (n < 0) strbuf_appendf(out, "{%ld,}", m);
-        else strbuf_appendf(out, "{%ld,%ld}", m, n);
+        if (!comma)
+            strbuf_appendf(out, "{%ld}", m);
+        else if (n < 0)
+            strbuf_appendf(out, "{%ld,}", m);
+        else
+            strbuf_appendf(out, "{%ld,%ld}", m, n);
         x->p = close + 1;
-    } else return;
+    } else
+        return;
     if (x->p < x->end && (*x->p == '?' || *x->p == '+')) x->p++; /* lazy/possessive: same set */
 }
 
@@ -603,8 +662,9 @@ static void regex_sequence(regex *x, strbuf *out) {
     while (x->p < x->end && *x->p != '|' && *x->p != ')' && !x->c->failed) {
         if (*x->p == '$' && x->p + 1 == x->end) break; /* the end anchor, handled by the caller */
         if (*x->p == '^' || *x->p == '$') {
-            fail(x->c, x->path, "%s", "anchors are supported only at the start and end of a "
-                                      "pattern");
+            fail(x->c, x->path, "%s",
+                 "anchors are supported only at the start and end of a "
+                 "pattern");
             return;
         }
         strbuf_append_str(out, any ? " " : "");
@@ -647,14 +707,16 @@ static void compile_string(compiler *c, const json_t *s, const char *path, strbu
         fail(c, path, "%s", "minLength and maxLength must be integers");
         return;
     }
-    long lo = minl ? (long)json_integer_value(minl) : 0, hi = maxl ? (long)json_integer_value(maxl) : -1;
+    long lo = minl ? (long)json_integer_value(minl) : 0,
+         hi = maxl ? (long)json_integer_value(maxl) : -1;
     if (fmt) {
-        static const char *const formats[] = {"date", "time", "date-time", "uuid", "email",
-                                              "ipv4", NULL};
+        static const char *const formats[] = {"date",  "time", "date-time", "uuid",
+                                              "email", "ipv4", NULL};
         const char *f = json_string_value(fmt);
         if (!f || !in_list(formats, f)) {
-            fail(c, path, "format '%s' is not supported (supported: date, time, date-time, "
-                          "uuid, email, ipv4)",
+            fail(c, path,
+                 "format '%s' is not supported (supported: date, time, date-time, "
+                 "uuid, email, ipv4)",
                  f ? f : "?");
             return;
         }
@@ -662,7 +724,8 @@ static void compile_string(compiler *c, const json_t *s, const char *path, strbu
             fail(c, path, "%s", "format together with pattern or lengths is not supported");
             return;
         }
-        strbuf_appendf(body, "\"\\\"\" %s \"\\\"\"", !strcmp(f, "date-time") ? "date \"T\" time" : f);
+        strbuf_appendf(body, "\"\\\"\" %s \"\\\"\"",
+                       !strcmp(f, "date-time") ? "date \"T\" time" : f);
         return;
     }
     if (pat) {
@@ -678,12 +741,16 @@ static void compile_string(compiler *c, const json_t *s, const char *path, strbu
         return;
     }
     if (lo < 0 || (hi >= 0 && hi < lo) || lo > 10000 || hi > 10000) {
-        fail(c, path, "%s", "minLength/maxLength must satisfy 0 <= minLength <= maxLength <= 10000");
+        fail(c, path, "%s",
+             "minLength/maxLength must satisfy 0 <= minLength <= maxLength <= 10000");
         return;
     }
-    if (!minl && !maxl) strbuf_append_str(body, "string");
-    else if (hi < 0) strbuf_appendf(body, "\"\\\"\" char{%ld,} \"\\\"\"", lo);
-    else strbuf_appendf(body, "\"\\\"\" char{%ld,%ld} \"\\\"\"", lo, hi);
+    if (!minl && !maxl)
+        strbuf_append_str(body, "string");
+    else if (hi < 0)
+        strbuf_appendf(body, "\"\\\"\" char{%ld,} \"\\\"\"", lo);
+    else
+        strbuf_appendf(body, "\"\\\"\" char{%ld,%ld} \"\\\"\"", lo, hi);
 }
 
 /* ------------------------------------------------------------------ objects and arrays */
@@ -702,10 +769,9 @@ static void key_literal(strbuf *out, const char *key) {
 }
 
 static void compile_object(compiler *c, const json_t *s, const char *path, strbuf *body) {
-    static const char *const unsupported[] = {"patternProperties", "minProperties",
-                                              "maxProperties", "propertyNames",
-                                              "dependentRequired", "dependentSchemas",
-                                              "unevaluatedProperties", NULL};
+    static const char *const unsupported[] = {
+        "patternProperties", "minProperties",    "maxProperties",         "propertyNames",
+        "dependentRequired", "dependentSchemas", "unevaluatedProperties", NULL};
     for (int i = 0; unsupported[i]; i++)
         if (json_object_get(s, unsupported[i])) {
             fail(c, path, "unsupported JSON Schema keyword '%s'", unsupported[i]);
@@ -715,8 +781,9 @@ static void compile_object(compiler *c, const json_t *s, const char *path, strbu
     const json_t *extra = json_object_get(s, "additionalProperties");
     if ((props && !json_is_object(props)) || (req && !json_is_array(req)) ||
         (extra && !json_is_object(extra) && !json_is_boolean(extra))) {
-        fail(c, path, "%s", "'properties' must be an object, 'required' an array and "
-                            "'additionalProperties' a boolean or a schema");
+        fail(c, path, "%s",
+             "'properties' must be an object, 'required' an array and "
+             "'additionalProperties' a boolean or a schema");
         return;
     }
     /* members: declared properties in order, then required names not declared */
@@ -742,11 +809,13 @@ static void compile_object(compiler *c, const json_t *s, const char *path, strbu
             goto out;
         }
         int k = 0;
-        while (k < n && strcmp(names[k], name)) k++;
+        while (k < n && strcmp(names[k], name))
+            k++;
         if (k == n) {
             if (json_is_false(extra)) {
-                fail(c, path, "required property '%s' is neither declared nor allowed by "
-                              "additionalProperties",
+                fail(c, path,
+                     "required property '%s' is neither declared nor allowed by "
+                     "additionalProperties",
                      name);
                 goto out;
             }
@@ -757,24 +826,28 @@ static void compile_object(compiler *c, const json_t *s, const char *path, strbu
         required[k] = 1;
     }
     if (n == 0) {
-        if (json_is_false(extra)) strbuf_append_str(body, "\"{}\"");
+        if (json_is_false(extra))
+            strbuf_append_str(body, "\"{}\"");
         else if (json_is_object(extra)) {
             int r = sub_rule(c, extra, path, "additionalProperties", NULL);
-            strbuf_appendf(body, "\"{\" ( string \":\" ws s%d ( \",\" ws string \":\" ws s%d )* )? \"}\"",
+            strbuf_appendf(body,
+                           "\"{\" ( string \":\" ws s%d ( \",\" ws string \":\" ws s%d )* )? \"}\"",
                            r, r);
-        } else strbuf_append_str(body, "object");
+        } else
+            strbuf_append_str(body, "object");
         goto out;
     }
     /* first[k]: members from k on, none written yet; later[k]: some written (comma first) */
     int base = c->next_rule;
     c->next_rule += 2 * (n + 1);
     for (int k = 0; k < n && !c->failed; k++) {
-        int value = schemas[k] ? sub_rule(c, schemas[k], path, "properties", names[k])
-                               : -1;
+        int value = schemas[k] ? sub_rule(c, schemas[k], path, "properties", names[k]) : -1;
         strbuf kv = {0};
         key_literal(&kv, names[k]);
-        if (value >= 0) strbuf_appendf(&kv, " \":\" ws s%d", value);
-        else strbuf_append_str(&kv, " \":\" ws value");
+        if (value >= 0)
+            strbuf_appendf(&kv, " \":\" ws s%d", value);
+        else
+            strbuf_append_str(&kv, " \":\" ws value");
         strbuf first = {0}, later = {0};
         strbuf_appendf(&first, "%s s%d", kv.data, base + 2 * (k + 1) + 1);
         strbuf_appendf(&later, "\",\" ws %s s%d", kv.data, base + 2 * (k + 1) + 1);
@@ -809,7 +882,7 @@ static int read_count(compiler *c, const json_t *s, const char *key, const char 
 }
 
 static void compile_array(compiler *c, const json_t *s, const char *path, strbuf *body) {
-    static const char *const unsupported[] = {"uniqueItems", "contains", "minContains",
+    static const char *const unsupported[] = {"uniqueItems", "contains",         "minContains",
                                               "maxContains", "unevaluatedItems", NULL};
     for (int i = 0; unsupported[i]; i++) {
         const json_t *u = json_object_get(s, unsupported[i]);
@@ -825,7 +898,8 @@ static void compile_array(compiler *c, const json_t *s, const char *path, strbuf
         return;
     }
     const json_t *prefix = json_object_get(s, "prefixItems"), *items = json_object_get(s, "items");
-    if ((prefix && !json_is_array(prefix)) || (items && !json_is_object(items) && !json_is_boolean(items))) {
+    if ((prefix && !json_is_array(prefix)) ||
+        (items && !json_is_object(items) && !json_is_boolean(items))) {
         fail(c, path, "%s", "'prefixItems' must be an array and 'items' a schema");
         return;
     }
@@ -854,14 +928,21 @@ static void compile_array(compiler *c, const json_t *s, const char *path, strbuf
     char elem[32];
     snprintf(elem, sizeof elem, item >= 0 ? "s%d" : "value", item);
     if (written) { /* every further item takes a comma */
-        if (more_hi < 0) strbuf_appendf(body, "( \",\" ws %s ){%ld,}", elem, more_lo);
-        else strbuf_appendf(body, "( \",\" ws %s ){%ld,%ld}", elem, more_lo, more_hi);
+        if (more_hi < 0)
+            strbuf_appendf(body, "( \",\" ws %s ){%ld,}", elem, more_lo);
+        else
+            strbuf_appendf(body, "( \",\" ws %s ){%ld,%ld}", elem, more_lo, more_hi);
     } else if (more_lo == 0) {
-        if (more_hi < 0) strbuf_appendf(body, "( %s ( \",\" ws %s )* )?", elem, elem);
-        else strbuf_appendf(body, "( %s ( \",\" ws %s ){0,%ld} )?", elem, elem, more_hi - 1);
+        if (more_hi < 0)
+            strbuf_appendf(body, "( %s ( \",\" ws %s )* )?", elem, elem);
+        else
+            strbuf_appendf(body, "( %s ( \",\" ws %s ){0,%ld} )?", elem, elem, more_hi - 1);
     } else {
-        if (more_hi < 0) strbuf_appendf(body, "%s ( \",\" ws %s ){%ld,}", elem, elem, more_lo - 1);
-        else strbuf_appendf(body, "%s ( \",\" ws %s ){%ld,%ld}", elem, elem, more_lo - 1, more_hi - 1);
+        if (more_hi < 0)
+            strbuf_appendf(body, "%s ( \",\" ws %s ){%ld,}", elem, elem, more_lo - 1);
+        else
+            strbuf_appendf(body, "%s ( \",\" ws %s ){%ld,%ld}", elem, elem, more_lo - 1,
+                           more_hi - 1);
     }
     strbuf_append_str(body, " \"]\"");
 }
@@ -878,17 +959,22 @@ static const json_t *resolve_ref(const json_t *root, const char *ref) {
         char token[256];
         size_t n = 0;
         while (*p && *p != '/' && n + 1 < sizeof token) {
-            if (p[0] == '~' && p[1] == '0') token[n++] = '~', p += 2;
-            else if (p[0] == '~' && p[1] == '1') token[n++] = '/', p += 2;
-            else token[n++] = *p++;
+            if (p[0] == '~' && p[1] == '0')
+                token[n++] = '~', p += 2;
+            else if (p[0] == '~' && p[1] == '1')
+                token[n++] = '/', p += 2;
+            else
+                token[n++] = *p++;
         }
         token[n] = 0;
-        if (json_is_object(at)) at = json_object_get(at, token);
+        if (json_is_object(at))
+            at = json_object_get(at, token);
         else if (json_is_array(at)) {
             char *end;
             long k = strtol(token, &end, 10);
             at = *end || k < 0 ? NULL : json_array_get(at, (size_t)k);
-        } else at = NULL;
+        } else
+            at = NULL;
     }
     return *p ? NULL : at;
 }
@@ -907,8 +993,9 @@ static int compile_ref(compiler *c, const char *ref, const char *path) {
         }
     }
     if (!target) {
-        fail(c, path, "$ref '%s' does not point into this schema (only local refs like "
-                      "#/$defs/Name are supported)",
+        fail(c, path,
+             "$ref '%s' does not point into this schema (only local refs like "
+             "#/$defs/Name are supported)",
              ref);
         return -1;
     }
@@ -956,14 +1043,22 @@ static const char *infer_type(const json_t *s) {
 
 static void compile_typed(compiler *c, const json_t *s, const char *type, const char *path,
                           strbuf *body) {
-    if (!strcmp(type, "object")) compile_object(c, s, path, body);
-    else if (!strcmp(type, "array")) compile_array(c, s, path, body);
-    else if (!strcmp(type, "string")) compile_string(c, s, path, body);
-    else if (!strcmp(type, "integer")) compile_integer(c, s, path, body);
-    else if (!strcmp(type, "number")) compile_number(c, s, path, body);
-    else if (!strcmp(type, "boolean")) strbuf_append_str(body, "boolean");
-    else if (!strcmp(type, "null")) strbuf_append_str(body, "null");
-    else fail(c, path, "unknown type '%s'", type);
+    if (!strcmp(type, "object"))
+        compile_object(c, s, path, body);
+    else if (!strcmp(type, "array"))
+        compile_array(c, s, path, body);
+    else if (!strcmp(type, "string"))
+        compile_string(c, s, path, body);
+    else if (!strcmp(type, "integer"))
+        compile_integer(c, s, path, body);
+    else if (!strcmp(type, "number"))
+        compile_number(c, s, path, body);
+    else if (!strcmp(type, "boolean"))
+        strbuf_append_str(body, "boolean");
+    else if (!strcmp(type, "null"))
+        strbuf_append_str(body, "null");
+    else
+        fail(c, path, "unknown type '%s'", type);
 }
 
 static void compile_body(compiler *c, const json_t *s, const char *path, strbuf *body) {
@@ -1019,8 +1114,9 @@ static void compile_body(compiler *c, const json_t *s, const char *path, strbuf 
         if (!json_object_get(s, combinators[k])) continue;
         json_object_foreach((json_t *)s, key, v) {
             if (strcmp(key, combinators[k]) && !in_list(annotations, key)) {
-                fail(c, path, "'%s' next to other keywords (here '%s') is not supported: "
-                              "move them into each branch",
+                fail(c, path,
+                     "'%s' next to other keywords (here '%s') is not supported: "
+                     "move them into each branch",
                      combinators[k], key);
                 return;
             }
@@ -1039,7 +1135,8 @@ static void compile_body(compiler *c, const json_t *s, const char *path, strbuf 
         return;
     }
     const json_t *type = json_object_get(s, "type");
-    if (json_is_string(type)) compile_typed(c, s, json_string_value(type), path, body);
+    if (json_is_string(type))
+        compile_typed(c, s, json_string_value(type), path, body);
     else if (json_is_array(type) && json_array_size(type)) {
         size_t i;
         const json_t *t;
@@ -1052,11 +1149,14 @@ static void compile_body(compiler *c, const json_t *s, const char *path, strbuf 
             compile_typed(c, s, json_string_value(t), path, body);
             strbuf_append_str(body, " )");
         }
-    } else if (type) fail(c, path, "%s", "'type' must be a string or an array of strings");
+    } else if (type)
+        fail(c, path, "%s", "'type' must be a string or an array of strings");
     else {
         const char *t = infer_type(s);
-        if (t) compile_typed(c, s, t, path, body);
-        else strbuf_append_str(body, "value");
+        if (t)
+            compile_typed(c, s, t, path, body);
+        else
+            strbuf_append_str(body, "value");
     }
 }
 
@@ -1080,14 +1180,17 @@ static char *finish(compiler *c, int root_rule, const char *root_body) {
     char *out = NULL;
     if (!c->failed) {
         strbuf g = {0};
-        if (root_body) strbuf_appendf(&g, "root ::= %s\n", root_body);
-        else strbuf_appendf(&g, "root ::= s%d\n", root_rule);
+        if (root_body)
+            strbuf_appendf(&g, "root ::= %s\n", root_body);
+        else
+            strbuf_appendf(&g, "root ::= s%d\n", root_rule);
         strbuf_append(&g, c->rules.data ? c->rules.data : "", c->rules.len);
         strbuf_append_str(&g, fixed_rules);
         out = strbuf_detach(&g);
     }
     strbuf_free(&c->rules);
-    for (int i = 0; i < c->n_refs; i++) free(c->refs[i].ref);
+    for (int i = 0; i < c->n_refs; i++)
+        free(c->refs[i].ref);
     free(c->refs);
     return out;
 }
@@ -1113,8 +1216,10 @@ char *json_schema_tool_call_grammar(const char *const *names, const json_t *cons
         json_t *name = json_string(names[i]);
         json_literal(&root, name);
         json_decref(name);
-        if (args >= 0) strbuf_appendf(&root, " \",\" ws \"\\\"arguments\\\":\" ws s%d \"}\"", args);
-        else strbuf_append_str(&root, " \",\" ws \"\\\"arguments\\\":\" ws object \"}\"");
+        if (args >= 0)
+            strbuf_appendf(&root, " \",\" ws \"\\\"arguments\\\":\" ws s%d \"}\"", args);
+        else
+            strbuf_append_str(&root, " \",\" ws \"\\\"arguments\\\":\" ws object \"}\"");
     }
     if (!n) error_set(err, errlen, "no tools to call");
     char *out = n ? finish(&c, 0, root.data) : finish(&c, 0, "\"\"");

@@ -9,8 +9,9 @@
 #include <string.h>
 
 static const char *const tokens[] = {
-    "{", "}", "\"", "a", "ab", "abc", "0", "12", "-", ".", ",", ":", " ", "\n", "true", "null",
-    "\xc3", "\xa9", "\xc3\xa9", "\xe2\x82\xac", "[", "]", "\\", "x", "yes", "no", "\"}", "\",",
+    "{", "}", "\"", "a",  "ab",   "abc",  "0",    "12",   "-",        ".",
+    ",", ":", " ",  "\n", "true", "null", "\xc3", "\xa9", "\xc3\xa9", "\xe2\x82\xac",
+    "[", "]", "\\", "x",  "yes",  "no",   "\"}",  "\",",
 };
 #define N_TOKENS (int)(sizeof tokens / sizeof tokens[0])
 #define EOS N_TOKENS

@@ -102,8 +102,8 @@ static void test_utf8_classes_byte_by_byte(void **s) {
     grammar_unref(g);
 }
 
-static const char *const vocab_tokens[] = {"{", "}", "\"", "a", "ab", "\"a", "a\"", "\xc3",
-                                           "\xa9", "\xc3\xa9", "1", "12", "\"}", "}}"};
+static const char *const vocab_tokens[] = {"{",    "}",    "\"",       "a", "ab", "\"a", "a\"",
+                                           "\xc3", "\xa9", "\xc3\xa9", "1", "12", "\"}", "}}"};
 #define N_VOCAB 14
 #define EOS 15 /* n_vocab 16: token 14 has no bytes (a special token), 15 is eos */
 
@@ -197,7 +197,7 @@ static void test_schema_objects(void **s) {
     assert_int_equal(match(g, "{\"a\":50,\"c\":1}"), 1);
     assert_int_equal(match(g, "{\"a\":2}"), -1);
     assert_int_equal(match(g, "{\"a\":121}"), -1);
-    assert_int_equal(match(g, "{\"b\":\"x\"}"), -1);  /* a is required */
+    assert_int_equal(match(g, "{\"b\":\"x\"}"), -1); /* a is required */
     assert_int_equal(match(g, "{\"a\":4,\"b\":\"abcd\"}"), -1);
     assert_int_equal(match(g, "{\"a\":4,\"c\":\"y\"}"), -1);
     assert_int_equal(match(g, "{\"a\":4,\"d\":1}"), -1);
@@ -291,10 +291,14 @@ static void test_tool_call_grammar(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gbnf_syntax),          cmocka_unit_test(test_gbnf_errors),
-        cmocka_unit_test(test_utf8_classes_byte_by_byte), cmocka_unit_test(test_token_mask),
-        cmocka_unit_test(test_schema_objects),       cmocka_unit_test(test_schema_values),
-        cmocka_unit_test(test_schema_errors),        cmocka_unit_test(test_tool_call_grammar),
+        cmocka_unit_test(test_gbnf_syntax),
+        cmocka_unit_test(test_gbnf_errors),
+        cmocka_unit_test(test_utf8_classes_byte_by_byte),
+        cmocka_unit_test(test_token_mask),
+        cmocka_unit_test(test_schema_objects),
+        cmocka_unit_test(test_schema_values),
+        cmocka_unit_test(test_schema_errors),
+        cmocka_unit_test(test_tool_call_grammar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -96,10 +96,13 @@ static int run(engine *e, structured *st, int batch, char **grammars, const int 
     char err[512];
     for (int b = 0; b < batch; b++) {
         int32_t prompt[16];
-        for (int i = 0; i < 16; i++) prompt[i] = 3 + (int32_t)((b * 7919u + i * 104729u) % (unsigned)(vocab - 3));
-        engine_request r = {.prompt = prompt, .n_prompt = 16,
+        for (int i = 0; i < 16; i++)
+            prompt[i] = 3 + (int32_t)((b * 7919u + i * 104729u) % (unsigned)(vocab - 3));
+        engine_request r = {.prompt = prompt,
+                            .n_prompt = 16,
                             .max_tokens = grammars ? max_tokens : budget[b],
-                            .ban_eos = !grammars, .no_prefix_cache = 1};
+                            .ban_eos = !grammars,
+                            .no_prefix_cache = 1};
         r.sampling = sampling_params_default();
         r.sampling.seed = (uint64_t)b + 1;
         if (grammars) {
@@ -110,8 +113,8 @@ static int run(engine *e, structured *st, int batch, char **grammars, const int 
                 return -1;
             }
             t->ns = &out->constraint_ns;
-            r.constraint = (engine_constraint){.mask = timed_mask, .accept = timed_accept,
-                                               .release = timed_release, .ctx = t};
+            r.constraint = (engine_constraint){
+                .mask = timed_mask, .accept = timed_accept, .release = timed_release, .ctx = t};
         }
         if (engine_submit(e, (uint64_t)b, &r, err, sizeof err)) {
             fprintf(stderr, "structured-bench: %s\n", err);
@@ -141,7 +144,8 @@ static int parse_list(const char *s, int *out, int max) {
     int n = 0;
     while (*s && n < max) {
         out[n++] = atoi(s);
-        while (*s && *s != ',') s++;
+        while (*s && *s != ',')
+            s++;
         if (*s == ',') s++;
     }
     return n;
@@ -156,11 +160,16 @@ int main(int argc, char **argv) {
     int batches[8] = {1, 32}, n_batches = 2, rounds = 3, threads = 0, max_tokens = 256;
     const char *modes = "same,varied";
     for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--batch")) n_batches = parse_list(argv[i + 1], batches, 8);
-        else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--mode")) modes = argv[i + 1];
-        else if (!strcmp(argv[i], "--max-tokens")) max_tokens = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--batch"))
+            n_batches = parse_list(argv[i + 1], batches, 8);
+        else if (!strcmp(argv[i], "--rounds"))
+            rounds = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--threads"))
+            threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--mode"))
+            modes = argv[i + 1];
+        else if (!strcmp(argv[i], "--max-tokens"))
+            max_tokens = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "structured-bench: unknown option %s\n", argv[i]);
             return 2;
@@ -177,7 +186,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "structured-bench: %s\n", err);
         return 1;
     }
-    engine_options o = {.model_dir = argv[1], .n_threads = threads, .max_sequences = MAX_BATCH,
+    engine_options o = {.model_dir = argv[1],
+                        .n_threads = threads,
+                        .max_sequences = MAX_BATCH,
                         .context_length = 16 + max_tokens + 16};
     engine *e = engine_open(&o, err, sizeof err);
     if (!e) {
@@ -191,8 +202,8 @@ int main(int argc, char **argv) {
     char *warm = schema_grammar(0);
     engine_constraint c;
     if (structured_constraint(st, warm, &c, err, sizeof err) == 0) c.release(c.ctx);
-    printf("model %s: vocab %d, %s; vocabulary trie built in %.1f ms\n", argv[1],
-           info->vocab_size, info->device, (double)(clock_now_ns() - t0) / 1e6);
+    printf("model %s: vocab %d, %s; vocabulary trie built in %.1f ms\n", argv[1], info->vocab_size,
+           info->device, (double)(clock_now_ns() - t0) / 1e6);
     int serial = 1;
     for (int b_i = 0; b_i < n_batches; b_i++) {
         int batch = batches[b_i];
@@ -204,11 +215,13 @@ int main(int argc, char **argv) {
                     grammars[b] = varied ? schema_grammar(serial++) : strdup(warm);
                 run_result with, without;
                 int bad = run(e, st, batch, grammars, NULL, max_tokens, info->vocab_size, &with);
-                for (int b = 0; b < batch; b++) free(grammars[b]);
-                if (bad || run(e, st, batch, NULL, with.tokens, max_tokens, info->vocab_size,
-                               &without))
+                for (int b = 0; b < batch; b++)
+                    free(grammars[b]);
+                if (bad ||
+                    run(e, st, batch, NULL, with.tokens, max_tokens, info->vocab_size, &without))
                     return 1;
-                double rate_with = with.total / with.seconds, rate_without = without.total / without.seconds;
+                double rate_with = with.total / with.seconds,
+                       rate_without = without.total / without.seconds;
                 printf("%-6s batch %3d round %d: %5d tokens | schema %8.1f tok/s | free %8.1f "
                        "tok/s | overhead %5.1f%% | in mask+accept %5.1f%% of the schema run "
                        "(%.3f ms per token)\n",
@@ -218,7 +231,8 @@ int main(int argc, char **argv) {
                        (double)with.constraint_ns / 1e6 / with.total);
                 fflush(stdout);
             }
-            while (*m && *m != ',') m++;
+            while (*m && *m != ',')
+                m++;
             if (*m == ',') m++;
         }
     }
