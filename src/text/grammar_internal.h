@@ -53,7 +53,8 @@ struct grammar {
     uint32_t mark_gen, expand_gen;
     int32_t *start; /* the start state's nodes */
     int n_start;
-    int overflow; /* GRAMMAR_MAX_NODES reached: new stacks are dropped */
+    int overflow;  /* a limit was reached (nodes, stacks per state, work per mask) */
+    uint64_t work; /* stack steps taken, for the work limit of a mask */
     id_list step_out;
     /* interned states (sorted node sets) and their byte transitions, so that the trie walk of a
      * mask is one table read per trie node: set k is set_pool[set_off[k] ..+ set_len[k]] */

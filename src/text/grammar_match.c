@@ -15,6 +15,8 @@
 #include <string.h>
 
 #define GRAMMAR_MAX_NODES (1 << 22)
+#define GRAMMAR_MAX_STACKS 1024       /* parses one state may hold */
+#define GRAMMAR_MASK_WORK (20u << 20) /* stack steps one mask may take (~0.1 s) */
 #define MASK_CACHE_BYTES (8u << 20) /* per grammar */
 
 struct grammar_state {
@@ -185,9 +187,14 @@ static void mark_begin(grammar *g) {
     }
 }
 
-/* Sets out to the state after `byte` from the n_in ids of in (unsorted, no duplicates). */
+/* Sets out to the state after `byte` from the n_in ids of in (unsorted, no duplicates). A
+ * grammar so ambiguous that one state would hold more than GRAMMAR_MAX_STACKS parses (nested
+ * repetitions of repetitions) gets none: the output cannot continue, rather than the engine
+ * thread working for minutes. */
 static void step(grammar *g, const int32_t *in, int n_in, uint8_t byte, id_list *out) {
     out->n = 0;
+    if (n_in > GRAMMAR_MAX_STACKS) return;
+    g->work += (uint64_t)n_in;
     mark_begin(g);
     for (int i = 0; i < n_in; i++) {
         int32_t id = in[i];
@@ -200,6 +207,10 @@ static void step(grammar *g, const int32_t *in, int n_in, uint8_t byte, id_list 
             g->mark[s] = g->mark_gen;
             list_add(out, s);
         }
+    }
+    if (out->n > GRAMMAR_MAX_STACKS) {
+        g->overflow = 1;
+        out->n = 0;
     }
 }
 
@@ -526,7 +537,13 @@ static void compute_mask(grammar *g, const grammar_vocab *v, int32_t start, uint
     int accepting = g->set_len[start] && g->set_pool[g->set_off[start]] == 0;
     int generation = g->n_sets;
     g->level[0] = start;
+    uint64_t work_start = g->work;
     for (int i = 0; i < v->n_nodes;) {
+        if (g->work - work_start > GRAMMAR_MASK_WORK) { /* far past any sane grammar */
+            g->overflow = 1;
+            memset(bits, 0, sizeof *bits * (size_t)v->n_words);
+            return;
+        }
         int d = v->depth[i];
         int32_t next = transition(g, g->level[d - 1], v->byte[i]);
         if (g->n_sets < generation) { /* the tables started over mid-walk: walk again */

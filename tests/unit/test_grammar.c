@@ -161,6 +161,24 @@ static void test_token_mask(void **s) {
     grammar_vocab_free(v);
 }
 
+/* fuzz: a grammar whose parses multiply with every byte (a repetition of a rule that repeats)
+ * once kept the matcher busy for seconds per byte; a state now holds at most a bounded number
+ * of parses, and past it the output cannot continue (eos only), so this returns promptly. */
+static void test_ambiguous_grammar_is_bounded(void **s) {
+    (void)s;
+    grammar *g = compile("root ::= [a-z]{1,6} root*");
+    grammar_vocab *v = test_vocab();
+    grammar_state *st = grammar_state_new(g);
+    const char *text = "abababababababababababababababababababab";
+    int ok = 1;
+    for (size_t i = 0; i < strlen(text) && ok; i++)
+        ok = grammar_state_advance(st, (const uint8_t *)text + i, 1) == 0;
+    assert_non_null(grammar_state_mask(st, v));
+    grammar_state_free(st);
+    grammar_unref(g);
+    grammar_vocab_free(v);
+}
+
 /* ---------------------------------------------------------------- JSON Schema */
 
 static grammar *schema_grammar(const char *schema_json) {
@@ -295,6 +313,7 @@ int main(void) {
         cmocka_unit_test(test_gbnf_errors),
         cmocka_unit_test(test_utf8_classes_byte_by_byte),
         cmocka_unit_test(test_token_mask),
+        cmocka_unit_test(test_ambiguous_grammar_is_bounded),
         cmocka_unit_test(test_schema_objects),
         cmocka_unit_test(test_schema_values),
         cmocka_unit_test(test_schema_errors),
