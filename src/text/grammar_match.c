@@ -37,7 +37,15 @@ struct grammar_vocab {
     uint8_t *byte;
     uint16_t *depth;
     int32_t *skip, *tok_begin, *tok_count, *sorted;
+    /* big subtrees (>= BIG_SUBTREE tokens): big[i] indexes below_bytes (the bytes of every node
+     * under node i, 256 bits) and tok_range (its tokens: sorted[lo..hi)), else -1 */
+    int32_t *big;
+    uint64_t (*below_bytes)[4];
+    int32_t (*tok_range)[2];
+    int n_big;
 };
+
+#define BIG_SUBTREE 32
 
 static void *xrealloc(void *p, size_t n) {
     void *q = realloc(p, n ? n : 1);
@@ -297,6 +305,36 @@ static int cmp_token_bytes(const void *a, const void *b, void *ctx) {
     return (x > y) - (x < y);
 }
 
+/* For every subtree holding BIG_SUBTREE tokens or more: which bytes occur under its root and
+ * which tokens it holds (a contiguous run of the sorted tokens: the trie is in sorted order).
+ * A mask walk takes such a subtree whole when every byte under it keeps the state where it is
+ * (inside an unbounded JSON string: every plain ASCII byte). */
+static void mark_big_subtrees(grammar_vocab *v) {
+    size_t n = (size_t)(v->n_nodes ? v->n_nodes : 1);
+    v->big = xrealloc(NULL, sizeof *v->big * n);
+    int32_t *before = xrealloc(NULL, sizeof *before * (n + 1)); /* tokens ending before node j */
+    before[0] = 0;
+    for (int j = 0; j < v->n_nodes; j++) before[j + 1] = before[j] + v->tok_count[j];
+    int cap = 0;
+    for (int i = 0; i < v->n_nodes; i++) {
+        v->big[i] = -1;
+        int lo = before[i], hi = before[v->skip[i]];
+        if (hi - lo < BIG_SUBTREE) continue;
+        if (v->n_big == cap) {
+            cap = cap ? cap * 2 : 256;
+            v->below_bytes = xrealloc(v->below_bytes, sizeof *v->below_bytes * (size_t)cap);
+            v->tok_range = xrealloc(v->tok_range, sizeof *v->tok_range * (size_t)cap);
+        }
+        uint64_t *set = v->below_bytes[v->n_big];
+        memset(set, 0, sizeof v->below_bytes[0]);
+        for (int j = i + 1; j < v->skip[i]; j++) set[v->byte[j] >> 6] |= 1ull << (v->byte[j] & 63);
+        v->tok_range[v->n_big][0] = lo;
+        v->tok_range[v->n_big][1] = hi;
+        v->big[i] = v->n_big++;
+    }
+    free(before);
+}
+
 static void build_trie(grammar_vocab *v) {
     int n_tok = 0;
     v->sorted = xrealloc(NULL, sizeof *v->sorted * (size_t)v->n_vocab);
@@ -359,6 +397,7 @@ static void build_trie(grammar_vocab *v) {
     while (sp)
         v->skip[stack[--sp]] = n;
     free(stack);
+    mark_big_subtrees(v);
 }
 
 grammar_vocab *grammar_vocab_new(int n_vocab, const uint8_t *const *token_bytes,
@@ -407,6 +446,9 @@ void grammar_vocab_free(grammar_vocab *v) {
     free(v->tok_begin);
     free(v->tok_count);
     free(v->sorted);
+    free(v->big);
+    free(v->below_bytes);
+    free(v->tok_range);
     free(v);
 }
 
@@ -444,6 +486,7 @@ static void masks_clear(grammar *g) {
     for (int k = 0; k < g->n_sets; k++) {
         free(g->set_mask[k]);
         g->set_mask[k] = NULL;
+    g->loop_known[k] = 0;
     }
     g->n_masks = 0;
 }
@@ -483,6 +526,8 @@ static int32_t intern_set(grammar *g, const int32_t *ids, int n) {
         g->set_len = xrealloc(g->set_len, sizeof *g->set_len * (size_t)cap);
         g->set_mask = xrealloc(g->set_mask, sizeof *g->set_mask * (size_t)cap);
         g->trans = xrealloc(g->trans, sizeof *g->trans * 256 * (size_t)cap);
+        g->loop = xrealloc(g->loop, sizeof *g->loop * (size_t)cap);
+        g->loop_known = xrealloc(g->loop_known, sizeof *g->loop_known * (size_t)cap);
         g->cap_sets = cap;
         g->set_index_cap = cap * 2;
         g->set_index = xrealloc(g->set_index, sizeof *g->set_index * (size_t)g->set_index_cap);
@@ -526,6 +571,34 @@ static int32_t transition(grammar *g, int32_t k, uint8_t byte) {
 
 /* ------------------------------------------------------------------ masks */
 
+/* The bytes after which set k is set k again (256 bits, computed once per set); NULL when
+ * computing them started the tables over. */
+static const uint64_t *loop_bytes(grammar *g, int32_t k) {
+    if (!g->loop_known[k]) {
+        uint64_t set[4] = {0};
+        int generation = g->n_sets;
+        for (int b = 0; b < 256; b++) {
+            int32_t t = transition(g, k, (uint8_t)b);
+            if (g->n_sets < generation) return NULL;
+            generation = g->n_sets;
+            if (t == k) set[b >> 6] |= 1ull << (b & 63);
+        }
+        memcpy(g->loop[k], set, sizeof set);
+        g->loop_known[k] = 1;
+    }
+    return g->loop[k];
+}
+
+/* 1 when every byte under big subtree b keeps set k where it is; -1 when the tables started
+ * over meanwhile. */
+static int subtree_stays(grammar *g, const grammar_vocab *v, int b, int32_t k) {
+    const uint64_t *below = v->below_bytes[b], *loop = loop_bytes(g, k);
+    if (!loop) return -1;
+    for (int w = 0; w < 4; w++)
+        if (below[w] & ~loop[w]) return 0;
+    return 1;
+}
+
 /* The walk: a trie node's state is its parent's after the node's byte (one table read once
  * known); no state prunes the subtree. */
 static void compute_mask(grammar *g, const grammar_vocab *v, int32_t start, uint64_t *bits) {
@@ -556,6 +629,20 @@ static void compute_mask(grammar *g, const grammar_vocab *v, int32_t start, uint
             continue;
         }
         g->level[d] = next;
+        int stays = v->big[i] >= 0 ? subtree_stays(g, v, v->big[i], next) : 0;
+        if (stays < 0) { /* the tables started over: walk again */
+            memset(bits, 0, sizeof *bits * (size_t)v->n_words);
+            return;
+        }
+        generation = g->n_sets;
+        if (stays) { /* every token under node i ends in this same state: all allowed */
+            for (int k = v->tok_range[v->big[i]][0]; k < v->tok_range[v->big[i]][1]; k++) {
+                int32_t t = v->sorted[k];
+                bits[t >> 6] |= 1ull << (t & 63);
+            }
+            i = v->skip[i];
+            continue;
+        }
         for (int k = 0; k < v->tok_count[i]; k++) {
             int32_t t = v->sorted[v->tok_begin[i] + k];
             bits[t >> 6] |= 1ull << (t & 63);
@@ -607,6 +694,8 @@ void grammar_match_free(grammar *g) {
     free(g->set_len);
     free(g->set_mask);
     free(g->trans);
+    free(g->loop);
+    free(g->loop_known);
     free(g->set_index);
     free(g->level);
     free(g->nodes);

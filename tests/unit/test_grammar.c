@@ -181,6 +181,94 @@ static void test_ambiguous_grammar_is_bounded(void **s) {
 
 /* ---------------------------------------------------------------- JSON Schema */
 
+/* Every string of 1 to 3 symbols over a small alphabet (JSON punctuation, letters, digits,
+ * space, both bytes of é): 1,463 tokens; then "x" and "x" followed by 1 to 3 of a, b, 1 and
+ * space: 85 tokens under one trie node with no quote or backslash below it, which a mask inside
+ * an unbounded string takes whole. */
+#define ALPHABET "ab1\"\\{}: \xc3\xa9,"
+#define N_SYMBOLS 11
+#define N_PLAIN 85
+#define N_SYNTH (N_SYMBOLS + N_SYMBOLS * N_SYMBOLS + N_SYMBOLS * N_SYMBOLS * N_SYMBOLS + N_PLAIN)
+
+static grammar_vocab *synthetic_vocab(uint8_t tokens[N_SYNTH][4], uint32_t lens[N_SYNTH]) {
+    const uint8_t *alpha = (const uint8_t *)ALPHABET;
+    int n = 0;
+    for (int len = 1; len <= 3; len++) {
+        int count = len == 1 ? N_SYMBOLS : len == 2 ? N_SYMBOLS * N_SYMBOLS
+                                                    : N_SYMBOLS * N_SYMBOLS * N_SYMBOLS;
+        for (int c = 0; c < count; c++, n++) {
+            int x = c;
+            for (int k = 0; k < len; k++, x /= N_SYMBOLS) tokens[n][k] = alpha[x % N_SYMBOLS];
+            lens[n] = (uint32_t)len;
+        }
+    }
+    for (int len = 0; len <= 3; len++)
+        for (int c = 0; c < (1 << (2 * len)); c++, n++) {
+            tokens[n][0] = 'x';
+            for (int k = 0; k < len; k++) tokens[n][k + 1] = (uint8_t)"ab1 "[(c >> (2 * k)) & 3];
+            lens[n] = (uint32_t)len + 1;
+        }
+    const uint8_t *bytes[N_SYNTH];
+    for (int i = 0; i < N_SYNTH; i++) bytes[i] = tokens[i];
+    int32_t eos = N_SYNTH;
+    grammar_vocab *v = grammar_vocab_new(N_SYNTH + 1, bytes, lens, N_SYNTH, &eos, 1, NULL, 0);
+    assert_non_null(v);
+    return v;
+}
+
+static grammar *schema_grammar(const char *schema_json);
+
+/* The mask (trie walk, cached states, subtrees taken whole) equals trying every token on a
+ * fresh state fed the same output, along random walks through several grammars. */
+static void test_mask_equals_brute_force(void **s) {
+    (void)s;
+    static uint8_t tokens[N_SYNTH][4];
+    static uint32_t lens[N_SYNTH];
+    grammar_vocab *v = synthetic_vocab(tokens, lens);
+    const char *schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":"
+        "{\"type\":\"string\",\"maxLength\":4},\"ab\":{\"type\":\"integer\"}},"
+        "\"required\":[\"a\",\"b\"]}",
+        "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"string\"}}",
+        "{\"type\":\"array\",\"items\":{\"enum\":[\"ab\",\"a b\",1]}}",
+    };
+    unsigned rng = 12345;
+    for (int k = 0; k < 3; k++) {
+        grammar *g = schema_grammar(schemas[k]);
+        for (int walk = 0; walk < 6; walk++) {
+            grammar_state *st = grammar_state_new(g);
+            char trace[256] = "";
+            for (int step = 0; step < 24; step++) {
+                const uint64_t *m = grammar_state_mask(st, v);
+                assert_non_null(m);
+                static int allowed[N_SYNTH];
+                int n_allowed = 0;
+                for (int t = 0; t < N_SYNTH; t++) {
+                    grammar_state *copy = grammar_state_new(g);
+                    assert_int_equal(
+                        grammar_state_advance(copy, (const uint8_t *)trace, strlen(trace)), 0);
+                    int ok = grammar_state_advance(copy, tokens[t], lens[t]) == 0;
+                    grammar_state_free(copy);
+                    int bit = (int)((m[t >> 6] >> (t & 63)) & 1);
+                    if (bit != ok)
+                        fail_msg("schema %d after '%s': token '%.*s' mask %d, advance %d", k,
+                                 trace, (int)lens[t], tokens[t], bit, ok);
+                    if (ok) allowed[n_allowed++] = t;
+                }
+                if (!n_allowed) break;
+                rng = rng * 1103515245u + 12345u;
+                int t = allowed[(rng >> 8) % (unsigned)n_allowed];
+                if (strlen(trace) + lens[t] >= sizeof trace) break;
+                assert_int_equal(grammar_state_accept_token(st, v, t), 0);
+                strncat(trace, (const char *)tokens[t], lens[t]);
+            }
+            grammar_state_free(st);
+        }
+        grammar_unref(g);
+    }
+    grammar_vocab_free(v);
+}
+
 static grammar *schema_grammar(const char *schema_json) {
     json_error_t je;
     json_t *schema = json_loads(schema_json, 0, &je);
@@ -314,6 +402,7 @@ int main(void) {
         cmocka_unit_test(test_utf8_classes_byte_by_byte),
         cmocka_unit_test(test_token_mask),
         cmocka_unit_test(test_ambiguous_grammar_is_bounded),
+        cmocka_unit_test(test_mask_equals_brute_force),
         cmocka_unit_test(test_schema_objects),
         cmocka_unit_test(test_schema_values),
         cmocka_unit_test(test_schema_errors),
