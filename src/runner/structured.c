@@ -28,6 +28,7 @@ struct structured {
 typedef struct sequence_constraint {
     grammar_state *state;
     const grammar_vocab *vocab;
+    int dead; /* a token the grammar refused was taken: only eos from here on */
 } sequence_constraint;
 
 structured *structured_new(const tokenizer *tok, const engine_info *info) {
@@ -96,7 +97,7 @@ static grammar *grammar_for(structured *s, const char *text, char *err, size_t e
  * stack limit was hit), eos is, so the sequence ends instead of sampling garbage. */
 static void constraint_mask(void *ctx, float *logits, int n) {
     sequence_constraint *c = ctx;
-    const uint64_t *bits = grammar_state_mask(c->state, c->vocab);
+    const uint64_t *bits = c->dead ? NULL : grammar_state_mask(c->state, c->vocab);
     int words = (grammar_vocab_size(c->vocab) + 63) / 64, any = 0;
     for (int w = 0; bits && w < words && !any; w++)
         any = bits[w] != 0;
@@ -119,7 +120,9 @@ static void constraint_mask(void *ctx, float *logits, int n) {
 static void constraint_accept(void *ctx, int32_t token) {
     sequence_constraint *c = ctx;
     /* a token outside the grammar only follows the eos fallback above: the output ends there */
-    (void)grammar_state_accept_token(c->state, c->vocab, token);
+    if (grammar_state_accept_token(c->state, c->vocab, token) != 0 &&
+        !grammar_vocab_is_eos(c->vocab, token))
+        c->dead = 1;
 }
 
 static void constraint_release(void *ctx) {

@@ -65,6 +65,9 @@ int grammar_vocab_is_eos(const grammar_vocab *v, int32_t id);
  * eos id and the output is complete. The result is owned by the grammar's cache and valid until
  * the next call on any state of the same grammar. NULL when out of memory. */
 const uint64_t *grammar_state_mask(grammar_state *s, const grammar_vocab *v);
+/* How many states a grammar interns (with their transitions and masks) before it forgets them
+ * all and starts over (default 16384). For tests: a tiny limit makes every walk start over. */
+void grammar_set_state_limit(grammar *g, int max_states);
 /* Consumes a token (its bytes; an eos id consumes nothing). Returns 0 or -1 as advance. */
 int grammar_state_accept_token(grammar_state *s, const grammar_vocab *v, int32_t id);
 

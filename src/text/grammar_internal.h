@@ -63,9 +63,9 @@ struct grammar {
     int32_t *set_off, *set_len; /* [cap_sets] */
     int32_t *trans;             /* [cap_sets][256]: the set after a byte; -1 none, -2 unknown */
     uint64_t **set_mask;        /* [cap_sets]: the cached mask of the set, or NULL */
-    uint64_t (*loop)[4];        /* [cap_sets]: bytes that lead from the set back to itself */
-    char *loop_known;           /* [cap_sets]: loop computed */
     int n_sets, cap_sets;
+    uint32_t epoch;     /* bumped when the tables start over: held set ids are void */
+    int max_sets;       /* 0: the default limit (grammar_set_state_limit) */
     int32_t *set_index; /* open-addressing table of set ids by content, [set_index_cap] */
     int set_index_cap;
     int32_t *level; /* [level_cap]: the set at each trie depth during a walk */

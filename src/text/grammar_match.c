@@ -17,7 +17,7 @@
 #define GRAMMAR_MAX_NODES (1 << 22)
 #define GRAMMAR_MAX_STACKS 1024       /* parses one state may hold */
 #define GRAMMAR_MASK_WORK (20u << 20) /* stack steps one mask may take (~0.1 s) */
-#define MASK_CACHE_BYTES (8u << 20) /* per grammar */
+#define MASK_CACHE_BYTES (8u << 20)   /* per grammar */
 
 struct grammar_state {
     grammar *g;
@@ -314,7 +314,8 @@ static void mark_big_subtrees(grammar_vocab *v) {
     v->big = xrealloc(NULL, sizeof *v->big * n);
     int32_t *before = xrealloc(NULL, sizeof *before * (n + 1)); /* tokens ending before node j */
     before[0] = 0;
-    for (int j = 0; j < v->n_nodes; j++) before[j + 1] = before[j] + v->tok_count[j];
+    for (int j = 0; j < v->n_nodes; j++)
+        before[j + 1] = before[j] + v->tok_count[j];
     int cap = 0;
     for (int i = 0; i < v->n_nodes; i++) {
         v->big[i] = -1;
@@ -327,7 +328,8 @@ static void mark_big_subtrees(grammar_vocab *v) {
         }
         uint64_t *set = v->below_bytes[v->n_big];
         memset(set, 0, sizeof v->below_bytes[0]);
-        for (int j = i + 1; j < v->skip[i]; j++) set[v->byte[j] >> 6] |= 1ull << (v->byte[j] & 63);
+        for (int j = i + 1; j < v->skip[i]; j++)
+            set[v->byte[j] >> 6] |= 1ull << (v->byte[j] & 63);
         v->tok_range[v->n_big][0] = lo;
         v->tok_range[v->n_big][1] = hi;
         v->big[i] = v->n_big++;
@@ -486,7 +488,6 @@ static void masks_clear(grammar *g) {
     for (int k = 0; k < g->n_sets; k++) {
         free(g->set_mask[k]);
         g->set_mask[k] = NULL;
-    g->loop_known[k] = 0;
     }
     g->n_masks = 0;
 }
@@ -494,6 +495,7 @@ static void masks_clear(grammar *g) {
 /* Forgets every interned set (states hold node ids, not set ids, so nothing dangles). */
 static void sets_clear(grammar *g) {
     masks_clear(g);
+    g->epoch++; /* every set id held anywhere is void */
     g->n_sets = 0;
     g->set_pool_n = 0;
     if (g->set_index) memset(g->set_index, -1, sizeof *g->set_index * (size_t)g->set_index_cap);
@@ -519,15 +521,13 @@ static int32_t intern_set(grammar *g, const int32_t *ids, int n) {
                 return k;
         }
     }
-    if (g->n_sets >= MAX_SETS) sets_clear(g);
+    if (g->n_sets >= (g->max_sets ? g->max_sets : MAX_SETS)) sets_clear(g);
     if (g->n_sets == g->cap_sets) {
         int cap = g->cap_sets ? g->cap_sets * 2 : 256;
         g->set_off = xrealloc(g->set_off, sizeof *g->set_off * (size_t)cap);
         g->set_len = xrealloc(g->set_len, sizeof *g->set_len * (size_t)cap);
         g->set_mask = xrealloc(g->set_mask, sizeof *g->set_mask * (size_t)cap);
         g->trans = xrealloc(g->trans, sizeof *g->trans * 256 * (size_t)cap);
-        g->loop = xrealloc(g->loop, sizeof *g->loop * (size_t)cap);
-        g->loop_known = xrealloc(g->loop_known, sizeof *g->loop_known * (size_t)cap);
         g->cap_sets = cap;
         g->set_index_cap = cap * 2;
         g->set_index = xrealloc(g->set_index, sizeof *g->set_index * (size_t)g->set_index_cap);
@@ -561,9 +561,9 @@ static int32_t transition(grammar *g, int32_t k, uint8_t byte) {
         t = -1;
     else {
         qsort(g->step_out.v, (size_t)g->step_out.n, sizeof *g->step_out.v, cmp_id);
-        int before = g->n_sets;
+        uint32_t epoch = g->epoch;
         t = intern_set(g, g->step_out.v, g->step_out.n);
-        if (g->n_sets < before) return t; /* the tables started over: k is gone */
+        if (g->epoch != epoch) return t; /* the tables started over: k is gone */
     }
     g->trans[(size_t)k * 256 + byte] = t;
     return t;
@@ -571,70 +571,49 @@ static int32_t transition(grammar *g, int32_t k, uint8_t byte) {
 
 /* ------------------------------------------------------------------ masks */
 
-/* The bytes after which set k is set k again (256 bits, computed once per set); NULL when
- * computing them started the tables over. */
-static const uint64_t *loop_bytes(grammar *g, int32_t k) {
-    if (!g->loop_known[k]) {
-        uint64_t set[4] = {0};
-        int generation = g->n_sets;
-        for (int b = 0; b < 256; b++) {
-            int32_t t = transition(g, k, (uint8_t)b);
-            if (g->n_sets < generation) return NULL;
-            generation = g->n_sets;
-            if (t == k) set[b >> 6] |= 1ull << (b & 63);
-        }
-        memcpy(g->loop[k], set, sizeof set);
-        g->loop_known[k] = 1;
-    }
-    return g->loop[k];
-}
-
-/* 1 when every byte under big subtree b keeps set k where it is; -1 when the tables started
- * over meanwhile. */
+/* 1 when every byte under big subtree b leads set k back to itself (so every token there ends
+ * in k), 0 when one does not; -1 when finding out started the tables over. */
 static int subtree_stays(grammar *g, const grammar_vocab *v, int b, int32_t k) {
-    const uint64_t *below = v->below_bytes[b], *loop = loop_bytes(g, k);
-    if (!loop) return -1;
+    const uint64_t *below = v->below_bytes[b];
+    uint32_t epoch = g->epoch;
     for (int w = 0; w < 4; w++)
-        if (below[w] & ~loop[w]) return 0;
+        for (uint64_t bits = below[w]; bits; bits &= bits - 1) {
+            int32_t t = transition(g, k, (uint8_t)(w * 64 + __builtin_ctzll(bits)));
+            if (g->epoch != epoch) return -1;
+            if (t != k) return 0;
+        }
     return 1;
 }
 
 /* The walk: a trie node's state is its parent's after the node's byte (one table read once
  * known); no state prunes the subtree. */
-static void compute_mask(grammar *g, const grammar_vocab *v, int32_t start, uint64_t *bits) {
+/* Returns 0, or -1 when the tables started over during the walk (the caller walks again). */
+static int compute_mask(grammar *g, const grammar_vocab *v, int32_t start, uint64_t *bits) {
     memset(bits, 0, sizeof *bits * (size_t)v->n_words);
     if (g->level_cap < v->max_depth + 2) {
         g->level_cap = v->max_depth + 2;
         g->level = xrealloc(g->level, sizeof *g->level * (size_t)g->level_cap);
     }
     int accepting = g->set_len[start] && g->set_pool[g->set_off[start]] == 0;
-    int generation = g->n_sets;
+    uint32_t epoch = g->epoch;
     g->level[0] = start;
     uint64_t work_start = g->work;
     for (int i = 0; i < v->n_nodes;) {
         if (g->work - work_start > GRAMMAR_MASK_WORK) { /* far past any sane grammar */
             g->overflow = 1;
             memset(bits, 0, sizeof *bits * (size_t)v->n_words);
-            return;
+            return 0;
         }
         int d = v->depth[i];
         int32_t next = transition(g, g->level[d - 1], v->byte[i]);
-        if (g->n_sets < generation) { /* the tables started over mid-walk: walk again */
-            memset(bits, 0, sizeof *bits * (size_t)v->n_words);
-            return;
-        }
-        generation = g->n_sets;
+        if (g->epoch != epoch) return -1;
         if (next < 0) {
             i = v->skip[i];
             continue;
         }
         g->level[d] = next;
         int stays = v->big[i] >= 0 ? subtree_stays(g, v, v->big[i], next) : 0;
-        if (stays < 0) { /* the tables started over: walk again */
-            memset(bits, 0, sizeof *bits * (size_t)v->n_words);
-            return;
-        }
-        generation = g->n_sets;
+        if (stays < 0) return -1;
         if (stays) { /* every token under node i ends in this same state: all allowed */
             for (int k = v->tok_range[v->big[i]][0]; k < v->tok_range[v->big[i]][1]; k++) {
                 int32_t t = v->sorted[k];
@@ -652,6 +631,7 @@ static void compute_mask(grammar *g, const grammar_vocab *v, int32_t start, uint
     if (accepting)
         for (int k = 0; k < v->n_eos; k++)
             bits[v->eos[k] >> 6] |= 1ull << (v->eos[k] & 63);
+    return 0;
 }
 
 const uint64_t *grammar_state_mask(grammar_state *s, const grammar_vocab *v) {
@@ -662,21 +642,23 @@ const uint64_t *grammar_state_mask(grammar_state *s, const grammar_vocab *v) {
         size_t per = sizeof(uint64_t) * (size_t)v->n_words;
         g->max_masks = (int)(MASK_CACHE_BYTES / per) > 4 ? (int)(MASK_CACHE_BYTES / per) : 4;
     }
-    for (int attempt = 0; attempt < 2; attempt++) {
+    for (int attempt = 0; attempt < 3; attempt++) {
         int32_t k = intern_set(g, s->set, s->n);
         if (g->set_mask[k]) return g->set_mask[k];
         if (g->n_masks >= g->max_masks) masks_clear(g); /* the states of the moment come back */
         uint64_t *bits = xrealloc(NULL, sizeof *bits * (size_t)v->n_words);
-        int generation = g->n_sets;
-        compute_mask(g, v, k, bits);
-        if (g->n_sets >= generation) { /* the walk finished on the same tables */
+        if (compute_mask(g, v, k, bits) == 0) {
             g->set_mask[k] = bits;
             g->n_masks++;
             return bits;
         }
-        free(bits); /* the tables started over during the walk: once more on fresh ones */
+        free(bits); /* the tables started over during the walk (k is void): on fresh ones */
     }
     return NULL;
+}
+
+void grammar_set_state_limit(grammar *g, int max_states) {
+    g->max_sets = max_states > 1 ? max_states : 2;
 }
 
 int grammar_state_accept_token(grammar_state *s, const grammar_vocab *v, int32_t id) {
@@ -694,8 +676,6 @@ void grammar_match_free(grammar *g) {
     free(g->set_len);
     free(g->set_mask);
     free(g->trans);
-    free(g->loop);
-    free(g->loop_known);
     free(g->set_index);
     free(g->level);
     free(g->nodes);
