@@ -35,6 +35,8 @@ typedef struct builder {
     int n_rules, cap_rules;
     uint64_t (*sets)[4];
     int n_sets, cap_sets;
+    int32_t *set_index; /* hash table of set ids, [set_index_cap] (-1: empty) */
+    int set_index_cap;
     int32_t single_byte_set[256];
     long n_elements;
     int current; /* the named rule being parsed */
@@ -94,12 +96,45 @@ static void rule_add_alt(builder *b, int r, element_list *l) {
     memset(l, 0, sizeof *l);
 }
 
+static uint64_t byte_set_hash(const uint64_t set[4]) {
+    uint64_t h = set[0] * 0x9e3779b97f4a7c15ull ^ set[1] * 0xbf58476d1ce4e5b9ull ^
+                 set[2] * 0x94d049bb133111ebull ^ set[3];
+    return h ^ (h >> 29);
+}
+
+/* The index of a 256-bit byte set, added if new (found through a hash table: a grammar may hold
+ * many distinct classes, and a linear search would make compiling it quadratic). */
 static int byte_set_id(builder *b, const uint64_t set[4]) {
-    for (int i = 0; i < b->n_sets; i++)
-        if (!memcmp(b->sets[i], set, sizeof b->sets[i])) return i;
+    if (b->set_index_cap) {
+        size_t mask = (size_t)b->set_index_cap - 1;
+        for (size_t i = byte_set_hash(set) & mask;; i = (i + 1) & mask) {
+            int32_t k = b->set_index[i];
+            if (k < 0) break;
+            if (!memcmp(b->sets[k], set, sizeof b->sets[0])) return k;
+        }
+    }
     b->sets = grow(b->sets, &b->cap_sets, b->n_sets + 1, sizeof *b->sets);
     memcpy(b->sets[b->n_sets], set, sizeof b->sets[0]);
-    return b->n_sets++;
+    int id = b->n_sets++;
+    if (b->n_sets * 2 > b->set_index_cap) { /* keep the table at most half full */
+        b->set_index_cap = b->set_index_cap ? b->set_index_cap * 2 : 64;
+        free(b->set_index);
+        b->set_index = malloc(sizeof *b->set_index * (size_t)b->set_index_cap);
+        if (!b->set_index) abort();
+        memset(b->set_index, -1, sizeof *b->set_index * (size_t)b->set_index_cap);
+        for (int k = 0; k < b->n_sets; k++) {
+            size_t i = byte_set_hash(b->sets[k]) & ((size_t)b->set_index_cap - 1);
+            while (b->set_index[i] >= 0)
+                i = (i + 1) & ((size_t)b->set_index_cap - 1);
+            b->set_index[i] = k;
+        }
+    } else {
+        size_t i = byte_set_hash(set) & ((size_t)b->set_index_cap - 1);
+        while (b->set_index[i] >= 0)
+            i = (i + 1) & ((size_t)b->set_index_cap - 1);
+        b->set_index[i] = id;
+    }
+    return id;
 }
 
 static int single_byte(builder *b, unsigned c) {
@@ -765,6 +800,7 @@ static void builder_free(builder *b) {
     }
     free(b->rules);
     free(b->sets);
+    free(b->set_index);
 }
 
 grammar *grammar_parse(const char *text, size_t len, char *err, size_t errlen) {
