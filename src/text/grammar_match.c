@@ -172,7 +172,7 @@ static void after(grammar *g, int32_t id, int32_t *off, int32_t *len) {
             g->after_cap = (g->after_cap + (size_t)out.n) * 2;
             g->after_pool = xrealloc(g->after_pool, sizeof *g->after_pool * g->after_cap);
         }
-        memcpy(g->after_pool + g->after_n, out.v, sizeof *out.v * (size_t)out.n);
+        if (out.n) memcpy(g->after_pool + g->after_n, out.v, sizeof *out.v * (size_t)out.n);
         g->after_off[id] = (int32_t)g->after_n;
         g->after_len[id] = out.n;
         g->after_n += (size_t)out.n;
@@ -423,7 +423,7 @@ grammar_vocab *grammar_vocab_new(int n_vocab, const uint8_t *const *token_bytes,
     for (int i = 0; i < n_tokens && i < n_vocab; i++) {
         v->off[i] = (uint32_t)at;
         v->len[i] = token_lens[i] > 0xffff ? 0 : token_lens[i]; /* absurd tokens: never */
-        memcpy(v->blob + at, token_bytes[i], v->len[i]);
+        if (v->len[i]) memcpy(v->blob + at, token_bytes[i], v->len[i]); /* none: may be NULL */
         at += v->len[i];
     }
     v->eos = xrealloc(NULL, sizeof *v->eos * (size_t)(n_eos ? n_eos : 1));
@@ -540,7 +540,7 @@ static int32_t intern_set(grammar *g, const int32_t *ids, int n) {
         g->set_pool = xrealloc(g->set_pool, sizeof *g->set_pool * g->set_pool_cap);
     }
     int32_t k = g->n_sets++;
-    memcpy(g->set_pool + g->set_pool_n, ids, sizeof *ids * (size_t)n);
+    if (n) memcpy(g->set_pool + g->set_pool_n, ids, sizeof *ids * (size_t)n);
     g->set_off[k] = (int32_t)g->set_pool_n;
     g->set_len[k] = n;
     g->set_pool_n += (size_t)n;
