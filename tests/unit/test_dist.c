@@ -266,7 +266,7 @@ static int pipeline_pass(dist_group *g, void *arg);
 /* Starts tools/netproxy forwarding `count` ports from 127.0.0.1:listen_port to
  * 127.0.0.2:target_port with a delay, and waits until its last port accepts. */
 static pid_t start_proxy(int listen_port, int target_port, int count) {
-    pid_t pid = netproxy_spawn("127.0.0.1", listen_port, "127.0.0.2", target_port, count, "0.1", "10");
+    pid_t pid = netproxy_spawn("127.0.0.1", listen_port, "127.0.0.2", target_port, count, "0.1", "10", 0);
     assert_true(pid >= 0);
     struct sockaddr_in a = {.sin_family = AF_INET,
                             .sin_port = htons((uint16_t)(listen_port + count - 1))};
