@@ -99,7 +99,7 @@ static int services_start(node_services *n, const exo_options *o, const char *no
     exe[len] = 0;
     models_service_options mo = {.models_dir = o->models_dir, .models_path = o->models_path,
                                  .data_dir = o->data_dir, .node_id = node_id,
-                                 .offline = o->offline};
+                                 .offline = o->offline, .api_key = o->api_key};
     warn_if_unwritable(o->models_dir);
     n->models = models_service_new(&mo, err, errlen);
     if (!n->models) return -1;
@@ -112,7 +112,8 @@ static int services_start(node_services *n, const exo_options *o, const char *no
                         .device = o->device,
                         .watchdog_s = runner_watchdog_s(),
                         .max_runners = o->max_runners,
-                        .api_port = o->api_port};
+                        .api_port = o->api_port,
+                        .api_key = o->api_key};
     n->worker = worker_new(&wc, n->models, err, errlen);
     api_config ac = {.port = o->api_port,
                      .api_key = o->api_key,

@@ -181,11 +181,12 @@ static void free_sync(cluster_sync *s) {
     free(s);
 }
 
-cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs) {
+cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs,
+                                 download_manager *downloads, int api_port) {
     cluster_sync *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->local = local;
-    s->shards = shards_new(local, dirs);
+    s->shards = shards_new(local, dirs, downloads, api_port);
     if (!s->shards) {
         free(s);
         return NULL;

@@ -5,6 +5,7 @@
 #include "model/cards.h"
 #include "model/model_config.h"
 #include "model/store.h"
+#include "worker/peers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,21 +120,15 @@ static int node_alive(json_t *status, const char *id) {
     return 0;
 }
 
-/* The node finished downloading the model (State's downloads), or it is this node's on disk. */
+/* The node finished downloading the whole model (State's downloads), or it is this node's on
+ * disk. */
 static int node_has_files(const placer_dirs *d, json_t *downloads, const char *id,
                           const char *model_id) {
     if (!strcmp(id, cluster_node_id())) {
         char dir[STORE_PATH_MAX + 64];
         return locate(d, model_id, dir, sizeof dir) == 0;
     }
-    size_t i;
-    json_t *entry;
-    json_array_foreach(json_object_get(downloads, id), i, entry) {
-        json_t *done = json_object_get(entry, "DownloadCompleted");
-        const char *mid = json_string_value(json_object_get(done, "modelId"));
-        if (mid && !strcmp(mid, model_id)) return 1;
-    }
-    return 0;
+    return peers_node_holds(downloads, id, model_id);
 }
 
 int placer_nodes(const placer_dirs *d, const char *model_id, placement_node *nodes, int max) {
