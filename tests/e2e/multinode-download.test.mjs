@@ -14,6 +14,7 @@ import { body, chat, http, place, remove, startCluster } from './lib/multinode.m
 import { startNode } from './lib/node.mjs';
 
 const KEY = 'cluster-secret-key';
+const HF_TOKEN = 'hf-secret-token';
 // 4 layers of about 1 MB each in files of at most 1 MB, the embedding and the lm_head (19 MB
 // each) in files of their own: each pipeline stage needs some files and not others.
 const ARGS = ['--arch', 'qwen3', '--seed', '11', '--tokenizer', 'qwen3', '--layers', '4', '--heads', '8',
@@ -38,7 +39,10 @@ before(async () => {
   await single.stop();
   single = null;
   // The fake Hub listens on this host's loopback: the nodes share it (loopback mode).
-  c = await startCluster(2, null, { HF_ENDPOINT: hf.url, HF_TOKEN: '' }, {
+  // Each token goes to its own kind of server: the Hub answers only with the HF token, the
+  // peers only with the API key (a token sent to the wrong one fails the download there).
+  hf.faults.requireToken = HF_TOKEN;
+  c = await startCluster(2, null, { HF_ENDPOINT: hf.url, HF_TOKEN }, {
     mode: 'loopback', apiKey: KEY, args: (i) => ['--models-dir', path.join(os_tmp(), `models${i}`)],
   });
 });
@@ -140,6 +144,7 @@ test('a node holding the model serves the other stage\'s files; requests need th
   assert.equal(stages[1].node, b);
   assertOnlyStageFiles([stages[1]], FROM_PEER);
   assert.equal(hf.totalSent(FROM_PEER), fromHub, 'node B fetched its files from node A, not the Hub');
+  assert.ok(hf.log.every((r) => r.auth === `Bearer ${HF_TOKEN}`), 'the Hub saw only the HF token');
 
   // through the node without rank 0: forwarded to node A with the key
   assert.deepEqual(chat(c, b, FROM_PEER, HELLO).tokens, expected);
