@@ -131,6 +131,26 @@ static int node_has_files(const placer_dirs *d, json_t *downloads, const char *i
     return peers_node_holds(downloads, id, model_id);
 }
 
+static int node_index(const placement_node *nodes, int n, const char *id) {
+    for (int i = 0; id && i < n; i++)
+        if (!strcmp(nodes[i].id, id)) return i;
+    return -1;
+}
+
+/* The measured latencies between the nodes (State's topology.connections). */
+static void add_links(placement_node *nodes, int n) {
+    json_t *topology = state_get("topology");
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(topology, "connections"), i, c) {
+        int from = node_index(nodes, n, json_string_value(json_object_get(c, "source")));
+        int to = node_index(nodes, n, json_string_value(json_object_get(c, "sink")));
+        double ms = json_number_value(json_object_get(c, "latencyMs"));
+        if (from >= 0 && to >= 0 && from != to && ms > 0) nodes[from].link_ms[to] = (float)ms;
+    }
+    json_decref(topology);
+}
+
 int placer_nodes(const placer_dirs *d, const char *model_id, placement_node *nodes, int max) {
     int n = 0;
     json_t *mem = state_get("nodeMemory"), *downloads = state_get("downloads");
@@ -152,6 +172,7 @@ int placer_nodes(const placer_dirs *d, const char *model_id, placement_node *nod
     json_decref(mem);
     json_decref(downloads);
     json_decref(status);
+    add_links(nodes, n);
     if (n == 0) {
         memset(&nodes[0], 0, sizeof nodes[0]);
         snprintf(nodes[0].id, sizeof nodes[0].id, "%s",
