@@ -87,14 +87,15 @@ static void fmt_gb(char *out, size_t n, uint64_t bytes) {
 static void split_layers(const placement_model *m, const placement_node *nodes, const int *chosen,
                          int n, placement_result *out) {
     uint64_t total = 0;
-    for (int i = 0; i < n; i++) total += nodes[chosen[i]].memory_available;
+    for (int i = 0; i < n; i++)
+        total += nodes[chosen[i]].memory_available;
     int layers[PLACEMENT_MAX_NODES];
     double frac[PLACEMENT_MAX_NODES];
     int assigned = 0;
     for (int i = 0; i < n; i++) {
-        double share = total ? (double)m->n_layers * (double)nodes[chosen[i]].memory_available /
-                                   (double)total
-                             : (double)m->n_layers / n;
+        double share =
+            total ? (double)m->n_layers * (double)nodes[chosen[i]].memory_available / (double)total
+                  : (double)m->n_layers / n;
         layers[i] = (int)share;
         if (layers[i] < 1) layers[i] = 1;
         frac[i] = share - (int)share;
@@ -145,7 +146,8 @@ static int place_on(const placement_model *m, const placement_node *nodes, const
         double share = sharding == PLACEMENT_PIPELINE
                            ? (double)(out->layer_end[i] - out->layer_start[i]) / m->n_layers
                            : 1.0 / n_nodes;
-        uint64_t need = (uint64_t)((double)(m->weight_bytes + kv) * share) + PLACEMENT_HEADROOM_BYTES;
+        uint64_t need =
+            (uint64_t)((double)(m->weight_bytes + kv) * share) + PLACEMENT_HEADROOM_BYTES;
         out->memory_by_node[i] = need;
         if (need > node->memory_available && ok) {
             char a[32], b[32];
@@ -201,4 +203,3 @@ int placement_place(const placement_model *m, const placement_node *nodes, int n
         return 0;
     return place_on(m, nodes, order, sharding, n_nodes, out);
 }
-

@@ -83,8 +83,10 @@ void engine_report(engine *e, enum download_status st, int force) {
     if (!e->req->progress) return;
     double t = engine_now_s();
     if (!force && (t - e->last_report) * 1000.0 < e->interval_ms) return;
-    download_progress p = {.model_id = e->req->model_id, .status = st,
-                           .layer_start = e->req->layer_start, .layer_end = e->req->layer_end};
+    download_progress p = {.model_id = e->req->model_id,
+                           .status = st,
+                           .layer_start = e->req->layer_start,
+                           .layer_end = e->req->layer_end};
     const char *current = NULL;
     for (size_t i = 0; i < e->n; i++) {
         plan_file *pf = &e->files[i];

@@ -81,12 +81,20 @@ static void *job_main(void *arg) {
     job *j = arg;
     download_manager *m = j->m;
     download_request req = {
-        .model_id = j->model_id, .models_dir = m->models_dir, .hf = &m->hf,
-        .parallel = m->parallel, .offline = m->offline, .progress_interval_ms = m->interval_ms,
-        .layer_start = j->layer_start, .layer_end = j->layer_end,
-        .peers = (const char *const *)j->peers, .n_peers = j->n_peers,
+        .model_id = j->model_id,
+        .models_dir = m->models_dir,
+        .hf = &m->hf,
+        .parallel = m->parallel,
+        .offline = m->offline,
+        .progress_interval_ms = m->interval_ms,
+        .layer_start = j->layer_start,
+        .layer_end = j->layer_end,
+        .peers = (const char *const *)j->peers,
+        .n_peers = j->n_peers,
         .peer_token = m->peer_token,
-        .progress = on_progress, .progress_ud = j, .cancel = &j->cancel,
+        .progress = on_progress,
+        .progress_ud = j,
+        .cancel = &j->cancel,
     };
     download_result res;
     enum download_error e = download_model(&req, &res);

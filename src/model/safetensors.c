@@ -561,7 +561,10 @@ safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen)
 safetensors_set *safetensors_set_open_stage(const char *dir, int n_layers, int tie, int start,
                                             int end, char *err, size_t errlen) {
     stage_filter f = {.whole = (start == 0 && end == 0) || (start <= 0 && end >= n_layers),
-                      .n_layers = n_layers, .tie = tie, .start = start, .end = end};
+                      .n_layers = n_layers,
+                      .tie = tie,
+                      .start = start,
+                      .end = end};
     return set_open(dir, &f, err, errlen);
 }
 

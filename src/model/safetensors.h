@@ -76,8 +76,7 @@ safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen)
  * layer and no known role goes with both ends. One rule for the downloader (which files and
  * bytes a stage fetches) and the loader (which files it opens), so what a stage downloaded is
  * always what it opens. */
-int safetensors_stage_needs(const char *name, int n_layers, int tie_embeddings, int start,
-                            int end);
+int safetensors_stage_needs(const char *name, int n_layers, int tie_embeddings, int start, int end);
 /* The set a stage needs: with model.safetensors.index.json, only the files holding at least one
  * tensor of layers [start, end) are opened (a node that downloaded only its stage's files lacks
  * the others); without an index, every file. start = end = 0: the whole model. */

@@ -33,6 +33,11 @@ json_t *shards_tagged_body(json_t *tagged) {
     return json_is_object(body) ? body : NULL;
 }
 
+json_t *shards_node_to_runner(json_t *instance) {
+    return json_object_get(json_object_get(shards_tagged_body(instance), "shardAssignments"),
+                           "nodeToRunner");
+}
+
 int shards_is_cluster_instance(json_t *instance) {
     return shards_tagged_body(instance) &&
            strcmp(json_object_iter_key(json_object_iter(instance)), "LocalInstance") != 0;
@@ -100,6 +105,23 @@ instances_rendezvous shards_rendezvous(shards *s) {
 
 /* ------------------------------------------------------------------ following State */
 
+/* How many runners of the instance have a status in State that is `kind` (NULL: any status);
+ * *n_runners (may be NULL) gets how many runners the instance has. */
+static int runners_reporting(json_t *state, json_t *inst, const char *kind, int *n_runners) {
+    json_t *runners = json_object_get(state, "runners");
+    const char *node;
+    json_t *runner;
+    int n = 0, reporting = 0;
+    json_object_foreach(shards_node_to_runner(inst), node, runner) {
+        json_t *status =
+            json_object_get(runners, json_is_string(runner) ? json_string_value(runner) : "");
+        n++;
+        reporting += status && (!kind || json_object_get(status, kind));
+    }
+    if (n_runners) *n_runners = n;
+    return reporting;
+}
+
 static void publish_status(const char *runner_id, json_t *status) {
     cluster_submit(json_pack("{s:{s:s,s:o}}", "RunnerStatusUpdated", "runnerId", runner_id,
                              "runnerStatus", status));
@@ -117,7 +139,10 @@ static int shard_of(json_t *inst, const char *id, const char *runner_id, instanc
     const char *model = json_string_value(json_object_get(assign, "modelId"));
     if (!meta || !model) return -1;
     *sh = (instances_shard){
-        .instance_id = id, .runner_id = runner_id, .model_id = model, .instance = inst,
+        .instance_id = id,
+        .runner_id = runner_id,
+        .model_id = model,
+        .instance = inst,
         .rank = (int)json_integer_value(json_object_get(meta, "deviceRank")),
         .world_size = (int)json_integer_value(json_object_get(meta, "worldSize")),
         .tensor = !strcmp(json_object_iter_key(json_object_iter(shard)), "TensorShardMetadata"),
@@ -137,7 +162,8 @@ static int fetch_start(shards *s, const instances_shard *sh, char *err, size_t e
     char urls[8][96];
     const char *peers[8];
     int n = peers_find(sh->model_id, s->api_port, urls, 8);
-    for (int i = 0; i < n; i++) peers[i] = urls[i];
+    for (int i = 0; i < n; i++)
+        peers[i] = urls[i];
     char why[512];
     if (download_manager_start(s->downloads, sh->model_id, sh->files_layer_start,
                                sh->files_layer_end, peers, n, why, sizeof why) < 0) {
@@ -185,17 +211,8 @@ static int fetch_poll(shards *s, const instances_shard *sh, char *dir, size_t n,
  * then the runner's own) once the rank's files are on its disk, so no rank starts connecting
  * while another still downloads (its peers would time out waiting for it). */
 static int all_ranks_have_files(json_t *state, json_t *inst) {
-    json_t *runners = json_object_get(state, "runners");
-    const char *node;
-    json_t *runner;
-    json_object_foreach(json_object_get(json_object_get(shards_tagged_body(inst),
-                                                        "shardAssignments"),
-                                        "nodeToRunner"),
-                        node, runner) {
-        if (!json_object_get(runners, json_string_value(runner) ? json_string_value(runner) : ""))
-            return 0;
-    }
-    return 1;
+    int n_runners = 0;
+    return runners_reporting(state, inst, NULL, &n_runners) == n_runners;
 }
 
 /* A rank just seen in State: its files are here (Idle, waiting for the other ranks), or their
@@ -209,9 +226,9 @@ static void rank_begin(shards *s, const char *id, json_t *inst, const char *runn
         return;
     }
     if (instances_resolve_model(s->local, sh.model_id, dir, sizeof dir) == 0) {
-        json_object_set_new(s->ranks, id,
-                            json_pack("{s:i,s:s,s:s}", "phase", RANK_WAITING, "runner", runner_id,
-                                      "dir", dir));
+        json_object_set_new(
+            s->ranks, id,
+            json_pack("{s:i,s:s,s:s}", "phase", RANK_WAITING, "runner", runner_id, "dir", dir));
         publish_status(runner_id, json_pack("{s:{}}", "RunnerIdle"));
     } else if (fetch_start(s, &sh, err, sizeof err) == 0) {
         json_object_set_new(s->ranks, id,
@@ -260,31 +277,20 @@ void shards_follow(shards *s, json_t *state, const char *me) {
     json_t *inst, *rank, *tmp;
     json_object_foreach(insts, id, inst) {
         if (!shards_is_cluster_instance(inst) || json_object_get(s->ranks, id)) continue;
-        json_t *map = json_object_get(json_object_get(shards_tagged_body(inst), "shardAssignments"),
-                                      "nodeToRunner");
+        json_t *map = shards_node_to_runner(inst);
         const char *runner = json_string_value(json_object_get(map, me));
         if (runner && !instances_has(s->local, id)) rank_begin(s, id, inst, runner);
     }
     json_object_foreach_safe(s->ranks, tmp, id, rank) {
         inst = json_object_get(insts, id);
-        if (!inst) json_object_del(s->ranks, id);
-        else rank_advance(s, state, id, inst, rank);
+        if (!inst)
+            json_object_del(s->ranks, id);
+        else
+            rank_advance(s, state, id, inst, rank);
     }
 }
 
 /* ------------------------------------------------------------------ master: fail-over */
-
-static int has_failed_runner(json_t *state, json_t *body) {
-    json_t *runners = json_object_get(state, "runners");
-    const char *node;
-    json_t *runner;
-    json_object_foreach(json_object_get(json_object_get(body, "shardAssignments"), "nodeToRunner"),
-                        node, runner) {
-        json_t *st = json_object_get(runners, json_string_value(runner));
-        if (st && json_object_get(st, "RunnerFailed")) return 1;
-    }
-    return 0;
-}
 
 /* The same model, sharding and transport on the nodes alive now (any count that fits). */
 static void place_again(shards *s, json_t *inst) {
@@ -321,10 +327,7 @@ void shards_submit_delete(json_t *instance, const char *id) {
     cluster_submit(json_pack("{s:{s:s}}", "InstanceDeleted", "instanceId", id));
     const char *node;
     json_t *runner;
-    json_object_foreach(json_object_get(json_object_get(shards_tagged_body(instance),
-                                                        "shardAssignments"),
-                                        "nodeToRunner"),
-                        node, runner) {
+    json_object_foreach(shards_node_to_runner(instance), node, runner) {
         if (json_is_string(runner))
             cluster_submit(json_pack("{s:{s:O}}", "RunnerDeleted", "runnerId", runner));
     }
@@ -344,7 +347,7 @@ void shards_fail_over(shards *s, json_t *state, json_t *deleting) {
     uint64_t now = clock_now_ns();
     json_object_foreach(json_object_get(state, "instances"), id, inst) {
         if (!shards_is_cluster_instance(inst) || json_object_get(deleting, id) ||
-            !has_failed_runner(state, shards_tagged_body(inst)))
+            !runners_reporting(state, inst, "RunnerFailed", NULL))
             continue;
         log_info("cluster: instance %s has a failed runner; deleting it", id);
         shards_submit_delete(inst, id);

@@ -52,6 +52,8 @@ void shards_submit_delete(json_t *instance, const char *id);
  * value {"Kind": {...}} (borrowed, or NULL), and whether an instance was placed through State
  * (any kind but this node's own LocalInstance). */
 json_t *shards_tagged_body(json_t *tagged);
+/* The instance's shardAssignments.nodeToRunner (borrowed, or NULL). */
+json_t *shards_node_to_runner(json_t *instance);
 int shards_is_cluster_instance(json_t *instance);
 
 #endif

@@ -156,12 +156,14 @@ static void test_tensor_asks_the_model(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_single_node_fits), cmocka_unit_test(test_kv_cache_is_counted),
+        cmocka_unit_test(test_single_node_fits),
+        cmocka_unit_test(test_kv_cache_is_counted),
         cmocka_unit_test(test_pipeline_split_proportional),
         cmocka_unit_test(test_every_node_gets_a_layer),
         cmocka_unit_test(test_tensor_needs_divisible_heads),
         cmocka_unit_test(test_nodes_with_files_first),
-        cmocka_unit_test(test_fast_links_preferred), cmocka_unit_test(test_tensor_asks_the_model),
+        cmocka_unit_test(test_fast_links_preferred),
+        cmocka_unit_test(test_tensor_asks_the_model),
     };
     return cmocka_run_group_tests_name("placement", tests, NULL, NULL);
 }
