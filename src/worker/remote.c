@@ -186,11 +186,15 @@ static void *forward_main(void *arg) {
         if (atomic_load(&f->cancelled)) {
             done = json_pack("{s:s,s:s}", "type", "done", "finish_reason", "cancelled");
         } else {
-            char message[700];
+            char message[700], refused[160];
+            /* a refusal (not a lost node) says what: 401 is a key the nodes do not share */
+            snprintf(refused, sizeof refused, "it answered HTTP %ld%s", http,
+                     http == 401 ? " (every node of a cluster needs the same --api-key)" : "");
             snprintf(message, sizeof message,
                      "lost the node serving this model (instance %s, rank 0 on node %.12s): %s",
                      f->instance_id, f->node_id,
                      rc != CURLE_OK ? (curl_err[0] ? curl_err : curl_easy_strerror(rc))
+                     : http >= 300  ? refused
                                     : "the stream ended early");
             log_error("%s", message);
             done = json_pack("{s:s,s:s,s:s,s:i}", "type", "done", "finish_reason", "error",
@@ -199,7 +203,6 @@ static void *forward_main(void *arg) {
         deliver(f, done);
         json_decref(done);
     }
-    (void)http;
     remote *r = f->owner;
     pthread_mutex_lock(&r->lock);
     for (forward **pp = &r->calls; *pp; pp = &(*pp)->next)
