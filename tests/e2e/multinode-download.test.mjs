@@ -157,3 +157,18 @@ test('a node holding the model serves the other stage\'s files; requests need th
   assert.equal(wrong.status, 401, 'peer file transfer needs the key too');
   await remove(c, a, id);
 });
+
+test('an --offline node assigned a rank whose files it lacks reports RunnerFailed saying so', async () => {
+  const [a] = c.nodes;
+  const off = c.addNode(['--models-dir', path.join(os_tmp(), 'models-offline'), '--offline', '--api-key', KEY]);
+  const meshed = await c.until(() => c.meshed(), 15000, 'the offline node to join');
+  off.id = meshed.value[off.i].nodeId;
+  await c.until(() => c.get(a, '/state')?.nodeMemory?.[off.id], 10000, 'the offline node in State');
+  const r = http(c, a, 'POST', '/place_instance', { model_id: FROM_HUB, sharding: 'Pipeline', min_nodes: 3 });
+  assert.equal(r.status, 200, JSON.stringify(r.body));
+  const { value: failed } = await c.until(() => {
+    const events = c.get(a, '/events') || [];
+    return events.map((e) => JSON.stringify(e)).find((e) => e.includes('RunnerFailed') && e.includes('offline'));
+  }, 30000, 'the offline node\'s rank to fail');
+  assert.match(failed, /cannot download the files of rank \d/);
+});
