@@ -24,9 +24,9 @@ export function http(c, node, method, p, body, timeoutS = 60) {
   try { return { status, body: JSON.parse(text) }; } catch { return { status, body: text }; }
 }
 
-export async function startCluster(n, modelsPath, env = {}) {
+export async function startCluster(n, modelsPath, env = {}, nodeArgs = []) {
   const c = new Cluster({ bin: exoBin(), env: { EXO_CLUSTER_SYNC_MS: '100', EXO_RUNNER_THREADS: '1', ...env } });
-  for (let i = 0; i < n; i++) c.addNode(['--models-path', modelsPath]);
+  for (let i = 0; i < n; i++) c.addNode(['--models-path', modelsPath, ...nodeArgs]);
   await c.until(() => c.meshed(), 15000, `${n} nodes to discover each other`);
   for (const [i, s] of c.meshed().entries()) c.nodes[i].id = s.nodeId;
   await c.until(() => c.oneMaster(), 10000, 'one master');
