@@ -112,6 +112,7 @@ static int services_start(node_services *n, const exo_options *o, const char *no
                         .data_dir = o->data_dir,
                         .node_id = node_id,
                         .kv_cache_bytes = o->kv_cache_bytes,
+                        .kv_cache_dtype = o->kv_cache_dtype,
                         .device = o->device,
                         .watchdog_s = runner_watchdog_s(),
                         .max_runners = o->max_runners,

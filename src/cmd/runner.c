@@ -1,5 +1,5 @@
 /* cmd/runner — `exo runner --fd N --model DIR [--model-id ID] [--kv-cache-mem BYTES]
- * [--threads N] [--device cpu|cuda|auto]`: the model runner process (EXO_RUNNER_THREADS=N also sets the engine's threads). Started by a node, never by hand: it speaks the
+ * [--kv-cache-dtype f16|bf16|f32] [--threads N] [--device cpu|cuda|auto]`: the model runner process (EXO_RUNNER_THREADS=N also sets the engine's threads). Started by a node, never by hand: it speaks the
  * runner protocol (runner/protocol.h) on fd N and exits when the node closes it.
  * One rank of a model split over several runners (docs/distributed.md) adds
  *   --rank R --ranks N --parallel pipeline|tensor [--layers START:END] --dist-store DIR
@@ -54,6 +54,7 @@ int cmd_runner_main(int argc, char **argv) {
         else if (!strcmp(a, "--kv-cache-mem") && v) {
             if (options_parse_size(argv[++i], &o.kv_cache_bytes)) o.kv_cache_bytes = 0;
         }
+        else if (!strcmp(a, "--kv-cache-dtype") && v) o.kv_cache_dtype = argv[++i];
         else if (!strcmp(a, "--threads") && v) o.n_threads = atoi(argv[++i]);
         else if (!strcmp(a, "--device") && v) o.device = argv[++i];
         else if (v && (dist_flag = parse_dist_flag(&o, a, v, &store_dir)) != 0) {

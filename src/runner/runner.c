@@ -508,7 +508,8 @@ static int load(runner *r, const runner_options *o) {
         return -1;
     }
     engine_options eo = {.model_dir = o->model_dir, .n_threads = o->n_threads,
-                         .kv_cache_bytes = o->kv_cache_bytes, .device = o->device,
+                         .kv_cache_bytes = o->kv_cache_bytes,
+                         .kv_cache_dtype = o->kv_cache_dtype, .device = o->device,
                          .dist = r->dist, .parallel = r->dist ? o->dist.parallel : ENGINE_SINGLE,
                          .layer_start = o->dist.layer_start, .layer_end = o->dist.layer_end,
                          .dist_timeout_ms = o->dist.timeout_ms};

@@ -80,6 +80,7 @@ typedef struct instance {
 struct instances {
     char *runner_exe, *models_dir, *models_path, *node_id;
     size_t kv_cache_bytes;
+    char kv_cache_dtype[8]; /* "" = the runner's default */
     char device[8];
     int ready_timeout_s;
     int watchdog_s;
@@ -119,6 +120,7 @@ instances *instances_new(const instances_options *o) {
     m->models_path = strdup(o->models_path ? o->models_path : "");
     m->node_id = strdup(o->node_id ? o->node_id : "node");
     m->kv_cache_bytes = o->kv_cache_bytes;
+    snprintf(m->kv_cache_dtype, sizeof m->kv_cache_dtype, "%s", o->kv_cache_dtype ? o->kv_cache_dtype : "");
     snprintf(m->device, sizeof m->device, "%s", o->device && o->device[0] ? o->device : "auto");
     m->ready_timeout_s = o->ready_timeout_s ? o->ready_timeout_s : 600;
     m->max_runners = o->max_runners > 0 ? o->max_runners : INSTANCES_MAX_RUNNERS_DEFAULT;
@@ -475,6 +477,10 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
     char *argv[32] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
                       (char *)model_id, "--kv-cache-mem", kv, "--device", m->device};
     int argc = 12;
+    if (m->kv_cache_dtype[0]) {
+        argv[argc++] = "--kv-cache-dtype";
+        argv[argc++] = m->kv_cache_dtype;
+    }
     if (shard && shard->world_size > 1) {
         snprintf(rank, sizeof rank, "%d", shard->rank);
         snprintf(ranks, sizeof ranks, "%d", shard->world_size);

@@ -34,6 +34,7 @@ worker *worker_new(const worker_config *c, models_service *models, char *err, si
                             .models_path = c->models_path,
                             .node_id = c->node_id,
                             .kv_cache_bytes = c->kv_cache_bytes,
+                            .kv_cache_dtype = c->kv_cache_dtype,
                             .device = c->device,
                             .watchdog_s = c->watchdog_s,
                             .max_runners = c->max_runners};
