@@ -1,6 +1,8 @@
 /* transformer — the forward pass shared by every supported family (Llama/Mistral, Qwen2, Qwen3,
- * Qwen3-MoE), written over compute_backend ops so it runs on any backend. Families differ only
- * where the math differs: q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), sparse MoE MLP.
+ * Qwen3-MoE, gpt-oss), written over compute_backend ops so it runs on any backend. Families differ
+ * only where the math differs: q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), sparse MoE MLP,
+ * and for gpt-oss o_proj and router biases, attention sinks, a sliding window on the layers
+ * layer_types names, and biased experts with a clamped SwiGLU (backend features it checks).
  *
  * One call processes a flat batch of tokens from many sequences (a prefill chunk of one and
  * decode steps of others together): token ids, positions, and per-sequence block tables into

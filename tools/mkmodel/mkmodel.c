@@ -69,7 +69,7 @@ typedef struct mk_options {
     const char *tokenizer;
     int64_t vocab_override;
     uint64_t shard_mb;
-    int rope_theta_set, eps_set, factor_set, vocab_set, limit_set, original_max_set;
+    int rope_theta_set, eps_set, factor_set, vocab_set, limit_set, original_max_set, max_pos_set;
 } mk_options;
 
 static int bad(const char *fmt, const char *a, const char *b) {
@@ -165,6 +165,7 @@ static int set_int_option(mk_options *o, const char *name, const char *val) {
             return bad("%s wants an integer in range, got '%s'", name, val);
         if (table[i].dst == &o->vocab_override) o->vocab_set = 2;
         if (table[i].dst == &o->cfg.rope_original_max) o->original_max_set = 1;
+        if (table[i].dst == &o->cfg.max_pos) o->max_pos_set = 1;
         return 0;
     }
     return -1;
@@ -269,7 +270,8 @@ static int set_option(mk_options *o, const char *name, const char *val) {
 }
 
 /* What gpt-oss-20b's config.json says, where the command line left it open: YaRN (factor 32 over
- * an original 4096 positions, theta 150000), eps 1e-5, the SwiGLU clamp (1 for the tiny shape, so
+ * an original 4096 positions, theta 150000, max_position_embeddings 131072 = 32 * 4096: some
+ * transformers versions take the factor from that ratio), eps 1e-5, the SwiGLU clamp (1 for the tiny shape, so
  * that random weights reach it), a small sliding window so that short prompts cross it. */
 static void gpt_oss_defaults(mk_options *o) {
     mk_config *c = &o->cfg;
@@ -278,6 +280,7 @@ static void gpt_oss_defaults(mk_options *o) {
     if (c->rope_scaling == MK_ROPE_NONE) c->rope_scaling = MK_ROPE_YARN;
     if (!o->factor_set) c->rope_factor = 32.0, o->factor_set = 1;
     if (!o->original_max_set) c->rope_original_max = 4096;
+    if (!o->max_pos_set) c->max_pos = 131072;
     if (!o->limit_set) c->swiglu_limit = 1.0;
     if (c->sliding_window <= 0) c->sliding_window = 4;
 }
