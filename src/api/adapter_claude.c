@@ -165,7 +165,9 @@ static int claude_parse(const json_t *b, gen_state *st, char *err, size_t errlen
         }
         q->enable_thinking = strcmp(type, "disabled") != 0;
     }
-    return 0;
+    json_t *output_config = json_object_get(b, "output_config");
+    return gen_set_reasoning_effort(q, json_string_value(json_object_get(output_config, "effort")),
+                                    "output_config.effort", err, errlen);
 }
 
 /* ------------------------------------------------------------------ response */

@@ -146,14 +146,14 @@ static int chat_parse(const json_t *b, gen_state *st, char *err, size_t errlen) 
     int think = -1;
     if ((rc = gen_get_bool(b, "enable_thinking", &think, err, errlen))) return rc;
     json_t *effort = json_object_get(b, "reasoning_effort");
+    q->enable_thinking = think;
     if (effort && !json_is_null(effort)) {
         if (!json_is_string(effort)) {
             snprintf(err, errlen, "'reasoning_effort' must be a string");
             return 400;
         }
-        if (think < 0) think = strcmp(json_string_value(effort), "none") != 0;
+        return gen_set_reasoning_effort(q, json_string_value(effort), "reasoning_effort", err, errlen);
     }
-    q->enable_thinking = think;
     return 0;
 }
 
