@@ -95,8 +95,7 @@ static int create_gpt_oss_vectors(transformer *t, const layer_weights *l, layer_
                : -1;
 }
 
-/* The backend must implement every op variant the model needs. Returns 0, or -1 with err. */
-static int check_backend_features(const model_config *c, const compute_backend *be, char *err, size_t errlen) {
+int transformer_backend_check(const model_config *c, const compute_backend *be, char *err, size_t errlen) {
     unsigned need = 0;
     if (c->attention_sinks || c->sliding_window) need |= BACKEND_FEATURE_ATTENTION_SINKS_WINDOW;
     if (c->moe_bias || c->swiglu_limit > 0) need |= BACKEND_FEATURE_MOE_BIAS_CLAMP;
@@ -145,7 +144,7 @@ static int create_vectors(transformer *t, int *fail) {
 transformer *transformer_create(const model_config *c, const model_weights *w,
                                 compute_backend *be, int max_tokens, int max_logits, char *err,
                                 size_t errlen) {
-    if (check_backend_features(c, be, err, errlen)) return NULL;
+    if (transformer_backend_check(c, be, err, errlen)) return NULL;
     transformer *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->c = c;

@@ -48,6 +48,10 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
                                 size_t errlen);
 void transformer_destroy(transformer *t);
 
+/* Whether `be` implements every op variant the model needs (gpt-oss: attention sinks and windows,
+ * biased clamped-SwiGLU experts). Returns 0, or -1 with err naming what is missing. */
+int transformer_backend_check(const model_config *c, const compute_backend *be, char *err, size_t errlen);
+
 /* Sums n floats of backend memory in place across the tensor-parallel ranks (every rank gets
  * the same sum). Returns 0, or -1 with err (a rank died or timed out). */
 typedef int (*transformer_allreduce_fn)(void *ctx, float *buf, size_t n, char *err, size_t errlen);
