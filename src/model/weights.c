@@ -170,10 +170,8 @@ static int load_bias(const safetensors_set *st, const char *prefix, int64_t n, w
     return load_named_vector(st, prefix, "bias", n, out, err, errlen);
 }
 
-static int load_experts(const safetensors_set *st, const model_config *c, const char *p,
-                        layer_weights *l, char *err, size_t errlen) {
-    int ne = c->n_experts;
-    int64_t dim = c->hidden_size, inter = c->moe_intermediate_size;
+/* The per-expert view arrays of a MoE layer (freed by model_weights_free). */
+static int alloc_experts(layer_weights *l, int ne, char *err, size_t errlen) {
     l->expert_gate = calloc((size_t)ne, sizeof(weight_matrix));
     l->expert_up = calloc((size_t)ne, sizeof(weight_matrix));
     l->expert_down = calloc((size_t)ne, sizeof(weight_matrix));
@@ -181,6 +179,14 @@ static int load_experts(const safetensors_set *st, const model_config *c, const 
         error_set(err, errlen, "out of memory");
         return -1;
     }
+    return 0;
+}
+
+static int load_experts(const safetensors_set *st, const model_config *c, const char *p,
+                        layer_weights *l, char *err, size_t errlen) {
+    int ne = c->n_experts;
+    int64_t dim = c->hidden_size, inter = c->moe_intermediate_size;
+    if (alloc_experts(l, ne, err, errlen)) return -1;
     char name[512];
     if (load_matrix(st, (snprintf(name, sizeof name, "%s.mlp.gate", p), name), ne, dim,
                     &l->router, err, errlen))
@@ -353,13 +359,7 @@ static int load_gpt_oss_experts(model_weights *w, const safetensors_set *st, con
                                 layer_weights *l, char *err, size_t errlen) {
     int ne = c->n_experts;
     int64_t dim = c->hidden_size, inter = c->moe_intermediate_size;
-    l->expert_gate = calloc((size_t)ne, sizeof(weight_matrix));
-    l->expert_up = calloc((size_t)ne, sizeof(weight_matrix));
-    l->expert_down = calloc((size_t)ne, sizeof(weight_matrix));
-    if (!l->expert_gate || !l->expert_up || !l->expert_down) {
-        error_set(err, errlen, "out of memory");
-        return -1;
-    }
+    if (alloc_experts(l, ne, err, errlen)) return -1;
     char name[512];
     snprintf(name, sizeof name, "%s.mlp.router", p);
     if (load_matrix(st, name, ne, dim, &l->router, err, errlen) ||
