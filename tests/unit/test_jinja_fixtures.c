@@ -3,7 +3,6 @@
  * engine byte for byte, and every case where Jinja2 failed must fail here too, with an error
  * naming a template line instead of a crash. Every publisher's template in
  * tests/fixtures/templates/published/ must have its fixture next to it. */
-#define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
