@@ -72,7 +72,7 @@ static void test_config(void **state) {
     assert_int_equal(c.n_experts_per_tok, 2);
     assert_int_equal(c.moe_intermediate_size, 64);
     assert_true(model_config_layer_is_moe(&c, 0) && model_config_layer_is_moe(&c, 1));
-    assert_float_equal(c.swiglu_limit, 1.0, 1e-6);
+    assert_float_equal(c.swiglu_limit, 7.0, 1e-6);
     assert_float_equal(c.swiglu_alpha, 1.702, 1e-6);
     assert_int_equal(c.rope.type, ROPE_YARN);
     assert_int_equal(c.rope.truncate, 0);
