@@ -98,8 +98,7 @@ static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t err
             if (!only_tool_results) {
                 json_t *o = json_pack("{s:s,s:s}", "role", role, "content",
                                       text.data ? text.data : "");
-                if (thinking.len)
-                    json_object_set_new(o, "reasoning_content", json_string(thinking.data));
+                if (thinking.len) gen_template_reasoning(o, thinking.data);
                 if (json_array_size(calls)) json_object_set(o, "tool_calls", calls);
                 json_array_append_new(out, o);
             }

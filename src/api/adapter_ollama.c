@@ -75,7 +75,7 @@ static int chat_parse(const json_t *b, gen_state *st, char *err, size_t errlen) 
         json_t *o = json_pack("{s:s,s:s}", "role", role, "content",
                               content ? json_string_value(content) : "");
         const char *thinking = json_string_value(json_object_get(m, "thinking"));
-        if (thinking) json_object_set_new(o, "reasoning_content", json_string(thinking));
+        gen_template_reasoning(o, thinking);
         const char *tool_name = json_string_value(json_object_get(m, "tool_name"));
         if (tool_name) json_object_set_new(o, "name", json_string(tool_name));
         json_t *tcs = json_object_get(m, "tool_calls");

@@ -140,6 +140,9 @@ int gen_content_text(const json_t *content, const char *field, strbuf *out, char
 /* Builds the usual tool call JSON for templates: {"id","type":"function","function":{"name",
  * "arguments": object}} from a name and arguments (object or JSON string). */
 json_t *gen_template_tool_call(const char *id, const char *name, const json_t *arguments);
+/* Puts an assistant turn's earlier reasoning (NULL: none) where chat templates read it: Qwen,
+ * GLM and DeepSeek templates read `reasoning_content`, gpt-oss's reads `thinking`. */
+void gen_template_reasoning(json_t *message, const char *reasoning);
 
 /* ---- request pieces several adapters share (gen_parse.c) ---- */
 /* A token limit n read from field (LONG_MIN: absent) into q->max_tokens; it must be >= 1.

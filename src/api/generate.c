@@ -594,6 +594,12 @@ int gen_content_text(const json_t *content, const char *field, strbuf *out, char
     return 0;
 }
 
+void gen_template_reasoning(json_t *message, const char *reasoning) {
+    if (!reasoning) return;
+    json_object_set_new(message, "reasoning_content", json_string(reasoning));
+    json_object_set_new(message, "thinking", json_string(reasoning));
+}
+
 json_t *gen_template_tool_call(const char *id, const char *name, const json_t *arguments) {
     json_t *args = NULL;
     if (json_is_string(arguments))

@@ -78,7 +78,7 @@ test('reasoning effort and tools reach the template from every API', async () =>
     tools: [{ name: fn.name, description: fn.description, input_schema: fn.parameters }] });
   assert.equal(claude.usage.input_tokens, p.prompt_ids.length);
   assertPrefixOfReference(claude.content.find((c) => c.type === 'text').text, p);
-  const ollama = await post('/api/chat', { model, messages: p.messages, tools: p.tools, think: 'low', stream: false,
+  const ollama = await post('/ollama/api/chat', { model, messages: p.messages, tools: p.tools, think: 'low', stream: false,
     options: { num_predict: 8, temperature: 0 } });
   assert.equal(ollama.prompt_eval_count, p.prompt_ids.length);
   assertPrefixOfReference(ollama.message.content, p);
