@@ -8,9 +8,10 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
+import { spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { startNode } from './lib/node.mjs';
-import { repoRoot } from './lib/exo.mjs';
+import { exoBin, repoRoot } from './lib/exo.mjs';
 import { tinyModel } from './lib/models.mjs';
 
 const MODELS = ['gpt-oss-tiny', 'gpt-oss-tiny-mxfp4'];
@@ -86,4 +87,16 @@ test('reasoning effort and tools reach the template from every API', async () =>
     body: JSON.stringify({ model, messages: p.messages, reasoning_effort: 'extreme' }) });
   assert.equal(bad.status, 400);
   assert.match(await bad.text(), /reasoning_effort/);
+});
+
+// `exo run` renders the Harmony prompt (at the pinned date) and parses the reply's channels: the
+// random model writes no markup, so all of it is the answer, which must be transformers' text.
+test('exo run gpt-oss-tiny prints what transformers generates', async () => {
+  const dir = await tinyModel(MODELS[0]);
+  const p = fixture(MODELS[0]).prompts.find((x) => x.name === 'chat-single');
+  const r = spawnSync(exoBin(), ['run', dir, p.messages[0].content, '--temperature', '0', '--max-tokens', '16'],
+    { encoding: 'utf8', timeout: 120000, env: { ...process.env, SOURCE_DATE_EPOCH: EPOCH } });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stderr, new RegExp(`prompt ${p.prompt_ids.length} tokens`));
+  assertPrefixOfReference(r.stdout.replace(/\n$/, ''), p);
 });
