@@ -141,6 +141,15 @@ static int open_backend(engine *e, const engine_options *o, int tensor_parallel,
     }
     e->be = compute_backend_open(d, o->n_threads, err, errlen);
     if (!e->be) return -1;
+    char why[256];
+    if (asked == COMPUTE_DEVICE_AUTO && d == COMPUTE_DEVICE_CUDA &&
+        transformer_backend_check(&e->cfg, e->be, why, sizeof why) != 0) {
+        log_info("engine: %s; device auto: running on the CPU", why);
+        e->be->destroy(e->be);
+        d = COMPUTE_DEVICE_CPU;
+        e->be = compute_backend_open(d, o->n_threads, err, errlen);
+        if (!e->be) return -1;
+    }
     compute_gpu g;
     e->info.on_gpu = d == COMPUTE_DEVICE_CUDA;
     if (e->info.on_gpu && compute_gpu_get(0, &g) == 0)

@@ -50,6 +50,8 @@ typedef struct runner {
     tokenizer *tok;
     chat_template *tmpl;
     output_format format;
+    int32_t format_stops[4]; /* the format's stop tokens (output_format_stop_tokens) */
+    int n_format_stops;
     seq *seqs;
     protocol_reader reader;
     strbuf out; /* framed messages not yet written: one write per engine step */
@@ -128,11 +130,19 @@ static void seq_remove(runner *r, seq *s) {
 static char *render_prompt(runner *r, const gen_request *q, char *err, size_t errlen) {
     if (q->prompt) return strdup(q->prompt);
     if (r->tmpl) {
+        /* reasoning_effort: gpt-oss's "Reasoning: low|medium|high"; thinking: DeepSeek V3.1's
+         * name for enable_thinking */
+        json_t *extra = json_object();
+        if (q->reasoning_effort[0]) json_object_set_new(extra, "reasoning_effort", json_string(q->reasoning_effort));
+        if (q->enable_thinking >= 0) json_object_set_new(extra, "thinking", json_boolean(q->enable_thinking));
         chat_render_options o = {.add_generation_prompt = 1,
                                  .enable_thinking = q->enable_thinking,
                                  .bos_token = tokenizer_bos_token(r->tok),
-                                 .eos_token = tokenizer_eos_token(r->tok)};
-        return chat_template_render(r->tmpl, q->messages, q->tools, &o, err, errlen);
+                                 .eos_token = tokenizer_eos_token(r->tok),
+                                 .extra_vars = extra};
+        char *text = chat_template_render(r->tmpl, q->messages, q->tools, &o, err, errlen);
+        json_decref(extra);
+        return text;
     }
     /* A model without a chat template: a plain transcript. */
     strbuf sb = {0};
@@ -211,7 +221,9 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
                          .max_tokens = q.max_tokens > 0 && q.max_tokens < ctx - n ? q.max_tokens
                                                                                   : ctx - n,
                          .ban_eos = q.ban_eos,
-                         .no_prefix_cache = q.no_prefix_cache};
+                         .no_prefix_cache = q.no_prefix_cache,
+                         .stop_tokens = r->format_stops,
+                         .n_stop_tokens = r->n_format_stops};
     if (engine_submit(r->engine, id, &er, err, sizeof err)) {
         send_done_error(r, id, 400, err);
         free(ids);
@@ -221,9 +233,10 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
     free(ids);
     seq *s = calloc(1, sizeof *s);
     s->id = id;
-    s->detok = detokenizer_new(r->tok, 1);
+    s->detok = detokenizer_new(r->tok, !output_format_keeps_special_tokens(r->format));
     s->has_tools = q.tools != NULL;
     s->parser = output_parser_new(r->format, in_reasoning, s->has_tools);
+    output_parser_set_tools(s->parser, q.tools);
     stop_strings_init(&s->stops, q.stop, q.n_stop);
     s->logprobs = q.logprobs;
     s->top_logprobs = q.top_logprobs;
@@ -525,6 +538,11 @@ static int load(runner *r, const runner_options *o) {
         if (!r->tmpl) log_warn("chat template does not compile (%s); using a plain transcript", err);
     }
     r->format = output_format_detect(r->info->architecture, src);
+    /* turn ends the format has besides the model's eos (gpt-oss: <|call|> after a tool call) */
+    for (const char *const *t = output_format_stop_tokens(r->format); *t && r->n_format_stops < 4; t++) {
+        int32_t id = tokenizer_token_id(r->tok, *t);
+        if (id >= 0) r->format_stops[r->n_format_stops++] = id;
+    }
     send_status(r, "Loaded", NULL);
     send_status(r, "WarmingUp", NULL);
     if (o->dist.rank == 0 && warm_up(r)) { /* followers warm up inside rank 0's steps */
