@@ -359,7 +359,8 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
     api_stream *early = NULL; /* an SSE stream opened while the model downloads */
     char dir[1024];
     if (ctx->fetcher.start &&
-        instances_resolve_model(ctx->instances, st->req.model, dir, sizeof dir) < 0) {
+        instances_resolve_model(ctx->instances, st->req.model, dir, sizeof dir) < 0 &&
+        !instances_serves_anywhere(ctx->instances, st->req.model)) {
         status = fetch_model(st, r, ctx, &early, err, sizeof err);
         if (status) {
             if (status > 0) fail(st, r, early, status, err);

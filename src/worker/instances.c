@@ -657,6 +657,14 @@ int instances_serves(instances *m, const char *model_id) {
     return found;
 }
 
+int instances_serves_anywhere(instances *m, const char *model_id) {
+    if (instances_serves(m, model_id)) return 1;
+    pthread_mutex_lock(&m->lock);
+    instances_router router = m->router;
+    pthread_mutex_unlock(&m->lock);
+    return router.serves && router.serves(router.ctx, model_id);
+}
+
 int instances_has(instances *m, const char *instance_id) {
     pthread_mutex_lock(&m->lock);
     int found = find_id_locked(m, instance_id) != NULL;
@@ -666,7 +674,9 @@ int instances_has(instances *m, const char *instance_id) {
 
 int instances_start_shard(instances *m, const instances_shard *shard, char *err, size_t errlen) {
     char dir[1024];
-    if (instances_resolve_model(m, shard->model_id, dir, sizeof dir)) {
+    if (shard->model_dir && shard->model_dir[0]) {
+        snprintf(dir, sizeof dir, "%s", shard->model_dir);
+    } else if (instances_resolve_model(m, shard->model_id, dir, sizeof dir)) {
         snprintf(err, errlen, "model '%s' is not on this node (models directory %s or "
                               "EXO_MODELS_PATH)", shard->model_id, m->models_dir);
         return 404;

@@ -5,6 +5,7 @@
 #include "model/cards.h"
 #include "model/model_config.h"
 #include "model/store.h"
+#include "worker/peers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,21 +120,35 @@ static int node_alive(json_t *status, const char *id) {
     return 0;
 }
 
-/* The node finished downloading the model (State's downloads), or it is this node's on disk. */
+/* The node finished downloading the whole model (State's downloads), or it is this node's on
+ * disk. */
 static int node_has_files(const placer_dirs *d, json_t *downloads, const char *id,
                           const char *model_id) {
     if (!strcmp(id, cluster_node_id())) {
         char dir[STORE_PATH_MAX + 64];
         return locate(d, model_id, dir, sizeof dir) == 0;
     }
+    return peers_node_holds(downloads, id, model_id);
+}
+
+static int node_index(const placement_node *nodes, int n, const char *id) {
+    for (int i = 0; id && i < n; i++)
+        if (!strcmp(nodes[i].id, id)) return i;
+    return -1;
+}
+
+/* The measured latencies between the nodes (State's topology.connections). */
+static void add_links(placement_node *nodes, int n) {
+    json_t *topology = state_get("topology");
     size_t i;
-    json_t *entry;
-    json_array_foreach(json_object_get(downloads, id), i, entry) {
-        json_t *done = json_object_get(entry, "DownloadCompleted");
-        const char *mid = json_string_value(json_object_get(done, "modelId"));
-        if (mid && !strcmp(mid, model_id)) return 1;
+    json_t *c;
+    json_array_foreach(json_object_get(topology, "connections"), i, c) {
+        int from = node_index(nodes, n, json_string_value(json_object_get(c, "source")));
+        int to = node_index(nodes, n, json_string_value(json_object_get(c, "sink")));
+        double ms = json_number_value(json_object_get(c, "latencyMs"));
+        if (from >= 0 && to >= 0 && from != to && ms > 0) nodes[from].link_ms[to] = (float)ms;
     }
-    return 0;
+    json_decref(topology);
 }
 
 int placer_nodes(const placer_dirs *d, const char *model_id, placement_node *nodes, int max) {
@@ -157,6 +172,7 @@ int placer_nodes(const placer_dirs *d, const char *model_id, placement_node *nod
     json_decref(mem);
     json_decref(downloads);
     json_decref(status);
+    add_links(nodes, n);
     if (n == 0) {
         memset(&nodes[0], 0, sizeof nodes[0]);
         snprintf(nodes[0].id, sizeof nodes[0].id, "%s",

@@ -62,7 +62,7 @@ describe('exact kernels, f32 KV cache', () => {
   let c;
   before(async () => {
     c = await startCluster(4, await modelsPath(), { EXO_CPU_SIMD: 'avx2', EXO_Q4_LAYOUT: 'mlx' },
-      ['--kv-cache-dtype', 'f32']);
+      { nodeArgs: ['--kv-cache-dtype', 'f32'] });
   });
   after(async () => { await c?.stop(); });
   for (const model of Object.keys(DIST_MODELS))
