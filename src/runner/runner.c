@@ -497,7 +497,8 @@ static int connect_ranks(runner *r, const runner_options *o, char *err, size_t e
     dist_config c = {.rank = d->rank, .size = d->size,
                      .prefix = d->instance ? d->instance : "exo",
                      .bind_host = d->bind_host ? d->bind_host : "127.0.0.1",
-                     .advertise_host = d->advertise_host, .timeout_ms = d->timeout_ms};
+                     .advertise_host = d->advertise_host, .timeout_ms = d->timeout_ms,
+                     .transport = d->transport};
     r->dist = dist_connect(&c, d->store, err, errlen);
     return r->dist ? 0 : -1;
 }

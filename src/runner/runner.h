@@ -30,6 +30,7 @@ typedef struct runner_dist {
     const char *bind_host;      /* NULL = 127.0.0.1 */
     const char *advertise_host; /* NULL = bind_host */
     int timeout_ms;             /* every data-plane call (0 = 30000) */
+    const char *transport;      /* "tcp" (NULL) or "ibverbs" (RDMA: the instance's MlxJaccl) */
 } runner_dist;
 
 typedef struct runner_options {

@@ -474,7 +474,7 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
     }
     char kv[32], rank[16], ranks[16], layers[32], timeout[16];
     snprintf(kv, sizeof kv, "%zu", m->kv_cache_bytes);
-    char *argv[32] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
+    char *argv[40] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
                       (char *)model_id, "--kv-cache-mem", kv, "--device", m->device};
     int argc = 12;
     if (m->kv_cache_dtype[0]) {
@@ -498,6 +498,10 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
         if (shard->dist_timeout_ms > 0) {
             argv[argc++] = "--dist-timeout-ms";
             argv[argc++] = timeout;
+        }
+        if (shard->transport && !strcmp(shard->transport, "ibverbs")) {
+            argv[argc++] = "--dist-transport";
+            argv[argc++] = "ibverbs";
         }
     }
     argv[argc] = NULL;

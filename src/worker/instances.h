@@ -96,6 +96,7 @@ typedef struct instances_shard {
     int tensor;              /* 1 tensor parallel, 0 pipeline */
     int layer_start, layer_end; /* pipeline: this rank's layers */
     const char *dist_host;   /* this node's address the other ranks can reach */
+    const char *transport;   /* the instance's data plane: "ibverbs", or "tcp" (NULL = tcp) */
     int dist_timeout_ms;     /* 0 = the runner's default */
     /* The layers whose files the rank needs (a pipeline stage's; 0, 0 = every file) and, once
      * downloaded, where they are: a directory holding only those files is no complete model,

@@ -218,11 +218,32 @@ static void fresh_id(char *out, size_t n) {
              b[11], b[12], b[13], b[14], b[15]);
 }
 
+/* The first of the chosen nodes that lists no RDMA device in State's nodeNetwork, or NULL when
+ * all do. */
+static const char *node_without_rdma(const placement_result *r, json_t *network) {
+    for (int i = 0; i < r->n_nodes; i++) {
+        json_t *devs = json_object_get(json_object_get(network, r->node_ids[i]), "rdmaDevices");
+        if (!json_array_size(devs)) return r->node_ids[i];
+    }
+    return NULL;
+}
+
 json_t *placer_instance_json(const placement_model *m, placement_sharding s, const char *meta,
                              const placement_result *r, const char *instance_id) {
     const char *tag = "MlxRingInstance", *transport = "tcp";
-    char err[200], id[40];
+    char err[200], id[40], note[200] = "";
     placer_instance_meta(meta, &tag, &transport, err, sizeof err);
+    if (!strcmp(transport, "ibverbs") && r->n_nodes > 1) {
+        /* every rank must open the same transport: RDMA only when every node has a device */
+        json_t *network = state_get("nodeNetwork");
+        const char *lacking = node_without_rdma(r, network);
+        if (lacking) {
+            snprintf(note, sizeof note, "%s asked for RDMA; node %.12s has no RDMA device: TCP",
+                     meta, lacking);
+            transport = "tcp";
+        }
+        json_decref(network);
+    }
     if (instance_id) snprintf(id, sizeof id, "%s", instance_id);
     else fresh_id(id, sizeof id);
     json_t *node_to_runner = json_object(), *runner_to_shard = json_object();
@@ -238,10 +259,13 @@ json_t *placer_instance_json(const placement_model *m, placement_sharding s, con
                       "startLayer", r->layer_start[i], "endLayer", r->layer_end[i], "nLayers",
                       m->n_layers));
     }
-    return json_pack("{s:{s:s,s:{s:s,s:o,s:o},s:s,s:s}}", tag, "instanceId", id,
-                     "shardAssignments", "modelId", m->model_id, "runnerToShard",
-                     runner_to_shard, "nodeToRunner", node_to_runner, "sharding",
-                     placement_sharding_name(s), "transport", transport);
+    json_t *inst = json_pack("{s:{s:s,s:{s:s,s:o,s:o},s:s,s:s}}", tag, "instanceId", id,
+                             "shardAssignments", "modelId", m->model_id, "runnerToShard",
+                             runner_to_shard, "nodeToRunner", node_to_runner, "sharding",
+                             placement_sharding_name(s), "transport", transport);
+    if (note[0]) json_object_set_new(json_object_iter_value(json_object_iter(inst)), "transportNote",
+                                     json_string(note));
+    return inst;
 }
 
 int placer_place(const placer_model *m, placement_sharding s, int min_nodes,

@@ -147,7 +147,8 @@ static int shard_of(json_t *inst, const char *id, const char *runner_id, instanc
         .world_size = (int)json_integer_value(json_object_get(meta, "worldSize")),
         .tensor = !strcmp(json_object_iter_key(json_object_iter(shard)), "TensorShardMetadata"),
         .layer_start = (int)json_integer_value(json_object_get(meta, "startLayer")),
-        .layer_end = (int)json_integer_value(json_object_get(meta, "endLayer"))};
+        .layer_end = (int)json_integer_value(json_object_get(meta, "endLayer")),
+        .transport = json_string_value(json_object_get(shards_tagged_body(inst), "transport"))};
     /* the files a rank needs: a pipeline stage its layers' (download_request), else all */
     int n_layers = (int)json_integer_value(json_object_get(meta, "nLayers"));
     int whole = sh->tensor || (sh->layer_start <= 0 && sh->layer_end >= n_layers);

@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -502,6 +503,16 @@ static void test_bad_config_is_an_error(void **state) {
     dist_config bad_transport = {.rank = 0, .size = 2, .transport = "carrier-pigeon"};
     assert_null(dist_connect(&bad_transport, &s, err, sizeof err));
     assert_non_null(strstr(err, "carrier-pigeon"));
+    /* MlxJaccl's transport on a host without RDMA devices: a message, never a crash */
+    DIR *ib = opendir("/sys/class/infiniband");
+    int rdma_devices = 0;
+    for (struct dirent *e; ib && (e = readdir(ib));) rdma_devices += e->d_name[0] != '.';
+    if (ib) closedir(ib);
+    if (!rdma_devices) {
+        dist_config rdma = {.rank = 0, .size = 2, .transport = "ibverbs", .timeout_ms = 200};
+        assert_null(dist_connect(&rdma, &s, err, sizeof err));
+        assert_non_null(strstr(err, "no RDMA device"));
+    }
     dist_config offset_without_ports = {.rank = 0, .size = 2, .advertise_port_offset = 5};
     assert_null(dist_connect(&offset_without_ports, &s, err, sizeof err));
     dist_config unresolvable = {
