@@ -149,11 +149,37 @@ static int claude_parse(const json_t *b, gen_state *st, char *err, size_t errlen
     q->messages = msgs;
     static const gen_tools_shape claude_tools = {"input_schema", 0,
                                                  "'tools[%zu].name' must be a string"};
-    const char *choice =
-        json_string_value(json_object_get(json_object_get(b, "tool_choice"), "type"));
+    /* tool_choice {"type": auto | any | none | tool, "name"}: any and tool force the call */
+    json_t *tool_choice = json_object_get(b, "tool_choice");
+    const char *choice = json_string_value(json_object_get(tool_choice, "type"));
+    const char *named = json_string_value(json_object_get(tool_choice, "name"));
+    if (tool_choice && !json_is_null(tool_choice) &&
+        (!choice || (strcmp(choice, "auto") && strcmp(choice, "any") && strcmp(choice, "none") &&
+                     (strcmp(choice, "tool") || !named)))) {
+        snprintf(err, errlen, "'tool_choice' must be {\"type\":\"auto\"}, {\"type\":\"any\"}, "
+                              "{\"type\":\"none\"} or {\"type\":\"tool\",\"name\":...}");
+        return 400;
+    }
     if ((rc = gen_parse_function_tools(json_object_get(b, "tools"), &claude_tools,
                                        choice && !strcmp(choice, "none"), q, err, errlen)))
         return rc;
+    if (choice && (!strcmp(choice, "any") || !strcmp(choice, "tool")) &&
+        (rc = gen_force_tool_call(q, !strcmp(choice, "tool") ? named : NULL, "tool_choice", err,
+                                  errlen)))
+        return rc;
+    /* structured outputs: output_format {"type":"json_schema","schema":{...}} */
+    json_t *format = json_object_get(b, "output_format");
+    if (format && !json_is_null(format)) {
+        const char *type = json_string_value(json_object_get(format, "type"));
+        if (!type || strcmp(type, "json_schema") || !json_object_get(format, "schema")) {
+            snprintf(err, errlen, "'output_format' must be {\"type\":\"json_schema\","
+                                  "\"schema\":{...}}");
+            return 400;
+        }
+        if ((rc = gen_set_json_output(q, json_object_get(format, "schema"),
+                                      "output_format.schema", err, errlen)))
+            return rc;
+    }
     json_t *thinking = json_object_get(b, "thinking");
     if (thinking && !json_is_null(thinking)) {
         const char *type = json_string_value(json_object_get(thinking, "type"));

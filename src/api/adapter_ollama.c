@@ -21,6 +21,17 @@ static int parse_options(const json_t *b, gen_state *st, char *err, size_t errle
     if (json_is_boolean(think)) q->enable_thinking = json_is_true(think);
     else if (json_is_string(think) && (rc = gen_set_reasoning_effort(q, json_string_value(think), "think", err, errlen)))
         return rc; /* "low"/"medium"/"high" */
+    /* format: "json" (any JSON object) or a JSON schema; "" and null: free text */
+    json_t *format = json_object_get(b, "format");
+    const char *format_name = json_string_value(format);
+    if (format && !json_is_null(format) && !(format_name && !format_name[0])) {
+        if ((format_name && strcmp(format_name, "json")) || (!format_name && !json_is_object(format))) {
+            snprintf(err, errlen, "'format' must be \"json\" or a JSON schema object");
+            return 400;
+        }
+        if ((rc = gen_set_json_output(q, format_name ? NULL : format, "format", err, errlen)))
+            return rc;
+    }
     json_t *o = json_object_get(b, "options");
     if (!o || json_is_null(o)) return 0;
     if (!json_is_object(o)) {

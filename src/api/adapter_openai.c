@@ -80,10 +80,12 @@ bad:
     return 400;
 }
 
+/* tools, and tool_choice: none | auto | required | {"type":"function","function":{"name":N}}
+ * (required and a named function force the call: gen_force_tool_call). */
 static int parse_tools(const json_t *body, gen_request *req, char *err, size_t errlen) {
     json_t *tools = json_object_get(body, "tools");
-    if (!tools || json_is_null(tools)) return 0;
-    if (!json_is_array(tools)) {
+    if (json_is_null(tools)) tools = NULL;
+    if (tools && !json_is_array(tools)) {
         snprintf(err, errlen, "'tools' must be an array");
         return 400;
     }
@@ -96,9 +98,55 @@ static int parse_tools(const json_t *body, gen_request *req, char *err, size_t e
         }
     }
     json_t *choice = json_object_get(body, "tool_choice");
-    if (json_is_string(choice) && !strcmp(json_string_value(choice), "none")) return 0;
-    if (json_array_size(tools)) req->tools = json_incref(tools);
+    const char *mode = json_string_value(choice);
+    const char *type = json_string_value(json_object_get(choice, "type"));
+    const char *named =
+        json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+    int valid = !choice || json_is_null(choice) ||
+                (mode && (!strcmp(mode, "none") || !strcmp(mode, "auto") ||
+                          !strcmp(mode, "required"))) ||
+                (type && !strcmp(type, "function") && named);
+    if (!valid) {
+        snprintf(err, errlen, "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                              "{\"type\":\"function\",\"function\":{\"name\":...}}");
+        return 400;
+    }
+    int none = mode && !strcmp(mode, "none");
+    if (json_array_size(tools) && !none) req->tools = json_incref(tools);
+    if ((mode && !strcmp(mode, "required")) || named)
+        return gen_force_tool_call(req, named, "tool_choice", err, errlen);
     return 0;
+}
+
+/* response_format {type: text | json_object | json_schema {json_schema: {name, schema,
+ * strict}}} and llama.cpp's grammar string: constraints on the whole output. */
+static int parse_output_constraint(const json_t *body, gen_request *req, char *err,
+                                   size_t errlen) {
+    int rc;
+    json_t *format = json_object_get(body, "response_format");
+    if (format && !json_is_null(format)) {
+        const char *type = json_string_value(json_object_get(format, "type"));
+        if (!json_is_object(format) || !type ||
+            (strcmp(type, "text") && strcmp(type, "json_object") && strcmp(type, "json_schema"))) {
+            snprintf(err, errlen, "'response_format.type' must be text, json_object or "
+                                  "json_schema");
+            return 400;
+        }
+        if (!strcmp(type, "json_object") &&
+            (rc = gen_set_json_output(req, NULL, "response_format", err, errlen)))
+            return rc;
+        if (!strcmp(type, "json_schema")) {
+            json_t *js = json_object_get(format, "json_schema");
+            if (!json_is_object(js) || !json_object_get(js, "schema")) {
+                snprintf(err, errlen, "'response_format.json_schema.schema' is required");
+                return 400;
+            }
+            if ((rc = gen_set_json_output(req, json_object_get(js, "schema"),
+                                          "response_format.json_schema.schema", err, errlen)))
+                return rc;
+        }
+    }
+    return gen_set_grammar(req, json_object_get(body, "grammar"), "grammar", err, errlen);
 }
 
 /* Fields shared by chat and legacy completions. */
@@ -136,6 +184,7 @@ static int chat_parse(const json_t *b, gen_state *st, char *err, size_t errlen) 
     int rc;
     if ((rc = parse_sampling(b, st, err, errlen))) return rc;
     if ((rc = parse_messages(json_object_get(b, "messages"), q, err, errlen))) return rc;
+    if ((rc = parse_output_constraint(b, q, err, errlen))) return rc;
     if ((rc = parse_tools(b, q, err, errlen))) return rc;
     json_t *lp = json_object_get(b, "logprobs");
     if ((rc = gen_get_bool(b, "logprobs", &q->logprobs, err, errlen))) return rc;
@@ -170,6 +219,7 @@ static int completions_parse(const json_t *b, gen_state *st, char *err, size_t e
     if (json_is_array(p) && json_array_size(p) == 1) p = json_array_get(p, 0);
     if (gen_require_string(p, "prompt", err, errlen)) return 400;
     q->prompt = strdup(json_string_value(p));
+    if ((rc = parse_output_constraint(b, q, err, errlen))) return rc;
     long lp = 0;
     if ((rc = gen_get_int(b, "logprobs", 0, 20, &lp, err, errlen))) return rc;
     if (json_is_integer(json_object_get(b, "logprobs"))) {

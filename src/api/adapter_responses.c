@@ -115,11 +115,40 @@ static int responses_parse(const json_t *b, gen_state *st, char *err, size_t err
         "parameters", 1,
         "'tools[%zu]' must be {\"type\":\"function\",\"name\":...}; built-in tools are not "
         "supported"};
+    /* tool_choice: none | auto | required | {"type":"function","name":N} */
     json_t *tools = json_object_get(b, "tools"), *choice = json_object_get(b, "tool_choice");
-    if ((rc = gen_parse_function_tools(
-             tools, &responses_tools,
-             json_is_string(choice) && !strcmp(json_string_value(choice), "none"), q, err, errlen)))
+    const char *mode = json_string_value(choice);
+    const char *type = json_string_value(json_object_get(choice, "type"));
+    const char *named = json_string_value(json_object_get(choice, "name"));
+    if (choice && !json_is_null(choice) &&
+        !(mode && (!strcmp(mode, "none") || !strcmp(mode, "auto") || !strcmp(mode, "required"))) &&
+        !(type && !strcmp(type, "function") && named)) {
+        snprintf(err, errlen, "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                              "{\"type\":\"function\",\"name\":...}");
+        return 400;
+    }
+    if ((rc = gen_parse_function_tools(tools, &responses_tools, mode && !strcmp(mode, "none"), q,
+                                       err, errlen)))
         return rc;
+    if (((mode && !strcmp(mode, "required")) || named) &&
+        (rc = gen_force_tool_call(q, named, "tool_choice", err, errlen)))
+        return rc;
+    /* text.format {type: text | json_object | json_schema, schema, name, strict} */
+    json_t *format = json_object_get(json_object_get(b, "text"), "format");
+    if (format && !json_is_null(format)) {
+        const char *ftype = json_string_value(json_object_get(format, "type"));
+        if (!ftype || (strcmp(ftype, "text") && strcmp(ftype, "json_object") &&
+                       (strcmp(ftype, "json_schema") || !json_object_get(format, "schema")))) {
+            snprintf(err, errlen, "'text.format' must be {\"type\":\"text\"}, "
+                                  "{\"type\":\"json_object\"} or {\"type\":\"json_schema\","
+                                  "\"name\":...,\"schema\":{...}}");
+            return 400;
+        }
+        if (strcmp(ftype, "text") &&
+            (rc = gen_set_json_output(q, json_object_get(format, "schema"), "text.format.schema",
+                                      err, errlen)))
+            return rc;
+    }
     json_t *reasoning = json_object_get(b, "reasoning");
     const char *effort = json_string_value(json_object_get(reasoning, "effort"));
     if ((rc = gen_set_reasoning_effort(q, effort, "reasoning.effort", err, errlen))) return rc;

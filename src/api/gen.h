@@ -167,6 +167,19 @@ typedef struct gen_tools_shape {
  * shape, unless choice_none or empty. Returns 0, or 400 with err. */
 int gen_parse_function_tools(const json_t *tools, const gen_tools_shape *shape, int choice_none,
                              gen_request *req, char *err, size_t errlen);
+/* Structured outputs. Each compiles the constraint into req->grammar (only one per request)
+ * and returns 0, or 400 with err naming field and the problem (an unsupported schema keyword,
+ * a grammar syntax error, an unknown tool).
+ * The output is JSON valid against schema (NULL: any JSON object, the json_object modes). */
+int gen_set_json_output(gen_request *req, const json_t *schema, const char *field, char *err,
+                        size_t errlen);
+/* A GBNF grammar string (llama.cpp's `grammar`); absent or null: nothing. */
+int gen_set_grammar(gen_request *req, const json_t *grammar_value, const char *field, char *err,
+                    size_t errlen);
+/* The output is one call of the tool `name` (NULL: of any tool in req->tools) with arguments
+ * valid against its parameters schema; req->tools must hold it. */
+int gen_force_tool_call(gen_request *req, const char *name, const char *field, char *err,
+                        size_t errlen);
 /* Appends {"role":"tool","content":<text of content>,"tool_call_id"?} to msgs. Returns 0, or
  * 400 with err naming field. */
 int gen_append_tool_result(json_t *msgs, const json_t *content, const char *field,

@@ -6,8 +6,12 @@
  * gen.h. It refuses nothing adapter-specific: field names and error texts come from the caller. */
 #include "api/gen.h"
 
+#include "text/grammar.h"
+#include "text/json_schema.h"
+
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int gen_set_token_limit(long n, const char *field, gen_request *q, char *err, size_t errlen) {
@@ -109,5 +113,86 @@ int gen_append_tool_result(json_t *msgs, const json_t *content, const char *fiel
         json_array_append_new(msgs, m);
     }
     strbuf_free(&text);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ structured outputs */
+
+/* Sets req->grammar to text after checking that it compiles (so a bad grammar is the client's
+ * 400 here, not a runner error later). Takes text. */
+static int set_grammar(gen_request *req, char *text, const char *field, char *err, size_t errlen) {
+    if (req->grammar) {
+        snprintf(err, errlen,
+                 "'%s' cannot be combined with another constraint on the output "
+                 "(response format, grammar or forced tool call)",
+                 field);
+        free(text);
+        return 400;
+    }
+    char why[400];
+    grammar *g = grammar_parse(text, strlen(text), why, sizeof why);
+    if (!g) {
+        snprintf(err, errlen, "'%s': %s", field, why);
+        free(text);
+        return 400;
+    }
+    grammar_unref(g);
+    req->grammar = text;
+    return 0;
+}
+
+int gen_set_json_output(gen_request *req, const json_t *schema, const char *field, char *err,
+                        size_t errlen) {
+    if (schema && !json_is_object(schema) && !json_is_true(schema)) {
+        snprintf(err, errlen, "'%s' must be a JSON Schema object", field);
+        return 400;
+    }
+    char why[400];
+    char *text = json_schema_to_grammar(schema, why, sizeof why);
+    if (!text) {
+        snprintf(err, errlen, "'%s': %s", field, why);
+        return 400;
+    }
+    return set_grammar(req, text, field, err, errlen);
+}
+
+int gen_set_grammar(gen_request *req, const json_t *grammar_value, const char *field, char *err,
+                    size_t errlen) {
+    if (!grammar_value || json_is_null(grammar_value)) return 0;
+    if (gen_require_string(grammar_value, field, err, errlen)) return 400;
+    return set_grammar(req, strdup(json_string_value(grammar_value)), field, err, errlen);
+}
+
+int gen_force_tool_call(gen_request *req, const char *name, const char *field, char *err,
+                        size_t errlen) {
+    size_t n = json_array_size(req->tools);
+    if (!n) {
+        snprintf(err, errlen, "'%s' forces a tool call, but the request has no 'tools'", field);
+        return 400;
+    }
+    const char **names = calloc(n, sizeof *names);
+    const json_t **schemas = calloc(n, sizeof *schemas);
+    int k = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *fn = json_object_get(json_array_get(req->tools, i), "function");
+        const char *tool = json_string_value(json_object_get(fn, "name"));
+        if (!tool || (name && strcmp(tool, name))) continue;
+        names[k] = tool;
+        schemas[k++] = json_object_get(fn, "parameters");
+    }
+    int rc = 0;
+    char why[400];
+    char *text = NULL;
+    if (!k) {
+        snprintf(err, errlen, "'%s' names the tool '%s', which is not in 'tools'", field, name);
+        rc = 400;
+    } else if (!(text = json_schema_tool_call_grammar(names, schemas, k, why, sizeof why))) {
+        snprintf(err, errlen, "'%s': a tool's parameters cannot be enforced: %s", field, why);
+        rc = 400;
+    } else if (!(rc = set_grammar(req, text, field, err, errlen))) {
+        req->forced_tool_call = 1;
+    }
+    free(names);
+    free(schemas);
     return rc;
 }

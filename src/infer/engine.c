@@ -209,6 +209,7 @@ fail:
 }
 
 static void seq_free(engine *e, sequence *s) {
+    if (s->constraint.ctx && s->constraint.release) s->constraint.release(s->constraint.ctx);
     for (int i = 0; i < s->n_blocks; i++) kv_cache_release_block(e->kv, s->blocks[i]);
     free(s->blocks);
     free(s->tokens);
@@ -310,6 +311,13 @@ int engine_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err
         error_set(err, errlen, "too many queued requests (%d)", queued);
         return -1;
     }
+    if (e->dist && r->constraint.ctx) {
+        /* the sampling rank and the rank holding the request differ in a pipeline, and a
+         * constraint is a pointer into this process */
+        error_set(err, errlen, "structured outputs (response formats, grammars, forced tool "
+                               "calls) are not supported on instances of several nodes yet");
+        return -1;
+    }
     if (e->dist) return engine_dist_queue_submit(e, seq_id, r, err, errlen);
     if (engine_add_sequence(e, seq_id, r)) {
         error_set(err, errlen, "out of memory queueing a request");
@@ -344,6 +352,7 @@ int engine_add_sequence(engine *e, uint64_t seq_id, const engine_request *r) {
     s->ban_eos = r->ban_eos;
     s->no_prefix_cache = r->no_prefix_cache;
     s->sampling = r->sampling;
+    s->constraint = r->constraint;
     sampler_rng_seed(&s->rng, r->sampling.seed);
     e->seqs[e->n_seqs++] = s;
     return 0;
@@ -594,6 +603,7 @@ void engine_sample_all(engine *e, int n_members) {
                             .banned = s->ban_eos ? s->stops : NULL,
                             .n_banned = s->ban_eos ? s->n_stops : 0};
         float *logits = e->logits + (size_t)s->logit_index * (size_t)e->cfg.vocab_size;
+        if (s->constraint.ctx) s->constraint.mask(s->constraint.ctx, logits, e->cfg.vocab_size);
         sampler_sample(&e->sampler, logits, &in, &s->rng, &e->samples[s->logit_index]);
     }
 }
@@ -602,6 +612,7 @@ void engine_sample_all(engine *e, int n_members) {
 static engine_finish take_sample(sequence *s, const sampler_result *r, engine_event *ev) {
     s->tokens[s->n_tokens++] = r->token;
     s->n_generated++;
+    if (s->constraint.ctx) s->constraint.accept(s->constraint.ctx, r->token);
     ev->token = r->token;
     ev->logprob = r->logprob;
     ev->n_top = r->n_top;

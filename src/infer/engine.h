@@ -76,6 +76,20 @@ typedef struct sampling_params {
 /* The defaults every API starts from (temperature 0.7, top_p 1, min_p 0.05, seed 42 as exo). */
 sampling_params sampling_params_default(void);
 
+/* A constraint on what a sequence may generate (structured outputs): before each sample the
+ * engine lets it mask the logits of the tokens that may not come next, and tells it the token
+ * chosen. The engine knows nothing of what it enforces (the runner binds grammars, text/grammar.h,
+ * to it). Single-process engines only: engine_submit refuses a constraint with several ranks. */
+typedef struct engine_constraint {
+    /* Sets logits[t] = -INFINITY for every token t that may not come next (n = vocab size). */
+    void (*mask)(void *ctx, float *logits, int n);
+    /* The token sampled after mask (or an eos the sampler chose). */
+    void (*accept)(void *ctx, int32_t token);
+    /* The sequence is gone (finished, cancelled or failed); called once. */
+    void (*release)(void *ctx);
+    void *ctx; /* NULL: no constraint */
+} engine_constraint;
+
 typedef struct engine_request {
     const int32_t *prompt; /* copied by engine_submit */
     int n_prompt;
@@ -85,6 +99,8 @@ typedef struct engine_request {
     int n_stop_tokens;
     int ban_eos;                 /* never sample eos/stop ids: exactly max_tokens (benchmarks) */
     int no_prefix_cache;         /* do not reuse or store cached prefixes for this request */
+    engine_constraint constraint; /* ctx NULL: none. On success the engine owns it (release);
+                                     on failure the caller still does */
 } engine_request;
 
 typedef enum engine_finish {

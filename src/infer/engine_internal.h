@@ -32,6 +32,7 @@ typedef struct sequence {
     int32_t *stops;  /* eos ids + request stop ids */
     int n_stops;
     int ban_eos;
+    engine_constraint constraint; /* ctx NULL: none */
     int32_t *blocks; /* block table */
     int n_blocks, blocks_cap;
     int no_prefix_cache;

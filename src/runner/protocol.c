@@ -23,6 +23,7 @@ void gen_request_free(gen_request *r) {
     json_decref(r->messages);
     json_decref(r->tools);
     free(r->prompt);
+    free(r->grammar);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     gen_request_init(r);
 }
@@ -59,6 +60,8 @@ json_t *gen_request_to_json(const gen_request *r) {
     if (r->ban_eos) json_object_set_new(o, "ban_eos", json_true());
     if (r->engine_only) json_object_set_new(o, "engine_only", json_true());
     if (r->no_prefix_cache) json_object_set_new(o, "no_prefix_cache", json_true());
+    if (r->grammar) json_object_set_new(o, "grammar", json_string(r->grammar));
+    if (r->forced_tool_call) json_object_set_new(o, "forced_tool_call", json_true());
     return o;
 }
 
@@ -118,6 +121,9 @@ int gen_request_from_json(const json_t *j, gen_request *r, char *err, size_t err
     r->ban_eos = json_is_true(json_object_get(j, "ban_eos"));
     r->engine_only = json_is_true(json_object_get(j, "engine_only"));
     r->no_prefix_cache = json_is_true(json_object_get(j, "no_prefix_cache"));
+    const char *grammar = json_string_value(json_object_get(j, "grammar"));
+    if (grammar) r->grammar = strdup(grammar);
+    r->forced_tool_call = json_is_true(json_object_get(j, "forced_tool_call"));
     if (bad || r->max_tokens < 0 || r->top_logprobs < 0 || r->top_logprobs > 20) {
         snprintf(err, errlen, "request has a field of the wrong type or range");
         gen_request_free(r);

@@ -68,6 +68,12 @@ typedef struct gen_request {
     int engine_only;       /* benchmarks: the runner only counts and times tokens (no detokenizing,
                               no deltas), so the engine's own pace is measured in the same process */
     int no_prefix_cache;
+    /* Structured output: the whole output matches this GBNF grammar (text/grammar.h; owned),
+     * NULL = free text. The API compiles response formats and forced tool calls into it. */
+    char *grammar;
+    /* The output is one tool call {"name":..,"arguments":{..}} (the grammar says which tools):
+     * the runner reports it as a tool call, not as content. */
+    int forced_tool_call;
     int stream;            /* API-side only: answer as a stream */
 } gen_request;
 

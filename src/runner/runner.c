@@ -10,6 +10,7 @@
 #include "infer/engine.h"
 #include "runner/protocol.h"
 #include "runner/stop_strings.h"
+#include "runner/structured.h"
 #include "text/chat.h"
 #include "text/output_parser.h"
 #include "text/tokenizer.h"
@@ -35,6 +36,8 @@ typedef struct seq {
     stop_strings stops;
     int logprobs, top_logprobs;
     int has_tools;
+    int forced_tool_call; /* the output is one {"name","arguments"} call (gen_request) */
+    strbuf tool_text;     /* that output so far */
     int prompt_tokens, cached_tokens, generated, reasoning_tokens, n_tool_calls;
     int stopped_by_string; /* we cancelled it after a stop string matched */
     int engine_only;       /* count and time tokens only (gen_request.engine_only) */
@@ -50,6 +53,7 @@ typedef struct runner {
     tokenizer *tok;
     chat_template *tmpl;
     output_format format;
+    structured *structured; /* grammars of structured outputs */
     int32_t format_stops[4]; /* the format's stop tokens (output_format_stop_tokens) */
     int n_format_stops;
     seq *seqs;
@@ -123,6 +127,7 @@ static void seq_remove(runner *r, seq *s) {
     detokenizer_free(s->detok);
     if (s->parser) output_parser_free(s->parser);
     stop_strings_free(&s->stops);
+    strbuf_free(&s->tool_text);
     free(s);
 }
 
@@ -188,6 +193,9 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
         send_done_error(r, id, 400, err);
         return;
     }
+    /* a grammar constrains the whole output: a thinking block would have to match it too */
+    if (q.grammar && q.enable_thinking < 0) q.enable_thinking = 0;
+    if (q.grammar) q.ban_eos = 0; /* the grammar decides where the output ends (benchmarks) */
     char *prompt = render_prompt(r, &q, err, sizeof err);
     if (!prompt) {
         send_done_error(r, id, 400, err);
@@ -224,7 +232,15 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
                          .no_prefix_cache = q.no_prefix_cache,
                          .stop_tokens = r->format_stops,
                          .n_stop_tokens = r->n_format_stops};
+    if (q.grammar && structured_constraint(r->structured, q.grammar, &er.constraint, err,
+                                           sizeof err)) {
+        send_done_error(r, id, 400, err);
+        free(ids);
+        gen_request_free(&q);
+        return;
+    }
     if (engine_submit(r->engine, id, &er, err, sizeof err)) {
+        if (er.constraint.ctx) er.constraint.release(er.constraint.ctx);
         send_done_error(r, id, 400, err);
         free(ids);
         gen_request_free(&q);
@@ -235,8 +251,10 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
     s->id = id;
     s->detok = detokenizer_new(r->tok, !output_format_keeps_special_tokens(r->format));
     s->has_tools = q.tools != NULL;
-    s->parser = output_parser_new(r->format, in_reasoning, s->has_tools);
-    output_parser_set_tools(s->parser, q.tools);
+    s->forced_tool_call = q.forced_tool_call;
+    /* constrained output is the reply as it stands: no reasoning or tool-call markup to split */
+    s->parser = q.grammar ? NULL : output_parser_new(r->format, in_reasoning, s->has_tools);
+    if (s->parser) output_parser_set_tools(s->parser, q.tools);
     stop_strings_init(&s->stops, q.stop, q.n_stop);
     s->logprobs = q.logprobs;
     s->top_logprobs = q.top_logprobs;
@@ -290,6 +308,35 @@ static json_t *event_logprobs(runner *r, const seq *s, const engine_event *ev, c
     return json_pack("[o]", e);
 }
 
+/* A forced tool call: the output is held until the end, then reported as the call it spells
+ * (a cut-off output, at max_tokens, stays content). */
+static void forced_tool_delta(seq *s, const char *text, size_t len, int final, output_delta *d) {
+    strbuf_append(&s->tool_text, text, len);
+    if (!final) return;
+    json_error_t jerr;
+    json_t *call = s->tool_text.len ? json_loads(s->tool_text.data, 0, &jerr) : NULL;
+    const char *name = json_string_value(json_object_get(call, "name"));
+    json_t *arguments = json_object_get(call, "arguments");
+    if (name && json_is_object(arguments)) {
+        d->tool_calls = calloc(1, sizeof *d->tool_calls);
+        d->tool_calls[0].name = strdup(name);
+        d->tool_calls[0].arguments = json_dumps(arguments, JSON_COMPACT);
+        d->n_tool_calls = 1;
+    } else if (s->tool_text.len) {
+        d->content = strdup(s->tool_text.data);
+    }
+    json_decref(call);
+}
+
+/* What released text (final: the end of the output) adds to the reply. */
+static void next_delta(seq *s, const char *text, size_t len, int final, output_delta *d) {
+    if (s->forced_tool_call) forced_tool_delta(s, text, len, final, d);
+    else if (!s->parser) { /* no output parser (constrained output): everything is content */
+        if (len) d->content = strndup(text, len);
+    } else if (final) output_parser_finish(s->parser, d);
+    else if (len) output_parser_feed(s->parser, text, len, d);
+}
+
 /* Sends a delta for released text (through the output parser) plus optional logprobs; final
  * also flushes the parser. */
 static void emit(runner *r, seq *s, const char *text, size_t len, int final, json_t *logprobs) {
@@ -299,14 +346,7 @@ static void emit(runner *r, seq *s, const char *text, size_t len, int final, jso
         len = 0;
     }
     output_delta d = {0};
-    if (!s->parser) {
-        /* no output parser in this build: everything is content */
-        if (len) d.content = strndup(text, len);
-    } else if (final) {
-        output_parser_finish(s->parser, &d);
-    } else if (len) {
-        output_parser_feed(s->parser, text, len, &d);
-    }
+    next_delta(s, text, len, final, &d);
     json_t *m = json_pack("{s:s,s:I}", "type", "delta", "id", (json_int_t)s->id);
     int any = 0;
     if (d.content && d.content[0]) {
@@ -338,8 +378,7 @@ static void emit(runner *r, seq *s, const char *text, size_t len, int final, jso
     /* when the engine produced this token (CLOCK_MONOTONIC): lets benchmarks measure the
      * runner -> node -> client latency of each token */
     json_object_set_new(m, "t_ns", json_integer((json_int_t)s->t_last));
-    if (s->parser) output_delta_free(&d);
-    else free(d.content);
+    output_delta_free(&d);
     if (any) send_msg(r, m);
     else json_decref(m);
 }
@@ -544,6 +583,7 @@ static int load(runner *r, const runner_options *o) {
         int32_t id = tokenizer_token_id(r->tok, *t);
         if (id >= 0) r->format_stops[r->n_format_stops++] = id;
     }
+    r->structured = structured_new(r->tok, r->info);
     send_status(r, "Loaded", NULL);
     send_status(r, "WarmingUp", NULL);
     if (o->dist.rank == 0 && warm_up(r)) { /* followers warm up inside rank 0's steps */
@@ -680,6 +720,7 @@ out:
     protocol_reader_free(&r.reader);
     if (r.tmpl) chat_template_free(r.tmpl);
     if (r.engine) engine_close(r.engine); /* rank 0: also tells the other ranks to stop */
+    structured_free(r.structured);        /* after the engine released its constraints */
     if (r.dist) dist_close(r.dist);
     if (r.tok) tokenizer_free(r.tok);
     pthread_mutex_destroy(&r.send_lock);

@@ -12,6 +12,9 @@
 
 #include "infer/engine.h"
 
+#include <math.h>
+#include <string.h>
+
 #define N_REQ 5
 #define MAX_TOK 12
 
@@ -542,6 +545,76 @@ static void test_random_soak(void **s) {
 #undef RND
 }
 
+/* A constraint (structured outputs) that allows one given token per step: the engine must mask
+ * before each sample, report the chosen token, release once, and leave the other sequences of
+ * the batch exactly as they are alone. */
+typedef struct forced_tokens {
+    int32_t want[MAX_TOK];
+    int n_masks, n_accepts, released;
+    int32_t accepted[MAX_TOK + 4];
+} forced_tokens;
+
+static void forced_mask(void *ctx, float *logits, int n) {
+    forced_tokens *f = ctx;
+    int32_t t = f->want[f->n_accepts < MAX_TOK ? f->n_accepts : 0];
+    for (int i = 0; i < n; i++)
+        if (i != t) logits[i] = -INFINITY;
+    f->n_masks++;
+}
+
+static void forced_accept(void *ctx, int32_t token) {
+    forced_tokens *f = ctx;
+    if (f->n_accepts < MAX_TOK + 4) f->accepted[f->n_accepts] = token;
+    f->n_accepts++;
+}
+
+static void forced_release(void *ctx) { ((forced_tokens *)ctx)->released++; }
+
+static void test_constraint_decides_tokens(void **s) {
+    (void)s;
+    for (int sampled = 0; sampled < 2; sampled++) { /* greedy, then temperature 1 */
+        engine *e = open_engine(16, 0);
+        forced_tokens f = {0};
+        for (int i = 0; i < MAX_TOK; i++) f.want[i] = 5 + (i * 13) % 80;
+        engine_request constrained[N_REQ];
+        memcpy(constrained, reqs, sizeof constrained);
+        constrained[2].constraint = (engine_constraint){.mask = forced_mask,
+                                                        .accept = forced_accept,
+                                                        .release = forced_release, .ctx = &f};
+        if (sampled) constrained[2].sampling.temperature = 1.0f;
+        stream got[N_REQ] = {0};
+        drive(e, got, NULL, -1, -1, constrained);
+        assert_int_equal(f.released, 1);
+        assert_int_equal(f.n_accepts, MAX_TOK);
+        assert_int_equal(f.n_masks, MAX_TOK);
+        assert_int_equal(got[2].n, MAX_TOK);
+        assert_memory_equal(got[2].tokens, f.want, sizeof f.want);
+        assert_memory_equal(f.accepted, f.want, sizeof f.want);
+        expect_same(got, 2);
+        expect_no_leak(e);
+        engine_close(e);
+    }
+}
+
+/* A constrained sequence cancelled before its end is released once, by the cancel. */
+static void test_constraint_released_on_cancel(void **s) {
+    (void)s;
+    engine *e = open_engine(512, 0);
+    forced_tokens f = {0};
+    engine_request q = reqs[0];
+    q.constraint = (engine_constraint){.mask = forced_mask, .accept = forced_accept,
+                                       .release = forced_release, .ctx = &f};
+    char err[256];
+    engine_event ev[8];
+    assert_int_equal(engine_submit(e, 7, &q, err, sizeof err), 0);
+    engine_step(e, ev, 8);
+    engine_cancel(e, 7);
+    engine_step(e, ev, 8);
+    assert_int_equal(f.released, 1);
+    engine_close(e);
+    assert_int_equal(f.released, 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alone_streams_differ), cmocka_unit_test(test_batched_equals_alone),
@@ -553,6 +626,8 @@ int main(void) {
         cmocka_unit_test(test_short_request_not_stuck_behind_long_prefill),
         cmocka_unit_test(test_first_token_step_caps_long_prefill),
         cmocka_unit_test(test_random_soak),
+        cmocka_unit_test(test_constraint_decides_tokens),
+        cmocka_unit_test(test_constraint_released_on_cancel),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
