@@ -114,7 +114,8 @@ static size_t build_phys(const mk_config *cfg, const mk_plan *plan, phys_tensor 
             phys_tensor *t = &out[n++];
             memset(t, 0, sizeof *t);
             static const char *pname[3] = {NULL, "scales", "biases"};
-            snprintf(t->name, sizeof t->name, "%s.%s", m->name, p == 0 ? m->suffix : pname[p]);
+            const char *suffix = p == 0 ? m->suffix : pname[p];
+            snprintf(t->name, sizeof t->name, "%s%s%s", m->name, *suffix ? "." : "", suffix);
             t->m = m;
             t->part = p;
             int64_t cols = m->in;
@@ -226,6 +227,7 @@ static int write_matrix(const mk_config *cfg, const mk_matrix *m, phys_tensor *p
             for (int64_t i = 0; i < nr * m->in; i++) {
                 double g = mk_normal(&st);
                 double v = m->init == MK_INIT_AROUND_ONE ? 1.0 + m->std * g : m->std * g;
+                if (m->mean != 0) v += m->mean;
                 vals[i] = (float)v;
             }
             int64_t row0 = e * m->out + r0; /* row index within the (stacked) tensor */
