@@ -1,6 +1,15 @@
 /* transformer — the forward pass shared by every supported family (Llama/Mistral, Qwen2, Qwen3,
- * Qwen3-MoE), written over compute_backend ops so it runs on any backend. Families differ only
- * where the math differs: q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), sparse MoE MLP.
+ * Qwen3-MoE, the Qwen3-Next / Qwen3.5 hybrids), written over compute_backend ops so it runs on
+ * any backend. Families differ only where the math differs: q/k/v biases (Qwen2), per-head q/k
+ * RMSNorm (Qwen3), sparse MoE MLP, and for the hybrids GatedDeltaNet layers in place of attention
+ * in most layers, a sigmoid output gate on attention, (1 + w) norms and a gated shared expert.
+ *
+ * Hybrid models carry a recurrent state per sequence (conv inputs + the delta rule's matrix per
+ * linear layer), kept here in `max_logits` slots: the caller says which slot each sequence of a
+ * batch continues (transformer_batch.state_slots); a sequence whose first token in the batch is
+ * at position 0 starts from a zero state, so a new or recomputed sequence needs no reset call.
+ * A prefix can therefore not be skipped through the KV cache alone (infer/ does not reuse cached
+ * prefixes for these models).
  *
  * One call processes a flat batch of tokens from many sequences (a prefill chunk of one and
  * decode steps of others together): token ids, positions, and per-sequence block tables into
@@ -37,10 +46,13 @@ typedef struct transformer_batch {
     int n_block_entries;
     int n_logits;                     /* last stage: tokens whose logits are wanted */
     const int32_t *logit_rows;        /* [n_logits] indices into the batch */
+    const int32_t *state_slots;       /* [n_seqs] hybrid models: each sequence's recurrent-state
+                                         slot (< max_logits); NULL: sequence i uses slot i */
 } transformer_batch;
 
 /* Builds the forward for `w` (which must outlive it) on backend `be`. max_tokens bounds
- * n_tokens per call, max_logits bounds n_logits. NULL with err when out of memory. */
+ * n_tokens per call, max_logits bounds n_logits (and the recurrent-state slots of a hybrid).
+ * NULL with err when out of memory, or for a hybrid on a backend without its ops. */
 transformer *transformer_create(const model_config *c, const model_weights *w,
                                 compute_backend *be, int max_tokens, int max_logits, char *err,
                                 size_t errlen);

@@ -12,6 +12,11 @@
  *      prefills still get at least a block), so that step is short too;
  *   4. one forward over the flat batch; every sequence whose chunk reached its last known token
  *      samples its next token.
+ * Hybrid models (GatedDeltaNet layers, model_config_is_hybrid) also keep a recurrent state per
+ * running sequence: a slot is taken when it is first batched and given back when it finishes or
+ * is preempted (a recomputed sequence starts again at position 0, which resets its state). Their
+ * prefixes are not reused from the prefix cache: the cached K/V of a prefix would not restore the
+ * linear layers' state, which only exists at the end of each computed chunk.
  * Refuses: prompts that cannot fit the context or the whole cache (engine_submit fails). */
 #include "infer/engine_internal.h"
 
@@ -95,6 +100,11 @@ static int alloc_staging(engine *e) {
     if (samples_here) /* only the sampling rank sees whole logits */
         e->logits = malloc((size_t)e->max_sequences * (size_t)e->cfg.vocab_size * sizeof(float));
     e->samples = calloc((size_t)e->max_sequences, sizeof *e->samples);
+    e->free_slots = malloc((size_t)e->max_sequences * sizeof *e->free_slots);
+    e->b_state_slots = malloc((size_t)e->max_sequences * sizeof *e->b_state_slots);
+    for (int i = 0; e->free_slots && i < e->max_sequences; i++)
+        e->free_slots[e->n_free_slots++] = e->max_sequences - 1 - i;
+    if (!e->free_slots || !e->b_state_slots) return -1;
     e->seqs = calloc((size_t)e->max_sequences * 4 + 16, sizeof *e->seqs);
     return e->b_tokens && e->b_positions && e->b_seq && e->b_slots && e->b_table_start &&
                    e->b_logit_rows && e->b_members && (e->logits || !samples_here) &&
@@ -122,21 +132,24 @@ static void load_weight(weight_matrix *m, void *ctx) {
         wl->failed = 1;
 }
 
-/* The backend for o->device, described in info->device. A tensor-parallel rank computes on the
- * CPU: its all-reduce (dist/) sums host memory between backend ops, which a GPU backend's buffers
- * and recorded steps are not; `auto` picks the CPU there and an explicit `cuda` is refused. */
-static int open_backend(engine *e, const engine_options *o, int tensor_parallel, char *err,
+/* The backend for o->device, described in info->device. Some work runs on the CPU only
+ * (cpu_only names it, else NULL): a tensor-parallel rank, whose all-reduce (dist/) sums host
+ * memory between backend ops, which a GPU backend's buffers and recorded steps are not; a hybrid
+ * linear-attention model, whose ops only the CPU backend has. There `auto` picks the CPU and an
+ * explicit `cuda` is refused. */
+static int open_backend(engine *e, const engine_options *o, const char *cpu_only, char *err,
                         size_t errlen) {
     compute_device asked, d;
     if (compute_device_parse(o->device, &asked, err, errlen) != 0) return -1;
     d = compute_device_resolve(asked);
-    if (tensor_parallel && d == COMPUTE_DEVICE_CUDA) {
+    if (cpu_only && d == COMPUTE_DEVICE_CUDA) {
         if (asked == COMPUTE_DEVICE_CUDA) {
-            error_set(err, errlen, "--device cuda: tensor parallel runs on the CPU only (use "
-                                   "--device cpu, or a pipeline split on GPUs)");
+            int tp = !strcmp(cpu_only, "tensor parallel");
+            error_set(err, errlen, "--device cuda: %s runs on the CPU only (use --device cpu%s)",
+                      cpu_only, tp ? ", or a pipeline split on GPUs" : "");
             return -1;
         }
-        log_info("engine: tensor parallel runs on the CPU (device auto)");
+        log_info("engine: %s runs on the CPU (device auto)", cpu_only);
         d = COMPUTE_DEVICE_CPU;
     }
     e->be = compute_backend_open(d, o->n_threads, err, errlen);
@@ -160,7 +173,10 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     if (!e->st) goto fail;
     model_shard shard = {.layer_start = o->layer_start, .layer_end = o->layer_end};
     if (o->dist && engine_dist_init(e, o, &shard, err, errlen)) goto fail;
-    if (open_backend(e, o, shard.tp_size > 1, err, errlen) != 0) goto fail;
+    const char *cpu_only = shard.tp_size > 1           ? "tensor parallel"
+                           : model_config_is_hybrid(c) ? "a hybrid linear-attention model"
+                                                       : NULL;
+    if (open_backend(e, o, cpu_only, err, errlen) != 0) goto fail;
     /* a backend with memory of its own copies the weights there: no host copy first */
     shard.memory = e->be->load_weight ? WEIGHTS_MEM_MMAP : WEIGHTS_MEM_AUTO;
     if (model_weights_load_shard(e->st, c, &shard, &e->w, err, errlen)) goto fail;
@@ -171,7 +187,9 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     }
     if (e->be->prepare_weight) model_weights_rewrite(&e->w, prepare_weight, e->be);
     e->max_batch_tokens = o->max_batch_tokens > 0 ? o->max_batch_tokens : 512;
-    e->max_sequences = o->max_sequences > 0 ? o->max_sequences : 64;
+    e->hybrid = model_config_is_hybrid(c);
+    /* a hybrid's recurrent state costs every slot its full size up front (Qwen3.5-9B: ~50 MB) */
+    e->max_sequences = o->max_sequences > 0 ? o->max_sequences : e->hybrid ? 16 : 64;
     e->block_size = ENGINE_BLOCK_SIZE;
     engine_info *info = &e->info;
     snprintf(info->architecture, sizeof info->architecture, "%s", c->architecture);
@@ -197,7 +215,14 @@ fail:
     return NULL;
 }
 
+static void release_state_slot(engine *e, sequence *s) {
+    if (s->state_slot < 0) return;
+    e->free_slots[e->n_free_slots++] = s->state_slot;
+    s->state_slot = -1;
+}
+
 static void seq_free(engine *e, sequence *s) {
+    release_state_slot(e, s);
     for (int i = 0; i < s->n_blocks; i++) kv_cache_release_block(e->kv, s->blocks[i]);
     free(s->blocks);
     free(s->tokens);
@@ -223,6 +248,8 @@ void engine_close(engine *e) {
     free(e->b_logit_rows);
     free(e->b_tables);
     free(e->b_members);
+    free(e->free_slots);
+    free(e->b_state_slots);
     free(e->logits);
     free(e->samples);
     free(e->seqs);
@@ -312,6 +339,7 @@ int engine_add_sequence(engine *e, uint64_t seq_id, const engine_request *r) {
     sequence *s = calloc(1, sizeof *s);
     if (!s) return -1;
     s->id = seq_id;
+    s->state_slot = -1;
     s->serial = ++e->next_serial;
     s->n_prompt = s->n_tokens = r->n_prompt;
     int max_total = r->n_prompt + r->max_tokens;
@@ -372,6 +400,7 @@ static void preempt(engine *e, sequence *s) {
     s->n_hashed = 0;
     s->last_hash = 0;
     s->state = SEQ_WAITING;
+    release_state_slot(e, s);
     e->preemptions++;
 }
 
@@ -399,7 +428,7 @@ static int ensure_blocks(engine *e, sequence *s, int n_pos) {
 static void take_cached_prefix(engine *e, sequence *s) {
     int bs = e->block_size;
     int max_hits = (s->n_tokens - 1) / bs;
-    if (s->no_prefix_cache) return;
+    if (s->no_prefix_cache || e->hybrid) return;
     if (max_hits > 0 && s->blocks_cap < max_hits) {
         int32_t *n = realloc(s->blocks, (size_t)max_hits * 2 * sizeof *n);
         if (!n) return;
@@ -542,6 +571,11 @@ static int stage_batch(engine *e, int n_members, transformer_batch *b) {
     n_entries = 0;
     for (int m = 0; m < n_members; m++) {
         sequence *s = e->b_members[m];
+        if (e->hybrid && s->state_slot < 0) {
+            if (e->n_free_slots == 0) return -1; /* cannot happen: one per running sequence */
+            s->state_slot = e->free_slots[--e->n_free_slots];
+        }
+        e->b_state_slots[m] = s->state_slot;
         e->b_table_start[m] = n_entries;
         memcpy(e->b_tables + n_entries, s->blocks, (size_t)s->n_blocks * sizeof *s->blocks);
         n_entries += s->n_blocks;
@@ -564,7 +598,8 @@ static int stage_batch(engine *e, int n_members, transformer_batch *b) {
                              .slots = e->b_slots, .n_seqs = n_members,
                              .block_table_start = e->b_table_start, .block_tables = e->b_tables,
                              .n_block_entries = n_entries, .n_logits = n_logits,
-                             .logit_rows = e->b_logit_rows};
+                             .logit_rows = e->b_logit_rows,
+                             .state_slots = e->hybrid ? e->b_state_slots : NULL};
     return 0;
 }
 

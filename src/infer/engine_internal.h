@@ -41,6 +41,7 @@ typedef struct sequence {
     int admitted;       /* has been admitted once (cached_tokens is final) */
     uint64_t serial;    /* engine-assigned, unique for the engine's life (same on every rank) */
     int in_flight;      /* in a step whose token is not applied yet (pipeline overlap) */
+    int state_slot;     /* hybrid models: recurrent-state slot while running, else -1 */
     /* this step */
     int chunk;       /* tokens in the batch */
     int logit_index; /* row in logits, or -1 */
@@ -102,6 +103,11 @@ struct engine {
     int32_t *b_tokens, *b_positions, *b_seq, *b_slots, *b_table_start, *b_logit_rows;
     int32_t *b_tables;
     int b_tables_cap;
+    /* hybrid models: recurrent-state slots (one per running sequence, max_sequences of them) */
+    int hybrid;
+    int32_t *free_slots;      /* stack of unused slots */
+    int n_free_slots;
+    int32_t *b_state_slots;   /* [max_sequences] slot of each batch member */
     sequence **b_members;
     float *logits;            /* [max_sequences][vocab] (the sampling rank only) */
     sampler_result *samples;  /* [max_sequences] this step's sampled tokens, by logit row */

@@ -10,6 +10,12 @@
  * MoE experts come either one tensor per expert (HF: mlp.experts.E.gate_proj) or stacked
  * (mlx: mlp.switch_mlp.gate_proj with a leading expert dimension).
  *
+ * Hybrid checkpoints (Qwen3-Next, Qwen3.5): Qwen3.5's multimodal ones keep the language model
+ * under model.language_model.* (found by its embedding; the vision tower and the mtp.* tensors
+ * are not loaded, a log line says so). Rows that transformers splits per head after the
+ * projection (the attention output gate inside q_proj, Qwen3-Next's per-key-head qkvz/ba
+ * groups) are regrouped at load into owned copies, so the forward pass sees one layout.
+ *
  * Only layers [layer_start, layer_end) are resolved; the embedding is resolved for the first
  * stage, the final norm and lm_head (or the tied embedding) for the last. Refuses: anything whose
  * shape disagrees with the config (the error names the tensor and both shapes).
@@ -48,6 +54,22 @@ typedef struct layer_weights {
     weight_matrix router;    /* [n_experts][dim] */
     weight_matrix *expert_gate, *expert_up; /* n_experts x [moe_intermediate][dim] */
     weight_matrix *expert_down;             /* n_experts x [dim][moe_intermediate] */
+    /* hybrid MoE: the shared expert, scaled by sigmoid(shared_expert_gate x) */
+    weight_matrix shared_gate, shared_up;   /* [shared_intermediate][dim] */
+    weight_matrix shared_down;              /* [dim][shared_intermediate] */
+    weight_matrix shared_expert_gate;       /* [1][dim] */
+    /* hybrid full attention: q_proj's gate rows, gathered apart from wq at load */
+    weight_matrix wq_gate;   /* [n_heads*head_dim][dim] */
+    /* hybrid GatedDeltaNet layer (is_linear; then wq..wo, q_norm, k_norm are absent). Qwen3-Next's
+     * fused in_proj_qkvz / in_proj_ba rows are regrouped at load into this (Qwen3.5) order. */
+    int is_linear;
+    weight_matrix lin_qkv;   /* [2*key_heads*key_dim + value_heads*value_dim][dim]: q, k, v */
+    weight_matrix lin_z;     /* [value_heads*value_dim][dim] output gate of the gated norm */
+    weight_matrix lin_b, lin_a; /* [value_heads][dim] beta and decay projections */
+    weight_matrix lin_conv;  /* [conv_dim][conv_kernel] depthwise conv taps */
+    weight_matrix lin_a_log, lin_dt_bias; /* [1][value_heads] */
+    weight_matrix lin_norm;  /* [1][value_dim] gated RMSNorm weight */
+    weight_matrix lin_out;   /* [dim][value_heads*value_dim] */
 } layer_weights;
 
 typedef struct model_weights {
