@@ -95,6 +95,15 @@ static float *upload_vector(compute_backend *be, const weight_matrix *m) {
     return upload_values(be, m, 0.0f);
 }
 
+/* One slot's state of a GatedDeltaNet layer. */
+static size_t conv_state_bytes(const linear_attention_layer *L) {
+    return (size_t)(L->conv_kernel - 1) * (size_t)L->conv_dim * sizeof(float);
+}
+
+static size_t recurrent_state_bytes(const linear_attention_layer *L) {
+    return (size_t)L->n_v_heads * (size_t)L->key_dim * (size_t)L->value_dim * sizeof(float);
+}
+
 /* A GatedDeltaNet layer's small weights and its recurrent state for every slot. */
 static void create_linear_layer(transformer *t, const layer_weights *l, layer_vectors *v,
                                 linear_attention_layer *L, int *fail) {
@@ -109,10 +118,8 @@ static void create_linear_layer(transformer *t, const layer_weights *l, layer_ve
         .key_dim = c->linear_key_dim, .value_dim = c->linear_value_dim,
         .conv_kernel = c->linear_conv_kernel, .conv_dim = t->conv_dim,
         .conv_weight = v->lin_conv, .a_log = v->lin_a_log, .dt_bias = v->lin_dt_bias};
-    size_t slots = (size_t)t->n_state_slots, F = sizeof(float);
-    L->conv_state = balloc(t, slots * (size_t)(c->linear_conv_kernel - 1) * (size_t)t->conv_dim * F, fail);
-    L->recurrent_state = balloc(t, slots * (size_t)c->linear_value_heads * (size_t)c->linear_key_dim *
-                                       (size_t)c->linear_value_dim * F, fail);
+    L->conv_state = balloc(t, (size_t)t->n_state_slots * conv_state_bytes(L), fail);
+    L->recurrent_state = balloc(t, (size_t)t->n_state_slots * recurrent_state_bytes(L), fail);
     if (!v->lin_norm || !v->lin_conv || !v->lin_a_log || !v->lin_dt_bias) *fail = 1;
 }
 
@@ -172,7 +179,7 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
     t->inter = c->intermediate_size / tp;
     t->hybrid = model_config_is_hybrid(c);
     if (t->hybrid && (!be->conv1d_causal || !be->gated_delta_rule || !be->rmsnorm_gated ||
-                      !be->mul_sigmoid || !be->mul_sigmoid_rows)) {
+                      !be->mul_sigmoid || !be->mul_sigmoid_rows || !be->copy)) {
         error_set(err, errlen, "%s is a hybrid linear-attention model, which the %s backend does "
                   "not run yet (use --device cpu)", c->architecture, be->name);
         free(t);
@@ -349,6 +356,48 @@ static void matmul_shared_x(compute_backend *be, int n, const weight_matrix *con
         return;
     }
     for (int i = 0; i < n; i++) be->matmul(be, w[i], x, ys[i], n_tokens);
+}
+
+/* dst (n_new slots) = the first n_old slots of src, the rest zero; frees src. */
+static void *grow_slots(compute_backend *be, void *src, size_t slot_bytes, int n_old, int n_new) {
+    void *dst = be->alloc(be, (size_t)n_new * slot_bytes);
+    if (!dst) return NULL;
+    be->copy(be, dst, src, (size_t)n_old * slot_bytes);
+    be->free(be, src);
+    return dst;
+}
+
+int transformer_reserve_state_slots(transformer *t, int n, char *err, size_t errlen) {
+    if (!t->hybrid || n <= t->n_state_slots) return 0;
+    for (int li = 0; li < t->n_local; li++) {
+        linear_attention_layer *L = &t->lin[li];
+        if (!t->w->layers[li].is_linear) continue;
+        void *conv = grow_slots(t->be, L->conv_state, conv_state_bytes(L), t->n_state_slots, n);
+        if (conv) L->conv_state = conv;
+        void *rec = conv ? grow_slots(t->be, L->recurrent_state, recurrent_state_bytes(L),
+                                      t->n_state_slots, n)
+                         : NULL;
+        if (rec) L->recurrent_state = rec;
+        if (!conv || !rec) { /* layers grown so far keep their larger buffers: harmless */
+            error_set(err, errlen, "out of memory for %d recurrent-state slots", n);
+            return -1;
+        }
+    }
+    t->n_state_slots = n;
+    return 0;
+}
+
+void transformer_copy_state(transformer *t, int dst_slot, int src_slot) {
+    if (!t->hybrid || dst_slot == src_slot) return;
+    for (int li = 0; li < t->n_local; li++) {
+        const linear_attention_layer *L = &t->lin[li];
+        if (!t->w->layers[li].is_linear) continue;
+        size_t cb = conv_state_bytes(L), rb = recurrent_state_bytes(L);
+        t->be->copy(t->be, (char *)L->conv_state + (size_t)dst_slot * cb,
+                    (const char *)L->conv_state + (size_t)src_slot * cb, cb);
+        t->be->copy(t->be, (char *)L->recurrent_state + (size_t)dst_slot * rb,
+                    (const char *)L->recurrent_state + (size_t)src_slot * rb, rb);
+    }
 }
 
 void transformer_set_allreduce(transformer *t, transformer_allreduce_fn fn, void *ctx) {

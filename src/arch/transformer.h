@@ -58,6 +58,13 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
                                 size_t errlen);
 void transformer_destroy(transformer *t);
 
+/* Hybrid models: makes room for n recurrent-state slots (the first max_logits are there from
+ * transformer_create; more hold snapshots for the prefix cache). Existing slots keep their state.
+ * Returns 0, or -1 with err when out of memory (the old slots stay). */
+int transformer_reserve_state_slots(transformer *t, int n, char *err, size_t errlen);
+/* Hybrid models: copies every local linear layer's recurrent state of slot src into slot dst. */
+void transformer_copy_state(transformer *t, int dst_slot, int src_slot);
+
 /* Sums n floats of backend memory in place across the tensor-parallel ranks (every rank gets
  * the same sum). Returns 0, or -1 with err (a rank died or timed out). */
 typedef int (*transformer_allreduce_fn)(void *ctx, float *buf, size_t n, char *err, size_t errlen);

@@ -179,6 +179,8 @@ struct compute_backend {
                           float *y, int64_t rows, int64_t dim, float eps);
     /* x[i] *= sigmoid(gate[i]) */
     void (*mul_sigmoid)(compute_backend *b, float *x, const float *gate, int64_t n);
+    /* bytes from src to dst, both backend memory (recurrent-state snapshots) */
+    void (*copy)(compute_backend *b, void *dst, const void *src, size_t bytes);
     /* x[r][c] *= sigmoid(gate[r]) (a per-row gate, e.g. the shared expert's) */
     void (*mul_sigmoid_rows)(compute_backend *b, float *x, const float *gate, int64_t rows,
                              int64_t dim);

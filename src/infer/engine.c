@@ -14,9 +14,12 @@
  *      samples its next token.
  * Hybrid models (GatedDeltaNet layers, model_config_is_hybrid) also keep a recurrent state per
  * running sequence: a slot is taken when it is first batched and given back when it finishes or
- * is preempted (a recomputed sequence starts again at position 0, which resets its state). Their
- * prefixes are not reused from the prefix cache: the cached K/V of a prefix would not restore the
- * linear layers' state, which only exists at the end of each computed chunk.
+ * is preempted (a recomputed sequence starts again at position 0, which resets its state). A
+ * cached prefix restores both: the state after a prefix is snapshotted whenever a sequence's
+ * computed tokens end on a block boundary (prefill chunks are cut there: at the prompt's last
+ * boundary, and at a boundary when the budget splits a prompt; decode crosses one every block),
+ * and admission takes the longest cached prefix that has a snapshot. Not in an overlapped
+ * pipeline, whose stages run a sequence's next chunk before its previous one is applied.
  * Refuses: prompts that cannot fit the context or the whole cache (engine_submit fails). */
 #include "infer/engine_internal.h"
 
@@ -207,6 +210,13 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
                                errlen);
     if (!e->tf || (e->dist && engine_dist_start(e, err, errlen)) || open_kv(e, o, err, errlen))
         goto fail;
+    if (e->hybrid) { /* as many snapshots as sequences: each can leave its prefix behind */
+        e->n_snapshots = e->max_sequences;
+        e->snapshots = calloc((size_t)e->n_snapshots, sizeof *e->snapshots);
+        if (!e->snapshots || transformer_reserve_state_slots(e->tf, e->max_sequences + e->n_snapshots,
+                                                             err, errlen))
+            goto fail;
+    }
     return e;
 oom:
     error_set(err, errlen, "out of memory opening %s", o->model_dir);
@@ -219,6 +229,34 @@ static void release_state_slot(engine *e, sequence *s) {
     if (s->state_slot < 0) return;
     e->free_slots[e->n_free_slots++] = s->state_slot;
     s->state_slot = -1;
+}
+
+/* Whether hybrid prefixes are reused (see the top of this file). */
+static int hybrid_prefix_reuse(const engine *e) {
+    return e->hybrid && e->snapshots && e->pipeline_steps <= 1;
+}
+
+static int find_snapshot(const engine *e, uint64_t hash) {
+    for (int i = 0; i < e->n_snapshots; i++)
+        if (e->snapshots[i].hash == hash) return i;
+    return -1;
+}
+
+/* After a step: snapshots s's state when its computed tokens end on a registered block. */
+static void snapshot_take(engine *e, sequence *s) {
+    int bs = e->block_size;
+    if (!hybrid_prefix_reuse(e) || s->no_prefix_cache || s->state_slot < 0 || s->n_computed == 0 ||
+        s->n_computed % bs || s->n_hashed * bs != s->n_computed)
+        return;
+    int k = find_snapshot(e, s->last_hash);
+    if (k < 0) { /* an unused one, else the least recently used */
+        k = 0;
+        for (int i = 1; i < e->n_snapshots && e->snapshots[k].hash; i++)
+            if (!e->snapshots[i].hash || e->snapshots[i].used < e->snapshots[k].used) k = i;
+        transformer_copy_state(e->tf, e->max_sequences + k, s->state_slot);
+        e->snapshots[k].hash = s->last_hash;
+    }
+    e->snapshots[k].used = ++e->snapshot_tick;
 }
 
 static void seq_free(engine *e, sequence *s) {
@@ -250,6 +288,7 @@ void engine_close(engine *e) {
     free(e->b_members);
     free(e->free_slots);
     free(e->b_state_slots);
+    free(e->snapshots);
     free(e->logits);
     free(e->samples);
     free(e->seqs);
@@ -423,12 +462,34 @@ static int ensure_blocks(engine *e, sequence *s, int n_pos) {
     return 0;
 }
 
+/* Admission of a hybrid: keeps the longest of the cached blocks s found whose state has a
+ * snapshot, and restores that state into a slot of its own. */
+static void restore_state(engine *e, sequence *s) {
+    int bs = e->block_size, keep = s->n_blocks, k = -1;
+    uint64_t h = s->last_hash;
+    while (keep > 0 && (k = find_snapshot(e, h)) < 0) { /* the chain hash one block shorter */
+        keep--;
+        h = 0;
+        for (int i = 0; i < keep; i++) h = kv_cache_chain_hash(h, s->tokens + (size_t)i * bs, bs);
+    }
+    if (keep > 0 && s->state_slot < 0 && e->n_free_slots > 0)
+        s->state_slot = e->free_slots[--e->n_free_slots];
+    if (keep > 0 && s->state_slot < 0) keep = 0; /* cannot happen: a slot per admitted sequence */
+    for (int i = keep; i < s->n_blocks; i++) kv_cache_release_block(e->kv, s->blocks[i]);
+    s->n_blocks = s->n_hashed = keep;
+    s->n_computed = keep * bs;
+    s->last_hash = keep ? h : 0;
+    if (!keep) return;
+    transformer_copy_state(e->tf, s->state_slot, e->max_sequences + k);
+    e->snapshots[k].used = ++e->snapshot_tick;
+}
+
 /* Admission: shares the cached blocks that hold s's leading full blocks of tokens. At least one
  * token is always left to compute, so the step has logits to sample from. */
 static void take_cached_prefix(engine *e, sequence *s) {
     int bs = e->block_size;
     int max_hits = (s->n_tokens - 1) / bs;
-    if (s->no_prefix_cache || e->hybrid) return;
+    if (s->no_prefix_cache || (e->hybrid && !hybrid_prefix_reuse(e))) return;
     if (max_hits > 0 && s->blocks_cap < max_hits) {
         int32_t *n = realloc(s->blocks, (size_t)max_hits * 2 * sizeof *n);
         if (!n) return;
@@ -445,6 +506,7 @@ static void take_cached_prefix(engine *e, sequence *s) {
         s->n_hashed = s->n_blocks;
         s->n_computed = s->n_blocks * bs;
     }
+    if (e->hybrid) restore_state(e, s);
     if (!s->admitted) s->cached_tokens = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
     s->admitted = 1;
 }
@@ -469,6 +531,17 @@ static sequence *newest_running(engine *e, const sequence *keep) {
             return s;
     }
     return NULL;
+}
+
+/* A hybrid's prefill chunk, cut to end on a block boundary where its state can be snapshotted:
+ * the prompt's last boundary (before its last token), or, when the budget ends the chunk before
+ * that, the last boundary inside the chunk. */
+static int snapshot_aligned_chunk(const engine *e, const sequence *s, int chunk) {
+    int bs = e->block_size, start = s->n_computed, end = start + chunk;
+    int last_boundary = (s->n_tokens - 1) / bs * bs;
+    if (last_boundary > start && end > last_boundary) return last_boundary - start;
+    int aligned = end / bs * bs;
+    return end < s->n_tokens && aligned > start ? aligned - start : chunk;
 }
 
 /* Chooses this step's chunk for every live sequence. Returns the number of batch members. */
@@ -535,6 +608,8 @@ static int plan_batch(engine *e, int max_members) {
             if (want_waiting && s->n_blocks == 0) take_cached_prefix(e, s);
             left = s->n_tokens - s->n_computed;
             int chunk = left < budget ? left : budget;
+            if (hybrid_prefix_reuse(e) && !s->no_prefix_cache)
+                chunk = snapshot_aligned_chunk(e, s, chunk);
             if (ensure_blocks(e, s, s->n_computed + chunk) != 0) {
                 int have = s->n_blocks * e->block_size - s->n_computed;
                 chunk = have < chunk ? have : chunk;
@@ -746,6 +821,7 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
     if (chunk || logit_index >= 0) s->in_flight = 0; /* else a chunk counted at its plan */
     s->n_computed += chunk;
     register_full_blocks(e, s);
+    if (chunk) snapshot_take(e, s);
     engine_finish fin = ENGINE_FINISH_NONE;
     engine_event *ev = NULL;
     if (logit_index >= 0 || *n_ev < max_events) {

@@ -47,6 +47,11 @@ typedef struct sequence {
     int logit_index; /* row in logits, or -1 */
 } sequence;
 
+typedef struct state_snapshot {
+    uint64_t hash; /* chain hash of the block the state follows (0: unused) */
+    uint64_t used; /* last use, for LRU replacement */
+} state_snapshot;
+
 /* One step of an overlapped pipeline, from its plan until its results are applied (every rank
  * keeps its own copy; see engine_dist.c). */
 typedef struct step_record {
@@ -108,6 +113,11 @@ struct engine {
     int32_t *free_slots;      /* stack of unused slots */
     int n_free_slots;
     int32_t *b_state_slots;   /* [max_sequences] slot of each batch member */
+    /* hybrid prefix cache: the recurrent state after a prefix, at block boundaries, by the chain
+     * hash of the prefix's last block; snapshot i lives in state slot max_sequences + i */
+    state_snapshot *snapshots;
+    int n_snapshots;
+    uint64_t snapshot_tick;
     sequence **b_members;
     float *logits;            /* [max_sequences][vocab] (the sampling rank only) */
     sampler_result *samples;  /* [max_sequences] this step's sampled tokens, by logit row */

@@ -3,7 +3,8 @@
  * in one prefill, in chunks and token by token (the conv and delta-rule states carried across
  * calls); two sequences batched together in arbitrary slots give what each gives alone; a slot
  * reused by a new sequence (position 0) starts from zero; and through the engine, greedy tokens do
- * not depend on the prefill chunk size, on batching, or on a preemption (recompute from scratch).
+ * not depend on the prefill chunk size, on batching, on a preemption (recompute), or on a prefix
+ * taken from the prefix cache (K/V blocks plus the state snapshot at their end).
  * Agreement with transformers itself is test_engine_reference's (tests/fixtures/reference). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -266,12 +267,69 @@ static void test_engine_scheduling(void **s) {
     close_model(&m);
 }
 
+/* Runs one request to completion: its 12 greedy tokens, and how many prompt tokens were cached. */
+static int generate(engine *e, uint64_t id, const int32_t *prompt, int n, int32_t out[12]) {
+    engine_request r = {.prompt = prompt, .n_prompt = n, .max_tokens = 12, .ban_eos = 1};
+    r.sampling = sampling_params_default();
+    r.sampling.temperature = 0;
+    char err[256];
+    assert_int_equal(engine_submit(e, id, &r, err, sizeof err), 0);
+    int got = 0, cached = -1;
+    while (engine_pending(e)) {
+        engine_event ev[8];
+        int k = engine_step(e, ev, 8);
+        assert_true(k >= 0);
+        for (int i = 0; i < k; i++) {
+            if (ev[i].token >= 0) out[got++] = ev[i].token;
+            cached = ev[i].cached_tokens;
+        }
+    }
+    assert_int_equal(got, 12);
+    return cached;
+}
+
+static engine *open_engine(const char *dir) {
+    engine_options o = {.model_dir = dir, .max_batch_tokens = 64, .n_threads = 1,
+                        .kv_cache_dtype = "f32", .device = "cpu", .max_sequences = 4};
+    char err[256];
+    engine *e = engine_open(&o, err, sizeof err);
+    if (!e) fprintf(stderr, "%s\n", err);
+    assert_non_null(e);
+    return e;
+}
+
+/* A follow-up turn reuses the prefix of the first (its K/V and its linear layers' state) and
+ * generates what a fresh engine generates for the whole prompt. */
+static void test_engine_prefix_cache(void **s) {
+    (void)s;
+    model m;
+    open_model(&m, "next", "--arch qwen3_next --moe-layout hf");
+    int32_t turn[80], first[12], second[12], fresh[12];
+    for (int i = 0; i < 37; i++) turn[i] = (i * 29 + 5) % 300;
+    int32_t other[20], other_out[12];
+    for (int i = 0; i < 20; i++) other[i] = (i * 7 + 1) % 300; /* shares no block with turn */
+    engine *e = open_engine(m.dir);
+    assert_int_equal(generate(e, 1, turn, 37, first), 0);
+    memcpy(turn + 37, first, sizeof first);
+    for (int i = 0; i < 5; i++) turn[49 + i] = (i * 41 + 2) % 300;
+    generate(e, 2, other, 20, other_out); /* leaves its own state in the slot turn had */
+    /* 37 prompt + 11 computed generated tokens: the state after 48 was snapshotted */
+    assert_int_equal(generate(e, 3, turn, 54, second), 48);
+    engine_close(e);
+    e = open_engine(m.dir);
+    assert_int_equal(generate(e, 1, turn, 54, fresh), 0);
+    engine_close(e);
+    assert_memory_equal(second, fresh, sizeof fresh);
+    close_model(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_next_moe),
         cmocka_unit_test(test_qwen3_5_dense),
         cmocka_unit_test(test_qwen3_5_moe_4bit_mlx),
         cmocka_unit_test(test_engine_scheduling),
+        cmocka_unit_test(test_engine_prefix_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -385,7 +385,7 @@ compute_backend *compute_backend_cpu(int n_threads) {
         .gather_rows = cpu_gather_rows, .moe_route = cpu_moe_route, .moe_ffn = cpu_moe_ffn,
         .conv1d_causal = cpu_conv1d_causal, .gated_delta_rule = cpu_gated_delta_rule,
         .rmsnorm_gated = cpu_rmsnorm_gated, .mul_sigmoid = cpu_mul_sigmoid,
-        .mul_sigmoid_rows = cpu_mul_sigmoid_rows, .destroy = cpu_destroy,
+        .mul_sigmoid_rows = cpu_mul_sigmoid_rows, .copy = cpu_copy, .destroy = cpu_destroy,
     };
     return b;
 }
