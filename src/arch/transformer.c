@@ -125,7 +125,7 @@ static void create_linear_layer(transformer *t, const layer_weights *l, layer_ve
 
 static int create_vectors(transformer *t, int *fail) {
     const model_config *c = t->c;
-    float norm_offset = c->norm_zero_centred ? 1.0f : 0.0f;
+    float norm_offset = t->w->norm_plus_one ? 1.0f : 0.0f;
     for (int i = 0; i < t->n_local; i++) {
         const layer_weights *l = &t->w->layers[i];
         layer_vectors *v = &t->vec[i];

@@ -77,7 +77,9 @@ typedef struct model_config {
     int linear_key_heads, linear_value_heads, linear_key_dim, linear_value_dim;
     int linear_fused_projections; /* Qwen3-Next: in_proj_qkvz / in_proj_ba grouped per key head */
     int attn_output_gate;        /* q_proj yields per head head_dim queries then a sigmoid gate */
-    int norm_zero_centred;       /* RMSNorm weights scale by (1 + w) (model, layer and q/k norms) */
+    int norm_zero_centred;       /* transformers computes RMSNorms as (1 + w) (model, layer and q/k
+                                    norms); checkpoints converted by mlx-lm store 1 + w already
+                                    (model_weights.norm_plus_one says which a checkpoint holds) */
     /* mlx-community quantization (0 = not quantized) */
     int quant_bits;
     int quant_group_size;

@@ -386,10 +386,37 @@ static int load_shared_expert(const safetensors_set *st, const model_config *c, 
 /* Where the language model's tensors are: model.* (text checkpoints), or model.language_model.*
  * (Qwen3.5's multimodal checkpoints, beside model.visual.* and mtp.*). */
 static const char *text_prefix(const safetensors_set *st) {
-    return safetensors_set_find(st, "model.language_model.embed_tokens.weight") ||
-                   safetensors_set_find(st, "model.language_model.norm.weight")
-               ? "model.language_model"
-               : "model";
+    static const char *prefixes[] = {"model.language_model", "language_model.model"};
+    for (int i = 0; i < 2; i++) {
+        char a[96], b[96];
+        snprintf(a, sizeof a, "%s.embed_tokens.weight", prefixes[i]);
+        snprintf(b, sizeof b, "%s.norm.weight", prefixes[i]);
+        if (safetensors_set_find(st, a) || safetensors_set_find(st, b)) return prefixes[i];
+    }
+    return "model";
+}
+
+/* The lm_head of a checkpoint whose text model is under `prefix` (mlx-lm's multimodal
+ * conversions keep it under language_model.). */
+static const char *head_name(const char *prefix) {
+    return strcmp(prefix, "language_model.model") ? "lm_head" : "language_model.lm_head";
+}
+
+/* Whether a hybrid's zero-centred norms are stored as transformers has them (w, used as 1 + w)
+ * rather than as mlx-lm converts them (1 + w): mlx-lm adds the 1 in the same pass that turns the
+ * depthwise conv weight from torch's [C, 1, K] into its [C, K, 1], so the conv layout says which
+ * (as mlx-lm itself decides). */
+static int norms_stored_zero_centred(const safetensors_set *st, const model_config *c,
+                                     const char *prefix) {
+    if (!c->norm_zero_centred) return 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!model_config_layer_is_linear(c, l)) continue;
+        char name[160];
+        snprintf(name, sizeof name, "%s.layers.%d.linear_attn.conv1d.weight", prefix, l);
+        const safetensors_tensor *t = safetensors_set_find(st, name);
+        return !(t && t->n_dims == 3 && t->shape[2] == 1 && t->shape[1] != 1);
+    }
+    return 1;
 }
 
 static int load_layer(model_weights *w, const safetensors_set *st, const model_config *c, int i,
@@ -874,6 +901,7 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
     if (strcmp(prefix, "model"))
         log_info("weights: the language model of a multimodal checkpoint (%s.*); its vision "
                  "tower and mtp.* tensors are not loaded", prefix);
+    out->norm_plus_one = norms_stored_zero_centred(st, c, prefix);
     snprintf(name, sizeof name, "%s.embed_tokens", prefix);
     if (out->has_embed && load_matrix(st, name, vocab, dim, &out->embed, err, errlen))
         goto fail;
@@ -888,7 +916,7 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
         if (load_vector(st, name, dim, &out->final_norm, err, errlen)) goto fail;
         if (c->tie_word_embeddings) {
             out->lm_head = out->embed;
-        } else if (load_matrix(st, "lm_head", vocab, dim, &out->lm_head, err, errlen)) {
+        } else if (load_matrix(st, head_name(prefix), vocab, dim, &out->lm_head, err, errlen)) {
             goto fail;
         }
         if (out->tp_size > 1 && slice_vocab(out, vocab, c->tie_word_embeddings, err, errlen))

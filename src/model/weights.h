@@ -89,6 +89,9 @@ typedef struct model_weights {
     size_t copied_bytes;    /* weight bytes copied there (0: views point into the mmap) */
     size_t rewritten_bytes; /* of those, bytes the backend rewrote (model_weights_rewrite) */
     int tp_rank, tp_size;   /* tensor-parallel slice held (0, 1 = whole layers) */
+    int norm_plus_one;      /* the RMSNorm weights are used as 1 + w (zero-centred norms as
+                               transformers stores them; mlx-lm's conversion adds the 1 itself,
+                               recognised by its conv1d layout [C, K, 1]) */
     void **owned;           /* column slices gathered at load (freed once copied to the arena) */
     int n_owned, owned_cap;
 } model_weights;

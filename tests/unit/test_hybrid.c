@@ -207,6 +207,28 @@ static void test_qwen3_5_moe_4bit_mlx(void **s) {
     check_forward("q35moe-4bit", "--arch qwen3_5_moe --moe-layout mlx --quant-bits 4 --group-size 64");
 }
 
+/* mlx-lm's conversion (conv1d [C, K, 1], the zero-centred norms stored as 1 + w) and
+ * transformers' layout of the same values give the same logits (f32 weights: the stored 1 + w
+ * differs from 1 + the stored w by one f32 rounding). */
+static void test_mlx_conventions(void **s) {
+    (void)s;
+    model hf, mlx;
+    open_model(&hf, "layout-hf", "--arch qwen3_5 --dtype f32");
+    open_model(&mlx, "layout-mlx", "--arch qwen3_5 --dtype f32 --hybrid-layout mlx");
+    assert_true(hf.w.norm_plus_one);
+    assert_false(mlx.w.norm_plus_one);
+    size_t V = (size_t)hf.c.vocab_size, all = (size_t)N_TOK * V;
+    int32_t a[N_TOK];
+    for (int i = 0; i < N_TOK; i++) a[i] = (i * 37 + 11) % (int)V;
+    float *x = malloc(all * sizeof *x), *y = malloc(all * sizeof *y);
+    run_chunked(&hf, a, N_TOK, 0, x);
+    run_chunked(&mlx, a, N_TOK, 0, y);
+    expect_close(&hf, x, y, all, "mlx-lm layout");
+    free(x), free(y);
+    close_model(&hf);
+    close_model(&mlx);
+}
+
 /* Greedy tokens of three prompts through the engine with these options. */
 static void engine_tokens(const char *dir, int max_batch_tokens, size_t kv_bytes, int one_at_a_time,
                           int32_t out[3][12]) {
@@ -328,6 +350,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_next_moe),
         cmocka_unit_test(test_qwen3_5_dense),
         cmocka_unit_test(test_qwen3_5_moe_4bit_mlx),
+        cmocka_unit_test(test_mlx_conventions),
         cmocka_unit_test(test_engine_scheduling),
         cmocka_unit_test(test_engine_prefix_cache),
     };

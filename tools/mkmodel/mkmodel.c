@@ -44,6 +44,8 @@ static const char *usage_text =
     "  --conv-kernel N --full-attention-interval N\n"
     "                          hybrid GatedDeltaNet layers (tiny: 2, 4, 16, 16, 4, 4)\n"
     "  --partial-rotary X      partial_rotary_factor of the hybrids (default 0.25)\n"
+    "  --hybrid-layout L       hf: conv1d [C, 1, K], zero-centred norms stored as w (default);\n"
+    "                          mlx: conv1d [C, K, 1], norms stored as 1 + w (mlx-lm's conversion)\n"
     "  --vocab N               vocab_size (default: the tokenizer's, added tokens included)\n"
     "  --max-pos N             max_position_embeddings (default 4096)\n"
     "  --rope-theta X          (default 10000 llama, 1000000 qwen)\n"
@@ -224,6 +226,12 @@ static int set_enum_option(mk_options *o, const char *name, const char *val) {
         if (parse_i64(val, 2, 8, &v) != 0 || v == 7) return bad("--router-bits must be 2..8 (not 7), same or none, got '%s'%s", val, "");
         return c->router_bits = (int)v, 0;
     }
+    if (strcmp(name, "--hybrid-layout") == 0) {
+        if (strcmp(val, "hf") == 0) c->hybrid_mlx = 0;
+        else if (strcmp(val, "mlx") == 0) c->hybrid_mlx = 1;
+        else return bad("--hybrid-layout must be hf or mlx, got '%s'%s", val, "");
+        return 0;
+    }
     if (strcmp(name, "--moe-layout") == 0) {
         if (strcmp(val, "hf") == 0) c->moe_layout_mlx = 0;
         else if (strcmp(val, "mlx") == 0) c->moe_layout_mlx = 1;
@@ -242,7 +250,7 @@ static int known_option(const char *name) {
                                   "--group-size", "--router-bits", "--moe-layout", "--shard-mb",
                                   "--shared-intermediate", "--linear-key-heads", "--linear-value-heads",
                                   "--linear-key-dim", "--linear-value-dim", "--conv-kernel",
-                                  "--full-attention-interval", "--partial-rotary"};
+                                  "--full-attention-interval", "--partial-rotary", "--hybrid-layout"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(name, names[i]) == 0) return 1;
     return 0;

@@ -37,6 +37,7 @@ typedef struct mk_config {
     int64_t conv_kernel;             /* linear_conv_kernel_dim */
     int64_t full_attention_interval; /* layer l is full attention when (l + 1) % interval == 0 */
     double partial_rotary;           /* partial_rotary_factor */
+    int hybrid_mlx;                  /* mlx-lm's conventions: conv1d [C, K, 1], norms stored 1 + w */
     int64_t vocab;           /* vocab_size */
     int64_t max_pos;         /* max_position_embeddings */
     double rope_theta;

@@ -98,7 +98,7 @@ static void add_vector(plan_ctx *x, const char *name, const char *suffix, int64_
 
 /* An RMSNorm weight: near 1 as used. The hybrids scale by (1 + w), so theirs are drawn near 0. */
 static void add_norm(plan_ctx *x, const char *name, int64_t n) {
-    int centred = mk_arch_is_hybrid(x->cfg->arch);
+    int centred = mk_arch_is_hybrid(x->cfg->arch) && !x->cfg->hybrid_mlx;
     add_vector(x, name, "weight", n, centred ? MK_INIT_NORMAL : MK_INIT_AROUND_ONE, 0.1);
 }
 
@@ -147,9 +147,11 @@ static void add_linear_attention(plan_ctx *x, int64_t l) {
             add_linear(x, n, rows[i], c->hidden, std, bits, g);
         }
     }
-    /* depthwise conv weight [conv_dim][1][kernel], as torch's Conv1d stores it; never quantized */
+    /* depthwise conv weight [conv_dim][1][kernel] as torch's Conv1d stores it, or [conv_dim][kernel][1]
+     * as mlx-lm does (the same values in the same order); never quantized */
     set_name(n, sizeof n, "%s.conv1d", p);
-    mk_matrix *conv = add_linear(x, n, 1, c->conv_kernel, 0.5, 0, 0);
+    mk_matrix *conv = c->hybrid_mlx ? add_linear(x, n, c->conv_kernel, 1, 0.5, 0, 0)
+                                    : add_linear(x, n, 1, c->conv_kernel, 0.5, 0, 0);
     if (conv) {
         conv->stack = conv_dim;
         set_name(conv->seed_fmt, sizeof conv->seed_fmt, "%s.conv1d.weight.%%lld", p);
