@@ -827,8 +827,19 @@ int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_
     return cpu_matmul_multi_with(1, &w, x, &y, n_tokens, level, gemm, max_matvec_tokens);
 }
 
+/* The level a matmul runs at: the best one, or for matrices that want exact activations the best
+ * whose kernels keep MLX-order activations in float (AVX-512 and NEON dotprod round them to
+ * int16 per group for their integer dot products; AVX2 and NEON do not). */
+static cpu_level level_for(int n, const weight_matrix *const *ws) {
+    cpu_level best = cpu_best_level();
+    int exact = 0;
+    for (int i = 0; i < n; i++) exact |= ws[i]->exact_activations && ws[i]->format == WEIGHT_MLX_AFFINE;
+    if (!exact) return best;
+    return best == CPU_LEVEL_AVX512 ? CPU_LEVEL_AVX2 : best == CPU_LEVEL_NEON_DOTPROD ? CPU_LEVEL_NEON : best;
+}
+
 void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_tokens) {
-    cpu_matmul_with(w, x, y, n_tokens, cpu_best_level(), CPU_GEMM_AUTO, -1);
+    cpu_matmul_with(w, x, y, n_tokens, level_for(1, &w), CPU_GEMM_AUTO, -1);
 }
 
 /* EXO_MATMUL_FUSE=0 runs the matrices of cpu_matmul_multi one job each (for A/B runs). */
@@ -849,5 +860,5 @@ void cpu_matmul_multi(int n, const weight_matrix *const *ws, const float *x, flo
                          ys + CPU_MATMUL_MULTI_MAX, n_tokens);
         return;
     }
-    cpu_matmul_multi_with(n, ws, x, ys, n_tokens, cpu_best_level(), CPU_GEMM_AUTO, -1);
+    cpu_matmul_multi_with(n, ws, x, ys, n_tokens, level_for(n, ws), CPU_GEMM_AUTO, -1);
 }
