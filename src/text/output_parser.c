@@ -197,11 +197,82 @@ static bool parse_call_object(json_t *obj, delta_builder *d) {
     return ok;
 }
 
+/* s[0..n) with one leading and one trailing newline dropped (the XML form puts values on lines
+ * of their own) */
+static void trim_one_newline(const char **s, size_t *n) {
+    if (*n && (*s)[0] == '\n') (*s)++, (*n)--;
+    if (*n && (*s)[*n - 1] == '\n') (*n)--;
+}
+
+/* The text after `prefix` up to `close`, within [s, end): its start and length; NULL when absent. */
+static const char *between(const char *s, const char *end, const char *close, size_t *len) {
+    size_t cl = strlen(close);
+    for (const char *p = s; p + cl <= end; p++)
+        if (memcmp(p, close, cl) == 0) {
+            *len = (size_t)(p - s);
+            return s;
+        }
+    return NULL;
+}
+
+/* A parameter value of the XML form: JSON when it is a JSON number, boolean, null, array or
+ * object (the template writes those with tojson), else the text itself as a string. */
+static json_t *xml_value(const char *v, size_t n) {
+    json_t *j = json_loadb(v, n, JSON_DECODE_ANY, NULL);
+    if (j && !json_is_string(j)) return j;
+    json_decref(j);
+    return json_stringn(v, n);
+}
+
+/* Qwen3.5 / Qwen3-Coder XML form inside <tool_call>:
+ *   <function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function> */
+static bool parse_xml_call(const char *body, size_t n, delta_builder *d) {
+    static const char FN[] = "<function=", PARAM[] = "<parameter=";
+    const char *s = body, *end = body + n;
+    while (s < end && is_ws(*s)) s++;
+    if ((size_t)(end - s) < sizeof FN - 1 || memcmp(s, FN, sizeof FN - 1)) return false;
+    size_t name_len, rest_len;
+    const char *name = between(s + sizeof FN - 1, end, ">", &name_len);
+    if (!name || !name_len) return false;
+    const char *rest = name + name_len + 1;
+    if (!between(rest, end, "</function>", &rest_len)) return false;
+    const char *fn_end = rest + rest_len;
+    json_t *args = json_object();
+    bool ok = args != NULL;
+    for (const char *p = rest; ok && p < fn_end;) {
+        while (p < fn_end && is_ws(*p)) p++;
+        if (p >= fn_end) break;
+        size_t key_len, val_len;
+        const char *key = (size_t)(fn_end - p) > sizeof PARAM - 1 && !memcmp(p, PARAM, sizeof PARAM - 1)
+                              ? between(p + sizeof PARAM - 1, fn_end, ">", &key_len)
+                              : NULL;
+        const char *val = key ? between(key + key_len + 1, fn_end, "</parameter>", &val_len) : NULL;
+        if (!val) {
+            ok = false;
+            break;
+        }
+        trim_one_newline(&val, &val_len);
+        char *k = strndup(key, key_len);
+        ok = k && json_object_set_new(args, k, xml_value(val, val_len)) == 0;
+        free(k);
+        p = val + val_len + strlen("</parameter>") + (val[val_len] == '\n');
+    }
+    if (ok) {
+        strbuf sb = {0};
+        write_json(&sb, args);
+        char *text = strbuf_detach(&sb), *nm = strndup(name, name_len);
+        if (text && nm) add_call(d, nm, text);
+        else free(text), free(nm), ok = false;
+    }
+    json_decref(args);
+    return ok;
+}
+
 static bool parse_hermes_call(const char *body, size_t n, delta_builder *d) {
     json_t *obj = json_loadb(body, n, 0, NULL);
     bool ok = parse_call_object(obj, d);
     json_decref(obj);
-    return ok;
+    return ok || parse_xml_call(body, n, d);
 }
 
 /* the whole Llama reply: one object, or several separated by ';' or newlines, optional python_tag

@@ -4,7 +4,9 @@
  * One parser per generation. Feed decoded text pieces in order; each call returns the
  * deltas that are now certain (text that might still become a tag is held back). Formats are
  * chosen per model family: reasoning `<think>...</think>` (starting inside the block when the
- * prompt ended with the open tag); tool calls in Qwen/Hermes `<tool_call>{json}</tool_call>` and
+ * prompt ended with the open tag); tool calls in Qwen/Hermes `<tool_call>{json}</tool_call>`
+ * (or, Qwen3.5 / Qwen3-Coder, `<tool_call><function=NAME><parameter=P>VALUE</parameter>...
+ * </function></tool_call>`: values that are JSON non-strings become JSON, others stay text) and
  * Llama 3.1 JSON form; the interface takes gpt-oss Harmony, DeepSeek, GLM and Kimi later.
  * A malformed tool call falls back to plain content. */
 #ifndef EXO_TEXT_OUTPUT_PARSER_H
@@ -14,7 +16,8 @@
 
 typedef enum output_format {
     OUTPUT_FORMAT_PLAIN = 0,   /* no reasoning, no tool calls */
-    OUTPUT_FORMAT_HERMES,      /* <think>, <tool_call>{"name","arguments"}</tool_call> (Qwen) */
+    OUTPUT_FORMAT_HERMES,      /* <think>, <tool_call>{"name","arguments"}</tool_call> or the
+                                  XML form inside it (Qwen) */
     OUTPUT_FORMAT_LLAMA3_JSON, /* {"name": ..., "parameters": {...}} as the whole reply */
 } output_format;
 
