@@ -2,7 +2,9 @@
  * consistent with itself wherever the recurrent state is involved: a prompt gives the same logits
  * in one prefill, in chunks and token by token (the conv and delta-rule states carried across
  * calls); two sequences batched together in arbitrary slots give what each gives alone; a slot
- * reused by a new sequence (position 0) starts from zero; and through the engine, greedy tokens do
+ * reused by a new sequence (position 0) starts from zero; a pipeline split inside the run of
+ * linear layers gives the whole model's logits; mlx-lm's checkpoint conventions give transformers'
+ * logits; and through the engine, greedy tokens do
  * not depend on the prefill chunk size, on batching, on a preemption (recompute), or on a prefix
  * taken from the prefix cache (K/V blocks plus the state snapshot at their end).
  * Agreement with transformers itself is test_engine_reference's (tests/fixtures/reference). */
@@ -207,6 +209,58 @@ static void test_qwen3_5_moe_4bit_mlx(void **s) {
     check_forward("q35moe-4bit", "--arch qwen3_5_moe --moe-layout mlx --quant-bits 4 --group-size 64");
 }
 
+/* A pipeline split anywhere (here inside the run of linear layers: [0, 2) and [2, 4)) gives the
+ * whole model's logits, prompt then one decode step: each stage keeps the state of its own
+ * layers. */
+static void test_pipeline_split(void **s) {
+    (void)s;
+    model whole;
+    open_model(&whole, "q35", "--arch qwen3_5");
+    size_t V = (size_t)whole.c.vocab_size, dim = (size_t)whole.c.hidden_size;
+    int32_t a[N_TOK];
+    for (int i = 0; i < N_TOK; i++) a[i] = (i * 37 + 11) % (int)V;
+    float *ref = malloc((size_t)N_TOK * V * sizeof *ref), *got = malloc((size_t)N_TOK * V * sizeof *got);
+    run_chunked(&whole, a, N_TOK - 1, 0, ref); /* prefill N_TOK - 1, then decode the last */
+    model_weights stage_w[2];
+    transformer *stage[2];
+    kv_cache *kv[2];
+    char err[256];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(model_weights_load(whole.st, &whole.c, 2 * i, 2 * i + 2, &stage_w[i], err,
+                                            sizeof err), 0);
+        stage[i] = transformer_create(&whole.c, &stage_w[i], whole.be, 64, 64, err, sizeof err);
+        assert_non_null(stage[i]);
+        kv[i] = kv_cache_create(whole.be, 2, (int64_t)whole.c.n_kv_heads * whole.c.head_dim, BS,
+                                N_BLOCKS, DTYPE_F32, err, sizeof err);
+    }
+    float *hidden = malloc((size_t)N_TOK * dim * sizeof *hidden);
+    for (int p0 = 0, n = N_TOK - 1; p0 < N_TOK; p0 += n, n = 1) {
+        int32_t pos[N_TOK], seq[N_TOK], slots[N_TOK], rows[N_TOK], table[32], start = 0, slot = 3;
+        for (int b = 0; b < 32; b++) table[b] = 1 + 2 * b;
+        for (int j = 0; j < n; j++) {
+            pos[j] = p0 + j, seq[j] = 0, rows[j] = j;
+            slots[j] = table[pos[j] / BS] * BS + pos[j] % BS;
+        }
+        transformer_batch b = {.n_tokens = n, .tokens = a + p0, .positions = pos,
+                               .seq_of_token = seq, .slots = slots, .n_seqs = 1,
+                               .block_table_start = &start, .block_tables = table,
+                               .n_block_entries = 32, .n_logits = n, .logit_rows = rows,
+                               .state_slots = &slot};
+        assert_int_equal(transformer_forward(stage[0], kv[0]->layers, BS, &b, hidden, err, sizeof err), 0);
+        b.hidden_in = hidden;
+        assert_int_equal(transformer_forward(stage[1], kv[1]->layers, BS, &b, got + (size_t)p0 * V,
+                                             err, sizeof err), 0);
+    }
+    expect_close(&whole, ref, got, (size_t)N_TOK * V, "pipeline stages [0, 2) + [2, 4)");
+    for (int i = 0; i < 2; i++) {
+        kv_cache_destroy(kv[i]);
+        transformer_destroy(stage[i]);
+        model_weights_free(&stage_w[i]);
+    }
+    free(hidden), free(ref), free(got);
+    close_model(&whole);
+}
+
 /* mlx-lm's conversion (conv1d [C, K, 1], the zero-centred norms stored as 1 + w) and
  * transformers' layout of the same values give the same logits (f32 weights: the stored 1 + w
  * differs from 1 + the stored w by one f32 rounding). */
@@ -350,6 +404,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_next_moe),
         cmocka_unit_test(test_qwen3_5_dense),
         cmocka_unit_test(test_qwen3_5_moe_4bit_mlx),
+        cmocka_unit_test(test_pipeline_split),
         cmocka_unit_test(test_mlx_conventions),
         cmocka_unit_test(test_engine_scheduling),
         cmocka_unit_test(test_engine_prefix_cache),
