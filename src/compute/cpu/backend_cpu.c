@@ -78,7 +78,7 @@ static void cpu_embed(compute_backend *b, const weight_matrix *t, const int32_t 
 #define CPU_PARALLEL_MIN 16384
 
 typedef struct rows_job {
-    const float *x, *w, *inv_freq;
+    const float *x, *w, *inv_freq, *z; /* z: the gate of a gated RMSNorm, else NULL */
     float *y;
     const int32_t *pos;
     int64_t dim;
@@ -91,17 +91,29 @@ typedef struct rows_job {
 static void rmsnorm_range(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const rows_job *j = ctx;
-    cpu_op_rmsnorm(j->x, j->w, j->y, begin, end, j->dim, j->eps);
+    if (j->z) cpu_op_rmsnorm_gated(j->x, j->w, j->z, j->y, begin, end, j->dim, j->eps);
+    else cpu_op_rmsnorm(j->x, j->w, j->y, begin, end, j->dim, j->eps);
+}
+
+static void rmsnorm_rows(const rows_job *j, int64_t rows) {
+    if (rows * j->dim < CPU_PARALLEL_MIN || rows < 2)
+        rmsnorm_range((void *)j, 0, rows, 0);
+    else
+        threadpool_parallel_for(cpu_thread_pool(), rows, rmsnorm_range, (void *)j);
 }
 
 static void cpu_rmsnorm(compute_backend *b, const float *x, const float *w, float *y, int64_t rows,
                         int64_t dim, float eps) {
     (void)b;
     rows_job j = {.x = x, .w = w, .y = y, .dim = dim, .eps = eps};
-    if (rows * dim < CPU_PARALLEL_MIN || rows < 2)
-        rmsnorm_range(&j, 0, rows, 0);
-    else
-        threadpool_parallel_for(cpu_thread_pool(), rows, rmsnorm_range, &j);
+    rmsnorm_rows(&j, rows);
+}
+
+static void cpu_rmsnorm_gated(compute_backend *b, const float *x, const float *w, const float *z,
+                              float *y, int64_t rows, int64_t dim, float eps) {
+    (void)b;
+    rows_job j = {.x = x, .w = w, .z = z, .y = y, .dim = dim, .eps = eps};
+    rmsnorm_rows(&j, rows);
 }
 
 static void cpu_add(compute_backend *b, float *x, const float *y, int64_t n) {
@@ -237,10 +249,8 @@ static void cpu_moe_route(compute_backend *b, const float *logits, int64_t n, in
 typedef struct linear_job {
     const linear_attention_layer *l;
     const linear_attention_batch *lb;
-    float *qkv, *out, *y;
-    const float *x, *w, *z, *beta, *a;
-    int64_t dim;
-    float eps;
+    float *qkv, *out;
+    const float *x, *beta, *a;
 } linear_job;
 
 static void conv1d_range(void *ctx, int64_t begin, int64_t end, int thread) {
@@ -278,22 +288,6 @@ static void cpu_gated_delta_rule(compute_backend *b, const linear_attention_laye
         delta_range(&j, 0, items, 0);
     else
         threadpool_parallel_for_dynamic(cpu_thread_pool(), items, 1, delta_range, &j);
-}
-
-static void rmsnorm_gated_range(void *ctx, int64_t begin, int64_t end, int thread) {
-    (void)thread;
-    const linear_job *j = ctx;
-    cpu_op_rmsnorm_gated(j->x, j->w, j->z, j->y, begin, end, j->dim, j->eps);
-}
-
-static void cpu_rmsnorm_gated(compute_backend *b, const float *x, const float *w, const float *z,
-                              float *y, int64_t rows, int64_t dim, float eps) {
-    (void)b;
-    linear_job j = {.x = x, .w = w, .z = z, .y = y, .dim = dim, .eps = eps};
-    if (rows * dim < CPU_PARALLEL_MIN || rows < 2)
-        rmsnorm_gated_range(&j, 0, rows, 0);
-    else
-        threadpool_parallel_for(cpu_thread_pool(), rows, rmsnorm_gated_range, &j);
 }
 
 static void cpu_mul_sigmoid(compute_backend *b, float *x, const float *gate, int64_t n) {
