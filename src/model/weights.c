@@ -365,11 +365,13 @@ static int load_linear_attention(model_weights *w, const safetensors_set *st, co
         load_vector(st, LNAME("norm"), c->linear_value_dim, &l->lin_norm, err, errlen) ||
         load_matrix(st, LNAME("out_proj"), dim, vd, &l->lin_out, err, errlen))
         return -1;
-    /* q, k and v reach the output through the delta rule and then a per-head RMSNorm of a much
-     * smaller vector (q is scaled by 1/sqrt(key_dim)), which turns their absolute errors into
-     * larger relative ones: this projection does not run on activations rounded to int16 (the
-     * 4-bit tiny fixtures on AVX-512: a greedy token flipped at a top-2 gap of 0.22 with them) */
-    l->lin_qkv.exact_activations = 1;
+    /* q, k, v, beta and the decay reach the output through the delta rule and then a per-head
+     * RMSNorm of a much smaller vector (q is scaled by 1/sqrt(key_dim)), which turns absolute
+     * errors into larger relative ones; z gates that output: these projections do not run on
+     * activations rounded to int16 (the 4-bit tiny fixtures on AVX-512: a greedy token flipped
+     * at a top-2 gap of 0.22 with any of them rounded) */
+    l->lin_qkv.exact_activations = l->lin_z.exact_activations = 1;
+    l->lin_b.exact_activations = l->lin_a.exact_activations = 1;
 #undef LNAME
     return 0;
 }
