@@ -289,6 +289,7 @@ static int write_matrix(const mk_config *cfg, const mk_matrix *m, phys_tensor *p
     for (int64_t e = 0; e < stack && rc == 0; e++) {
         char seed_name[256];
         if (m->stack) snprintf(seed_name, sizeof seed_name, m->seed_fmt, (long long)e);
+        else if (m->seed_fmt[0]) snprintf(seed_name, sizeof seed_name, "%s", m->seed_fmt);
         else snprintf(seed_name, sizeof seed_name, "%s%s%s", m->name, m->suffix[0] ? "." : "", m->suffix);
         uint64_t st = mk_hash_name(cfg->seed, seed_name);
         for (int64_t r0 = 0; r0 < m->out && rc == 0; r0 += rows_per_chunk) {
@@ -296,6 +297,7 @@ static int write_matrix(const mk_config *cfg, const mk_matrix *m, phys_tensor *p
             for (int64_t i = 0; i < nr * m->in; i++) {
                 double g = mk_normal(&st);
                 double v = m->init == MK_INIT_AROUND_ONE ? 1.0 + m->std * g : m->std * g;
+                if (m->mean != 0) v += m->mean;
                 vals[i] = (float)v;
             }
             int64_t row0 = e * m->out + r0; /* row index within the (stacked) tensor */
