@@ -2,6 +2,8 @@
 #include "model/safetensors.h"
 
 #include "base/error.h"
+#include "model/gguf.h"
+#include "model/gguf_model.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -355,6 +357,7 @@ struct safetensors_set {
     const safetensors_tensor **all;
     int n_all;
     name_index index;
+    safetensors_provider provider; /* find != NULL: tensors come from it (GGUF) */
 };
 
 static const char *set_tensor_name(const void *ctx, int i) {
@@ -454,7 +457,22 @@ static int add_indexed_files(safetensors_set *s, const char *dir, const char *in
     return 0;
 }
 
+safetensors_set *safetensors_set_from_provider(const safetensors_provider *p, char *err,
+                                               size_t errlen) {
+    safetensors_set *s = calloc(1, sizeof *s);
+    if (!s) {
+        if (p->close) p->close(p->ctx);
+        error_set(err, errlen, "out of memory");
+        return NULL;
+    }
+    s->provider = *p;
+    return s;
+}
+
 safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen) {
+    char gguf_path[4096];
+    if (gguf_model_file(dir, gguf_path, sizeof gguf_path))
+        return gguf_tensor_set_open(gguf_path, err, errlen);
     safetensors_set *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     char index_path[4096];
@@ -507,6 +525,7 @@ fail:
 
 void safetensors_set_close(safetensors_set *s) {
     if (!s) return;
+    if (s->provider.close) s->provider.close(s->provider.ctx);
     for (int i = 0; i < s->n_files; i++) safetensors_close(s->files[i]);
     free(s->files);
     free(s->all);
@@ -515,10 +534,12 @@ void safetensors_set_close(safetensors_set *s) {
 }
 
 const safetensors_tensor *safetensors_set_find(const safetensors_set *s, const char *name) {
+    if (s->provider.find) return s->provider.find(s->provider.ctx, name);
     int i = name_index_get(&s->index, name, set_tensor_name, s);
     return i < 0 ? NULL : s->all[i];
 }
 
 int safetensors_set_count(const safetensors_set *s) {
+    if (s->provider.count) return s->provider.count(s->provider.ctx);
     return s->n_all;
 }
