@@ -341,9 +341,10 @@ static int parse_tensors(gguf_file *f, cursor *c, uint64_t n) {
     uint64_t align = GGUF_DEFAULT_ALIGNMENT;
     const gguf_kv *a = gguf_find_kv(f, "general.alignment");
     if (a) {
-        if (a->type != GGUF_U32 || a->num.u == 0 || (a->num.u & (a->num.u - 1)) || a->num.u > 65536) {
-            error_set(c->err, c->errlen, "%s: general.alignment must be a u32 power of two up to 65536",
-                      c->file);
+        /* at least 8: F32/F16 tensors are read in place, so their data must be aligned for it */
+        if (a->type != GGUF_U32 || a->num.u < 8 || (a->num.u & (a->num.u - 1)) || a->num.u > 65536) {
+            error_set(c->err, c->errlen, "%s: general.alignment must be a u32 power of two from 8 "
+                      "to 65536", c->file);
             goto done;
         }
         align = a->num.u;

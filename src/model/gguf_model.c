@@ -53,20 +53,24 @@ static int arch_float(meta *m, const char *suffix, double def, double *out) {
 }
 
 /* Llama 3's rope_scaling as it produces the frequency-factor table GGUF stores: factor is the
- * table's largest entry; low/high_freq_factor and the original context are Llama 3.1's (1, 4,
- * 8192), accepted only when they reproduce every entry. */
+ * table's largest entry; low/high_freq_factor are Llama 3.1's (1, 4), the original context
+ * <arch>.rope.scaling.original_context_length or Llama 3.1's 8192; accepted only when they
+ * reproduce every entry. */
 static int llama3_rope_from_table(meta *m, const gguf_tensor *t, int64_t head_dim, double theta,
                                   json_t *cfg) {
     int64_t n = t->ne[0];
-    if (t->type != GGML_TYPE_F32 || t->n_dims != 1 || n * 2 != head_dim) {
+    if (t->type != GGML_TYPE_F32 || t->n_dims != 1 || n * 2 != head_dim || n > 512) {
         error_set(m->err, m->errlen, "%s: rope_freqs.weight must be F32 [%lld]", gguf_path(m->f),
                   (long long)(head_dim / 2));
         return -1;
     }
-    const float *table = t->data;
+    float table[512];
+    memcpy(table, t->data, (size_t)n * sizeof *table);
     double factor = 1;
     for (int64_t i = 0; i < n; i++) factor = table[i] > factor ? table[i] : factor;
-    const double low = 1, high = 4, old = 8192;
+    int64_t orig;
+    if (arch_int(m, "rope.scaling.original_context_length", 0, 8192, &orig)) return -1;
+    const double low = 1, high = 4, old = (double)orig;
     for (int64_t i = 0; i < n; i++) {
         double freq = pow(theta, -2.0 * (double)i / (double)head_dim), wavelen = 2 * M_PI / freq;
         double want = 1;

@@ -77,7 +77,7 @@ static int read_vocab(const char *dir, int64_t n_vocab, vocab *v, char *err, siz
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     v->tok = json_load_file(path, 0, &je);
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    v->cfg = json_load_file(path, 0, &je);
+    v->cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je); /* model_max_length: 1e30 */
     json_t *model = json_object_get(v->tok, "model");
     if (!v->tok || !json_is_object(json_object_get(model, "vocab"))) {
         snprintf(err, errlen, "%s: no BPE vocabulary in tokenizer.json", dir);
@@ -294,7 +294,8 @@ static int write_all(out *o, const mk_config *c, const mk_plan *plan, vocab *v, 
     }
     int moe = c->arch == MK_QWEN3_MOE;
     int n_kv = 12 + (moe ? 3 : 0) + (v ? count_tokenizer_kvs(v, c->bos_id, c->eos_id) : 0) +
-               (c->rope_scaling == MK_ROPE_LINEAR || c->rope_scaling == MK_ROPE_YARN ? 3 : 0);
+               (c->rope_scaling == MK_ROPE_LINEAR || c->rope_scaling == MK_ROPE_YARN ? 3 : 0) +
+               rope_freqs;
     put(o, "GGUF", 4);
     put_u32(o, 3);
     put_u64(o, n);
@@ -323,6 +324,8 @@ static int write_all(out *o, const mk_config *c, const mk_plan *plan, vocab *v, 
         kv_arch_f32(o, arch, "rope.scaling.factor", (float)c->rope_factor);
         kv_arch_u32(o, arch, "rope.scaling.original_context_length", (uint32_t)c->rope_original_max);
     }
+    if (rope_freqs) /* the table's original context (llama.cpp's converter assumes 8192) */
+        kv_arch_u32(o, arch, "rope.scaling.original_context_length", (uint32_t)c->rope_original_max);
     if (v) write_tokenizer(o, v, c->bos_id, c->eos_id);
     for (size_t i = 0; i < n; i++) {
         put_str(o, ts[i].name, strlen(ts[i].name));
