@@ -3,6 +3,7 @@
 
 #include "base/log.h"
 #include "base/paths.h"
+#include "model/model_config.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -106,10 +107,8 @@ static json_t *find_entry(json_t *data, const char *id) {
 
 /* A model on disk with no card: describe it from its config.json. */
 static json_t *local_entry(const char *id, const char *dir) {
-    char path[2048];
-    snprintf(path, sizeof path, "%s/config.json", dir);
     size_t len;
-    char *cfg = paths_read_file(path, 16 << 20, &len);
+    char *cfg = model_config_read_json(dir, &len, NULL, 0); /* config.json, or a GGUF's */
     model_card c;
     char err[256];
     json_t *e = NULL;
