@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/threadpool.h"
 #include "model/gguf_quant.h"
 #include "model/weight_types.h"
 
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- metadata -> config.json ---- */
 
@@ -267,6 +269,7 @@ typedef struct named {
 
 typedef struct gguf_set {
     gguf_file *f;
+    threadpool *pool; /* converts quantized tensors; made on first use */
     conversion *convs;
     int n_convs;
     named *names;
@@ -329,33 +332,59 @@ static int build_dense(gguf_set *s, conversion *c) {
     return 0;
 }
 
+/* Rows [begin, end) of one conversion job (run on the set's thread pool). */
+typedef struct mlx_job {
+    const conversion *c;
+    int64_t cols, rows, words, groups;
+    size_t row_bytes;
+    uint32_t *packed;
+    uint16_t *scales, *biases;
+    _Atomic int failed; /* 1: a type gguf_quant refused, 2: a scale beyond F16 */
+} mlx_job;
+
+static void mlx_rows(void *ctx, int64_t begin, int64_t end, int thread_index) {
+    (void)thread_index;
+    mlx_job *j = ctx;
+    const gguf_tensor *g = j->c->src;
+    float *sc = malloc((size_t)j->groups * 2 * sizeof *sc);
+    if (!sc) {
+        j->failed = 1;
+        return;
+    }
+    for (int64_t r = begin; r < end && !j->failed; r++) {
+        const char *src = (const char *)g->data + (size_t)source_row(j->c, r, j->rows) * j->row_bytes;
+        if (gguf_row_to_mlx(g->type, src, j->cols, j->packed + r * j->words, sc, sc + j->groups)) {
+            j->failed = 1;
+            break;
+        }
+        for (int64_t i = 0; i < j->groups; i++) {
+            if (!isfinite(sc[i]) || !isfinite(sc[j->groups + i])) j->failed = 2;
+            j->scales[r * j->groups + i] = f32_to_f16(sc[i]);
+            j->biases[r * j->groups + i] = f32_to_f16(sc[j->groups + i]);
+        }
+    }
+    free(sc);
+}
+
 static int build_mlx(gguf_set *s, conversion *c, int bits) {
     const gguf_tensor *g = c->src;
     int64_t cols = g->ne[0], rows = g->ne[1] * g->ne[2] * g->ne[3];
     int64_t words = cols * bits / 32, groups = cols / 32;
-    size_t row_bytes = g->nbytes / (size_t)rows, wbytes = (size_t)(rows * words) * 4,
-           gbytes = (size_t)(rows * groups) * 2;
-    float *sc = malloc((size_t)groups * 2 * sizeof *sc);
+    size_t wbytes = (size_t)(rows * words) * 4, gbytes = (size_t)(rows * groups) * 2;
     char *buf = c->buf = malloc(wbytes + 2 * gbytes);
-    if (!sc || !buf) {
-        free(sc);
-        return -1;
+    if (!buf) return -1;
+    if (!s->pool) { /* converting a model's tensors is as parallel as the machine */
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        s->pool = threadpool_create(n > 0 ? (int)n : 1, 0);
     }
-    uint16_t *scales = (uint16_t *)(buf + wbytes), *biases = (uint16_t *)(buf + wbytes + gbytes);
-    int rc = 0;
-    for (int64_t r = 0; r < rows && rc == 0; r++) {
-        const char *src = (const char *)g->data + (size_t)source_row(c, r, rows) * row_bytes;
-        rc = gguf_row_to_mlx(g->type, src, cols, (uint32_t *)buf + r * words, sc, sc + groups);
-        for (int64_t i = 0; i < groups && rc == 0; i++) {
-            if (!isfinite(sc[i]) || !isfinite(sc[groups + i])) rc = -2;
-            scales[r * groups + i] = f32_to_f16(sc[i]);
-            biases[r * groups + i] = f32_to_f16(sc[groups + i]);
-        }
-    }
-    free(sc);
-    if (rc) {
+    mlx_job job = {.c = c, .cols = cols, .rows = rows, .words = words, .groups = groups,
+                   .row_bytes = g->nbytes / (size_t)rows, .packed = (uint32_t *)buf,
+                   .scales = (uint16_t *)(buf + wbytes), .biases = (uint16_t *)(buf + wbytes + gbytes)};
+    if (s->pool) threadpool_parallel_for(s->pool, rows, mlx_rows, &job);
+    else mlx_rows(&job, 0, rows, 0);
+    if (job.failed) {
         log_error("%s: tensor '%s' %s", gguf_path(s->f), g->name,
-                  rc == -2 ? "has scales beyond F16's range" : "could not be converted");
+                  job.failed == 2 ? "has scales beyond F16's range" : "could not be converted");
         return -1;
     }
     const safetensors_tensor base = {.file = gguf_path(s->f)};
@@ -397,6 +426,7 @@ static int set_count(void *ctx) { return ((gguf_set *)ctx)->n_names; }
 
 static void set_close(void *ctx) {
     gguf_set *s = ctx;
+    if (s->pool) threadpool_destroy(s->pool);
     for (int i = 0; i < s->n_convs; i++) free(s->convs[i].buf);
     for (int i = 0; i < s->n_names; i++) free(s->names[i].name);
     free(s->convs);

@@ -159,6 +159,16 @@ int gguf_dequantize_row(uint32_t type, const void *src, int64_t n, float *out) {
 
 /* Writes 32 values of `bits` bits at value offset `first` of a row's packed words (zeroed). */
 static void pack_group(uint32_t *words, int64_t first, const uint8_t *q, int bits) {
+    if (bits == 4 || bits == 8) { /* whole words: 8 or 4 values each (first is a multiple of 32) */
+        int per = 32 / bits;
+        uint32_t *w = words + first / per;
+        for (int k = 0; k < QK / per; k++) {
+            uint32_t v = 0;
+            for (int j = per - 1; j >= 0; j--) v = v << bits | q[k * per + j];
+            w[k] = v;
+        }
+        return;
+    }
     for (int j = 0; j < QK; j++) {
         uint64_t bit = (uint64_t)(first + j) * (uint64_t)bits;
         uint64_t w = bit / 32, s = bit % 32;
