@@ -20,8 +20,10 @@
 #include "model/gguf_model.h"
 #include "model/gguf_quant.h"
 #include "model/gguf_tokenizer.h"
+#include "runner/model_text.h"
 #include "text/tokenizer.h"
 
+#include <jansson.h>
 #include <sys/stat.h>
 
 /* ---- an in-memory GGUF image ---- */
@@ -370,7 +372,9 @@ static void write_dequantized(const char *src, const char *dst) {
 /* K-quants need rows of 256: every model here is 256 wide. */
 #define SHAPE "--hidden 256 --intermediate 512 --heads 4 --kv-heads 2 --head-dim 64 --layers 2 --vocab 5000 --seed 3"
 
-static void check_family(const char *arch, const char *extra) {
+/* only: the GGUF types to try, space-separated with spaces around (NULL: all). The conversions do not depend on the family, the
+ * names, biases, norms and experts do: llama runs every type, the others a few. */
+static void check_family(const char *arch, const char *extra, const char *only) {
     char args[512], st[64], g[64];
     int moe = strstr(arch, "moe") != NULL;
     snprintf(st, sizeof st, "%s-st", arch);
@@ -383,6 +387,9 @@ static void check_family(const char *arch, const char *extra) {
                  {"Q5_K", 0.3}, {"Q5_0", 0.3}, {"Q4_K", 0.6}, {"Q4_0", 0.6}, {"Q4_1", 0.6},
                  {"Q4_K_M", 0.6}};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
+        char padded[16];
+        snprintf(padded, sizeof padded, " %s ", types[i].type);
+        if (only && !strstr(only, padded)) continue;
         snprintf(g, sizeof g, "%s-%s", arch, types[i].type);
         snprintf(args, sizeof args, "--arch %s %s --gguf %s --tokenizer none " SHAPE, arch, extra,
                  types[i].type);
@@ -411,11 +418,16 @@ static void check_family(const char *arch, const char *extra) {
     }
 }
 
-static void test_llama_matches_safetensors(void **s) { (void)s, check_family("llama", ""); }
-static void test_qwen2_matches_safetensors(void **s) { (void)s, check_family("qwen2", ""); }
-static void test_qwen3_matches_safetensors(void **s) { (void)s, check_family("qwen3", ""); }
+static void test_llama_matches_safetensors(void **s) { (void)s, check_family("llama", "", NULL); }
+static void test_qwen2_matches_safetensors(void **s) {
+    (void)s, check_family("qwen2", "", " F32 Q8_0 Q4_K_M ");
+}
+static void test_qwen3_matches_safetensors(void **s) {
+    (void)s, check_family("qwen3", "", " F32 BF16 Q8_0 Q4_K_M ");
+}
 static void test_qwen3_moe_matches_safetensors(void **s) {
-    (void)s, check_family("qwen3_moe", "--experts 4 --experts-per-tok 2 --moe-intermediate 256");
+    (void)s, check_family("qwen3_moe", "--experts 4 --experts-per-tok 2 --moe-intermediate 256",
+                          " F32 Q8_0 Q4_0 Q4_K Q4_K_M ");
 }
 static void test_llama3_rope_table(void **s) {
     (void)s;
@@ -480,6 +492,164 @@ static void check_tokenizer(const char *name, const char *arch) {
 static void test_tokenizer_llama3(void **s) { (void)s, check_tokenizer("llama3_1", "llama"); }
 static void test_tokenizer_qwen3(void **s) { (void)s, check_tokenizer("qwen3", "qwen3"); }
 
+/* ---- llama.cpp itself (scripts/llamacpp.sh builds it from source) ---- */
+
+/* The llama.cpp reference binary: $EXO_LLAMACPP_REF or build/llamacpp/llamacpp-ref; NULL if absent. */
+static const char *llamacpp_ref(void) {
+    const char *p = getenv("EXO_LLAMACPP_REF");
+    if (!p || !p[0]) p = "build/llamacpp/llamacpp-ref";
+    return access(p, X_OK) == 0 ? p : NULL;
+}
+
+static json_t *run_json(const char *cmd) {
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    strbuf out = {0};
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) strbuf_append(&out, buf, n);
+    int st = pclose(p);
+    if (st) fprintf(stderr, "%s: exit %d\n", cmd, st);
+    assert_int_equal(st, 0);
+    json_error_t je;
+    json_t *j = json_loadb(out.data, out.len, 0, &je);
+    if (!j) fprintf(stderr, "%s: not JSON (%s)\n", cmd, je.text);
+    assert_non_null(j);
+    strbuf_free(&out);
+    return j;
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) best = x[i] > x[best] ? i : best;
+    return best;
+}
+
+/* Teacher-forced logits of the prompt and greedy tokens, exo vs llama.cpp, on one GGUF. Returns
+ * the largest logit difference relative to the logits' spread; greedy tokens must agree until
+ * the first step whose top-2 gap (exo's) is within twice the measured logit difference. */
+static double vs_llamacpp(const char *ref, const char *model_dir, int *agreed) {
+    static const int32_t prompt[] = {1, 17, 300, 4000, 55, 901, 12, 7, 2048, 3};
+    enum { NP = sizeof prompt / sizeof *prompt, NG = 8 };
+    char cmd[1024], ids[256] = "";
+    for (int i = 0; i < NP; i++) snprintf(ids + strlen(ids), sizeof ids - strlen(ids), i ? ",%d" : "%d", prompt[i]);
+    snprintf(cmd, sizeof cmd, "%s logits %s/%s/model.gguf %s %d 2>/dev/null", ref, tmp_root, model_dir, ids, NG);
+    json_t *j = run_json(cmd);
+    int vocab;
+    float *ours = forward_logits(model_dir, prompt, NP, &vocab);
+    json_t *theirs = json_object_get(j, "logits");
+    assert_int_equal(json_array_size(theirs), NP);
+    double worst = 0, spread = 0;
+    for (int i = 0; i < NP; i++) {
+        json_t *row = json_array_get(theirs, (size_t)i);
+        assert_int_equal(json_array_size(row), vocab);
+        for (int v = 0; v < vocab; v++) {
+            double t = json_number_value(json_array_get(row, (size_t)v)), o = ours[(size_t)i * vocab + v];
+            worst = fmax(worst, fabs(t - o));
+            spread = fmax(spread, fabs(t));
+        }
+    }
+    /* greedy: exo's own continuation, one forward per step over the whole sequence */
+    int32_t seq[NP + NG];
+    memcpy(seq, prompt, sizeof prompt);
+    json_t *greedy = json_object_get(j, "greedy");
+    *agreed = 0;
+    for (int g = 0; g < NG; g++) {
+        int n = NP + g, v2;
+        float *l = g ? forward_logits(model_dir, seq, n, &v2) : ours;
+        const float *last = l + (size_t)(n - 1) * vocab;
+        int best = argmax(last, vocab);
+        float second = -INFINITY;
+        for (int v = 0; v < vocab; v++) second = v != best && last[v] > second ? last[v] : second;
+        int want = (int)json_integer_value(json_array_get(greedy, (size_t)g));
+        if (g) free(l);
+        if (best != want) {
+            if (last[best] - second > 2 * worst) fprintf(stderr, "greedy step %d: exo %d, llama.cpp %d, gap %.3f\n",
+                                                         g, best, want, last[best] - second);
+            assert_true(last[best] - second <= 2 * worst); /* only a near-tie may part them */
+            break;
+        }
+        seq[n] = best;
+        (*agreed)++;
+    }
+    free(ours);
+    json_decref(j);
+    return worst / spread;
+}
+
+static void test_llamacpp_logits(void **s) {
+    (void)s;
+    const char *ref = llamacpp_ref();
+    if (!ref) {
+        printf("llama.cpp reference not built (bash scripts/llamacpp.sh): differential test skipped\n");
+        skip();
+    }
+    static const struct {
+        const char *arch, *type;
+        double tol; /* of the logits' spread: llama.cpp runs F16 and quantized weights against
+                       F16 / 8-bit quantized activations, exo against F32 ones */
+    } cases[] = {{"llama", "F32", 1e-4},  {"llama", "F16", 1e-2},  {"llama", "BF16", 1e-2},
+                 {"llama", "Q8_0", 3e-2}, {"llama", "Q4_0", 3e-2}, {"llama", "Q4_1", 3e-2},
+                 {"llama", "Q5_0", 3e-2}, {"llama", "Q5_1", 3e-2}, {"llama", "Q4_K", 3e-2},
+                 {"llama", "Q5_K", 3e-2}, {"llama", "Q6_K", 3e-2}, {"llama", "Q4_K_M", 3e-2},
+                 {"qwen2", "Q8_0", 3e-2}, {"qwen3", "F32", 1e-4},  {"qwen3", "Q4_K_M", 3e-2},
+                 {"qwen3_moe", "F32", 1e-4}, {"qwen3_moe", "Q8_0", 3e-2}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char name[64], args[512];
+        snprintf(name, sizeof name, "lc-%s-%s", cases[i].arch, cases[i].type);
+        snprintf(args, sizeof args, "--arch %s --gguf %s --tokenizer none %s " SHAPE, cases[i].arch, cases[i].type,
+                 strstr(cases[i].arch, "moe") ? "--experts 4 --experts-per-tok 2 --moe-intermediate 256" : "");
+        assert_int_equal(mkmodel(name, args), 0);
+        int agreed;
+        double gap = vs_llamacpp(ref, name, &agreed);
+        printf("llama.cpp %-9s %-7s logits within %.1e of its spread (tolerance %.0e), greedy %d/8 equal\n",
+               cases[i].arch, cases[i].type, gap, cases[i].tol, agreed);
+        assert_true(gap <= cases[i].tol);
+    }
+}
+
+static void test_llamacpp_tokenization(void **s) {
+    (void)s;
+    const char *ref = llamacpp_ref();
+    if (!ref) skip();
+    static const char *texts[] = {"Hello world! How are you doing today?",
+                                  "  leading spaces and\ttabs\n\nnewlines",
+                                  "numbers 1234567 and 3.14159, emoji 🙂🚀 and accents: café naïve",
+                                  "<|im_start|>user\nhi<|im_end|>", "don't I'll we've THEY'RE",
+                                  "中文字符和日本語のテキスト", "def f(x):\n    return x ** 2  # comment"};
+    static const struct {
+        const char *tok, *arch;
+    } toks[] = {{"llama3_1", "llama"}, {"qwen3", "qwen3"}};
+    for (size_t k = 0; k < sizeof toks / sizeof *toks; k++) {
+        char name[64], args[256], path[512], err[512];
+        snprintf(name, sizeof name, "lct-%s", toks[k].tok);
+        snprintf(args, sizeof args, "--arch %s --gguf Q4_0 --tokenizer %s --hidden 256 --intermediate 256 --layers 1",
+                 toks[k].arch, toks[k].tok);
+        if (mkmodel(name, args)) continue; /* tokenizer not in .cache (check_tokenizer says so) */
+        snprintf(path, sizeof path, "%s/%s", tmp_root, name);
+        tokenizer *t = model_text_tokenizer_load(path, err, sizeof err);
+        assert_non_null(t);
+        for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+            char cmd[2048], quoted[1024] = "'";
+            for (const char *c = texts[i]; *c; c++) /* shell single quotes */
+                strcat(quoted, *c == '\'' ? "'\\''" : (char[]){*c, 0});
+            strcat(quoted, "'");
+            snprintf(cmd, sizeof cmd, "%s tokenize %s/model.gguf %s 2>/dev/null", ref, path, quoted);
+            json_t *j = run_json(cmd), *want = json_object_get(j, "ids");
+            int32_t *ids;
+            int n = tokenizer_encode(t, texts[i], strlen(texts[i]), 1, &ids, err, sizeof err);
+            int same = n == (int)json_array_size(want);
+            for (int x = 0; same && x < n; x++) same = ids[x] == json_integer_value(json_array_get(want, (size_t)x));
+            if (!same) fprintf(stderr, "%s: '%s' tokenizes differently from llama.cpp\n", toks[k].tok, texts[i]);
+            assert_true(same);
+            free(ids);
+            json_decref(j);
+        }
+        printf("llama.cpp tokenization (%s): %zu texts identical\n", toks[k].tok, sizeof texts / sizeof *texts);
+        tokenizer_free(t);
+    }
+}
+
 /* ---- refusals ---- */
 
 static void test_unsupported_refused(void **s) {
@@ -526,6 +696,8 @@ int main(void) {
         cmocka_unit_test(test_llama3_rope_table),
         cmocka_unit_test(test_tokenizer_llama3),
         cmocka_unit_test(test_tokenizer_qwen3),
+        cmocka_unit_test(test_llamacpp_logits),
+        cmocka_unit_test(test_llamacpp_tokenization),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -293,7 +293,7 @@ static int write_all(out *o, const mk_config *c, const mk_plan *plan, vocab *v, 
         off += (t->bytes + ALIGN - 1) / ALIGN * ALIGN;
     }
     int moe = c->arch == MK_QWEN3_MOE;
-    int n_kv = 12 + (moe ? 3 : 0) + (v ? count_tokenizer_kvs(v, c->bos_id, c->eos_id) : 0) +
+    int n_kv = 12 + (moe ? 3 : 0) + (v ? count_tokenizer_kvs(v, c->bos_id, c->eos_id) : 2) +
                (c->rope_scaling == MK_ROPE_LINEAR || c->rope_scaling == MK_ROPE_YARN ? 3 : 0) +
                rope_freqs;
     put(o, "GGUF", 4);
@@ -327,6 +327,10 @@ static int write_all(out *o, const mk_config *c, const mk_plan *plan, vocab *v, 
     if (rope_freqs) /* the table's original context (llama.cpp's converter assumes 8192) */
         kv_arch_u32(o, arch, "rope.scaling.original_context_length", (uint32_t)c->rope_original_max);
     if (v) write_tokenizer(o, v, c->bos_id, c->eos_id);
+    else { /* no tokenizer: llama.cpp's "none" vocabulary of vocab_size dummy tokens */
+        kv_str(o, "tokenizer.ggml.model", "none");
+        kv_arch_u32(o, arch, "vocab_size", (uint32_t)c->vocab);
+    }
     for (size_t i = 0; i < n; i++) {
         put_str(o, ts[i].name, strlen(ts[i].name));
         put_u32(o, (uint32_t)ts[i].n_dims);
