@@ -196,7 +196,10 @@ static uint32_t tensor_type(const mk_config *c, const gtensor *t, int layer, int
     if (t->m->vector || !strcmp(t->m->suffix, "bias") || strstr(t->name, ".ffn_gate_inp."))
         return GGML_TYPE_F32;
     if (!q4_k_m) return base;
-    if (strstr(t->name, "output.weight") == t->name) return GGML_TYPE_Q6_K;
+    /* the output matrix (a tied model's embedding is it) */
+    if (strstr(t->name, "output.weight") == t->name ||
+        (c->tie_embeddings && strstr(t->name, "token_embd.weight") == t->name))
+        return GGML_TYPE_Q6_K;
     if ((strstr(t->name, ".attn_v.") || strstr(t->name, ".ffn_down")) && more_bits(layer, (int)c->layers))
         return GGML_TYPE_Q6_K;
     return GGML_TYPE_Q4_K;
