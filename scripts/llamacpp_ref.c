@@ -6,7 +6,8 @@
  *
  *   llamacpp-ref tokenize MODEL.gguf TEXT          -> {"ids":[...]} (add_special, parse_special)
  *   llamacpp-ref logits MODEL.gguf IDS [N]         -> {"logits":[[...]...], "greedy":[...]}
- *       IDS "1,2,3": the logits of every prompt position, then N greedy tokens (argmax)
+ *       IDS "1,2,3": the logits of every prompt position, then N greedy tokens (argmax); one
+ *       thread, F32 KV cache
  *   llamacpp-ref bench MODEL.gguf THREADS PP TG    -> {"prefill_tok_s":x,"decode_tok_s":y}
  *
  * Refuses: anything else (no sampling, no chat templates: exo renders those itself). */
@@ -36,13 +37,19 @@ static struct llama_model *open_model(const char *path) {
     return m;
 }
 
-static struct llama_context *open_context(struct llama_model *m, int n_ctx, int threads) {
+/* kv_f32: an F32 KV cache (the differential test compares with exo's F32 reference path);
+ * otherwise llama.cpp's default (F16), as its users run it. */
+static struct llama_context *open_context(struct llama_model *m, int n_ctx, int threads, int kv_f32) {
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)n_ctx;
     cp.n_batch = (uint32_t)n_ctx;
     cp.n_ubatch = (uint32_t)n_ctx;
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
+    if (kv_f32) { /* and plain attention: the flash path rounds Q to F16 */
+        cp.type_k = cp.type_v = LM_GGML_TYPE_F32;
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    }
     return llama_init_from_model(m, cp);
 }
 
@@ -89,7 +96,7 @@ static int cmd_logits(struct llama_model *m, const char *list, int n_gen) {
         ids[n++] = (llama_token)strtol(p, (char **)&p, 10);
         if (*p == ',') p++;
     }
-    struct llama_context *ctx = open_context(m, n + n_gen + 8, 1);
+    struct llama_context *ctx = open_context(m, n + n_gen + 8, 1, 1);
     if (!ctx || decode(ctx, ids, n, 0, 1)) return 1;
     int vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));
     printf("{\"logits\":[");
@@ -114,7 +121,7 @@ static int cmd_logits(struct llama_model *m, const char *list, int n_gen) {
 }
 
 static int cmd_bench(struct llama_model *m, int threads, int pp, int tg) {
-    struct llama_context *ctx = open_context(m, pp + tg + 8, threads);
+    struct llama_context *ctx = open_context(m, pp + tg + 8, threads, 0);
     if (!ctx) return 1;
     int vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));
     llama_token *ids = malloc((size_t)pp * sizeof *ids);

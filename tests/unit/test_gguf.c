@@ -589,13 +589,14 @@ static void test_llamacpp_logits(void **s) {
     static const struct {
         const char *arch, *type;
         double tol; /* of the logits' spread: llama.cpp runs F16 and quantized weights against
-                       F16 / 8-bit quantized activations, exo against F32 ones */
+                       F16 / 8-bit quantized activations, exo against F32 ones (measured
+                       2026-12-02: F32 4e-6, F16 6e-4, BF16 5e-3, quantized 1.5-2.6e-2) */
     } cases[] = {{"llama", "F32", 1e-4},  {"llama", "F16", 1e-2},  {"llama", "BF16", 1e-2},
-                 {"llama", "Q8_0", 3e-2}, {"llama", "Q4_0", 3e-2}, {"llama", "Q4_1", 3e-2},
-                 {"llama", "Q5_0", 3e-2}, {"llama", "Q5_1", 3e-2}, {"llama", "Q4_K", 3e-2},
-                 {"llama", "Q5_K", 3e-2}, {"llama", "Q6_K", 3e-2}, {"llama", "Q4_K_M", 3e-2},
-                 {"qwen2", "Q8_0", 3e-2}, {"qwen3", "F32", 1e-4},  {"qwen3", "Q4_K_M", 3e-2},
-                 {"qwen3_moe", "F32", 1e-4}, {"qwen3_moe", "Q8_0", 3e-2}};
+                 {"llama", "Q8_0", 4e-2}, {"llama", "Q4_0", 4e-2}, {"llama", "Q4_1", 4e-2},
+                 {"llama", "Q5_0", 4e-2}, {"llama", "Q5_1", 4e-2}, {"llama", "Q4_K", 4e-2},
+                 {"llama", "Q5_K", 4e-2}, {"llama", "Q6_K", 4e-2}, {"llama", "Q4_K_M", 4e-2},
+                 {"qwen2", "Q8_0", 4e-2}, {"qwen3", "F32", 1e-4},  {"qwen3", "Q4_K_M", 4e-2},
+                 {"qwen3_moe", "F32", 1e-4}, {"qwen3_moe", "Q8_0", 4e-2}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char name[64], args[512];
         snprintf(name, sizeof name, "lc-%s-%s", cases[i].arch, cases[i].type);

@@ -296,7 +296,7 @@ static int write_all(out *o, const mk_config *c, const mk_plan *plan, vocab *v, 
         off += (t->bytes + ALIGN - 1) / ALIGN * ALIGN;
     }
     int moe = c->arch == MK_QWEN3_MOE;
-    int n_kv = 12 + (moe ? 3 : 0) + (v ? count_tokenizer_kvs(v, c->bos_id, c->eos_id) : 2) +
+    int n_kv = 13 + (moe ? 3 : 0) + (v ? count_tokenizer_kvs(v, c->bos_id, c->eos_id) : 2) +
                (c->rope_scaling == MK_ROPE_LINEAR || c->rope_scaling == MK_ROPE_YARN ? 3 : 0) +
                rope_freqs;
     put(o, "GGUF", 4);
@@ -313,6 +313,7 @@ static int write_all(out *o, const mk_config *c, const mk_plan *plan, vocab *v, 
     kv_arch_u32(o, arch, "attention.head_count", (uint32_t)c->heads);
     kv_arch_u32(o, arch, "attention.head_count_kv", (uint32_t)c->kv_heads);
     kv_arch_u32(o, arch, "attention.key_length", (uint32_t)c->head_dim);
+    kv_arch_u32(o, arch, "attention.value_length", (uint32_t)c->head_dim);
     kv_arch_f32(o, arch, "attention.layer_norm_rms_epsilon", (float)c->rms_norm_eps);
     kv_arch_f32(o, arch, "rope.freq_base", (float)c->rope_theta);
     if (moe) {
