@@ -16,6 +16,7 @@ exo="$build/exo"
 ref=${EXO_LLAMACPP_REF:-build/llamacpp/llamacpp-ref}
 threads=${GGUF_THREADS:-$(nproc)}
 reps=${GGUF_REPS:-2}
+pp=${GGUF_PP:-512}
 [ -x "$exo" ] || { echo "gguf bench: $exo not built (make RELEASE=1)" >&2; exit 1; }
 [ -x "$ref" ] || { echo "gguf bench: $ref not built (bash scripts/llamacpp.sh)" >&2; exit 1; }
 models=${GGUF_MODELS:-$(ls -d .cache/bench-gguf/*/ 2>/dev/null)}
@@ -27,8 +28,8 @@ for m in $models; do
   [ -f "$f" ] || continue
   echo "== $f ($(du -m "$f" | cut -f1) MB)"
   for r in $(seq "$reps"); do
-    "$exo" bench --threads "$threads" --model "$m" --pp 512 --tg 64 --batch 1 --streams 1 --reps 1 2>&1 |
+    "$exo" bench --threads "$threads" --model "$m" --pp "$pp" --tg 64 --batch 1 --reps 1 2>&1 |
       grep -E '^(mem   read|model|prefill|decode)' | sed 's/^/exo       /'
-    echo "llama.cpp $("$ref" bench "$f" "$threads" 512 64 2>/dev/null)"
+    echo "llama.cpp $("$ref" bench "$f" "$threads" "$pp" 64 2>/dev/null)"
   done
 done
