@@ -243,10 +243,8 @@ int models_api_add(models_service *s, json_t *req, json_t **body) {
     char dir[2048], err[512];
     char *cfg = NULL;
     if (store_locate(&s->store, id, dir, sizeof dir) != STORE_ABSENT) {
-        char path[2100];
-        snprintf(path, sizeof path, "%s/config.json", dir);
         size_t len;
-        cfg = paths_read_file(path, 16 << 20, &len);
+        cfg = model_config_read_json(dir, &len, NULL, 0); /* config.json, or a GGUF's */
     }
     uint64_t bytes = 0;
     if (!cfg) {

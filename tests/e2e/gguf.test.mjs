@@ -54,7 +54,7 @@ test('exo run names what it cannot run in a GGUF file', async () => {
 let node;
 after(async () => { await node?.stop(); });
 
-test('a node serves a GGUF model: chat equals the transformers reference, Ollama lists it', async () => {
+test('a node serves a GGUF model: chat equals the transformers reference, Ollama lists and shows it', async () => {
   const dir = await ggufModel('qwen3-tiny', 'BF16');
   const id = path.basename(dir);
   node = await startNode({ args: ['--models-path', path.dirname(dir)] });
@@ -69,4 +69,9 @@ test('a node serves a GGUF model: chat equals the transformers reference, Ollama
   assert.ok(got.length > 0 && p.greedy.text.startsWith(got), `${JSON.stringify(got)} vs ${JSON.stringify(p.greedy.text)}`);
   const tags = await (await fetch(`${node.url}/ollama/api/tags`)).json();
   assert.ok(tags.models.some((m) => m.name.startsWith(id) || m.model.startsWith(id)), JSON.stringify(tags));
+  const show = await (await fetch(`${node.url}/ollama/api/show`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: id }),
+  })).json();
+  assert.equal(show.model_info.architectures[0], 'Qwen3ForCausalLM', JSON.stringify(show));
+  assert.equal(show.model_info.num_hidden_layers, 2);
 });
