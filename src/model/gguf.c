@@ -2,6 +2,7 @@
 #include "model/gguf.h"
 
 #include "base/error.h"
+#include "model/name_index.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -72,28 +73,6 @@ static const char *value_type_name(uint32_t t) {
     return t < sizeof names / sizeof *names ? names[t] : "unknown";
 }
 
-/* ---- name -> index hash (open addressing) ---- */
-
-typedef struct name_index {
-    int *slots;
-    size_t cap;
-} name_index;
-
-static uint64_t hash_bytes(const char *s, size_t n) {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h;
-}
-
-static int index_init(name_index *ix, size_t n) {
-    ix->cap = 16;
-    while (ix->cap < n * 2) ix->cap <<= 1;
-    ix->slots = malloc(ix->cap * sizeof *ix->slots);
-    if (!ix->slots) return -1;
-    for (size_t i = 0; i < ix->cap; i++) ix->slots[i] = -1;
-    return 0;
-}
-
 struct gguf_file {
     char *path;
     const uint8_t *map;
@@ -109,26 +88,16 @@ struct gguf_file {
     int n_str_offsets;
 };
 
-static gguf_str key_of(const gguf_file *f, int i) { return f->kv[i].key; }
-
-static gguf_str tensor_name_of(const gguf_file *f, int i) {
-    return (gguf_str){f->tensors[i].name, strlen(f->tensors[i].name)};
+static const char *key_of(const void *ctx, int i, size_t *len) {
+    const gguf_kv *kv = &((const gguf_file *)ctx)->kv[i];
+    *len = (size_t)kv->key.len;
+    return kv->key.ptr;
 }
 
-/* Finds name in ix (names_of gives the name of entry v); put: inserts v unless present.
- * Returns the entry's index, or -1 when absent (get) / the existing index (put, duplicate). */
-static int index_lookup(name_index *ix, const gguf_file *f, gguf_str (*names_of)(const gguf_file *, int),
-                        const char *name, size_t len, int put_v) {
-    size_t mask = ix->cap - 1;
-    for (size_t i = hash_bytes(name, len) & mask;; i = (i + 1) & mask) {
-        int v = ix->slots[i];
-        if (v < 0) {
-            if (put_v >= 0) ix->slots[i] = put_v;
-            return -1;
-        }
-        gguf_str s = names_of(f, v);
-        if (s.len == len && !memcmp(s.ptr, name, len)) return v;
-    }
+static const char *tensor_name_of(const void *ctx, int i, size_t *len) {
+    const char *name = ((const gguf_file *)ctx)->tensors[i].name;
+    *len = strlen(name);
+    return name;
 }
 
 /* ---- the cursor over the untrusted bytes ---- */
@@ -238,7 +207,7 @@ static int read_value(gguf_file *f, cursor *c, gguf_kv *kv) {
 static int parse_kvs(gguf_file *f, cursor *c, uint64_t n_kv) {
     f->kv = calloc(n_kv ? n_kv : 1, sizeof *f->kv);
     f->str_offsets = calloc(n_kv ? n_kv : 1, sizeof *f->str_offsets);
-    if (!f->kv || !f->str_offsets || index_init(&f->kv_index, n_kv)) {
+    if (!f->kv || !f->str_offsets || name_index_init(&f->kv_index, n_kv)) {
         error_set(c->err, c->errlen, "%s: out of memory", c->file);
         return -1;
     }
@@ -249,7 +218,7 @@ static int parse_kvs(gguf_file *f, cursor *c, uint64_t n_kv) {
         kv->type = (gguf_value_type)t;
         if (read_value(f, c, kv)) return -1;
         f->n_kv = (int)i + 1;
-        if (index_lookup(&f->kv_index, f, key_of, kv->key.ptr, kv->key.len, (int)i) >= 0) {
+        if (name_index_put(&f->kv_index, kv->key.ptr, (size_t)kv->key.len, (int)i, key_of, f) >= 0) {
             error_set(c->err, c->errlen, "%s: metadata key '%.*s' appears twice", c->file,
                       kv->key.len > 200 ? 200 : (int)kv->key.len, kv->key.ptr);
             return -1;
@@ -326,14 +295,14 @@ static int parse_tensors(gguf_file *f, cursor *c, uint64_t n) {
     uint64_t *offsets = calloc(n ? n : 1, sizeof *offsets);
     span *spans = calloc(n ? n : 1, sizeof *spans);
     int rc = -1;
-    if (!f->tensors || !offsets || !spans || index_init(&f->tensor_index, n)) {
+    if (!f->tensors || !offsets || !spans || name_index_init(&f->tensor_index, n)) {
         error_set(c->err, c->errlen, "%s: out of memory", c->file);
         goto done;
     }
     for (uint64_t i = 0; i < n; i++) {
         if (parse_tensor_info(f, c, &f->tensors[i], &offsets[i])) goto done;
         const char *nm = f->tensors[i].name;
-        if (index_lookup(&f->tensor_index, f, tensor_name_of, nm, strlen(nm), (int)i) >= 0) {
+        if (name_index_put(&f->tensor_index, nm, strlen(nm), (int)i, tensor_name_of, f) >= 0) {
             error_set(c->err, c->errlen, "%s: tensor '%s' appears twice", c->file, nm);
             goto done;
         }
@@ -465,8 +434,8 @@ void gguf_close(gguf_file *f) {
     free(f->str_offsets);
     free(f->tensors);
     free(f->kv);
-    free(f->kv_index.slots);
-    free(f->tensor_index.slots);
+    name_index_free(&f->kv_index);
+    name_index_free(&f->tensor_index);
     if (f->mapped) munmap((void *)f->map, f->map_len);
     free(f->path);
     free(f);
@@ -483,14 +452,12 @@ const gguf_tensor *gguf_tensor_at(const gguf_file *f, int i) {
 }
 
 const gguf_kv *gguf_find_kv(const gguf_file *f, const char *key) {
-    if (!f->kv_index.slots) return NULL;
-    int i = index_lookup((name_index *)&f->kv_index, f, key_of, key, strlen(key), -1);
+    int i = name_index_get(&f->kv_index, key, strlen(key), key_of, f);
     return i < 0 ? NULL : &f->kv[i];
 }
 
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name) {
-    if (!f->tensor_index.slots) return NULL;
-    int i = index_lookup((name_index *)&f->tensor_index, f, tensor_name_of, name, strlen(name), -1);
+    int i = name_index_get(&f->tensor_index, name, strlen(name), tensor_name_of, f);
     return i < 0 ? NULL : &f->tensors[i];
 }
 

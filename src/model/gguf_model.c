@@ -235,6 +235,8 @@ char *gguf_config_json_path(const char *path, char *err, size_t errlen) {
 
 /* ---- tensors under Hugging Face names ---- */
 
+/* llama.cpp's tensor names and Hugging Face's: per layer ("blk.N." / "model.layers.N.") and
+ * top-level. The one table both directions read (the reader here, mkmodel's GGUF writer). */
 static const struct {
     const char *gguf, *hf;
 } layer_names[] = {
@@ -246,12 +248,39 @@ static const struct {
     {"ffn_down", "mlp.down_proj"},        {"ffn_gate_inp", "mlp.gate"},
     {"ffn_gate_exps", "mlp.switch_mlp.gate_proj"}, {"ffn_up_exps", "mlp.switch_mlp.up_proj"},
     {"ffn_down_exps", "mlp.switch_mlp.down_proj"},
-};
-
-static const struct {
-    const char *gguf, *hf;
-} top_names[] = {
+}, top_names[] = {
     {"token_embd", "model.embed_tokens"}, {"output_norm", "model.norm"}, {"output", "lm_head"}};
+
+/* Translates `name` (len bytes, no ".weight" suffix) from one naming to the other: to_hf picks
+ * the direction. Returns 0 with out filled, -1 for a name not in the table. */
+static int translate(const char *name, size_t len, int to_hf, char *out, size_t n) {
+    const char *layer_fmt = to_hf ? "blk.%d.%n" : "model.layers.%d.%n";
+    int layer, used = 0;
+    size_t count = sizeof layer_names / sizeof *layer_names;
+    char head[512];
+    if (len >= sizeof head) return -1;
+    memcpy(head, name, len);
+    head[len] = 0;
+    if (sscanf(head, layer_fmt, &layer, &used) == 1 && used > 0) {
+        for (size_t i = 0; i < count; i++)
+            if (!strcmp(head + used, to_hf ? layer_names[i].gguf : layer_names[i].hf))
+                return snprintf(out, n, to_hf ? "model.layers.%d.%s" : "blk.%d.%s", layer,
+                                to_hf ? layer_names[i].hf : layer_names[i].gguf) < (int)n ? 0 : -1;
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof top_names / sizeof *top_names; i++)
+        if (!strcmp(head, to_hf ? top_names[i].gguf : top_names[i].hf))
+            return snprintf(out, n, "%s", to_hf ? top_names[i].hf : top_names[i].gguf) < (int)n ? 0 : -1;
+    return -1;
+}
+
+int gguf_name_to_hf(const char *gguf_base, char *out, size_t n) {
+    return translate(gguf_base, strlen(gguf_base), 1, out, n);
+}
+
+int gguf_name_from_hf(const char *hf_base, char *out, size_t n) {
+    return translate(hf_base, strlen(hf_base), 0, out, n);
+}
 
 /* One GGUF tensor and what it becomes: a dense view (part 0) or MLX weight/scales/biases. */
 typedef struct conversion {
@@ -281,22 +310,7 @@ static int hf_name(const char *g, char *base, size_t n, const char **suffix) {
     const char *dot = strrchr(g, '.');
     if (!dot || (strcmp(dot, ".weight") && strcmp(dot, ".bias"))) return 0;
     *suffix = dot + 1;
-    int layer, used = 0;
-    if (sscanf(g, "blk.%d.%n", &layer, &used) == 1 && used > 0) {
-        size_t len = (size_t)(dot - (g + used));
-        for (size_t i = 0; i < sizeof layer_names / sizeof *layer_names; i++)
-            if (strlen(layer_names[i].gguf) == len && !strncmp(g + used, layer_names[i].gguf, len)) {
-                snprintf(base, n, "model.layers.%d.%s", layer, layer_names[i].hf);
-                return 1;
-            }
-        return 0;
-    }
-    for (size_t i = 0; i < sizeof top_names / sizeof *top_names; i++)
-        if (strlen(top_names[i].gguf) == (size_t)(dot - g) && !strncmp(g, top_names[i].gguf, (size_t)(dot - g))) {
-            snprintf(base, n, "%s", top_names[i].hf);
-            return 1;
-        }
-    return 0;
+    return translate(g, (size_t)(dot - g), 1, base, n) == 0;
 }
 
 /* Source row of Hugging Face row r: llama.cpp stores head h's rows (a, b) (a in {0,1}, b below

@@ -27,6 +27,12 @@ char *gguf_config_json(const gguf_file *f, char *err, size_t errlen);
 /* The same from a path (opens and closes the file). */
 char *gguf_config_json_path(const char *path, char *err, size_t errlen);
 
+/* A tensor name's base (no ".weight"/".bias") from llama.cpp's naming to Hugging Face's
+ * ("blk.3.attn_q" -> "model.layers.3.self_attn.q_proj", "output" -> "lm_head") and back.
+ * Returns 0, or -1 for a name not in the table. */
+int gguf_name_to_hf(const char *gguf_base, char *out, size_t n);
+int gguf_name_from_hf(const char *hf_base, char *out, size_t n);
+
 /* The file's tensors under Hugging Face names (see the top comment). NULL + err. */
 safetensors_set *gguf_tensor_set_open(const char *path, char *err, size_t errlen);
 

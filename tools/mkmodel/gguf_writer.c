@@ -5,6 +5,7 @@
 #include "mkmodel.h"
 
 #include "model/gguf.h"
+#include "model/gguf_model.h"
 #include "model/gguf_quant.h"
 
 #include <jansson.h>
@@ -161,30 +162,12 @@ typedef struct gtensor {
     uint64_t offset;
 } gtensor;
 
-static const struct {
-    const char *hf, *gguf;
-} names[] = {
-    {"input_layernorm", "attn_norm"},     {"self_attn.q_proj", "attn_q"},
-    {"self_attn.k_proj", "attn_k"},       {"self_attn.v_proj", "attn_v"},
-    {"self_attn.o_proj", "attn_output"},  {"self_attn.q_norm", "attn_q_norm"},
-    {"self_attn.k_norm", "attn_k_norm"},  {"post_attention_layernorm", "ffn_norm"},
-    {"mlp.gate_proj", "ffn_gate"},        {"mlp.up_proj", "ffn_up"},
-    {"mlp.down_proj", "ffn_down"},        {"mlp.gate", "ffn_gate_inp"},
-    {"mlp.switch_mlp.gate_proj", "ffn_gate_exps"}, {"mlp.switch_mlp.up_proj", "ffn_up_exps"},
-    {"mlp.switch_mlp.down_proj", "ffn_down_exps"},
-};
-
+/* The GGUF name of a plan matrix (gguf_model's table) and its layer (-1 for top-level ones). */
 static int gguf_name(const mk_matrix *m, char *out, size_t n, int *layer) {
-    *layer = -1;
-    if (!strcmp(m->name, "model.embed_tokens")) return snprintf(out, n, "token_embd.%s", m->suffix), 0;
-    if (!strcmp(m->name, "model.norm")) return snprintf(out, n, "output_norm.%s", m->suffix), 0;
-    if (!strcmp(m->name, "lm_head")) return snprintf(out, n, "output.%s", m->suffix), 0;
-    int used = 0;
-    if (sscanf(m->name, "model.layers.%d.%n", layer, &used) != 1 || !used) return -1;
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        if (!strcmp(m->name + used, names[i].hf))
-            return snprintf(out, n, "blk.%d.%s.%s", *layer, names[i].gguf, m->suffix), 0;
-    return -1;
+    char base[160];
+    if (gguf_name_from_hf(m->name, base, sizeof base)) return -1;
+    if (sscanf(base, "blk.%d.", layer) != 1) *layer = -1;
+    return snprintf(out, n, "%s.%s", base, m->suffix) < (int)n ? 0 : -1;
 }
 
 /* llama.cpp's use_more_bits: the first and last eighth of the layers and every third between. */
