@@ -6,7 +6,10 @@
 # split into compute and communication (exo bench --model DIR --tp N | --pp-ranks N).
 #   bash bench/dist_scaling.sh MODEL_DIR [BUILD_DIR]
 # Env: CORES_PER_RANK (4), RANKS ("1 2 4"), MODES ("tensor pipeline"), NETS ("0:0 0.1:10 0.1:1
-# 1:10 1:1", each DELAY_MS:GBIT, 0:0 = no proxy), BATCH (1,4), TG (64), REPS (2).
+# 1:10 1:1", each DELAY_MS:GBIT, 0:0 = no proxy), BATCH (1,4), TG (64), REPS (2), PROXY_CORES (a
+# taskset CPU list for netproxy, e.g. 12-15: the proxy stands in for the network, so it should not
+# take a rank's cores; given, the proxy also busy-polls (netproxy --busy-poll: exact delays, where a
+# sleeping proxy's wake-ups added ~0.1 ms per message); default unpinned and sleeping).
 # Appends to bench/RESULTS-dist.log; copy the numbers into bench/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,8 +38,8 @@ run() { # mode ranks delay gbit
   echo "== $mode x$n, $path ($(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg))"
   if [ "$n" -gt 1 ] && [ "$delay:$gbit" != 0:0 ]; then
     # ranks listen on 127.0.0.2, dial the proxy on 127.0.0.1 (it must sort below the ranks')
-    "$build/tools/netproxy" --listen 127.0.0.1:$((port_base + offset)) \
-      --target 127.0.0.2:$port_base --count $((n * n)) --delay-ms "$delay" --rate-gbit "$gbit" &
+    ${PROXY_CORES:+taskset -c "$PROXY_CORES"} "$build/tools/netproxy" --listen 127.0.0.1:$((port_base + offset)) \
+      --target 127.0.0.2:$port_base --count $((n * n)) --delay-ms "$delay" --rate-gbit "$gbit" ${PROXY_CORES:+--busy-poll} &
     proxy_pid=$!
     sleep 0.3
     net=(--dist-bind 127.0.0.2 --dist-advertise 127.0.0.1 --dist-port-base $port_base

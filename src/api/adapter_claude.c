@@ -98,8 +98,7 @@ static int parse_messages(const json_t *msgs, json_t *out, char *err, size_t err
             if (!only_tool_results) {
                 json_t *o = json_pack("{s:s,s:s}", "role", role, "content",
                                       text.data ? text.data : "");
-                if (thinking.len)
-                    json_object_set_new(o, "reasoning_content", json_string(thinking.data));
+                if (thinking.len) gen_template_reasoning(o, thinking.data);
                 if (json_array_size(calls)) json_object_set(o, "tool_calls", calls);
                 json_array_append_new(out, o);
             }
@@ -165,7 +164,9 @@ static int claude_parse(const json_t *b, gen_state *st, char *err, size_t errlen
         }
         q->enable_thinking = strcmp(type, "disabled") != 0;
     }
-    return 0;
+    json_t *output_config = json_object_get(b, "output_config");
+    return gen_set_reasoning_effort(q, json_string_value(json_object_get(output_config, "effort")),
+                                    "output_config.effort", err, errlen);
 }
 
 /* ------------------------------------------------------------------ response */

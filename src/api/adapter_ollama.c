@@ -19,7 +19,8 @@ static int parse_options(const json_t *b, gen_state *st, char *err, size_t errle
     if ((rc = gen_get_bool(b, "stream", &q->stream, err, errlen))) return rc;
     json_t *think = json_object_get(b, "think");
     if (json_is_boolean(think)) q->enable_thinking = json_is_true(think);
-    else if (json_is_string(think)) q->enable_thinking = 1; /* "low"/"medium"/"high" */
+    else if (json_is_string(think) && (rc = gen_set_reasoning_effort(q, json_string_value(think), "think", err, errlen)))
+        return rc; /* "low"/"medium"/"high" */
     json_t *o = json_object_get(b, "options");
     if (!o || json_is_null(o)) return 0;
     if (!json_is_object(o)) {
@@ -74,7 +75,7 @@ static int chat_parse(const json_t *b, gen_state *st, char *err, size_t errlen) 
         json_t *o = json_pack("{s:s,s:s}", "role", role, "content",
                               content ? json_string_value(content) : "");
         const char *thinking = json_string_value(json_object_get(m, "thinking"));
-        if (thinking) json_object_set_new(o, "reasoning_content", json_string(thinking));
+        gen_template_reasoning(o, thinking);
         const char *tool_name = json_string_value(json_object_get(m, "tool_name"));
         if (tool_name) json_object_set_new(o, "name", json_string(tool_name));
         json_t *tcs = json_object_get(m, "tool_calls");

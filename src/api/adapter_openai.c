@@ -40,8 +40,12 @@ static int parse_messages(const json_t *msgs, gen_request *req, char *err, size_
         json_t *o = json_pack("{s:s,s:s}", "role", !strcmp(role, "developer") ? "system" : role,
                               "content", text.data ? text.data : "");
         strbuf_free(&text);
+        /* earlier reasoning as clients send it back: reasoning_content (DeepSeek, Qwen), reasoning
+         * (OpenRouter, vLLM) or thinking (gpt-oss's own name) */
         const char *rc = json_string_value(json_object_get(m, "reasoning_content"));
-        if (rc) json_object_set_new(o, "reasoning_content", json_string(rc));
+        if (!rc) rc = json_string_value(json_object_get(m, "reasoning"));
+        if (!rc) rc = json_string_value(json_object_get(m, "thinking"));
+        gen_template_reasoning(o, rc);
         const char *tcid = json_string_value(json_object_get(m, "tool_call_id"));
         if (tcid) json_object_set_new(o, "tool_call_id", json_string(tcid));
         const char *name = json_string_value(json_object_get(m, "name"));
@@ -146,14 +150,14 @@ static int chat_parse(const json_t *b, gen_state *st, char *err, size_t errlen) 
     int think = -1;
     if ((rc = gen_get_bool(b, "enable_thinking", &think, err, errlen))) return rc;
     json_t *effort = json_object_get(b, "reasoning_effort");
+    q->enable_thinking = think;
     if (effort && !json_is_null(effort)) {
         if (!json_is_string(effort)) {
             snprintf(err, errlen, "'reasoning_effort' must be a string");
             return 400;
         }
-        if (think < 0) think = strcmp(json_string_value(effort), "none") != 0;
+        return gen_set_reasoning_effort(q, json_string_value(effort), "reasoning_effort", err, errlen);
     }
-    q->enable_thinking = think;
     return 0;
 }
 

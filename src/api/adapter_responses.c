@@ -122,7 +122,7 @@ static int responses_parse(const json_t *b, gen_state *st, char *err, size_t err
         return rc;
     json_t *reasoning = json_object_get(b, "reasoning");
     const char *effort = json_string_value(json_object_get(reasoning, "effort"));
-    if (effort) q->enable_thinking = strcmp(effort, "none") != 0;
+    if ((rc = gen_set_reasoning_effort(q, effort, "reasoning.effort", err, errlen))) return rc;
     st->scratch = json_pack("{s:O?,s:O?}", "instructions", ins, "tools", tools);
     return 0;
 }

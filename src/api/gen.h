@@ -125,6 +125,11 @@ int gen_get_number(const json_t *o, const char *field, double lo, double hi, dou
 int gen_get_int(const json_t *o, const char *field, long lo, long hi, long *out, char *err,
                 size_t errlen);
 int gen_get_bool(const json_t *o, const char *field, int *out, char *err, size_t errlen);
+/* A reasoning effort (OpenAI reasoning_effort, Responses reasoning.effort, Ollama think, Claude
+ * output_config.effort): "none" turns thinking off; "minimal"/"low", "medium", "high" go to the
+ * chat template as reasoning_effort (gpt-oss) and turn thinking on unless the request said
+ * otherwise. NULL: nothing. Returns 0, or 400 with err naming `field`. */
+int gen_set_reasoning_effort(gen_request *q, const char *effort, const char *field, char *err, size_t errlen);
 /* A required string field. */
 int gen_get_model(const json_t *o, gen_state *st, char *err, size_t errlen);
 /* stop: string or array of strings. */
@@ -135,6 +140,9 @@ int gen_content_text(const json_t *content, const char *field, strbuf *out, char
 /* Builds the usual tool call JSON for templates: {"id","type":"function","function":{"name",
  * "arguments": object}} from a name and arguments (object or JSON string). */
 json_t *gen_template_tool_call(const char *id, const char *name, const json_t *arguments);
+/* Puts an assistant turn's earlier reasoning (NULL: none) where chat templates read it: Qwen,
+ * GLM and DeepSeek templates read `reasoning_content`, gpt-oss's reads `thinking`. */
+void gen_template_reasoning(json_t *message, const char *reasoning);
 
 /* ---- request pieces several adapters share (gen_parse.c) ---- */
 /* A token limit n read from field (LONG_MIN: absent) into q->max_tokens; it must be >= 1.

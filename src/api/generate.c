@@ -359,7 +359,8 @@ void gen_handle(api_request *r, const gen_adapter *a, gen_context *ctx, int benc
     api_stream *early = NULL; /* an SSE stream opened while the model downloads */
     char dir[1024];
     if (ctx->fetcher.start &&
-        instances_resolve_model(ctx->instances, st->req.model, dir, sizeof dir) < 0) {
+        instances_resolve_model(ctx->instances, st->req.model, dir, sizeof dir) < 0 &&
+        !instances_serves_anywhere(ctx->instances, st->req.model)) {
         status = fetch_model(st, r, ctx, &early, err, sizeof err);
         if (status) {
             if (status > 0) fail(st, r, early, status, err);
@@ -480,6 +481,24 @@ int gen_get_int(const json_t *o, const char *field, long lo, long hi, long *out,
     return 0;
 }
 
+int gen_set_reasoning_effort(gen_request *q, const char *effort, const char *field, char *err, size_t errlen) {
+    if (!effort) return 0;
+    static const char *const known[] = {"none", "minimal", "low", "medium", "high"};
+    size_t i = 0;
+    while (i < sizeof known / sizeof *known && strcmp(effort, known[i])) i++;
+    if (i == sizeof known / sizeof *known) {
+        snprintf(err, errlen, "'%s' must be one of none, minimal, low, medium, high", field);
+        return 400;
+    }
+    if (i == 0) {
+        if (q->enable_thinking < 0) q->enable_thinking = 0;
+        return 0;
+    }
+    snprintf(q->reasoning_effort, sizeof q->reasoning_effort, "%s", i == 1 ? "low" : effort);
+    if (q->enable_thinking < 0) q->enable_thinking = 1;
+    return 0;
+}
+
 int gen_get_bool(const json_t *o, const char *field, int *out, char *err, size_t errlen) {
     json_t *v = json_object_get(o, field);
     if (!v || json_is_null(v)) return 0;
@@ -574,6 +593,12 @@ int gen_content_text(const json_t *content, const char *field, strbuf *out, char
         /* other part kinds (cache_control hints, ...) carry no text */
     }
     return 0;
+}
+
+void gen_template_reasoning(json_t *message, const char *reasoning) {
+    if (!reasoning) return;
+    json_object_set_new(message, "reasoning_content", json_string(reasoning));
+    json_object_set_new(message, "thinking", json_string(reasoning));
 }
 
 json_t *gen_template_tool_call(const char *id, const char *name, const json_t *arguments) {

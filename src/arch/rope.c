@@ -1,6 +1,6 @@
 /* RoPE frequency tables for the rope_scaling types transformers implements: default, linear,
  * llama3 (smooth per-wavelength interpolation), yarn (ramp between interpolation and
- * extrapolation, attention scale). Computed in double, stored as float32 like transformers. */
+ * extrapolation, attention scale; its ends rounded to whole dims unless truncate is false). Computed in double, stored as float32 like transformers. */
 #include "arch/transformer.h"
 
 #include <math.h>
@@ -14,8 +14,12 @@ void rope_inv_freq(const rope_config *r, int rot_dims, float *inv_freq, float *a
     *attn_factor = 1.0f;
     double low = 0, high = 0;
     if (r->type == ROPE_YARN) {
-        low = floor(yarn_correction_dim(r->beta_fast, rot_dims, r->theta, r->original_max_position));
-        high = ceil(yarn_correction_dim(r->beta_slow, rot_dims, r->theta, r->original_max_position));
+        low = yarn_correction_dim(r->beta_fast, rot_dims, r->theta, r->original_max_position);
+        high = yarn_correction_dim(r->beta_slow, rot_dims, r->theta, r->original_max_position);
+        if (r->truncate) { /* transformers' default; gpt-oss publishes truncate: false */
+            low = floor(low);
+            high = ceil(high);
+        }
         if (low < 0) low = 0;
         if (high > rot_dims - 1) high = rot_dims - 1;
         if (low == high) high += 0.001;

@@ -15,6 +15,13 @@ typedef struct layer_vectors {
     float *attn_norm, *ffn_norm; /* [dim] */
     float *q_norm, *k_norm;      /* [head_dim] (qk_norm) */
     float *bq, *bk, *bv;         /* [q_dim], [kv_dim], [kv_dim] (attention_bias) */
+    /* gpt-oss, else NULL */
+    float *bo;                   /* [dim] o_proj bias */
+    float *sinks;                /* [n_heads] attention sink logits */
+    float *router_bias;          /* [n_experts] */
+    float *expert_gate_bias, *expert_up_bias; /* [n_experts][moe_inter] */
+    float *expert_down_bias;                  /* [n_experts][dim] */
+    int window;                  /* sliding window of this layer, 0 = full attention */
 } layer_vectors;
 
 struct transformer {
@@ -52,14 +59,15 @@ struct transformer {
     int tables_cap;
 };
 
-/* Uploads a [1][n] weight vector as f32. */
+/* Uploads a small dense weight ([1][n] vector, or [rows][n] biases) as f32. */
 static float *upload_vector(compute_backend *be, const weight_matrix *m) {
     if (!m->data) return NULL;
-    float *host = malloc((size_t)m->cols * sizeof *host);
-    float *dev = be->alloc(be, (size_t)m->cols * sizeof *dev);
+    size_t n = (size_t)m->rows * (size_t)m->cols;
+    float *host = malloc(n * sizeof *host);
+    float *dev = be->alloc(be, n * sizeof *dev);
     if (host && dev) {
-        weight_matrix_row_to_f32(m, 0, host);
-        be->upload(be, dev, host, (size_t)m->cols * sizeof *host);
+        for (int64_t r = 0; r < m->rows; r++) weight_matrix_row_to_f32(m, r, host + r * m->cols);
+        be->upload(be, dev, host, n * sizeof *host);
     } else if (dev) {
         be->free(be, dev);
         dev = NULL;
@@ -72,6 +80,29 @@ static void *balloc(transformer *t, size_t bytes, int *fail) {
     void *p = t->be->alloc(t->be, bytes ? bytes : 4);
     if (!p) *fail = 1;
     return p;
+}
+
+/* gpt-oss: o_proj bias, sinks, router bias, expert biases. Returns 0, or -1 (out of memory). */
+static int create_gpt_oss_vectors(transformer *t, const layer_weights *l, layer_vectors *v) {
+    v->bo = upload_vector(t->be, &l->bo);
+    v->sinks = upload_vector(t->be, &l->sinks);
+    v->router_bias = upload_vector(t->be, &l->router_bias);
+    v->expert_gate_bias = upload_vector(t->be, &l->expert_gate_bias);
+    v->expert_up_bias = upload_vector(t->be, &l->expert_up_bias);
+    v->expert_down_bias = upload_vector(t->be, &l->expert_down_bias);
+    return v->bo && v->sinks && v->router_bias && v->expert_gate_bias && v->expert_up_bias && v->expert_down_bias
+               ? 0
+               : -1;
+}
+
+int transformer_backend_check(const model_config *c, const compute_backend *be, char *err, size_t errlen) {
+    unsigned need = 0;
+    if (c->attention_sinks || c->sliding_window) need |= BACKEND_FEATURE_ATTENTION_SINKS_WINDOW;
+    if (c->moe_bias || c->swiglu_limit > 0) need |= BACKEND_FEATURE_MOE_BIAS_CLAMP;
+    if ((be->features & need) == need) return 0;
+    error_set(err, errlen, "the %s backend cannot run %s yet (attention sinks, sliding-window layers, biased "
+              "clamped-SwiGLU experts); use the CPU backend", be->name, c->architecture);
+    return -1;
 }
 
 static int create_vectors(transformer *t, int *fail) {
@@ -93,11 +124,15 @@ static int create_vectors(transformer *t, int *fail) {
             v->bv = upload_vector(t->be, &l->bv);
             if (!v->bq || !v->bk || !v->bv) *fail = 1;
         }
+        if (c->family == MODEL_FAMILY_GPT_OSS && create_gpt_oss_vectors(t, l, v)) *fail = 1;
+        v->window = model_config_layer_window(c, t->w->layer_start + i);
         if (l->is_moe)
             t->experts[i] = (moe_experts){.n_experts = c->n_experts, .dim = c->hidden_size,
                                           .inter = c->moe_intermediate_size / (t->w->tp_size > 1 ? t->w->tp_size : 1),
                                           .gate = l->expert_gate, .up = l->expert_up,
-                                          .down = l->expert_down};
+                                          .down = l->expert_down, .gate_bias = v->expert_gate_bias,
+                                          .up_bias = v->expert_up_bias, .down_bias = v->expert_down_bias,
+                                          .swiglu_limit = c->swiglu_limit, .swiglu_alpha = c->swiglu_alpha};
     }
     if (t->last) {
         t->final_norm = upload_vector(t->be, &t->w->final_norm);
@@ -109,6 +144,7 @@ static int create_vectors(transformer *t, int *fail) {
 transformer *transformer_create(const model_config *c, const model_weights *w,
                                 compute_backend *be, int max_tokens, int max_logits, char *err,
                                 size_t errlen) {
+    if (transformer_backend_check(c, be, err, errlen)) return NULL;
     transformer *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->c = c;
@@ -180,7 +216,8 @@ void transformer_destroy(transformer *t) {
     for (int i = 0; t->vec && i < t->n_local; i++) {
         layer_vectors *v = &t->vec[i];
         BFREE(v->attn_norm); BFREE(v->ffn_norm); BFREE(v->q_norm); BFREE(v->k_norm);
-        BFREE(v->bq); BFREE(v->bk); BFREE(v->bv);
+        BFREE(v->bq); BFREE(v->bk); BFREE(v->bv); BFREE(v->bo); BFREE(v->sinks); BFREE(v->router_bias);
+        BFREE(v->expert_gate_bias); BFREE(v->expert_up_bias); BFREE(v->expert_down_bias);
     }
     BFREE(t->final_norm); BFREE(t->inv_freq);
     BFREE(t->x); BFREE(t->xn); BFREE(t->ffn_out); BFREE(t->q); BFREE(t->att); BFREE(t->k);
@@ -294,9 +331,17 @@ static int attention_block(transformer *t, int li, const kv_layer *kv,
     be->rope(be, t->k, t->positions, n, t->n_kv_heads, c->head_dim, rot, t->inv_freq,
              t->attn_factor);
     be->kv_write(be, kv, t->k, t->v, t->slots, n, t->kv_dim);
+    attention_batch layer_ab; /* gpt-oss: this layer's window and sinks */
+    if (v->window || v->sinks) {
+        layer_ab = *ab;
+        layer_ab.window = v->window;
+        layer_ab.sinks = v->sinks;
+        ab = &layer_ab;
+    }
     be->attention(be, t->q, kv, ab, t->att);
     be->matmul(be, &l->wo, t->att, t->xn, n);
     if (sum_across_ranks(t, t->xn, n, err, errlen)) return -1;
+    if (v->bo) be->add_row(be, t->xn, v->bo, n, t->dim); /* after the sum: added once */
     be->add(be, t->x, t->xn, n * t->dim);
     return 0;
 }
@@ -308,6 +353,7 @@ static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen
     be->rmsnorm(be, t->x, t->vec[li].ffn_norm, t->xn, n, t->dim, c->rms_norm_eps);
     if (l->is_moe) {
         be->matmul(be, &l->router, t->xn, t->router, n);
+        if (t->vec[li].router_bias) be->add_row(be, t->router, t->vec[li].router_bias, n, c->n_experts);
         be->moe_route(be, t->router, n, c->n_experts, c->n_experts_per_tok, c->norm_topk_prob,
                       t->route_ids, t->route_w);
         be->moe_ffn(be, &t->experts[li], t->xn, n, t->route_ids, t->route_w,

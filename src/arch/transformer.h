@@ -1,6 +1,8 @@
 /* transformer — the forward pass shared by every supported family (Llama/Mistral, Qwen2, Qwen3,
- * Qwen3-MoE), written over compute_backend ops so it runs on any backend. Families differ only
- * where the math differs: q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), sparse MoE MLP.
+ * Qwen3-MoE, gpt-oss), written over compute_backend ops so it runs on any backend. Families differ
+ * only where the math differs: q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), sparse MoE MLP,
+ * and for gpt-oss o_proj and router biases, attention sinks, a sliding window on the layers
+ * layer_types names, and biased experts with a clamped SwiGLU (backend features it checks).
  *
  * One call processes a flat batch of tokens from many sequences (a prefill chunk of one and
  * decode steps of others together): token ids, positions, and per-sequence block tables into
@@ -45,6 +47,10 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
                                 compute_backend *be, int max_tokens, int max_logits, char *err,
                                 size_t errlen);
 void transformer_destroy(transformer *t);
+
+/* Whether `be` implements every op variant the model needs (gpt-oss: attention sinks and windows,
+ * biased clamped-SwiGLU experts). Returns 0, or -1 with err naming what is missing. */
+int transformer_backend_check(const model_config *c, const compute_backend *be, char *err, size_t errlen);
 
 /* Sums n floats of backend memory in place across the tensor-parallel ranks (every rank gets
  * the same sum). Returns 0, or -1 with err (a rank died or timed out). */

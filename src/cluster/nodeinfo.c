@@ -2,6 +2,7 @@
 #include "cluster/nodeinfo.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -198,5 +199,12 @@ json_t *nodeinfo_network_json(void) {
                                               (i->ifa_flags & IFF_LOOPBACK) != 0));
     }
     freeifaddrs(ifs);
-    return json_pack("{s:o}", "interfaces", list);
+    /* RDMA devices (what Gloo's ibverbs transport opens): placement maps MlxJaccl/MlxIbv to
+     * ibverbs only when every node of the instance lists one. */
+    json_t *rdma = json_array();
+    DIR *d = opendir("/sys/class/infiniband");
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (e->d_name[0] != '.') json_array_append_new(rdma, json_string(e->d_name));
+    if (d) closedir(d);
+    return json_pack("{s:o,s:o}", "interfaces", list, "rdmaDevices", rdma);
 }

@@ -15,12 +15,68 @@ uint64_t placement_kv_bytes(const placement_model *m) {
     return 2ull * (uint64_t)m->n_layers * kv_heads * head_dim * 2ull * ctx;
 }
 
-static int by_memory_desc(const void *a, const void *b) {
-    const placement_node *x = a, *y = b;
-    if (x->has_files != y->has_files) return x->has_files ? -1 : 1;
+/* Files first, then the most free memory, then the id (a total order: every node agrees). */
+static int node_before(const placement_node *x, const placement_node *y) {
+    if (x->has_files != y->has_files) return x->has_files;
     if (x->memory_available != y->memory_available)
-        return x->memory_available > y->memory_available ? -1 : 1;
-    return strcmp(x->id, y->id);
+        return x->memory_available > y->memory_available;
+    return strcmp(x->id, y->id) < 0;
+}
+
+/* Indices of nodes in preference order (insertion sort: at most PLACEMENT_MAX_NODES). */
+static void order_nodes(const placement_node *nodes, int n, int *order) {
+    for (int i = 0; i < n; i++) {
+        int j = i;
+        while (j > 0 && node_before(&nodes[i], &nodes[order[j - 1]])) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+}
+
+/* The latency between nodes a and b (either direction measured; the smaller), 0 = unknown. */
+static float link_between(const placement_node *nodes, int a, int b) {
+    float x = nodes[a].link_ms[b], y = nodes[b].link_ms[a];
+    if (x > 0 && y > 0) return x < y ? x : y;
+    return x > 0 ? x : y > 0 ? y : 0;
+}
+
+enum { LINK_FAST, LINK_UNKNOWN, LINK_SLOW };
+
+static int link_class(const placement_node *nodes, int a, int b, float fastest) {
+    float ms = link_between(nodes, a, b);
+    if (ms <= 0) return LINK_UNKNOWN;
+    return ms <= 2 * fastest + 0.5f ? LINK_FAST : LINK_SLOW;
+}
+
+/* The chain of placement.h: from the first node in order, each next node holds the files if one
+ * can, then has a fast link to the previous one, then comes first in order. Returns 0 when no
+ * link is measured (the chain would be the order itself). */
+static int choose_by_links(const placement_node *nodes, int n_available, const int *order,
+                           int n_nodes, int *chosen) {
+    float fastest = 0;
+    for (int a = 0; a < n_available; a++)
+        for (int b = 0; b < n_available; b++) {
+            float ms = a == b ? 0 : link_between(nodes, a, b);
+            if (ms > 0 && (fastest == 0 || ms < fastest)) fastest = ms;
+        }
+    if (fastest == 0) return 0;
+    int used[PLACEMENT_MAX_NODES] = {0};
+    chosen[0] = order[0];
+    used[order[0]] = 1;
+    for (int k = 1; k < n_nodes; k++) {
+        int best = -1, best_key = 0;
+        for (int i = 0; i < n_available; i++) {
+            int c = order[i];
+            if (used[c]) continue;
+            int key = (nodes[c].has_files ? 0 : 3) + link_class(nodes, chosen[k - 1], c, fastest);
+            if (best < 0 || key < best_key) best = c, best_key = key;
+        }
+        chosen[k] = best;
+        used[best] = 1;
+    }
+    return 1;
 }
 
 static void fmt_gb(char *out, size_t n, uint64_t bytes) {
@@ -28,16 +84,18 @@ static void fmt_gb(char *out, size_t n, uint64_t bytes) {
 }
 
 /* Splits n_layers over the chosen nodes proportionally to their free memory. */
-static void split_layers(const placement_model *m, const placement_node *chosen, int n,
-                         placement_result *out) {
+static void split_layers(const placement_model *m, const placement_node *nodes, const int *chosen,
+                         int n, placement_result *out) {
     uint64_t total = 0;
-    for (int i = 0; i < n; i++) total += chosen[i].memory_available;
+    for (int i = 0; i < n; i++)
+        total += nodes[chosen[i]].memory_available;
     int layers[PLACEMENT_MAX_NODES];
     double frac[PLACEMENT_MAX_NODES];
     int assigned = 0;
     for (int i = 0; i < n; i++) {
-        double share = total ? (double)m->n_layers * (double)chosen[i].memory_available / (double)total
-                             : (double)m->n_layers / n;
+        double share =
+            total ? (double)m->n_layers * (double)nodes[chosen[i]].memory_available / (double)total
+                  : (double)m->n_layers / n;
         layers[i] = (int)share;
         if (layers[i] < 1) layers[i] = 1;
         frac[i] = share - (int)share;
@@ -64,6 +122,45 @@ static void split_layers(const placement_model *m, const placement_node *chosen,
         out->layer_end[i] = start + layers[i];
         start += layers[i];
     }
+}
+
+/* The split over nodes[chosen[0..n_nodes)] in rank order and whether it fits each node's free
+ * memory (out->error says which does not). */
+static int place_on(const placement_model *m, const placement_node *nodes, const int *chosen,
+                    placement_sharding sharding, int n_nodes, placement_result *out) {
+    memset(out, 0, sizeof *out);
+    uint64_t kv = placement_kv_bytes(m);
+    out->n_nodes = n_nodes;
+    if (sharding == PLACEMENT_PIPELINE) {
+        split_layers(m, nodes, chosen, n_nodes, out);
+    } else {
+        for (int i = 0; i < n_nodes; i++) {
+            out->layer_start[i] = 0;
+            out->layer_end[i] = m->n_layers;
+        }
+    }
+    int ok = 1;
+    for (int i = 0; i < n_nodes; i++) {
+        const placement_node *node = &nodes[chosen[i]];
+        snprintf(out->node_ids[i], sizeof out->node_ids[i], "%s", node->id);
+        double share = sharding == PLACEMENT_PIPELINE
+                           ? (double)(out->layer_end[i] - out->layer_start[i]) / m->n_layers
+                           : 1.0 / n_nodes;
+        uint64_t need =
+            (uint64_t)((double)(m->weight_bytes + kv) * share) + PLACEMENT_HEADROOM_BYTES;
+        out->memory_by_node[i] = need;
+        if (need > node->memory_available && ok) {
+            char a[32], b[32];
+            fmt_gb(a, sizeof a, need);
+            fmt_gb(b, sizeof b, node->memory_available);
+            snprintf(out->error, sizeof out->error,
+                     "does not fit: node %.8s needs %s (weights + KV cache for %d tokens), has %s "
+                     "free",
+                     node->id, a, m->context_length, b);
+            ok = 0;
+        }
+    }
+    return ok ? 0 : -1;
 }
 
 int placement_place(const placement_model *m, const placement_node *nodes, int n_available,
@@ -98,43 +195,11 @@ int placement_place(const placement_model *m, const placement_node *nodes, int n
             return -1;
         }
     }
-    placement_node *sorted = malloc(sizeof *sorted * (size_t)n_available);
-    if (!sorted) {
-        snprintf(out->error, sizeof out->error, "out of memory");
-        return -1;
-    }
-    memcpy(sorted, nodes, sizeof *sorted * (size_t)n_available);
-    qsort(sorted, (size_t)n_available, sizeof *sorted, by_memory_desc);
-
-    uint64_t kv = placement_kv_bytes(m);
-    out->n_nodes = n_nodes;
-    if (sharding == PLACEMENT_PIPELINE) {
-        split_layers(m, sorted, n_nodes, out);
-    } else {
-        for (int i = 0; i < n_nodes; i++) {
-            out->layer_start[i] = 0;
-            out->layer_end[i] = m->n_layers;
-        }
-    }
-    int ok = 1;
-    for (int i = 0; i < n_nodes; i++) {
-        snprintf(out->node_ids[i], sizeof out->node_ids[i], "%s", sorted[i].id);
-        double share = sharding == PLACEMENT_PIPELINE
-                           ? (double)(out->layer_end[i] - out->layer_start[i]) / m->n_layers
-                           : 1.0 / n_nodes;
-        uint64_t need = (uint64_t)((double)(m->weight_bytes + kv) * share) + PLACEMENT_HEADROOM_BYTES;
-        out->memory_by_node[i] = need;
-        if (need > sorted[i].memory_available && ok) {
-            char a[32], b[32];
-            fmt_gb(a, sizeof a, need);
-            fmt_gb(b, sizeof b, sorted[i].memory_available);
-            snprintf(out->error, sizeof out->error,
-                     "does not fit: node %.8s needs %s (weights + KV cache for %d tokens), has %s "
-                     "free",
-                     sorted[i].id, a, m->context_length, b);
-            ok = 0;
-        }
-    }
-    free(sorted);
-    return ok ? 0 : -1;
+    int order[PLACEMENT_MAX_NODES], chosen[PLACEMENT_MAX_NODES];
+    if (n_available > PLACEMENT_MAX_NODES) n_available = PLACEMENT_MAX_NODES;
+    order_nodes(nodes, n_available, order);
+    if (choose_by_links(nodes, n_available, order, n_nodes, chosen) &&
+        place_on(m, nodes, chosen, sharding, n_nodes, out) == 0)
+        return 0;
+    return place_on(m, nodes, order, sharding, n_nodes, out);
 }

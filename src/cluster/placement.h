@@ -15,8 +15,13 @@
  * dims, quantization groups of column splits) are the model's own rules: the caller passes them
  * as tensor_check (model_config_tensor_split_check for a model on disk).
  *
- * It refuses: ordering by link speed (State's topology has latencies, but every link of the
- * clusters we place on is one hop of the same LAN; a ring over the fastest links is left). */
+ * Links: with measured latencies (link_ms), the nodes are chosen as a chain from the first one:
+ * each next rank is the candidate holding the files if any does, then over a fast link from the
+ * rank before it (fast: within twice the fastest measured link plus 0.5 ms; an unmeasured link
+ * ranks between fast and slow), then by the order above. Pipeline stages then hand their hidden
+ * states over fast links, and a tensor group avoids a slow member. When that choice does not fit
+ * in memory, the memory-first choice is tried. Bandwidth is not weighed (decode-sized messages
+ * are latency-bound; DESIGN.md section 6). */
 #ifndef EXO_CLUSTER_PLACEMENT_H
 #define EXO_CLUSTER_PLACEMENT_H
 
@@ -43,6 +48,8 @@ typedef struct placement_node {
     char id[64];
     uint64_t memory_available;
     int has_files; /* the model is on this node's disk already: preferred */
+    /* Measured latency to the node at index i of the same array, in ms (0 = not measured). */
+    float link_ms[PLACEMENT_MAX_NODES];
 } placement_node;
 
 typedef enum placement_sharding { PLACEMENT_PIPELINE = 0, PLACEMENT_TENSOR = 1 } placement_sharding;

@@ -97,9 +97,12 @@ static int services_start(node_services *n, const exo_options *o, const char *no
         return -1;
     }
     exe[len] = 0;
-    models_service_options mo = {.models_dir = o->models_dir, .models_path = o->models_path,
-                                 .data_dir = o->data_dir, .node_id = node_id,
-                                 .offline = o->offline};
+    models_service_options mo = {.models_dir = o->models_dir,
+                                 .models_path = o->models_path,
+                                 .data_dir = o->data_dir,
+                                 .node_id = node_id,
+                                 .offline = o->offline,
+                                 .api_key = o->api_key};
     warn_if_unwritable(o->models_dir);
     n->models = models_service_new(&mo, err, errlen);
     if (!n->models) return -1;
@@ -109,10 +112,12 @@ static int services_start(node_services *n, const exo_options *o, const char *no
                         .data_dir = o->data_dir,
                         .node_id = node_id,
                         .kv_cache_bytes = o->kv_cache_bytes,
+                        .kv_cache_dtype = o->kv_cache_dtype,
                         .device = o->device,
                         .watchdog_s = runner_watchdog_s(),
                         .max_runners = o->max_runners,
-                        .api_port = o->api_port};
+                        .api_port = o->api_port,
+                        .api_key = o->api_key};
     n->worker = worker_new(&wc, n->models, err, errlen);
     api_config ac = {.port = o->api_port,
                      .api_key = o->api_key,

@@ -115,6 +115,9 @@ void options_print_help(const char *prog) {
            "                        models directory: --models-dir or --models-path)\n"
            "  --max-body-size SIZE  largest accepted HTTP request body (default 32M)\n"
            "  --kv-cache-mem SIZE   KV cache budget per runner (default: automatic)\n"
+           "  --kv-cache-dtype T    f16 (default), bf16 or f32: how runners store K/V (f32\n"
+           "                        doubles the memory; tensor-parallel logprobs then match\n"
+           "                        one node's to ~1e-6 instead of ~1e-3)\n"
            "  --device DEV          cpu, cuda or auto: what runners compute on (env EXO_DEVICE;\n"
            "                        default auto: the GPU when this build has CUDA and one is present)\n"
            "  --max-runners N       runner processes (placed models) this node starts (default 8)\n"
@@ -238,6 +241,13 @@ enum options_result options_parse(exo_options *o, int argc, char **argv, char *e
                 snprintf(err, errlen, "--kv-cache-mem: '%s' is not a size (e.g. 4G)", v);
                 return OPTIONS_ERROR;
             }
+        } else if (VALUE("--kv-cache-dtype")) {
+            REQUIRE_VALUE("--kv-cache-dtype");
+            if (strcmp(v, "f16") && strcmp(v, "bf16") && strcmp(v, "f32")) {
+                snprintf(err, errlen, "--kv-cache-dtype: '%s' is not f16, bf16 or f32", v);
+                return OPTIONS_ERROR;
+            }
+            snprintf(o->kv_cache_dtype, sizeof o->kv_cache_dtype, "%s", v);
         } else if (VALUE("--max-runners")) {
             REQUIRE_VALUE("--max-runners");
             if (parse_count(v, 1, &o->max_runners, "--max-runners", err, errlen))

@@ -26,6 +26,7 @@ typedef struct exo_options {
     char default_model[1024]; /* --model ID|DIR: a model to place at start (used by `make run`) */
     size_t max_body_bytes;    /* --max-body-size BYTES, default 32 MiB */
     size_t kv_cache_bytes;    /* --kv-cache-mem BYTES (suffix K/M/G allowed), 0 = automatic */
+    char kv_cache_dtype[8];   /* --kv-cache-dtype f16|bf16|f32, "" = the engine's default (f16) */
     char device[8];           /* --device cpu|cuda|auto (EXO_DEVICE), what runners compute on */
     int max_runners;          /* --max-runners N: runner processes this node starts, default 8 */
     int max_connections_per_ip; /* --max-connections-per-ip N: 0 = no limit, default 512 */

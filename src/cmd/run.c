@@ -14,6 +14,7 @@
 #include "infer/engine.h"
 #include "text/chat.h"
 #include "runner/model_text.h"
+#include "text/output_parser.h"
 #include "text/tokenizer.h"
 
 #include <jansson.h>
@@ -196,6 +197,7 @@ typedef struct run_session {
     int32_t stop_ids[4];
     int n_stop;
     uint64_t next_id;
+    int harmony;             /* gpt-oss: the reply's channels are parsed (output_harmony.c) */
 } run_session;
 
 /* Token ids of the next prompt: the rendered conversation (chat) or the text itself (raw). */
@@ -215,6 +217,27 @@ static int encode_prompt(run_session *rs, const char *text, int32_t **ids, char 
     return n;
 }
 
+/* Prints decoded text: as it is, or through the parser (reasoning to stderr, content to stdout);
+ * what the conversation keeps goes to `reply`. final flushes the parser. */
+static void print_reply(output_parser *parser, const char *piece, size_t len, int final, strbuf *reply) {
+    if (!parser) {
+        fwrite(piece, 1, len, stdout);
+        strbuf_append(reply, piece, len);
+        return;
+    }
+    output_delta d;
+    output_parser_feed(parser, piece, len, &d);
+    for (int pass = 0; pass < 1 + final; pass++) {
+        if (pass) output_parser_finish(parser, &d);
+        if (d.reasoning) fputs(d.reasoning, stderr);
+        if (d.content) {
+            fputs(d.content, stdout);
+            strbuf_append_str(reply, d.content);
+        }
+        output_delta_free(&d);
+    }
+}
+
 /* Generates one reply to `prompt` ids, streaming it; returns the reply text in chat mode. */
 static int generate(run_session *rs, const int32_t *prompt, int n_prompt, char **reply) {
     const run_flags *f = rs->f;
@@ -229,7 +252,10 @@ static int generate(run_session *rs, const int32_t *prompt, int n_prompt, char *
         fprintf(stderr, "exo run: %s\n", err);
         return -1;
     }
-    detokenizer *dt = rs->tok ? detokenizer_new(rs->tok, 1) : NULL;
+    /* gpt-oss: its markup is special tokens; the parser turns the channels into reasoning (to
+     * stderr) and the answer (to stdout, and the conversation) */
+    detokenizer *dt = rs->tok ? detokenizer_new(rs->tok, !rs->harmony) : NULL;
+    output_parser *parser = rs->harmony ? output_parser_new(OUTPUT_FORMAT_HARMONY, 0, 0) : NULL;
     strbuf text = {0};
     char piece[1024];
     uint64_t start = clock_now_ns(), first = 0;
@@ -249,8 +275,7 @@ static int generate(run_session *rs, const int32_t *prompt, int n_prompt, char *
                 if (!n_gen++) first = clock_now_ns();
                 if (dt) {
                     size_t len = detokenizer_push(dt, ev[i].token, piece, sizeof piece);
-                    fwrite(piece, 1, len, stdout);
-                    strbuf_append(&text, piece, len);
+                    print_reply(parser, piece, len, 0, &text);
                 } else {
                     printf("%s%d", n_gen > 1 ? " " : "", ev[i].token);
                 }
@@ -262,10 +287,10 @@ static int generate(run_session *rs, const int32_t *prompt, int n_prompt, char *
     }
     if (dt) {
         size_t len = detokenizer_flush(dt, piece, sizeof piece);
-        fwrite(piece, 1, len, stdout);
-        strbuf_append(&text, piece, len);
+        print_reply(parser, piece, len, 1, &text);
         detokenizer_free(dt);
     }
+    output_parser_free(parser);
     uint64_t end = clock_now_ns();
     printf("\n");
     fflush(stdout);
@@ -324,6 +349,12 @@ static int open_text(run_session *rs, const char *dir) {
     if (rs->f->raw || !src) {
         if (!rs->f->raw) fprintf(stderr, "exo run: the model has no chat template; prompts are raw\n");
         return 0;
+    }
+    rs->harmony = output_format_detect(NULL, src) == OUTPUT_FORMAT_HARMONY;
+    for (const char *const *t = output_format_stop_tokens(rs->harmony ? OUTPUT_FORMAT_HARMONY : OUTPUT_FORMAT_PLAIN);
+         *t && rs->n_stop < 4; t++) {
+        int32_t id = tokenizer_token_id(rs->tok, *t);
+        if (id >= 0) rs->stop_ids[rs->n_stop++] = id;
     }
     rs->tmpl = chat_template_compile(src, err, sizeof err);
     if (!rs->tmpl) {

@@ -1,9 +1,12 @@
 /* cmd/runner — `exo runner --fd N --model DIR [--model-id ID] [--kv-cache-mem BYTES]
- * [--threads N] [--device cpu|cuda|auto]`: the model runner process (EXO_RUNNER_THREADS=N also sets the engine's threads). Started by a node, never by hand: it speaks the
- * runner protocol (runner/protocol.h) on fd N and exits when the node closes it.
+ * [--kv-cache-dtype f16|bf16|f32] [--threads N] [--device cpu|cuda|auto]`: the model runner
+ * process (EXO_RUNNER_THREADS=N also sets the engine's threads). Started by a node, never by
+ * hand: it speaks the runner protocol (runner/protocol.h) on fd N and exits when the node closes
+ * it.
  * One rank of a model split over several runners (docs/distributed.md) adds
  *   --rank R --ranks N --parallel pipeline|tensor [--layers START:END] --dist-store DIR
  *   [--instance ID] [--dist-host HOST] [--dist-advertise HOST] [--dist-timeout-ms MS]
+ *   [--dist-transport tcp|ibverbs]   (ibverbs: the instance is MlxJaccl and every node has RDMA)
  * The rendezvous store: `--dist-store node` asks the node over the runner socket (the node keeps
  * the keys in the cluster's replicated State: ranks on different machines), `--dist-store DIR` is
  * a directory shared by the ranks (one host: tests, bench). */
@@ -30,6 +33,10 @@ static int parse_dist_flag(runner_options *o, const char *a, const char *v, cons
     else if (!strcmp(a, "--dist-host")) d->bind_host = v;
     else if (!strcmp(a, "--dist-advertise")) d->advertise_host = v;
     else if (!strcmp(a, "--dist-timeout-ms")) d->timeout_ms = atoi(v);
+    else if (!strcmp(a, "--dist-transport")) {
+        if (strcmp(v, "tcp") && strcmp(v, "ibverbs")) return -1;
+        d->transport = v;
+    }
     else if (!strcmp(a, "--layers"))
         return sscanf(v, "%d:%d", &d->layer_start, &d->layer_end) == 2 ? 1 : -1;
     else if (!strcmp(a, "--parallel")) {
@@ -54,6 +61,7 @@ int cmd_runner_main(int argc, char **argv) {
         else if (!strcmp(a, "--kv-cache-mem") && v) {
             if (options_parse_size(argv[++i], &o.kv_cache_bytes)) o.kv_cache_bytes = 0;
         }
+        else if (!strcmp(a, "--kv-cache-dtype") && v) o.kv_cache_dtype = argv[++i];
         else if (!strcmp(a, "--threads") && v) o.n_threads = atoi(argv[++i]);
         else if (!strcmp(a, "--device") && v) o.device = argv[++i];
         else if (v && (dist_flag = parse_dist_flag(&o, a, v, &store_dir)) != 0) {

@@ -44,23 +44,39 @@ typedef struct attention_batch {
     int block_size;
     int n_heads, n_kv_heads, head_dim;
     float scale;                      /* usually 1/sqrt(head_dim) */
+    int window;                       /* > 0: token at position p sees positions p-window+1..p only */
+    const float *sinks;               /* [n_heads] or NULL: per-head logit that joins each softmax
+                                         with a zero value (gpt-oss), so weights may sum below 1 */
     /* Host copies of positions, seq_of_token and block_table_start (NULL when the caller has
      * none): a backend may plan per sequence from them (CUDA: prefill runs as GEMMs). */
     const int32_t *host_positions, *host_seq_of_token, *host_block_table_start;
 } attention_batch;
 
-/* A sparse MoE MLP's experts: n_experts SwiGLU FFNs. */
+/* A sparse MoE MLP's experts: n_experts SwiGLU FFNs. With biases and a limit (gpt-oss):
+ * g = min(gate x + gate_bias, limit), u = clamp(up x + up_bias, -limit, limit),
+ * h = (u + 1) * g * sigmoid(alpha * g), out = down h + down_bias; else h = silu(gate x) * up x. */
 typedef struct moe_experts {
     int n_experts;
     int64_t dim, inter;
     const weight_matrix *gate, *up; /* [n_experts], each [inter][dim] */
     const weight_matrix *down;      /* [n_experts], each [dim][inter] */
+    const float *gate_bias, *up_bias; /* [n_experts][inter] backend memory, or NULL */
+    const float *down_bias;           /* [n_experts][dim], or NULL */
+    float swiglu_limit;               /* > 0: the clamped gpt-oss activation above */
+    float swiglu_alpha;
 } moe_experts;
+
+/* What a backend's ops can do beyond the plain transformer (compute_backend.features). */
+enum {
+    BACKEND_FEATURE_ATTENTION_SINKS_WINDOW = 1, /* attention_batch.sinks and .window */
+    BACKEND_FEATURE_MOE_BIAS_CLAMP = 2,         /* moe_experts biases and swiglu_limit */
+};
 
 typedef struct compute_backend compute_backend;
 struct compute_backend {
     const char *name;
     void *ctx; /* the backend's own state */
+    unsigned features; /* BACKEND_FEATURE_* it implements; the forward refuses models needing more */
 
     /* Zeroed backend memory; NULL when out of memory. */
     void *(*alloc)(compute_backend *b, size_t bytes);

@@ -42,6 +42,7 @@ typedef struct download_progress {
     const char *current_file;  /* one file in flight, or NULL */
     enum download_error error; /* when FAILED */
     const char *message;       /* when FAILED: what went wrong and what to do */
+    int layer_start, layer_end; /* a pipeline stage's download: its layers (layer_end 0: all) */
 } download_progress;
 
 /* Called from the downloading thread at most once per progress_interval_ms, plus once at the
@@ -64,6 +65,10 @@ typedef struct download_request {
      * first (manifest + files); any failure falls back to the Hub. */
     const char *const *peers;
     int n_peers;
+    /* Sent to peers as "Authorization: Bearer" (their API key, when the nodes run with
+     * --api-key); NULL or "" = none. Never sent to the Hub, as the HF token is never sent to
+     * peers. */
+    const char *peer_token;
     uint64_t min_free_bytes;  /* keep this much free after the download (default 0) */
     download_progress_fn progress;
     void *progress_ud;

@@ -80,6 +80,9 @@ void engine_partial_path(const engine *e, const plan_file *pf, char *out, size_t
 int engine_mkdir_parent(const char *path);
 /* The URL of a model file on a peer's API. */
 void engine_peer_file_url(const char *base, const char *id, const char *path, char *out, size_t n);
+/* The Authorization header for a transfer from a peer (the peer token: its API key) or from the
+ * Hub (the HF token), appended to hdrs; each token goes only to its own kind of server. */
+struct curl_slist *engine_auth_header(const engine *e, int from_peer, struct curl_slist *hdrs);
 /* The options every file transfer (whole file or byte range) shares. */
 void engine_transfer_setopts(CURL *c, char *errbuf);
 /* Calls the progress callback (at most once per interval unless force). */

@@ -71,11 +71,22 @@ void engine_transfer_setopts(CURL *c, char *errbuf) {
     curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024);
 }
 
+struct curl_slist *engine_auth_header(const engine *e, int from_peer, struct curl_slist *hdrs) {
+    const char *token = from_peer ? e->req->peer_token : e->hf->token;
+    if (!token || !token[0]) return hdrs;
+    char auth[600];
+    snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
+    return curl_slist_append(hdrs, auth);
+}
+
 void engine_report(engine *e, enum download_status st, int force) {
     if (!e->req->progress) return;
     double t = engine_now_s();
     if (!force && (t - e->last_report) * 1000.0 < e->interval_ms) return;
-    download_progress p = {.model_id = e->req->model_id, .status = st};
+    download_progress p = {.model_id = e->req->model_id,
+                           .status = st,
+                           .layer_start = e->req->layer_start,
+                           .layer_end = e->req->layer_end};
     const char *current = NULL;
     for (size_t i = 0; i < e->n; i++) {
         plan_file *pf = &e->files[i];

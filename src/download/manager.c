@@ -34,6 +34,7 @@ struct download_manager {
     char node_id[128];
     int offline, parallel, interval_ms;
     hf_config hf;
+    char peer_token[256];
     download_listener_fn listener;
     void *listener_ud;
 };
@@ -48,6 +49,7 @@ download_manager *download_manager_new(const download_manager_options *o) {
     m->offline = o->offline;
     m->parallel = o->parallel;
     m->interval_ms = o->progress_interval_ms;
+    snprintf(m->peer_token, sizeof m->peer_token, "%s", o->peer_token ? o->peer_token : "");
     if (o->hf) m->hf = *o->hf;
     else hf_config_from_env(&m->hf);
     return m;
@@ -79,11 +81,20 @@ static void *job_main(void *arg) {
     job *j = arg;
     download_manager *m = j->m;
     download_request req = {
-        .model_id = j->model_id, .models_dir = m->models_dir, .hf = &m->hf,
-        .parallel = m->parallel, .offline = m->offline, .progress_interval_ms = m->interval_ms,
-        .layer_start = j->layer_start, .layer_end = j->layer_end,
-        .peers = (const char *const *)j->peers, .n_peers = j->n_peers,
-        .progress = on_progress, .progress_ud = j, .cancel = &j->cancel,
+        .model_id = j->model_id,
+        .models_dir = m->models_dir,
+        .hf = &m->hf,
+        .parallel = m->parallel,
+        .offline = m->offline,
+        .progress_interval_ms = m->interval_ms,
+        .layer_start = j->layer_start,
+        .layer_end = j->layer_end,
+        .peers = (const char *const *)j->peers,
+        .n_peers = j->n_peers,
+        .peer_token = m->peer_token,
+        .progress = on_progress,
+        .progress_ud = j,
+        .cancel = &j->cancel,
     };
     download_result res;
     enum download_error e = download_model(&req, &res);
@@ -187,6 +198,10 @@ json_t *download_progress_json(const char *node_id, const download_progress *p) 
                                                         : "DownloadPending";
     json_t *body = json_pack("{s:s, s:s}", "nodeId", node_id ? node_id : "", "modelId",
                              p->model_id ? p->model_id : "");
+    if (p->layer_end > 0) { /* one pipeline stage's files, not a copy to serve or place on */
+        json_object_set_new(body, "startLayer", json_integer(p->layer_start));
+        json_object_set_new(body, "endLayer", json_integer(p->layer_end));
+    }
     if (p->status == DOWNLOAD_ONGOING) {
         json_object_set_new(
             body, "downloadProgress",
@@ -209,6 +224,8 @@ json_t *download_progress_json(const char *node_id, const download_progress *p) 
 static json_t *job_json(download_manager *m, const job *j) {
     download_progress p = j->last;
     p.model_id = j->model_id;
+    p.layer_start = j->layer_start;
+    p.layer_end = j->layer_end;
     p.message = j->message[0] ? j->message : NULL;
     json_t *e = download_progress_json(m->node_id, &p);
     json_t *inner = json_object_iter_value(json_object_iter(e));

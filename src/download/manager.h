@@ -24,6 +24,7 @@ typedef struct download_manager_options {
     int parallel;             /* 0 = 8 */
     int progress_interval_ms; /* 0 = 1000 */
     const hf_config *hf;      /* NULL = from the environment (copied) */
+    const char *peer_token;   /* this node's API key, sent to peers (download_request); copied */
 } download_manager_options;
 
 download_manager *download_manager_new(const download_manager_options *o);

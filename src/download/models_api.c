@@ -59,8 +59,11 @@ models_service *models_service_new(const models_service_options *o, char *err, s
     hf_config_from_env(&s->hf);
     snprintf(s->node_id, sizeof s->node_id, "%s", o->node_id ? o->node_id : "");
     s->offline = o->offline;
-    download_manager_options dm = {.models_dir = o->models_dir, .node_id = o->node_id,
-                                   .offline = o->offline, .hf = &s->hf};
+    download_manager_options dm = {.models_dir = o->models_dir,
+                                   .node_id = o->node_id,
+                                   .offline = o->offline,
+                                   .hf = &s->hf,
+                                   .peer_token = o->api_key};
     s->downloads = download_manager_new(&dm);
     if (!s->downloads) {
         snprintf(err, errlen, "cannot create the download manager");

@@ -34,6 +34,9 @@ typedef struct models_service_options {
     const char *models_dir, *models_path, *data_dir, *node_id;
     const char *cards_dir; /* NULL = card_builtin_dir() */
     int offline;
+    /* The node's --api-key: every node of a cluster runs with the same one, so its downloads
+     * send it to the peers they fetch from (never to the Hub). NULL or "" = none. */
+    const char *api_key;
 } models_service_options;
 
 /* Returns NULL with a message if the models dir is unusable. Missing built-in cards are only a

@@ -94,31 +94,6 @@ int plan_read_local_manifest(const char *dir, hf_file_list *out) {
     return rc;
 }
 
-/* The layer number follows "layers." / ".h." / "blocks." in a tensor name; -1 for none. */
-static long tensor_layer(const char *name) {
-    const char *keys[] = {"layers.", ".h.", "blocks."};
-    for (size_t k = 0; k < 3; k++) {
-        const char *p = strstr(name, keys[k]);
-        if (p && (p == name || p[-1] == '.' || keys[k][0] == '.')) {
-            p += strlen(keys[k]);
-            char *endp;
-            long l = strtol(p, &endp, 10);
-            if (endp != p && *endp == '.') return l;
-        }
-    }
-    return -1;
-}
-
-/* Does the stage holding layers [start, end) of n_layers need this tensor? */
-static int tensor_needed(const char *name, int n_layers, int tie, int start, int end) {
-    int first = start == 0, last = end >= n_layers;
-    long layer = tensor_layer(name);
-    if (layer >= 0) return layer >= start && layer < end;
-    if (strstr(name, "embed")) return first || (last && tie);
-    if (strstr(name, "lm_head") || strstr(name, "norm")) return last;
-    return first || last; /* unknown extras: keep them with the ends */
-}
-
 static int range_cmp(const void *a, const void *b) {
     const download_range *x = a, *y = b;
     return x->start < y->start ? -1 : x->start > y->start;
@@ -176,7 +151,7 @@ int download_shard_ranges(const void *head, size_t head_len, uint64_t file_size,
             json_decref(hdr);
             return -1;
         }
-        if (!tensor_needed(name, n_layers, tie, start, end)) continue;
+        if (!safetensors_stage_needs(name, n_layers, tie, start, end)) continue;
         download_range r = {data0 + (uint64_t)json_integer_value(a),
                             data0 + (uint64_t)json_integer_value(b)};
         if (r.start == r.end) continue;
@@ -218,7 +193,7 @@ int download_shard_files(const char *index_json, int n_layers, int tie_embedding
             json_decref(idx);
             return -1;
         }
-        int need = tensor_needed(name, n_layers, tie_embeddings, start, end);
+        int need = safetensors_stage_needs(name, n_layers, tie_embeddings, start, end);
         if (!need) continue;
         int dup = 0;
         size_t i;
@@ -281,7 +256,7 @@ int plan_select_shard(engine *e) {
     json_object_foreach(json_object_get(idx, "weight_map"), name, v) {
         const char *file = json_string_value(v);
         if (file && file_in(want, file) && !file_in(mixed, file) &&
-            !tensor_needed(name, n_layers, tie, e->req->layer_start, e->req->layer_end))
+            !safetensors_stage_needs(name, n_layers, tie, e->req->layer_start, e->req->layer_end))
             json_array_append_new(mixed, json_string(file));
     }
     json_decref(idx);
@@ -363,7 +338,8 @@ enum download_error plan_list_files(engine *e, hf_file_list *list) {
         snprintf(url, sizeof url, "%s/models/%s/manifest", e->req->peers[i], e->req->model_id);
         char *body;
         size_t len;
-        if (http_get_small(url, NULL, 64 << 20, &body, &len, err, sizeof err) == DOWNLOAD_OK) {
+        if (http_get_small(url, e->req->peer_token, 64 << 20, &body, &len, err, sizeof err) ==
+            DOWNLOAD_OK) {
             int ok = manifest_parse(body, len, list) == 0;
             free(body);
             if (ok) {

@@ -105,12 +105,7 @@ static int fetch_range(engine *e, plan_file *pf, int fd, const char *url, int fr
         char range[64], errbuf[CURL_ERROR_SIZE] = "";
         snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)pos,
                  (unsigned long long)(b - 1));
-        struct curl_slist *hdrs = NULL;
-        if (!from_peer && e->hf->token[0]) {
-            char auth[600];
-            snprintf(auth, sizeof auth, "Authorization: Bearer %s", e->hf->token);
-            hdrs = curl_slist_append(hdrs, auth);
-        }
+        struct curl_slist *hdrs = engine_auth_header(e, from_peer, NULL);
         curl_easy_setopt(c, CURLOPT_URL, url);
         curl_easy_setopt(c, CURLOPT_RANGE, range);
         curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, range_body);

@@ -172,12 +172,7 @@ static int start_file(engine *e, CURLM *multi, plan_file *pf) {
     curl_easy_setopt(c, CURLOPT_WRITEDATA, pf);
     engine_transfer_setopts(c, pf->errbuf);
     curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
-    pf->hdrs = NULL;
-    if (!pf->use_peer && e->hf->token[0]) {
-        char auth[600];
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", e->hf->token);
-        pf->hdrs = curl_slist_append(pf->hdrs, auth);
-    }
+    pf->hdrs = engine_auth_header(e, pf->use_peer != 0, NULL);
     if (pf->hdrs) curl_easy_setopt(c, CURLOPT_HTTPHEADER, pf->hdrs);
     if (pf->offset > 0) {
         char range[64];

@@ -141,6 +141,15 @@ static int open_backend(engine *e, const engine_options *o, int tensor_parallel,
     }
     e->be = compute_backend_open(d, o->n_threads, err, errlen);
     if (!e->be) return -1;
+    char why[256];
+    if (asked == COMPUTE_DEVICE_AUTO && d == COMPUTE_DEVICE_CUDA &&
+        transformer_backend_check(&e->cfg, e->be, why, sizeof why) != 0) {
+        log_info("engine: %s; device auto: running on the CPU", why);
+        e->be->destroy(e->be);
+        d = COMPUTE_DEVICE_CPU;
+        e->be = compute_backend_open(d, o->n_threads, err, errlen);
+        if (!e->be) return -1;
+    }
     compute_gpu g;
     e->info.on_gpu = d == COMPUTE_DEVICE_CUDA;
     if (e->info.on_gpu && compute_gpu_get(0, &g) == 0)
@@ -156,10 +165,12 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     if (!e) return NULL;
     if (model_config_load(o->model_dir, &e->cfg, err, errlen) != 0) goto fail;
     const model_config *c = &e->cfg;
-    e->st = safetensors_set_open(o->model_dir, err, errlen);
-    if (!e->st) goto fail;
     model_shard shard = {.layer_start = o->layer_start, .layer_end = o->layer_end};
     if (o->dist && engine_dist_init(e, o, &shard, err, errlen)) goto fail;
+    /* only the files holding this stage's tensors: a node may have downloaded just those */
+    e->st = safetensors_set_open_stage(o->model_dir, c->n_layers, c->tie_word_embeddings,
+                                       shard.layer_start, shard.layer_end, err, errlen);
+    if (!e->st) goto fail;
     if (open_backend(e, o, shard.tp_size > 1, err, errlen) != 0) goto fail;
     /* a backend with memory of its own copies the weights there: no host copy first */
     shard.memory = e->be->load_weight ? WEIGHTS_MEM_MMAP : WEIGHTS_MEM_AUTO;

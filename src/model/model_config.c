@@ -92,7 +92,7 @@ static int parse_family(const char *arch, model_family *f) {
     } known[] = {
         {"LlamaForCausalLM", MODEL_FAMILY_LLAMA},     {"MistralForCausalLM", MODEL_FAMILY_LLAMA},
         {"Qwen2ForCausalLM", MODEL_FAMILY_QWEN2},     {"Qwen3ForCausalLM", MODEL_FAMILY_QWEN3},
-        {"Qwen3MoeForCausalLM", MODEL_FAMILY_QWEN3_MOE},
+        {"Qwen3MoeForCausalLM", MODEL_FAMILY_QWEN3_MOE}, {"GptOssForCausalLM", MODEL_FAMILY_GPT_OSS},
     };
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (!strcmp(known[i].name, arch)) {
@@ -108,6 +108,7 @@ static int parse_rope(json_t *root, model_config *c, char *err, size_t errlen) {
     r->partial_dims = c->head_dim;
     r->type = ROPE_DEFAULT;
     r->factor = 1.0;
+    r->truncate = 1;
     json_t *s = json_object_get(root, "rope_scaling");
     if (!s || json_is_null(s)) return 0;
     if (!json_is_object(s)) {
@@ -147,7 +148,8 @@ static int parse_rope(json_t *root, model_config *c, char *err, size_t errlen) {
                     1 << 24, &r->original_max_position, err, errlen) ||
             get_num(s, "beta_fast", 0, 32.0, 1e-6, 1e6, &r->beta_fast, err, errlen) ||
             get_num(s, "beta_slow", 0, 1.0, 1e-6, 1e6, &r->beta_slow, err, errlen) ||
-            get_num(s, "attention_factor", 0, 0.0, 0.0, 100.0, &r->attention_factor, err, errlen))
+            get_num(s, "attention_factor", 0, 0.0, 0.0, 100.0, &r->attention_factor, err, errlen) ||
+            get_bool(s, "truncate", 1, &r->truncate, err, errlen))
             return -1;
         if (json_object_get(s, "mscale") || json_object_get(s, "mscale_all_dim")) {
             error_set(err, errlen, "config.json: yarn with mscale/mscale_all_dim is not supported");
@@ -232,6 +234,56 @@ static int parse_moe(json_t *root, model_config *c, char *err, size_t errlen) {
     return 0;
 }
 
+/* gpt-oss: every layer is MoE (num_local_experts, experts_per_token; intermediate_size is each
+ * expert's hidden dim; softmax over the top-k router logits, which is softmax-then-renormalise),
+ * layer_types alternate sliding_attention / full_attention, swiglu_limit clamps the experts. */
+static int parse_gpt_oss(json_t *root, model_config *c, char *err, size_t errlen) {
+    int per_tok_default = 0;
+    if (get_int(root, "num_local_experts", 1, 0, 1, 4096, &c->n_experts, err, errlen) ||
+        get_int(root, "experts_per_token", 0, 0, 1, c->n_experts, &per_tok_default, err, errlen) ||
+        get_int(root, "num_experts_per_tok", per_tok_default == 0, per_tok_default, 1, c->n_experts,
+                &c->n_experts_per_tok, err, errlen) ||
+        get_int(root, "intermediate_size", 1, 0, 1, 1 << 20, &c->moe_intermediate_size, err, errlen) ||
+        get_int(root, "sliding_window", 0, 0, 1, 1 << 24, &c->sliding_window, err, errlen))
+        return -1;
+    double limit;
+    if (get_num(root, "swiglu_limit", 0, 7.0, 1e-6, 1e9, &limit, err, errlen)) return -1;
+    c->swiglu_limit = (float)limit;
+    c->swiglu_alpha = 1.702f; /* GptOssExperts.alpha: not in config.json */
+    c->intermediate_size = c->moe_intermediate_size;
+    c->decoder_sparse_step = 1;
+    c->norm_topk_prob = 1;
+    c->attention_sinks = 1;
+    c->moe_bias = 1;
+    json_t *types = json_object_get(root, "layer_types");
+    if (!types || json_is_null(types)) { /* transformers' default: even layers slide */
+        for (int i = 0; i < c->n_layers && i < 256; i++)
+            if (i % 2 == 0) c->sliding_layers[i / 64] |= 1ull << (i % 64);
+    } else if (!json_is_array(types) || (int)json_array_size(types) != c->n_layers) {
+        error_set(err, errlen, "config.json: 'layer_types' must list one type per layer (%d)", c->n_layers);
+        return -1;
+    } else {
+        size_t i;
+        json_t *v;
+        json_array_foreach(types, i, v) {
+            const char *t = json_string_value(v);
+            int sliding = t && !strcmp(t, "sliding_attention");
+            if (!t || (!sliding && strcmp(t, "full_attention"))) {
+                error_set(err, errlen, "config.json: layer_types entry %zu must be 'sliding_attention' or "
+                          "'full_attention'", i);
+                return -1;
+            }
+            if (sliding) c->sliding_layers[i / 64] |= 1ull << (i % 64);
+        }
+    }
+    if (c->n_layers > 256) {
+        error_set(err, errlen, "config.json: gpt-oss with more than 256 layers is not supported");
+        return -1;
+    }
+    if (!c->sliding_window) memset(c->sliding_layers, 0, sizeof c->sliding_layers);
+    return 0;
+}
+
 /* Fails when o[key] is a string other than the one value exo supports; absent is fine.
  * what names the field in the message, supported_hint says what is supported. */
 static int check_supported_string(json_t *o, const char *key, const char *supported,
@@ -252,6 +304,11 @@ static int parse_quantization(json_t *root, model_config *c, char *err, size_t e
         error_set(err, errlen, "config.json: 'quantization' must be an object");
         return -1;
     }
+    /* gpt-oss as OpenAI publishes it: MXFP4 experts (the loader finds their _blocks/_scales),
+     * everything else dense */
+    json_t *method = json_object_get(q, "quant_method");
+    if (c->family == MODEL_FAMILY_GPT_OSS && json_is_string(method) && !strcmp(json_string_value(method), "mxfp4"))
+        return 0;
     if (check_supported_string(q, "quant_method", "mlx", "quantization method", "mlx affine", err,
                                errlen) ||
         check_supported_string(q, "mode", "affine", "quantization mode", "affine", err, errlen))
@@ -285,7 +342,7 @@ static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
     if (parse_family(json_string_value(a0), &c->family) != 0) {
         error_set(err, errlen,
                   "config.json: architecture '%s' is not supported (Llama, Mistral, "
-                  "Qwen2, Qwen3, Qwen3-MoE)",
+                  "Qwen2, Qwen3, Qwen3-MoE, gpt-oss)",
                   c->architecture);
         return -1;
     }
@@ -319,8 +376,8 @@ static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
     if (get_num(root, "rms_norm_eps", 0, 1e-6, 0.0, 1.0, &eps, err, errlen)) return -1;
     c->rms_norm_eps = (float)eps;
     if (get_bool(root, "tie_word_embeddings", 0, &c->tie_word_embeddings, err, errlen) ||
-        get_bool(root, "attention_bias", c->family == MODEL_FAMILY_QWEN2, &c->attention_bias, err,
-                 errlen))
+        get_bool(root, "attention_bias", c->family == MODEL_FAMILY_QWEN2 || c->family == MODEL_FAMILY_GPT_OSS,
+                 &c->attention_bias, err, errlen))
         return -1;
     int mlp_bias = 0;
     if (get_bool(root, "mlp_bias", 0, &mlp_bias, err, errlen)) return -1;
@@ -347,6 +404,8 @@ static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
     c->qk_norm = c->family == MODEL_FAMILY_QWEN3 || c->family == MODEL_FAMILY_QWEN3_MOE;
     if (c->family == MODEL_FAMILY_QWEN3_MOE) {
         if (parse_moe(root, c, err, errlen)) return -1;
+    } else if (c->family == MODEL_FAMILY_GPT_OSS) {
+        if (parse_gpt_oss(root, c, err, errlen)) return -1;
     } else if (get_int(root, "intermediate_size", 1, 0, 1, 1 << 20, &c->intermediate_size, err,
                        errlen)) {
         return -1;
@@ -392,6 +451,11 @@ int model_config_load(const char *dir, model_config *out, char *err, size_t errl
     return rc;
 }
 
+int model_config_layer_window(const model_config *c, int layer) {
+    if (!c->sliding_window || layer < 0 || layer >= 256) return 0;
+    return (c->sliding_layers[layer / 64] >> (layer % 64) & 1) ? c->sliding_window : 0;
+}
+
 int model_config_layer_is_moe(const model_config *c, int layer) {
     if (c->n_experts == 0) return 0;
     if (layer >= 0 && layer < 256 && (c->mlp_only_layers[layer / 64] >> (layer % 64) & 1)) return 0;
@@ -420,6 +484,11 @@ int model_config_tensor_split_check(const model_config *c, int n, char *err, siz
         return -1;
     }
     if (n == 1) return 0;
+    if (c->family == MODEL_FAMILY_GPT_OSS) {
+        error_set(err, errlen, "cannot split gpt-oss %d ways: tensor parallel is not supported for gpt-oss "
+                  "yet (pipeline parallel is)", n);
+        return -1;
+    }
     int any_dense = 0, group = c->quant_bits ? c->quant_group_size : 0;
     for (int i = 0; i < c->n_layers; i++) any_dense |= !model_config_layer_is_moe(c, i);
     if (split_dim_check("the attention heads", c->n_heads, n, 0, err, errlen) ||

@@ -1,9 +1,12 @@
 /* model_config — a model's blueprint from Hugging Face config.json.
  *
  * Supported architectures: LlamaForCausalLM (Llama 2/3/3.1/3.2), MistralForCausalLM,
- * Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM. rope_scaling types: default, linear,
- * llama3, yarn. mlx-community's "quantization" block gives the default bits/group size (the
- * loader checks every quantized tensor's shapes against the shapes this config implies).
+ * Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM (gpt-oss: attention
+ * sinks, sliding-window layers per layer_types, biased router and experts with a clamped SwiGLU).
+ * rope_scaling types: default, linear, llama3, yarn (with or without truncate). mlx-community's
+ * "quantization" block gives the default bits/group size (the loader checks every quantized
+ * tensor's shapes against the shapes this config implies); gpt-oss's quantization_config
+ * {"quant_method": "mxfp4"} says its experts are MXFP4 (the loader reads them as published).
  *
  * Every field is validated: a missing required field, a wrong type or an absurd value (zero
  * heads, heads not dividing the hidden size, KV heads not dividing heads, sizes past sane
@@ -21,6 +24,7 @@ typedef enum model_family {
     MODEL_FAMILY_QWEN2,     /* q/k/v biases */
     MODEL_FAMILY_QWEN3,     /* q/k RMSNorm per head */
     MODEL_FAMILY_QWEN3_MOE, /* q/k norm + sparse MoE MLP */
+    MODEL_FAMILY_GPT_OSS,   /* biases everywhere, attention sinks, sliding/full layers, MoE */
 } model_family;
 
 typedef enum rope_type { ROPE_DEFAULT = 0, ROPE_LINEAR, ROPE_LLAMA3, ROPE_YARN } rope_type;
@@ -35,6 +39,7 @@ typedef struct rope_config {
     double beta_fast, beta_slow; /* yarn (defaults 32, 1) */
     double attention_factor;   /* yarn: cos/sin scale; 0 = derived from factor */
     int partial_dims;          /* rotary dims (= head_dim unless partial_rotary_factor) */
+    int truncate;              /* yarn: round the ramp's ends to whole dims (default 1; gpt-oss 0) */
 } rope_config;
 
 typedef struct model_config {
@@ -63,6 +68,13 @@ typedef struct model_config {
     int norm_topk_prob;
     int decoder_sparse_step;  /* layer i is sparse if (i+1) % step == 0 and not in mlp_only */
     uint64_t mlp_only_layers[4]; /* bitset of layers forced dense (layers < 256) */
+    /* gpt-oss */
+    int attention_sinks;       /* a learned per-head logit joins each softmax (self_attn.sinks) */
+    int sliding_window;        /* window of the sliding layers (0 = none) */
+    uint64_t sliding_layers[4]; /* bitset: layer_types[i] == "sliding_attention" (layers < 256) */
+    int moe_bias;              /* router and experts have biases; experts are fused gate_up */
+    float swiglu_limit;        /* > 0: expert gate clamped to <= limit, up to [-limit, limit] */
+    float swiglu_alpha;        /* expert activation: gate * sigmoid(alpha * gate) * (up + 1) */
     /* mlx-community quantization (0 = not quantized) */
     int quant_bits;
     int quant_group_size;
@@ -76,6 +88,9 @@ int model_config_parse(const char *json, size_t len, model_config *out, char *er
 char *model_config_read_json(const char *dir, size_t *len, char *err, size_t errlen);
 /* Reads <dir>/config.json (or a GGUF model's metadata: model_config_read_json). */
 int model_config_load(const char *dir, model_config *out, char *err, size_t errlen);
+/* The attention window of layer i: 0 = full (causal) attention, else the number of most recent
+ * positions (itself included) a token attends to. */
+int model_config_layer_window(const model_config *c, int layer);
 /* Whether layer i has a sparse MoE MLP. */
 int model_config_layer_is_moe(const model_config *c, int layer);
 /* Whether a tensor-parallel split n ways is possible (for placement and the loader): attention

@@ -384,8 +384,46 @@ static int add_all_files(safetensors_set *s, const char *dir, char *err, size_t 
     return rc;
 }
 
+/* Which tensors a stage needs (safetensors_set_open_stage); whole = every tensor. */
+typedef struct stage_filter {
+    int whole;
+    int n_layers, tie, start, end;
+} stage_filter;
+
+static int stage_wants(const stage_filter *f, const char *name) {
+    return f->whole || safetensors_stage_needs(name, f->n_layers, f->tie, f->start, f->end);
+}
+
+/* The layer number follows "layers." / ".h." / "blocks." in a tensor name; -1 for none. */
+static long tensor_layer(const char *name) {
+    static const char *keys[] = {"layers.", ".h.", "blocks."};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        const char *p = strstr(name, keys[k]);
+        if (p && (p == name || p[-1] == '.' || keys[k][0] == '.')) {
+            p += strlen(keys[k]);
+            char *endp;
+            long l = strtol(p, &endp, 10);
+            if (endp != p && *endp == '.') return l;
+        }
+    }
+    return -1;
+}
+
+int safetensors_stage_needs(const char *name, int n_layers, int tie, int start, int end) {
+    int first = start == 0, last = end >= n_layers;
+    long layer = tensor_layer(name);
+    if (layer >= 0) return layer >= start && layer < end;
+    if (strstr(name, "embed")) return first || (last && tie);
+    if (strstr(name, "lm_head") || strstr(name, "norm")) return last;
+    return first || last; /* unknown extras: keep them with the ends */
+}
+
+/* The files of the index holding a tensor the stage wants (every listed file for the whole
+ * model). The index must name a file for every tensor, but the check that each tensor really is
+ * in its file covers the opened files only: the others may not be on this node. */
 static int add_indexed_files(safetensors_set *s, const char *dir, const char *index_path,
-                             json_t **map_out, char *err, size_t errlen) {
+                             const stage_filter *filter, json_t **map_out, char *err,
+                             size_t errlen) {
     json_error_t jerr;
     json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
@@ -407,7 +445,7 @@ static int add_indexed_files(safetensors_set *s, const char *dir, const char *in
             json_decref(root);
             return -1;
         }
-        if (add_file(s, dir, json_string_value(val), err, errlen) != 0) {
+        if (stage_wants(filter, key) && add_file(s, dir, json_string_value(val), err, errlen)) {
             json_decref(root);
             return -1;
         }
@@ -428,8 +466,18 @@ safetensors_set *safetensors_set_from_provider(const safetensors_provider *p, ch
     return s;
 }
 
-safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen) {
+static int set_holds_file(const safetensors_set *s, const char *dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    for (int i = 0; i < s->n_files; i++)
+        if (!strcmp(s->files[i]->path, path)) return 1;
+    return 0;
+}
+
+static safetensors_set *set_open(const char *dir, const stage_filter *filter, char *err,
+                                 size_t errlen) {
     char gguf_path[4096];
+    /* a GGUF model converts only the tensors a stage looks up: no filter needed */
     if (gguf_model_file(dir, gguf_path, sizeof gguf_path))
         return gguf_tensor_set_open(gguf_path, err, errlen);
     safetensors_set *s = calloc(1, sizeof *s);
@@ -439,7 +487,7 @@ safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen)
     json_t *index_root = NULL;
     int rc;
     if (access(index_path, F_OK) == 0)
-        rc = add_indexed_files(s, dir, index_path, &index_root, err, errlen);
+        rc = add_indexed_files(s, dir, index_path, filter, &index_root, err, errlen);
     else
         rc = add_all_files(s, dir, err, errlen);
     if (rc != 0) goto fail;
@@ -462,10 +510,11 @@ safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen)
             k++;
         }
     }
-    if (index_root) { /* every indexed tensor must be where the index says */
+    if (index_root) { /* every indexed tensor of an opened file must be where the index says */
         const char *key;
         json_t *val;
         json_object_foreach(json_object_get(index_root, "weight_map"), key, val) {
+            if (!set_holds_file(s, dir, json_string_value(val))) continue;
             const safetensors_tensor *t = safetensors_set_find(s, key);
             const char *fname = strrchr(t ? t->file : "", '/');
             if (!t || strcmp(fname ? fname + 1 : "", json_string_value(val))) {
@@ -481,6 +530,21 @@ fail:
     json_decref(index_root);
     safetensors_set_close(s);
     return NULL;
+}
+
+safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen) {
+    static const stage_filter whole = {.whole = 1};
+    return set_open(dir, &whole, err, errlen);
+}
+
+safetensors_set *safetensors_set_open_stage(const char *dir, int n_layers, int tie, int start,
+                                            int end, char *err, size_t errlen) {
+    stage_filter f = {.whole = (start == 0 && end == 0) || (start <= 0 && end >= n_layers),
+                      .n_layers = n_layers,
+                      .tie = tie,
+                      .start = start,
+                      .end = end};
+    return set_open(dir, &f, err, errlen);
 }
 
 void safetensors_set_close(safetensors_set *s) {

@@ -69,6 +69,19 @@ const safetensors_tensor *safetensors_find(const safetensors_file *f, const char
 /* All tensors of a model directory (single file, index + shards, or every *.safetensors). */
 typedef struct safetensors_set safetensors_set;
 safetensors_set *safetensors_set_open(const char *dir, char *err, size_t errlen);
+
+/* Whether a pipeline stage holding layers [start, end) of n_layers needs the tensor `name`: a
+ * layer's tensors ("layers.N.", ".h.N.", "blocks.N."), the embedding for the first stage (and
+ * for the last with tied embeddings), the final norm and lm_head for the last; a tensor of no
+ * layer and no known role goes with both ends. One rule for the downloader (which files and
+ * bytes a stage fetches) and the loader (which files it opens), so what a stage downloaded is
+ * always what it opens. */
+int safetensors_stage_needs(const char *name, int n_layers, int tie_embeddings, int start, int end);
+/* The set a stage needs: with model.safetensors.index.json, only the files holding at least one
+ * tensor of layers [start, end) are opened (a node that downloaded only its stage's files lacks
+ * the others); without an index, every file. start = end = 0: the whole model. */
+safetensors_set *safetensors_set_open_stage(const char *dir, int n_layers, int tie_embeddings,
+                                            int start, int end, char *err, size_t errlen);
 void safetensors_set_close(safetensors_set *s);
 const safetensors_tensor *safetensors_set_find(const safetensors_set *s, const char *name);
 /* Total tensor count over all files. */

@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "base/log.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,10 +149,11 @@ static int load_vector(const safetensors_set *st, const char *prefix, int64_t n,
     return load_matrices(st, prefix, 0, 1, n, 1, out, err, errlen);
 }
 
-static int load_bias(const safetensors_set *st, const char *prefix, int64_t n, weight_matrix *out,
-                     char *err, size_t errlen) {
+/* The dense 1-D tensor `prefix`.`suffix` of n values as a [1][n] view. */
+static int load_named_vector(const safetensors_set *st, const char *prefix, const char *suffix, int64_t n,
+                             weight_matrix *out, char *err, size_t errlen) {
     char name[512];
-    const safetensors_tensor *t = need_tensor(st, prefix, "bias", name, err, errlen);
+    const safetensors_tensor *t = need_tensor(st, prefix, suffix, name, err, errlen);
     if (!t) return -1;
     weight_format fmt;
     if (dense_format(t->dtype, &fmt)) {
@@ -163,10 +165,13 @@ static int load_bias(const safetensors_set *st, const char *prefix, int64_t n, w
     return 0;
 }
 
-static int load_experts(const safetensors_set *st, const model_config *c, const char *p,
-                        layer_weights *l, char *err, size_t errlen) {
-    int ne = c->n_experts;
-    int64_t dim = c->hidden_size, inter = c->moe_intermediate_size;
+static int load_bias(const safetensors_set *st, const char *prefix, int64_t n, weight_matrix *out,
+                     char *err, size_t errlen) {
+    return load_named_vector(st, prefix, "bias", n, out, err, errlen);
+}
+
+/* The per-expert view arrays of a MoE layer (freed by model_weights_free). */
+static int alloc_experts(layer_weights *l, int ne, char *err, size_t errlen) {
     l->expert_gate = calloc((size_t)ne, sizeof(weight_matrix));
     l->expert_up = calloc((size_t)ne, sizeof(weight_matrix));
     l->expert_down = calloc((size_t)ne, sizeof(weight_matrix));
@@ -174,6 +179,14 @@ static int load_experts(const safetensors_set *st, const model_config *c, const 
         error_set(err, errlen, "out of memory");
         return -1;
     }
+    return 0;
+}
+
+static int load_experts(const safetensors_set *st, const model_config *c, const char *p,
+                        layer_weights *l, char *err, size_t errlen) {
+    int ne = c->n_experts;
+    int64_t dim = c->hidden_size, inter = c->moe_intermediate_size;
+    if (alloc_experts(l, ne, err, errlen)) return -1;
     char name[512];
     if (load_matrix(st, (snprintf(name, sizeof name, "%s.mlp.gate", p), name), ne, dim,
                     &l->router, err, errlen))
@@ -205,6 +218,169 @@ static int load_experts(const safetensors_set *st, const model_config *c, const 
     return 0;
 }
 
+static char *owned_alloc(model_weights *w, size_t bytes);
+
+/* ---- gpt-oss experts ------------------------------------------------------------------------- */
+
+static const float FP4_E2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* One expert matrix [rows][cols] of an MXFP4 pair as MLX 8-bit affine, group 32, bf16 scales:
+ * rows are taken from source rows row_of(r) = r * row_step + row_first (gate/up interleave). */
+static int mxfp4_to_mlx8(model_weights *w, const uint8_t *blocks, const uint8_t *scales, int64_t rows,
+                         int64_t cols, int row_step, int row_first, const char *name, weight_matrix *out,
+                         char *err, size_t errlen) {
+    int64_t groups = cols / 32;
+    uint8_t *q = (uint8_t *)owned_alloc(w, (size_t)(rows * cols));
+    uint16_t *sc = (uint16_t *)owned_alloc(w, (size_t)(rows * groups) * 2);
+    uint16_t *bi = (uint16_t *)owned_alloc(w, (size_t)(rows * groups) * 2);
+    if (!q || !sc || !bi) {
+        error_set(err, errlen, "out of memory converting '%s'", name);
+        return -1;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t src = r * row_step + row_first;
+        for (int64_t g = 0; g < groups; g++) {
+            int e = (int)scales[src * groups + g] - 127;
+            if (e > 124) { /* -6 * 2^e would not fit a bf16 bias */
+                error_set(err, errlen, "'%s': MXFP4 scale exponent %d is out of range", name, e);
+                return -1;
+            }
+            sc[r * groups + g] = f32_to_bf16(ldexpf(1.0f, e - 1));
+            bi[r * groups + g] = f32_to_bf16(-6.0f * ldexpf(1.0f, e));
+            for (int i = 0; i < 32; i++) {
+                uint8_t byte = blocks[src * (cols / 2) + g * 16 + i / 2];
+                float v = FP4_E2M1[i % 2 ? byte >> 4 : byte & 15];
+                q[r * cols + g * 32 + i] = (uint8_t)(2.0f * v + 12.0f);
+            }
+        }
+    }
+    *out = (weight_matrix){.format = WEIGHT_MLX_AFFINE, .rows = rows, .cols = cols, .data = q,
+                           .scales = sc, .biases = bi, .scale_dtype = DTYPE_BF16, .bits = 8,
+                           .group_size = 32};
+    return 0;
+}
+
+/* One expert matrix [rows][cols] from a dense [in = cols][out] tensor (transformers' layout):
+ * out row r is source column r * col_step + col_first. */
+static int dense_transposed(model_weights *w, const char *src, size_t esz, weight_format fmt, int64_t rows,
+                            int64_t cols, int64_t src_cols, int col_step, int col_first, const char *name,
+                            weight_matrix *out, char *err, size_t errlen) {
+    char *dst = owned_alloc(w, (size_t)(rows * cols) * esz);
+    if (!dst) {
+        error_set(err, errlen, "out of memory transposing '%s'", name);
+        return -1;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            memcpy(dst + (size_t)(r * cols + c) * esz,
+                   src + (size_t)(c * src_cols + r * col_step + col_first) * esz, esz);
+    *out = (weight_matrix){.format = fmt, .rows = rows, .cols = cols, .data = dst};
+    return 0;
+}
+
+/* Rows row_first, row_first + row_step, ... of a dense [n][cols] stack as an owned [n/step][cols]. */
+static int dense_rows(model_weights *w, const safetensors_tensor *t, int64_t n, int64_t cols, int row_step,
+                      int row_first, weight_matrix *out, char *err, size_t errlen) {
+    weight_format fmt;
+    if (dense_format(t->dtype, &fmt)) {
+        error_set(err, errlen, "%s: tensor '%s' must be F32, F16 or BF16", t->file, t->name);
+        return -1;
+    }
+    size_t esz = safetensors_dtype_size(t->dtype);
+    int64_t out_cols = cols / row_step;
+    char *dst = owned_alloc(w, (size_t)(n * out_cols) * esz);
+    if (!dst) {
+        error_set(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int64_t e = 0; e < n; e++)
+        for (int64_t j = 0; j < out_cols; j++)
+            memcpy(dst + (size_t)(e * out_cols + j) * esz,
+                   (const char *)t->data + (size_t)(e * cols + j * row_step + row_first) * esz, esz);
+    *out = (weight_matrix){.format = fmt, .rows = n, .cols = out_cols, .data = dst};
+    return 0;
+}
+
+/* The expert matrices of one fused projection (gate_up: `pairs` 2, down: 1) in either format. */
+static int load_gpt_oss_projection(model_weights *w, const safetensors_set *st, const char *prefix, int ne,
+                                   int64_t out_rows, int64_t in_cols, int pairs, weight_matrix *first,
+                                   weight_matrix *second, char *err, size_t errlen) {
+    char name[512];
+    snprintf(name, sizeof name, "%.400s_blocks", prefix);
+    const safetensors_tensor *b = safetensors_set_find(st, name);
+    int64_t src_rows = out_rows * pairs;
+    if (b) {
+        snprintf(name, sizeof name, "%.400s_scales", prefix);
+        const safetensors_tensor *s = safetensors_set_find(st, name);
+        int64_t g = in_cols / 32;
+        int64_t want_b[4] = {ne, src_rows, g, 16}, want_s[3] = {ne, src_rows, g};
+        int ok = s && b->dtype == ST_U8 && s->dtype == ST_U8 && b->n_dims == 4 && s->n_dims == 3 && in_cols % 32 == 0;
+        for (int i = 0; ok && i < 4; i++) ok = b->shape[i] == want_b[i] && (i == 3 || s->shape[i] == want_s[i]);
+        if (!ok) {
+            error_set(err, errlen, "%s: MXFP4 tensors '%s_blocks'/'_scales' must be U8 [%d, %lld, %lld, 16] and "
+                      "[%d, %lld, %lld]", b->file, prefix, ne, (long long)src_rows, (long long)g, ne,
+                      (long long)src_rows, (long long)g);
+            return -1;
+        }
+        for (int e = 0; e < ne; e++) {
+            const uint8_t *eb = (const uint8_t *)b->data + (size_t)(e * src_rows * g * 16);
+            const uint8_t *es = (const uint8_t *)s->data + (size_t)(e * src_rows * g);
+            if (mxfp4_to_mlx8(w, eb, es, out_rows, in_cols, pairs, 0, prefix, &first[e], err, errlen) ||
+                (second && mxfp4_to_mlx8(w, eb, es, out_rows, in_cols, pairs, 1, prefix, &second[e], err, errlen)))
+                return -1;
+        }
+        return 0;
+    }
+    const safetensors_tensor *t = safetensors_set_find(st, prefix);
+    weight_format fmt;
+    if (!t) {
+        error_set(err, errlen, "model is missing tensor '%s' (or its MXFP4 '%s_blocks')", prefix, prefix);
+        return -1;
+    }
+    if (dense_format(t->dtype, &fmt) || check_shape(t, ne, in_cols, src_rows, 0, err, errlen)) {
+        if (dense_format(t->dtype, &fmt))
+            error_set(err, errlen, "%s: tensor '%s' must be F32, F16 or BF16", t->file, prefix);
+        return -1;
+    }
+    size_t esz = safetensors_dtype_size(t->dtype), stride = (size_t)(in_cols * src_rows) * esz;
+    for (int e = 0; e < ne; e++) {
+        const char *src = (const char *)t->data + (size_t)e * stride;
+        if (dense_transposed(w, src, esz, fmt, out_rows, in_cols, src_rows, pairs, 0, prefix, &first[e], err, errlen) ||
+            (second && dense_transposed(w, src, esz, fmt, out_rows, in_cols, src_rows, pairs, 1, prefix, &second[e],
+                                        err, errlen)))
+            return -1;
+    }
+    return 0;
+}
+
+/* gpt-oss MoE: router (+ bias), experts from the fused tensors, gate/up de-interleaved. */
+static int load_gpt_oss_experts(model_weights *w, const safetensors_set *st, const model_config *c, const char *p,
+                                layer_weights *l, char *err, size_t errlen) {
+    int ne = c->n_experts;
+    int64_t dim = c->hidden_size, inter = c->moe_intermediate_size;
+    if (alloc_experts(l, ne, err, errlen)) return -1;
+    char name[512];
+    snprintf(name, sizeof name, "%s.mlp.router", p);
+    if (load_matrix(st, name, ne, dim, &l->router, err, errlen) ||
+        load_bias(st, name, ne, &l->router_bias, err, errlen))
+        return -1;
+    snprintf(name, sizeof name, "%s.mlp.experts.gate_up_proj", p);
+    if (load_gpt_oss_projection(w, st, name, ne, inter, dim, 2, l->expert_gate, l->expert_up, err, errlen))
+        return -1;
+    snprintf(name, sizeof name, "%s.mlp.experts.down_proj", p);
+    if (load_gpt_oss_projection(w, st, name, ne, dim, inter, 1, l->expert_down, NULL, err, errlen)) return -1;
+    const safetensors_tensor *gub = need_tensor(st, p, "mlp.experts.gate_up_proj_bias", name, err, errlen);
+    const safetensors_tensor *db = gub ? need_tensor(st, p, "mlp.experts.down_proj_bias", name, err, errlen) : NULL;
+    if (!gub || !db || check_shape(gub, 0, ne, 2 * inter, 0, err, errlen) || check_shape(db, 0, ne, dim, 0, err, errlen))
+        return -1;
+    return dense_rows(w, gub, ne, 2 * inter, 2, 0, &l->expert_gate_bias, err, errlen) ||
+                   dense_rows(w, gub, ne, 2 * inter, 2, 1, &l->expert_up_bias, err, errlen) ||
+                   dense_rows(w, db, ne, dim, 1, 0, &l->expert_down_bias, err, errlen)
+               ? -1
+               : 0;
+}
+
 static int load_layer(const safetensors_set *st, const model_config *c, int i, layer_weights *l,
                       char *err, size_t errlen) {
     char p[128], n[256];
@@ -228,7 +404,12 @@ static int load_layer(const safetensors_set *st, const model_config *c, int i, l
         (load_vector(st, NAME("self_attn.q_norm"), c->head_dim, &l->q_norm, err, errlen) ||
          load_vector(st, NAME("self_attn.k_norm"), c->head_dim, &l->k_norm, err, errlen)))
         return -1;
+    if (c->family == MODEL_FAMILY_GPT_OSS &&
+        (load_bias(st, NAME("self_attn.o_proj"), dim, &l->bo, err, errlen) ||
+         load_named_vector(st, NAME("self_attn"), "sinks", c->n_heads, &l->sinks, err, errlen)))
+        return -1;
     l->is_moe = model_config_layer_is_moe(c, i);
+    if (c->family == MODEL_FAMILY_GPT_OSS) return 0; /* experts: load_gpt_oss_experts (owned copies) */
     if (l->is_moe) return load_experts(st, c, p, l, err, errlen);
     int64_t inter = c->intermediate_size;
     if (load_matrix(st, NAME("mlp.gate_proj"), inter, dim, &l->w_gate, err, errlen) ||
@@ -430,7 +611,8 @@ static void for_each_view(model_weights *w, view_fn fn, void *ctx) {
         layer_weights *l = &w->layers[i];
         weight_matrix *m[] = {&l->attn_norm, &l->wq, &l->wk, &l->wv, &l->wo, &l->bq, &l->bk,
                               &l->bv, &l->q_norm, &l->k_norm, &l->ffn_norm, &l->w_gate, &l->w_up,
-                              &l->w_down, &l->router};
+                              &l->w_down, &l->router, &l->bo, &l->sinks, &l->router_bias,
+                              &l->expert_gate_bias, &l->expert_up_bias, &l->expert_down_bias};
         for (size_t j = 0; j < sizeof m / sizeof *m; j++) fn(m[j], ctx);
         for (int e = 0; l->is_moe && e < w->n_experts; e++) {
             if (l->expert_gate) fn(&l->expert_gate[e], ctx);
@@ -666,7 +848,10 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
         goto fail;
     for (int i = layer_start; i < layer_end; i++) {
         layer_weights *l = &out->layers[i - layer_start];
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "model.layers.%d", i);
         if (load_layer(st, c, i, l, err, errlen) ||
+            (c->family == MODEL_FAMILY_GPT_OSS && load_gpt_oss_experts(out, st, c, prefix, l, err, errlen)) ||
             (out->tp_size > 1 && slice_layer(out, c, i, l, err, errlen)))
             goto fail;
     }

@@ -10,6 +10,14 @@
  * MoE experts come either one tensor per expert (HF: mlp.experts.E.gate_proj) or stacked
  * (mlx: mlp.switch_mlp.gate_proj with a leading expert dimension).
  *
+ * gpt-oss experts (fused mlp.experts.gate_up_proj with gate and up interleaved, down_proj, their
+ * biases) are read as published, dense [E, in, out] or MXFP4 (_blocks U8 [E, out, in/32, 16] and
+ * _scales U8 [E, out, in/32]), and become owned [out][in] matrices per expert with gate and up
+ * apart: dense ones transposed in their dtype, MXFP4 ones re-expressed exactly as MLX 8-bit affine
+ * with group 32 (an E2M1 value v * 2^e is q * 2^(e-1) - 6 * 2^e with q = 2v + 12 in 0..24), which
+ * every backend's MLX kernels read (9 bits a weight where MXFP4 has 4.25: the price of no
+ * MXFP4 kernel yet).
+ *
  * Only layers [layer_start, layer_end) are resolved; the embedding is resolved for the first
  * stage, the final norm and lm_head (or the tied embedding) for the last. Refuses: anything whose
  * shape disagrees with the config (the error names the tensor and both shapes).
@@ -39,6 +47,8 @@ typedef struct layer_weights {
     weight_matrix bq;        /* [1][n_heads*head_dim] (attention_bias), else data == NULL */
     weight_matrix bk, bv;    /* [1][n_kv_heads*head_dim] */
     weight_matrix q_norm, k_norm; /* [1][head_dim] (qk_norm) */
+    weight_matrix bo;        /* [1][dim] o_proj bias (gpt-oss), else data == NULL */
+    weight_matrix sinks;     /* [1][n_heads] attention sink logits (gpt-oss), else data == NULL */
     weight_matrix ffn_norm;  /* [1][dim] */
     /* dense MLP */
     weight_matrix w_gate, w_up; /* [intermediate][dim] */
@@ -46,8 +56,11 @@ typedef struct layer_weights {
     /* sparse MoE MLP (is_moe) */
     int is_moe;
     weight_matrix router;    /* [n_experts][dim] */
+    weight_matrix router_bias; /* [1][n_experts] (gpt-oss), else data == NULL */
     weight_matrix *expert_gate, *expert_up; /* n_experts x [moe_intermediate][dim] */
     weight_matrix *expert_down;             /* n_experts x [dim][moe_intermediate] */
+    weight_matrix expert_gate_bias, expert_up_bias; /* [n_experts][moe_intermediate] (gpt-oss) */
+    weight_matrix expert_down_bias;                 /* [n_experts][dim] (gpt-oss) */
 } layer_weights;
 
 typedef struct model_weights {

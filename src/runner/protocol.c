@@ -55,6 +55,7 @@ json_t *gen_request_to_json(const gen_request *r) {
     if (r->top_logprobs) json_object_set_new(o, "top_logprobs", json_integer(r->top_logprobs));
     if (r->enable_thinking >= 0)
         json_object_set_new(o, "enable_thinking", json_boolean(r->enable_thinking));
+    if (r->reasoning_effort[0]) json_object_set_new(o, "reasoning_effort", json_string(r->reasoning_effort));
     if (r->ban_eos) json_object_set_new(o, "ban_eos", json_true());
     if (r->engine_only) json_object_set_new(o, "engine_only", json_true());
     if (r->no_prefix_cache) json_object_set_new(o, "no_prefix_cache", json_true());
@@ -112,6 +113,8 @@ int gen_request_from_json(const json_t *j, gen_request *r, char *err, size_t err
     r->top_logprobs = (int)json_integer_value(json_object_get(j, "top_logprobs"));
     json_t *th = json_object_get(j, "enable_thinking");
     if (json_is_boolean(th)) r->enable_thinking = json_is_true(th);
+    const char *effort = json_string_value(json_object_get(j, "reasoning_effort"));
+    if (effort) snprintf(r->reasoning_effort, sizeof r->reasoning_effort, "%s", effort);
     r->ban_eos = json_is_true(json_object_get(j, "ban_eos"));
     r->engine_only = json_is_true(json_object_get(j, "engine_only"));
     r->no_prefix_cache = json_is_true(json_object_get(j, "no_prefix_cache"));

@@ -63,6 +63,7 @@ typedef struct gen_request {
     int logprobs;          /* report logprobs of sampled tokens */
     int top_logprobs;      /* 0..20 alternatives */
     int enable_thinking;   /* -1 = model default, 0/1 */
+    char reasoning_effort[8]; /* "low", "medium", "high", or "" = the template's default (gpt-oss) */
     int ban_eos;           /* exactly max_tokens (benchmarks) */
     int engine_only;       /* benchmarks: the runner only counts and times tokens (no detokenizing,
                               no deltas), so the engine's own pace is measured in the same process */

@@ -52,6 +52,8 @@ typedef struct runner {
     tokenizer *tok;
     chat_template *tmpl;
     output_format format;
+    int32_t format_stops[4]; /* the format's stop tokens (output_format_stop_tokens) */
+    int n_format_stops;
     seq *seqs;
     protocol_reader reader;
     strbuf out; /* framed messages not yet written: one write per engine step */
@@ -130,11 +132,19 @@ static void seq_remove(runner *r, seq *s) {
 static char *render_prompt(runner *r, const gen_request *q, char *err, size_t errlen) {
     if (q->prompt) return strdup(q->prompt);
     if (r->tmpl) {
+        /* reasoning_effort: gpt-oss's "Reasoning: low|medium|high"; thinking: DeepSeek V3.1's
+         * name for enable_thinking */
+        json_t *extra = json_object();
+        if (q->reasoning_effort[0]) json_object_set_new(extra, "reasoning_effort", json_string(q->reasoning_effort));
+        if (q->enable_thinking >= 0) json_object_set_new(extra, "thinking", json_boolean(q->enable_thinking));
         chat_render_options o = {.add_generation_prompt = 1,
                                  .enable_thinking = q->enable_thinking,
                                  .bos_token = tokenizer_bos_token(r->tok),
-                                 .eos_token = tokenizer_eos_token(r->tok)};
-        return chat_template_render(r->tmpl, q->messages, q->tools, &o, err, errlen);
+                                 .eos_token = tokenizer_eos_token(r->tok),
+                                 .extra_vars = extra};
+        char *text = chat_template_render(r->tmpl, q->messages, q->tools, &o, err, errlen);
+        json_decref(extra);
+        return text;
     }
     /* A model without a chat template: a plain transcript. */
     strbuf sb = {0};
@@ -213,7 +223,9 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
                          .max_tokens = q.max_tokens > 0 && q.max_tokens < ctx - n ? q.max_tokens
                                                                                   : ctx - n,
                          .ban_eos = q.ban_eos,
-                         .no_prefix_cache = q.no_prefix_cache};
+                         .no_prefix_cache = q.no_prefix_cache,
+                         .stop_tokens = r->format_stops,
+                         .n_stop_tokens = r->n_format_stops};
     if (engine_submit(r->engine, id, &er, err, sizeof err)) {
         send_done_error(r, id, 400, err);
         free(ids);
@@ -223,9 +235,10 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
     free(ids);
     seq *s = calloc(1, sizeof *s);
     s->id = id;
-    s->detok = detokenizer_new(r->tok, 1);
+    s->detok = detokenizer_new(r->tok, !output_format_keeps_special_tokens(r->format));
     s->has_tools = q.tools != NULL;
     s->parser = output_parser_new(r->format, in_reasoning, s->has_tools);
+    output_parser_set_tools(s->parser, q.tools);
     stop_strings_init(&s->stops, q.stop, q.n_stop);
     s->logprobs = q.logprobs;
     s->top_logprobs = q.top_logprobs;
@@ -487,7 +500,8 @@ static int connect_ranks(runner *r, const runner_options *o, char *err, size_t e
     dist_config c = {.rank = d->rank, .size = d->size,
                      .prefix = d->instance ? d->instance : "exo",
                      .bind_host = d->bind_host ? d->bind_host : "127.0.0.1",
-                     .advertise_host = d->advertise_host, .timeout_ms = d->timeout_ms};
+                     .advertise_host = d->advertise_host, .timeout_ms = d->timeout_ms,
+                     .transport = d->transport};
     r->dist = dist_connect(&c, d->store, err, errlen);
     return r->dist ? 0 : -1;
 }
@@ -511,7 +525,8 @@ static int load(runner *r, const runner_options *o) {
         return -1;
     }
     engine_options eo = {.model_dir = o->model_dir, .n_threads = o->n_threads,
-                         .kv_cache_bytes = o->kv_cache_bytes, .device = o->device,
+                         .kv_cache_bytes = o->kv_cache_bytes,
+                         .kv_cache_dtype = o->kv_cache_dtype, .device = o->device,
                          .dist = r->dist, .parallel = r->dist ? o->dist.parallel : ENGINE_SINGLE,
                          .layer_start = o->dist.layer_start, .layer_end = o->dist.layer_end,
                          .dist_timeout_ms = o->dist.timeout_ms};
@@ -527,6 +542,11 @@ static int load(runner *r, const runner_options *o) {
         if (!r->tmpl) log_warn("chat template does not compile (%s); using a plain transcript", err);
     }
     r->format = output_format_detect(r->info->architecture, src);
+    /* turn ends the format has besides the model's eos (gpt-oss: <|call|> after a tool call) */
+    for (const char *const *t = output_format_stop_tokens(r->format); *t && r->n_format_stops < 4; t++) {
+        int32_t id = tokenizer_token_id(r->tok, *t);
+        if (id >= 0) r->format_stops[r->n_format_stops++] = id;
+    }
     send_status(r, "Loaded", NULL);
     send_status(r, "WarmingUp", NULL);
     if (o->dist.rank == 0 && warm_up(r)) { /* followers warm up inside rank 0's steps */

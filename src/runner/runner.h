@@ -30,6 +30,7 @@ typedef struct runner_dist {
     const char *bind_host;      /* NULL = 127.0.0.1 */
     const char *advertise_host; /* NULL = bind_host */
     int timeout_ms;             /* every data-plane call (0 = 30000) */
+    const char *transport;      /* "tcp" (NULL) or "ibverbs" (RDMA: the instance's MlxJaccl) */
 } runner_dist;
 
 typedef struct runner_options {
@@ -37,6 +38,7 @@ typedef struct runner_options {
     const char *model_dir;  /* Hugging Face layout */
     const char *model_id;   /* for messages */
     size_t kv_cache_bytes;  /* 0 = automatic */
+    const char *kv_cache_dtype; /* f16, bf16 or f32 (NULL = the engine's default) */
     const char *device;     /* cpu, cuda or auto (NULL = auto) */
     int n_threads;          /* 0 = all cores */
     runner_dist dist;

@@ -1,49 +1,49 @@
 /* output_parser — splits streamed model text into content, reasoning and tool calls.
  *
- * A small state machine over a buffer of text not yet certain: in content it looks for <think>
- * and (when tools were offered) <tool_call>; in reasoning for </think>; in a tool call for
- * </tool_call>. Text that could still be the start of one of those tags is held back until the
- * next piece decides it, so a tag split across pieces at any byte is still recognised.
- * A tool call is accepted only when its body is a JSON object with a string "name" and an object
- * "arguments" (or "parameters", or a string holding a JSON object); otherwise the raw text goes
- * out as content. Llama 3.1 JSON calls are recognised when the reply starts with '{' (or
- * <|python_tag|>): the reply is held to the end and becomes tool calls only if it parses.
+ * Tagged families (HERMES, DEEPSEEK, KIMI): a small state machine over a buffer of text not yet
+ * certain: in content it looks for the family's reasoning open tag, its tool-call open tag (when
+ * tools were offered) and its end-of-turn markers; in reasoning for the close tag; in a tool call
+ * for the close tag, then hands the body to the family's parser (output_calls.c). Text that could
+ * still be the start of a tag is held back until the next piece decides it. A tool call is
+ * accepted only when its whole body parses; otherwise the raw text goes out as content.
+ * Llama 3.1 JSON calls are recognised when the reply starts with '{' (or <|python_tag|>): the
+ * reply is held to the end and becomes tool calls only if it parses. Harmony: output_harmony.c.
  * Refuses: nothing; it never fails, malformed input just stays text. */
-#include "text/output_parser.h"
+#include "text/output_internal.h"
 
-#include <jansson.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/strbuf.h"
-
-enum parser_state { IN_CONTENT, IN_REASONING, IN_TOOL_CALL, IN_LLAMA_JSON };
-
 static const char THINK_OPEN[] = "<think>";
-static const char THINK_CLOSE[] = "</think>";
 static const char TOOL_OPEN[] = "<tool_call>";
-static const char TOOL_CLOSE[] = "</tool_call>";
 static const char PYTHON_TAG[] = "<|python_tag|>";
 
-struct output_parser {
-    output_format format;
-    bool has_tools;
-    enum parser_state state;
-    strbuf pending;       /* text received but not yet emitted */
-    bool strip_leading;   /* drop whitespace at the start of the next content (after </think>) */
-    bool after_tool_call; /* whitespace after a tool call is held and dropped if nothing follows */
-    bool seen_text;       /* any non-whitespace content emitted (for the Llama JSON decision) */
-};
+#define DS_BAR "\xef\xbd\x9c"   /* U+FF5C FULLWIDTH VERTICAL LINE */
+#define DS_SP "\xe2\x96\x81"    /* U+2581 LOWER ONE EIGHTH BLOCK */
+static const char *const DEEPSEEK_DROP[] = {"<" DS_BAR "end" DS_SP "of" DS_SP "sentence" DS_BAR ">", NULL};
+static const char *const KIMI_DROP[] = {"<|im_end|>", NULL};
 
-typedef struct delta_builder {
-    strbuf content, reasoning;
-    output_tool_call *calls;
-    int n_calls, cap_calls;
-} delta_builder;
+static const tagged_syntax HERMES_SYNTAX = {"<think>", "</think>", "<tool_call>", "</tool_call>", NULL};
+static const tagged_syntax DEEPSEEK_SYNTAX = {"<think>", "</think>", "<" DS_BAR "tool" DS_SP "calls" DS_SP "begin" DS_BAR ">",
+                                              "<" DS_BAR "tool" DS_SP "calls" DS_SP "end" DS_BAR ">", DEEPSEEK_DROP};
+static const tagged_syntax KIMI_SYNTAX = {"<think>", "</think>", "<|tool_calls_section_begin|>",
+                                          "<|tool_calls_section_end|>", KIMI_DROP};
+
+static bool parse_section(const output_parser *p, const char *body, size_t n, delta_builder *d) {
+    switch (p->format) {
+    case OUTPUT_FORMAT_DEEPSEEK: return output_parse_deepseek_calls(body, n, d);
+    case OUTPUT_FORMAT_KIMI: return output_parse_kimi_calls(body, n, d);
+    default: return output_parse_tagged_call(body, n, p->tools, p->format == OUTPUT_FORMAT_GLM, d);
+    }
+}
 
 output_format output_format_detect(const char *architecture, const char *chat_template) {
+    if ((architecture && strstr(architecture, "GptOss")) || (chat_template && strstr(chat_template, "<|channel|>")))
+        return OUTPUT_FORMAT_HARMONY;
+    if (chat_template && strstr(chat_template, "tool" DS_SP "calls" DS_SP "begin")) return OUTPUT_FORMAT_DEEPSEEK;
+    if (chat_template && strstr(chat_template, "<|tool_calls_section_begin|>")) return OUTPUT_FORMAT_KIMI;
+    if (chat_template && strstr(chat_template, "<arg_key>")) return OUTPUT_FORMAT_GLM;
     if (chat_template && (strstr(chat_template, TOOL_OPEN) || strstr(chat_template, THINK_OPEN)))
         return OUTPUT_FORMAT_HERMES;
     if (architecture && (strstr(architecture, "Qwen") || strstr(architecture, "qwen")))
@@ -55,27 +55,49 @@ output_format output_format_detect(const char *architecture, const char *chat_te
     return OUTPUT_FORMAT_PLAIN;
 }
 
+int output_format_keeps_special_tokens(output_format format) {
+    return format == OUTPUT_FORMAT_HARMONY || format == OUTPUT_FORMAT_KIMI;
+}
+
+const char *const *output_format_stop_tokens(output_format format) {
+    static const char *const harmony[] = {"<|call|>", "<|return|>", NULL};
+    static const char *const none[] = {NULL};
+    return format == OUTPUT_FORMAT_HARMONY ? harmony : none;
+}
+
 output_parser *output_parser_new(output_format format, int starts_in_reasoning, int has_tools) {
     output_parser *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->format = format;
     p->has_tools = has_tools != 0;
-    p->state = starts_in_reasoning && format == OUTPUT_FORMAT_HERMES ? IN_REASONING : IN_CONTENT;
+    p->syntax = format == OUTPUT_FORMAT_HERMES || format == OUTPUT_FORMAT_GLM ? &HERMES_SYNTAX
+                : format == OUTPUT_FORMAT_DEEPSEEK ? &DEEPSEEK_SYNTAX
+                : format == OUTPUT_FORMAT_KIMI     ? &KIMI_SYNTAX
+                                                   : NULL;
+    p->state = starts_in_reasoning && p->syntax ? IN_REASONING : IN_CONTENT;
+    if (format == OUTPUT_FORMAT_HARMONY) p->state = IN_HARMONY_HEADER; /* prompt ends "<|start|>assistant" */
     return p;
+}
+
+void output_parser_set_tools(output_parser *p, json_t *tools) {
+    if (!p) return;
+    json_decref(p->tools);
+    p->tools = json_incref(tools);
 }
 
 void output_parser_free(output_parser *p) {
     if (!p) return;
     strbuf_free(&p->pending);
+    json_decref(p->tools);
+    free(p->harmony_recipient);
     free(p);
 }
 
-static bool is_ws(char c) {
+bool output_is_ws(char c) {
     return c == ' ' || c == '\n' || c == '\r' || c == '\t';
 }
 
-/* length of the longest suffix of s[0..n) that is a proper prefix of tag */
-static size_t partial_tag(const char *s, size_t n, const char *tag) {
+size_t output_partial_tag(const char *s, size_t n, const char *tag) {
     size_t tl = strlen(tag);
     size_t k = n < tl - 1 ? n : tl - 1;
     for (; k > 0; k--)
@@ -83,20 +105,20 @@ static size_t partial_tag(const char *s, size_t n, const char *tag) {
     return 0;
 }
 
-static void emit_content(output_parser *p, delta_builder *d, const char *s, size_t n) {
+void output_emit_content(output_parser *p, delta_builder *d, const char *s, size_t n) {
     if (p->strip_leading) {
-        while (n && is_ws(*s))
+        while (n && output_is_ws(*s))
             s++, n--;
         if (!n) return;
         p->strip_leading = false;
     }
     if (!n) return;
     for (size_t i = 0; i < n; i++)
-        if (!is_ws(s[i])) p->seen_text = true;
+        if (!output_is_ws(s[i])) p->seen_text = true;
     strbuf_append(&d->content, s, n);
 }
 
-static void add_call(delta_builder *d, char *name, char *args) {
+void delta_add_call(delta_builder *d, char *name, char *args) {
     if (d->n_calls == d->cap_calls) {
         int cap = d->cap_calls ? d->cap_calls * 2 : 4;
         output_tool_call *nc = realloc(d->calls, (size_t)cap * sizeof *nc);
@@ -113,114 +135,23 @@ static void add_call(delta_builder *d, char *name, char *args) {
     d->n_calls++;
 }
 
-/* compact JSON with the shortest round-trip form of each number (jansson prints 0.1 as
- * 0.10000000000000001, which is not what the model wrote) */
-static void write_json(strbuf *sb, const json_t *j) {
-    switch (json_typeof(j)) {
-    case JSON_OBJECT: {
-        const char *k;
-        json_t *v;
-        int first = 1;
-        strbuf_append_char(sb, '{');
-        json_object_foreach((json_t *)j, k, v) {
-            if (!first) strbuf_append_char(sb, ',');
-            first = 0;
-            json_t *key = json_string(k);
-            write_json(sb, key);
-            json_decref(key);
-            strbuf_append_char(sb, ':');
-            write_json(sb, v);
-        }
-        strbuf_append_char(sb, '}');
-        return;
-    }
-    case JSON_ARRAY: {
-        size_t i;
-        json_t *v;
-        strbuf_append_char(sb, '[');
-        json_array_foreach(j, i, v) {
-            if (i) strbuf_append_char(sb, ',');
-            write_json(sb, v);
-        }
-        strbuf_append_char(sb, ']');
-        return;
-    }
-    case JSON_REAL: {
-        double d = json_real_value(j);
-        char buf[40];
-        for (int prec = 1; prec <= 17; prec++) {
-            snprintf(buf, sizeof buf, "%.*g", prec, d);
-            if (strtod(buf, NULL) == d) break;
-        }
-        strbuf_append_str(sb, buf);
-        if (!strpbrk(buf, ".eEni")) strbuf_append_str(sb, ".0");
-        return;
-    }
-    default: {
-        char *t = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
-        if (t) strbuf_append_str(sb, t);
-        free(t);
-    }
-    }
-}
-
-/* {"name": "...", "arguments"|"parameters": {...} or "<json object>"} -> a call, else false */
-static bool parse_call_object(json_t *obj, delta_builder *d) {
-    if (!json_is_object(obj)) return false;
-    json_t *fn = json_object_get(obj, "function");
-    if (json_is_object(fn) && !json_object_get(obj, "name")) obj = fn;
-    const char *name = json_string_value(json_object_get(obj, "name"));
-    if (!name || !*name) return false;
-    json_t *args = json_object_get(obj, "arguments");
-    if (!args) args = json_object_get(obj, "parameters");
-    json_t *parsed = NULL;
-    if (!args)
-        args = parsed = json_object();
-    else if (json_is_string(args)) {
-        args = parsed = json_loads(json_string_value(args), JSON_DECODE_ANY, NULL);
-    }
-    bool ok = json_is_object(args);
-    if (ok) {
-        strbuf sb = {0};
-        write_json(&sb, args);
-        char *text = strbuf_detach(&sb);
-        char *nm = strdup(name);
-        if (text && nm)
-            add_call(d, nm, text);
-        else {
-            free(text);
-            free(nm);
-            ok = false;
-        }
-    }
-    json_decref(parsed);
-    return ok;
-}
-
-static bool parse_hermes_call(const char *body, size_t n, delta_builder *d) {
-    json_t *obj = json_loadb(body, n, 0, NULL);
-    bool ok = parse_call_object(obj, d);
-    json_decref(obj);
-    return ok;
-}
-
 /* the whole Llama reply: one object, or several separated by ';' or newlines, optional python_tag
  */
 static bool parse_llama_calls(const char *s, size_t n, delta_builder *d) {
     size_t pl = strlen(PYTHON_TAG);
-    while (n && is_ws(*s))
+    while (n && output_is_ws(*s))
         s++, n--;
     if (n >= pl && memcmp(s, PYTHON_TAG, pl) == 0) s += pl, n -= pl;
     delta_builder tmp = {0};
     size_t i = 0;
     bool any = false;
     while (i < n) {
-        while (i < n && (is_ws(s[i]) || s[i] == ';'))
+        while (i < n && (output_is_ws(s[i]) || s[i] == ';'))
             i++;
         if (i >= n) break;
         json_error_t je;
         json_t *obj = json_loadb(s + i, n - i, JSON_DISABLE_EOF_CHECK, &je);
-        if (!obj || !parse_call_object(obj, &tmp)) {
+        if (!obj || !output_parse_call_object(obj, &tmp)) {
             json_decref(obj);
             any = false;
             break;
@@ -231,7 +162,7 @@ static bool parse_llama_calls(const char *s, size_t n, delta_builder *d) {
     }
     if (any)
         for (int k = 0; k < tmp.n_calls; k++)
-            add_call(d, tmp.calls[k].name, tmp.calls[k].arguments);
+            delta_add_call(d, tmp.calls[k].name, tmp.calls[k].arguments);
     else
         for (int k = 0; k < tmp.n_calls; k++)
             free(tmp.calls[k].name), free(tmp.calls[k].arguments);
@@ -239,63 +170,135 @@ static bool parse_llama_calls(const char *s, size_t n, delta_builder *d) {
     return any;
 }
 
-static void consume(strbuf *b, size_t n) {
+void output_consume(strbuf *b, size_t n) {
     memmove(b->data, b->data + n, b->len - n);
     b->len -= n;
     b->data[b->len] = 0;
 }
 
+/* The first tag of the content state in s[0..n): reasoning open, tool-call open (with tools),
+ * or an end-of-turn marker to drop. *kind: 0 think, 1 call, 2 drop; *len its length. */
+static const char *first_content_tag(const output_parser *p, const char *s, size_t n, int *kind, size_t *len) {
+    const tagged_syntax *x = p->syntax;
+    const char *best = NULL;
+    const char *tags[2] = {x->think_open, p->has_tools ? x->call_open : NULL};
+    for (int k = 0; k < 2; k++) {
+        const char *hit = tags[k] ? memmem(s, n, tags[k], strlen(tags[k])) : NULL;
+        if (hit && (!best || hit < best)) best = hit, *kind = k, *len = strlen(tags[k]);
+    }
+    for (int i = 0; x->drop && x->drop[i]; i++) {
+        const char *hit = memmem(s, n, x->drop[i], strlen(x->drop[i]));
+        if (hit && (!best || hit < best)) best = hit, *kind = 2, *len = strlen(x->drop[i]);
+    }
+    return best;
+}
+
+static size_t content_hold(const output_parser *p, const char *s, size_t n) {
+    const tagged_syntax *x = p->syntax;
+    size_t hold = output_partial_tag(s, n, x->think_open);
+    if (p->has_tools) {
+        size_t h = output_partial_tag(s, n, x->call_open);
+        if (h > hold) hold = h;
+    }
+    for (int i = 0; x->drop && x->drop[i]; i++) {
+        size_t h = output_partial_tag(s, n, x->drop[i]);
+        if (h > hold) hold = h;
+    }
+    return hold;
+}
+
+/* Content of a tagged family. Returns true to loop again (state changed), false when done. */
+static bool tagged_content(output_parser *p, delta_builder *d, bool final) {
+    strbuf *b = &p->pending;
+    const char *s = b->data;
+    size_t n = b->len, tag_len = 0;
+    int kind = 0;
+    const char *hit = first_content_tag(p, s, n, &kind, &tag_len);
+    if (hit) {
+        size_t before = (size_t)(hit - s);
+        bool all_ws = true;
+        for (size_t i = 0; i < before; i++)
+            if (!output_is_ws(s[i])) all_ws = false;
+        /* whitespace between consecutive tool calls is the template's, not content */
+        if (!(kind == 1 && p->after_tool_call && all_ws)) output_emit_content(p, d, s, before);
+        if (kind != 1 || before) p->after_tool_call = false;
+        output_consume(b, before + tag_len);
+        if (kind != 2) p->state = kind == 1 ? IN_TOOL_CALL : IN_REASONING;
+        return true;
+    }
+    size_t hold = final ? 0 : content_hold(p, s, n);
+    if (p->after_tool_call) {
+        size_t i = 0;
+        while (i < n - hold && output_is_ws(s[i]))
+            i++;
+        if (i == n - hold) {
+            if (final) output_consume(b, n); /* trailing whitespace after tool calls is dropped */
+            return false;                    /* still only whitespace: keep holding it */
+        }
+        p->after_tool_call = false;
+    }
+    output_emit_content(p, d, s, n - hold);
+    output_consume(b, n - hold);
+    return false;
+}
+
 static void process(output_parser *p, delta_builder *d, bool final) {
+    if (p->format == OUTPUT_FORMAT_HARMONY) {
+        output_harmony_process(p, d, final);
+        return;
+    }
     strbuf *b = &p->pending;
     for (;;) {
         if (!b->len) return;
         const char *s = b->data;
         size_t n = b->len;
         if (p->state == IN_REASONING) {
-            const char *hit = memmem(s, n, THINK_CLOSE, strlen(THINK_CLOSE));
+            const char *close = p->syntax->think_close;
+            const char *hit = memmem(s, n, close, strlen(close));
             if (hit) {
                 strbuf_append(&d->reasoning, s, (size_t)(hit - s));
-                consume(b, (size_t)(hit - s) + strlen(THINK_CLOSE));
+                output_consume(b, (size_t)(hit - s) + strlen(close));
                 p->state = IN_CONTENT;
                 p->strip_leading = true;
                 continue;
             }
-            size_t hold = final ? 0 : partial_tag(s, n, THINK_CLOSE);
+            size_t hold = final ? 0 : output_partial_tag(s, n, close);
             strbuf_append(&d->reasoning, s, n - hold);
-            consume(b, n - hold);
+            output_consume(b, n - hold);
             return;
         }
         if (p->state == IN_TOOL_CALL) {
-            const char *hit = memmem(s, n, TOOL_CLOSE, strlen(TOOL_CLOSE));
+            const char *close = p->syntax->call_close;
+            const char *hit = memmem(s, n, close, strlen(close));
             if (!hit && !final) return;
             size_t body = hit ? (size_t)(hit - s) : n;
-            if (parse_hermes_call(s, body, d)) {
+            if (parse_section(p, s, body, d)) {
                 p->after_tool_call = true;
             } else {
-                emit_content(p, d, TOOL_OPEN, strlen(TOOL_OPEN));
-                emit_content(p, d, s, hit ? body + strlen(TOOL_CLOSE) : n);
+                output_emit_content(p, d, p->syntax->call_open, strlen(p->syntax->call_open));
+                output_emit_content(p, d, s, hit ? body + strlen(close) : n);
             }
-            consume(b, hit ? body + strlen(TOOL_CLOSE) : n);
+            output_consume(b, hit ? body + strlen(close) : n);
             p->state = IN_CONTENT;
             continue;
         }
         if (p->state == IN_LLAMA_JSON) {
             if (!final) return;
-            if (!parse_llama_calls(s, n, d)) emit_content(p, d, s, n);
-            consume(b, n);
+            if (!parse_llama_calls(s, n, d)) output_emit_content(p, d, s, n);
+            output_consume(b, n);
             p->state = IN_CONTENT;
             return;
         }
         /* IN_CONTENT */
         if (p->format == OUTPUT_FORMAT_PLAIN) {
-            emit_content(p, d, s, n);
-            consume(b, n);
+            output_emit_content(p, d, s, n);
+            output_consume(b, n);
             return;
         }
         if (p->format == OUTPUT_FORMAT_LLAMA3_JSON) {
             if (p->has_tools && !p->seen_text) {
                 size_t i = 0, tl = strlen(PYTHON_TAG);
-                while (i < n && is_ws(s[i]))
+                while (i < n && output_is_ws(s[i]))
                     i++;
                 if (i == n && !final) return; /* only whitespace so far: undecided */
                 const char *rest = s + i;
@@ -307,50 +310,11 @@ static void process(output_parser *p, delta_builder *d, bool final) {
                 if (m && m < tl && !memcmp(rest, PYTHON_TAG, m) && !final)
                     return; /* maybe the tag */
             }
-            emit_content(p, d, s, n);
-            consume(b, n);
+            output_emit_content(p, d, s, n);
+            output_consume(b, n);
             return;
         }
-        /* HERMES */
-        const char *think = memmem(s, n, THINK_OPEN, strlen(THINK_OPEN));
-        const char *tool = p->has_tools ? memmem(s, n, TOOL_OPEN, strlen(TOOL_OPEN)) : NULL;
-        const char *hit = think && (!tool || think < tool) ? think : tool;
-        if (hit) {
-            size_t before = (size_t)(hit - s);
-            bool is_tool = hit == tool;
-            if (is_tool && p->after_tool_call) {
-                bool all_ws = true;
-                for (size_t i = 0; i < before; i++)
-                    if (!is_ws(s[i])) all_ws = false;
-                if (!all_ws) emit_content(p, d, s, before);
-            } else
-                emit_content(p, d, s, before);
-            if (!is_tool || before) p->after_tool_call = false;
-            consume(b, before + strlen(is_tool ? TOOL_OPEN : THINK_OPEN));
-            p->state = is_tool ? IN_TOOL_CALL : IN_REASONING;
-            continue;
-        }
-        size_t hold = 0;
-        if (!final) {
-            hold = partial_tag(s, n, THINK_OPEN);
-            if (p->has_tools) {
-                size_t h2 = partial_tag(s, n, TOOL_OPEN);
-                if (h2 > hold) hold = h2;
-            }
-        }
-        if (p->after_tool_call) {
-            size_t i = 0;
-            while (i < n - hold && is_ws(s[i]))
-                i++;
-            if (i == n - hold) {
-                if (final) consume(b, n); /* trailing whitespace after tool calls is dropped */
-                return;                   /* still only whitespace: keep holding it */
-            }
-            p->after_tool_call = false;
-        }
-        emit_content(p, d, s, n - hold);
-        consume(b, n - hold);
-        return;
+        if (!tagged_content(p, d, final)) return;
     }
 }
 

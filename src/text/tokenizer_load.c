@@ -490,6 +490,15 @@ tokenizer *tokenizer_load(const char *model_dir, char *err, size_t errlen) {
     if (!t && err) snprintf(err, errlen, "%s/%s", model_dir, inner);
     free(json);
     free(cfg);
+    /* chat_template.jinja, where a model ships one (gpt-oss), wins over tokenizer_config.json's
+     * chat_template, as in transformers */
+    snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
+    size_t tlen = 0;
+    char *jinja = t ? read_file(path, &tlen, NULL, 0) : NULL;
+    if (jinja) {
+        free(t->chat_template);
+        t->chat_template = jinja;
+    }
     return t;
 }
 

@@ -2,7 +2,7 @@
 #include "worker/autoplace.h"
 
 #include "base/log.h"
-#include "cluster/cluster.h"
+#include "worker/peers.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -24,41 +24,6 @@ struct autoplace {
     pending *list;
     int stopping;
 };
-
-/* Peers whose State says they completed a download of model_id: "http://addr:api_port". */
-static int find_peers(const char *model_id, int api_port, char urls[][96], int max) {
-    char *text = cluster_state_json("downloads");
-    json_t *downloads = text ? json_loads(text, 0, NULL) : NULL;
-    free(text);
-    text = cluster_status_json();
-    json_t *status = text ? json_loads(text, 0, NULL) : NULL;
-    free(text);
-    int n = 0;
-    const char *node;
-    json_t *list;
-    json_object_foreach(downloads, node, list) {
-        if (!strcmp(node, cluster_node_id())) continue;
-        size_t i;
-        json_t *d;
-        int has = 0;
-        json_array_foreach(list, i, d) {
-            json_t *done = json_object_get(d, "DownloadCompleted");
-            const char *m = json_string_value(json_object_get(done, "modelId"));
-            if (m && !strcmp(m, model_id)) has = 1;
-        }
-        json_t *p;
-        json_array_foreach(json_object_get(status, "peers"), i, p) {
-            const char *id = json_string_value(json_object_get(p, "nodeId"));
-            const char *addr = json_string_value(json_object_get(p, "address"));
-            if (has && n < max && id && addr && !strcmp(id, node) &&
-                json_is_true(json_object_get(p, "alive")))
-                snprintf(urls[n++], sizeof urls[0], "http://%s:%d", addr, api_port);
-        }
-    }
-    json_decref(downloads);
-    json_decref(status);
-    return n;
-}
 
 static void *wait_then_place(void *arg) {
     pending *p = arg;
@@ -92,7 +57,7 @@ int autoplace_download_start(autoplace *a, const char *model_id, char *err, size
     }
     char urls[8][96];
     const char *peers[8];
-    int n = find_peers(model_id, a->api_port, urls, 8);
+    int n = peers_find(model_id, a->api_port, urls, 8);
     for (int i = 0; i < n; i++) peers[i] = urls[i];
     char why[512];
     int rc = download_manager_start(models_service_downloads(m), model_id, 0, 0, peers, n, why,

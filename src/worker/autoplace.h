@@ -16,7 +16,7 @@
 
 typedef struct autoplace autoplace;
 
-/* api_port is this node's (peers are assumed to serve model files on the same). NULL when out
+/* api_port is this node's (the port of peers that publish none). NULL when out
  * of memory. */
 autoplace *autoplace_new(instances *local, models_service *models, int api_port);
 /* Places model_id now when it is on disk (instance_id set), else starts its download and

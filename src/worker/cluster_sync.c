@@ -34,11 +34,6 @@ static json_t *state_get(const char *path) {
     return v;
 }
 
-static json_t *node_to_runner(json_t *instance) {
-    return json_object_get(json_object_get(shards_tagged_body(instance), "shardAssignments"),
-                           "nodeToRunner");
-}
-
 static void submit_delete(json_t *instance, const char *id) { shards_submit_delete(instance, id); }
 
 int cluster_sync_delete_instance(const char *instance_id) {
@@ -128,7 +123,7 @@ static void tick(cluster_sync *s) {
     int master = cluster_is_master();
     json_object_foreach(st_insts, id, v) {
         if (json_object_get(s->tracked, id) || json_object_get(s->deleting, id)) continue;
-        json_t *map = node_to_runner(v);
+        json_t *map = shards_node_to_runner(v);
         const char *node;
         json_t *r;
         int mine = 0, lost = 0;
@@ -181,11 +176,12 @@ static void free_sync(cluster_sync *s) {
     free(s);
 }
 
-cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs) {
+cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs,
+                                 download_manager *downloads, int api_port) {
     cluster_sync *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->local = local;
-    s->shards = shards_new(local, dirs);
+    s->shards = shards_new(local, dirs, downloads, api_port);
     if (!s->shards) {
         free(s);
         return NULL;

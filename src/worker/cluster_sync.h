@@ -20,9 +20,10 @@
 typedef struct cluster_sync cluster_sync;
 
 /* Starts the thread (poll period EXO_CLUSTER_SYNC_MS, default 200); it also runs this node's
- * ranks of multi-node instances (shards.h; dirs: where the master reads models it re-places).
- * NULL on failure. */
-cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs);
+ * ranks of multi-node instances (shards.h; dirs: where the master reads models it re-places;
+ * downloads and api_port: where a rank's missing files come from). NULL on failure. */
+cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs,
+                                 download_manager *downloads, int api_port);
 /* Stops the thread and frees. Safe with NULL. */
 void cluster_sync_stop(cluster_sync *s);
 

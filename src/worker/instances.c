@@ -81,6 +81,7 @@ typedef struct instance {
 struct instances {
     char *runner_exe, *models_dir, *models_path, *node_id;
     size_t kv_cache_bytes;
+    char kv_cache_dtype[8]; /* "" = the runner's default */
     char device[8];
     int ready_timeout_s;
     int watchdog_s;
@@ -120,6 +121,7 @@ instances *instances_new(const instances_options *o) {
     m->models_path = strdup(o->models_path ? o->models_path : "");
     m->node_id = strdup(o->node_id ? o->node_id : "node");
     m->kv_cache_bytes = o->kv_cache_bytes;
+    snprintf(m->kv_cache_dtype, sizeof m->kv_cache_dtype, "%s", o->kv_cache_dtype ? o->kv_cache_dtype : "");
     snprintf(m->device, sizeof m->device, "%s", o->device && o->device[0] ? o->device : "auto");
     m->ready_timeout_s = o->ready_timeout_s ? o->ready_timeout_s : 600;
     m->max_runners = o->max_runners > 0 ? o->max_runners : INSTANCES_MAX_RUNNERS_DEFAULT;
@@ -474,9 +476,13 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
     }
     char kv[32], rank[16], ranks[16], layers[32], timeout[16];
     snprintf(kv, sizeof kv, "%zu", m->kv_cache_bytes);
-    char *argv[32] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
+    char *argv[40] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
                       (char *)model_id, "--kv-cache-mem", kv, "--device", m->device};
     int argc = 12;
+    if (m->kv_cache_dtype[0]) {
+        argv[argc++] = "--kv-cache-dtype";
+        argv[argc++] = m->kv_cache_dtype;
+    }
     if (shard && shard->world_size > 1) {
         snprintf(rank, sizeof rank, "%d", shard->rank);
         snprintf(ranks, sizeof ranks, "%d", shard->world_size);
@@ -494,6 +500,10 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
         if (shard->dist_timeout_ms > 0) {
             argv[argc++] = "--dist-timeout-ms";
             argv[argc++] = timeout;
+        }
+        if (shard->transport && !strcmp(shard->transport, "ibverbs")) {
+            argv[argc++] = "--dist-transport";
+            argv[argc++] = "ibverbs";
         }
     }
     argv[argc] = NULL;
@@ -653,6 +663,14 @@ int instances_serves(instances *m, const char *model_id) {
     return found;
 }
 
+int instances_serves_anywhere(instances *m, const char *model_id) {
+    if (instances_serves(m, model_id)) return 1;
+    pthread_mutex_lock(&m->lock);
+    instances_router router = m->router;
+    pthread_mutex_unlock(&m->lock);
+    return router.serves && router.serves(router.ctx, model_id);
+}
+
 int instances_has(instances *m, const char *instance_id) {
     pthread_mutex_lock(&m->lock);
     int found = find_id_locked(m, instance_id) != NULL;
@@ -662,7 +680,9 @@ int instances_has(instances *m, const char *instance_id) {
 
 int instances_start_shard(instances *m, const instances_shard *shard, char *err, size_t errlen) {
     char dir[1024];
-    if (instances_resolve_model(m, shard->model_id, dir, sizeof dir)) {
+    if (shard->model_dir && shard->model_dir[0]) {
+        snprintf(dir, sizeof dir, "%s", shard->model_dir);
+    } else if (instances_resolve_model(m, shard->model_id, dir, sizeof dir)) {
         snprintf(err, errlen, "model '%s' is not on this node (models directory %s or "
                               "EXO_MODELS_PATH)", shard->model_id, m->models_dir);
         return 404;

@@ -36,6 +36,7 @@ typedef struct instances_options {
     const char *models_path; /* colon-separated read-only directories (may be NULL) */
     const char *node_id;
     size_t kv_cache_bytes;   /* passed to runners; 0 = automatic */
+    const char *kv_cache_dtype; /* passed to runners: f16, bf16, f32 (NULL or "" = default) */
     const char *device;      /* passed to runners: cpu, cuda or auto (NULL = auto) */
     int ready_timeout_s;     /* how long a request waits for a runner to be Ready; 0 = 600 */
     int watchdog_s;          /* a busy runner silent this long is restarted; 0 = default,
@@ -71,13 +72,16 @@ typedef struct instances_rendezvous {
  * the in-flight count of this node's Ready rank-0 instance of the model (-1: none here): it
  * returns 0 when it took the call (messages then flow to fn, "done" last, as for a local one),
  * -1 to let this node serve it (or place it here), or an HTTP status with err. cancel stops a
- * call it took (it answers "done" with finish_reason "cancelled"). */
+ * call it took (it answers "done" with finish_reason "cancelled"). serves says whether an
+ * instance placed across the cluster serves the model (ready or not): then a node without the
+ * model's files routes the request there instead of downloading the model. */
 typedef struct instances_router {
     void *ctx;
     int (*generate)(void *ctx, const gen_request *request, int local_in_flight,
                     instances_message_fn fn, void *arg, uint64_t call_id, char *err,
                     size_t errlen);
     void (*cancel)(void *ctx, uint64_t call_id);
+    int (*serves)(void *ctx, const char *model_id);
 } instances_router;
 
 /* Installs the worker's hooks (before the first request; either may be NULL). */
@@ -92,7 +96,13 @@ typedef struct instances_shard {
     int tensor;              /* 1 tensor parallel, 0 pipeline */
     int layer_start, layer_end; /* pipeline: this rank's layers */
     const char *dist_host;   /* this node's address the other ranks can reach */
+    const char *transport;   /* the instance's data plane: "ibverbs", or "tcp" (NULL = tcp) */
     int dist_timeout_ms;     /* 0 = the runner's default */
+    /* The layers whose files the rank needs (a pipeline stage's; 0, 0 = every file) and, once
+     * downloaded, where they are: a directory holding only those files is no complete model,
+     * so model_dir is taken as is (NULL: the complete model in the store). */
+    int files_layer_start, files_layer_end;
+    const char *model_dir;
 } instances_shard;
 
 /* Starts the rank's runner (`exo runner --rank ... --dist-store node`). Returns 0, or an HTTP
@@ -100,6 +110,9 @@ typedef struct instances_shard {
 int instances_start_shard(instances *m, const instances_shard *shard, char *err, size_t errlen);
 /* 1 when this node has a live instance of the model of its own or a rank 0 of one. */
 int instances_serves(instances *m, const char *model_id);
+/* 1 when an instance serves the model, here or (the router's serves) placed across the cluster:
+ * a generation for it needs no download on this node. */
+int instances_serves_anywhere(instances *m, const char *model_id);
 /* 1 when this node runs (or ran: Failed) a runner of instance_id. */
 int instances_has(instances *m, const char *instance_id);
 /* Stops every runner (shutdown message, then SIGKILL after a grace period) and frees. */

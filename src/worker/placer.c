@@ -5,6 +5,7 @@
 #include "model/cards.h"
 #include "model/model_config.h"
 #include "model/store.h"
+#include "worker/peers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,21 +123,35 @@ static int node_alive(json_t *status, const char *id) {
     return 0;
 }
 
-/* The node finished downloading the model (State's downloads), or it is this node's on disk. */
+/* The node finished downloading the whole model (State's downloads), or it is this node's on
+ * disk. */
 static int node_has_files(const placer_dirs *d, json_t *downloads, const char *id,
                           const char *model_id) {
     if (!strcmp(id, cluster_node_id())) {
         char dir[STORE_PATH_MAX + 64];
         return locate(d, model_id, dir, sizeof dir) == 0;
     }
+    return peers_node_holds(downloads, id, model_id);
+}
+
+static int node_index(const placement_node *nodes, int n, const char *id) {
+    for (int i = 0; id && i < n; i++)
+        if (!strcmp(nodes[i].id, id)) return i;
+    return -1;
+}
+
+/* The measured latencies between the nodes (State's topology.connections). */
+static void add_links(placement_node *nodes, int n) {
+    json_t *topology = state_get("topology");
     size_t i;
-    json_t *entry;
-    json_array_foreach(json_object_get(downloads, id), i, entry) {
-        json_t *done = json_object_get(entry, "DownloadCompleted");
-        const char *mid = json_string_value(json_object_get(done, "modelId"));
-        if (mid && !strcmp(mid, model_id)) return 1;
+    json_t *c;
+    json_array_foreach(json_object_get(topology, "connections"), i, c) {
+        int from = node_index(nodes, n, json_string_value(json_object_get(c, "source")));
+        int to = node_index(nodes, n, json_string_value(json_object_get(c, "sink")));
+        double ms = json_number_value(json_object_get(c, "latencyMs"));
+        if (from >= 0 && to >= 0 && from != to && ms > 0) nodes[from].link_ms[to] = (float)ms;
     }
-    return 0;
+    json_decref(topology);
 }
 
 int placer_nodes(const placer_dirs *d, const char *model_id, placement_node *nodes, int max) {
@@ -160,6 +175,7 @@ int placer_nodes(const placer_dirs *d, const char *model_id, placement_node *nod
     json_decref(mem);
     json_decref(downloads);
     json_decref(status);
+    add_links(nodes, n);
     if (n == 0) {
         memset(&nodes[0], 0, sizeof nodes[0]);
         snprintf(nodes[0].id, sizeof nodes[0].id, "%s",
@@ -205,11 +221,32 @@ static void fresh_id(char *out, size_t n) {
              b[11], b[12], b[13], b[14], b[15]);
 }
 
+/* The first of the chosen nodes that lists no RDMA device in State's nodeNetwork, or NULL when
+ * all do. */
+static const char *node_without_rdma(const placement_result *r, json_t *network) {
+    for (int i = 0; i < r->n_nodes; i++) {
+        json_t *devs = json_object_get(json_object_get(network, r->node_ids[i]), "rdmaDevices");
+        if (!json_array_size(devs)) return r->node_ids[i];
+    }
+    return NULL;
+}
+
 json_t *placer_instance_json(const placement_model *m, placement_sharding s, const char *meta,
                              const placement_result *r, const char *instance_id) {
     const char *tag = "MlxRingInstance", *transport = "tcp";
-    char err[200], id[40];
+    char err[200], id[40], note[200] = "";
     placer_instance_meta(meta, &tag, &transport, err, sizeof err);
+    if (!strcmp(transport, "ibverbs") && r->n_nodes > 1) {
+        /* every rank must open the same transport: RDMA only when every node has a device */
+        json_t *network = state_get("nodeNetwork");
+        const char *lacking = node_without_rdma(r, network);
+        if (lacking) {
+            snprintf(note, sizeof note, "%s asked for RDMA; node %.12s has no RDMA device: TCP",
+                     meta, lacking);
+            transport = "tcp";
+        }
+        json_decref(network);
+    }
     if (instance_id) snprintf(id, sizeof id, "%s", instance_id);
     else fresh_id(id, sizeof id);
     json_t *node_to_runner = json_object(), *runner_to_shard = json_object();
@@ -225,10 +262,13 @@ json_t *placer_instance_json(const placement_model *m, placement_sharding s, con
                       "startLayer", r->layer_start[i], "endLayer", r->layer_end[i], "nLayers",
                       m->n_layers));
     }
-    return json_pack("{s:{s:s,s:{s:s,s:o,s:o},s:s,s:s}}", tag, "instanceId", id,
-                     "shardAssignments", "modelId", m->model_id, "runnerToShard",
-                     runner_to_shard, "nodeToRunner", node_to_runner, "sharding",
-                     placement_sharding_name(s), "transport", transport);
+    json_t *inst = json_pack("{s:{s:s,s:{s:s,s:o,s:o},s:s,s:s}}", tag, "instanceId", id,
+                             "shardAssignments", "modelId", m->model_id, "runnerToShard",
+                             runner_to_shard, "nodeToRunner", node_to_runner, "sharding",
+                             placement_sharding_name(s), "transport", transport);
+    if (note[0]) json_object_set_new(json_object_iter_value(json_object_iter(inst)), "transportNote",
+                                     json_string(note));
+    return inst;
 }
 
 int placer_place(const placer_model *m, placement_sharding s, int min_nodes,

@@ -35,6 +35,7 @@ typedef struct forward {
 struct remote {
     instances *local;
     placer_dirs dirs; /* where auto-placement reads a model's facts */
+    char auth_header[300]; /* "Authorization: Bearer <api key>", or "" without a key */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     forward *calls;
@@ -43,11 +44,13 @@ struct remote {
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
-remote *remote_new(instances *local, const placer_dirs *dirs) {
+remote *remote_new(instances *local, const placer_dirs *dirs, const char *api_key) {
     remote *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->local = local;
     r->dirs = *dirs;
+    if (api_key && api_key[0])
+        snprintf(r->auth_header, sizeof r->auth_header, "Authorization: Bearer %s", api_key);
     pthread_once(&curl_once, curl_init);
     pthread_mutex_init(&r->lock, NULL);
     pthread_cond_init(&r->cond, NULL);
@@ -153,6 +156,7 @@ static void *forward_main(void *arg) {
     forward *f = arg;
     CURL *curl = curl_easy_init();
     struct curl_slist *headers = curl_slist_append(NULL, "Content-Type: application/json");
+    if (f->owner->auth_header[0]) headers = curl_slist_append(headers, f->owner->auth_header);
     char curl_err[CURL_ERROR_SIZE] = "";
     CURLcode rc = CURLE_FAILED_INIT;
     long http = 0;
@@ -182,11 +186,15 @@ static void *forward_main(void *arg) {
         if (atomic_load(&f->cancelled)) {
             done = json_pack("{s:s,s:s}", "type", "done", "finish_reason", "cancelled");
         } else {
-            char message[700];
+            char message[700], refused[160];
+            /* a refusal (not a lost node) says what: 401 is a key the nodes do not share */
+            snprintf(refused, sizeof refused, "it answered HTTP %ld%s", http,
+                     http == 401 ? " (every node of a cluster needs the same --api-key)" : "");
             snprintf(message, sizeof message,
                      "lost the node serving this model (instance %s, rank 0 on node %.12s): %s",
                      f->instance_id, f->node_id,
                      rc != CURLE_OK ? (curl_err[0] ? curl_err : curl_easy_strerror(rc))
+                     : http >= 300  ? refused
                                     : "the stream ended early");
             log_error("%s", message);
             done = json_pack("{s:s,s:s,s:s,s:i}", "type", "done", "finish_reason", "error",
@@ -195,7 +203,6 @@ static void *forward_main(void *arg) {
         deliver(f, done);
         json_decref(done);
     }
-    (void)http;
     remote *r = f->owner;
     pthread_mutex_lock(&r->lock);
     for (forward **pp = &r->calls; *pp; pp = &(*pp)->next)
@@ -211,6 +218,31 @@ static void *forward_main(void *arg) {
     return NULL;
 }
 
+/* The id of an instance placed across the cluster that serves model_id (the last one State
+ * lists), into id (left as is when there is none). Returns 1 when there is one. */
+static int cluster_instance_of(const char *model_id, char *id, size_t n) {
+    json_t *state = state_get("instances");
+    const char *key;
+    json_t *inst;
+    int found = 0;
+    json_object_foreach(state, key, inst) {
+        const char *model = json_string_value(json_object_get(
+            json_object_get(shards_tagged_body(inst), "shardAssignments"), "modelId"));
+        if (shards_is_cluster_instance(inst) && model && !strcmp(model, model_id)) {
+            snprintf(id, n, "%s", key);
+            found = 1;
+        }
+    }
+    json_decref(state);
+    return found;
+}
+
+static int route_serves(void *ctx, const char *model_id) {
+    (void)ctx;
+    char id[64];
+    return cluster_node_id()[0] && cluster_instance_of(model_id, id, sizeof id);
+}
+
 #define REMOTE_PLACE_CONTEXT 4096
 
 /* Chat for a model that no instance serves and that does not fit this node alone: the best
@@ -220,16 +252,7 @@ static void *forward_main(void *arg) {
  * 503 with err when the placed instance did not become Ready. */
 static int auto_place(remote *r, const char *model_id, char *err, size_t errlen) {
     char id[64] = "";
-    json_t *state = state_get("instances");
-    const char *key;
-    json_t *inst;
-    json_object_foreach(state, key, inst) { /* one placed already (by another request): wait */
-        const char *model = json_string_value(json_object_get(
-            json_object_get(shards_tagged_body(inst), "shardAssignments"), "modelId"));
-        if (shards_is_cluster_instance(inst) && model && !strcmp(model, model_id))
-            snprintf(id, sizeof id, "%s", key);
-    }
-    json_decref(state);
+    cluster_instance_of(model_id, id, sizeof id); /* one placed already (by another request) */
     if (!id[0]) {
         placer_model m;
         /* the fit is judged for a modest context (the runner sizes its KV cache to the memory
@@ -365,5 +388,6 @@ static void route_cancel(void *ctx, uint64_t call_id) {
 }
 
 instances_router remote_router(remote *r) {
-    return (instances_router){.ctx = r, .generate = route_generate, .cancel = route_cancel};
+    return (instances_router){
+        .ctx = r, .generate = route_generate, .cancel = route_cancel, .serves = route_serves};
 }

@@ -5,7 +5,9 @@
  * in-flight count), and forwards the request to that instance's rank-0 node:
  * POST http://<node>:<apiPort>/internal/generate {"instance_id", "request"} answers with the
  * runner's messages (runner/protocol.h) as NDJSON, streamed as they come, plus {"type":"alive"}
- * every second. Tokens go node to node, never through the master or the event log.
+ * every second. Tokens go node to node, never through the master or the event log. With
+ * --api-key the call carries this node's key ("Authorization: Bearer"): the nodes of a cluster
+ * share one key, and the serving node asks for it on /internal/generate like on every route.
  *
  * A forwarding connection that breaks, or stays silent for REMOTE_SILENCE_S (the node died or
  * was cut off), ends the generation with an error "done" at once: the client's stream ends with
@@ -29,7 +31,8 @@
 
 typedef struct remote remote;
 
-remote *remote_new(instances *local, const placer_dirs *dirs);
+/* api_key: this node's --api-key, sent with every forwarded call (NULL or "" = none; copied). */
+remote *remote_new(instances *local, const placer_dirs *dirs, const char *api_key);
 /* Waits for the calls in flight to end (each one's "done" delivered). Safe with NULL. */
 void remote_free(remote *r);
 instances_router remote_router(remote *r);

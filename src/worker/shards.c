@@ -5,17 +5,25 @@
 #include "base/log.h"
 #include "cluster/cluster.h"
 #include "cluster/nodeinfo.h"
+#include "worker/peers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Where this node's rank of an instance stands: its files downloading, on disk and waiting for
+ * the other ranks' files, or started (or failed: never begun again). */
+enum rank_phase { RANK_FETCHING = 1, RANK_WAITING, RANK_DONE };
 
 struct shards {
     instances *local;
     placer_dirs dirs;
     char dist_host[64];
     int dist_timeout_ms;
-    json_t *started;  /* instance ids whose rank this node started: never twice */
+    download_manager *downloads; /* where a rank's missing files come from */
+    int api_port;                /* of peers that publish none (peers_find) */
+    /* instance id -> {"phase", "runner", "dir"}: this node's rank of each instance, begun once */
+    json_t *ranks;
     json_t *pending;  /* master: {instanceId: {instance, due}} to place again once due */
 };
 
@@ -23,6 +31,11 @@ json_t *shards_tagged_body(json_t *tagged) {
     if (!json_is_object(tagged) || json_object_size(tagged) != 1) return NULL;
     json_t *body = json_object_iter_value(json_object_iter(tagged));
     return json_is_object(body) ? body : NULL;
+}
+
+json_t *shards_node_to_runner(json_t *instance) {
+    return json_object_get(json_object_get(shards_tagged_body(instance), "shardAssignments"),
+                           "nodeToRunner");
 }
 
 int shards_is_cluster_instance(json_t *instance) {
@@ -41,7 +54,8 @@ static void find_dist_host(char *out, size_t n) {
     json_decref(net);
 }
 
-shards *shards_new(instances *local, const placer_dirs *dirs) {
+shards *shards_new(instances *local, const placer_dirs *dirs, download_manager *downloads,
+                   int api_port) {
     shards *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->local = local;
@@ -49,14 +63,16 @@ shards *shards_new(instances *local, const placer_dirs *dirs) {
     find_dist_host(s->dist_host, sizeof s->dist_host);
     const char *t = getenv("EXO_DIST_TIMEOUT_MS");
     s->dist_timeout_ms = t ? atoi(t) : 0;
-    s->started = json_object();
+    s->downloads = downloads;
+    s->api_port = api_port;
+    s->ranks = json_object();
     s->pending = json_object();
     return s;
 }
 
 void shards_free(shards *s) {
     if (!s) return;
-    json_decref(s->started);
+    json_decref(s->ranks);
     json_decref(s->pending);
     free(s);
 }
@@ -89,31 +105,167 @@ instances_rendezvous shards_rendezvous(shards *s) {
 
 /* ------------------------------------------------------------------ following State */
 
-static void publish_failed(const char *runner_id, const char *why) {
-    cluster_submit(json_pack("{s:{s:s,s:{s:{s:s}}}}", "RunnerStatusUpdated", "runnerId", runner_id,
-                             "runnerStatus", "RunnerFailed", "errorMessage", why));
+/* How many runners of the instance have a status in State that is `kind` (NULL: any status);
+ * *n_runners (may be NULL) gets how many runners the instance has. */
+static int runners_reporting(json_t *state, json_t *inst, const char *kind, int *n_runners) {
+    json_t *runners = json_object_get(state, "runners");
+    const char *node;
+    json_t *runner;
+    int n = 0, reporting = 0;
+    json_object_foreach(shards_node_to_runner(inst), node, runner) {
+        json_t *status =
+            json_object_get(runners, json_is_string(runner) ? json_string_value(runner) : "");
+        n++;
+        reporting += status && (!kind || json_object_get(status, kind));
+    }
+    if (n_runners) *n_runners = n;
+    return reporting;
 }
 
-static void start_rank(shards *s, const char *id, json_t *inst, const char *runner_id) {
-    json_t *body = shards_tagged_body(inst);
-    json_t *assign = json_object_get(body, "shardAssignments");
+static void publish_status(const char *runner_id, json_t *status) {
+    cluster_submit(json_pack("{s:{s:s,s:o}}", "RunnerStatusUpdated", "runnerId", runner_id,
+                             "runnerStatus", status));
+}
+
+static void publish_failed(const char *runner_id, const char *why) {
+    publish_status(runner_id, json_pack("{s:{s:s}}", "RunnerFailed", "errorMessage", why));
+}
+
+/* This node's rank of inst as State describes it (strings borrowed from inst). 0, or -1. */
+static int shard_of(json_t *inst, const char *id, const char *runner_id, instances_shard *sh) {
+    json_t *assign = json_object_get(shards_tagged_body(inst), "shardAssignments");
     json_t *shard = json_object_get(json_object_get(assign, "runnerToShard"), runner_id);
     json_t *meta = shards_tagged_body(shard);
     const char *model = json_string_value(json_object_get(assign, "modelId"));
-    json_object_set_new(s->started, id, json_true());
-    if (!meta || !model) {
-        publish_failed(runner_id, "the instance in State has no shard for this runner");
-        return;
-    }
-    instances_shard sh = {
-        .instance_id = id, .runner_id = runner_id, .model_id = model, .instance = inst,
+    if (!meta || !model) return -1;
+    *sh = (instances_shard){
+        .instance_id = id,
+        .runner_id = runner_id,
+        .model_id = model,
+        .instance = inst,
         .rank = (int)json_integer_value(json_object_get(meta, "deviceRank")),
         .world_size = (int)json_integer_value(json_object_get(meta, "worldSize")),
         .tensor = !strcmp(json_object_iter_key(json_object_iter(shard)), "TensorShardMetadata"),
         .layer_start = (int)json_integer_value(json_object_get(meta, "startLayer")),
         .layer_end = (int)json_integer_value(json_object_get(meta, "endLayer")),
-        .dist_host = s->dist_host, .dist_timeout_ms = s->dist_timeout_ms};
-    char err[512];
+        .transport = json_string_value(json_object_get(shards_tagged_body(inst), "transport"))};
+    /* the files a rank needs: a pipeline stage its layers' (download_request), else all */
+    int n_layers = (int)json_integer_value(json_object_get(meta, "nLayers"));
+    int whole = sh->tensor || (sh->layer_start <= 0 && sh->layer_end >= n_layers);
+    sh->files_layer_start = whole ? 0 : sh->layer_start;
+    sh->files_layer_end = whole ? 0 : sh->layer_end;
+    return 0;
+}
+
+/* Starts the download of the rank's files (peers holding the model first, then the Hub).
+ * 0, or -1 with err. */
+static int fetch_start(shards *s, const instances_shard *sh, char *err, size_t errlen) {
+    char urls[8][96];
+    const char *peers[8];
+    int n = peers_find(sh->model_id, s->api_port, urls, 8);
+    for (int i = 0; i < n; i++)
+        peers[i] = urls[i];
+    char why[512];
+    if (download_manager_start(s->downloads, sh->model_id, sh->files_layer_start,
+                               sh->files_layer_end, peers, n, why, sizeof why) < 0) {
+        snprintf(err, errlen, "cannot download the files of rank %d: %s", sh->rank, why);
+        return -1;
+    }
+    log_info("instance %s: downloading %s for rank %d (layers %d:%d, 0:0 = all) from %s",
+             sh->instance_id, sh->model_id, sh->rank, sh->files_layer_start, sh->files_layer_end,
+             n ? "a peer" : "the Hub");
+    return 0;
+}
+
+/* The download of the rank's files: 0 running, 1 done (dir set), -1 failed (err set). A
+ * completed download of other layers (one that was running already when this rank asked) is
+ * followed by this rank's own. */
+static int fetch_poll(shards *s, const instances_shard *sh, char *dir, size_t n, char *err,
+                      size_t errlen) {
+    json_t *entry = NULL;
+    int st = download_manager_status(s->downloads, sh->model_id, &entry);
+    json_t *body = shards_tagged_body(entry);
+    int rc = 0;
+    if (st == 1) {
+        json_t *end = json_object_get(body, "endLayer");
+        int covers = !end || (sh->files_layer_end == json_integer_value(end) &&
+                              sh->files_layer_start ==
+                                  json_integer_value(json_object_get(body, "startLayer")));
+        const char *where = json_string_value(json_object_get(body, "modelDirectory"));
+        if (covers && where) {
+            snprintf(dir, n, "%s", where);
+            rc = 1;
+        } else {
+            rc = fetch_start(s, sh, err, errlen);
+        }
+    } else if (st != 0) {
+        const char *why = json_string_value(json_object_get(body, "errorMessage"));
+        snprintf(err, errlen, "cannot download the files of rank %d: %s", sh->rank,
+                 why ? why : "the download stopped");
+        rc = -1;
+    }
+    json_decref(entry);
+    return rc;
+}
+
+/* Every runner of the instance has a status in State: each node publishes its rank's (Idle,
+ * then the runner's own) once the rank's files are on its disk, so no rank starts connecting
+ * while another still downloads (its peers would time out waiting for it). */
+static int all_ranks_have_files(json_t *state, json_t *inst) {
+    int n_runners = 0;
+    return runners_reporting(state, inst, NULL, &n_runners) == n_runners;
+}
+
+/* A rank just seen in State: its files are here (Idle, waiting for the other ranks), or their
+ * download starts. */
+static void rank_begin(shards *s, const char *id, json_t *inst, const char *runner_id) {
+    instances_shard sh;
+    char dir[1024], err[600];
+    if (shard_of(inst, id, runner_id, &sh)) {
+        json_object_set_new(s->ranks, id, json_pack("{s:i}", "phase", RANK_DONE));
+        publish_failed(runner_id, "the instance in State has no shard for this runner");
+        return;
+    }
+    if (instances_resolve_model(s->local, sh.model_id, dir, sizeof dir) == 0) {
+        json_object_set_new(
+            s->ranks, id,
+            json_pack("{s:i,s:s,s:s}", "phase", RANK_WAITING, "runner", runner_id, "dir", dir));
+        publish_status(runner_id, json_pack("{s:{}}", "RunnerIdle"));
+    } else if (fetch_start(s, &sh, err, sizeof err) == 0) {
+        json_object_set_new(s->ranks, id,
+                            json_pack("{s:i,s:s}", "phase", RANK_FETCHING, "runner", runner_id));
+    } else {
+        log_error("instance %s: %s", id, err);
+        json_object_set_new(s->ranks, id, json_pack("{s:i}", "phase", RANK_DONE));
+        publish_failed(runner_id, err);
+    }
+}
+
+/* One step of a rank that is not started yet: its download ended, or every rank has its files. */
+static void rank_advance(shards *s, json_t *state, const char *id, json_t *inst, json_t *rank) {
+    const char *runner_id = json_string_value(json_object_get(rank, "runner"));
+    int phase = (int)json_integer_value(json_object_get(rank, "phase"));
+    instances_shard sh;
+    char dir[1024], err[600];
+    if (phase == RANK_DONE || !runner_id || shard_of(inst, id, runner_id, &sh)) return;
+    if (phase == RANK_FETCHING) {
+        int got = fetch_poll(s, &sh, dir, sizeof dir, err, sizeof err);
+        if (got == 1) {
+            json_object_set_new(rank, "phase", json_integer(RANK_WAITING));
+            json_object_set_new(rank, "dir", json_string(dir));
+            publish_status(runner_id, json_pack("{s:{}}", "RunnerIdle"));
+        } else if (got < 0) {
+            log_error("instance %s: %s", id, err);
+            json_object_set_new(rank, "phase", json_integer(RANK_DONE));
+            publish_failed(runner_id, err);
+        }
+        return;
+    }
+    if (!all_ranks_have_files(state, inst)) return;
+    json_object_set_new(rank, "phase", json_integer(RANK_DONE));
+    sh.model_dir = json_string_value(json_object_get(rank, "dir"));
+    sh.dist_host = s->dist_host;
+    sh.dist_timeout_ms = s->dist_timeout_ms;
     if (instances_start_shard(s->local, &sh, err, sizeof err)) {
         log_error("instance %s: cannot start rank %d: %s", id, sh.rank, err);
         publish_failed(runner_id, err);
@@ -123,32 +275,23 @@ static void start_rank(shards *s, const char *id, json_t *inst, const char *runn
 void shards_follow(shards *s, json_t *state, const char *me) {
     json_t *insts = json_object_get(state, "instances");
     const char *id;
-    json_t *inst, *tmp;
+    json_t *inst, *rank, *tmp;
     json_object_foreach(insts, id, inst) {
-        if (!shards_is_cluster_instance(inst) || json_object_get(s->started, id)) continue;
-        json_t *map = json_object_get(json_object_get(shards_tagged_body(inst), "shardAssignments"),
-                                      "nodeToRunner");
+        if (!shards_is_cluster_instance(inst) || json_object_get(s->ranks, id)) continue;
+        json_t *map = shards_node_to_runner(inst);
         const char *runner = json_string_value(json_object_get(map, me));
-        if (runner && !instances_has(s->local, id)) start_rank(s, id, inst, runner);
+        if (runner && !instances_has(s->local, id)) rank_begin(s, id, inst, runner);
     }
-    json_object_foreach_safe(s->started, tmp, id, inst) {
-        if (!json_object_get(insts, id)) json_object_del(s->started, id);
+    json_object_foreach_safe(s->ranks, tmp, id, rank) {
+        inst = json_object_get(insts, id);
+        if (!inst)
+            json_object_del(s->ranks, id);
+        else
+            rank_advance(s, state, id, inst, rank);
     }
 }
 
 /* ------------------------------------------------------------------ master: fail-over */
-
-static int has_failed_runner(json_t *state, json_t *body) {
-    json_t *runners = json_object_get(state, "runners");
-    const char *node;
-    json_t *runner;
-    json_object_foreach(json_object_get(json_object_get(body, "shardAssignments"), "nodeToRunner"),
-                        node, runner) {
-        json_t *st = json_object_get(runners, json_string_value(runner));
-        if (st && json_object_get(st, "RunnerFailed")) return 1;
-    }
-    return 0;
-}
 
 /* The same model, sharding and transport on the nodes alive now (any count that fits). */
 static void place_again(shards *s, json_t *inst) {
@@ -185,10 +328,7 @@ void shards_submit_delete(json_t *instance, const char *id) {
     cluster_submit(json_pack("{s:{s:s}}", "InstanceDeleted", "instanceId", id));
     const char *node;
     json_t *runner;
-    json_object_foreach(json_object_get(json_object_get(shards_tagged_body(instance),
-                                                        "shardAssignments"),
-                                        "nodeToRunner"),
-                        node, runner) {
+    json_object_foreach(shards_node_to_runner(instance), node, runner) {
         if (json_is_string(runner))
             cluster_submit(json_pack("{s:{s:O}}", "RunnerDeleted", "runnerId", runner));
     }
@@ -208,7 +348,7 @@ void shards_fail_over(shards *s, json_t *state, json_t *deleting) {
     uint64_t now = clock_now_ns();
     json_object_foreach(json_object_get(state, "instances"), id, inst) {
         if (!shards_is_cluster_instance(inst) || json_object_get(deleting, id) ||
-            !has_failed_runner(state, shards_tagged_body(inst)))
+            !runners_reporting(state, inst, "RunnerFailed", NULL))
             continue;
         log_info("cluster: instance %s has a failed runner; deleting it", id);
         shards_submit_delete(inst, id);

@@ -3,6 +3,13 @@
  * - shards_follow: every rank the State assigns to this node (nodeToRunner) gets its runner,
  *   started once per instance with that rank's flags (instances_start_shard); the runner finds
  *   the other ranks through the rendezvous below, then they talk to each other directly (Gloo).
+ *   A rank whose model is not complete on this node first downloads only its files (a pipeline
+ *   stage: its layers' safetensors files, download.h; tensor: all), from peers holding the model
+ *   first, then the Hub (progress in State's downloads, with startLayer/endLayer), and the
+ *   runner opens just those files. A rank with its files publishes RunnerIdle; runners start
+ *   when every rank of the instance has a status, so none waits in the data plane's connect
+ *   for a peer still downloading. A download that fails reports RunnerFailed with its reason
+ *   (offline, not on the Hub, disk full).
  * - shards_rendezvous: the ranks' store (runner/store_node.h) kept in State: a set becomes
  *   InstanceRendezvousSet (stored under the instance, gone with it), a get reads this node's copy.
  * - shards_fail_over (master only): an instance with a failed runner is deleted, and placed again
@@ -13,6 +20,7 @@
 #ifndef EXO_WORKER_SHARDS_H
 #define EXO_WORKER_SHARDS_H
 
+#include "download/manager.h"
 #include "worker/instances.h"
 #include "worker/placer.h"
 
@@ -22,7 +30,8 @@ typedef struct shards shards;
 
 /* Ranks started here bind and advertise this node's first non-loopback IPv4 address (the one
  * other nodes reach; EXO_DIST_HOST overrides); EXO_DIST_TIMEOUT_MS sets their data-plane timeout. */
-shards *shards_new(instances *local, const placer_dirs *dirs);
+shards *shards_new(instances *local, const placer_dirs *dirs, download_manager *downloads,
+                   int api_port);
 void shards_free(shards *s);
 
 /* The hooks to install with instances_set_cluster_hooks. */
@@ -43,6 +52,8 @@ void shards_submit_delete(json_t *instance, const char *id);
  * value {"Kind": {...}} (borrowed, or NULL), and whether an instance was placed through State
  * (any kind but this node's own LocalInstance). */
 json_t *shards_tagged_body(json_t *tagged);
+/* The instance's shardAssignments.nodeToRunner (borrowed, or NULL). */
+json_t *shards_node_to_runner(json_t *instance);
 int shards_is_cluster_instance(json_t *instance);
 
 #endif

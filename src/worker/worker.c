@@ -19,6 +19,8 @@ struct worker {
     remote *remote; /* generations for instances whose rank 0 is on another node */
     placer_dirs dirs;
     models_service *models;
+    char api_key[256]; /* this node's --api-key: forwarded generations carry it */
+    int api_port;
 };
 
 worker *worker_new(const worker_config *c, models_service *models, char *err, size_t errlen) {
@@ -32,10 +34,13 @@ worker *worker_new(const worker_config *c, models_service *models, char *err, si
                             .models_path = c->models_path,
                             .node_id = c->node_id,
                             .kv_cache_bytes = c->kv_cache_bytes,
+                            .kv_cache_dtype = c->kv_cache_dtype,
                             .device = c->device,
                             .watchdog_s = c->watchdog_s,
                             .max_runners = c->max_runners};
     w->models = models;
+    snprintf(w->api_key, sizeof w->api_key, "%s", c->api_key ? c->api_key : "");
+    w->api_port = c->api_port;
     snprintf(w->dirs.models_dir, sizeof w->dirs.models_dir, "%s", c->models_dir ? c->models_dir : "");
     snprintf(w->dirs.models_path, sizeof w->dirs.models_path, "%s",
              c->models_path ? c->models_path : "");
@@ -55,9 +60,10 @@ instances *worker_instances(worker *w) { return w->instances; }
 
 int worker_join_cluster(worker *w) {
     if (w->sync) return 0;
-    w->sync = cluster_sync_start(w->instances, &w->dirs);
+    w->sync = cluster_sync_start(w->instances, &w->dirs, models_service_downloads(w->models),
+                                 w->api_port);
     if (!w->sync) return -1;
-    w->remote = remote_new(w->instances, &w->dirs);
+    w->remote = remote_new(w->instances, &w->dirs, w->api_key);
     if (w->remote) {
         instances_router router = remote_router(w->remote);
         instances_set_cluster_hooks(w->instances, NULL, &router);

@@ -30,10 +30,14 @@ typedef struct worker_config {
     const char *data_dir;    /* custom model cards under <data_dir>/custom_cards (may be NULL) */
     const char *node_id;
     size_t kv_cache_bytes;   /* passed to runners; 0 = automatic */
+    const char *kv_cache_dtype; /* passed to runners: f16, bf16, f32 (NULL or "" = default) */
     const char *device;      /* passed to runners: cpu, cuda or auto (NULL or "" = auto) */
     int watchdog_s;          /* a busy runner silent this long is restarted; 0 = default, < 0 off */
     int max_runners;         /* runner processes this node starts at most; 0 = default */
-    int api_port;            /* this node's HTTP port: peers serve model files on the same */
+    int api_port;            /* this node's HTTP port */
+    /* This node's --api-key (NULL or "" = none): every node of a cluster runs with the same
+     * key, so generations forwarded to another node's /internal/generate carry it. */
+    const char *api_key;
 } worker_config;
 
 /* models (the node's downloads and catalog) must outlive the worker. NULL with err on failure. */

@@ -66,6 +66,20 @@ test('2-node pipeline: placed, Ready on both, chat and multi-turn through either
     `GET /instance/${id} to answer 404 after the delete`);
 });
 
+test('MlxJaccl on nodes without RDMA devices runs over TCP and says so', async () => {
+  const [a] = c.nodes;
+  const st = c.get(a, '/state');
+  for (const node of c.nodes) assert.ok(Array.isArray(st.nodeNetwork[node.id].rdmaDevices), 'each node lists its RDMA devices');
+  if (c.nodes.some((n) => st.nodeNetwork[n.id].rdmaDevices.length)) return; // an RDMA host: ibverbs is the right answer there
+  const { id, instance } = await place(c, a, { model_id: MODEL, sharding: 'Tensor', instance_meta: 'MlxJaccl', min_nodes: 2 });
+  const b = body(instance);
+  assert.ok('MlxJacclInstance' in instance);
+  assert.equal(b.transport, 'tcp');
+  assert.match(b.transportNote, /MlxJaccl asked for RDMA; node \S+ has no RDMA device: TCP/);
+  assert.ok(chat(c, a, MODEL, [{ role: 'user', content: 'Hello there' }]).tokens.length > 0);
+  await remove(c, a, id);
+});
+
 test('resilience: a node killed mid-stream, the other serves, the node rejoins, both again', async () => {
   const [a, b] = c.nodes;
   // 1. The follower's node dies while rank 0 streams: the client gets an error chunk in < 5 s.

@@ -332,7 +332,9 @@ static void test_row_ops(void **s) {
 
 /* A paged cache with blocks in scrambled order; a batch mixing decode tokens of several
  * sequences with a prefill run of one. Compares kv_write (bit for bit) and attention. */
-static void attention_case(dtype type, int n_heads, int n_kv, int hd, int n_seqs, int prefill) {
+/* window > 0 and sinks: gpt-oss's sliding window and per-head sink logits */
+static void attention_case(dtype type, int n_heads, int n_kv, int hd, int n_seqs, int prefill, int window,
+                           int sinks) {
     int bs = 16, max_ctx = 300, blocks_per_seq = (max_ctx + bs - 1) / bs;
     int n_blocks = n_seqs * blocks_per_seq;
     int64_t kv_dim = (int64_t)n_kv * hd, slots = (int64_t)n_blocks * bs;
@@ -389,7 +391,8 @@ static void attention_case(dtype type, int n_heads, int n_kv, int hd, int n_seqs
     attention_batch ab = {.n_tokens = n_tok, .positions = pos, .seq_of_token = seq,
                           .block_table_start = start, .block_tables = perm, .block_size = bs,
                           .n_heads = n_heads, .n_kv_heads = n_kv, .head_dim = hd,
-                          .scale = 1.0f / sqrtf((float)hd)};
+                          .scale = 1.0f / sqrtf((float)hd), .window = window,
+                          .sinks = sinks ? rand_floats((size_t)n_heads, 3.0f) : NULL};
     size_t out_n = (size_t)n_tok * (size_t)(n_heads * hd);
     float *ref = malloc(out_n * sizeof *ref);
     cpu->attention(cpu, q, &ckv, &ab, ref);
@@ -399,6 +402,7 @@ static void attention_case(dtype type, int n_heads, int n_kv, int hd, int n_seqs
     gab.block_table_start = to_gpu(gpu, start, sizeof(int32_t) * (size_t)n_seqs);
     gab.block_tables = to_gpu(gpu, perm, sizeof(int32_t) * (size_t)n_blocks);
     gab.host_positions = pos, gab.host_seq_of_token = seq, gab.host_block_table_start = start;
+    gab.sinks = sinks ? to_gpu(gpu, ab.sinks, sizeof(float) * (size_t)n_heads) : NULL;
     float *dq = to_gpu(gpu, q, out_n * sizeof(float));
     float *dout = gpu->alloc(gpu, out_n * sizeof(float));
     gpu->attention(gpu, dq, &gkv, &gab, dout);
@@ -407,28 +411,33 @@ static void attention_case(dtype type, int n_heads, int n_kv, int hd, int n_seqs
     gpu_exact->attention(gpu_exact, dq, &gkv, &gab, dout); /* the same memory: one stream each, */
     float *out_exact = from_gpu(gpu_exact, dout, out_n);   /* but from_gpu waited for gpu's */
     double de = rel_diff(out_exact, ref, out_n);
-    printf("  attention %s heads %d/%d dim %d, %d decode + %d prefill tokens: %.1e (exact mode "
-           "%.1e)\n", dtype_name(type), n_heads, n_kv, hd, n_seqs - 1, prefill, d, de);
+    printf("  attention %s heads %d/%d dim %d, %d decode + %d prefill tokens%s: %.1e (exact mode "
+           "%.1e)\n", dtype_name(type), n_heads, n_kv, hd, n_seqs - 1, prefill,
+           window || sinks ? " (gpt-oss window/sinks)" : "", d, de);
     assert_true(d <= (prefill >= 64 ? ATT_GEMM_TOL : GEMV_TOL));
     assert_true(de <= GEMV_TOL);
     free(out_exact);
     void *bufs[] = {gk, gv, dhk, dhv, dall, dnk, dnv, dslot, (void *)gab.positions,
                     (void *)gab.seq_of_token, (void *)gab.block_table_start,
-                    (void *)gab.block_tables, dq, dout};
+                    (void *)gab.block_tables, dq, dout, (void *)gab.sinks};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->free(gpu, bufs[i]);
-    void *hb[] = {perm, start, pos, seq, slot, hk, hv, all, ck, cv, back, nk, nv, q, ref, out};
+    void *hb[] = {perm, start, pos, seq, slot, hk, hv, all, ck, cv, back, nk, nv, q, ref, out, (void *)ab.sinks};
     for (size_t i = 0; i < sizeof hb / sizeof *hb; i++) free(hb[i]);
 }
 
 static void test_attention(void **s) {
     (void)s;
     SKIP_WITHOUT_GPU();
-    attention_case(DTYPE_F16, 32, 8, 128, 4, 70);  /* llama-8B heads: decode split + prefill */
-    attention_case(DTYPE_BF16, 16, 8, 64, 3, 1);
-    attention_case(DTYPE_F32, 4, 2, 16, 2, 33);    /* the tiny models' heads */
-    attention_case(DTYPE_F16, 16, 1, 32, 2, 5);    /* 16 query heads per KV head: two passes */
-    attention_case(DTYPE_F32, 6, 3, 12, 3, 9);     /* head_dim not a multiple of 8 */
-    attention_case(DTYPE_F16, 8, 4, 256, 1, 280); /* head_dim 256, long prefill */
+    attention_case(DTYPE_F16, 32, 8, 128, 4, 70, 0, 0);  /* llama-8B heads: decode split + prefill */
+    attention_case(DTYPE_BF16, 16, 8, 64, 3, 1, 0, 0);
+    attention_case(DTYPE_F32, 4, 2, 16, 2, 33, 0, 0);    /* the tiny models' heads */
+    attention_case(DTYPE_F16, 16, 1, 32, 2, 5, 0, 0);    /* 16 query heads per KV head: two passes */
+    attention_case(DTYPE_F32, 6, 3, 12, 3, 9, 0, 0);     /* head_dim not a multiple of 8 */
+    attention_case(DTYPE_F16, 8, 4, 256, 1, 280, 0, 0);  /* head_dim 256, long prefill */
+    /* gpt-oss: 64 heads / 8 KV heads of 64 dims, window 128, sinks; decode splits and prefill */
+    attention_case(DTYPE_BF16, 64, 8, 64, 4, 100, 128, 1);
+    attention_case(DTYPE_F32, 4, 2, 16, 3, 9, 4, 1);     /* the tiny gpt-oss model */
+    attention_case(DTYPE_F16, 8, 2, 64, 3, 70, 0, 1);    /* full-attention layers: sinks only */
 }
 
 static void test_moe(void **s) {
@@ -450,11 +459,15 @@ static void test_moe(void **s) {
         gpu->download(gpu, gid, did, sizeof cid);
         assert_memory_equal(gid, cid, sizeof cid);
         assert_true(rel_diff(w, cw, 10) <= GEMV_TOL);
-        for (int fmt = 0; fmt < 2; fmt++) {
+        for (int fmt = 0; fmt < 3; fmt++) { /* bf16; MLX 4-bit; gpt-oss (MLX 8-bit g32, biases, clamp) */
             test_matrix g[8], u[8], d[8];
             weight_matrix gw[8], uw[8], dwm[8];
             for (int e = 0; e < ne; e++) {
-                if (fmt) {
+                if (fmt == 2) {
+                    make_matrix(&g[e], WEIGHT_MLX_AFFINE, inter, dim, 8, 32, DTYPE_BF16);
+                    make_matrix(&u[e], WEIGHT_MLX_AFFINE, inter, dim, 8, 32, DTYPE_BF16);
+                    make_matrix(&d[e], WEIGHT_MLX_AFFINE, dim, inter, 8, 32, DTYPE_BF16);
+                } else if (fmt) {
                     make_matrix(&g[e], WEIGHT_MLX_AFFINE, inter, dim, 4, 64, DTYPE_BF16);
                     make_matrix(&u[e], WEIGHT_MLX_AFFINE, inter, dim, 4, 64, DTYPE_BF16);
                     make_matrix(&d[e], WEIGHT_MLX_AFFINE, dim, inter, 4, 64, DTYPE_BF16);
@@ -467,14 +480,31 @@ static void test_moe(void **s) {
             }
             moe_experts ex = {.n_experts = ne, .dim = dim, .inter = inter, .gate = gw, .up = uw,
                               .down = dwm};
+            float *bias[3] = {NULL, NULL, NULL};
+            moe_experts gex = ex;
+            if (fmt == 2) { /* limit 0.5: random weights reach it */
+                bias[0] = rand_floats((size_t)(ne * inter), 0.5f), bias[1] = rand_floats((size_t)(ne * inter), 0.5f);
+                bias[2] = rand_floats((size_t)(ne * dim), 0.5f);
+                ex.gate_bias = bias[0], ex.up_bias = bias[1], ex.down_bias = bias[2];
+                ex.swiglu_limit = 0.5f, ex.swiglu_alpha = 1.702f;
+                gex = ex;
+                gex.gate_bias = to_gpu(gpu, bias[0], sizeof(float) * (size_t)(ne * inter));
+                gex.up_bias = to_gpu(gpu, bias[1], sizeof(float) * (size_t)(ne * inter));
+                gex.down_bias = to_gpu(gpu, bias[2], sizeof(float) * (size_t)(ne * dim));
+            }
             float *x = rand_floats((size_t)(n * dim), 1.0f), *ref = malloc(sizeof(float) * (size_t)(n * dim));
             cpu->moe_ffn(cpu, &ex, x, n, cid, cw, k, ref);
             float *dx = to_gpu(gpu, x, sizeof(float) * (size_t)(n * dim));
             float *dout = gpu->alloc(gpu, sizeof(float) * (size_t)(n * dim));
-            gpu->moe_ffn(gpu, &ex, dx, n, did, dw, k, dout);
+            gpu->moe_ffn(gpu, &gex, dx, n, did, dw, k, dout);
             float *out = from_gpu(gpu, dout, (size_t)(n * dim));
             double diff = rel_diff(out, ref, (size_t)(n * dim));
-            printf("  moe_ffn %s norm %d: %.1e\n", fmt ? "mlx4" : "bf16", norm, diff);
+            printf("  moe_ffn %s norm %d: %.1e\n", fmt == 2 ? "gpt-oss mlx8" : fmt ? "mlx4" : "bf16", norm, diff);
+            if (fmt == 2) {
+                gpu->free(gpu, (void *)gex.gate_bias), gpu->free(gpu, (void *)gex.up_bias);
+                gpu->free(gpu, (void *)gex.down_bias);
+                free(bias[0]), free(bias[1]), free(bias[2]);
+            }
             assert_true(diff <= GEMV_TOL);
             gpu->free(gpu, dx);
             gpu->free(gpu, dout);

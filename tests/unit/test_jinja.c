@@ -136,6 +136,18 @@ static void test_strftime_now(void **st) {
     free(out);
 }
 
+/* SOURCE_DATE_EPOCH pins the date templates print (gpt-oss's "Current date:"), in UTC */
+static void test_strftime_now_source_date_epoch(void **st) {
+    (void)st;
+    char err[256];
+    setenv("SOURCE_DATE_EPOCH", "1768435200", 1);
+    char *out = render("{{ strftime_now('%Y-%m-%d %H:%M') }}", NULL, NULL, err, sizeof err);
+    unsetenv("SOURCE_DATE_EPOCH");
+    assert_non_null(out);
+    assert_string_equal(out, "2026-01-15 00:00");
+    free(out);
+}
+
 static void test_chat_options(void **st) {
     (void)st;
     char err[256];
@@ -170,7 +182,8 @@ static void test_chat_options(void **st) {
 static void test_real_template_files(void **st) {
     (void)st;
     /* every model template in the fixtures compiles and renders a one-message chat */
-    const char *names[] = {"qwen3", "llama3_1", "llama2", "deepseek_v3", "gptoss", "gemma3"};
+    const char *names[] = {"qwen3", "llama3_1", "published/llama-2-chat", "deepseek_v3", "published/gpt-oss", "gemma3",
+                           "published/glm-4.5", "published/deepseek-v3.1", "published/qwen3.5"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char path[128], err[256];
         snprintf(path, sizeof path, "tests/fixtures/templates/%s.json", names[i]);
@@ -232,6 +245,7 @@ int main(void) {
         cmocka_unit_test(test_runtime_error_names_line),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_strftime_now),
+        cmocka_unit_test(test_strftime_now_source_date_epoch),
         cmocka_unit_test(test_chat_options),
         cmocka_unit_test(test_real_template_files),
         cmocka_unit_test(test_fuzz_regressions),

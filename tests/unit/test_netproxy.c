@@ -20,6 +20,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* A server on 127.0.0.1:port that answers every byte b with b ^ tag, until end of stream. */
@@ -73,9 +74,9 @@ static void echo_stop(echo_server *s) {
 }
 
 static pid_t proxy_start(int listen_port, int target_port, int count, const char *delay_ms,
-                         const char *rate_gbit) {
+                         const char *rate_gbit, int busy_poll) {
     pid_t pid = netproxy_spawn("127.0.0.1", listen_port, "127.0.0.1", target_port, count, delay_ms,
-                               rate_gbit);
+                               rate_gbit, busy_poll);
     assert_true(pid >= 0);
     return pid;
 }
@@ -148,11 +149,12 @@ static int base_port(void) {
     return 30000 + (int)(getpid() % 300) * 8;
 }
 
-static void check_through_proxy(const char *delay_ms, const char *rate_gbit, size_t len) {
+static void check_through_proxy(const char *delay_ms, const char *rate_gbit, size_t len,
+                                int busy_poll) {
     int target = base_port(), listen_port = target + 4;
     echo_server e;
     echo_start(&e, target, 0x5a);
-    pid_t proxy = proxy_start(listen_port, target, 1, delay_ms, rate_gbit);
+    pid_t proxy = proxy_start(listen_port, target, 1, delay_ms, rate_gbit, busy_poll);
     roundtrip(proxy_connect(listen_port), len, 0x5a);
     echo_stop(&e);
     proxy_stop(proxy);
@@ -160,13 +162,47 @@ static void check_through_proxy(const char *delay_ms, const char *rate_gbit, siz
 
 static void test_bytes_arrive_intact_unshaped(void **state) {
     (void)state;
-    check_through_proxy("0", "0", 8u << 20);
+    check_through_proxy("0", "0", 8u << 20, 0);
 }
 
 static void test_bytes_arrive_intact_delayed_and_rate_limited(void **state) {
     (void)state;
-    check_through_proxy("0.2", "2", 4u << 20);
-    check_through_proxy("1", "0", 1u << 10);
+    check_through_proxy("0.2", "2", 4u << 20, 0);
+    check_through_proxy("1", "0", 1u << 10, 0);
+    check_through_proxy("0.2", "2", 4u << 20, 1);
+}
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A message and its answer cross the link twice: the round trip can never be shorter than two
+ * delays, sleeping or busy-polling (a lower bound only: a loaded machine may add any amount). */
+static void check_round_trip_at_least_two_delays(int busy_poll) {
+    int target = base_port(), listen_port = target + 4;
+    echo_server e;
+    echo_start(&e, target, 0x33);
+    pid_t proxy = proxy_start(listen_port, target, 1, "20", "0", busy_poll);
+    int fd = proxy_connect(listen_port);
+    unsigned char b = 7;
+    double t0 = seconds_now();
+    assert_int_equal(send(fd, &b, 1, 0), 1);
+    assert_int_equal(recv(fd, &b, 1, 0), 1);
+    double rtt = seconds_now() - t0;
+    assert_int_equal(b, 7 ^ 0x33);
+    if (rtt < 0.040) fail_msg("round trip %.1f ms through a 20 ms link (busy_poll %d)", rtt * 1e3, busy_poll);
+    shutdown(fd, SHUT_WR);
+    close(fd);
+    echo_stop(&e);
+    proxy_stop(proxy);
+}
+
+static void test_delay_is_imposed_each_way(void **state) {
+    (void)state;
+    check_round_trip_at_least_two_delays(0);
+    check_round_trip_at_least_two_delays(1);
 }
 
 static void test_port_range_maps_port_to_port(void **state) {
@@ -175,7 +211,7 @@ static void test_port_range_maps_port_to_port(void **state) {
     echo_server e0, e1;
     echo_start(&e0, target, 0x11);
     echo_start(&e1, target + 1, 0x22);
-    pid_t proxy = proxy_start(listen_port, target, 2, "0.1", "10");
+    pid_t proxy = proxy_start(listen_port, target, 2, "0.1", "10", 0);
     /* The tag in the answer says which server the proxy's port reached. */
     roundtrip(proxy_connect(listen_port + 1), 100000, 0x22);
     roundtrip(proxy_connect(listen_port), 100000, 0x11);
@@ -203,6 +239,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bytes_arrive_intact_unshaped),
         cmocka_unit_test(test_bytes_arrive_intact_delayed_and_rate_limited),
+        cmocka_unit_test(test_delay_is_imposed_each_way),
         cmocka_unit_test(test_port_range_maps_port_to_port),
         cmocka_unit_test(test_bad_arguments_are_refused),
     };

@@ -88,6 +88,41 @@ static void test_attention_by_hand(void **s) {
     assert_float_equal(out[1], 2, 1e-6);
 }
 
+/* gpt-oss: a sliding window keeps the last `window` positions; a sink is one more logit in the
+ * softmax with a zero value row, so the weights sum to less than 1. A sink far above the scores
+ * (exp would overflow without rescaling) takes all the weight. */
+static void test_attention_sink_and_window_by_hand(void **s) {
+    (void)s;
+    float k[3][2] = {{1, 0}, {0, 1}, {1, 1}}, v[3][2] = {{1, 2}, {3, 4}, {5, 6}};
+    kv_layer kv = {.k = k, .v = v, .type = DTYPE_F32};
+    float q[2] = {1, 2}, out[2], sink = 0.25f;
+    int32_t pos = 2, seq = 0, start = 0, table = 0;
+    attention_batch ab = {.n_tokens = 1, .positions = &pos, .seq_of_token = &seq,
+                          .block_table_start = &start, .block_tables = &table, .block_size = 4,
+                          .n_heads = 1, .n_kv_heads = 1, .head_dim = 2, .scale = 0.5f, .window = 2};
+    cpu_op_attention(q, &kv, &ab, out, 0, 1); /* positions 1 and 2 only */
+    double z = exp(1.0) + exp(1.5);
+    assert_float_equal(out[0], (exp(1.0) * 3 + exp(1.5) * 5) / z, 1e-5);
+    ab.sinks = &sink;
+    cpu_op_attention(q, &kv, &ab, out, 0, 1);
+    z += exp(0.25);
+    assert_float_equal(out[1], (exp(1.0) * 4 + exp(1.5) * 6) / z, 1e-5);
+    sink = 200.0f;
+    cpu_op_attention(q, &kv, &ab, out, 0, 1);
+    assert_float_equal(out[0], 0, 1e-6);
+    assert_false(isnan(out[1]));
+}
+
+/* gpt-oss experts: gate clamped above at the limit, up clamped both ways, biases first */
+static void test_clamped_swiglu(void **s) {
+    (void)s;
+    float gate[3] = {0.5f, 9.0f, -2.0f}, up[3] = {1.0f, -9.0f, 0.5f}, gb[3] = {0.5f, 0, 0}, ub[3] = {0, 0, 1};
+    cpu_op_clamped_swiglu(gate, up, gb, ub, 1, 3, 7.0f, 1.702f);
+    assert_float_equal(gate[0], (1.0 + 1) * (1.0 / (1 + exp(-1.702))), 1e-5);
+    assert_float_equal(gate[1], (-7.0 + 1) * (7.0 / (1 + exp(-7 * 1.702))), 1e-4);
+    assert_float_equal(gate[2], (1.5 + 1) * (-2.0 / (1 + exp(2 * 1.702))), 1e-5);
+}
+
 /* n random values in [0, scale) stored as type t. */
 static void *random_values(dtype t, int64_t n, float scale) {
     void *p = malloc(dtype_size(t) * (size_t)n);
@@ -122,16 +157,21 @@ static void test_fast_attention_matches_reference(void **s) {
             int32_t tables[12] = {5, 2, 9, 0, 11, 1, 3, 7, 4, 6, 8, 10}, starts[2] = {0, 6};
             int32_t pos[5] = {0, 17, 95, 3, 50}, seq[5] = {0, 0, 0, 1, 1};
             float *q = malloc(sizeof(float) * 5 * nh * hd), *o1 = malloc(sizeof(float) * 5 * nh * hd),
-                  *o2 = malloc(sizeof(float) * 5 * nh * hd);
+                  *o2 = malloc(sizeof(float) * 5 * nh * hd), sinks[32];
             for (int i = 0; i < 5 * nh * hd; i++) q[i] = frand();
-            attention_batch ab = {.n_tokens = 5, .positions = pos, .seq_of_token = seq,
-                                  .block_table_start = starts, .block_tables = tables,
-                                  .block_size = bs, .n_heads = nh, .n_kv_heads = nkv,
-                                  .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
-            cpu_op_attention(q, &kv, &ab, o1, 0, 5 * nh);
-            if (cpu_op_attention_fast_ok(&ab)) {
-                cpu_op_attention_grouped(q, &kv, &ab, o2, 0, 5 * nkv);
-                for (int i = 0; i < 5 * nh * hd; i++) assert_float_equal(o1[i], o2[i], 1e-5);
+            for (int i = 0; i < nh; i++) sinks[i] = 4 * frand() - 2;
+            for (int variant = 0; variant < 3; variant++) { /* plain; gpt-oss sinks + window; sinks */
+                attention_batch ab = {.n_tokens = 5, .positions = pos, .seq_of_token = seq,
+                                      .block_table_start = starts, .block_tables = tables,
+                                      .block_size = bs, .n_heads = nh, .n_kv_heads = nkv,
+                                      .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
+                                      .window = variant == 1 ? 20 : 0, .sinks = variant ? sinks : NULL};
+                cpu_op_attention(q, &kv, &ab, o1, 0, 5 * nh);
+                if (cpu_op_attention_fast_ok(&ab)) {
+                    cpu_op_attention_grouped(q, &kv, &ab, o2, 0, 5 * nkv);
+                    for (int i = 0; i < 5 * nh * hd; i++) assert_float_equal(o1[i], o2[i], 1e-5);
+                }
+                assert_false(variant && cpu_op_attention_avx512_ok(&ab)); /* gpt-oss: not on that path */
             }
             free(kv.k);
             free(kv.v);
@@ -228,6 +268,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),           cmocka_unit_test(test_rope_rotate_half),
         cmocka_unit_test(test_silu_and_route),    cmocka_unit_test(test_attention_by_hand),
+        cmocka_unit_test(test_attention_sink_and_window_by_hand), cmocka_unit_test(test_clamped_swiglu),
         cmocka_unit_test(test_fast_attention_matches_reference),
         cmocka_unit_test(test_avx512_attention_matches_reference),
         cmocka_unit_test(test_kv_write_f16),

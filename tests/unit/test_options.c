@@ -42,7 +42,7 @@ static void test_all_flags(void **state) {
                     "--data-dir", "/d", "--offline", "--namespace", "lab", "--no-worker",
                     "--no-api", "--peer", "10.0.0.2:52414", "--peer", "host:1",
                     "--listen-port", "7000", "--discovery-port", "7001", "-v", "-v",
-                    "--kv-cache-mem", "2G"};
+                    "--kv-cache-mem", "2G", "--kv-cache-dtype", "f32"};
     int argc = (int)(sizeof argv / sizeof argv[0]);
     assert_int_equal(parse(&o, err, argc, argv), OPTIONS_OK);
     assert_int_equal(o.api_port, 8080);
@@ -59,6 +59,7 @@ static void test_all_flags(void **state) {
     assert_int_equal(o.discovery_port, 7001);
     assert_int_equal(o.verbosity, 2);
     assert_int_equal(o.kv_cache_bytes, 2ull << 30);
+    assert_string_equal(o.kv_cache_dtype, "f32");
 }
 
 static void test_env(void **state) {
@@ -93,6 +94,9 @@ static void test_bad_flags(void **state) {
     assert_int_equal(parse(&o, err, 3, a4), OPTIONS_ERROR);
     char *a5[] = {"exo", "--kv-cache-mem", "lots"};
     assert_int_equal(parse(&o, err, 3, a5), OPTIONS_ERROR);
+    char *a6[] = {"exo", "--kv-cache-dtype", "int4"};
+    assert_int_equal(parse(&o, err, 3, a6), OPTIONS_ERROR);
+    assert_non_null(strstr(err, "int4"));
 }
 
 /* --device / EXO_DEVICE: what runners compute on; cuda is refused at start where it cannot run. */

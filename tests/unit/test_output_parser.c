@@ -11,84 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/strbuf.h"
-#include "text/output_parser.h"
 
-typedef struct result {
-    strbuf content, reasoning, calls; /* calls as "name(args);" */
-    int n_calls;
-    int max_held; /* not used for assertions of timing, only of holding behaviour */
-} result;
-
-static void take(result *r, output_delta *d) {
-    if (d->content) strbuf_append_str(&r->content, d->content);
-    if (d->reasoning) strbuf_append_str(&r->reasoning, d->reasoning);
-    for (int i = 0; i < d->n_tool_calls; i++) {
-        strbuf_appendf(&r->calls, "%s(%s);", d->tool_calls[i].name, d->tool_calls[i].arguments);
-        r->n_calls++;
-    }
-    output_delta_free(d);
-}
-
-static const char *s(strbuf *b) {
-    return b->data ? b->data : "";
-}
-
-static void result_free(result *r) {
-    strbuf_free(&r->content);
-    strbuf_free(&r->reasoning);
-    strbuf_free(&r->calls);
-}
-
-/* feeds text cut at the given positions (sorted, may be empty) */
-static void run_cuts(output_format f, int think, int tools, const char *text, const size_t *cuts,
-                     int ncuts, result *r) {
-    memset(r, 0, sizeof *r);
-    output_parser *p = output_parser_new(f, think, tools);
-    assert_non_null(p);
-    size_t prev = 0, n = strlen(text);
-    output_delta d;
-    for (int i = 0; i <= ncuts; i++) {
-        size_t end = i < ncuts ? cuts[i] : n;
-        output_parser_feed(p, text + prev, end - prev, &d);
-        take(r, &d);
-        prev = end;
-    }
-    output_parser_finish(p, &d);
-    take(r, &d);
-    output_parser_free(p);
-}
-
-/* checks the whole-text result against expectations, then every split must agree */
-static void check(output_format f, int think, int tools, const char *text, const char *content,
-                  const char *reasoning, const char *calls) {
-    result whole;
-    run_cuts(f, think, tools, text, NULL, 0, &whole);
-    assert_string_equal(s(&whole.content), content);
-    assert_string_equal(s(&whole.reasoning), reasoning);
-    assert_string_equal(s(&whole.calls), calls);
-    size_t n = strlen(text);
-    for (size_t cut = 1; cut < n; cut++) {
-        result r;
-        run_cuts(f, think, tools, text, &cut, 1, &r);
-        if (strcmp(s(&r.content), content) || strcmp(s(&r.reasoning), reasoning) ||
-            strcmp(s(&r.calls), calls))
-            fail_msg("split at byte %zu of [%s]: content [%s] reasoning [%s] calls [%s]", cut, text,
-                     s(&r.content), s(&r.reasoning), s(&r.calls));
-        result_free(&r);
-    }
-    size_t *all = malloc(n * sizeof *all);
-    for (size_t i = 1; i < n; i++)
-        all[i - 1] = i;
-    result r;
-    run_cuts(f, think, tools, text, all, (int)(n ? n - 1 : 0), &r);
-    assert_string_equal(s(&r.content), content);
-    assert_string_equal(s(&r.reasoning), reasoning);
-    assert_string_equal(s(&r.calls), calls);
-    result_free(&r);
-    free(all);
-    result_free(&whole);
-}
+#include "output_check.h"
 
 static void test_plain(void **st) {
     (void)st;

@@ -1,7 +1,8 @@
 /* safetensors: a written file reads back exactly; sharded directories resolve through the index;
  * every kind of corrupt header is rejected with a message naming the file and the tensor; weights
  * copied into the huge-page arena are byte-identical to the mapped ones, and the mmap fallback
- * keeps the views on the file. */
+ * keeps the views on the file. A pipeline stage opens only the files holding its tensors, so a
+ * node that downloaded just those loads. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +15,8 @@
 #include "compute/cpu/cpu.h"
 #include "model/safetensors.h"
 #include "model/safetensors_write.h"
+
+#include <unistd.h>
 
 /* A file image: 8-byte length, header text, then data_len bytes of data. */
 static uint8_t *image(const char *header, size_t data_len, size_t *len) {
@@ -155,6 +158,67 @@ static void test_write_read_and_shards(void **s) {
     fclose(f);
     assert_null(safetensors_set_open(dir, err, sizeof err));
     assert_non_null(strstr(err, "missing.safetensors"));
+}
+
+/* One tensor per file, written as model-<name>.safetensors and listed in the index. */
+static void write_stage_model(const char *dir, const char *const *names, int n) {
+    char path[512], err[256];
+    float v[2] = {1, 2};
+    int64_t shape[1] = {2};
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *index = fopen(path, "w");
+    assert_non_null(index);
+    fputs("{\"weight_map\":{", index);
+    for (int i = 0; i < n; i++) {
+        safetensors_writer *w = safetensors_writer_new();
+        assert_int_equal(safetensors_writer_add(w, names[i], ST_F32, 1, shape, v, sizeof v), 0);
+        snprintf(path, sizeof path, "%s/model-%s.safetensors", dir, names[i]);
+        assert_int_equal(safetensors_writer_save(w, path, err, sizeof err), 0);
+        safetensors_writer_free(w);
+        fprintf(index, "%s\"%s\":\"model-%s.safetensors\"", i ? "," : "", names[i], names[i]);
+    }
+    fputs("}}", index);
+    fclose(index);
+}
+
+static void remove_file(const char *dir, const char *tensor) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/model-%s.safetensors", dir, tensor);
+    assert_int_equal(unlink(path), 0);
+}
+
+static void test_stage_opens_only_its_files(void **s) {
+    (void)s;
+    char dir[256], err[512];
+    tiny_dir(dir, sizeof dir, "stage");
+    assert_int_equal(paths_mkdir_p(dir), 0);
+    static const char *const names[] = {"model.embed_tokens.weight", "model.layers.0.w.weight",
+                                        "model.layers.1.w.weight", "model.norm.weight",
+                                        "lm_head.weight"};
+    write_stage_model(dir, names, 5);
+    /* the rule: layers by number, embedding first, norm and head last (tied: embedding too) */
+    assert_true(safetensors_stage_needs("model.layers.1.w.weight", 2, 0, 1, 2));
+    assert_false(safetensors_stage_needs("model.layers.0.w.weight", 2, 0, 1, 2));
+    assert_false(safetensors_stage_needs("model.embed_tokens.weight", 2, 0, 1, 2));
+    assert_true(safetensors_stage_needs("model.embed_tokens.weight", 2, 1, 1, 2));
+    assert_true(safetensors_stage_needs("lm_head.weight", 2, 0, 1, 2));
+    assert_false(safetensors_stage_needs("model.norm.weight", 2, 0, 0, 1));
+    /* the last stage downloaded only its files: the first stage's are not on this node */
+    remove_file(dir, "model.embed_tokens.weight");
+    remove_file(dir, "model.layers.0.w.weight");
+    safetensors_set *set = safetensors_set_open_stage(dir, 2, 0, 1, 2, err, sizeof err);
+    assert_non_null(set);
+    assert_int_equal(safetensors_set_count(set), 3);
+    assert_non_null(safetensors_set_find(set, "lm_head.weight"));
+    assert_null(safetensors_set_find(set, "model.layers.0.w.weight"));
+    safetensors_set_close(set);
+    /* the first stage, the whole model (0, 0) and a tied last stage need a missing file */
+    assert_null(safetensors_set_open_stage(dir, 2, 0, 0, 1, err, sizeof err));
+    assert_non_null(strstr(err, "model-model.")); /* names the missing file */
+    assert_null(safetensors_set_open_stage(dir, 2, 0, 0, 0, err, sizeof err));
+    assert_null(safetensors_set_open_stage(dir, 2, 1, 1, 2, err, sizeof err));
+    assert_non_null(strstr(err, "embed_tokens"));
+    assert_null(safetensors_set_open(dir, err, sizeof err));
 }
 
 static void test_weights_shape_errors(void **s) {
@@ -367,6 +431,7 @@ int main(void) {
         cmocka_unit_test(test_valid_parse),
         cmocka_unit_test(test_corrupt_headers),
         cmocka_unit_test(test_write_read_and_shards),
+        cmocka_unit_test(test_stage_opens_only_its_files),
         cmocka_unit_test(test_weights_shape_errors),
         cmocka_unit_test(test_weights_placement),
     };

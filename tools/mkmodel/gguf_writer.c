@@ -242,6 +242,10 @@ static int write_all(out *o, const mk_config *c, const mk_plan *plan, vocab *v, 
                  "Q6_K Q4_K_M)", type);
         return -1;
     }
+    if (c->arch != MK_LLAMA && c->arch != MK_QWEN2 && c->arch != MK_QWEN3 && c->arch != MK_QWEN3_MOE) {
+        snprintf(err, errlen, "--gguf writes llama, qwen2, qwen3 and qwen3_moe models only");
+        return -1;
+    }
     const char *arch = arch_name(c->arch);
     int rope_freqs = c->arch == MK_LLAMA && c->rope_scaling == MK_ROPE_LLAMA3;
     gtensor *ts = calloc(plan->n + 1, sizeof *ts);

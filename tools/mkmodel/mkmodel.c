@@ -28,15 +28,20 @@ static const char *usage_text =
     "  --out DIR               output directory (created; existing files are replaced)\n"
     "  --preset NAME           starting shape: tiny (default), qwen3-0.6b, qwen3-8b, qwen3-30b-a3b,\n"
     "                          qwen2.5-0.5b, llama-3.2-1b, llama-3.1-8b; other options override it\n"
-    "  --arch A                llama | qwen2 | qwen3 | qwen3_moe (default qwen3, or the preset's)\n"
+    "  --arch A                llama | qwen2 | qwen3 | qwen3_moe | gpt_oss (default qwen3, or the\n"
+    "                          preset's)\n"
     "  --tokenizer NAME|DIR    tokenizer from .cache/tokenizers/NAME (scripts/tokenizers.sh), or a\n"
     "                          directory holding tokenizer.json; 'none' writes no tokenizer (needs\n"
-    "                          --vocab). Default: llama3_1 for llama, qwen3 otherwise.\n"
+    "                          --vocab). Default: llama3_1 for llama, gptoss for gpt_oss, qwen3\n"
+    "                          otherwise. A chat_template.jinja next to tokenizer.json is copied.\n"
     "  --seed N                random seed (default 0)\n"
     "  --hidden N --layers N --heads N --kv-heads N --head-dim N --intermediate N\n"
     "                          shape (tiny: 64, 2, 4, 2, 16, 128)\n"
     "  --experts N --experts-per-tok N --moe-intermediate N --decoder-sparse-step N\n"
-    "                          qwen3_moe routing (tiny: 8, 2, 64, 1)\n"
+    "                          qwen3_moe and gpt_oss routing (tiny: 8, 2, 64, 1)\n"
+    "  --sliding-window N      gpt_oss: window of the sliding_attention (even) layers (default 4)\n"
+    "  --swiglu-limit X        gpt_oss: clamp of the expert gate/up values (default 7)\n"
+    "  --mxfp4                 gpt_oss: experts as MXFP4 _blocks/_scales, as OpenAI publishes them\n"
     "  --vocab N               vocab_size (default: the tokenizer's, added tokens included)\n"
     "  --max-pos N             max_position_embeddings (default 4096)\n"
     "  --rope-theta X          (default 10000 llama, 1000000 qwen)\n"
@@ -69,7 +74,7 @@ typedef struct mk_options {
     const char *gguf; /* ggml type name: write DIR/model.gguf instead of the HF files */
     int64_t vocab_override;
     uint64_t shard_mb;
-    int rope_theta_set, eps_set, factor_set, vocab_set;
+    int rope_theta_set, eps_set, factor_set, vocab_set, limit_set, original_max_set, max_pos_set;
 } mk_options;
 
 static int bad(const char *fmt, const char *a, const char *b) {
@@ -157,12 +162,15 @@ static int set_int_option(mk_options *o, const char *name, const char *val) {
         {"--decoder-sparse-step", &o->cfg.decoder_sparse_step, 1, 4096},
         {"--vocab", &o->vocab_override, 1, 1 << 24},     {"--max-pos", &o->cfg.max_pos, 1, INT32_MAX},
         {"--rope-original-max", &o->cfg.rope_original_max, 1, INT32_MAX},
+        {"--sliding-window", &o->cfg.sliding_window, 1, INT32_MAX},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         if (strcmp(name, table[i].name) != 0) continue;
         if (parse_i64(val, table[i].lo, table[i].hi, table[i].dst) != 0)
             return bad("%s wants an integer in range, got '%s'", name, val);
         if (table[i].dst == &o->vocab_override) o->vocab_set = 2;
+        if (table[i].dst == &o->cfg.rope_original_max) o->original_max_set = 1;
+        if (table[i].dst == &o->cfg.max_pos) o->max_pos_set = 1;
         return 0;
     }
     return -1;
@@ -172,10 +180,10 @@ static int set_enum_option(mk_options *o, const char *name, const char *val) {
     mk_config *c = &o->cfg;
     int64_t v;
     if (strcmp(name, "--arch") == 0) {
-        static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen3_moe"};
-        for (int i = 0; i < 4; i++)
+        static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"};
+        for (int i = 0; i < 5; i++)
             if (strcmp(val, archs[i]) == 0) return c->arch = (mk_arch)i, 0;
-        return bad("--arch must be llama, qwen2, qwen3 or qwen3_moe, got '%s'%s", val, "");
+        return bad("--arch must be llama, qwen2, qwen3, qwen3_moe or gpt_oss, got '%s'%s", val, "");
     }
     if (strcmp(name, "--rope-scaling") == 0) {
         static const char *kinds[] = {"none", "llama3", "linear", "yarn"};
@@ -220,7 +228,8 @@ static int known_option(const char *name) {
                                   "--experts-per-tok", "--moe-intermediate", "--decoder-sparse-step", "--vocab",
                                   "--max-pos", "--rope-theta", "--rope-scaling", "--rope-factor",
                                   "--rope-original-max", "--rms-norm-eps", "--dtype", "--quant-bits",
-                                  "--group-size", "--router-bits", "--moe-layout", "--shard-mb", "--gguf"};
+                                  "--group-size", "--router-bits", "--moe-layout", "--shard-mb",
+                                  "--sliding-window", "--swiglu-limit", "--gguf"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(name, names[i]) == 0) return 1;
     return 0;
@@ -255,11 +264,33 @@ static int set_option(mk_options *o, const char *name, const char *val) {
         if (parse_double(val, &o->cfg.rope_factor) != 0) return bad("--rope-factor wants a positive number, got '%s'%s", val, "");
         return o->factor_set = 1, 0;
     }
+    if (strcmp(name, "--swiglu-limit") == 0) {
+        if (parse_double(val, &o->cfg.swiglu_limit) != 0) return bad("--swiglu-limit wants a positive number, got '%s'%s", val, "");
+        return o->limit_set = 1, 0;
+    }
     if (strcmp(name, "--rms-norm-eps") == 0) {
         if (parse_double(val, &o->cfg.rms_norm_eps) != 0) return bad("--rms-norm-eps wants a positive number, got '%s'%s", val, "");
         return o->eps_set = 1, 0;
     }
     return bad("unknown option %s%s", name, "");
+}
+
+/* What gpt-oss-20b's config.json says, where the command line left it open: YaRN (factor 32 over
+ * an original 4096 positions, theta 150000, max_position_embeddings 131072 = 32 * 4096: some
+ * transformers versions take the factor from that ratio), eps 1e-5, the SwiGLU clamp 7 (transformers 5.17
+ * hardcodes 7 whatever config.json says, so the reference fixtures need this value; random tiny
+ * weights never reach it: the clamp is tested by hand in test_ops), a small sliding window so that
+ * short prompts cross it. */
+static void gpt_oss_defaults(mk_options *o) {
+    mk_config *c = &o->cfg;
+    if (!o->rope_theta_set) c->rope_theta = 150000.0, o->rope_theta_set = 1;
+    if (!o->eps_set) c->rms_norm_eps = 1e-5, o->eps_set = 1;
+    if (c->rope_scaling == MK_ROPE_NONE) c->rope_scaling = MK_ROPE_YARN;
+    if (!o->factor_set) c->rope_factor = 32.0, o->factor_set = 1;
+    if (!o->original_max_set) c->rope_original_max = 4096;
+    if (!o->max_pos_set) c->max_pos = 131072;
+    if (!o->limit_set) c->swiglu_limit = 7.0;
+    if (c->sliding_window <= 0) c->sliding_window = 4;
 }
 
 /* Parses argv into o. Returns 0, 1 for --help, or 2 for bad options (message printed). */
@@ -283,6 +314,10 @@ static int parse_args(mk_options *o, int argc, char **argv) {
             c->tie_embeddings = 1;
             continue;
         }
+        if (strcmp(a, "--mxfp4") == 0) {
+            c->mxfp4 = 1;
+            continue;
+        }
         char name[64];
         const char *eq = strchr(a, '='), *val;
         if (eq) {
@@ -297,11 +332,14 @@ static int parse_args(mk_options *o, int argc, char **argv) {
         int rc = set_option(o, name, val);
         if (rc) return rc;
     }
-    int qwen = c->arch != MK_LLAMA;
+    int qwen = c->arch != MK_LLAMA && c->arch != MK_GPT_OSS;
+    if (c->arch == MK_GPT_OSS) gpt_oss_defaults(o);
     if (!o->rope_theta_set) c->rope_theta = qwen ? 1000000.0 : 10000.0;
     if (!o->eps_set) c->rms_norm_eps = qwen ? 1e-6 : 1e-5;
     if (!o->factor_set) c->rope_factor = c->rope_scaling == MK_ROPE_LLAMA3 ? 8.0 : c->rope_scaling == MK_ROPE_YARN ? 4.0 : 2.0;
-    if (!o->tokenizer) o->tokenizer = qwen ? "qwen3" : "llama3_1";
+    if (!o->tokenizer) o->tokenizer = c->arch == MK_GPT_OSS ? "gptoss" : qwen ? "qwen3" : "llama3_1";
+    if (c->mxfp4 && c->arch != MK_GPT_OSS) return bad("--mxfp4 is for --arch gpt_oss (its experts)%s%s", "", "");
+    if (c->mxfp4 && c->quant_bits) return bad("--mxfp4 and --quant-bits do not combine%s%s", "", "");
     if (!o->out) return bad("--out DIR is required%s%s", "", "");
     if (c->heads % c->kv_heads != 0) return bad("--heads must be a multiple of --kv-heads%s%s", "", "");
     if (c->arch == MK_QWEN3_MOE && c->experts_per_tok > c->experts)
@@ -434,6 +472,11 @@ static json_t *rope_scaling_json(const mk_config *c) {
     } else if (c->rope_scaling == MK_ROPE_YARN) {
         json_object_set_new(r, "original_max_position_embeddings", json_integer(c->rope_original_max));
         json_object_set_new(r, "rope_type", json_string("yarn"));
+        if (c->arch == MK_GPT_OSS) { /* as gpt-oss publishes it: the ramp's ends are not rounded */
+            json_object_set_new(r, "beta_fast", json_real(32.0));
+            json_object_set_new(r, "beta_slow", json_real(1.0));
+            json_object_set_new(r, "truncate", json_false());
+        }
     } else {
         json_object_set_new(r, "rope_type", json_string("linear"));
     }
@@ -462,19 +505,42 @@ static json_t *quantization_json(const mk_config *c) {
     return q;
 }
 
+static void gpt_oss_config_json(const mk_config *c, json_t *j) {
+    json_t *types = json_array();
+    for (int64_t l = 0; l < c->layers; l++)
+        json_array_append_new(types, json_string(l % 2 == 0 ? "sliding_attention" : "full_attention"));
+    json_object_set_new(j, "layer_types", types);
+    json_object_set_new(j, "sliding_window", json_integer(c->sliding_window));
+    json_object_set_new(j, "num_local_experts", json_integer(c->experts));
+    json_object_set_new(j, "num_experts_per_tok", json_integer(c->experts_per_tok));
+    json_object_set_new(j, "experts_per_token", json_integer(c->experts_per_tok));
+    json_object_set_new(j, "swiglu_limit", json_real(c->swiglu_limit));
+    json_object_set_new(j, "initial_context_length", json_integer(c->rope_original_max));
+    json_object_set_new(j, "output_router_logits", json_false());
+    json_object_set_new(j, "router_aux_loss_coef", json_real(0.9));
+    if (c->mxfp4) { /* as in openai/gpt-oss-20b: everything but the experts stays bf16 */
+        json_t *q = json_object(), *keep = json_array();
+        const char *names[] = {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"};
+        for (int i = 0; i < 4; i++) json_array_append_new(keep, json_string(names[i]));
+        json_object_set_new(q, "modules_to_not_convert", keep);
+        json_object_set_new(q, "quant_method", json_string("mxfp4"));
+        json_object_set_new(j, "quantization_config", q);
+    }
+}
+
 static json_t *id_or_null(int64_t id) { return id >= 0 ? json_integer(id) : json_null(); }
 
 static json_t *config_json(const mk_config *c) {
     static const char *arch_names[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                       "Qwen3MoeForCausalLM"};
-    static const char *types[] = {"llama", "qwen2", "qwen3", "qwen3_moe"};
+                                       "Qwen3MoeForCausalLM", "GptOssForCausalLM"};
+    static const char *types[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"};
     json_t *j = json_object(), *archs = json_array();
     json_array_append_new(archs, json_string(arch_names[c->arch]));
     json_object_set_new(j, "architectures", archs);
     json_object_set_new(j, "model_type", json_string(types[c->arch]));
     json_object_set_new(j, "vocab_size", json_integer(c->vocab));
     json_object_set_new(j, "hidden_size", json_integer(c->hidden));
-    json_object_set_new(j, "intermediate_size", json_integer(c->intermediate));
+    json_object_set_new(j, "intermediate_size", json_integer(c->arch == MK_GPT_OSS ? c->moe_intermediate : c->intermediate));
     json_object_set_new(j, "num_hidden_layers", json_integer(c->layers));
     json_object_set_new(j, "num_attention_heads", json_integer(c->heads));
     json_object_set_new(j, "num_key_value_heads", json_integer(c->kv_heads));
@@ -486,8 +552,10 @@ static json_t *config_json(const mk_config *c) {
     json_object_set_new(j, "rope_scaling", rope_scaling_json(c));
     json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_embeddings));
     json_object_set_new(j, "attention_dropout", json_real(0.0));
-    if (c->arch != MK_QWEN2) json_object_set_new(j, "attention_bias", json_false());
-    if (c->arch == MK_LLAMA) {
+    if (c->arch != MK_QWEN2) json_object_set_new(j, "attention_bias", json_boolean(c->arch == MK_GPT_OSS));
+    if (c->arch == MK_GPT_OSS) {
+        gpt_oss_config_json(c, j);
+    } else if (c->arch == MK_LLAMA) {
         json_object_set_new(j, "mlp_bias", json_false());
         json_object_set_new(j, "pretraining_tp", json_integer(1));
     } else {
@@ -528,12 +596,12 @@ static int dump_json(json_t *j, const char *dir, const char *name) {
 }
 
 static int write_tokenizer(const char *tokdir, const char *out) {
-    static const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
-    for (int i = 0; i < 2; i++) {
+    static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"};
+    for (int i = 0; i < 3; i++) {
         char from[PATH_MAX + 32], to[PATH_MAX + 32];
         snprintf(from, sizeof from, "%s/%s", tokdir, files[i]);
         snprintf(to, sizeof to, "%s/%s", out, files[i]);
-        if (!paths_is_file(from) && i == 1) continue;
+        if (!paths_is_file(from) && i > 0) continue;
         if (copy_file(from, to) != 0) {
             fprintf(stderr, "mkmodel: cannot copy %s to %s: %s\n", from, to, strerror(errno));
             return -1;

@@ -13,7 +13,7 @@
 
 #include "model/weight_types.h"
 
-typedef enum mk_arch { MK_LLAMA = 0, MK_QWEN2, MK_QWEN3, MK_QWEN3_MOE } mk_arch;
+typedef enum mk_arch { MK_LLAMA = 0, MK_QWEN2, MK_QWEN3, MK_QWEN3_MOE, MK_GPT_OSS } mk_arch;
 typedef enum mk_rope { MK_ROPE_NONE = 0, MK_ROPE_LLAMA3, MK_ROPE_LINEAR, MK_ROPE_YARN } mk_rope;
 
 /* The whole blueprint of the model to write. */
@@ -42,6 +42,9 @@ typedef struct mk_config {
     int group_size;     /* MLX group size */
     int router_bits;    /* qwen3_moe mlp.gate: 0 = same as the rest, -1 = unquantized, else bits */
     int moe_layout_mlx; /* 1: mlp.switch_mlp.* stacked [E, out, in]; 0: mlp.experts.<e>.* */
+    int mxfp4;          /* gpt_oss: experts as published by OpenAI (U8 _blocks + _scales) */
+    int64_t sliding_window; /* gpt_oss: window of the even (sliding_attention) layers */
+    double swiglu_limit;    /* gpt_oss: clamp of the expert gate/up values */
     uint64_t seed;
     int64_t bos_id, eos_id; /* -1 when the tokenizer has none */
 } mk_config;
@@ -64,6 +67,8 @@ typedef struct mk_matrix {
     int bits;         /* 0 = dense in cfg.dt */
     int group_size;
     int vector;       /* 1-D tensor */
+    int mxfp4;        /* stored as <name>_blocks U8 [stack, out, in/32, 16] + <name>_scales U8 */
+    int transposed;   /* stored [stack, in, out] (gpt_oss bf16 experts); values drawn as [out, in] */
     /* Expert e of a stacked matrix is seeded with this name template (printf %lld = e), so the
      * HF and MLX layouts hold identical values. Empty: seeded with name + suffix. */
     char seed_fmt[192];
@@ -105,6 +110,11 @@ uint64_t mk_hash_name(uint64_t seed, const char *name);
 
 /* MLX affine quantization of one row of `n` floats (n % group_size == 0): packed uint32 words
  * (n*bits/32), scales and biases (n/group_size) stored in `dt` (as raw 16- or 32-bit words). */
+/* MXFP4 (OCP microscaling FP4 E2M1, 32 values share a power-of-two scale) of one row of `n`
+ * floats (n % 32 == 0) as the gpt-oss checkpoints store it: n/2 bytes, value 2i in the low
+ * nibble of byte i; n/32 scale bytes holding the exponent + 127. */
+void mk_quantize_row_mxfp4(const float *w, int64_t n, uint8_t *blocks, uint8_t *scales);
+
 void mk_quantize_row(const float *w, int64_t n, int bits, int group_size, dtype dt, uint32_t *packed,
                      void *scales, void *biases);
 

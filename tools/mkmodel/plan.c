@@ -12,6 +12,7 @@
 #include <string.h>
 
 int mk_layer_is_moe(const mk_config *c, int64_t layer) {
+    if (c->arch == MK_GPT_OSS) return 1;
     if (c->arch != MK_QWEN3_MOE || c->experts <= 0) return 0;
     int64_t step = c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1;
     return (layer + 1) % step == 0;
@@ -94,10 +95,17 @@ static void add_attention(plan_ctx *x, int64_t l) {
     for (int i = 0; i < 3; i++) {
         set_name(n, sizeof n, "model.layers.%lld.self_attn.%s", (long long)l, proj[i]);
         add_linear(x, n, i == 0 ? q : kv, c->hidden, linear_std(c->hidden), c->quant_bits, c->group_size);
-        if (c->arch == MK_QWEN2) add_vector(x, n, "bias", i == 0 ? q : kv, MK_INIT_NORMAL, 0.1);
+        if (c->arch == MK_QWEN2 || c->arch == MK_GPT_OSS) add_vector(x, n, "bias", i == 0 ? q : kv, MK_INIT_NORMAL, 0.1);
     }
     set_name(n, sizeof n, "model.layers.%lld.self_attn.o_proj", (long long)l);
     add_linear(x, n, c->hidden, q, linear_std(q), c->quant_bits, c->group_size);
+    if (c->arch == MK_GPT_OSS) {
+        add_vector(x, n, "bias", c->hidden, MK_INIT_NORMAL, 0.1);
+        /* one learned logit per head that competes in the softmax with zero value (std 1: a sink
+         * takes a visible share of the attention, so an engine that ignores it fails) */
+        set_name(n, sizeof n, "model.layers.%lld.self_attn", (long long)l);
+        add_vector(x, n, "sinks", c->heads, MK_INIT_NORMAL, 1.0);
+    }
     if (c->arch == MK_QWEN3 || c->arch == MK_QWEN3_MOE) {
         set_name(n, sizeof n, "model.layers.%lld.self_attn.q_norm", (long long)l);
         add_vector(x, n, "weight", c->head_dim, MK_INIT_AROUND_ONE, 0.1);
@@ -146,6 +154,39 @@ static void add_moe(plan_ctx *x, int64_t l) {
     }
 }
 
+/* gpt-oss experts as transformers' GptOssExperts holds them: fused gate_up (gate and up
+ * interleaved: row 2j is gate j, row 2j+1 up j) and down, with biases; per expert values are drawn
+ * as [out, in] so that the MXFP4 model is the quantization of exactly the values of its bf16 twin. */
+static void add_gpt_oss_moe(plan_ctx *x, int64_t l) {
+    const mk_config *c = x->cfg;
+    char n[160];
+    set_name(n, sizeof n, "model.layers.%lld.mlp.router", (long long)l);
+    add_linear(x, n, c->experts, c->hidden, 2.0 / sqrt((double)c->hidden), 0, 0);
+    add_vector(x, n, "bias", c->experts, MK_INIT_NORMAL, 0.1);
+    static const char *proj[2] = {"gate_up_proj", "down_proj"};
+    for (int i = 0; i < 2; i++) {
+        int down = i == 1;
+        int64_t out = down ? c->hidden : 2 * c->moe_intermediate, in = down ? c->moe_intermediate : c->hidden;
+        set_name(n, sizeof n, "model.layers.%lld.mlp.experts.%s", (long long)l, proj[i]);
+        mk_matrix *m = add_linear(x, n, out, in, linear_std(in), 0, 0);
+        if (!m) return;
+        m->suffix = "";
+        m->stack = c->experts;
+        m->mxfp4 = c->mxfp4;
+        m->transposed = !c->mxfp4;
+        set_name(m->seed_fmt, sizeof m->seed_fmt, "model.layers.%lld.mlp.experts.%%lld.%s", (long long)l, proj[i]);
+        if (c->mxfp4 && in % 32 != 0 && !x->failed) {
+            snprintf(x->err, x->errlen, "cannot write %s as MXFP4: its input dimension %lld is not a multiple of 32",
+                     n, (long long)in);
+            x->failed = 1;
+        }
+        char bias[160];
+        set_name(bias, sizeof bias, "%s_bias", n);
+        mk_matrix *b = add_linear(x, bias, c->experts, out, 0.1, 0, 0);
+        if (b) b->suffix = "";
+    }
+}
+
 int mk_plan_build(const mk_config *c, mk_plan *plan, char *err, size_t errlen) {
     plan_ctx x = {.cfg = c, .plan = plan, .err = err, .errlen = errlen};
     memset(plan, 0, sizeof *plan);
@@ -159,7 +200,9 @@ int mk_plan_build(const mk_config *c, mk_plan *plan, char *err, size_t errlen) {
         add_attention(&x, l);
         set_name(n, sizeof n, "model.layers.%lld.post_attention_layernorm", (long long)l);
         add_vector(&x, n, "weight", c->hidden, MK_INIT_AROUND_ONE, 0.1);
-        if (mk_layer_is_moe(c, l)) {
+        if (c->arch == MK_GPT_OSS) {
+            add_gpt_oss_moe(&x, l);
+        } else if (mk_layer_is_moe(c, l)) {
             add_moe(&x, l);
         } else {
             set_name(prefix, sizeof prefix, "model.layers.%lld.mlp", (long long)l);

@@ -52,7 +52,7 @@ uint64_t mk_hash_name(uint64_t seed, const char *name) {
 uint64_t mk_matrix_seed(const mk_config *cfg, const mk_matrix *m, int64_t expert) {
     char seed_name[256];
     if (m->stack) snprintf(seed_name, sizeof seed_name, m->seed_fmt, (long long)expert);
-    else snprintf(seed_name, sizeof seed_name, "%s.%s", m->name, m->suffix);
+    else snprintf(seed_name, sizeof seed_name, "%s%s%s", m->name, m->suffix[0] ? "." : "", m->suffix);
     return mk_hash_name(cfg->seed, seed_name);
 }
 
@@ -102,35 +102,88 @@ void mk_quantize_row(const float *w, int64_t n, int bits, int group_size, dtype 
     }
 }
 
+/* The E2M1 magnitudes an FP4 nibble's low three bits select (bit 3 is the sign). */
+static const float FP4_MAGNITUDES[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+void mk_quantize_row_mxfp4(const float *w, int64_t n, uint8_t *blocks, uint8_t *scales) {
+    memset(blocks, 0, (size_t)(n / 2));
+    for (int64_t g = 0; g < n / 32; g++) {
+        const float *x = w + g * 32;
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        /* the smallest power of two that brings the group inside [-6, 6]: frexp is exact, so the
+         * exponent is the same on every machine */
+        int e = -127;
+        if (amax > 0) {
+            int k;
+            double m = frexp((double)amax / 6.0, &k);
+            e = m == 0.5 ? k - 1 : k;
+            if (e < -127) e = -127;
+            if (e > 127) e = 127;
+        }
+        scales[g] = (uint8_t)(e + 127);
+        for (int i = 0; i < 32; i++) {
+            float v = (float)ldexp((double)x[i], -e), a = fabsf(v);
+            int best = 0;
+            for (int q = 1; q < 8; q++) /* nearest magnitude; ties go to the smaller one */
+                if (fabsf(a - FP4_MAGNITUDES[q]) < fabsf(a - FP4_MAGNITUDES[best])) best = q;
+            uint8_t nib = (uint8_t)(best | (v < 0 && best ? 8 : 0));
+            int64_t idx = g * 32 + i;
+            blocks[idx / 2] |= (uint8_t)(idx % 2 ? nib << 4 : nib);
+        }
+    }
+}
+
 /* A tensor as stored: name, dtype, shape, which file and where. */
 typedef struct phys_tensor {
     char name[200];
-    const char *dtype_name; /* "BF16", "F16", "F32", "U32" */
+    const char *dtype_name; /* "BF16", "F16", "F32", "U32", "U8" */
     int ndim;
-    int64_t shape[3];
+    int64_t shape[4];
     uint64_t nbytes;
     int shard;
     uint64_t offset; /* within the shard's data section */
     const mk_matrix *m;
-    int part; /* 0 weight (dense or packed), 1 scales, 2 biases */
+    int part; /* 0 weight (dense or packed; MXFP4 blocks), 1 scales, 2 biases */
 } phys_tensor;
 
 static const char *st_dtype(dtype dt) {
     return dt == DTYPE_F32 ? "F32" : dt == DTYPE_F16 ? "F16" : "BF16";
 }
 
+static int stored_parts(const mk_matrix *m) { return m->bits ? 3 : m->mxfp4 ? 2 : 1; }
+
+static void phys_name(phys_tensor *t, const mk_matrix *m, int part) {
+    static const char *mlx_parts[3] = {NULL, "scales", "biases"};
+    static const char *mxfp4_parts[2] = {"blocks", "scales"};
+    if (m->mxfp4) snprintf(t->name, sizeof t->name, "%s_%s", m->name, mxfp4_parts[part]);
+    else if (part == 0 && !m->suffix[0]) snprintf(t->name, sizeof t->name, "%s", m->name);
+    else snprintf(t->name, sizeof t->name, "%s.%s", m->name, part == 0 ? m->suffix : mlx_parts[part]);
+}
+
+/* MXFP4: blocks U8 [stack, out, in/32, 16], scales U8 [stack, out, in/32]. */
+static void mxfp4_shape(phys_tensor *t, const mk_matrix *m) {
+    t->dtype_name = "U8";
+    t->ndim = t->part == 0 ? 4 : 3;
+    t->shape[0] = m->stack, t->shape[1] = m->out, t->shape[2] = m->in / 32, t->shape[3] = 16;
+    t->nbytes = (uint64_t)m->stack * (uint64_t)m->out * (uint64_t)(m->in / 32) * (t->part == 0 ? 16u : 1u);
+}
+
 static size_t build_phys(const mk_config *cfg, const mk_plan *plan, phys_tensor *out) {
     size_t n = 0;
     for (size_t i = 0; i < plan->n; i++) {
         const mk_matrix *m = &plan->items[i];
-        int parts = m->bits ? 3 : 1;
+        int parts = stored_parts(m);
         for (int p = 0; p < parts; p++) {
             phys_tensor *t = &out[n++];
             memset(t, 0, sizeof *t);
-            static const char *pname[3] = {NULL, "scales", "biases"};
-            snprintf(t->name, sizeof t->name, "%s.%s", m->name, p == 0 ? m->suffix : pname[p]);
+            phys_name(t, m, p);
             t->m = m;
             t->part = p;
+            if (m->mxfp4) {
+                mxfp4_shape(t, m);
+                continue;
+            }
             int64_t cols = m->in;
             uint64_t esize = dtype_size(cfg->dt);
             t->dtype_name = st_dtype(cfg->dt);
@@ -146,7 +199,8 @@ static size_t build_phys(const mk_config *cfg, const mk_plan *plan, phys_tensor 
                 t->shape[0] = cols;
             } else if (m->stack) {
                 t->ndim = 3;
-                t->shape[0] = m->stack, t->shape[1] = m->out, t->shape[2] = cols;
+                t->shape[0] = m->stack, t->shape[1] = m->transposed ? cols : m->out;
+                t->shape[2] = m->transposed ? m->out : cols;
             } else {
                 t->ndim = 2;
                 t->shape[0] = m->out, t->shape[1] = cols;
@@ -219,12 +273,28 @@ static int write_header(shard_file *sf, phys_tensor **ts, size_t n, int quantize
     return rc;
 }
 
+static int write_mxfp4_rows(const mk_matrix *m, const float *vals, int64_t nr, int64_t row0, phys_tensor *parts[3],
+                            shard_file *shards, uint8_t *blocks, uint8_t *scales) {
+    int64_t bcols = m->in / 2, scols = m->in / 32;
+    for (int64_t r = 0; r < nr; r++) mk_quantize_row_mxfp4(vals + r * m->in, m->in, blocks + r * bcols, scales + r * scols);
+    uint64_t rb[2] = {(uint64_t)bcols, (uint64_t)scols};
+    uint8_t *bufs[2] = {blocks, scales};
+    for (int p = 0; p < 2; p++) {
+        phys_tensor *t = parts[p];
+        if (pwrite_all(shards[t->shard].fd, bufs[p], (size_t)((uint64_t)nr * rb[p]),
+                       shards[t->shard].data_start + t->offset + (uint64_t)row0 * rb[p]) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* Generates one logical matrix chunk by chunk and writes its one or three stored tensors. */
 static int write_matrix(const mk_config *cfg, const mk_matrix *m, phys_tensor *parts[3], shard_file *shards) {
     int64_t stack = m->stack ? m->stack : 1;
     int64_t rows_per_chunk = (int64_t)((4u << 20) / ((uint64_t)m->in * 4));
     if (rows_per_chunk < 1) rows_per_chunk = 1;
-    if (rows_per_chunk > m->out) rows_per_chunk = m->out;
+    /* a transposed matrix is written whole (one expert at a time) */
+    if (rows_per_chunk > m->out || m->transposed) rows_per_chunk = m->out;
     size_t esize = dtype_size(cfg->dt);
     float *vals = malloc((size_t)(rows_per_chunk * m->in) * sizeof(float));
     size_t out_bytes = (size_t)(rows_per_chunk * m->in) * 4;
@@ -236,8 +306,17 @@ static int write_matrix(const mk_config *cfg, const mk_matrix *m, phys_tensor *p
             int64_t nr = m->out - r0 < rows_per_chunk ? m->out - r0 : rows_per_chunk;
             mk_matrix_values(m, &st, vals, nr * m->in);
             int64_t row0 = e * m->out + r0; /* row index within the (stacked) tensor */
-            if (!m->bits) {
+            if (m->mxfp4) {
+                rc = write_mxfp4_rows(m, vals, nr, row0, parts, shards, (uint8_t *)b0, (uint8_t *)b1);
+                continue;
+            }
+            if (m->transposed) {
+                for (int64_t r = 0; r < nr; r++)
+                    for (int64_t i = 0; i < m->in; i++) store_scalar(b0, i * m->out + r, cfg->dt, vals[r * m->in + i]);
+            } else if (!m->bits) {
                 for (int64_t i = 0; i < nr * m->in; i++) store_scalar(b0, i, cfg->dt, vals[i]);
+            }
+            if (m->transposed || !m->bits) {
                 phys_tensor *t = parts[0];
                 rc = pwrite_all(shards[t->shard].fd, b0, (size_t)(nr * m->in) * esize,
                                 shards[t->shard].data_start + t->offset + (uint64_t)row0 * (uint64_t)m->in * esize);
@@ -327,12 +406,13 @@ int mk_write_safetensors(const mk_config *cfg, const mk_plan *plan, const char *
     for (size_t i = 0; i < n && rc == 0;) {
         const mk_matrix *m = phys[i].m;
         phys_tensor *parts[3] = {&phys[i], NULL, NULL};
-        if (m->bits) parts[1] = &phys[i + 1], parts[2] = &phys[i + 2];
+        int nparts = stored_parts(m);
+        for (int p = 1; p < nparts; p++) parts[p] = &phys[i + (size_t)p];
         if (write_matrix(cfg, m, parts, shards) != 0) {
             snprintf(err, errlen, "cannot write %s in %s: %s", phys[i].name, dir, strerror(errno));
             rc = -1;
         }
-        i += m->bits ? 3 : 1;
+        i += (size_t)nparts;
     }
     for (int s = 0; s < nshards; s++) {
         if (rc == 0 && ftruncate(shards[s].fd, (off_t)(shards[s].data_start + shards[s].size)) != 0) {

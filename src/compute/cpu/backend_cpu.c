@@ -272,8 +272,15 @@ static void cpu_moe_ffn(compute_backend *b, const moe_experts *ex, const float *
         if (!m) continue;
         cpu_matmul(&ex->gate[e], xs, g, m);
         cpu_matmul(&ex->up[e], xs, u, m);
-        cpu_op_silu_mul(g, u, 0, m * inter);
+        if (ex->swiglu_limit > 0) {
+            cpu_op_clamped_swiglu(g, u, ex->gate_bias ? ex->gate_bias + e * inter : NULL,
+                                  ex->up_bias ? ex->up_bias + e * inter : NULL, m, inter, ex->swiglu_limit,
+                                  ex->swiglu_alpha);
+        } else {
+            cpu_op_silu_mul(g, u, 0, m * inter);
+        }
         cpu_matmul(&ex->down[e], g, y, m);
+        if (ex->down_bias) cpu_op_add_row(y, ex->down_bias + e * dim, m, dim);
         for (int64_t i = 0; i < m; i++) {
             float w = weights[tok[i] * k + slot[i]];
             float *o = out + tok[i] * dim;
@@ -305,7 +312,8 @@ compute_backend *compute_backend_cpu(int n_threads) {
     }
     if (n_threads > 0) cpu_set_threads(n_threads);
     *b = (compute_backend){
-        .name = "cpu", .ctx = c, .alloc = cpu_alloc, .free = cpu_free, .upload = cpu_copy,
+        .name = "cpu", .ctx = c,
+        .features = BACKEND_FEATURE_ATTENTION_SINKS_WINDOW | BACKEND_FEATURE_MOE_BIAS_CLAMP, .alloc = cpu_alloc, .free = cpu_free, .upload = cpu_copy,
         .download = cpu_copy, .prepare_weight = cpu_prepare_weight, .matmul = cpu_matmul_op, .matmul_multi = cpu_matmul_multi_op, .embed = cpu_embed,
         .rmsnorm = cpu_rmsnorm, .add = cpu_add, .add_row = cpu_add_row, .silu_mul = cpu_silu_mul,
         .rope = cpu_rope, .kv_write = cpu_kv_write, .attention = cpu_attention,

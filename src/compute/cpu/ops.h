@@ -12,6 +12,10 @@ void cpu_op_rmsnorm(const float *x, const float *weight, float *y, int64_t begin
 void cpu_op_add(float *x, const float *y, int64_t n);
 void cpu_op_add_row(float *x, const float *row, int64_t rows, int64_t dim);
 void cpu_op_silu_mul(float *gate, const float *up, int64_t begin, int64_t end);
+/* gpt-oss experts, rows x inter: gate[r][i] = (clamp(up + up_bias) + 1) * g * sigmoid(alpha * g)
+ * with g = min(gate + gate_bias, limit) (biases [inter] or NULL). */
+void cpu_op_clamped_swiglu(float *gate, const float *up, const float *gate_bias, const float *up_bias,
+                           int64_t rows, int64_t inter, float limit, float alpha);
 void cpu_op_rope(float *x, const int32_t *positions, int64_t begin, int64_t end, int n_heads,
                  int head_dim, int rot_dims, const float *inv_freq, float attn_factor);
 void cpu_op_gather_rows(const float *x, const int32_t *rows, int64_t n, int64_t dim, float *out);

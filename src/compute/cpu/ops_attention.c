@@ -1,5 +1,7 @@
 /* Attention over the paged KV cache, reference path: one pass with an online softmax per
- * (token, head), so no score buffer is needed whatever the context length. */
+ * (token, head), so no score buffer is needed whatever the context length. A sliding window
+ * starts the pass later; an attention sink (gpt-oss) is one more logit in the softmax's
+ * denominator whose value row is zero. */
 #include "compute/cpu/cpu_internal.h"
 #include "compute/cpu/ops.h"
 
@@ -30,6 +32,24 @@ void cpu_op_kv_write(const kv_layer *kv, const float *k, const float *v, const i
     }
 }
 
+/* First position token t attends to: 0, or the window's start. */
+static inline int32_t attention_first(const attention_batch *ab, int32_t n_ctx) {
+    return ab->window > 0 && n_ctx > ab->window ? n_ctx - ab->window : 0;
+}
+
+/* 1 / (softmax denominator) for running max m and sum l, with head h's sink logit joining the
+ * sum; scaled so that exp never overflows whichever of m and the sink is larger. Returns the
+ * factor the accumulator is multiplied by. */
+static inline float attention_norm(const attention_batch *ab, int h, float m, float l) {
+    if (!ab->sinks) return 1.0f / l;
+    float sink = ab->sinks[h];
+    if (sink > m) {
+        float c = expf(m - sink);
+        return c / (l * c + 1.0f);
+    }
+    return 1.0f / (l + expf(sink - m));
+}
+
 /* Reads head_dim values of one cached head into out (f32). */
 static inline const float *load_head(const void *base, dtype type, int64_t offset, int hd,
                                      float *tmp) {
@@ -57,7 +77,7 @@ void cpu_op_attention(const float *q, const kv_layer *kv, const attention_batch 
         int32_t n_ctx = ab->positions[t] + 1;
         float m = -INFINITY, l = 0;
         memset(acc, 0, (size_t)hd * sizeof *acc);
-        for (int32_t p = 0; p < n_ctx; p++) {
+        for (int32_t p = attention_first(ab, n_ctx); p < n_ctx; p++) {
             int64_t slot = (int64_t)table[p / ab->block_size] * ab->block_size + p % ab->block_size;
             int64_t off = slot * kv_dim + (int64_t)kvh * hd;
             const float *kr = load_head(kv->k, kv->type, off, hd, ktmp);
@@ -76,8 +96,8 @@ void cpu_op_attention(const float *q, const kv_layer *kv, const attention_batch 
                 for (int i = 0; i < hd; i++) acc[i] += w * vr[i];
             }
         }
-        float *o = out + item * hd;
-        for (int i = 0; i < hd; i++) o[i] = acc[i] / l;
+        float *o = out + item * hd, norm = attention_norm(ab, h, m, l);
+        for (int i = 0; i < hd; i++) o[i] = acc[i] * norm;
     }
 }
 
@@ -196,7 +216,7 @@ TVEC void cpu_op_attention_grouped(const float *q, const kv_layer *kv, const att
             l[g] = 0;
             for (int i = 0; i < nv; i++) acc[g][i] = v8_zero();
         }
-        for (int32_t p = 0; p < n_ctx; p++) {
+        for (int32_t p = attention_first(ab, n_ctx); p < n_ctx; p++) {
             int64_t slot = (int64_t)table[p / ab->block_size] * ab->block_size + p % ab->block_size;
             int64_t off = slot * kv_dim + (int64_t)kvh * hd;
             for (int g = 0; g < group; g++) {
@@ -227,7 +247,7 @@ TVEC void cpu_op_attention_grouped(const float *q, const kv_layer *kv, const att
         }
         for (int g = 0; g < group; g++) {
             float *o = out + (t * ab->n_heads + (int64_t)kvh * group + g) * hd;
-            vec8 inv = v8_set1(1.0f / l[g]);
+            vec8 inv = v8_set1(attention_norm(ab, kvh * group + g, m[g], l[g]));
             for (int i = 0; i < nv; i++) v8_store(o + i * 8, v8_mul(acc[g][i], inv));
         }
     }

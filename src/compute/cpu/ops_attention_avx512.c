@@ -32,6 +32,7 @@
 
 int cpu_op_attention_avx512_ok(const attention_batch *ab) {
     if (!cpu_level_supported(CPU_LEVEL_AVX512) || strcmp(cpu_simd_level(), "avx512") != 0) return 0;
+    if (ab->sinks || ab->window > 0) return 0; /* gpt-oss: the grouped AVX2 path does those */
     int group = ab->n_heads / ab->n_kv_heads;
     return ab->head_dim % 16 == 0 && ab->head_dim <= ATT512_MAX_HD && group <= ATT512_MAX_GROUP;
 }

@@ -38,6 +38,18 @@ void cpu_op_silu_mul(float *gate, const float *up, int64_t begin, int64_t end) {
     }
 }
 
+void cpu_op_clamped_swiglu(float *gate, const float *up, const float *gate_bias, const float *up_bias,
+                           int64_t rows, int64_t inter, float limit, float alpha) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < inter; i++) {
+            float g = gate[r * inter + i] + (gate_bias ? gate_bias[i] : 0.0f);
+            float u = up[r * inter + i] + (up_bias ? up_bias[i] : 0.0f);
+            g = g > limit ? limit : g;
+            u = u > limit ? limit : u < -limit ? -limit : u;
+            gate[r * inter + i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        }
+}
+
 void cpu_op_rope(float *x, const int32_t *positions, int64_t begin, int64_t end, int n_heads,
                  int head_dim, int rot_dims, const float *inv_freq, float attn_factor) {
     int half = rot_dims / 2;

@@ -17,7 +17,10 @@
  * gathered into contiguous rows, then per query head S = Q K^T (cuBLAS, float32 out), a causal
  * softmax into P, and O = P V (cuBLAS), with Q and P in the cache's type (f16/bf16: 2^-11 and
  * 2^-9 relative rounding; an f32 cache keeps everything f32). EXO_CUDA_MATMUL=exact keeps every
- * token on the warp kernel. */
+ * token on the warp kernel.
+ *
+ * gpt-oss: a sliding window starts a token's positions later (both paths), and an attention sink
+ * joins each softmax's denominator with a zero value row (attention_sink_norm, as the CPU's). */
 #include "compute/cuda/cuda_internal.cuh"
 
 #include <cuda_bf16.h>
@@ -63,6 +66,23 @@ template <int T> __device__ __forceinline__ void kv_load8(const void *base, int6
     }
 }
 
+/* First cached position a token with n_ctx positions attends to (the window's start). */
+__device__ __forceinline__ int att_first(const attention_batch &ab, int n_ctx) {
+    return ab.window > 0 && n_ctx > ab.window ? n_ctx - ab.window : 0;
+}
+
+/* 1 / (the softmax's denominator) for running max m and sum l with head h's sink logit in it;
+ * the accumulator is multiplied by it. Never overflows whichever of m and the sink is larger. */
+__device__ __forceinline__ float attention_sink_norm(const float *sinks, int64_t h, float m, float l) {
+    if (!sinks) return 1.0f / l;
+    float sink = sinks[h];
+    if (sink > m) {
+        float c = __expf(m - sink);
+        return c / (l * c + 1.0f);
+    }
+    return 1.0f / (l + __expf(sink - m));
+}
+
 struct att_args {
     const float *q;
     const void *k, *v;
@@ -85,7 +105,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
     int64_t kv_dim = (int64_t)ab.n_kv_heads * hd;
     float *qs = q_smem + warp * ATT_GROUP * hd;
     const int32_t *table = ab.block_tables + ab.block_table_start[ab.seq_of_token[t]];
-    int n_ctx = ab.positions[t] + 1, bs = ab.block_size;
+    int n_ctx = ab.positions[t] + 1, bs = ab.block_size, first = att_first(ab, n_ctx);
     for (int h0 = 0; h0 < group; h0 += ATT_GROUP) {
         int gc = group - h0 < ATT_GROUP ? group - h0 : ATT_GROUP;
         const float *qt = a.q + (t * nh + (int64_t)kvh * group + h0) * hd;
@@ -99,7 +119,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
 #pragma unroll
             for (int i = 0; i < ATT_DIMS; i++) acc[g][i] = 0;
         }
-        for (int base = split * 32; base < n_ctx; base += 32 * a.splits) {
+        for (int base = first + split * 32; base < n_ctx; base += 32 * a.splits) {
             int p = base + lane;
             bool valid = p < n_ctx;
             int64_t row = 0;
@@ -171,7 +191,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
             int64_t h = (int64_t)kvh * group + h0 + g;
             if (a.splits == 1) {
                 float *o = a.out + (t * nh + h) * hd;
-                float inv = 1.0f / l[g];
+                float inv = attention_sink_norm(ab.sinks, h, m[g], l[g]);
 #pragma unroll
                 for (int i = 0; i < ATT_DIMS; i++)
                     if (lane + 32 * i < hd) o[lane + 32 * i] = acc[g][i] * inv;
@@ -190,7 +210,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
 /* Merges the splits of one (token, head): weights e^(m_s - M), sums l_s e^(m_s - M). A split
  * that saw no position has m = -inf and weight 0. */
 __global__ void attention_merge_kernel(const float *partial, int splits, int hd, int64_t th0,
-                                       float *out) {
+                                       const float *sinks, int n_heads, float *out) {
     int64_t th = th0 + blockIdx.x;
     const float *p = partial + th * splits * (hd + 2);
     float mx = -INFINITY;
@@ -203,7 +223,7 @@ __global__ void attention_merge_kernel(const float *partial, int splits, int hd,
             float ms = p[s * (hd + 2) + hd];
             if (ms != -INFINITY) acc += p[s * (hd + 2) + d] * __expf(ms - mx);
         }
-        out[th * hd + d] = acc / l;
+        out[th * hd + d] = acc * attention_sink_norm(sinks, th % n_heads, mx, l);
     }
 }
 
@@ -249,7 +269,8 @@ static void attention_warps(cuda_ctx *c, const float *q, const kv_layer *kv,
     CUDA_LAUNCHED(c, "attention");
     if (splits > 1) {
         attention_merge_kernel<<<(unsigned)((t1 - t0) * ab->n_heads), hd < 128 ? 32 : 128, 0,
-                                 c->stream>>>(a.partial, splits, hd, t0 * ab->n_heads, out);
+                                 c->stream>>>(a.partial, splits, hd, t0 * ab->n_heads, ab->sinks,
+                                              ab->n_heads, out);
         CUDA_LAUNCHED(c, "attention_merge");
     }
 }
@@ -285,16 +306,18 @@ template <int T> __global__ void convert_kernel(const float *x, int64_t n, void 
 }
 
 /* Row (head h, run token i) of S [n_heads][n_run][ctx]: softmax over the positions up to the
- * token's own (pos0 + i), zeros after, into P of the cache's type. */
+ * token's own (pos0 + i) -- from the window's start, with the head's sink in the denominator
+ * (gpt-oss) -- zeros elsewhere, into P of the cache's type. */
 template <int T>
 __global__ void causal_softmax_kernel(const float *s, int64_t n_run, int64_t ctx, int pos0,
-                                      void *p) {
+                                      attention_batch ab, void *p) {
     __shared__ float red[32];
-    int64_t row = blockIdx.x, i = row % n_run;
-    int64_t last = pos0 + i; /* attends to 0..last */
+    int64_t row = blockIdx.x, i = row % n_run, h = row / n_run;
+    int64_t last = pos0 + i; /* attends to first..last */
+    int64_t first = att_first(ab, (int)last + 1);
     const float *sr = s + row * ctx;
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) mx = fmaxf(mx, sr[j]);
+    float mx = ab.sinks ? ab.sinks[h] : -INFINITY;
+    for (int64_t j = first + threadIdx.x; j <= last; j += blockDim.x) mx = fmaxf(mx, sr[j]);
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
     __syncthreads();
@@ -302,15 +325,15 @@ __global__ void causal_softmax_kernel(const float *s, int64_t n_run, int64_t ctx
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, red[w]);
     __syncthreads();
     float sum = 0;
-    for (int64_t j = threadIdx.x; j <= last; j += blockDim.x) sum += __expf(sr[j] - mx);
+    for (int64_t j = first + threadIdx.x; j <= last; j += blockDim.x) sum += __expf(sr[j] - mx);
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = sum;
     __syncthreads();
-    sum = 0;
+    sum = ab.sinks ? __expf(ab.sinks[h] - mx) : 0.0f;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) sum += red[w];
     float inv = 1.0f / sum;
     for (int64_t j = threadIdx.x; j < ctx; j += blockDim.x)
-        store_elem<T>(p, row * ctx + j, j <= last ? __expf(sr[j] - mx) * inv : 0.0f);
+        store_elem<T>(p, row * ctx + j, j >= first && j <= last ? __expf(sr[j] - mx) * inv : 0.0f);
 }
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -354,9 +377,9 @@ static void attention_gemm_run(cuda_ctx *c, const float *q, const kv_layer *kv,
             s + g * nr * ctx, CUDA_R_32F, (int)ctx, group * nr * ctx, (int)nkv,
             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     switch (kv->type) {
-    case DTYPE_F16: causal_softmax_kernel<DTYPE_F16><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, p); break;
-    case DTYPE_BF16: causal_softmax_kernel<DTYPE_BF16><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, p); break;
-    default: causal_softmax_kernel<DTYPE_F32><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, p);
+    case DTYPE_F16: causal_softmax_kernel<DTYPE_F16><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, *ab, p); break;
+    case DTYPE_BF16: causal_softmax_kernel<DTYPE_BF16><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, *ab, p); break;
+    default: causal_softmax_kernel<DTYPE_F32><<<rows, 256, 0, c->stream>>>(s, nr, ctx, pos0, *ab, p);
     }
     CUDA_LAUNCHED(c, "attention softmax");
     for (int64_t g = 0; g < group && st == CUBLAS_STATUS_SUCCESS; g++) /* O = P V */

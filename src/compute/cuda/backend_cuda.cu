@@ -513,6 +513,26 @@ __global__ void moe_combine_kernel(const float *y, const float *weights, int k, 
     }
 }
 
+/* gpt-oss experts, one thread per (job, hidden unit): the job's expert biases, then
+ * (clamp(up) + 1) * g * sigmoid(alpha g) with g = min(gate, limit), into g. */
+__global__ void clamped_swiglu_kernel(float *g, const float *u, const int32_t *ids, const float *gate_bias,
+                                      const float *up_bias, int64_t jobs, int64_t inter, float limit, float alpha) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= jobs * inter) return;
+    int64_t e = ids[i / inter], j = i % inter;
+    float gv = g[i] + (gate_bias ? gate_bias[e * inter + j] : 0.0f);
+    float uv = u[i] + (up_bias ? up_bias[e * inter + j] : 0.0f);
+    gv = fminf(gv, limit);
+    uv = fminf(fmaxf(uv, -limit), limit);
+    g[i] = (uv + 1.0f) * (gv / (1.0f + expf(-alpha * gv)));
+}
+
+/* y[job] += bias of the job's expert */
+__global__ void expert_bias_kernel(float *y, const int32_t *ids, const float *bias, int64_t jobs, int64_t dim) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < jobs * dim) y[i] += bias[(int64_t)ids[i / dim] * dim + i % dim];
+}
+
 /* Every (token, slot) pair runs its expert's GEMVs, reading the expert id on the GPU: no wait
  * for the routing. A prefill chunk re-reads an expert once per token routed to it (the CPU
  * groups tokens per expert; a grouped GEMM here is future work). */
@@ -527,9 +547,17 @@ static void cuda_moe_ffn(compute_backend *b, const moe_experts *ex, const float 
     float *u = g + jobs * inter, *y = u + jobs * inter;
     cuda_gemv_experts(c, de->gate, de->kind_gate_up, inter, dim, ids, jobs, k, x, g);
     cuda_gemv_experts(c, de->up, de->kind_gate_up, inter, dim, ids, jobs, k, x, u);
-    silu_mul_kernel<<<cuda_blocks(jobs * inter, 256), 256, 0, c->stream>>>(g, u, jobs * inter);
+    if (ex->swiglu_limit > 0)
+        clamped_swiglu_kernel<<<cuda_blocks(jobs * inter, 256), 256, 0, c->stream>>>(
+            g, u, ids, ex->gate_bias, ex->up_bias, jobs, inter, ex->swiglu_limit, ex->swiglu_alpha);
+    else
+        silu_mul_kernel<<<cuda_blocks(jobs * inter, 256), 256, 0, c->stream>>>(g, u, jobs * inter);
     CUDA_LAUNCHED(c, "silu_mul (experts)");
     cuda_gemv_experts(c, de->down, de->kind_down, dim, inter, ids, jobs, 1, g, y);
+    if (ex->down_bias) {
+        expert_bias_kernel<<<cuda_blocks(jobs * dim, 256), 256, 0, c->stream>>>(y, ids, ex->down_bias, jobs, dim);
+        CUDA_LAUNCHED(c, "expert bias");
+    }
     moe_combine_kernel<<<(unsigned)n, 256, 0, c->stream>>>(y, weights, k, dim, out);
     CUDA_LAUNCHED(c, "moe_combine");
 }
@@ -700,6 +728,13 @@ extern "C" compute_backend *compute_backend_cuda(int device, char *err, size_t e
     }
     b->name = "cuda";
     b->ctx = c;
+    /* gpt-oss's op variants (attention sinks and windows, biased clamped-SwiGLU experts) are
+     * written and compile, but have not been measured on a GPU yet: offered only with
+     * EXO_CUDA_GPT_OSS=1 (test_cuda_ops and the GPU pass of test_engine_reference check them);
+     * otherwise device auto runs gpt-oss on the CPU */
+    const char *gpt_oss = getenv("EXO_CUDA_GPT_OSS");
+    if (gpt_oss && !strcmp(gpt_oss, "1"))
+        b->features = BACKEND_FEATURE_ATTENTION_SINKS_WINDOW | BACKEND_FEATURE_MOE_BIAS_CLAMP;
     b->alloc = cuda_alloc;
     b->free = cuda_free_op;
     b->upload = cuda_upload;

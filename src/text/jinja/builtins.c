@@ -1538,12 +1538,27 @@ static jval g_raise_exception(jctx *c, jval self, jargs *a, int line) {
     jfail(c, line, "%.*s", (int)(msg.u.s.n > 400 ? 400 : msg.u.s.n), msg.u.s.p);
 }
 
+/* The current local time, or the UTC time of SOURCE_DATE_EPOCH when that is set (the
+ * reproducible-builds convention): templates that print today's date (gpt-oss) then render the
+ * same prompt on every day, which is what reference fixtures and prompt caches need. */
+static void template_now(struct tm *tm) {
+    const char *epoch = getenv("SOURCE_DATE_EPOCH");
+    char *end;
+    long long v = epoch && *epoch ? strtoll(epoch, &end, 10) : -1;
+    if (v >= 0 && *end == 0) {
+        time_t t = (time_t)v;
+        gmtime_r(&t, tm);
+        return;
+    }
+    time_t now = time(NULL);
+    localtime_r(&now, tm);
+}
+
 static jval g_strftime_now(jctx *c, jval self, jargs *a, int line) {
     (void)self;
     jval fmt = need_str(c, jarg(a, 0, "format", jv_none()), "strftime_now", line);
-    time_t now = time(NULL);
     struct tm tm;
-    localtime_r(&now, &tm);
+    template_now(&tm);
     char buf[512];
     char *f = jstrdup_n(c, fmt.u.s.p, fmt.u.s.n);
     size_t n = strftime(buf, sizeof buf, f, &tm);

@@ -51,7 +51,7 @@ for (const sig of ['SIGINT', 'SIGTERM']) {
 let clusterSeq = 0;
 
 export class Cluster {
-  // opts: { size, mode: 'netns' | 'loopback', env }
+  // opts: { size, mode: 'netns' | 'loopback', env, apiKey (sent with every request here) }
   constructor(opts = {}) {
     this.mode = opts.mode || process.env.EXO_CLUSTER_TEST_MODE ||
       (namespacesAvailable() ? 'netns' : 'loopback');
@@ -59,6 +59,7 @@ export class Cluster {
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'exo-cluster-'));
     this.bin = opts.bin || process.env.EXO_CLUSTER_NODE_BIN || path.join(buildDir(), 'tools/cluster-node');
     this.env = { ...process.env, ...(opts.env || {}) };
+    this.auth = opts.apiKey ? ['-H', `Authorization: Bearer ${opts.apiKey}`] : [];
     this.nodes = [];
     // Loopback mode: every cluster gets its own port block so leftover nodes cannot join.
     this.portBase = 20000 + ((process.pid * 7 + clusterSeq * 97) % 400) * 100;
@@ -139,7 +140,7 @@ export class Cluster {
   // GET path on a node; returns parsed JSON, or null when it cannot be reached.
   get(node, p) {
     const url = `http://127.0.0.1:${node.apiPort}${p}`;
-    const curl = ['-s', '-m', '3', '-w', '\n%{http_code}', url];
+    const curl = ['-s', '-m', '3', ...this.auth, '-w', '\n%{http_code}', url];
     const r = this.mode === 'netns'
       ? spawnSync('ip', ['netns', 'exec', node.ns, 'curl', ...curl], { encoding: 'utf8', maxBuffer: 64 << 20 })
       : spawnSync('curl', curl, { encoding: 'utf8', maxBuffer: 64 << 20 });
@@ -154,7 +155,7 @@ export class Cluster {
   // Like get(), without blocking: many nodes can be asked at once.
   getAsync(node, p) {
     const url = `http://127.0.0.1:${node.apiPort}${p}`;
-    const curl = ['-s', '-m', '3', url];
+    const curl = ['-s', '-m', '3', ...this.auth, url];
     const [cmd, args] = this.mode === 'netns' ? ['ip', ['netns', 'exec', node.ns, 'curl', ...curl]] : ['curl', curl];
     return new Promise((resolve) => {
       const chunks = [];
@@ -168,7 +169,7 @@ export class Cluster {
 
   post(node, p, json) {
     const url = `http://127.0.0.1:${node.apiPort}${p}`;
-    const curl = ['-s', '-m', '3', '-X', 'POST', '-d', JSON.stringify(json), url];
+    const curl = ['-s', '-m', '3', ...this.auth, '-X', 'POST', '-d', JSON.stringify(json), url];
     const r = this.mode === 'netns'
       ? spawnSync('ip', ['netns', 'exec', node.ns, 'curl', ...curl], { encoding: 'utf8' })
       : spawnSync('curl', curl, { encoding: 'utf8' });

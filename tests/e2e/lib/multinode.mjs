@@ -7,7 +7,7 @@ import { Cluster } from './cluster.mjs';
 import { exoBin } from './exo.mjs';
 
 function curlArgs(c, node, method, p, body, timeoutS) {
-  const args = ['-s', '-m', String(timeoutS), '-X', method, '-w', '\n%{http_code}',
+  const args = ['-s', '-m', String(timeoutS), ...c.auth, '-X', method, '-w', '\n%{http_code}',
     '-H', 'Content-Type: application/json'];
   if (body !== undefined) args.push('-d', JSON.stringify(body));
   args.push(`http://127.0.0.1:${node.apiPort}${p}`);
@@ -24,9 +24,16 @@ export function http(c, node, method, p, body, timeoutS = 60) {
   try { return { status, body: JSON.parse(text) }; } catch { return { status, body: text }; }
 }
 
-export async function startCluster(n, modelsPath, env = {}) {
-  const c = new Cluster({ bin: exoBin(), env: { EXO_CLUSTER_SYNC_MS: '100', EXO_RUNNER_THREADS: '1', ...env } });
-  for (let i = 0; i < n; i++) c.addNode(['--models-path', modelsPath]);
+// opts: mode ('loopback' where the nodes must reach a server on this host's loopback, e.g. the
+// fake Hub), apiKey (every node runs with --api-key, the harness sends it), args(i) (node i's
+// flags instead of --models-path modelsPath), nodeArgs (more flags for every node).
+export async function startCluster(n, modelsPath, env = {}, opts = {}) {
+  const c = new Cluster({ bin: exoBin(), mode: opts.mode, apiKey: opts.apiKey,
+    env: { EXO_CLUSTER_SYNC_MS: '100', EXO_RUNNER_THREADS: '1', ...env } });
+  const key = opts.apiKey ? ['--api-key', opts.apiKey] : [];
+  for (let i = 0; i < n; i++) {
+    c.addNode([...(opts.args ? opts.args(i) : ['--models-path', modelsPath]), ...(opts.nodeArgs || []), ...key]);
+  }
   await c.until(() => c.meshed(), 15000, `${n} nodes to discover each other`);
   for (const [i, s] of c.meshed().entries()) c.nodes[i].id = s.nodeId;
   await c.until(() => c.oneMaster(), 10000, 'one master');
