@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "base/paths.h"
 #include "cluster/cluster.h"
+#include "model/model_config.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -278,9 +279,10 @@ static void h_ollama_show(api_request *r, void *ctx) {
     } else if (instances_resolve_model(s->instances, model, dir, sizeof dir)) {
         api_respond_json(r, 404, json_pack("{s:s}", "error", "model not found"));
     } else {
-        char path[1100];
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        json_t *config = json_load_file(path, 0, NULL);
+        size_t len;
+        char *text = model_config_read_json(dir, &len, NULL, 0); /* config.json, or a GGUF's */
+        json_t *config = text ? json_loadb(text, len, 0, NULL) : NULL;
+        free(text);
         api_respond_json(r, 200, json_pack("{s:s,s:s,s:s,s:o,s:o,s:[s]}", "modelfile", "",
                                            "parameters", "", "template", "", "details",
                                            ollama_details(), "model_info",

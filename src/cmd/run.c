@@ -5,6 +5,7 @@
  * (the prefix cache makes earlier turns free). Refuses: serving (that is the node's job). */
 #include "base/clock.h"
 #include "base/paths.h"
+#include "model/gguf.h"
 #include "model/store.h"
 #include "download/download.h"
 #include "base/strbuf.h"
@@ -12,6 +13,7 @@
 #include "compute/device.h"
 #include "infer/engine.h"
 #include "text/chat.h"
+#include "runner/model_text.h"
 #include "text/output_parser.h"
 #include "text/tokenizer.h"
 
@@ -128,7 +130,8 @@ static int parse_flags(int argc, char **argv, run_flags *f) {
 
 /* A directory as given, else the model store: --models-dir, --models-path, built-in models. */
 static int resolve_model(const run_flags *f, char *out, size_t n) {
-    if (paths_is_dir(f->model)) {
+    char gguf[4096];
+    if (paths_is_dir(f->model) || gguf_model_file(f->model, gguf, sizeof gguf)) {
         snprintf(out, n, "%s", f->model);
         return 0;
     }
@@ -335,7 +338,7 @@ static int one_turn(run_session *rs, const char *text) {
 static int open_text(run_session *rs, const char *dir) {
     char err[512];
     if (rs->f->tokens) return 0;
-    rs->tok = tokenizer_load(dir, err, sizeof err);
+    rs->tok = model_text_tokenizer_load(dir, err, sizeof err);
     if (!rs->tok) {
         fprintf(stderr, "exo run: %s (pass the prompt as --tokens 1,2,3 to run without one)\n", err);
         return -1;

@@ -3,6 +3,7 @@
 
 #include "base/log.h"
 #include "base/paths.h"
+#include "model/model_config.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -109,10 +110,8 @@ static json_t *find_entry(json_t *data, const char *id) {
 
 /* A model on disk with no card: describe it from its config.json. */
 static json_t *local_entry(const char *id, const char *dir) {
-    char path[2048];
-    snprintf(path, sizeof path, "%s/config.json", dir);
     size_t len;
-    char *cfg = paths_read_file(path, 16 << 20, &len);
+    char *cfg = model_config_read_json(dir, &len, NULL, 0); /* config.json, or a GGUF's */
     model_card c;
     char err[256];
     json_t *e = NULL;
@@ -247,10 +246,8 @@ int models_api_add(models_service *s, json_t *req, json_t **body) {
     char dir[2048], err[512];
     char *cfg = NULL;
     if (store_locate(&s->store, id, dir, sizeof dir) != STORE_ABSENT) {
-        char path[2100];
-        snprintf(path, sizeof path, "%s/config.json", dir);
         size_t len;
-        cfg = paths_read_file(path, 16 << 20, &len);
+        cfg = model_config_read_json(dir, &len, NULL, 0); /* config.json, or a GGUF's */
     }
     uint64_t bytes = 0;
     if (!cfg) {

@@ -2,6 +2,8 @@
 #include "model/model_config.h"
 
 #include "base/error.h"
+#include "model/gguf.h"
+#include "model/gguf_model.h"
 #include "base/paths.h"
 
 #include <errno.h>
@@ -544,15 +546,23 @@ int model_config_parse(const char *json, size_t len, model_config *out, char *er
     return rc;
 }
 
-int model_config_load(const char *dir, model_config *out, char *err, size_t errlen) {
+char *model_config_read_json(const char *dir, size_t *len, char *err, size_t errlen) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    size_t len;
-    char *text = paths_read_file(path, 16u << 20, &len);
-    if (!text) {
-        error_set(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
+    if (gguf_model_file(dir, path, sizeof path)) {
+        char *text = gguf_config_json_path(path, err, errlen);
+        if (text) *len = strlen(text);
+        return text;
     }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *text = paths_read_file(path, 16u << 20, len);
+    if (!text) error_set(err, errlen, "%s: %s", path, strerror(errno));
+    return text;
+}
+
+int model_config_load(const char *dir, model_config *out, char *err, size_t errlen) {
+    size_t len;
+    char *text = model_config_read_json(dir, &len, err, errlen);
+    if (!text) return -1;
     int rc = model_config_parse(text, len, out, err, errlen);
     free(text);
     return rc;

@@ -100,7 +100,11 @@ typedef struct model_config {
 
 /* Parses config.json text. Returns 0, or -1 with err naming the bad field. */
 int model_config_parse(const char *json, size_t len, model_config *out, char *err, size_t errlen);
-/* Reads <dir>/config.json. */
+/* The config.json text of a model (malloc'd, NUL-terminated, *len its length): <dir>/config.json,
+ * or, when dir is a GGUF model (a .gguf file or a directory holding one, see gguf.h), the
+ * config.json its metadata amounts to. NULL with err. */
+char *model_config_read_json(const char *dir, size_t *len, char *err, size_t errlen);
+/* Reads <dir>/config.json (or a GGUF model's metadata: model_config_read_json). */
 int model_config_load(const char *dir, model_config *out, char *err, size_t errlen);
 /* The attention window of layer i: 0 = full (causal) attention, else the number of most recent
  * positions (itself included) a token attends to. */

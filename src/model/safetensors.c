@@ -2,6 +2,9 @@
 #include "model/safetensors.h"
 
 #include "base/error.h"
+#include "model/gguf.h"
+#include "model/gguf_model.h"
+#include "model/name_index.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -34,52 +37,6 @@ size_t safetensors_dtype_size(safetensors_dtype t) {
     return (unsigned)t < (unsigned)N_DTYPES ? dtype_table[t].size : 0;
 }
 
-/* ---- name -> index hash (open addressing, power-of-two capacity) ---- */
-
-typedef struct name_index {
-    int *slots; /* -1 empty, else index into the owner's array */
-    size_t cap;
-} name_index;
-
-static uint64_t hash_name(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-static int name_index_init(name_index *ix, size_t n) {
-    ix->cap = 16;
-    while (ix->cap < n * 2) ix->cap <<= 1;
-    ix->slots = malloc(ix->cap * sizeof *ix->slots);
-    if (!ix->slots) return -1;
-    for (size_t i = 0; i < ix->cap; i++) ix->slots[i] = -1;
-    return 0;
-}
-
-/* Inserts value `v` whose name is `name`; names_of(v) gives existing names. Returns 0, or 1
- * when the name is already present. */
-static int name_index_put(name_index *ix, const char *name, int v,
-                          const char *(*name_of)(const void *, int), const void *ctx) {
-    size_t mask = ix->cap - 1;
-    for (size_t i = hash_name(name) & mask;; i = (i + 1) & mask) {
-        if (ix->slots[i] < 0) {
-            ix->slots[i] = v;
-            return 0;
-        }
-        if (!strcmp(name_of(ctx, ix->slots[i]), name)) return 1;
-    }
-}
-
-static int name_index_get(const name_index *ix, const char *name,
-                          const char *(*name_of)(const void *, int), const void *ctx) {
-    if (!ix->slots) return -1;
-    size_t mask = ix->cap - 1;
-    for (size_t i = hash_name(name) & mask;; i = (i + 1) & mask) {
-        if (ix->slots[i] < 0) return -1;
-        if (!strcmp(name_of(ctx, ix->slots[i]), name)) return ix->slots[i];
-    }
-}
-
 /* ---- one file ---- */
 
 struct safetensors_file {
@@ -92,8 +49,10 @@ struct safetensors_file {
     name_index index;
 };
 
-static const char *file_tensor_name(const void *ctx, int i) {
-    return ((const safetensors_file *)ctx)->tensors[i].name;
+static const char *file_tensor_name(const void *ctx, int i, size_t *len) {
+    const char *name = ((const safetensors_file *)ctx)->tensors[i].name;
+    *len = strlen(name);
+    return name;
 }
 
 static int parse_dtype(const char *s) {
@@ -249,7 +208,7 @@ static int parse_header(safetensors_file *f, const uint8_t *buf, size_t len, cha
         }
         t->name = f->names[f->n];
         t->file = f->path;
-        name_index_put(&f->index, t->name, f->n, file_tensor_name, f); /* keys are unique */
+        name_index_put(&f->index, t->name, strlen(t->name), f->n, file_tensor_name, f); /* keys are unique */
         f->n++;
     }
     json_decref(root);
@@ -343,7 +302,7 @@ const safetensors_tensor *safetensors_at(const safetensors_file *f, int i) {
 }
 
 const safetensors_tensor *safetensors_find(const safetensors_file *f, const char *name) {
-    int i = name_index_get(&f->index, name, file_tensor_name, f);
+    int i = name_index_get(&f->index, name, strlen(name), file_tensor_name, f);
     return i < 0 ? NULL : &f->tensors[i];
 }
 
@@ -355,10 +314,13 @@ struct safetensors_set {
     const safetensors_tensor **all;
     int n_all;
     name_index index;
+    safetensors_provider provider; /* find != NULL: tensors come from it (GGUF) */
 };
 
-static const char *set_tensor_name(const void *ctx, int i) {
-    return ((const safetensors_set *)ctx)->all[i]->name;
+static const char *set_tensor_name(const void *ctx, int i, size_t *len) {
+    const char *name = ((const safetensors_set *)ctx)->all[i]->name;
+    *len = strlen(name);
+    return name;
 }
 
 static int add_file(safetensors_set *s, const char *dir, const char *name, char *err,
@@ -492,6 +454,18 @@ static int add_indexed_files(safetensors_set *s, const char *dir, const char *in
     return 0;
 }
 
+safetensors_set *safetensors_set_from_provider(const safetensors_provider *p, char *err,
+                                               size_t errlen) {
+    safetensors_set *s = calloc(1, sizeof *s);
+    if (!s) {
+        if (p->close) p->close(p->ctx);
+        error_set(err, errlen, "out of memory");
+        return NULL;
+    }
+    s->provider = *p;
+    return s;
+}
+
 static int set_holds_file(const safetensors_set *s, const char *dir, const char *name) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -502,6 +476,10 @@ static int set_holds_file(const safetensors_set *s, const char *dir, const char 
 
 static safetensors_set *set_open(const char *dir, const stage_filter *filter, char *err,
                                  size_t errlen) {
+    char gguf_path[4096];
+    /* a GGUF model converts only the tensors a stage looks up: no filter needed */
+    if (gguf_model_file(dir, gguf_path, sizeof gguf_path))
+        return gguf_tensor_set_open(gguf_path, err, errlen);
     safetensors_set *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     char index_path[4096];
@@ -523,7 +501,8 @@ static safetensors_set *set_open(const char *dir, const stage_filter *filter, ch
     for (int i = 0; i < s->n_files; i++) {
         for (int j = 0; j < s->files[i]->n; j++) {
             s->all[k] = &s->files[i]->tensors[j];
-            if (name_index_put(&s->index, s->all[k]->name, k, set_tensor_name, s) != 0) {
+            if (name_index_put(&s->index, s->all[k]->name, strlen(s->all[k]->name), k, set_tensor_name,
+                               s) >= 0) {
                 error_set(err, errlen, "%s: tensor '%s' appears in two files", dir,
                           s->all[k]->name);
                 goto fail;
@@ -570,6 +549,7 @@ safetensors_set *safetensors_set_open_stage(const char *dir, int n_layers, int t
 
 void safetensors_set_close(safetensors_set *s) {
     if (!s) return;
+    if (s->provider.close) s->provider.close(s->provider.ctx);
     for (int i = 0; i < s->n_files; i++) safetensors_close(s->files[i]);
     free(s->files);
     free(s->all);
@@ -578,10 +558,12 @@ void safetensors_set_close(safetensors_set *s) {
 }
 
 const safetensors_tensor *safetensors_set_find(const safetensors_set *s, const char *name) {
-    int i = name_index_get(&s->index, name, set_tensor_name, s);
+    if (s->provider.find) return s->provider.find(s->provider.ctx, name);
+    int i = name_index_get(&s->index, name, strlen(name), set_tensor_name, s);
     return i < 0 ? NULL : s->all[i];
 }
 
 int safetensors_set_count(const safetensors_set *s) {
+    if (s->provider.count) return s->provider.count(s->provider.ctx);
     return s->n_all;
 }

@@ -87,4 +87,17 @@ const safetensors_tensor *safetensors_set_find(const safetensors_set *s, const c
 /* Total tensor count over all files. */
 int safetensors_set_count(const safetensors_set *s);
 
+/* A set whose tensors another reader provides under Hugging Face names (a GGUF file: see
+ * gguf_model.h). safetensors_set_open(path) returns one when path is a GGUF model
+ * (gguf_model_file); find may build a tensor on first use, so its pointers stay valid until
+ * close, which the set calls on safetensors_set_close. */
+typedef struct safetensors_provider {
+    const safetensors_tensor *(*find)(void *ctx, const char *name);
+    int (*count)(void *ctx);
+    void (*close)(void *ctx);
+    void *ctx;
+} safetensors_provider;
+safetensors_set *safetensors_set_from_provider(const safetensors_provider *p, char *err,
+                                               size_t errlen);
+
 #endif

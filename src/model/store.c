@@ -1,5 +1,6 @@
 /* store — model directories on disk (see store.h). */
 #include "model/store.h"
+#include "model/gguf.h"
 
 #include "base/error.h"
 #include "base/paths.h"
@@ -151,6 +152,8 @@ static enum store_state manifest_state(const char *dir, json_t *m) {
 
 /* A directory exo did not download: config.json plus the weights the index names. */
 static enum store_state foreign_state(const char *dir) {
+    char gguf[STORE_PATH_MAX * 2];
+    if (gguf_model_file(dir, gguf, sizeof gguf)) return STORE_COMPLETE; /* one .gguf, no config.json */
     if (!file_size_is(dir, "config.json", -1)) return STORE_ABSENT; /* not a model dir */
     char path[STORE_PATH_MAX * 2];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
@@ -285,7 +288,7 @@ void store_missing_reason(const model_store *s, const char *id, char *out, size_
         if (!paths_is_dir(dir)) continue;
         enum store_state st = store_dir_state(dir);
         if (st == STORE_ABSENT)
-            snprintf(out, n, "%.900s has no config.json, so it is not a model directory", dir);
+            snprintf(out, n, "%.900s has no config.json (nor a single .gguf file), so it is not a model directory", dir);
         else if (st == STORE_PARTIAL)
             snprintf(out, n, "its files in %.900s are incomplete (a download not finished, or a "
                              "weight file missing)", dir);

@@ -10,7 +10,9 @@
  * nothing: the node's API is open to the network, and a path must not reach files elsewhere or
  * tell whether they exist. (`exo run DIR` opens a directory directly; it is no node.)
  *
- * A directory without a manifest or config.json is not a model. A model is complete when its manifest (".exo-manifest.json", written by download/ after
+ * A directory without a manifest, config.json or exactly one .gguf file is not a model; one
+ * holding a single .gguf (and no config.json) is a complete GGUF model (see gguf.h). A model is
+ * complete when its manifest (".exo-manifest.json", written by download/ after
  * every file was verified) lists files that are all present with their recorded sizes, or —
  * for a directory exo did not download — when config.json is there and every file named by
  * model.safetensors.index.json (or a single model.safetensors) is present.

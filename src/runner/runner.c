@@ -13,6 +13,8 @@
 #include "runner/structured.h"
 #include "text/chat.h"
 #include "text/output_parser.h"
+#include "model/model_config.h"
+#include "runner/model_text.h"
 #include "text/tokenizer.h"
 
 #include <errno.h>
@@ -493,9 +495,10 @@ static void send_stats(runner *r, int force) {
 /* ------------------------------------------------------------------ load, warm up, serve */
 
 static int config_layers(const char *dir) {
-    char p[1200];
-    if (snprintf(p, sizeof p, "%s/config.json", dir) >= (int)sizeof p) return 0;
-    json_t *c = json_load_file(p, 0, NULL);
+    size_t len;
+    char *text = model_config_read_json(dir, &len, NULL, 0);
+    json_t *c = text ? json_loadb(text, len, 0, NULL) : NULL;
+    free(text);
     json_t *tc = json_object_get(c, "text_config");
     int n = (int)json_integer_value(json_object_get(tc ? tc : c, "num_hidden_layers"));
     json_decref(c);
@@ -555,7 +558,7 @@ static int load(runner *r, const runner_options *o) {
     }
     int layers = config_layers(o->model_dir);
     send_status(r, "Loading", json_pack("{s:i,s:i}", "layers_loaded", 0, "total_layers", layers));
-    r->tok = tokenizer_load(o->model_dir, err, sizeof err);
+    r->tok = model_text_tokenizer_load(o->model_dir, err, sizeof err);
     if (!r->tok) {
         send_status(r, "Failed", json_pack("{s:s}", "error", err));
         return -1;

@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "base/paths.h"
 #include "base/strbuf.h"
+#include "model/gguf.h"
 #include "model/store.h"
 
 #include <errno.h>
@@ -141,6 +142,7 @@ instances *instances_new(const instances_options *o) {
 
 static int is_model_dir(const char *dir) {
     char p[1400];
+    if (gguf_model_file(dir, p, sizeof p)) return 1;
     int n = snprintf(p, sizeof p, "%s/config.json", dir);
     return n > 0 && (size_t)n < sizeof p && paths_is_file(p);
 }

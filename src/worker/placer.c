@@ -37,8 +37,11 @@ static int facts_from_disk(const placer_dirs *d, const char *model_id, placer_mo
     placement_model *m = &out->facts;
     char dir[STORE_PATH_MAX + 64], path[STORE_PATH_MAX + 96];
     if (locate(d, model_id, dir, sizeof dir)) return -1;
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_t *cfg = json_load_file(path, 0, NULL);
+    (void)path;
+    size_t len;
+    char *cfg_text = model_config_read_json(dir, &len, NULL, 0); /* config.json, or a GGUF's */
+    json_t *cfg = cfg_text ? json_loadb(cfg_text, len, 0, NULL) : NULL;
+    free(cfg_text);
     if (!cfg) return -1;
     json_t *text = json_object_get(cfg, "text_config"); /* multimodal configs nest it */
     const json_t *c = json_is_object(text) ? text : cfg;

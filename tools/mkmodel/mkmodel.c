@@ -65,6 +65,10 @@ static const char *usage_text =
     "                          group 64, listed per layer in \"quantization\"), 'same', or 'none'\n"
     "  --moe-layout L          hf: mlp.experts.<e>.{gate,up,down}_proj (default);\n"
     "                          mlx: stacked mlp.switch_mlp.{gate,up,down}_proj [E, out, in]\n"
+    "  --gguf TYPE             write DIR/model.gguf only (llama.cpp's names and metadata, the\n"
+    "                          tokenizer as tokenizer.ggml.*), matrices in TYPE: F32 F16 BF16 Q4_0\n"
+    "                          Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K, or Q4_K_M (llama.cpp's mix);\n"
+    "                          same values as the safetensors model of the same options\n"
     "  --shard-mb N            split into model-0000i-of-0000n.safetensors of at most N MB each,\n"
     "                          plus model.safetensors.index.json\n"
     "  -h, --help              this text\n"
@@ -75,6 +79,7 @@ typedef struct mk_options {
     mk_config cfg;
     const char *out;
     const char *tokenizer;
+    const char *gguf; /* ggml type name: write DIR/model.gguf instead of the HF files */
     int64_t vocab_override;
     uint64_t shard_mb;
     int rope_theta_set, eps_set, factor_set, vocab_set, limit_set, original_max_set, max_pos_set;
@@ -258,7 +263,7 @@ static int known_option(const char *name) {
                                   "--sliding-window", "--swiglu-limit",
                                   "--shared-intermediate", "--linear-key-heads", "--linear-value-heads",
                                   "--linear-key-dim", "--linear-value-dim", "--conv-kernel",
-                                  "--full-attention-interval", "--partial-rotary", "--hybrid-layout"};
+                                  "--full-attention-interval", "--partial-rotary", "--hybrid-layout", "--gguf"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(name, names[i]) == 0) return 1;
     return 0;
@@ -272,6 +277,7 @@ static int set_option(mk_options *o, const char *name, const char *val) {
     int64_t v;
     if (strcmp(name, "--out") == 0) return o->out = val, 0;
     if (strcmp(name, "--tokenizer") == 0) return o->tokenizer = val, 0;
+    if (strcmp(name, "--gguf") == 0) return o->gguf = val, 0;
     if (strcmp(name, "--preset") == 0) return 0; /* applied first */
     if (strcmp(name, "--seed") == 0) {
         char *end;
@@ -727,6 +733,7 @@ int main(int argc, char **argv) {
     if (o.vocab_set == 2) c->vocab = o.vocab_override;
     else if (!o.vocab_set || c->vocab < tok_vocab) c->vocab = tok_vocab;
     if (c->vocab <= 0) return bad("--tokenizer none needs --vocab N%s%s", "", "");
+    if (o.gguf) c->moe_layout_mlx = 1; /* GGUF stacks experts */
     mk_plan plan;
     if (mk_plan_build(c, &plan, err, sizeof err) != 0) {
         fprintf(stderr, "mkmodel: %s\n", err);
@@ -736,6 +743,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mkmodel: cannot create %s: %s\n", o.out, strerror(errno));
         mk_plan_free(&plan);
         return 1;
+    }
+    if (o.gguf) {
+        char path[PATH_MAX];
+        path_join(path, sizeof path, o.out, "model.gguf");
+        rc = mk_write_gguf(c, &plan, with_tokenizer ? tokdir : NULL, o.gguf, path, err, sizeof err);
+        mk_plan_free(&plan);
+        if (rc) fprintf(stderr, "mkmodel: %s\n", err);
+        return rc ? 1 : 0;
     }
     rc = mk_write_safetensors(c, &plan, o.out, o.shard_mb << 20, err, sizeof err);
     mk_plan_free(&plan);

@@ -105,6 +105,19 @@ void mk_plan_free(mk_plan *plan);
 int mk_write_safetensors(const mk_config *cfg, const mk_plan *plan, const char *dir, uint64_t shard_bytes,
                          char *err, size_t errlen);
 
+/* The generator state of matrix m (expert `expert` of a stacked one), and its next n values in
+ * row order: both writers draw the same values, so a GGUF file holds its safetensors twin's. */
+uint64_t mk_matrix_seed(const mk_config *cfg, const mk_matrix *m, int64_t expert);
+void mk_matrix_values(const mk_matrix *m, uint64_t *state, float *vals, int64_t n);
+
+/* Writes the model as one GGUF file (llama.cpp's names and metadata; tokenizer.ggml.* from the
+ * tokenizer directory tokdir, or none when NULL). type: a ggml type name for every matrix (F32,
+ * F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), or Q4_K_M (llama.cpp's mix: Q6_K
+ * for output and for attn_v/ffn_down of the layers it gives more bits, Q4_K elsewhere). Norms and
+ * biases are F32. llama's q/k rows are permuted as llama.cpp's converter does. Returns 0 or -1. */
+int mk_write_gguf(const mk_config *cfg, const mk_plan *plan, const char *tokdir, const char *type,
+                  const char *path, char *err, size_t errlen);
+
 /* Deterministic generator: splitmix64, and an approximately normal value (Irwin-Hall of four
  * 16-bit uniforms, scaled to unit variance) computed with exact integer arithmetic and one
  * correctly rounded multiply, so every machine produces the same bytes. */

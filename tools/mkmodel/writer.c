@@ -49,6 +49,21 @@ uint64_t mk_hash_name(uint64_t seed, const char *name) {
     return mk_splitmix64(&st);
 }
 
+uint64_t mk_matrix_seed(const mk_config *cfg, const mk_matrix *m, int64_t expert) {
+    char seed_name[256];
+    if (m->stack) snprintf(seed_name, sizeof seed_name, m->seed_fmt, (long long)expert);
+    else if (m->seed_fmt[0]) snprintf(seed_name, sizeof seed_name, "%s", m->seed_fmt);
+    else snprintf(seed_name, sizeof seed_name, "%s%s%s", m->name, m->suffix[0] ? "." : "", m->suffix);
+    return mk_hash_name(cfg->seed, seed_name);
+}
+
+void mk_matrix_values(const mk_matrix *m, uint64_t *state, float *vals, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        double g = mk_normal(state);
+        vals[i] = (float)((m->init == MK_INIT_AROUND_ONE ? 1.0 + m->std * g : m->std * g) + m->mean);
+    }
+}
+
 static void store_scalar(void *base, int64_t i, dtype dt, float v) {
     if (dt == DTYPE_F32) ((float *)base)[i] = v;
     else if (dt == DTYPE_F16) ((uint16_t *)base)[i] = f32_to_f16(v);
@@ -287,19 +302,10 @@ static int write_matrix(const mk_config *cfg, const mk_matrix *m, phys_tensor *p
     char *b0 = malloc(out_bytes), *b1 = malloc(out_bytes), *b2 = malloc(out_bytes);
     int rc = (vals && b0 && b1 && b2) ? 0 : -1;
     for (int64_t e = 0; e < stack && rc == 0; e++) {
-        char seed_name[256];
-        if (m->stack) snprintf(seed_name, sizeof seed_name, m->seed_fmt, (long long)e);
-        else if (m->seed_fmt[0]) snprintf(seed_name, sizeof seed_name, "%s", m->seed_fmt);
-        else snprintf(seed_name, sizeof seed_name, "%s%s%s", m->name, m->suffix[0] ? "." : "", m->suffix);
-        uint64_t st = mk_hash_name(cfg->seed, seed_name);
+        uint64_t st = mk_matrix_seed(cfg, m, e);
         for (int64_t r0 = 0; r0 < m->out && rc == 0; r0 += rows_per_chunk) {
             int64_t nr = m->out - r0 < rows_per_chunk ? m->out - r0 : rows_per_chunk;
-            for (int64_t i = 0; i < nr * m->in; i++) {
-                double g = mk_normal(&st);
-                double v = m->init == MK_INIT_AROUND_ONE ? 1.0 + m->std * g : m->std * g;
-                if (m->mean != 0) v += m->mean;
-                vals[i] = (float)v;
-            }
+            mk_matrix_values(m, &st, vals, nr * m->in);
             int64_t row0 = e * m->out + r0; /* row index within the (stacked) tensor */
             if (m->mxfp4) {
                 rc = write_mxfp4_rows(m, vals, nr, row0, parts, shards, (uint8_t *)b0, (uint8_t *)b1);

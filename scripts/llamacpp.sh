@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds build/llamacpp/llamacpp-ref: llama.cpp (CPU backend) compiled from its public source,
+# driven by scripts/llamacpp_ref.c. The reference for the GGUF differential test
+# (tests/e2e/gguf_llamacpp.test.mjs) and the GGUF benchmark (bench/gguf.sh).
+#
+# Where the source comes from: this project's machines reach only Debian's and npm's registries.
+# Debian 12 has no llama.cpp package; the npm package cui-llama.rn (a React Native binding) ships
+# llama.cpp's C/C++ source (cpp/, ggml symbols prefixed lm_), so `npm pack` brings it and this
+# script compiles the CPU parts. Pinned: CUI_LLAMA_RN_VERSION. Idempotent: objects are rebuilt
+# only when missing; takes ~6-10 minutes of 2 cores the first time.
+#
+#   scripts/llamacpp.sh          build (prints the binary's path on success)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION=${CUI_LLAMA_RN_VERSION:-1.12.2}
+OUT=build/llamacpp
+SRC=.cache/llamacpp/cui-llama.rn-$VERSION
+JOBS=${JOBS:-2}
+mkdir -p "$OUT/obj" .cache/llamacpp
+
+if [ ! -f "$SRC/package/cpp/llama.h" ]; then
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent "cui-llama.rn@$VERSION" >/dev/null)
+  mkdir -p "$SRC"
+  tar xzf "$tmp"/cui-llama.rn-*.tgz -C "$SRC" package/cpp
+  rm -rf "$tmp"
+fi
+cpp=$SRC/package/cpp
+
+sources=(
+  "$cpp"/ggml.c "$cpp"/ggml-alloc.c "$cpp"/ggml-backend.cpp "$cpp"/ggml-backend-dl.cpp
+  "$cpp"/ggml-backend-meta.cpp "$cpp"/ggml-backend-reg.cpp "$cpp"/ggml-opt.cpp
+  "$cpp"/ggml-threading.cpp "$cpp"/ggml-quants.c "$cpp"/gguf.cpp
+  "$cpp"/ggml-cpu/*.c "$cpp"/ggml-cpu/*.cpp
+  "$cpp"/llama*.cpp "$cpp"/unicode-data.cpp "$cpp"/unicode.cpp "$cpp"/models/*.cpp
+)
+case "$(uname -m)" in
+  x86_64) sources+=("$cpp"/ggml-cpu/arch/x86/quants.c "$cpp"/ggml-cpu/arch/x86/repack.cpp) ;;
+  aarch64) sources+=("$cpp"/ggml-cpu/arch/arm/quants.c "$cpp"/ggml-cpu/arch/arm/repack.cpp) ;;
+esac
+
+FLAGS=(-O2 -march=native -pthread -D_GNU_SOURCE -DNDEBUG -DLM_GGML_USE_CPU -DLM_GGML_USE_CPU_REPACK
+       -I"$cpp" -I"$cpp/ggml-cpu" -w)
+compile() { # src -> obj
+  local src=$1 obj=$OUT/obj/$(echo "${1#$cpp/}" | tr '/' '_').o
+  [ -f "$obj" ] && return 0
+  case "$src" in
+    *.c) gcc -std=gnu11 "${FLAGS[@]}" -c "$src" -o "$obj.tmp" ;;
+    *) g++ -std=gnu++17 "${FLAGS[@]}" -c "$src" -o "$obj.tmp" ;;
+  esac
+  mv "$obj.tmp" "$obj"
+}
+export -f compile
+export OUT cpp
+export FLAGS_STR="${FLAGS[*]}"
+printf '%s\n' "${sources[@]}" | xargs -P "$JOBS" -I{} bash -c 'FLAGS=($FLAGS_STR); compile "$@"' _ {}
+gcc -std=c17 "${FLAGS[@]}" -c scripts/llamacpp_ref.c -o "$OUT/main.o"
+g++ -o "$OUT/llamacpp-ref" "$OUT/main.o" "$OUT"/obj/*.o -pthread -lm
+echo "$OUT/llamacpp-ref"
