@@ -12,7 +12,7 @@
 
 /* Small per-layer vectors converted to f32 backend memory once at load. */
 typedef struct layer_vectors {
-    float *attn_norm, *ffn_norm; /* [dim] */
+    float *attn_norm, *ffn_norm; /* [dim] (zero-centred norms: 1 + w) */
     float *q_norm, *k_norm;      /* [head_dim] (qk_norm) */
     float *bq, *bk, *bv;         /* [q_dim], [kv_dim], [kv_dim] (attention_bias) */
     /* gpt-oss, else NULL */
@@ -22,6 +22,9 @@ typedef struct layer_vectors {
     float *expert_gate_bias, *expert_up_bias; /* [n_experts][moe_inter] */
     float *expert_down_bias;                  /* [n_experts][dim] */
     int window;                  /* sliding window of this layer, 0 = full attention */
+    float *lin_norm;             /* [linear value_dim] gated RMSNorm (linear layers) */
+    float *lin_conv;             /* [conv_dim][conv_kernel] */
+    float *lin_a_log, *lin_dt_bias; /* [linear value heads] */
 } layer_vectors;
 
 struct transformer {
@@ -40,6 +43,10 @@ struct transformer {
     float *inv_freq;     /* [head_dim/2] */
     float attn_factor;
     moe_experts *experts; /* per local layer (MoE layers only) */
+    linear_attention_layer *lin; /* per local layer (GatedDeltaNet layers only), with its states */
+    int hybrid, n_state_slots;
+    int64_t conv_dim, lin_value_dim, shared_inter;
+    int32_t *identity_slots; /* host [max_logits]: slot i for sequence i */
     /* run state: backend memory, sized for max_tokens */
     float *x;        /* [max_tokens][dim] residual stream */
     float *xn;       /* [max_tokens][dim] normed input / projection output */
@@ -49,6 +56,13 @@ struct transformer {
     float *att;      /* [max_tokens][q_dim] */
     float *gate, *up; /* [max_tokens][inter] */
     float *router;   /* [max_tokens][n_experts] */
+    float *q_gate;   /* [max_tokens][q_dim] attention output gate (hybrids) */
+    float *lin_qkv;  /* [max_tokens][conv_dim] GatedDeltaNet q, k, v (then convolved) */
+    float *lin_z;    /* [max_tokens][lin_value_dim] */
+    float *lin_b, *lin_a; /* [max_tokens][linear value heads] */
+    float *lin_out;  /* [max_tokens][lin_value_dim] */
+    float *shared_out;   /* [max_tokens][dim] shared expert */
+    float *shared_logit; /* [max_tokens] its gate */
     int32_t *route_ids; /* [max_tokens][k] */
     float *route_w;     /* [max_tokens][k] */
     int32_t *tokens, *positions, *seq_of_token, *slots, *table_start; /* [max_tokens] */
@@ -59,14 +73,16 @@ struct transformer {
     int tables_cap;
 };
 
-/* Uploads a small dense weight ([1][n] vector, or [rows][n] biases) as f32. */
-static float *upload_vector(compute_backend *be, const weight_matrix *m) {
+/* Uploads a small [rows][cols] weight as f32, plus `offset` on every value (zero-centred norms
+ * are used as 1 + w). */
+static float *upload_values(compute_backend *be, const weight_matrix *m, float offset) {
     if (!m->data) return NULL;
     size_t n = (size_t)m->rows * (size_t)m->cols;
     float *host = malloc(n * sizeof *host);
     float *dev = be->alloc(be, n * sizeof *dev);
     if (host && dev) {
         for (int64_t r = 0; r < m->rows; r++) weight_matrix_row_to_f32(m, r, host + r * m->cols);
+        for (size_t i = 0; i < n; i++) host[i] += offset;
         be->upload(be, dev, host, n * sizeof *host);
     } else if (dev) {
         be->free(be, dev);
@@ -80,6 +96,38 @@ static void *balloc(transformer *t, size_t bytes, int *fail) {
     void *p = t->be->alloc(t->be, bytes ? bytes : 4);
     if (!p) *fail = 1;
     return p;
+}
+
+static float *upload_vector(compute_backend *be, const weight_matrix *m) {
+    return upload_values(be, m, 0.0f);
+}
+
+/* One slot's state of a GatedDeltaNet layer. */
+static size_t conv_state_bytes(const linear_attention_layer *L) {
+    return (size_t)(L->conv_kernel - 1) * (size_t)L->conv_dim * sizeof(float);
+}
+
+static size_t recurrent_state_bytes(const linear_attention_layer *L) {
+    return (size_t)L->n_v_heads * (size_t)L->key_dim * (size_t)L->value_dim * sizeof(float);
+}
+
+/* A GatedDeltaNet layer's small weights and its recurrent state for every slot. */
+static void create_linear_layer(transformer *t, const layer_weights *l, layer_vectors *v,
+                                linear_attention_layer *L, int *fail) {
+    const model_config *c = t->c;
+    compute_backend *be = t->be;
+    v->lin_norm = upload_vector(be, &l->lin_norm);
+    v->lin_conv = upload_vector(be, &l->lin_conv);
+    v->lin_a_log = upload_vector(be, &l->lin_a_log);
+    v->lin_dt_bias = upload_vector(be, &l->lin_dt_bias);
+    *L = (linear_attention_layer){
+        .n_k_heads = c->linear_key_heads, .n_v_heads = c->linear_value_heads,
+        .key_dim = c->linear_key_dim, .value_dim = c->linear_value_dim,
+        .conv_kernel = c->linear_conv_kernel, .conv_dim = t->conv_dim,
+        .conv_weight = v->lin_conv, .a_log = v->lin_a_log, .dt_bias = v->lin_dt_bias};
+    L->conv_state = balloc(t, (size_t)t->n_state_slots * conv_state_bytes(L), fail);
+    L->recurrent_state = balloc(t, (size_t)t->n_state_slots * recurrent_state_bytes(L), fail);
+    if (!v->lin_norm || !v->lin_conv || !v->lin_a_log || !v->lin_dt_bias) *fail = 1;
 }
 
 /* gpt-oss: o_proj bias, sinks, router bias, expert biases. Returns 0, or -1 (out of memory). */
@@ -107,15 +155,17 @@ int transformer_backend_check(const model_config *c, const compute_backend *be, 
 
 static int create_vectors(transformer *t, int *fail) {
     const model_config *c = t->c;
+    float norm_offset = t->w->norm_plus_one ? 1.0f : 0.0f;
     for (int i = 0; i < t->n_local; i++) {
         const layer_weights *l = &t->w->layers[i];
         layer_vectors *v = &t->vec[i];
-        v->attn_norm = upload_vector(t->be, &l->attn_norm);
-        v->ffn_norm = upload_vector(t->be, &l->ffn_norm);
+        v->attn_norm = upload_values(t->be, &l->attn_norm, norm_offset);
+        v->ffn_norm = upload_values(t->be, &l->ffn_norm, norm_offset);
         if (!v->attn_norm || !v->ffn_norm) *fail = 1;
-        if (c->qk_norm) {
-            v->q_norm = upload_vector(t->be, &l->q_norm);
-            v->k_norm = upload_vector(t->be, &l->k_norm);
+        if (l->is_linear) create_linear_layer(t, l, v, &t->lin[i], fail);
+        if (c->qk_norm && !l->is_linear) {
+            v->q_norm = upload_values(t->be, &l->q_norm, norm_offset);
+            v->k_norm = upload_values(t->be, &l->k_norm, norm_offset);
             if (!v->q_norm || !v->k_norm) *fail = 1;
         }
         if (c->attention_bias) {
@@ -135,7 +185,7 @@ static int create_vectors(transformer *t, int *fail) {
                                           .swiglu_limit = c->swiglu_limit, .swiglu_alpha = c->swiglu_alpha};
     }
     if (t->last) {
-        t->final_norm = upload_vector(t->be, &t->w->final_norm);
+        t->final_norm = upload_values(t->be, &t->w->final_norm, norm_offset);
         if (!t->final_norm) *fail = 1;
     }
     return *fail ? -1 : 0;
@@ -162,12 +212,28 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
     t->q_dim = (int64_t)t->n_heads * c->head_dim;
     t->kv_dim = (int64_t)t->n_kv_heads * c->head_dim;
     t->inter = c->intermediate_size / tp;
+    t->hybrid = model_config_is_hybrid(c);
+    if (t->hybrid && (!be->conv1d_causal || !be->gated_delta_rule || !be->rmsnorm_gated ||
+                      !be->mul_sigmoid || !be->mul_sigmoid_rows || !be->copy)) {
+        error_set(err, errlen, "%s is a hybrid linear-attention model, which the %s backend does "
+                  "not run yet (use --device cpu)", c->architecture, be->name);
+        free(t);
+        return NULL;
+    }
+    t->n_state_slots = max_logits;
+    t->conv_dim = 2 * (int64_t)c->linear_key_heads * c->linear_key_dim +
+                  (int64_t)c->linear_value_heads * c->linear_value_dim;
+    t->lin_value_dim = (int64_t)c->linear_value_heads * c->linear_value_dim;
+    t->shared_inter = c->shared_expert_intermediate_size;
     t->vec = calloc((size_t)t->n_local, sizeof *t->vec);
     t->experts = calloc((size_t)t->n_local, sizeof *t->experts);
-    int fail = !t->vec || !t->experts;
+    t->lin = calloc((size_t)t->n_local, sizeof *t->lin);
+    t->identity_slots = malloc((size_t)max_logits * sizeof *t->identity_slots);
+    int fail = !t->vec || !t->experts || !t->lin || !t->identity_slots;
+    for (int i = 0; !fail && i < max_logits; i++) t->identity_slots[i] = i;
     if (!fail) create_vectors(t, &fail);
     size_t T = (size_t)max_tokens, F = sizeof(float);
-    int64_t inter = t->inter;
+    int64_t inter = t->inter > t->shared_inter ? t->inter : t->shared_inter;
     t->x = balloc(t, T * (size_t)t->dim * F, &fail);
     t->xn = balloc(t, T * (size_t)t->dim * F, &fail);
     t->ffn_out = balloc(t, T * (size_t)t->dim * F, &fail);
@@ -181,6 +247,18 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
         t->router = balloc(t, T * (size_t)c->n_experts * F, &fail);
         t->route_ids = balloc(t, T * (size_t)c->n_experts_per_tok * 4, &fail);
         t->route_w = balloc(t, T * (size_t)c->n_experts_per_tok * F, &fail);
+    }
+    if (t->hybrid) {
+        t->q_gate = balloc(t, T * (size_t)t->q_dim * F, &fail);
+        t->lin_qkv = balloc(t, T * (size_t)t->conv_dim * F, &fail);
+        t->lin_z = balloc(t, T * (size_t)t->lin_value_dim * F, &fail);
+        t->lin_b = balloc(t, T * (size_t)c->linear_value_heads * F, &fail);
+        t->lin_a = balloc(t, T * (size_t)c->linear_value_heads * F, &fail);
+        t->lin_out = balloc(t, T * (size_t)t->lin_value_dim * F, &fail);
+    }
+    if (t->shared_inter) {
+        t->shared_out = balloc(t, T * (size_t)t->dim * F, &fail);
+        t->shared_logit = balloc(t, T * F, &fail);
     }
     t->tokens = balloc(t, T * 4, &fail);
     t->positions = balloc(t, T * 4, &fail);
@@ -218,7 +296,14 @@ void transformer_destroy(transformer *t) {
         BFREE(v->attn_norm); BFREE(v->ffn_norm); BFREE(v->q_norm); BFREE(v->k_norm);
         BFREE(v->bq); BFREE(v->bk); BFREE(v->bv); BFREE(v->bo); BFREE(v->sinks); BFREE(v->router_bias);
         BFREE(v->expert_gate_bias); BFREE(v->expert_up_bias); BFREE(v->expert_down_bias);
+        BFREE(v->lin_norm); BFREE(v->lin_conv); BFREE(v->lin_a_log); BFREE(v->lin_dt_bias);
+        if (t->lin) {
+            BFREE(t->lin[i].conv_state);
+            BFREE(t->lin[i].recurrent_state);
+        }
     }
+    BFREE(t->q_gate); BFREE(t->lin_qkv); BFREE(t->lin_z); BFREE(t->lin_b); BFREE(t->lin_a);
+    BFREE(t->lin_out); BFREE(t->shared_out); BFREE(t->shared_logit);
     BFREE(t->final_norm); BFREE(t->inv_freq);
     BFREE(t->x); BFREE(t->xn); BFREE(t->ffn_out); BFREE(t->q); BFREE(t->att); BFREE(t->k);
     BFREE(t->v); BFREE(t->gate); BFREE(t->up); BFREE(t->router); BFREE(t->route_ids);
@@ -228,6 +313,8 @@ void transformer_destroy(transformer *t) {
 #undef BFREE
     free(t->vec);
     free(t->experts);
+    free(t->lin);
+    free(t->identity_slots);
     free(t);
 }
 
@@ -254,6 +341,17 @@ static int check_batch(const transformer *t, const transformer_batch *b, char *e
         if (b->seq_of_token[i] < 0 || b->seq_of_token[i] >= b->n_seqs || b->positions[i] < 0 ||
             (t->first && (b->tokens[i] < 0 || b->tokens[i] >= t->c->vocab_size))) {
             error_set(err, errlen, "token %d of the batch has a bad id, position or sequence", i);
+            return -1;
+        }
+    if (t->hybrid && !b->state_slots && b->n_seqs > t->n_state_slots) {
+        error_set(err, errlen, "batch of %d sequences, but %d recurrent-state slots", b->n_seqs,
+                  t->n_state_slots);
+        return -1;
+    }
+    for (int s = 0; t->hybrid && b->state_slots && s < b->n_seqs; s++)
+        if (b->state_slots[s] < 0 || b->state_slots[s] >= t->n_state_slots) {
+            error_set(err, errlen, "sequence %d of the batch has state slot %d (0..%d)", s,
+                      b->state_slots[s], t->n_state_slots - 1);
             return -1;
         }
     if (!t->first && !b->hidden_in) {
@@ -296,6 +394,48 @@ static void matmul_shared_x(compute_backend *be, int n, const weight_matrix *con
     for (int i = 0; i < n; i++) be->matmul(be, w[i], x, ys[i], n_tokens);
 }
 
+/* dst (n_new slots) = the first n_old slots of src, the rest zero; frees src. */
+static void *grow_slots(compute_backend *be, void *src, size_t slot_bytes, int n_old, int n_new) {
+    void *dst = be->alloc(be, (size_t)n_new * slot_bytes);
+    if (!dst) return NULL;
+    be->copy(be, dst, src, (size_t)n_old * slot_bytes);
+    be->free(be, src);
+    return dst;
+}
+
+int transformer_reserve_state_slots(transformer *t, int n, char *err, size_t errlen) {
+    if (!t->hybrid || n <= t->n_state_slots) return 0;
+    for (int li = 0; li < t->n_local; li++) {
+        linear_attention_layer *L = &t->lin[li];
+        if (!t->w->layers[li].is_linear) continue;
+        void *conv = grow_slots(t->be, L->conv_state, conv_state_bytes(L), t->n_state_slots, n);
+        if (conv) L->conv_state = conv;
+        void *rec = conv ? grow_slots(t->be, L->recurrent_state, recurrent_state_bytes(L),
+                                      t->n_state_slots, n)
+                         : NULL;
+        if (rec) L->recurrent_state = rec;
+        if (!conv || !rec) { /* layers grown so far keep their larger buffers: harmless */
+            error_set(err, errlen, "out of memory for %d recurrent-state slots", n);
+            return -1;
+        }
+    }
+    t->n_state_slots = n;
+    return 0;
+}
+
+void transformer_copy_state(transformer *t, int dst_slot, int src_slot) {
+    if (!t->hybrid || dst_slot == src_slot) return;
+    for (int li = 0; li < t->n_local; li++) {
+        const linear_attention_layer *L = &t->lin[li];
+        if (!t->w->layers[li].is_linear) continue;
+        size_t cb = conv_state_bytes(L), rb = recurrent_state_bytes(L);
+        t->be->copy(t->be, (char *)L->conv_state + (size_t)dst_slot * cb,
+                    (const char *)L->conv_state + (size_t)src_slot * cb, cb);
+        t->be->copy(t->be, (char *)L->recurrent_state + (size_t)dst_slot * rb,
+                    (const char *)L->recurrent_state + (size_t)src_slot * rb, rb);
+    }
+}
+
 void transformer_set_allreduce(transformer *t, transformer_allreduce_fn fn, void *ctx) {
     t->allreduce = fn;
     t->allreduce_ctx = ctx;
@@ -314,9 +454,9 @@ static int attention_block(transformer *t, int li, const kv_layer *kv,
     const layer_weights *l = &t->w->layers[li];
     const layer_vectors *v = &t->vec[li];
     be->rmsnorm(be, t->x, v->attn_norm, t->xn, n, t->dim, c->rms_norm_eps);
-    const weight_matrix *qkv[3] = {&l->wq, &l->wk, &l->wv};
-    float *qkv_out[3] = {t->q, t->k, t->v};
-    matmul_shared_x(be, 3, qkv, t->xn, qkv_out, n);
+    const weight_matrix *qkv[4] = {&l->wq, &l->wk, &l->wv, &l->wq_gate};
+    float *qkv_out[4] = {t->q, t->k, t->v, t->q_gate};
+    matmul_shared_x(be, c->attn_output_gate ? 4 : 3, qkv, t->xn, qkv_out, n);
     if (c->attention_bias) {
         be->add_row(be, t->q, v->bq, n, t->q_dim);
         be->add_row(be, t->k, v->bk, n, t->kv_dim);
@@ -339,11 +479,46 @@ static int attention_block(transformer *t, int li, const kv_layer *kv,
         ab = &layer_ab;
     }
     be->attention(be, t->q, kv, ab, t->att);
+    if (c->attn_output_gate) be->mul_sigmoid(be, t->att, t->q_gate, n * t->q_dim);
     be->matmul(be, &l->wo, t->att, t->xn, n);
     if (sum_across_ranks(t, t->xn, n, err, errlen)) return -1;
     if (v->bo) be->add_row(be, t->xn, v->bo, n, t->dim); /* after the sum: added once */
     be->add(be, t->x, t->xn, n * t->dim);
     return 0;
+}
+
+/* A GatedDeltaNet layer: projections, causal conv, the gated delta rule against each sequence's
+ * recurrent state, the gated RMSNorm per value head, the output projection. */
+static void linear_attention_block(transformer *t, int li, const linear_attention_batch *lb,
+                                   int64_t n) {
+    compute_backend *be = t->be;
+    const model_config *c = t->c;
+    const layer_weights *l = &t->w->layers[li];
+    const layer_vectors *v = &t->vec[li];
+    be->rmsnorm(be, t->x, v->attn_norm, t->xn, n, t->dim, c->rms_norm_eps);
+    const weight_matrix *proj[4] = {&l->lin_qkv, &l->lin_z, &l->lin_b, &l->lin_a};
+    float *proj_out[4] = {t->lin_qkv, t->lin_z, t->lin_b, t->lin_a};
+    matmul_shared_x(be, 4, proj, t->xn, proj_out, n);
+    be->conv1d_causal(be, &t->lin[li], lb, t->lin_qkv);
+    be->gated_delta_rule(be, &t->lin[li], lb, t->lin_qkv, t->lin_b, t->lin_a, t->lin_out);
+    be->rmsnorm_gated(be, t->lin_out, v->lin_norm, t->lin_z, t->lin_out,
+                      n * c->linear_value_heads, c->linear_value_dim, c->rms_norm_eps);
+    be->matmul(be, &l->lin_out, t->lin_out, t->xn, n);
+    be->add(be, t->x, t->xn, n * t->dim);
+}
+
+/* The hybrids' shared expert, added to the routed experts' output in ffn_out with the weight
+ * sigmoid(shared_expert_gate x). */
+static void shared_expert(transformer *t, const layer_weights *l, int64_t n) {
+    compute_backend *be = t->be;
+    const weight_matrix *gu[2] = {&l->shared_gate, &l->shared_up};
+    float *gu_out[2] = {t->gate, t->up};
+    matmul_shared_x(be, 2, gu, t->xn, gu_out, n);
+    be->silu_mul(be, t->gate, t->up, n * t->shared_inter);
+    be->matmul(be, &l->shared_down, t->gate, t->shared_out, n);
+    be->matmul(be, &l->shared_expert_gate, t->xn, t->shared_logit, n);
+    be->mul_sigmoid_rows(be, t->shared_out, t->shared_logit, n, t->dim);
+    be->add(be, t->ffn_out, t->shared_out, n * t->dim);
 }
 
 static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen) {
@@ -358,6 +533,7 @@ static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen
                       t->route_ids, t->route_w);
         be->moe_ffn(be, &t->experts[li], t->xn, n, t->route_ids, t->route_w,
                     c->n_experts_per_tok, t->ffn_out);
+        if (t->shared_inter) shared_expert(t, l, n);
     } else {
         const weight_matrix *gu[2] = {&l->w_gate, &l->w_up};
         float *gu_out[2] = {t->gate, t->up};
@@ -376,11 +552,15 @@ static int run_layers(transformer *t, const kv_layer *kv, const attention_batch 
                       const transformer_batch *b, char *err, size_t errlen) {
     compute_backend *be = t->be;
     int64_t n = b->n_tokens;
+    linear_attention_batch lb = {.n_tokens = n, .positions = b->positions,
+                                 .seq_of_token = b->seq_of_token,
+                                 .state_slots = b->state_slots ? b->state_slots : t->identity_slots};
     if (t->first) be->embed(be, &t->w->embed, t->tokens, n, t->x);
-    for (int li = 0; li < t->n_local; li++)
-        if (attention_block(t, li, &kv[li], ab, n, err, errlen) ||
-            mlp_block(t, li, n, err, errlen))
-            return -1;
+    for (int li = 0; li < t->n_local; li++) {
+        if (t->w->layers[li].is_linear) linear_attention_block(t, li, &lb, n);
+        else if (attention_block(t, li, &kv[li], ab, n, err, errlen)) return -1;
+        if (mlp_block(t, li, n, err, errlen)) return -1;
+    }
     if (!t->last || !b->n_logits) return 0;
     be->gather_rows(be, t->x, t->logit_rows, b->n_logits, t->dim, t->head_in);
     be->rmsnorm(be, t->head_in, t->final_norm, t->head_in, b->n_logits, t->dim,

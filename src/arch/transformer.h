@@ -1,8 +1,17 @@
 /* transformer — the forward pass shared by every supported family (Llama/Mistral, Qwen2, Qwen3,
- * Qwen3-MoE, gpt-oss), written over compute_backend ops so it runs on any backend. Families differ
- * only where the math differs: q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3), sparse MoE MLP,
- * and for gpt-oss o_proj and router biases, attention sinks, a sliding window on the layers
- * layer_types names, and biased experts with a clamped SwiGLU (backend features it checks).
+ * Qwen3-MoE, gpt-oss, the Qwen3-Next / Qwen3.5 hybrids), written over compute_backend ops so it
+ * runs on any backend. Families differ only where the math differs: q/k/v biases (Qwen2),
+ * per-head q/k RMSNorm (Qwen3), sparse MoE MLP; for gpt-oss o_proj and router biases, attention
+ * sinks, a sliding window on the layers layer_types names, and biased experts with a clamped
+ * SwiGLU (backend features it checks); for the hybrids GatedDeltaNet layers in place of attention
+ * in most layers, a sigmoid output gate on attention, (1 + w) norms and a gated shared expert.
+ *
+ * Hybrid models carry a recurrent state per sequence (conv inputs + the delta rule's matrix per
+ * linear layer), kept here in `max_logits` slots: the caller says which slot each sequence of a
+ * batch continues (transformer_batch.state_slots); a sequence whose first token in the batch is
+ * at position 0 starts from a zero state, so a new or recomputed sequence needs no reset call.
+ * A prefix can therefore not be skipped through the KV cache alone (infer/ does not reuse cached
+ * prefixes for these models).
  *
  * One call processes a flat batch of tokens from many sequences (a prefill chunk of one and
  * decode steps of others together): token ids, positions, and per-sequence block tables into
@@ -39,10 +48,13 @@ typedef struct transformer_batch {
     int n_block_entries;
     int n_logits;                     /* last stage: tokens whose logits are wanted */
     const int32_t *logit_rows;        /* [n_logits] indices into the batch */
+    const int32_t *state_slots;       /* [n_seqs] hybrid models: each sequence's recurrent-state
+                                         slot (< max_logits); NULL: sequence i uses slot i */
 } transformer_batch;
 
 /* Builds the forward for `w` (which must outlive it) on backend `be`. max_tokens bounds
- * n_tokens per call, max_logits bounds n_logits. NULL with err when out of memory. */
+ * n_tokens per call, max_logits bounds n_logits (and the recurrent-state slots of a hybrid).
+ * NULL with err when out of memory, or for a hybrid on a backend without its ops. */
 transformer *transformer_create(const model_config *c, const model_weights *w,
                                 compute_backend *be, int max_tokens, int max_logits, char *err,
                                 size_t errlen);
@@ -51,6 +63,12 @@ void transformer_destroy(transformer *t);
 /* Whether `be` implements every op variant the model needs (gpt-oss: attention sinks and windows,
  * biased clamped-SwiGLU experts). Returns 0, or -1 with err naming what is missing. */
 int transformer_backend_check(const model_config *c, const compute_backend *be, char *err, size_t errlen);
+/* Hybrid models: makes room for n recurrent-state slots (the first max_logits are there from
+ * transformer_create; more hold snapshots for the prefix cache). Existing slots keep their state.
+ * Returns 0, or -1 with err when out of memory (the old slots stay). */
+int transformer_reserve_state_slots(transformer *t, int n, char *err, size_t errlen);
+/* Hybrid models: copies every local linear layer's recurrent state of slot src into slot dst. */
+void transformer_copy_state(transformer *t, int dst_slot, int src_slot);
 
 /* Sums n floats of backend memory in place across the tensor-parallel ranks (every rank gets
  * the same sum). Returns 0, or -1 with err (a rank died or timed out). */

@@ -71,6 +71,31 @@ enum {
     BACKEND_FEATURE_ATTENTION_SINKS_WINDOW = 1, /* attention_batch.sinks and .window */
     BACKEND_FEATURE_MOE_BIAS_CLAMP = 2,         /* moe_experts biases and swiglu_limit */
 };
+/* One GatedDeltaNet (linear attention) layer as its ops see it: the shapes, the small weights as
+ * f32 backend memory, and the recurrent state of every sequence slot (backend memory, zeroed by
+ * alloc). The projections in front of it write qkv [n_tokens][conv_dim] with conv_dim =
+ * 2 * n_k_heads * key_dim + n_v_heads * value_dim: all query heads, then all key heads, then all
+ * value heads. Value head h reads query/key head h / (n_v_heads / n_k_heads). */
+typedef struct linear_attention_layer {
+    int n_k_heads, n_v_heads, key_dim, value_dim, conv_kernel;
+    int64_t conv_dim;
+    const float *conv_weight;   /* [conv_dim][conv_kernel] depthwise causal taps */
+    const float *a_log;         /* [n_v_heads] A = exp(a_log) */
+    const float *dt_bias;       /* [n_v_heads] */
+    float *conv_state;          /* [n_slots][conv_kernel - 1][conv_dim] last inputs, oldest first */
+    float *recurrent_state;     /* [n_slots][n_v_heads][key_dim][value_dim] */
+} linear_attention_layer;
+
+/* Which state slot each token continues. The tokens of one sequence are consecutive in the batch
+ * and in position order; a sequence whose first token here has position 0 starts from a zero
+ * state (a new or recomputed sequence), any other continues from its slot's state. Host memory:
+ * the recurrences run per sequence. */
+typedef struct linear_attention_batch {
+    int64_t n_tokens;
+    const int32_t *positions;    /* [n_tokens] */
+    const int32_t *seq_of_token; /* [n_tokens] */
+    const int32_t *state_slots;  /* [n_seqs] */
+} linear_attention_batch;
 
 typedef struct compute_backend compute_backend;
 struct compute_backend {
@@ -151,6 +176,29 @@ struct compute_backend {
     /* out[t] = sum_j weights[t][j] * expert_{ids[t][j]}(x[t]) */
     void (*moe_ffn)(compute_backend *b, const moe_experts *ex, const float *x, int64_t n_tokens,
                     const int32_t *ids, const float *weights, int k, float *out);
+    /* Hybrid models (NULL where a backend has none: such models are refused on it). */
+    /* qkv [n_tokens][conv_dim] in place: silu of the causal depthwise convolution over each
+     * sequence's inputs (its conv state, then these tokens), whose last conv_kernel - 1 inputs
+     * become the new conv state. */
+    void (*conv1d_causal)(compute_backend *b, const linear_attention_layer *l,
+                          const linear_attention_batch *lb, float *qkv);
+    /* The gated delta rule over the convolved qkv: per value head, with L2-normalised q and k
+     * (q scaled by 1/sqrt(key_dim)), beta = sigmoid(beta_logits), decay = exp(-exp(a_log) *
+     * softplus(a + dt_bias)): S = decay * S; S += k (beta (v - k^T S))^T; out = q^T S.
+     * out [n_tokens][n_v_heads * value_dim]; each sequence's S is read from and left in its slot. */
+    void (*gated_delta_rule)(compute_backend *b, const linear_attention_layer *l,
+                             const linear_attention_batch *lb, const float *qkv,
+                             const float *beta_logits, const float *a, float *out);
+    /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight * silu(z[r]), rows of `dim`; y may be x */
+    void (*rmsnorm_gated)(compute_backend *b, const float *x, const float *weight, const float *z,
+                          float *y, int64_t rows, int64_t dim, float eps);
+    /* x[i] *= sigmoid(gate[i]) */
+    void (*mul_sigmoid)(compute_backend *b, float *x, const float *gate, int64_t n);
+    /* bytes from src to dst, both backend memory (recurrent-state snapshots) */
+    void (*copy)(compute_backend *b, void *dst, const void *src, size_t bytes);
+    /* x[r][c] *= sigmoid(gate[r]) (a per-row gate, e.g. the shared expert's) */
+    void (*mul_sigmoid_rows)(compute_backend *b, float *x, const float *gate, int64_t rows,
+                             int64_t dim);
     void (*destroy)(compute_backend *b);
 };
 

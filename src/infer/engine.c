@@ -12,6 +12,14 @@
  *      prefills still get at least a block), so that step is short too;
  *   4. one forward over the flat batch; every sequence whose chunk reached its last known token
  *      samples its next token.
+ * Hybrid models (GatedDeltaNet layers, model_config_is_hybrid) also keep a recurrent state per
+ * running sequence: a slot is taken when it is first batched and given back when it finishes or
+ * is preempted (a recomputed sequence starts again at position 0, which resets its state). A
+ * cached prefix restores both: the state after a prefix is snapshotted whenever a sequence's
+ * computed tokens end on a block boundary (prefill chunks are cut there: at the prompt's last
+ * boundary, and at a boundary when the budget splits a prompt; decode crosses one every block),
+ * and admission takes the longest cached prefix that has a snapshot. Not in an overlapped
+ * pipeline, whose stages run a sequence's next chunk before its previous one is applied.
  * Refuses: prompts that cannot fit the context or the whole cache (engine_submit fails). */
 #include "infer/engine_internal.h"
 
@@ -95,6 +103,11 @@ static int alloc_staging(engine *e) {
     if (samples_here) /* only the sampling rank sees whole logits */
         e->logits = malloc((size_t)e->max_sequences * (size_t)e->cfg.vocab_size * sizeof(float));
     e->samples = calloc((size_t)e->max_sequences, sizeof *e->samples);
+    e->free_slots = malloc((size_t)e->max_sequences * sizeof *e->free_slots);
+    e->b_state_slots = malloc((size_t)e->max_sequences * sizeof *e->b_state_slots);
+    for (int i = 0; e->free_slots && i < e->max_sequences; i++)
+        e->free_slots[e->n_free_slots++] = e->max_sequences - 1 - i;
+    if (!e->free_slots || !e->b_state_slots) return -1;
     e->seqs = calloc((size_t)e->max_sequences * 4 + 16, sizeof *e->seqs);
     return e->b_tokens && e->b_positions && e->b_seq && e->b_slots && e->b_table_start &&
                    e->b_logit_rows && e->b_members && (e->logits || !samples_here) &&
@@ -122,21 +135,24 @@ static void load_weight(weight_matrix *m, void *ctx) {
         wl->failed = 1;
 }
 
-/* The backend for o->device, described in info->device. A tensor-parallel rank computes on the
- * CPU: its all-reduce (dist/) sums host memory between backend ops, which a GPU backend's buffers
- * and recorded steps are not; `auto` picks the CPU there and an explicit `cuda` is refused. */
-static int open_backend(engine *e, const engine_options *o, int tensor_parallel, char *err,
+/* The backend for o->device, described in info->device. Some work runs on the CPU only
+ * (cpu_only names it, else NULL): a tensor-parallel rank, whose all-reduce (dist/) sums host
+ * memory between backend ops, which a GPU backend's buffers and recorded steps are not; a hybrid
+ * linear-attention model, whose ops only the CPU backend has. There `auto` picks the CPU and an
+ * explicit `cuda` is refused. */
+static int open_backend(engine *e, const engine_options *o, const char *cpu_only, char *err,
                         size_t errlen) {
     compute_device asked, d;
     if (compute_device_parse(o->device, &asked, err, errlen) != 0) return -1;
     d = compute_device_resolve(asked);
-    if (tensor_parallel && d == COMPUTE_DEVICE_CUDA) {
+    if (cpu_only && d == COMPUTE_DEVICE_CUDA) {
         if (asked == COMPUTE_DEVICE_CUDA) {
-            error_set(err, errlen, "--device cuda: tensor parallel runs on the CPU only (use "
-                                   "--device cpu, or a pipeline split on GPUs)");
+            int tp = !strcmp(cpu_only, "tensor parallel");
+            error_set(err, errlen, "--device cuda: %s runs on the CPU only (use --device cpu%s)",
+                      cpu_only, tp ? ", or a pipeline split on GPUs" : "");
             return -1;
         }
-        log_info("engine: tensor parallel runs on the CPU (device auto)");
+        log_info("engine: %s runs on the CPU (device auto)", cpu_only);
         d = COMPUTE_DEVICE_CPU;
     }
     e->be = compute_backend_open(d, o->n_threads, err, errlen);
@@ -171,7 +187,10 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     e->st = safetensors_set_open_stage(o->model_dir, c->n_layers, c->tie_word_embeddings,
                                        shard.layer_start, shard.layer_end, err, errlen);
     if (!e->st) goto fail;
-    if (open_backend(e, o, shard.tp_size > 1, err, errlen) != 0) goto fail;
+    const char *cpu_only = shard.tp_size > 1           ? "tensor parallel"
+                           : model_config_is_hybrid(c) ? "a hybrid linear-attention model"
+                                                       : NULL;
+    if (open_backend(e, o, cpu_only, err, errlen) != 0) goto fail;
     /* a backend with memory of its own copies the weights there: no host copy first */
     shard.memory = e->be->load_weight ? WEIGHTS_MEM_MMAP : WEIGHTS_MEM_AUTO;
     if (model_weights_load_shard(e->st, c, &shard, &e->w, err, errlen)) goto fail;
@@ -182,7 +201,9 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     }
     if (e->be->prepare_weight) model_weights_rewrite(&e->w, prepare_weight, e->be);
     e->max_batch_tokens = o->max_batch_tokens > 0 ? o->max_batch_tokens : 512;
-    e->max_sequences = o->max_sequences > 0 ? o->max_sequences : 64;
+    e->hybrid = model_config_is_hybrid(c);
+    /* a hybrid's recurrent state costs every slot its full size up front (Qwen3.5-9B: ~50 MB) */
+    e->max_sequences = o->max_sequences > 0 ? o->max_sequences : e->hybrid ? 16 : 64;
     e->block_size = ENGINE_BLOCK_SIZE;
     engine_info *info = &e->info;
     snprintf(info->architecture, sizeof info->architecture, "%s", c->architecture);
@@ -200,6 +221,13 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
                                errlen);
     if (!e->tf || (e->dist && engine_dist_start(e, err, errlen)) || open_kv(e, o, err, errlen))
         goto fail;
+    if (e->hybrid) { /* as many snapshots as sequences: each can leave its prefix behind */
+        e->n_snapshots = e->max_sequences;
+        e->snapshots = calloc((size_t)e->n_snapshots, sizeof *e->snapshots);
+        if (!e->snapshots || transformer_reserve_state_slots(e->tf, e->max_sequences + e->n_snapshots,
+                                                             err, errlen))
+            goto fail;
+    }
     return e;
 oom:
     error_set(err, errlen, "out of memory opening %s", o->model_dir);
@@ -208,8 +236,43 @@ fail:
     return NULL;
 }
 
+static void release_state_slot(engine *e, sequence *s) {
+    if (s->state_slot < 0) return;
+    e->free_slots[e->n_free_slots++] = s->state_slot;
+    s->state_slot = -1;
+}
+
+/* Whether hybrid prefixes are reused (see the top of this file). */
+static int hybrid_prefix_reuse(const engine *e) {
+    return e->hybrid && e->snapshots && e->pipeline_steps <= 1;
+}
+
+static int find_snapshot(const engine *e, uint64_t hash) {
+    for (int i = 0; i < e->n_snapshots; i++)
+        if (e->snapshots[i].hash == hash) return i;
+    return -1;
+}
+
+/* After a step: snapshots s's state when its computed tokens end on a registered block. */
+static void snapshot_take(engine *e, sequence *s) {
+    int bs = e->block_size;
+    if (!hybrid_prefix_reuse(e) || s->no_prefix_cache || s->state_slot < 0 || s->n_computed == 0 ||
+        s->n_computed % bs || s->n_hashed * bs != s->n_computed)
+        return;
+    int k = find_snapshot(e, s->last_hash);
+    if (k < 0) { /* an unused one, else the least recently used */
+        k = 0;
+        for (int i = 1; i < e->n_snapshots && e->snapshots[k].hash; i++)
+            if (!e->snapshots[i].hash || e->snapshots[i].used < e->snapshots[k].used) k = i;
+        transformer_copy_state(e->tf, e->max_sequences + k, s->state_slot);
+        e->snapshots[k].hash = s->last_hash;
+    }
+    e->snapshots[k].used = ++e->snapshot_tick;
+}
+
 static void seq_free(engine *e, sequence *s) {
     if (s->constraint.ctx && s->constraint.release) s->constraint.release(s->constraint.ctx);
+    release_state_slot(e, s);
     for (int i = 0; i < s->n_blocks; i++) kv_cache_release_block(e->kv, s->blocks[i]);
     free(s->blocks);
     free(s->tokens);
@@ -235,6 +298,9 @@ void engine_close(engine *e) {
     free(e->b_logit_rows);
     free(e->b_tables);
     free(e->b_members);
+    free(e->free_slots);
+    free(e->b_state_slots);
+    free(e->snapshots);
     free(e->logits);
     free(e->samples);
     free(e->seqs);
@@ -331,6 +397,7 @@ int engine_add_sequence(engine *e, uint64_t seq_id, const engine_request *r) {
     sequence *s = calloc(1, sizeof *s);
     if (!s) return -1;
     s->id = seq_id;
+    s->state_slot = -1;
     s->serial = ++e->next_serial;
     s->n_prompt = s->n_tokens = r->n_prompt;
     int max_total = r->n_prompt + r->max_tokens;
@@ -392,6 +459,7 @@ static void preempt(engine *e, sequence *s) {
     s->n_hashed = 0;
     s->last_hash = 0;
     s->state = SEQ_WAITING;
+    release_state_slot(e, s);
     e->preemptions++;
 }
 
@@ -414,12 +482,34 @@ static int ensure_blocks(engine *e, sequence *s, int n_pos) {
     return 0;
 }
 
+/* Admission of a hybrid: keeps the longest of the cached blocks s found whose state has a
+ * snapshot, and restores that state into a slot of its own. */
+static void restore_state(engine *e, sequence *s) {
+    int bs = e->block_size, keep = s->n_blocks, k = -1;
+    uint64_t h = s->last_hash;
+    while (keep > 0 && (k = find_snapshot(e, h)) < 0) { /* the chain hash one block shorter */
+        keep--;
+        h = 0;
+        for (int i = 0; i < keep; i++) h = kv_cache_chain_hash(h, s->tokens + (size_t)i * bs, bs);
+    }
+    if (keep > 0 && s->state_slot < 0 && e->n_free_slots > 0)
+        s->state_slot = e->free_slots[--e->n_free_slots];
+    if (keep > 0 && s->state_slot < 0) keep = 0; /* cannot happen: a slot per admitted sequence */
+    for (int i = keep; i < s->n_blocks; i++) kv_cache_release_block(e->kv, s->blocks[i]);
+    s->n_blocks = s->n_hashed = keep;
+    s->n_computed = keep * bs;
+    s->last_hash = keep ? h : 0;
+    if (!keep) return;
+    transformer_copy_state(e->tf, s->state_slot, e->max_sequences + k);
+    e->snapshots[k].used = ++e->snapshot_tick;
+}
+
 /* Admission: shares the cached blocks that hold s's leading full blocks of tokens. At least one
  * token is always left to compute, so the step has logits to sample from. */
 static void take_cached_prefix(engine *e, sequence *s) {
     int bs = e->block_size;
     int max_hits = (s->n_tokens - 1) / bs;
-    if (s->no_prefix_cache) return;
+    if (s->no_prefix_cache || (e->hybrid && !hybrid_prefix_reuse(e))) return;
     if (max_hits > 0 && s->blocks_cap < max_hits) {
         int32_t *n = realloc(s->blocks, (size_t)max_hits * 2 * sizeof *n);
         if (!n) return;
@@ -436,6 +526,7 @@ static void take_cached_prefix(engine *e, sequence *s) {
         s->n_hashed = s->n_blocks;
         s->n_computed = s->n_blocks * bs;
     }
+    if (e->hybrid) restore_state(e, s);
     if (!s->admitted) s->cached_tokens = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
     s->admitted = 1;
 }
@@ -460,6 +551,17 @@ static sequence *newest_running(engine *e, const sequence *keep) {
             return s;
     }
     return NULL;
+}
+
+/* A hybrid's prefill chunk, cut to end on a block boundary where its state can be snapshotted:
+ * the prompt's last boundary (before its last token), or, when the budget ends the chunk before
+ * that, the last boundary inside the chunk. */
+static int snapshot_aligned_chunk(const engine *e, const sequence *s, int chunk) {
+    int bs = e->block_size, start = s->n_computed, end = start + chunk;
+    int last_boundary = (s->n_tokens - 1) / bs * bs;
+    if (last_boundary > start && end > last_boundary) return last_boundary - start;
+    int aligned = end / bs * bs;
+    return end < s->n_tokens && aligned > start ? aligned - start : chunk;
 }
 
 /* Chooses this step's chunk for every live sequence. Returns the number of batch members. */
@@ -526,6 +628,8 @@ static int plan_batch(engine *e, int max_members) {
             if (want_waiting && s->n_blocks == 0) take_cached_prefix(e, s);
             left = s->n_tokens - s->n_computed;
             int chunk = left < budget ? left : budget;
+            if (hybrid_prefix_reuse(e) && !s->no_prefix_cache)
+                chunk = snapshot_aligned_chunk(e, s, chunk);
             if (ensure_blocks(e, s, s->n_computed + chunk) != 0) {
                 int have = s->n_blocks * e->block_size - s->n_computed;
                 chunk = have < chunk ? have : chunk;
@@ -562,6 +666,11 @@ static int stage_batch(engine *e, int n_members, transformer_batch *b) {
     n_entries = 0;
     for (int m = 0; m < n_members; m++) {
         sequence *s = e->b_members[m];
+        if (e->hybrid && s->state_slot < 0) {
+            if (e->n_free_slots == 0) return -1; /* cannot happen: one per running sequence */
+            s->state_slot = e->free_slots[--e->n_free_slots];
+        }
+        e->b_state_slots[m] = s->state_slot;
         e->b_table_start[m] = n_entries;
         memcpy(e->b_tables + n_entries, s->blocks, (size_t)s->n_blocks * sizeof *s->blocks);
         n_entries += s->n_blocks;
@@ -584,7 +693,8 @@ static int stage_batch(engine *e, int n_members, transformer_batch *b) {
                              .slots = e->b_slots, .n_seqs = n_members,
                              .block_table_start = e->b_table_start, .block_tables = e->b_tables,
                              .n_block_entries = n_entries, .n_logits = n_logits,
-                             .logit_rows = e->b_logit_rows};
+                             .logit_rows = e->b_logit_rows,
+                             .state_slots = e->hybrid ? e->b_state_slots : NULL};
     return 0;
 }
 
@@ -733,6 +843,7 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
     if (chunk || logit_index >= 0) s->in_flight = 0; /* else a chunk counted at its plan */
     s->n_computed += chunk;
     register_full_blocks(e, s);
+    if (chunk) snapshot_take(e, s);
     engine_finish fin = ENGINE_FINISH_NONE;
     engine_event *ev = NULL;
     if (logit_index >= 0 || *n_ev < max_events) {

@@ -42,10 +42,16 @@ typedef struct sequence {
     int admitted;       /* has been admitted once (cached_tokens is final) */
     uint64_t serial;    /* engine-assigned, unique for the engine's life (same on every rank) */
     int in_flight;      /* in a step whose token is not applied yet (pipeline overlap) */
+    int state_slot;     /* hybrid models: recurrent-state slot while running, else -1 */
     /* this step */
     int chunk;       /* tokens in the batch */
     int logit_index; /* row in logits, or -1 */
 } sequence;
+
+typedef struct state_snapshot {
+    uint64_t hash; /* chain hash of the block the state follows (0: unused) */
+    uint64_t used; /* last use, for LRU replacement */
+} state_snapshot;
 
 /* One step of an overlapped pipeline, from its plan until its results are applied (every rank
  * keeps its own copy; see engine_dist.c). */
@@ -103,6 +109,16 @@ struct engine {
     int32_t *b_tokens, *b_positions, *b_seq, *b_slots, *b_table_start, *b_logit_rows;
     int32_t *b_tables;
     int b_tables_cap;
+    /* hybrid models: recurrent-state slots (one per running sequence, max_sequences of them) */
+    int hybrid;
+    int32_t *free_slots;      /* stack of unused slots */
+    int n_free_slots;
+    int32_t *b_state_slots;   /* [max_sequences] slot of each batch member */
+    /* hybrid prefix cache: the recurrent state after a prefix, at block boundaries, by the chain
+     * hash of the prefix's last block; snapshot i lives in state slot max_sequences + i */
+    state_snapshot *snapshots;
+    int n_snapshots;
+    uint64_t snapshot_tick;
     sequence **b_members;
     float *logits;            /* [max_sequences][vocab] (the sampling rank only) */
     sampler_result *samples;  /* [max_sequences] this step's sampled tokens, by logit row */

@@ -93,6 +93,11 @@ static int parse_family(const char *arch, model_family *f) {
         {"LlamaForCausalLM", MODEL_FAMILY_LLAMA},     {"MistralForCausalLM", MODEL_FAMILY_LLAMA},
         {"Qwen2ForCausalLM", MODEL_FAMILY_QWEN2},     {"Qwen3ForCausalLM", MODEL_FAMILY_QWEN3},
         {"Qwen3MoeForCausalLM", MODEL_FAMILY_QWEN3_MOE}, {"GptOssForCausalLM", MODEL_FAMILY_GPT_OSS},
+        {"Qwen3NextForCausalLM", MODEL_FAMILY_QWEN3_NEXT},
+        {"Qwen3_5ForCausalLM", MODEL_FAMILY_QWEN3_NEXT},
+        {"Qwen3_5MoeForCausalLM", MODEL_FAMILY_QWEN3_NEXT},
+        {"Qwen3_5ForConditionalGeneration", MODEL_FAMILY_QWEN3_NEXT},
+        {"Qwen3_5MoeForConditionalGeneration", MODEL_FAMILY_QWEN3_NEXT},
     };
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (!strcmp(known[i].name, arch)) {
@@ -102,6 +107,39 @@ static int parse_family(const char *arch, model_family *f) {
     return -1;
 }
 
+static int check_supported_string(json_t *o, const char *key, const char *supported,
+                                  const char *what, const char *supported_hint, char *err,
+                                  size_t errlen);
+
+/* partial_rotary_factor (top level, or in rope_parameters): the rotary dims of each head. */
+static int parse_partial_rotary(json_t *o, model_config *c, char *err, size_t errlen) {
+    double f;
+    if (get_num(o, "partial_rotary_factor", 0, 1.0, 1e-3, 1.0, &f, err, errlen)) return -1;
+    if (!json_object_get(o, "partial_rotary_factor")) return 0;
+    int dims = (int)(c->head_dim * f);
+    if (dims < 2 || dims % 2) {
+        error_set(err, errlen, "config.json: partial_rotary_factor %g of head_dim %d is not an even "
+                  "number of rotary dims", f, c->head_dim);
+        return -1;
+    }
+    c->rope.partial_dims = dims;
+    return 0;
+}
+
+/* transformers 5's rope_parameters: theta and partial rotary; only the default type (the
+ * multimodal mrope sections of Qwen3.5 rotate text positions exactly as plain RoPE does). */
+static int parse_rope_parameters(json_t *p, model_config *c, char *err, size_t errlen) {
+    if (!json_is_object(p)) {
+        error_set(err, errlen, "config.json: 'rope_parameters' must be an object");
+        return -1;
+    }
+    if (check_supported_string(p, "rope_type", "default", "rope_parameters rope_type", "default",
+                               err, errlen) ||
+        get_num(p, "rope_theta", 0, c->rope.theta, 1.0, 1e12, &c->rope.theta, err, errlen))
+        return -1;
+    return parse_partial_rotary(p, c, err, errlen);
+}
+
 static int parse_rope(json_t *root, model_config *c, char *err, size_t errlen) {
     rope_config *r = &c->rope;
     if (get_num(root, "rope_theta", 0, 10000.0, 1.0, 1e12, &r->theta, err, errlen)) return -1;
@@ -109,6 +147,9 @@ static int parse_rope(json_t *root, model_config *c, char *err, size_t errlen) {
     r->type = ROPE_DEFAULT;
     r->factor = 1.0;
     r->truncate = 1;
+    if (parse_partial_rotary(root, c, err, errlen)) return -1;
+    json_t *p = json_object_get(root, "rope_parameters");
+    if (p && !json_is_null(p) && parse_rope_parameters(p, c, err, errlen)) return -1;
     json_t *s = json_object_get(root, "rope_scaling");
     if (!s || json_is_null(s)) return 0;
     if (!json_is_object(s)) {
@@ -327,6 +368,74 @@ static int parse_quantization(json_t *root, model_config *c, char *err, size_t e
     return 0;
 }
 
+/* The layer types of a hybrid: "layer_types" (linear_attention / full_attention), else every
+ * full_attention_interval-th layer is full attention. */
+static int parse_layer_types(json_t *o, model_config *c, char *err, size_t errlen) {
+    json_t *types = json_object_get(o, "layer_types");
+    if (!types || json_is_null(types)) {
+        int interval;
+        if (get_int(o, "full_attention_interval", 0, 4, 1, 1 << 16, &interval, err, errlen))
+            return -1;
+        for (int l = 0; l < c->n_layers; l++)
+            if ((l + 1) % interval) c->linear_layers[l / 64] |= 1ull << (l % 64);
+        return 0;
+    }
+    if (!json_is_array(types) || json_array_size(types) != (size_t)c->n_layers) {
+        error_set(err, errlen, "config.json: 'layer_types' must list num_hidden_layers (%d) types",
+                  c->n_layers);
+        return -1;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(types, i, v) {
+        const char *t = json_string_value(v);
+        if (t && !strcmp(t, "linear_attention")) {
+            c->linear_layers[i / 64] |= 1ull << (i % 64);
+        } else if (!t || strcmp(t, "full_attention")) {
+            error_set(err, errlen, "config.json: layer_types entry %zu is not linear_attention or "
+                      "full_attention", i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The GatedDeltaNet shape, gated attention, (1 + w) norms and the MoE with a shared expert of
+ * Qwen3-Next / Qwen3.5. */
+static int parse_hybrid(json_t *o, model_config *c, char *err, size_t errlen) {
+    if (c->n_layers > MODEL_CONFIG_MAX_LAYERS_BITSET) {
+        error_set(err, errlen, "config.json: hybrid models of more than %d layers are not supported",
+                  MODEL_CONFIG_MAX_LAYERS_BITSET);
+        return -1;
+    }
+    if (parse_layer_types(o, c, err, errlen) ||
+        get_int(o, "linear_conv_kernel_dim", 0, 4, 1, 64, &c->linear_conv_kernel, err, errlen) ||
+        get_int(o, "linear_key_head_dim", 0, 128, 1, 1024, &c->linear_key_dim, err, errlen) ||
+        get_int(o, "linear_value_head_dim", 0, 128, 1, 1024, &c->linear_value_dim, err, errlen) ||
+        get_int(o, "linear_num_key_heads", 0, 16, 1, 1024, &c->linear_key_heads, err, errlen) ||
+        get_int(o, "linear_num_value_heads", 0, 32, 1, 1024, &c->linear_value_heads, err, errlen))
+        return -1;
+    if (c->linear_value_heads % c->linear_key_heads) {
+        error_set(err, errlen, "config.json: linear_num_value_heads %d is not a multiple of "
+                  "linear_num_key_heads %d", c->linear_value_heads, c->linear_key_heads);
+        return -1;
+    }
+    c->linear_fused_projections = !strcmp(c->architecture, "Qwen3NextForCausalLM");
+    c->attn_output_gate = 1;
+    c->norm_zero_centred = 1;
+    c->qk_norm = 1;
+    json_t *experts = json_object_get(o, "num_experts");
+    if (!experts || json_is_null(experts) || (json_is_integer(experts) && !json_integer_value(experts)))
+        return get_int(o, "intermediate_size", 1, 0, 1, 1 << 20, &c->intermediate_size, err, errlen);
+    if (parse_moe(o, c, err, errlen) ||
+        get_int(o, "shared_expert_intermediate_size", 0, 0, 0, 1 << 20,
+                &c->shared_expert_intermediate_size, err, errlen))
+        return -1;
+    /* Qwen3.5-MoE's router always renormalises its top k (it has no norm_topk_prob) */
+    if (strstr(c->architecture, "Qwen3_5Moe")) c->norm_topk_prob = 1;
+    return 0;
+}
+
 static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
     if (!json_is_object(root)) {
         error_set(err, errlen, "config.json: not a JSON object");
@@ -342,10 +451,13 @@ static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
     if (parse_family(json_string_value(a0), &c->family) != 0) {
         error_set(err, errlen,
                   "config.json: architecture '%s' is not supported (Llama, Mistral, "
-                  "Qwen2, Qwen3, Qwen3-MoE, gpt-oss)",
+                  "Qwen2, Qwen3, Qwen3-MoE, gpt-oss, Qwen3-Next, Qwen3.5)",
                   c->architecture);
         return -1;
     }
+    /* a multimodal checkpoint keeps the language model's fields under text_config */
+    json_t *top = root, *text = json_object_get(root, "text_config");
+    if (json_is_object(text)) root = text;
     if (get_int(root, "vocab_size", 1, 0, 1, 1 << 22, &c->vocab_size, err, errlen) ||
         get_int(root, "hidden_size", 1, 0, 1, 1 << 16, &c->hidden_size, err, errlen) ||
         get_int(root, "num_hidden_layers", 1, 0, 1, 1024, &c->n_layers, err, errlen) ||
@@ -375,7 +487,9 @@ static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
     double eps;
     if (get_num(root, "rms_norm_eps", 0, 1e-6, 0.0, 1.0, &eps, err, errlen)) return -1;
     c->rms_norm_eps = (float)eps;
-    if (get_bool(root, "tie_word_embeddings", 0, &c->tie_word_embeddings, err, errlen) ||
+    int top_tied = 0;
+    if (get_bool(top, "tie_word_embeddings", 0, &top_tied, err, errlen) ||
+        get_bool(root, "tie_word_embeddings", top_tied, &c->tie_word_embeddings, err, errlen) ||
         get_bool(root, "attention_bias", c->family == MODEL_FAMILY_QWEN2 || c->family == MODEL_FAMILY_GPT_OSS,
                  &c->attention_bias, err, errlen))
         return -1;
@@ -402,7 +516,9 @@ static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
         return -1;
     }
     c->qk_norm = c->family == MODEL_FAMILY_QWEN3 || c->family == MODEL_FAMILY_QWEN3_MOE;
-    if (c->family == MODEL_FAMILY_QWEN3_MOE) {
+    if (c->family == MODEL_FAMILY_QWEN3_NEXT) {
+        if (parse_hybrid(root, c, err, errlen)) return -1;
+    } else if (c->family == MODEL_FAMILY_QWEN3_MOE) {
         if (parse_moe(root, c, err, errlen)) return -1;
     } else if (c->family == MODEL_FAMILY_GPT_OSS) {
         if (parse_gpt_oss(root, c, err, errlen)) return -1;
@@ -411,7 +527,8 @@ static int parse_root(json_t *root, model_config *c, char *err, size_t errlen) {
         return -1;
     }
     if (parse_rope(root, c, err, errlen) || parse_token_ids(root, c, err, errlen) ||
-        parse_quantization(root, c, err, errlen))
+        (c->n_eos == 0 && top != root && parse_token_ids(top, c, err, errlen)) ||
+        parse_quantization(top, c, err, errlen))
         return -1;
     return 0;
 }
@@ -452,8 +569,15 @@ int model_config_load(const char *dir, model_config *out, char *err, size_t errl
 }
 
 int model_config_layer_window(const model_config *c, int layer) {
-    if (!c->sliding_window || layer < 0 || layer >= 256) return 0;
+    if (!c->sliding_window || layer < 0 || layer >= MODEL_CONFIG_MAX_LAYERS_BITSET) return 0;
     return (c->sliding_layers[layer / 64] >> (layer % 64) & 1) ? c->sliding_window : 0;
+}
+
+int model_config_is_hybrid(const model_config *c) { return c->family == MODEL_FAMILY_QWEN3_NEXT; }
+
+int model_config_layer_is_linear(const model_config *c, int layer) {
+    return model_config_is_hybrid(c) && layer >= 0 && layer < MODEL_CONFIG_MAX_LAYERS_BITSET &&
+           (c->linear_layers[layer / 64] >> (layer % 64) & 1);
 }
 
 int model_config_layer_is_moe(const model_config *c, int layer) {
@@ -484,9 +608,10 @@ int model_config_tensor_split_check(const model_config *c, int n, char *err, siz
         return -1;
     }
     if (n == 1) return 0;
-    if (c->family == MODEL_FAMILY_GPT_OSS) {
-        error_set(err, errlen, "cannot split gpt-oss %d ways: tensor parallel is not supported for gpt-oss "
-                  "yet (pipeline parallel is)", n);
+    if (c->family == MODEL_FAMILY_GPT_OSS || model_config_is_hybrid(c)) {
+        error_set(err, errlen, "cannot split %s %d ways: tensor parallel is not implemented for %s "
+                  "yet (a pipeline split works)", c->architecture, n,
+                  model_config_is_hybrid(c) ? "hybrid linear-attention models" : "gpt-oss");
         return -1;
     }
     int any_dense = 0, group = c->quant_bits ? c->quant_group_size : 0;

@@ -2,11 +2,15 @@
  *
  * Supported architectures: LlamaForCausalLM (Llama 2/3/3.1/3.2), MistralForCausalLM,
  * Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM (gpt-oss: attention
- * sinks, sliding-window layers per layer_types, biased router and experts with a clamped SwiGLU).
- * rope_scaling types: default, linear, llama3, yarn (with or without truncate). mlx-community's
- * "quantization" block gives the default bits/group size (the loader checks every quantized
- * tensor's shapes against the shapes this config implies); gpt-oss's quantization_config
- * {"quant_method": "mxfp4"} says its experts are MXFP4 (the loader reads them as published).
+ * sinks, sliding-window layers per layer_types, biased router and experts with a clamped SwiGLU),
+ * and the hybrids Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM and their
+ * ...ForConditionalGeneration checkpoints (fields under "text_config"; the vision tower is not
+ * used). rope_scaling types: default, linear, llama3, yarn (with or without truncate);
+ * transformers 5's "rope_parameters" (rope_theta, partial_rotary_factor; the multimodal mrope
+ * sections reduce to plain RoPE for text). mlx-community's "quantization" block gives the
+ * default bits/group size (the loader checks every quantized tensor's shapes against the shapes
+ * this config implies); gpt-oss's quantization_config {"quant_method": "mxfp4"} says its experts
+ * are MXFP4 (the loader reads them as published).
  *
  * Every field is validated: a missing required field, a wrong type or an absurd value (zero
  * heads, heads not dividing the hidden size, KV heads not dividing heads, sizes past sane
@@ -25,7 +29,11 @@ typedef enum model_family {
     MODEL_FAMILY_QWEN3,     /* q/k RMSNorm per head */
     MODEL_FAMILY_QWEN3_MOE, /* q/k norm + sparse MoE MLP */
     MODEL_FAMILY_GPT_OSS,   /* biases everywhere, attention sinks, sliding/full layers, MoE */
+    MODEL_FAMILY_QWEN3_NEXT, /* hybrid: GatedDeltaNet linear attention + gated full attention
+                                (Qwen3-Next, Qwen3.5 dense and MoE) */
 } model_family;
+
+#define MODEL_CONFIG_MAX_LAYERS_BITSET 256
 
 typedef enum rope_type { ROPE_DEFAULT = 0, ROPE_LINEAR, ROPE_LLAMA3, ROPE_YARN } rope_type;
 
@@ -75,6 +83,16 @@ typedef struct model_config {
     int moe_bias;              /* router and experts have biases; experts are fused gate_up */
     float swiglu_limit;        /* > 0: expert gate clamped to <= limit, up to [-limit, limit] */
     float swiglu_alpha;        /* expert activation: gate * sigmoid(alpha * gate) * (up + 1) */
+    int shared_expert_intermediate_size; /* hybrid MoE: sigmoid-gated shared expert (0 = none) */
+    /* hybrid (family QWEN3_NEXT): which layers are GatedDeltaNet, and their shape */
+    uint64_t linear_layers[4];   /* bitset of linear-attention layers (the rest: full attention) */
+    int linear_conv_kernel;      /* causal depthwise conv taps */
+    int linear_key_heads, linear_value_heads, linear_key_dim, linear_value_dim;
+    int linear_fused_projections; /* Qwen3-Next: in_proj_qkvz / in_proj_ba grouped per key head */
+    int attn_output_gate;        /* q_proj yields per head head_dim queries then a sigmoid gate */
+    int norm_zero_centred;       /* transformers computes RMSNorms as (1 + w) (model, layer and q/k
+                                    norms); checkpoints converted by mlx-lm store 1 + w already
+                                    (model_weights.norm_plus_one says which a checkpoint holds) */
     /* mlx-community quantization (0 = not quantized) */
     int quant_bits;
     int quant_group_size;
@@ -93,6 +111,10 @@ int model_config_load(const char *dir, model_config *out, char *err, size_t errl
 int model_config_layer_window(const model_config *c, int layer);
 /* Whether layer i has a sparse MoE MLP. */
 int model_config_layer_is_moe(const model_config *c, int layer);
+/* Whether layer i is a GatedDeltaNet (linear attention) layer of a hybrid model. */
+int model_config_layer_is_linear(const model_config *c, int layer);
+/* Whether the model has linear-attention layers (a recurrent state per sequence). */
+int model_config_is_hybrid(const model_config *c);
 /* Whether a tensor-parallel split n ways is possible (for placement and the loader): attention
  * heads, KV heads, the dense FFN's and every expert's hidden dim divide by n, and for quantized
  * models each rank's share of o_proj's and down_proj's input columns is a whole number of

@@ -65,6 +65,9 @@ typedef struct weight_matrix {
     int bits;           /* MLX: 2, 3, 4, 5, 6 or 8 */
     int group_size;     /* MLX: 32, 64 or 128 */
     weight_layout layout; /* MLX: order of data/scales/biases (0 = MLX order) */
+    int exact_activations; /* multiply with float activations, never a backend's rounded ones
+                              (int16 per group): set where the model amplifies this matmul's
+                              errors (the hybrids' q/k/v projection, see weights.c) */
 } weight_matrix;
 
 /* Index of 32-bit word d of row r in an MLX matrix's data, in either layout. */

@@ -64,7 +64,7 @@ static int check_shape(const safetensors_tensor *t, int n_stack, int64_t rows, i
 static const safetensors_tensor *need_tensor(const safetensors_set *st, const char *prefix,
                                              const char *suffix, char name[512], char *err,
                                              size_t errlen) {
-    snprintf(name, 512, "%.400s.%s", prefix, suffix);
+    snprintf(name, 512, "%.400s%s%s", prefix, *suffix ? "." : "", suffix);
     const safetensors_tensor *t = safetensors_set_find(st, name);
     if (!t) error_set(err, errlen, "model is missing tensor '%s'", name);
     return t;
@@ -149,9 +149,9 @@ static int load_vector(const safetensors_set *st, const char *prefix, int64_t n,
     return load_matrices(st, prefix, 0, 1, n, 1, out, err, errlen);
 }
 
-/* The dense 1-D tensor `prefix`.`suffix` of n values as a [1][n] view. */
-static int load_named_vector(const safetensors_set *st, const char *prefix, const char *suffix, int64_t n,
-                             weight_matrix *out, char *err, size_t errlen) {
+/* A dense 1-D tensor prefix.suffix (suffix "": the name is prefix itself) of n values. */
+static int load_dense_vector(const safetensors_set *st, const char *prefix, const char *suffix,
+                             int64_t n, weight_matrix *out, char *err, size_t errlen) {
     char name[512];
     const safetensors_tensor *t = need_tensor(st, prefix, suffix, name, err, errlen);
     if (!t) return -1;
@@ -167,7 +167,29 @@ static int load_named_vector(const safetensors_set *st, const char *prefix, cons
 
 static int load_bias(const safetensors_set *st, const char *prefix, int64_t n, weight_matrix *out,
                      char *err, size_t errlen) {
-    return load_named_vector(st, prefix, "bias", n, out, err, errlen);
+    return load_dense_vector(st, prefix, "bias", n, out, err, errlen);
+}
+
+/* A depthwise Conv1d weight as a [channels][taps] matrix: torch stores [channels][1][taps],
+ * mlx [channels][taps][1]; both are the same bytes. */
+static int load_conv(const safetensors_set *st, const char *prefix, int64_t channels, int64_t taps,
+                     weight_matrix *out, char *err, size_t errlen) {
+    char name[512];
+    const safetensors_tensor *t = need_tensor(st, prefix, "weight", name, err, errlen);
+    if (!t) return -1;
+    weight_format fmt;
+    int ok = t->n_dims == 3 && t->shape[0] == channels &&
+             ((t->shape[1] == 1 && t->shape[2] == taps) || (t->shape[1] == taps && t->shape[2] == 1));
+    if (dense_format(t->dtype, &fmt) || !ok) {
+        char got[128];
+        shape_str(t, got, sizeof got);
+        error_set(err, errlen, "%s: tensor '%s' has shape %s (%s), expected a dense [%lld, 1, %lld]",
+                  t->file, name, got, safetensors_dtype_name(t->dtype), (long long)channels,
+                  (long long)taps);
+        return -1;
+    }
+    *out = (weight_matrix){.format = fmt, .rows = channels, .cols = taps, .data = t->data};
+    return 0;
 }
 
 /* The per-expert view arrays of a MoE layer (freed by model_weights_free). */
@@ -381,16 +403,217 @@ static int load_gpt_oss_experts(model_weights *w, const safetensors_set *st, con
                : 0;
 }
 
-static int load_layer(const safetensors_set *st, const model_config *c, int i, layer_weights *l,
-                      char *err, size_t errlen) {
+static void slice_rows(weight_matrix *m, int64_t r0, int64_t n);
+
+/* Rewrites m as the rows row_of[0..n) of m, in that order, in one owned buffer (rows are
+ * independent in every format: dense values, or MLX words + their group scales and biases). */
+static int gather_rows_owned(model_weights *w, weight_matrix *m, const int64_t *row_of, int64_t n,
+                             const char *name, char *err, size_t errlen) {
+    size_t data_row, group_row = 0;
+    if (m->format == WEIGHT_MLX_AFFINE) {
+        data_row = (size_t)(m->cols * m->bits / 32) * 4;
+        group_row = (size_t)(m->cols / m->group_size) * dtype_size(m->scale_dtype);
+    } else {
+        data_row = (size_t)m->cols * (m->format == WEIGHT_F32 ? 4 : 2);
+    }
+    size_t data_bytes = (size_t)n * data_row, group_bytes = (size_t)n * group_row;
+    size_t sc_off = (data_bytes + 63) & ~(size_t)63, bi_off = sc_off + ((group_bytes + 63) & ~(size_t)63);
+    char *buf = owned_alloc(w, bi_off + group_bytes);
+    if (!buf) {
+        error_set(err, errlen, "out of memory regrouping the rows of '%s'", name);
+        return -1;
+    }
+    for (int64_t r = 0; r < n; r++) {
+        size_t src = (size_t)row_of[r];
+        memcpy(buf + (size_t)r * data_row, (const char *)m->data + src * data_row, data_row);
+        if (!group_row) continue;
+        memcpy(buf + sc_off + (size_t)r * group_row, (const char *)m->scales + src * group_row, group_row);
+        memcpy(buf + bi_off + (size_t)r * group_row, (const char *)m->biases + src * group_row, group_row);
+    }
+    m->data = buf;
+    if (group_row) {
+        m->scales = buf + sc_off;
+        m->biases = buf + bi_off;
+    }
+    m->rows = n;
+    return 0;
+}
+
+/* The rows [r0, r0 + n) of m as a view of their own. */
+static weight_matrix rows_view(const weight_matrix *m, int64_t r0, int64_t n) {
+    weight_matrix v = *m;
+    slice_rows(&v, r0, n);
+    return v;
+}
+
+/* Hybrid attention: q_proj holds per head head_dim query rows then head_dim gate rows; regroups
+ * them into all queries (wq) then all gates (wq_gate). */
+static int split_query_gate(model_weights *w, const model_config *c, layer_weights *l,
+                            const char *name, char *err, size_t errlen) {
+    int64_t hd = c->head_dim, qd = (int64_t)c->n_heads * hd;
+    int64_t *row_of = malloc((size_t)(2 * qd) * sizeof *row_of);
+    if (!row_of) {
+        error_set(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int64_t i = 0; i < qd; i++) {
+        row_of[i] = (i / hd) * 2 * hd + i % hd;
+        row_of[qd + i] = (i / hd) * 2 * hd + hd + i % hd;
+    }
+    int rc = gather_rows_owned(w, &l->wq, row_of, 2 * qd, name, err, errlen);
+    free(row_of);
+    if (rc) return -1;
+    l->wq_gate = rows_view(&l->wq, qd, qd);
+    l->wq = rows_view(&l->wq, 0, qd);
+    return 0;
+}
+
+/* Qwen3-Next's fused projections, grouped per key head g: qkvz rows [q_g | k_g | v_g | z_g]
+ * (key_dim, key_dim, r*value_dim, r*value_dim with r = value heads per key head) and ba rows
+ * [b_g | a_g] (r, r). Regrouped into all q, all k, all v, all z and all b, all a. */
+static int load_fused_linear(model_weights *w, const safetensors_set *st, const model_config *c,
+                             const char *p, layer_weights *l, char *err, size_t errlen) {
+    int64_t nk = c->linear_key_heads, dk = c->linear_key_dim, dv = c->linear_value_dim;
+    int64_t r = c->linear_value_heads / nk, nv = c->linear_value_heads;
+    int64_t kd = nk * dk, vd = nv * dv, group = 2 * dk + 2 * r * dv, dim = c->hidden_size;
+    char n[256];
+    weight_matrix qkvz, ba;
+    snprintf(n, sizeof n, "%.200s.in_proj_qkvz", p);
+    if (load_matrix(st, n, 2 * kd + 2 * vd, dim, &qkvz, err, errlen)) return -1;
+    int64_t *row_of = malloc((size_t)(2 * kd + 2 * vd) * sizeof *row_of);
+    if (!row_of) {
+        error_set(err, errlen, "out of memory");
+        return -1;
+    }
+    int64_t o = 0;
+    for (int part = 0; part < 4; part++) { /* q, k, v, z */
+        int64_t len = part < 2 ? dk : r * dv, start = part == 0 ? 0 : part == 1 ? dk
+                                                   : part == 2 ? 2 * dk : 2 * dk + r * dv;
+        for (int64_t g = 0; g < nk; g++)
+            for (int64_t i = 0; i < len; i++) row_of[o++] = g * group + start + i;
+    }
+    int rc = gather_rows_owned(w, &qkvz, row_of, o, n, err, errlen);
+    if (!rc) {
+        snprintf(n, sizeof n, "%.200s.in_proj_ba", p);
+        rc = load_matrix(st, n, 2 * nv, dim, &ba, err, errlen);
+    }
+    if (!rc) {
+        o = 0;
+        for (int part = 0; part < 2; part++)
+            for (int64_t g = 0; g < nk; g++)
+                for (int64_t i = 0; i < r; i++) row_of[o++] = g * 2 * r + part * r + i;
+        rc = gather_rows_owned(w, &ba, row_of, o, n, err, errlen);
+    }
+    free(row_of);
+    if (rc) return -1;
+    l->lin_qkv = rows_view(&qkvz, 0, 2 * kd + vd);
+    l->lin_z = rows_view(&qkvz, 2 * kd + vd, vd);
+    l->lin_b = rows_view(&ba, 0, nv);
+    l->lin_a = rows_view(&ba, nv, nv);
+    return 0;
+}
+
+/* A GatedDeltaNet layer's tensors under p (".linear_attn"). */
+static int load_linear_attention(model_weights *w, const safetensors_set *st, const model_config *c,
+                                 const char *p, layer_weights *l, char *err, size_t errlen) {
+    int64_t dim = c->hidden_size, nv = c->linear_value_heads;
+    int64_t kd = (int64_t)c->linear_key_heads * c->linear_key_dim, vd = nv * c->linear_value_dim;
+    char n[256];
+#define LNAME(suffix) (snprintf(n, sizeof n, "%.200s.%s", p, suffix), n)
+    if (c->linear_fused_projections) {
+        if (load_fused_linear(w, st, c, p, l, err, errlen)) return -1;
+    } else if (load_matrix(st, LNAME("in_proj_qkv"), 2 * kd + vd, dim, &l->lin_qkv, err, errlen) ||
+               load_matrix(st, LNAME("in_proj_z"), vd, dim, &l->lin_z, err, errlen) ||
+               load_matrix(st, LNAME("in_proj_b"), nv, dim, &l->lin_b, err, errlen) ||
+               load_matrix(st, LNAME("in_proj_a"), nv, dim, &l->lin_a, err, errlen)) {
+        return -1;
+    }
+    if (load_conv(st, LNAME("conv1d"), 2 * kd + vd, c->linear_conv_kernel, &l->lin_conv, err, errlen) ||
+        load_dense_vector(st, LNAME("A_log"), "", nv, &l->lin_a_log, err, errlen) ||
+        load_dense_vector(st, LNAME("dt_bias"), "", nv, &l->lin_dt_bias, err, errlen) ||
+        load_vector(st, LNAME("norm"), c->linear_value_dim, &l->lin_norm, err, errlen) ||
+        load_matrix(st, LNAME("out_proj"), dim, vd, &l->lin_out, err, errlen))
+        return -1;
+    /* q, k, v, beta and the decay reach the output through the delta rule and then a per-head
+     * RMSNorm of a much smaller vector (q is scaled by 1/sqrt(key_dim)), which turns absolute
+     * errors into larger relative ones; z gates that output: these projections do not run on
+     * activations rounded to int16 (the 4-bit tiny fixtures on AVX-512: a greedy token flipped
+     * at a top-2 gap of 0.22 with any of them rounded) */
+    l->lin_qkv.exact_activations = l->lin_z.exact_activations = 1;
+    l->lin_b.exact_activations = l->lin_a.exact_activations = 1;
+#undef LNAME
+    return 0;
+}
+
+static int load_shared_expert(const safetensors_set *st, const model_config *c, const char *p,
+                              layer_weights *l, char *err, size_t errlen) {
+    int64_t dim = c->hidden_size, inter = c->shared_expert_intermediate_size;
+    char n[256];
+#define SNAME(suffix) (snprintf(n, sizeof n, "%s.mlp.%s", p, suffix), n)
+    if (load_matrix(st, SNAME("shared_expert.gate_proj"), inter, dim, &l->shared_gate, err, errlen) ||
+        load_matrix(st, SNAME("shared_expert.up_proj"), inter, dim, &l->shared_up, err, errlen) ||
+        load_matrix(st, SNAME("shared_expert.down_proj"), dim, inter, &l->shared_down, err, errlen) ||
+        load_matrix(st, SNAME("shared_expert_gate"), 1, dim, &l->shared_expert_gate, err, errlen))
+        return -1;
+#undef SNAME
+    return 0;
+}
+
+/* Where the language model's tensors are: model.* (text checkpoints), or model.language_model.*
+ * (Qwen3.5's multimodal checkpoints, beside model.visual.* and mtp.*). */
+static const char *text_prefix(const safetensors_set *st) {
+    static const char *prefixes[] = {"model.language_model", "language_model.model"};
+    for (int i = 0; i < 2; i++) {
+        char a[96], b[96];
+        snprintf(a, sizeof a, "%s.embed_tokens.weight", prefixes[i]);
+        snprintf(b, sizeof b, "%s.norm.weight", prefixes[i]);
+        if (safetensors_set_find(st, a) || safetensors_set_find(st, b)) return prefixes[i];
+    }
+    return "model";
+}
+
+/* The lm_head of a checkpoint whose text model is under `prefix` (mlx-lm's multimodal
+ * conversions keep it under language_model.). */
+static const char *head_name(const char *prefix) {
+    return strcmp(prefix, "language_model.model") ? "lm_head" : "language_model.lm_head";
+}
+
+/* Whether a hybrid's zero-centred norms are stored as transformers has them (w, used as 1 + w)
+ * rather than as mlx-lm converts them (1 + w): mlx-lm adds the 1 in the same pass that turns the
+ * depthwise conv weight from torch's [C, 1, K] into its [C, K, 1], so the conv layout says which
+ * (as mlx-lm itself decides). */
+static int norms_stored_zero_centred(const safetensors_set *st, const model_config *c,
+                                     const char *prefix) {
+    if (!c->norm_zero_centred) return 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!model_config_layer_is_linear(c, l)) continue;
+        char name[160];
+        snprintf(name, sizeof name, "%s.layers.%d.linear_attn.conv1d.weight", prefix, l);
+        const safetensors_tensor *t = safetensors_set_find(st, name);
+        return !(t && t->n_dims == 3 && t->shape[2] == 1 && t->shape[1] != 1);
+    }
+    return 1;
+}
+
+static int load_layer(model_weights *w, const safetensors_set *st, const model_config *c, int i,
+                      layer_weights *l, char *err, size_t errlen) {
     char p[128], n[256];
-    snprintf(p, sizeof p, "model.layers.%d", i);
+    snprintf(p, sizeof p, "%s.layers.%d", text_prefix(st), i);
     int64_t dim = c->hidden_size, qd = (int64_t)c->n_heads * c->head_dim,
             kvd = (int64_t)c->n_kv_heads * c->head_dim;
 #define NAME(suffix) (snprintf(n, sizeof n, "%s.%s", p, suffix), n)
     if (load_vector(st, NAME("input_layernorm"), dim, &l->attn_norm, err, errlen) ||
-        load_vector(st, NAME("post_attention_layernorm"), dim, &l->ffn_norm, err, errlen) ||
-        load_matrix(st, NAME("self_attn.q_proj"), qd, dim, &l->wq, err, errlen) ||
+        load_vector(st, NAME("post_attention_layernorm"), dim, &l->ffn_norm, err, errlen))
+        return -1;
+    l->is_linear = model_config_layer_is_linear(c, i);
+    l->is_moe = model_config_layer_is_moe(c, i);
+    if (l->is_linear) {
+        if (load_linear_attention(w, st, c, NAME("linear_attn"), l, err, errlen)) return -1;
+        goto mlp;
+    }
+    if (load_matrix(st, NAME("self_attn.q_proj"), c->attn_output_gate ? 2 * qd : qd, dim, &l->wq,
+                    err, errlen) ||
+        (c->attn_output_gate && split_query_gate(w, c, l, n, err, errlen)) ||
         load_matrix(st, NAME("self_attn.k_proj"), kvd, dim, &l->wk, err, errlen) ||
         load_matrix(st, NAME("self_attn.v_proj"), kvd, dim, &l->wv, err, errlen) ||
         load_matrix(st, NAME("self_attn.o_proj"), dim, qd, &l->wo, err, errlen))
@@ -406,11 +629,16 @@ static int load_layer(const safetensors_set *st, const model_config *c, int i, l
         return -1;
     if (c->family == MODEL_FAMILY_GPT_OSS &&
         (load_bias(st, NAME("self_attn.o_proj"), dim, &l->bo, err, errlen) ||
-         load_named_vector(st, NAME("self_attn"), "sinks", c->n_heads, &l->sinks, err, errlen)))
+         load_dense_vector(st, NAME("self_attn"), "sinks", c->n_heads, &l->sinks, err, errlen)))
         return -1;
-    l->is_moe = model_config_layer_is_moe(c, i);
     if (c->family == MODEL_FAMILY_GPT_OSS) return 0; /* experts: load_gpt_oss_experts (owned copies) */
-    if (l->is_moe) return load_experts(st, c, p, l, err, errlen);
+mlp:
+    if (l->is_moe)
+        return load_experts(st, c, p, l, err, errlen) ||
+                       (c->shared_expert_intermediate_size &&
+                        load_shared_expert(st, c, p, l, err, errlen))
+                   ? -1
+                   : 0;
     int64_t inter = c->intermediate_size;
     if (load_matrix(st, NAME("mlp.gate_proj"), inter, dim, &l->w_gate, err, errlen) ||
         load_matrix(st, NAME("mlp.up_proj"), inter, dim, &l->w_up, err, errlen) ||
@@ -585,8 +813,12 @@ static int slice_layer(model_weights *w, const model_config *c, int i, layer_wei
 }
 
 static size_t layer_bytes(const model_config *c, const layer_weights *l) {
-    size_t b = weight_matrix_bytes(&l->wq) + weight_matrix_bytes(&l->wk) +
-               weight_matrix_bytes(&l->wv) + weight_matrix_bytes(&l->wo);
+    const weight_matrix *mixer[] = {&l->wq, &l->wq_gate, &l->wk, &l->wv, &l->wo, &l->lin_qkv,
+                                    &l->lin_z, &l->lin_b, &l->lin_a, &l->lin_out, &l->shared_gate,
+                                    &l->shared_up, &l->shared_down, &l->shared_expert_gate};
+    size_t b = 0;
+    for (size_t i = 0; i < sizeof mixer / sizeof *mixer; i++)
+        if (mixer[i]->data) b += weight_matrix_bytes(mixer[i]);
     if (!l->is_moe)
         return b + weight_matrix_bytes(&l->w_gate) + weight_matrix_bytes(&l->w_up) +
                weight_matrix_bytes(&l->w_down);
@@ -612,7 +844,11 @@ static void for_each_view(model_weights *w, view_fn fn, void *ctx) {
         weight_matrix *m[] = {&l->attn_norm, &l->wq, &l->wk, &l->wv, &l->wo, &l->bq, &l->bk,
                               &l->bv, &l->q_norm, &l->k_norm, &l->ffn_norm, &l->w_gate, &l->w_up,
                               &l->w_down, &l->router, &l->bo, &l->sinks, &l->router_bias,
-                              &l->expert_gate_bias, &l->expert_up_bias, &l->expert_down_bias};
+                              &l->expert_gate_bias, &l->expert_up_bias, &l->expert_down_bias,
+                              &l->wq_gate, &l->lin_qkv, &l->lin_z,
+                              &l->lin_b, &l->lin_a, &l->lin_conv, &l->lin_a_log,
+                              &l->lin_dt_bias, &l->lin_norm, &l->lin_out, &l->shared_gate,
+                              &l->shared_up, &l->shared_down, &l->shared_expert_gate};
         for (size_t j = 0; j < sizeof m / sizeof *m; j++) fn(m[j], ctx);
         for (int e = 0; l->is_moe && e < w->n_experts; e++) {
             if (l->expert_gate) fn(&l->expert_gate[e], ctx);
@@ -843,23 +1079,31 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
     int first = layer_start == 0, last = layer_end == c->n_layers;
     out->has_embed = first || (last && c->tie_word_embeddings);
     out->has_head = last;
-    if (out->has_embed &&
-        load_matrix(st, "model.embed_tokens", vocab, dim, &out->embed, err, errlen))
+    const char *prefix = text_prefix(st);
+    char name[96];
+    if (strcmp(prefix, "model"))
+        log_info("weights: the language model of a multimodal checkpoint (%s.*); its vision "
+                 "tower and mtp.* tensors are not loaded", prefix);
+    out->norm_plus_one = norms_stored_zero_centred(st, c, prefix);
+    snprintf(name, sizeof name, "%s.embed_tokens", prefix);
+    if (out->has_embed && load_matrix(st, name, vocab, dim, &out->embed, err, errlen))
         goto fail;
     for (int i = layer_start; i < layer_end; i++) {
         layer_weights *l = &out->layers[i - layer_start];
-        char prefix[64];
-        snprintf(prefix, sizeof prefix, "model.layers.%d", i);
-        if (load_layer(st, c, i, l, err, errlen) ||
-            (c->family == MODEL_FAMILY_GPT_OSS && load_gpt_oss_experts(out, st, c, prefix, l, err, errlen)) ||
+        char layer_prefix[128];
+        snprintf(layer_prefix, sizeof layer_prefix, "%s.layers.%d", prefix, i);
+        if (load_layer(out, st, c, i, l, err, errlen) ||
+            (c->family == MODEL_FAMILY_GPT_OSS &&
+             load_gpt_oss_experts(out, st, c, layer_prefix, l, err, errlen)) ||
             (out->tp_size > 1 && slice_layer(out, c, i, l, err, errlen)))
             goto fail;
     }
     if (last) {
-        if (load_vector(st, "model.norm", dim, &out->final_norm, err, errlen)) goto fail;
+        snprintf(name, sizeof name, "%s.norm", prefix);
+        if (load_vector(st, name, dim, &out->final_norm, err, errlen)) goto fail;
         if (c->tie_word_embeddings) {
             out->lm_head = out->embed;
-        } else if (load_matrix(st, "lm_head", vocab, dim, &out->lm_head, err, errlen)) {
+        } else if (load_matrix(st, head_name(prefix), vocab, dim, &out->lm_head, err, errlen)) {
             goto fail;
         }
         if (out->tp_size > 1 && slice_vocab(out, vocab, c->tie_word_embeddings, err, errlen))

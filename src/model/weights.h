@@ -17,6 +17,11 @@
  * with group 32 (an E2M1 value v * 2^e is q * 2^(e-1) - 6 * 2^e with q = 2v + 12 in 0..24), which
  * every backend's MLX kernels read (9 bits a weight where MXFP4 has 4.25: the price of no
  * MXFP4 kernel yet).
+ * Hybrid checkpoints (Qwen3-Next, Qwen3.5): Qwen3.5's multimodal ones keep the language model
+ * under model.language_model.* (found by its embedding; the vision tower and the mtp.* tensors
+ * are not loaded, a log line says so). Rows that transformers splits per head after the
+ * projection (the attention output gate inside q_proj, Qwen3-Next's per-key-head qkvz/ba
+ * groups) are regrouped at load into owned copies, so the forward pass sees one layout.
  *
  * Only layers [layer_start, layer_end) are resolved; the embedding is resolved for the first
  * stage, the final norm and lm_head (or the tied embedding) for the last. Refuses: anything whose
@@ -61,6 +66,22 @@ typedef struct layer_weights {
     weight_matrix *expert_down;             /* n_experts x [dim][moe_intermediate] */
     weight_matrix expert_gate_bias, expert_up_bias; /* [n_experts][moe_intermediate] (gpt-oss) */
     weight_matrix expert_down_bias;                 /* [n_experts][dim] (gpt-oss) */
+    /* hybrid MoE: the shared expert, scaled by sigmoid(shared_expert_gate x) */
+    weight_matrix shared_gate, shared_up;   /* [shared_intermediate][dim] */
+    weight_matrix shared_down;              /* [dim][shared_intermediate] */
+    weight_matrix shared_expert_gate;       /* [1][dim] */
+    /* hybrid full attention: q_proj's gate rows, gathered apart from wq at load */
+    weight_matrix wq_gate;   /* [n_heads*head_dim][dim] */
+    /* hybrid GatedDeltaNet layer (is_linear; then wq..wo, q_norm, k_norm are absent). Qwen3-Next's
+     * fused in_proj_qkvz / in_proj_ba rows are regrouped at load into this (Qwen3.5) order. */
+    int is_linear;
+    weight_matrix lin_qkv;   /* [2*key_heads*key_dim + value_heads*value_dim][dim]: q, k, v */
+    weight_matrix lin_z;     /* [value_heads*value_dim][dim] output gate of the gated norm */
+    weight_matrix lin_b, lin_a; /* [value_heads][dim] beta and decay projections */
+    weight_matrix lin_conv;  /* [conv_dim][conv_kernel] depthwise conv taps */
+    weight_matrix lin_a_log, lin_dt_bias; /* [1][value_heads] */
+    weight_matrix lin_norm;  /* [1][value_dim] gated RMSNorm weight */
+    weight_matrix lin_out;   /* [dim][value_heads*value_dim] */
 } layer_weights;
 
 typedef struct model_weights {
@@ -80,6 +101,9 @@ typedef struct model_weights {
     size_t copied_bytes;    /* weight bytes copied there (0: views point into the mmap) */
     size_t rewritten_bytes; /* of those, bytes the backend rewrote (model_weights_rewrite) */
     int tp_rank, tp_size;   /* tensor-parallel slice held (0, 1 = whole layers) */
+    int norm_plus_one;      /* the RMSNorm weights are used as 1 + w (zero-centred norms as
+                               transformers stores them; mlx-lm's conversion adds the 1 itself,
+                               recognised by its conv1d layout [C, K, 1]) */
     void **owned;           /* column slices gathered at load (freed once copied to the arena) */
     int n_owned, owned_cap;
 } model_weights;

@@ -119,7 +119,9 @@ static const char *schema_type(const json_t *tools, const char *name, const char
 }
 
 /* A parameter's text as the JSON value its schema says (templates print Python's True/None for
- * some values); undeclared parameters become JSON when the text is JSON, else a string. */
+ * some values); undeclared parameters become JSON when the text is a JSON number, boolean, null,
+ * array or object, else the text itself: templates write string values raw, so text that reads
+ * as a JSON string ("quoted") was a string with its quotes. */
 static json_t *typed_value(const char *text, size_t n, const char *type) {
     if (type && !strcmp(type, "string")) return json_stringn(text, n);
     if (type && !strcmp(type, "boolean")) {
@@ -128,7 +130,7 @@ static json_t *typed_value(const char *text, size_t n, const char *type) {
     }
     if (n == 4 && !strncmp(text, "None", 4) && type) return json_null();
     json_t *v = json_loadb(text, n, JSON_DECODE_ANY, NULL);
-    if (v && (!type || !json_is_string(v))) return v;
+    if (v && !json_is_string(v)) return v;
     json_decref(v);
     return json_stringn(text, n);
 }

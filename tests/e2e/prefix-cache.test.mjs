@@ -9,19 +9,21 @@ import { startNode } from './lib/node.mjs';
 import { tinyModel } from './lib/models.mjs';
 
 const MODEL = 'qwen3-tiny';
+const HYBRID = 'qwen3.5-tiny'; // GatedDeltaNet layers: a cached prefix restores their state too
 let node;
 const long = Array.from({ length: 150 }, (_, i) => `word${i % 37}`).join(' ');
 
 before(async () => {
+  await tinyModel(HYBRID);
   const dir = await tinyModel(MODEL);
   node = await startNode({ args: ['--models-path', path.dirname(dir)] });
 });
 after(async () => { await node?.stop(); });
 
-async function openai(messages) {
+async function openai(messages, model = MODEL) {
   const r = await fetch(`${node.url}/v1/chat/completions`, {
     method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: MODEL, messages, max_tokens: 6, temperature: 0 }) });
+    body: JSON.stringify({ model, messages, max_tokens: 6, temperature: 0 }) });
   assert.equal(r.status, 200);
   return r.json();
 }
@@ -45,6 +47,20 @@ test('a repeated prompt is served from the prefix cache and says so in usage', a
 
   const fresh = await openai([{ role: 'user', content: `${long} unrelated` .split(' ').reverse().join(' ') }]);
   assert.equal(fresh.usage.prompt_tokens_details.cached_tokens, 0);
+});
+
+// A hybrid reuses a prefix only up to a block boundary where it kept the recurrent state: the
+// prompt's last one (and the boundaries its prefill chunks or its decode ended on), not
+// arbitrary earlier ones.
+test('a hybrid model serves a repeated prompt from the prefix cache with the same answer', async () => {
+  const q = [{ role: 'system', content: long }, { role: 'user', content: 'hybrid question' }];
+  const cold = await openai(q, HYBRID);
+  assert.equal(cold.usage.prompt_tokens_details.cached_tokens, 0);
+  const warm = await openai(q, HYBRID);
+  const cached = warm.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(cached > 0 && warm.usage.prompt_tokens - cached <= 16, `cached ${cached}`);
+  assert.equal(cached % 16, 0, 'whole KV blocks');
+  assert.equal(warm.choices[0].message.content, cold.choices[0].message.content);
 });
 
 test('Claude Messages reports cache_read_input_tokens', async () => {

@@ -1,6 +1,7 @@
 // `exo run` as a user runs it: chat template + tokenizer + engine + streaming detokenizer give
 // the same text transformers produced (tests/fixtures/reference), raw prompts too, and the
-// interactive mode keeps the conversation (the second turn reuses the first from the cache).
+// interactive mode keeps the conversation (the second turn reuses the first from the cache; for
+// the Qwen3.5 hybrid, its linear layers' state too).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -20,7 +21,8 @@ function exoRun(args, input) {
 }
 
 for (const [model, promptName, extra] of [['qwen3-tiny', 'chat-single', []],
-  ['llama3-tiny', 'raw-capital', ['--raw']]]) {
+  ['llama3-tiny', 'raw-capital', ['--raw']], ['qwen3.5-tiny', 'chat-single', []],
+  ['qwen3-next-tiny', 'raw-story', ['--raw']], ['qwen3.5-moe-tiny-4bit-mlx', 'chat-single', []]]) {
   test(`exo run ${model} (${promptName}) prints what transformers generates`, async () => {
     const dir = await tinyModel(model);
     const p = fixture(model).prompts.find((x) => x.name === promptName);
@@ -34,8 +36,8 @@ for (const [model, promptName, extra] of [['qwen3-tiny', 'chat-single', []],
   });
 }
 
-test('exo run without a prompt chats, reusing the first turn from the prefix cache', async () => {
-  const dir = await tinyModel('qwen3-tiny');
+for (const model of ['qwen3-tiny', 'qwen3.5-tiny']) test(`exo run ${model} without a prompt chats, reusing the first turn from the prefix cache`, async () => {
+  const dir = await tinyModel(model);
   const r = exoRun([dir, '--temperature', '0', '--max-tokens', '24'],
     'What is the capital of France?\nAnd of Italy?\n');
   const turns = [...r.stderr.matchAll(/prompt (\d+) tokens \((\d+) cached\)/g)];

@@ -2,7 +2,10 @@
  * attention) on the tiny models of tools/mkmodel/tiny-models.json: qwen3 (untied, tied, 4-bit),
  * llama with llama3 rope scaling (bf16, 4-bit), qwen3_moe (HF and mlx switch_mlp layouts, bf16
  * and 4-bit), gpt_oss (bf16 and MXFP4 experts: attention sinks, a sliding window of 4 on layer 0,
- * YaRN, biased router and experts; Harmony chat prompts with tools and reasoning effort). Each model is regenerated with mkmodel from the recorded args into
+ * YaRN, biased router and experts; Harmony chat prompts with tools and reasoning effort), and the
+ * hybrids qwen3_next (MoE + shared expert, fused projections), qwen3_5 (dense) and qwen3_5_moe
+ * (mlx switch_mlp 4-bit), bf16 and 4-bit. Each model is regenerated with mkmodel from the
+ * recorded args into
  * .cache/reference-models/ and checked against the recorded sha256 first.
  *
  * Teacher forcing: every prompt position's top-10 logits and logsumexp within TF_TOL.
@@ -54,11 +57,19 @@
  *    way (level_quantizes_activations).
  * On an AVX-512 machine the whole suite then runs a second time with the exact kernels
  * (EXO_CPU_SIMD=avx2 EXO_Q4_LAYOUT=mlx, in a child process: the level is chosen once per
- * process), where every fixture, 4-bit included, must meet the 1e-3 bar with the f32 KV cache. */
+ * process), where every fixture, 4-bit included, must meet the 1e-3 bar with the f32 KV cache.
+ * The hybrids (Qwen3-Next, Qwen3.5: GatedDeltaNet layers) amplify that int16 rounding: their
+ * linear attention normalises per head a vector much smaller than its inputs, and the 4-layer
+ * tiny models carry it further (their q/k/v projection already runs on float activations,
+ * weights.c). Measured at the AVX-512 level: logits up to 1.3e-2 (Qwen3-Next MoE), 4.8e-3 (Qwen3.5
+ * dense), logprobs up to 8.7e-3, every greedy token equal; HYBRID_INT16_TOL = 2e-2 applies to
+ * them at such levels. With the exact kernels they meet 1e-3 like every other fixture (measured:
+ * logits <= 1.6e-4, logprobs <= 6.6e-5). */
 #define TF_TOL 1e-3
 #define LOGPROB_TOL 1e-3
 #define QUANT_INT16_TOL 3e-3
 #define F16_KV_TOL 6e-3
+#define HYBRID_INT16_TOL 2e-2
 #define GAP_MIN 1e-2
 /* bf16 activations (and 4-bit weights dequantized to bf16) in prefill GEMMs: 2^-9 relative per
  * product; measured on one H200: teacher-forced logits 1.8e-2..2.1e-2 (bf16 models) and 3.3e-2..
@@ -286,6 +297,14 @@ static void check_fixture(const char *file) {
     json_t *fx = json_load_file(path, 0, &jerr);
     assert_non_null(fx);
     const char *name = json_string_value(json_object_get(fx, "model"));
+    const char *type = json_string_value(json_object_get(json_object_get(fx, "config"), "model_type"));
+    int hybrid = type && (!strcmp(type, "qwen3_next") || !strncmp(type, "qwen3_5", 7));
+    if (hybrid && strcmp(cur.device, "cpu")) { /* engine_open refuses them there, by design */
+        printf("%-24s [%s] not run: the CUDA backend has no linear-attention ops yet\n", name,
+               cur.label);
+        json_decref(fx);
+        return;
+    }
     snprintf(dir, sizeof dir, ".cache/reference-models/%s", name);
     assert_int_equal(paths_mkdir_p(".cache/reference-models"), 0);
     ensure_model(fx, dir);
@@ -295,10 +314,13 @@ static void check_fixture(const char *file) {
     int int16_kernels = json_array_size(json_object_get(fx, "mkmodel_args")) > 0 &&
                         (strstr(name, "4bit") || strstr(name, "mxfp4")) && level_quantizes_activations() &&
                         !strcmp(cur.device, "cpu");
+    double int16_tol = hybrid ? HYBRID_INT16_TOL : QUANT_INT16_TOL;
+    double f16_tol = int16_kernels && hybrid ? HYBRID_INT16_TOL : F16_KV_TOL;
+    /* MoE: a step past the bar may be a routing switch (see greedy), not an error */
     int moe = strstr(name, "moe") || strstr(name, "gpt-oss");
-    greedy(dir, prompts, "f32", moe && (int16_kernels || cur.tol > 0) ? QUANT_INT16_TOL : 0, &st);
-    greedy(dir, prompts, NULL, moe ? F16_KV_TOL : 0, &st16); /* the default: f16 KV cache */
-    double tol = cur.tol > 0 ? cur.tol : int16_kernels ? QUANT_INT16_TOL : TF_TOL;
+    greedy(dir, prompts, "f32", moe && (int16_kernels || cur.tol > 0) ? int16_tol : 0, &st);
+    greedy(dir, prompts, NULL, moe ? f16_tol : 0, &st16); /* the default: f16 KV cache */
+    double tol = cur.tol > 0 ? cur.tol : int16_kernels ? int16_tol : TF_TOL;
     printf("%-24s [%s] logits %.1e | f32 KV: %d/%d tokens, logprobs %.1e | f16 KV: %d/%d, %.1e",
            name, !strcmp(cur.device, "cpu") ? cpu_simd_level() : cur.label, st.tf_max,
            st.tokens_equal, st.steps_compared, st.lp_max, st16.tokens_equal, st16.steps_compared,
@@ -307,8 +329,8 @@ static void check_fixture(const char *file) {
         printf(" | routing flips %d (f32 KV), %d (f16 KV)", st.routing_flips, st16.routing_flips);
     printf("\n");
     assert_true(st.tf_max <= tol);
-    assert_true(st.lp_max <= (cur.tol > 0 ? cur.tol : int16_kernels ? QUANT_INT16_TOL : LOGPROB_TOL));
-    assert_true(st16.lp_max <= (cur.tol > 0 ? cur.tol : F16_KV_TOL));
+    assert_true(st.lp_max <= (cur.tol > 0 ? cur.tol : int16_kernels ? int16_tol : LOGPROB_TOL));
+    assert_true(st16.lp_max <= (cur.tol > 0 ? cur.tol : f16_tol));
     assert_true(st.steps_compared >= 5 * 8 && st16.steps_compared >= 5 * 8);
     json_decref(fx);
 }
@@ -329,6 +351,12 @@ FIXTURE_TEST(test_qwen3_moe_mlx, "qwen3-moe-tiny-mlx.json")
 FIXTURE_TEST(test_qwen3_moe_4bit_mlx, "qwen3-moe-tiny-4bit-mlx.json")
 FIXTURE_TEST(test_gpt_oss, "gpt-oss-tiny.json")
 FIXTURE_TEST(test_gpt_oss_mxfp4, "gpt-oss-tiny-mxfp4.json")
+FIXTURE_TEST(test_qwen3_next, "qwen3-next-tiny.json")
+FIXTURE_TEST(test_qwen3_next_4bit, "qwen3-next-tiny-4bit.json")
+FIXTURE_TEST(test_qwen3_5, "qwen3.5-tiny.json")
+FIXTURE_TEST(test_qwen3_5_4bit, "qwen3.5-tiny-4bit.json")
+FIXTURE_TEST(test_qwen3_5_moe, "qwen3.5-moe-tiny.json")
+FIXTURE_TEST(test_qwen3_5_moe_4bit_mlx, "qwen3.5-moe-tiny-4bit-mlx.json")
 
 int main(void) {
     if (sodium_init() < 0) return 1;
@@ -343,6 +371,10 @@ int main(void) {
         cmocka_unit_test(test_qwen3_moe_4bit), cmocka_unit_test(test_qwen3_moe_mlx),
         cmocka_unit_test(test_qwen3_moe_4bit_mlx), cmocka_unit_test(test_gpt_oss),
         cmocka_unit_test(test_gpt_oss_mxfp4),
+        cmocka_unit_test(test_qwen3_moe_4bit_mlx), cmocka_unit_test(test_qwen3_next),
+        cmocka_unit_test(test_qwen3_next_4bit), cmocka_unit_test(test_qwen3_5),
+        cmocka_unit_test(test_qwen3_5_4bit), cmocka_unit_test(test_qwen3_5_moe),
+        cmocka_unit_test(test_qwen3_5_moe_4bit_mlx),
     };
     const char *only = getenv("EXO_TEST_DEVICE");
     int failed = 0, gpu_only = only && !strcmp(only, "cuda");

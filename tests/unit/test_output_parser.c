@@ -54,6 +54,20 @@ static void test_hermes_tool_calls(void **st) {
           "<tool_call>{\"name\": \"n\", \"arguments\": {\"x\": 0.1, \"y\": 3.0, \"z\": 1e300, "
           "\"s\": \"a\\\"b\\n\"}}</tool_call>",
           "", "", "n({\"x\":0.1,\"y\":3.0,\"z\":1e+300,\"s\":\"a\\\"b\\n\"});");
+    /* Qwen3.5's XML form (its chat template's format): multi-line string values stay text, JSON
+     * values (what the template writes with tojson) become JSON; a malformed one stays content */
+    check(OUTPUT_FORMAT_HERMES, 0, 1,
+          "<think>plan</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n"
+          "</parameter>\n<parameter=days>\n[1, 2]\n</parameter>\n<parameter=note>\nline one\nline "
+          "two\n</parameter>\n<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>",
+          "", "plan",
+          "get_weather({\"city\":\"Zürich\",\"days\":[1,2],\"note\":\"line one\\nline two\",\"n\":3});");
+    check(OUTPUT_FORMAT_HERMES, 0, 1,
+          "<tool_call>\n<function=now>\n</function>\n</tool_call>\n<tool_call>\n<function=s>\n"
+          "<parameter=q>\n\"quoted\"\n</parameter>\n</function>\n</tool_call>",
+          "", "", "now({});s({\"q\":\"\\\"quoted\\\"\"});"); /* strings are written verbatim */
+    check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>",
+          "<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>", "", "");
     /* a missing close tag at the end of generation still yields the call when the JSON is whole */
     check(OUTPUT_FORMAT_HERMES, 0, 1, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n",
           "", "", "f({\"a\":1});");

@@ -27,9 +27,10 @@ static const char *usage_text =
     "\n"
     "  --out DIR               output directory (created; existing files are replaced)\n"
     "  --preset NAME           starting shape: tiny (default), qwen3-0.6b, qwen3-8b, qwen3-30b-a3b,\n"
-    "                          qwen2.5-0.5b, llama-3.2-1b, llama-3.1-8b; other options override it\n"
-    "  --arch A                llama | qwen2 | qwen3 | qwen3_moe | gpt_oss (default qwen3, or the\n"
-    "                          preset's)\n"
+    "                          qwen2.5-0.5b, llama-3.2-1b, llama-3.1-8b, qwen3.5-9b; other options\n"
+    "                          override it\n"
+    "  --arch A                llama | qwen2 | qwen3 | qwen3_moe | gpt_oss | qwen3_next | qwen3_5 |\n"
+    "                          qwen3_5_moe (default qwen3, or the preset's)\n"
     "  --tokenizer NAME|DIR    tokenizer from .cache/tokenizers/NAME (scripts/tokenizers.sh), or a\n"
     "                          directory holding tokenizer.json; 'none' writes no tokenizer (needs\n"
     "                          --vocab). Default: llama3_1 for llama, gptoss for gpt_oss, qwen3\n"
@@ -38,10 +39,17 @@ static const char *usage_text =
     "  --hidden N --layers N --heads N --kv-heads N --head-dim N --intermediate N\n"
     "                          shape (tiny: 64, 2, 4, 2, 16, 128)\n"
     "  --experts N --experts-per-tok N --moe-intermediate N --decoder-sparse-step N\n"
-    "                          qwen3_moe and gpt_oss routing (tiny: 8, 2, 64, 1)\n"
+    "                          qwen3_moe, hybrid MoE and gpt_oss routing (tiny: 8, 2, 64, 1)\n"
     "  --sliding-window N      gpt_oss: window of the sliding_attention (even) layers (default 4)\n"
     "  --swiglu-limit X        gpt_oss: clamp of the expert gate/up values (default 7)\n"
     "  --mxfp4                 gpt_oss: experts as MXFP4 _blocks/_scales, as OpenAI publishes them\n"
+    "  --shared-intermediate N qwen3_next / qwen3_5_moe shared expert hidden size (tiny: 64)\n"
+    "  --linear-key-heads N --linear-value-heads N --linear-key-dim N --linear-value-dim N\n"
+    "  --conv-kernel N --full-attention-interval N\n"
+    "                          hybrid GatedDeltaNet layers (tiny: 2, 4, 16, 16, 4, 4)\n"
+    "  --partial-rotary X      partial_rotary_factor of the hybrids (default 0.25)\n"
+    "  --hybrid-layout L       hf: conv1d [C, 1, K], zero-centred norms stored as w (default);\n"
+    "                          mlx: conv1d [C, K, 1], norms stored as 1 + w (mlx-lm's conversion)\n"
     "  --vocab N               vocab_size (default: the tokenizer's, added tokens included)\n"
     "  --max-pos N             max_position_embeddings (default 4096)\n"
     "  --rope-theta X          (default 10000 llama, 1000000 qwen)\n"
@@ -88,6 +96,9 @@ static void tiny_shape(mk_config *c) {
     c->hidden = 64, c->layers = 2, c->heads = 4, c->kv_heads = 2, c->head_dim = 16, c->intermediate = 128;
     c->experts = 8, c->experts_per_tok = 2, c->moe_intermediate = 64, c->decoder_sparse_step = 1;
     c->max_pos = 4096;
+    c->shared_intermediate = 64;
+    c->linear_key_heads = 2, c->linear_value_heads = 4, c->linear_key_dim = 16, c->linear_value_dim = 16;
+    c->conv_kernel = 4, c->full_attention_interval = 4, c->partial_rotary = 0.25;
 }
 
 static void set_shape(mk_config *c, int64_t hidden, int64_t layers, int64_t heads, int64_t kv, int64_t hd,
@@ -113,6 +124,11 @@ static int apply_preset(mk_options *o, const char *name) {
         c->arch = MK_QWEN3_MOE, o->tokenizer = "qwen3", c->tie_embeddings = 0;
         set_shape(c, 2048, 48, 32, 4, 128, 6144, 151936, 40960);
         c->experts = 128, c->experts_per_tok = 8, c->moe_intermediate = 768, c->decoder_sparse_step = 1;
+    } else if (strcmp(name, "qwen3.5-9b") == 0) { /* the text model of Qwen/Qwen3.5-9B */
+        c->arch = MK_QWEN3_5, o->tokenizer = "qwen3", c->tie_embeddings = 0;
+        set_shape(c, 4096, 32, 16, 4, 256, 12288, 248320, 262144);
+        c->linear_key_heads = 16, c->linear_value_heads = 32, c->linear_key_dim = 128, c->linear_value_dim = 128;
+        c->rope_theta = 10000000.0;
     } else if (strcmp(name, "qwen2.5-0.5b") == 0) {
         c->arch = MK_QWEN2, o->tokenizer = "qwen3", c->tie_embeddings = 1;
         set_shape(c, 896, 24, 14, 2, 64, 4864, 151936, 32768);
@@ -163,6 +179,13 @@ static int set_int_option(mk_options *o, const char *name, const char *val) {
         {"--vocab", &o->vocab_override, 1, 1 << 24},     {"--max-pos", &o->cfg.max_pos, 1, INT32_MAX},
         {"--rope-original-max", &o->cfg.rope_original_max, 1, INT32_MAX},
         {"--sliding-window", &o->cfg.sliding_window, 1, INT32_MAX},
+        {"--shared-intermediate", &o->cfg.shared_intermediate, 1, 1 << 22},
+        {"--linear-key-heads", &o->cfg.linear_key_heads, 1, 4096},
+        {"--linear-value-heads", &o->cfg.linear_value_heads, 1, 4096},
+        {"--linear-key-dim", &o->cfg.linear_key_dim, 1, 4096},
+        {"--linear-value-dim", &o->cfg.linear_value_dim, 1, 4096},
+        {"--conv-kernel", &o->cfg.conv_kernel, 2, 64},
+        {"--full-attention-interval", &o->cfg.full_attention_interval, 1, 4096},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         if (strcmp(name, table[i].name) != 0) continue;
@@ -180,10 +203,12 @@ static int set_enum_option(mk_options *o, const char *name, const char *val) {
     mk_config *c = &o->cfg;
     int64_t v;
     if (strcmp(name, "--arch") == 0) {
-        static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"};
-        for (int i = 0; i < 5; i++)
+        static const char *archs[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_next", "qwen3_5",
+                                      "qwen3_5_moe"};
+        for (int i = 0; i < 8; i++)
             if (strcmp(val, archs[i]) == 0) return c->arch = (mk_arch)i, 0;
-        return bad("--arch must be llama, qwen2, qwen3, qwen3_moe or gpt_oss, got '%s'%s", val, "");
+        return bad("--arch must be llama, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_next, qwen3_5 or "
+                   "qwen3_5_moe, got '%s'%s", val, "");
     }
     if (strcmp(name, "--rope-scaling") == 0) {
         static const char *kinds[] = {"none", "llama3", "linear", "yarn"};
@@ -213,6 +238,12 @@ static int set_enum_option(mk_options *o, const char *name, const char *val) {
         if (parse_i64(val, 2, 8, &v) != 0 || v == 7) return bad("--router-bits must be 2..8 (not 7), same or none, got '%s'%s", val, "");
         return c->router_bits = (int)v, 0;
     }
+    if (strcmp(name, "--hybrid-layout") == 0) {
+        if (strcmp(val, "hf") == 0) c->hybrid_mlx = 0;
+        else if (strcmp(val, "mlx") == 0) c->hybrid_mlx = 1;
+        else return bad("--hybrid-layout must be hf or mlx, got '%s'%s", val, "");
+        return 0;
+    }
     if (strcmp(name, "--moe-layout") == 0) {
         if (strcmp(val, "hf") == 0) c->moe_layout_mlx = 0;
         else if (strcmp(val, "mlx") == 0) c->moe_layout_mlx = 1;
@@ -229,7 +260,10 @@ static int known_option(const char *name) {
                                   "--max-pos", "--rope-theta", "--rope-scaling", "--rope-factor",
                                   "--rope-original-max", "--rms-norm-eps", "--dtype", "--quant-bits",
                                   "--group-size", "--router-bits", "--moe-layout", "--shard-mb",
-                                  "--sliding-window", "--swiglu-limit", "--gguf"};
+                                  "--sliding-window", "--swiglu-limit",
+                                  "--shared-intermediate", "--linear-key-heads", "--linear-value-heads",
+                                  "--linear-key-dim", "--linear-value-dim", "--conv-kernel",
+                                  "--full-attention-interval", "--partial-rotary", "--hybrid-layout", "--gguf"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(name, names[i]) == 0) return 1;
     return 0;
@@ -267,6 +301,11 @@ static int set_option(mk_options *o, const char *name, const char *val) {
     if (strcmp(name, "--swiglu-limit") == 0) {
         if (parse_double(val, &o->cfg.swiglu_limit) != 0) return bad("--swiglu-limit wants a positive number, got '%s'%s", val, "");
         return o->limit_set = 1, 0;
+    }
+    if (strcmp(name, "--partial-rotary") == 0) {
+        if (parse_double(val, &o->cfg.partial_rotary) != 0 || o->cfg.partial_rotary > 1)
+            return bad("--partial-rotary wants a number in (0, 1], got '%s'%s", val, "");
+        return 0;
     }
     if (strcmp(name, "--rms-norm-eps") == 0) {
         if (parse_double(val, &o->cfg.rms_norm_eps) != 0) return bad("--rms-norm-eps wants a positive number, got '%s'%s", val, "");
@@ -342,8 +381,14 @@ static int parse_args(mk_options *o, int argc, char **argv) {
     if (c->mxfp4 && c->quant_bits) return bad("--mxfp4 and --quant-bits do not combine%s%s", "", "");
     if (!o->out) return bad("--out DIR is required%s%s", "", "");
     if (c->heads % c->kv_heads != 0) return bad("--heads must be a multiple of --kv-heads%s%s", "", "");
-    if (c->arch == MK_QWEN3_MOE && c->experts_per_tok > c->experts)
+    int moe = c->arch == MK_QWEN3_MOE || c->arch == MK_QWEN3_NEXT || c->arch == MK_QWEN3_5_MOE;
+    if (moe && c->experts_per_tok > c->experts)
         return bad("--experts-per-tok must not exceed --experts%s%s", "", "");
+    if (mk_arch_is_hybrid(c->arch) && c->linear_value_heads % c->linear_key_heads != 0)
+        return bad("--linear-value-heads must be a multiple of --linear-key-heads%s%s", "", "");
+    int64_t rot = (int64_t)(c->head_dim * c->partial_rotary);
+    if (mk_arch_is_hybrid(c->arch) && (rot < 2 || rot % 2 != 0))
+        return bad("--head-dim times --partial-rotary must be an even number of rotary dims%s%s", "", "");
     return 0;
 }
 
@@ -487,11 +532,13 @@ static json_t *quantization_json(const mk_config *c) {
     json_t *q = json_object();
     json_object_set_new(q, "group_size", json_integer(c->group_size));
     json_object_set_new(q, "bits", json_integer(c->quant_bits));
-    if (c->arch == MK_QWEN3_MOE && c->router_bits != 0) {
-        for (int64_t l = 0; l < c->layers; l++) {
-            if (!mk_layer_is_moe(c, l)) continue;
+    static const char *gates[2] = {"mlp.gate", "mlp.shared_expert_gate"};
+    int n_gates = mk_arch_is_hybrid(c->arch) ? 2 : 1; /* mlx-lm quantizes both gates at 8 bits */
+    for (int64_t l = 0; c->router_bits != 0 && l < c->layers; l++) {
+        if (!mk_layer_is_moe(c, l)) continue;
+        for (int i = 0; i < n_gates; i++) {
             char name[96];
-            snprintf(name, sizeof name, "model.layers.%lld.mlp.gate", (long long)l);
+            snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l, gates[i]);
             if (c->router_bits < 0) {
                 json_object_set_new(q, name, json_false());
             } else {
@@ -530,10 +577,56 @@ static void gpt_oss_config_json(const mk_config *c, json_t *j) {
 
 static json_t *id_or_null(int64_t id) { return id >= 0 ? json_integer(id) : json_null(); }
 
+/* The hybrids' fields: layer types, GatedDeltaNet shape, partial rotary (Qwen3-Next: top-level
+ * fields as its checkpoints have them; Qwen3.5: rope_parameters as transformers 5 writes them). */
+static void hybrid_json(json_t *j, const mk_config *c) {
+    json_t *types = json_array();
+    for (int64_t l = 0; l < c->layers; l++)
+        json_array_append_new(types, json_string(mk_layer_is_linear(c, l) ? "linear_attention" : "full_attention"));
+    json_object_set_new(j, "layer_types", types);
+    json_object_set_new(j, "full_attention_interval", json_integer(c->full_attention_interval));
+    json_object_set_new(j, "linear_conv_kernel_dim", json_integer(c->conv_kernel));
+    json_object_set_new(j, "linear_key_head_dim", json_integer(c->linear_key_dim));
+    json_object_set_new(j, "linear_value_head_dim", json_integer(c->linear_value_dim));
+    json_object_set_new(j, "linear_num_key_heads", json_integer(c->linear_key_heads));
+    json_object_set_new(j, "linear_num_value_heads", json_integer(c->linear_value_heads));
+    if (c->arch == MK_QWEN3_NEXT) {
+        json_object_set_new(j, "partial_rotary_factor", json_real(c->partial_rotary));
+    } else {
+        json_t *r = json_object(), *sec = json_array();
+        int64_t half = (int64_t)(c->head_dim * c->partial_rotary) / 2, hw = half / 4;
+        json_array_append_new(sec, json_integer(half - 2 * hw));
+        json_array_append_new(sec, json_integer(hw));
+        json_array_append_new(sec, json_integer(hw));
+        json_object_set_new(r, "rope_type", json_string("default"));
+        json_object_set_new(r, "rope_theta", json_real(c->rope_theta));
+        json_object_set_new(r, "partial_rotary_factor", json_real(c->partial_rotary));
+        json_object_set_new(r, "mrope_section", sec);
+        json_object_set_new(r, "mrope_interleaved", json_true());
+        json_object_set_new(j, "rope_parameters", r);
+        json_object_del(j, "rope_theta");
+        json_object_del(j, "rope_scaling");
+    }
+    if (c->arch != MK_QWEN3_5) {
+        json_object_set_new(j, "num_experts", json_integer(c->experts));
+        json_object_set_new(j, "num_experts_per_tok", json_integer(c->experts_per_tok));
+        json_object_set_new(j, "moe_intermediate_size", json_integer(c->moe_intermediate));
+        json_object_set_new(j, "shared_expert_intermediate_size", json_integer(c->shared_intermediate));
+    }
+    if (c->arch == MK_QWEN3_NEXT) {
+        json_object_set_new(j, "norm_topk_prob", json_true());
+        json_object_set_new(j, "decoder_sparse_step", json_integer(c->decoder_sparse_step));
+        json_object_set_new(j, "mlp_only_layers", json_array());
+    }
+    if (c->arch == MK_QWEN3_5_MOE) json_object_del(j, "intermediate_size");
+}
+
 static json_t *config_json(const mk_config *c) {
     static const char *arch_names[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                       "Qwen3MoeForCausalLM", "GptOssForCausalLM"};
-    static const char *types[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"};
+                                       "Qwen3MoeForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM",
+                                       "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"};
+    static const char *types[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_next",
+                                  "qwen3_5_text", "qwen3_5_moe_text"};
     json_t *j = json_object(), *archs = json_array();
     json_array_append_new(archs, json_string(arch_names[c->arch]));
     json_object_set_new(j, "architectures", archs);
@@ -558,7 +651,7 @@ static json_t *config_json(const mk_config *c) {
     } else if (c->arch == MK_LLAMA) {
         json_object_set_new(j, "mlp_bias", json_false());
         json_object_set_new(j, "pretraining_tp", json_integer(1));
-    } else {
+    } else if (!mk_arch_is_hybrid(c->arch)) {
         json_object_set_new(j, "use_sliding_window", json_false());
         json_object_set_new(j, "sliding_window", json_null());
         json_object_set_new(j, "max_window_layers", json_integer(c->layers));
@@ -573,6 +666,7 @@ static json_t *config_json(const mk_config *c) {
         json_object_set_new(j, "output_router_logits", json_false());
         json_object_set_new(j, "router_aux_loss_coef", json_real(0.001));
     }
+    if (mk_arch_is_hybrid(c->arch)) hybrid_json(j, c);
     json_object_set_new(j, "bos_token_id", id_or_null(c->bos_id));
     json_object_set_new(j, "eos_token_id", id_or_null(c->eos_id));
     json_object_set_new(j, "initializer_range", json_real(0.02));

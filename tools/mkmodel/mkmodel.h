@@ -13,7 +13,12 @@
 
 #include "model/weight_types.h"
 
-typedef enum mk_arch { MK_LLAMA = 0, MK_QWEN2, MK_QWEN3, MK_QWEN3_MOE, MK_GPT_OSS } mk_arch;
+/* The hybrids (mk_arch_is_hybrid: MK_QWEN3_NEXT and later) mix GatedDeltaNet linear-attention
+ * layers with gated full attention every full_attention_interval layers; their RMSNorms are
+ * zero-centred (1 + w). */
+typedef enum mk_arch {
+    MK_LLAMA = 0, MK_QWEN2, MK_QWEN3, MK_QWEN3_MOE, MK_GPT_OSS, MK_QWEN3_NEXT, MK_QWEN3_5, MK_QWEN3_5_MOE
+} mk_arch;
 typedef enum mk_rope { MK_ROPE_NONE = 0, MK_ROPE_LLAMA3, MK_ROPE_LINEAR, MK_ROPE_YARN } mk_rope;
 
 /* The whole blueprint of the model to write. */
@@ -29,6 +34,13 @@ typedef struct mk_config {
     int64_t experts_per_tok; /* num_experts_per_tok */
     int64_t moe_intermediate;
     int64_t decoder_sparse_step;
+    int64_t shared_intermediate; /* hybrids with MoE: shared_expert_intermediate_size */
+    /* hybrids: linear-attention (GatedDeltaNet) shape */
+    int64_t linear_key_heads, linear_value_heads, linear_key_dim, linear_value_dim;
+    int64_t conv_kernel;             /* linear_conv_kernel_dim */
+    int64_t full_attention_interval; /* layer l is full attention when (l + 1) % interval == 0 */
+    double partial_rotary;           /* partial_rotary_factor */
+    int hybrid_mlx;                  /* mlx-lm's conventions: conv1d [C, K, 1], norms stored 1 + w */
     int64_t vocab;           /* vocab_size */
     int64_t max_pos;         /* max_position_embeddings */
     double rope_theta;
@@ -51,6 +63,9 @@ typedef struct mk_config {
 
 /* Is MoE used in layer l (qwen3_moe rules: decoder_sparse_step, no mlp_only_layers)? */
 int mk_layer_is_moe(const mk_config *c, int64_t layer);
+/* Is the architecture a hybrid (Qwen3-Next, Qwen3.5)? Is layer l a linear-attention layer? */
+int mk_arch_is_hybrid(mk_arch a);
+int mk_layer_is_linear(const mk_config *c, int64_t layer);
 
 /* How a logical matrix's values are drawn. */
 typedef enum mk_init { MK_INIT_NORMAL = 0, MK_INIT_AROUND_ONE } mk_init;
@@ -59,18 +74,20 @@ typedef enum mk_init { MK_INIT_NORMAL = 0, MK_INIT_AROUND_ONE } mk_init;
  * them), a norm vector or a bias vector (rows = 1). Quantized ones expand to three tensors. */
 typedef struct mk_matrix {
     char name[160];   /* tensor name without the ".weight" / ".bias" suffix */
-    const char *suffix; /* "weight" or "bias" */
+    const char *suffix; /* "weight" or "bias"; "" for tensors named without one (A_log) */
     int64_t stack;    /* 0: plain tensor; >0: stacked experts [stack][out][in] */
     int64_t out, in;  /* rows, cols; a vector has out = 1 and is stored 1-D [in] */
     mk_init init;
     double std;       /* standard deviation of the random values */
+    double mean;      /* MK_INIT_NORMAL: added to every value (0 for most) */
     int bits;         /* 0 = dense in cfg.dt */
     int group_size;
     int vector;       /* 1-D tensor */
     int mxfp4;        /* stored as <name>_blocks U8 [stack, out, in/32, 16] + <name>_scales U8 */
     int transposed;   /* stored [stack, in, out] (gpt_oss bf16 experts); values drawn as [out, in] */
     /* Expert e of a stacked matrix is seeded with this name template (printf %lld = e), so the
-     * HF and MLX layouts hold identical values. Empty: seeded with name + suffix. */
+     * HF and MLX layouts hold identical values. A plain tensor with a seed_fmt is seeded with it
+     * as it is; empty: seeded with name + suffix. */
     char seed_fmt[192];
 } mk_matrix;
 

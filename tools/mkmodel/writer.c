@@ -52,6 +52,7 @@ uint64_t mk_hash_name(uint64_t seed, const char *name) {
 uint64_t mk_matrix_seed(const mk_config *cfg, const mk_matrix *m, int64_t expert) {
     char seed_name[256];
     if (m->stack) snprintf(seed_name, sizeof seed_name, m->seed_fmt, (long long)expert);
+    else if (m->seed_fmt[0]) snprintf(seed_name, sizeof seed_name, "%s", m->seed_fmt);
     else snprintf(seed_name, sizeof seed_name, "%s%s%s", m->name, m->suffix[0] ? "." : "", m->suffix);
     return mk_hash_name(cfg->seed, seed_name);
 }
@@ -59,7 +60,7 @@ uint64_t mk_matrix_seed(const mk_config *cfg, const mk_matrix *m, int64_t expert
 void mk_matrix_values(const mk_matrix *m, uint64_t *state, float *vals, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         double g = mk_normal(state);
-        vals[i] = (float)(m->init == MK_INIT_AROUND_ONE ? 1.0 + m->std * g : m->std * g);
+        vals[i] = (float)((m->init == MK_INIT_AROUND_ONE ? 1.0 + m->std * g : m->std * g) + m->mean);
     }
 }
 

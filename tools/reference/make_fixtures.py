@@ -268,6 +268,66 @@ def hf_checkpoint(model_dir, tensors):
     return out
 
 
+# The hybrids (GatedDeltaNet + gated attention). transformers 5 fuses MoE experts into
+# mlp.experts.gate_up_proj / down_proj, and not every hybrid model type has a registered checkpoint
+# conversion for per-expert names, so these are built from their config and filled here by name
+# (each parameter from the tensor of the same name, fused experts stacked from per-expert ones),
+# with every shape checked and every checkpoint tensor accounted for.
+HYBRID_TYPES = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
+
+
+def fused_expert_value(name, ckpt, used):
+    import re
+    import numpy as np
+    m = re.match(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$", name)
+    if not m:
+        return None
+    pre, which = m.group(1), m.group(2)
+    n = 0
+    while f"{pre}.{n}.down_proj.weight" in ckpt:
+        n += 1
+    parts = []
+    for e in range(n):
+        keys = ([f"{pre}.{e}.gate_proj.weight", f"{pre}.{e}.up_proj.weight"] if which == "gate_up_proj"
+                else [f"{pre}.{e}.down_proj.weight"])
+        used.update(keys)
+        parts.append(np.concatenate([ckpt[k] for k in keys], axis=0))
+    return np.stack(parts) if parts else None
+
+
+def load_hybrid(load_dir, ckpt, cfg):
+    import torch
+    import transformers
+    from transformers import AutoConfig
+    cls = getattr(transformers, cfg["architectures"][0])
+    try:
+        config = AutoConfig.from_pretrained(load_dir)
+    except (ValueError, KeyError):  # a text-only model type AutoConfig does not list
+        config = cls.config_class.from_pretrained(load_dir)
+    config._attn_implementation = "eager"
+    model = cls(config).float().eval()
+    state, used, problems = {}, set(), {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
+    for name, p in model.named_parameters():
+        arr = ckpt.get(name)
+        if arr is not None:
+            used.add(name)
+        else:
+            arr = fused_expert_value(name, ckpt, used)
+        if arr is None:
+            problems["missing_keys"].append(name)
+            continue
+        t = torch.from_numpy(arr.astype("float32"))
+        if tuple(t.shape) != tuple(p.shape) and t.dim() == 3 and tuple(t.transpose(1, 2).shape) == tuple(p.shape):
+            t = t.transpose(1, 2)  # experts stored [E, in, out]
+        if tuple(t.shape) != tuple(p.shape):
+            problems["mismatched_keys"].append(f"{name}: {tuple(t.shape)} vs {tuple(p.shape)}")
+            continue
+        state[name] = t.contiguous()
+    problems["unexpected_keys"] = sorted(set(ckpt) - used)
+    model.load_state_dict(state, strict=False)
+    return model, problems
+
+
 def load_model(model_dir, work):
     import torch
     from transformers import AutoModelForCausalLM
@@ -292,7 +352,7 @@ def load_model(model_dir, work):
             for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
                 shutil.copy(os.path.join(model_dir, f), os.path.join(load_dir, f))
         weights = f"{cfg.get('torch_dtype')} weights upcast to float32"
-    model, check = load_checked(load_dir, ckpt)
+    model, check = load_checked(load_dir, ckpt, cfg)
     if not check["ok"]:
         raise SystemExit(f"{model_dir}: weights did not load cleanly: {json.dumps(check)[:2000]}")
     return model, weights, check, load_dir
@@ -340,11 +400,14 @@ def transformers_mxfp4_check(model_dir, model):
         return {"error": f"{type(e).__name__}: {str(e)[:500]}"}
 
 
-def load_checked(load_dir, ckpt):
+def load_checked(load_dir, ckpt, cfg=None):
     import torch
     from transformers import AutoModelForCausalLM
-    model, info = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
-                                                       output_loading_info=True)
+    if cfg and cfg.get("model_type") in HYBRID_TYPES:
+        model, info = load_hybrid(load_dir, ckpt, cfg)
+    else:
+        model, info = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32, attn_implementation="eager",
+                                                           output_loading_info=True)
     model.eval()
     # Every checkpoint value must be in the model: compare sums of squares (robust to the fused
     # expert layouts transformers 5 converts MoE checkpoints into), and nothing may be missing.

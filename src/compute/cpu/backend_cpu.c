@@ -78,7 +78,7 @@ static void cpu_embed(compute_backend *b, const weight_matrix *t, const int32_t 
 #define CPU_PARALLEL_MIN 16384
 
 typedef struct rows_job {
-    const float *x, *w, *inv_freq;
+    const float *x, *w, *inv_freq, *z; /* z: the gate of a gated RMSNorm, else NULL */
     float *y;
     const int32_t *pos;
     int64_t dim;
@@ -91,17 +91,29 @@ typedef struct rows_job {
 static void rmsnorm_range(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const rows_job *j = ctx;
-    cpu_op_rmsnorm(j->x, j->w, j->y, begin, end, j->dim, j->eps);
+    if (j->z) cpu_op_rmsnorm_gated(j->x, j->w, j->z, j->y, begin, end, j->dim, j->eps);
+    else cpu_op_rmsnorm(j->x, j->w, j->y, begin, end, j->dim, j->eps);
+}
+
+static void rmsnorm_rows(const rows_job *j, int64_t rows) {
+    if (rows * j->dim < CPU_PARALLEL_MIN || rows < 2)
+        rmsnorm_range((void *)j, 0, rows, 0);
+    else
+        threadpool_parallel_for(cpu_thread_pool(), rows, rmsnorm_range, (void *)j);
 }
 
 static void cpu_rmsnorm(compute_backend *b, const float *x, const float *w, float *y, int64_t rows,
                         int64_t dim, float eps) {
     (void)b;
     rows_job j = {.x = x, .w = w, .y = y, .dim = dim, .eps = eps};
-    if (rows * dim < CPU_PARALLEL_MIN || rows < 2)
-        rmsnorm_range(&j, 0, rows, 0);
-    else
-        threadpool_parallel_for(cpu_thread_pool(), rows, rmsnorm_range, &j);
+    rmsnorm_rows(&j, rows);
+}
+
+static void cpu_rmsnorm_gated(compute_backend *b, const float *x, const float *w, const float *z,
+                              float *y, int64_t rows, int64_t dim, float eps) {
+    (void)b;
+    rows_job j = {.x = x, .w = w, .z = z, .y = y, .dim = dim, .eps = eps};
+    rmsnorm_rows(&j, rows);
 }
 
 static void cpu_add(compute_backend *b, float *x, const float *y, int64_t n) {
@@ -234,6 +246,61 @@ static void cpu_moe_route(compute_backend *b, const float *logits, int64_t n, in
     cpu_op_moe_route(logits, n, ne, k, norm, ids, w);
 }
 
+typedef struct linear_job {
+    const linear_attention_layer *l;
+    const linear_attention_batch *lb;
+    float *qkv, *out;
+    const float *x, *beta, *a;
+} linear_job;
+
+static void conv1d_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const linear_job *j = ctx;
+    cpu_op_conv1d_causal(j->l, j->lb, j->qkv, begin, end);
+}
+
+static void cpu_conv1d_causal(compute_backend *b, const linear_attention_layer *l,
+                              const linear_attention_batch *lb, float *qkv) {
+    (void)b;
+    linear_job j = {.l = l, .lb = lb, .qkv = qkv};
+    if (lb->n_tokens * l->conv_dim < CPU_PARALLEL_MIN)
+        conv1d_range(&j, 0, l->conv_dim, 0);
+    else
+        threadpool_parallel_for(cpu_thread_pool(), l->conv_dim, conv1d_range, &j);
+}
+
+#define CPU_LINEAR_HEAD_DIM_MAX 1024 /* model_config refuses larger linear-attention heads */
+
+static void delta_range(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const linear_job *j = ctx;
+    float scratch[3 * CPU_LINEAR_HEAD_DIM_MAX];
+    cpu_op_gated_delta_rule(j->l, j->lb, j->x, j->beta, j->a, j->out, begin, end, scratch);
+}
+
+static void cpu_gated_delta_rule(compute_backend *b, const linear_attention_layer *l,
+                                 const linear_attention_batch *lb, const float *qkv,
+                                 const float *beta, const float *a, float *out) {
+    (void)b;
+    linear_job j = {.l = l, .lb = lb, .x = qkv, .beta = beta, .a = a, .out = out};
+    int64_t items = cpu_op_gated_delta_items(lb, l->n_v_heads);
+    if (items < 2)
+        delta_range(&j, 0, items, 0);
+    else
+        threadpool_parallel_for_dynamic(cpu_thread_pool(), items, 1, delta_range, &j);
+}
+
+static void cpu_mul_sigmoid(compute_backend *b, float *x, const float *gate, int64_t n) {
+    (void)b;
+    cpu_op_mul_sigmoid(x, gate, n);
+}
+
+static void cpu_mul_sigmoid_rows(compute_backend *b, float *x, const float *gate, int64_t rows,
+                                 int64_t dim) {
+    (void)b;
+    cpu_op_mul_sigmoid_rows(x, gate, rows, dim);
+}
+
 static int ensure_scratch(cpu_ctx *c, size_t floats, size_t rows) {
     if (floats > c->scratch_floats) {
         free(c->scratch);
@@ -318,7 +385,9 @@ compute_backend *compute_backend_cpu(int n_threads) {
         .rmsnorm = cpu_rmsnorm, .add = cpu_add, .add_row = cpu_add_row, .silu_mul = cpu_silu_mul,
         .rope = cpu_rope, .kv_write = cpu_kv_write, .attention = cpu_attention,
         .gather_rows = cpu_gather_rows, .moe_route = cpu_moe_route, .moe_ffn = cpu_moe_ffn,
-        .destroy = cpu_destroy,
+        .conv1d_causal = cpu_conv1d_causal, .gated_delta_rule = cpu_gated_delta_rule,
+        .rmsnorm_gated = cpu_rmsnorm_gated, .mul_sigmoid = cpu_mul_sigmoid,
+        .mul_sigmoid_rows = cpu_mul_sigmoid_rows, .copy = cpu_copy, .destroy = cpu_destroy,
     };
     return b;
 }

@@ -827,8 +827,31 @@ int cpu_matmul_with(const weight_matrix *w, const float *x, float *y, int64_t n_
     return cpu_matmul_multi_with(1, &w, x, &y, n_tokens, level, gemm, max_matvec_tokens);
 }
 
+/* Whether w's activations must stay float (weight_matrix.exact_activations), unless
+ * EXO_EXACT_ACTIVATIONS=0 (A/B runs) says to ignore the hint. */
+static int wants_exact(const weight_matrix *w) {
+    static _Atomic int honour = -1;
+    return w->exact_activations && w->format == WEIGHT_MLX_AFFINE &&
+           cpu_env_switch(&honour, "EXO_EXACT_ACTIVATIONS", "0");
+}
+
+/* A matrix that wants float activations: the AVX-512 float-activation kernel where it applies,
+ * else the best level whose kernels keep MLX-order activations float (AVX-512 and NEON dotprod
+ * round them to int16 per group for their integer dot products; AVX2 and NEON do not). */
+static void matmul_exact(const weight_matrix *w, const float *x, float *y, int64_t n_tokens) {
+    cpu_level best = cpu_best_level();
+    if (best == CPU_LEVEL_AVX512 && cpu_mlx4_exact_ok(w, n_tokens) &&
+        cpu_mlx4_exact_matmul(w, x, y, n_tokens) == 0)
+        return;
+    cpu_level level = best == CPU_LEVEL_AVX512         ? CPU_LEVEL_AVX2
+                      : best == CPU_LEVEL_NEON_DOTPROD ? CPU_LEVEL_NEON
+                                                       : best;
+    cpu_matmul_with(w, x, y, n_tokens, level, CPU_GEMM_AUTO, -1);
+}
+
 void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_tokens) {
-    cpu_matmul_with(w, x, y, n_tokens, cpu_best_level(), CPU_GEMM_AUTO, -1);
+    if (wants_exact(w)) matmul_exact(w, x, y, n_tokens);
+    else cpu_matmul_with(w, x, y, n_tokens, cpu_best_level(), CPU_GEMM_AUTO, -1);
 }
 
 /* EXO_MATMUL_FUSE=0 runs the matrices of cpu_matmul_multi one job each (for A/B runs). */
@@ -839,6 +862,22 @@ static int matmul_fuse(void) {
 
 void cpu_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
                       int64_t n_tokens) {
+    const weight_matrix *fused[CPU_MATMUL_MULTI_MAX];
+    float *fused_y[CPU_MATMUL_MULTI_MAX];
+    int n_fused = 0, any_exact = 0;
+    for (int i = 0; i < n && i < CPU_MATMUL_MULTI_MAX; i++) any_exact |= wants_exact(ws[i]);
+    if (any_exact && n <= CPU_MATMUL_MULTI_MAX) { /* those on their own, the rest still together */
+        for (int i = 0; i < n; i++) {
+            if (wants_exact(ws[i])) {
+                matmul_exact(ws[i], x, ys[i], n_tokens);
+                continue;
+            }
+            fused[n_fused] = ws[i];
+            fused_y[n_fused++] = ys[i];
+        }
+        if (n_fused) cpu_matmul_multi(n_fused, fused, x, fused_y, n_tokens);
+        return;
+    }
     if (!matmul_fuse()) {
         for (int i = 0; i < n; i++) cpu_matmul(ws[i], x, ys[i], n_tokens);
         return;

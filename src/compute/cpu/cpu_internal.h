@@ -76,6 +76,14 @@ static inline float cpu_dense_at(weight_format f, const void *row, int64_t i) {
     return bf16_to_f32(((const uint16_t *)row)[i]);
 }
 
+/* Matrices flagged exact_activations (matmul_exact_avx512.c): at the AVX-512 level, 4-bit MLX
+ * ones of at most CPU_EXACT_MAX_TOKENS tokens run a float-activation matvec (ok says whether
+ * this matrix can, the caller checks the level; matmul returns -1 when out of memory); others
+ * run at a level whose kernels keep activations float (cpu.c). */
+#define CPU_EXACT_MAX_TOKENS 8
+int cpu_mlx4_exact_ok(const weight_matrix *w, int64_t n_tokens);
+int cpu_mlx4_exact_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_tokens);
+
 /* The kernel table of the level cpu_matmul uses (the best one EXO_CPU_SIMD allows). */
 const cpu_kernels *cpu_kernels_best(void);
 

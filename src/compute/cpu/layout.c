@@ -26,6 +26,7 @@ static int rows16_shape(const weight_matrix *w) {
 }
 
 int cpu_weight_prefers_rows16(const weight_matrix *w) {
+    if (w->exact_activations) return 0; /* the interleaved kernels round activations to int16 */
     if (!rows16_shape(w) || !(cpu_kernels_best()->rows16_bits & (1u << w->bits))) return 0;
     return w->bits == 4 ? cpu_env_switch(&q4_layout_rows16, "EXO_Q4_LAYOUT", "mlx")
                         : cpu_env_switch(&q8_layout_rows16, "EXO_Q8_LAYOUT", "mlx");

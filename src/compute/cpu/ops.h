@@ -47,6 +47,20 @@ void cpu_op_attention_avx512(const float *q, const kv_layer *kv, const attention
                              const int32_t *tile_start, float *out, int64_t begin, int64_t end,
                              float *scratch);
 
+/* GatedDeltaNet ops (ops_linear_attention.c). conv1d: work items are channels. delta rule:
+ * items are (sequence, value head) pairs in batch order, cpu_op_gated_delta_items of them;
+ * scratch holds 2 * key_dim + value_dim floats. */
+void cpu_op_conv1d_causal(const linear_attention_layer *l, const linear_attention_batch *lb,
+                          float *qkv, int64_t channel_begin, int64_t channel_end);
+int64_t cpu_op_gated_delta_items(const linear_attention_batch *lb, int n_v_heads);
+void cpu_op_gated_delta_rule(const linear_attention_layer *l, const linear_attention_batch *lb,
+                             const float *qkv, const float *beta_logits, const float *a,
+                             float *out, int64_t item_begin, int64_t item_end, float *scratch);
+void cpu_op_rmsnorm_gated(const float *x, const float *weight, const float *z, float *y,
+                          int64_t begin, int64_t end, int64_t dim, float eps);
+void cpu_op_mul_sigmoid(float *x, const float *gate, int64_t n);
+void cpu_op_mul_sigmoid_rows(float *x, const float *gate, int64_t rows, int64_t dim);
+
 void cpu_op_moe_route(const float *logits, int64_t n_tokens, int n_experts, int k, int norm_topk,
                       int32_t *ids, float *weights);
 
