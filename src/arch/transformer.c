@@ -270,6 +270,28 @@ static int sum_across_ranks(transformer *t, float *y, int64_t n, char *err, size
     return t->allreduce(t->allreduce_ctx, y, (size_t)(n * t->dim), err, errlen);
 }
 
+/* x += W in' (in' = silu(in) * up when up is given): the residual stream's update by o_proj or
+ * the MLP's down projection, fused where the backend can and no all-reduce sits between the
+ * matmul and the add (a tensor-parallel rank holds a partial sum until it is reduced). */
+static int residual_update(transformer *t, const weight_matrix *w, float *in, const float *up,
+                           int64_t n, char *err, size_t errlen) {
+    compute_backend *be = t->be;
+    if (be->matmul_fused && !t->allreduce) {
+        be->matmul_fused(be, w, in, up, t->x, n, 1);
+        return 0;
+    }
+    float *y = up ? t->ffn_out : t->xn;
+    if (be->matmul_fused) {
+        be->matmul_fused(be, w, in, up, y, n, 0);
+    } else {
+        if (up) be->silu_mul(be, in, up, n * t->inter);
+        be->matmul(be, w, in, y, n);
+    }
+    if (sum_across_ranks(t, y, n, err, errlen)) return -1;
+    be->add(be, t->x, y, n * t->dim);
+    return 0;
+}
+
 static int attention_block(transformer *t, int li, const kv_layer *kv,
                            const attention_batch *ab, int64_t n, char *err, size_t errlen) {
     compute_backend *be = t->be;
@@ -290,15 +312,18 @@ static int attention_block(transformer *t, int li, const kv_layer *kv,
         be->rmsnorm(be, t->k, v->k_norm, t->k, n * t->n_kv_heads, c->head_dim, c->rms_norm_eps);
     }
     int rot = c->rope.partial_dims ? c->rope.partial_dims : c->head_dim;
-    be->rope(be, t->q, t->positions, n, t->n_heads, c->head_dim, rot, t->inv_freq, t->attn_factor);
-    be->rope(be, t->k, t->positions, n, t->n_kv_heads, c->head_dim, rot, t->inv_freq,
-             t->attn_factor);
-    be->kv_write(be, kv, t->k, t->v, t->slots, n, t->kv_dim);
+    if (be->rope_kv_write) {
+        be->rope_kv_write(be, t->q, t->k, t->v, t->positions, n, t->n_heads, t->n_kv_heads,
+                          c->head_dim, rot, t->inv_freq, t->attn_factor, kv, t->slots);
+    } else {
+        be->rope(be, t->q, t->positions, n, t->n_heads, c->head_dim, rot, t->inv_freq,
+                 t->attn_factor);
+        be->rope(be, t->k, t->positions, n, t->n_kv_heads, c->head_dim, rot, t->inv_freq,
+                 t->attn_factor);
+        be->kv_write(be, kv, t->k, t->v, t->slots, n, t->kv_dim);
+    }
     be->attention(be, t->q, kv, ab, t->att);
-    be->matmul(be, &l->wo, t->att, t->xn, n);
-    if (sum_across_ranks(t, t->xn, n, err, errlen)) return -1;
-    be->add(be, t->x, t->xn, n * t->dim);
-    return 0;
+    return residual_update(t, &l->wo, t->att, NULL, n, err, errlen);
 }
 
 static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen) {
@@ -316,8 +341,7 @@ static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen
         const weight_matrix *gu[2] = {&l->w_gate, &l->w_up};
         float *gu_out[2] = {t->gate, t->up};
         matmul_shared_x(be, 2, gu, t->xn, gu_out, n);
-        be->silu_mul(be, t->gate, t->up, n * t->inter);
-        be->matmul(be, &l->w_down, t->gate, t->ffn_out, n);
+        return residual_update(t, &l->w_down, t->gate, t->up, n, err, errlen);
     }
     if (sum_across_ranks(t, t->ffn_out, n, err, errlen)) return -1;
     be->add(be, t->x, t->ffn_out, n * t->dim);
@@ -382,9 +406,11 @@ int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
     }
     if (!t->last) {
         if (out) be->download(be, out, t->x, (size_t)(n * t->dim) * sizeof(float));
-    } else if (b->n_logits) {
+    } else if (b->n_logits && out) {
         be->download(be, out, t->logits,
                      (size_t)b->n_logits * (size_t)t->w->lm_head.rows * sizeof(float));
     }
     return be->status ? be->status(be, err, errlen) : 0;
 }
+
+float *transformer_logits(transformer *t) { return t->logits; }

@@ -133,7 +133,7 @@ template <int KIND> static size_t staged_bytes(int64_t cols) {
 template <int KIND, int NT, bool STAGED = false>
 __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, const float *x,
                                           int64_t x_stride, float *y, int64_t y_stride,
-                                          const float4 *xs = nullptr) {
+                                          const float4 *xs = nullptr, int accumulate = 0) {
     const int lane = threadIdx.x & 31;
     float acc[NT][GEMV_ROWS];
 #pragma unroll
@@ -212,19 +212,26 @@ __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, con
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) {
             float v = warp_reduce(acc[t][r]);
-            if (lane == 0 && row0 + r < w.rows) y[t * y_stride + row0 + r] = v;
+            if (lane == 0 && row0 + r < w.rows) {
+                float *o = y + t * y_stride + row0 + r;
+                *o = accumulate ? *o + v : v;
+            }
         }
 }
 
 /* Up to 4 matrices sharing x (q/k/v, gate/up) in one launch: block b belongs to matrix m when
- * block_start[m] <= b < block_start[m + 1]. */
+ * block_start[m] <= b < block_start[m + 1] (gemv_kernel), warp tile i when tile_start[m] <= i <
+ * tile_start[m + 1] (gemv_persistent_kernel). */
 struct gemv_args {
     dev_matrix w[4];
     float *y[4];
     int block_start[5];
+    int64_t tile_start[5];
     int n;
     const float *x;
+    const float *x_up; /* persistent kernel: x' = silu(x) * x_up, else NULL */
     int64_t x_stride;
+    int accumulate;    /* y += W x' instead of y = W x' */
 };
 
 template <int KIND, int NT>
@@ -232,7 +239,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(gemv_args a) {
     int b = blockIdx.x, m = 0;
     while (m + 1 < a.n && b >= a.block_start[m + 1]) m++;
     int64_t row0 = (int64_t)(b - a.block_start[m]) * GEMV_BLOCK_ROWS + (threadIdx.x >> 5) * GEMV_ROWS;
-    gemv_rows<KIND, NT>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows);
+    gemv_rows<KIND, NT>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows, nullptr, a.accumulate);
 }
 
 /* One token of a 4- or 8-bit matrix with x staged in shared memory (staged_slot). */
@@ -248,7 +255,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_staged_kernel(gemv_args a) 
     int b = blockIdx.x, m = 0;
     while (m + 1 < a.n && b >= a.block_start[m + 1]) m++;
     int64_t row0 = (int64_t)(b - a.block_start[m]) * GEMV_BLOCK_ROWS + (threadIdx.x >> 5) * GEMV_ROWS;
-    gemv_rows<KIND, 1, true>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows, xs);
+    gemv_rows<KIND, 1, true>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows, xs, a.accumulate);
 }
 
 /* Above the default 48 KB of shared memory a kernel must ask (x of 14336 columns: 57 KB). */
@@ -263,6 +270,270 @@ template <int KIND> static int staged_fits(int64_t cols) {
         cudaGetLastError();
     }
     return staged_bytes<KIND>(cols) <= (size_t)limit;
+}
+
+/* ---- the decode GEMV: persistent blocks, x in shared memory ------------------------------- */
+
+/* One to GEMV_PERSIST_MAX_TOKENS tokens of a 4-bit, bf16, f16 or f32 matrix (the shapes decode
+ * spends its time in). Each block copies x once into shared memory (permuted as staged_slot says,
+ * so lanes read it without bank conflicts) with, for 4-bit, the sum of every 32-value chunk of
+ * x; then its 8 warps walk tiles of 4 (or 2) rows, grid-strided over every tile of the
+ * launch's matrices, each lane streaming its 16-byte chunks of the tile's rows (rows x U loads
+ * in flight) and the warp summing by shuffles. The grid is as many blocks as the GPU
+ * holds at once, so x is staged once per block, not once per 16 rows, and a warp's first loads
+ * are issued before the staging so the memory is busy meanwhile.
+ *
+ * 4-bit chunks are dequantized without integer-to-float conversions: a byte permute drops each
+ * nibble q (pre-shifted to bits 3..6 of its byte) into the mantissa of 0.5, giving 0.5 + q/32
+ * exactly; the chunk's sum of (0.5 + q/32) x then yields sum(q x) = 32 acc - 16 sum(x), with the
+ * chunk sum of x staged once. Two instructions per weight (permute, FMA) plus a quarter for the
+ * masks, against four for shift, mask, convert and FMA; float32 throughout (the 0.5 offset costs
+ * about one bit of the 24). */
+#define GEMV_PERSIST_THREADS 256
+#define GEMV_PERSIST_WARPS (GEMV_PERSIST_THREADS / 32)
+#define GEMV_PERSIST_MAX_TOKENS 4
+
+/* Rows of a warp's tile: 4, or 2 where 4 rows of several tokens would not fit in registers. */
+__host__ __device__ constexpr int persist_tile_rows(int kind, int nt) {
+    return kind == GEMV_Q4 && nt >= 2 ? 2 : 4;
+}
+
+/* Float4 slots of one token's staged x. */
+template <int KIND> __host__ __device__ __forceinline__ int64_t persist_x_slots(int64_t cols) {
+    const int V = chunk_values<KIND>::n;
+    return (cols / V + 31) / 32 * 32 * (V / 4);
+}
+
+template <int KIND> static size_t persist_smem_bytes(int64_t cols, int nt) {
+    size_t b = (size_t)nt * (size_t)persist_x_slots<KIND>(cols) * 16;
+    if (KIND == GEMV_Q4) b += (size_t)nt * (size_t)(cols / 32) * 4;
+    return b;
+}
+
+/* 0.5 + q/32 for the nibble in bits 3..6 of byte k of v (byte 2 of the result: mantissa bits
+ * 19..22; byte 3 0x3f: sign 0, exponent 126). */
+__device__ __forceinline__ float half_plus_nibble(uint32_t v, int k) {
+    return __uint_as_float(__byte_perm(v, 0x3f000000u, 0x7054u | ((uint32_t)k << 8)));
+}
+
+/* sum over a 4-bit chunk of (0.5 + q_i/32) x_i */
+__device__ __forceinline__ float q4_chunk_dot_offset(const uint4 &w, const float *xv) {
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    float s0 = 0, s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t lo = (u[i] << 3) & 0x78787878u; /* nibbles 0, 2, 4, 6 at bits 3..6 of bytes */
+        uint32_t hi = (u[i] >> 1) & 0x78787878u; /* nibbles 1, 3, 5, 7 */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            s0 = fmaf(half_plus_nibble(lo, k), xv[8 * i + 2 * k], s0);
+            s1 = fmaf(half_plus_nibble(hi, k), xv[8 * i + 2 * k + 1], s1);
+        }
+    }
+    return s0 + s1;
+}
+
+template <int KIND, int NT>
+__global__ void __launch_bounds__(GEMV_PERSIST_THREADS, 2) gemv_persistent_kernel(gemv_args a) {
+    extern __shared__ float4 xs[]; /* [NT][persist_x_slots], then for 4-bit [NT][cols / 32] */
+    const int V = chunk_values<KIND>::n;
+    /* chunks of each row in flight per lane: as many as the registers hold without spilling */
+    const int U = KIND == GEMV_Q4 ? (NT == 1 ? 2 : 1) : (NT <= 2 ? 4 : 2);
+    const int R = persist_tile_rows(KIND, NT);
+    const bool quant = KIND == GEMV_Q4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t cols = a.w[0].cols, n_chunks = cols / V, slots = persist_x_slots<KIND>(cols);
+    float *chunk_sum = (float *)(xs + NT * slots);
+    const int64_t n_tiles = a.tile_start[a.n], tile_step = (int64_t)gridDim.x * GEMV_PERSIST_WARPS;
+
+    int64_t tile = (int64_t)blockIdx.x * GEMV_PERSIST_WARPS + warp, cb = 0;
+    int m = 0;
+    int64_t row0 = 0, rows_at[R];
+    uint4 wv[U][R];
+    float sc[U][R], bi[U][R];
+    /* the tile's rows (a tail row re-reads the matrix's last row, not stored) */
+    auto start_tile = [&]() {
+        m = 0;
+        while (m + 1 < a.n && tile >= a.tile_start[m + 1]) m++;
+        row0 = (tile - a.tile_start[m]) * R;
+#pragma unroll
+        for (int r = 0; r < R; r++) rows_at[r] = row0 + r < a.w[m].rows ? row0 + r : a.w[m].rows - 1;
+        cb = 0;
+    };
+    auto load = [&]() {
+        const dev_matrix &w = a.w[m];
+        const uint4 *base = (const uint4 *)w.data;
+        const int64_t groups = quant ? w.cols >> w.group_shift : 0;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t c = cb + lane + 32 * u;
+            bool ok = c < n_chunks;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                wv[u][r] = ok ? __ldcs(base + rows_at[r] * n_chunks + c) : make_uint4(0, 0, 0, 0);
+                if (quant) {
+                    int64_t g = rows_at[r] * groups + ((c * V) >> w.group_shift);
+                    sc[u][r] = ok ? scale_value(w.scales, g, w.scale_dtype) : 0.0f;
+                    bi[u][r] = ok ? scale_value(w.biases, g, w.scale_dtype) : 0.0f;
+                }
+            }
+        }
+    };
+    bool busy = tile < n_tiles;
+    if (busy) {
+        start_tile();
+        load();
+    }
+    /* stage x (and the 4-bit chunk sums) while those loads are in flight */
+    const int64_t n4 = cols / 4;
+    for (int t = 0; t < NT; t++) {
+        const float4 *x4 = (const float4 *)(a.x + t * a.x_stride);
+        const float4 *up4 = (const float4 *)(a.x_up + t * a.x_stride);
+#pragma unroll 4
+        for (int64_t f = threadIdx.x; f < n4; f += GEMV_PERSIST_THREADS) {
+            float4 v = __ldg(x4 + f);
+            if (a.x_up) {
+                float4 u = __ldg(up4 + f);
+                v = make_float4(silu_times(v.x, u.x), silu_times(v.y, u.y), silu_times(v.z, u.z),
+                                silu_times(v.w, u.w));
+            }
+            xs[t * slots + staged_slot<KIND>(f / (V / 4), (int)(f % (V / 4)))] = v;
+        }
+    }
+    __syncthreads();
+    if (quant) {
+        for (int64_t i = threadIdx.x; i < NT * n_chunks; i += GEMV_PERSIST_THREADS) {
+            int64_t t = i / n_chunks, c = i % n_chunks;
+            float s = 0;
+#pragma unroll
+            for (int k = 0; k < V / 4; k++) {
+                float4 f = xs[t * slots + staged_slot<KIND>(c, k)];
+                s += (f.x + f.y) + (f.z + f.w);
+            }
+            chunk_sum[i] = s;
+        }
+        __syncthreads();
+    }
+    float acc[NT][R];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[t][r] = 0;
+    while (busy) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t c = cb + lane + 32 * u;
+            if (c >= n_chunks) break;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float xv[V];
+#pragma unroll
+                for (int i = 0; i < V / 4; i++) {
+                    float4 f = xs[t * slots + staged_slot<KIND>(c, i)];
+                    xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+                }
+                if (quant) {
+                    float sx = chunk_sum[t * n_chunks + c];
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float d = q4_chunk_dot_offset(wv[u][r], xv);
+                        /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
+                        acc[t][r] = fmaf(32.0f * sc[u][r], d,
+                                         fmaf(bi[u][r] - 16.0f * sc[u][r], sx, acc[t][r]));
+                    }
+                } else {
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[t][r] += chunk_dot<KIND>(wv[u][r], xv);
+                }
+            }
+        }
+        cb += 32 * U;
+        if (cb >= n_chunks) { /* the tile is done: sum across the warp and store */
+            const dev_matrix &w = a.w[m];
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float v = warp_reduce(acc[t][r]);
+                    acc[t][r] = 0;
+                    if (lane == 0 && row0 + r < w.rows) {
+                        float *o = a.y[m] + t * w.rows + row0 + r;
+                        *o = a.accumulate ? *o + v : v;
+                    }
+                }
+            tile += tile_step;
+            busy = tile < n_tiles;
+            if (!busy) break;
+            start_tile();
+        }
+        load();
+    }
+}
+
+/* Launches the persistent GEMV for nt tokens, or returns 0 when it does not apply (kind, token
+ * count, or x too long for shared memory). */
+template <int KIND> static int persist_launch_nt(cuda_ctx *c, const gemv_args &a, int nt) {
+    static int raised[GEMV_PERSIST_MAX_TOKENS + 1];
+    size_t smem = persist_smem_bytes<KIND>(a.w[0].cols, nt);
+    const void *fn = nt == 1   ? (const void *)gemv_persistent_kernel<KIND, 1>
+                     : nt == 2 ? (const void *)gemv_persistent_kernel<KIND, 2>
+                     : nt == 3 ? (const void *)gemv_persistent_kernel<KIND, 3>
+                               : (const void *)gemv_persistent_kernel<KIND, 4>;
+    if (smem > (size_t)c->smem_optin) return 0;
+    if (!raised[nt]) {
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, c->smem_optin);
+        cudaGetLastError();
+        raised[nt] = 1;
+    }
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, GEMV_PERSIST_THREADS, smem) !=
+            cudaSuccess ||
+        per_sm < 1) {
+        cudaGetLastError();
+        per_sm = 1;
+    }
+    int64_t want = (a.tile_start[a.n] + GEMV_PERSIST_WARPS - 1) / GEMV_PERSIST_WARPS;
+    int64_t most = (int64_t)per_sm * c->sm_count;
+    unsigned blocks = (unsigned)(want < most ? want : most);
+    if (blocks < 1) blocks = 1;
+    switch (nt) {
+#define CASE(N) \
+    case N: gemv_persistent_kernel<KIND, N><<<blocks, GEMV_PERSIST_THREADS, smem, c->stream>>>(a); break;
+        CASE(1) CASE(2) CASE(3) CASE(4)
+#undef CASE
+    }
+    CUDA_LAUNCHED(c, "gemv (persistent)");
+    return 1;
+}
+
+/* Whether every launch of an n-token GEMV of m goes to the persistent kernel. */
+static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
+    int nt = (int)(n < GEMV_MAX_TOKENS ? n : GEMV_MAX_TOKENS);
+    if (c->gemv_old || n > GEMV_PERSIST_MAX_TOKENS) return 0;
+    size_t smem;
+    switch (m->kind) {
+    case GEMV_Q4: smem = persist_smem_bytes<GEMV_Q4>(m->cols, nt); break;
+    case GEMV_BF16: smem = persist_smem_bytes<GEMV_BF16>(m->cols, nt); break;
+    case GEMV_F16: smem = persist_smem_bytes<GEMV_F16>(m->cols, nt); break;
+    case GEMV_F32: smem = persist_smem_bytes<GEMV_F32>(m->cols, nt); break;
+    default: return 0;
+    }
+    return smem <= (size_t)c->smem_optin;
+}
+
+static int persist_launch(cuda_ctx *c, int kind, gemv_args &a, int nt) {
+    if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS) return 0;
+    a.tile_start[0] = 0;
+    const int rows = persist_tile_rows(kind, nt);
+    for (int i = 0; i < a.n; i++)
+        a.tile_start[i + 1] = a.tile_start[i] + (a.w[i].rows + rows - 1) / rows;
+    switch (kind) {
+    case GEMV_Q4: return persist_launch_nt<GEMV_Q4>(c, a, nt);
+    case GEMV_BF16: return persist_launch_nt<GEMV_BF16>(c, a, nt);
+    case GEMV_F16: return persist_launch_nt<GEMV_F16>(c, a, nt);
+    case GEMV_F32: return persist_launch_nt<GEMV_F32>(c, a, nt);
+    }
+    return 0;
 }
 
 /* MoE: job j (blockIdx.y) multiplies expert table[ids[j]] with x row j / x_div into y row j. */
@@ -287,7 +558,8 @@ static void launch_gemv_tokens(cuda_ctx *c, const gemv_args &a, int blocks, int 
     }
 }
 
-static void launch_gemv(cuda_ctx *c, int kind, const gemv_args &a, int blocks, int nt) {
+static void launch_gemv(cuda_ctx *c, int kind, gemv_args &a, int blocks, int nt) {
+    if (persist_launch(c, kind, a, nt)) return;
     int64_t cols = a.w[0].cols;
     if (nt == 1 && kind == GEMV_Q4 && staged_fits<GEMV_Q4>(cols)) {
         gemv_staged_kernel<GEMV_Q4><<<blocks, GEMV_THREADS, staged_bytes<GEMV_Q4>(cols), c->stream>>>(a);
@@ -310,12 +582,14 @@ static void launch_gemv(cuda_ctx *c, int kind, const gemv_args &a, int blocks, i
     CUDA_LAUNCHED(c, "gemv");
 }
 
-/* n matrices of one kind sharing x, every token through the GEMV kernels, 8 tokens a launch. */
+/* n matrices of one kind sharing x, every token through the GEMV kernels, 8 tokens a launch;
+ * x_up (x' = silu(x) * x_up) only where the persistent kernel takes every launch. */
 static void gemv_tiles(cuda_ctx *c, int n, const dev_matrix *const *m, const float *x,
-                       float *const *ys, int64_t n_tokens) {
+                       const float *x_up, float *const *ys, int64_t n_tokens, int accumulate) {
     gemv_args a;
     a.n = n;
     a.x_stride = m[0]->cols;
+    a.accumulate = accumulate;
     a.block_start[0] = 0;
     for (int i = 0; i < n; i++) {
         a.w[i] = *m[i];
@@ -324,6 +598,7 @@ static void gemv_tiles(cuda_ctx *c, int n, const dev_matrix *const *m, const flo
     for (int64_t t0 = 0; t0 < n_tokens; t0 += GEMV_MAX_TOKENS) {
         int nt = (int)(n_tokens - t0 < GEMV_MAX_TOKENS ? n_tokens - t0 : GEMV_MAX_TOKENS);
         a.x = x + t0 * m[0]->cols;
+        a.x_up = x_up ? x_up + t0 * m[0]->cols : NULL;
         for (int i = 0; i < n; i++) a.y[i] = ys[i] + t0 * m[i]->rows;
         launch_gemv(c, m[0]->kind, a, a.block_start[n], nt);
     }
@@ -383,8 +658,9 @@ __global__ void dequant_f32_kernel(dev_matrix w, float *out) {
  * logits in float32 to pick the experts the reference picks: they take SGEMM. */
 #define GEMM_F32_MAX_WEIGHTS ((int64_t)1 << 22)
 
-static void gemm_path(cuda_ctx *c, const dev_matrix *m, const float *x, float *y, int64_t n) {
-    const float one = 1.0f, zero = 0.0f;
+static void gemm_path(cuda_ctx *c, const dev_matrix *m, const float *x, float *y, int64_t n,
+                      int accumulate) {
+    const float one = 1.0f, zero = 0.0f, *beta = accumulate ? &one : &zero;
     int rows = (int)m->rows, cols = (int)m->cols, tokens = (int)n;
     cublasStatus_t st;
     if (m->format == WEIGHT_F32 || m->rows * m->cols <= GEMM_F32_MAX_WEIGHTS) {
@@ -397,7 +673,7 @@ static void gemm_path(cuda_ctx *c, const dev_matrix *m, const float *x, float *y
             wf = buf;
         }
         st = cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, wf, cols, x,
-                         cols, &zero, y, rows);
+                         cols, beta, y, rows);
     } else {
         int bf16 = m->format != WEIGHT_F16;
         void *xh = cuda_scratch(c, SCRATCH_GEMM_X, (size_t)n * (size_t)cols * 2);
@@ -420,7 +696,7 @@ static void gemm_path(cuda_ctx *c, const dev_matrix *m, const float *x, float *y
         }
         cudaDataType t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
         st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, wp, t, cols,
-                          xh, t, cols, &zero, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
+                          xh, t, cols, beta, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
                           CUBLAS_GEMM_DEFAULT);
     }
     if (st != CUBLAS_STATUS_SUCCESS) {
@@ -438,9 +714,23 @@ void cuda_matmul(cuda_ctx *c, const weight_matrix *w, const float *x, float *y, 
     const dev_matrix *m = cuda_weight(c, w);
     if (!m || n <= 0) return;
     if (use_gemv(c, n))
-        gemv_tiles(c, 1, &m, x, &y, n);
+        gemv_tiles(c, 1, &m, x, NULL, &y, n, 0);
     else
-        gemm_path(c, m, x, y, n);
+        gemm_path(c, m, x, y, n, 0);
+}
+
+/* The persistent GEMV applies silu(x) * x_up while staging x; every other path runs the
+ * silu_mul kernel first (in place: x may be overwritten, as backend.h allows). */
+void cuda_matmul_fused(cuda_ctx *c, const weight_matrix *w, float *x, const float *x_up, float *y,
+                       int64_t n, int accumulate) {
+    const dev_matrix *m = cuda_weight(c, w);
+    if (!m || n <= 0) return;
+    int fused = x_up && use_gemv(c, n) && persist_applies(c, m, n);
+    if (x_up && !fused) cuda_silu_mul_launch(c, x, x_up, n * m->cols);
+    if (use_gemv(c, n))
+        gemv_tiles(c, 1, &m, x, fused ? x_up : NULL, &y, n, accumulate);
+    else
+        gemm_path(c, m, x, y, n, accumulate);
 }
 
 void cuda_matmul_multi(cuda_ctx *c, int n, const weight_matrix *const *w, const float *x,
@@ -453,7 +743,7 @@ void cuda_matmul_multi(cuda_ctx *c, int n, const weight_matrix *const *w, const 
         same = same && m[i]->kind == m[0]->kind;
     }
     if (same && use_gemv(c, n_tokens)) {
-        gemv_tiles(c, n, m, x, ys, n_tokens);
+        gemv_tiles(c, n, m, x, NULL, ys, n_tokens, 0);
         return;
     }
     for (int i = 0; i < n; i++) cuda_matmul(c, w[i], x, ys[i], n_tokens);
