@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 dest=${1:-/work/main/.devcarry-cuda}
 b=${BUILD:-build/cuda}
 rm -rf "$dest"; mkdir -p "$dest"/{build/tools,build/tests,lib,tests/fixtures,.cache/tokenizers}
-cp bench/cuda/run_on_gpu.sh "$dest/run_on_gpu.sh"
+cp bench/cuda/run_on_gpu.sh bench/cuda/api_smoke.py "$dest/"
 cat > "$dest/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # bash .devcarry-cuda/run.sh (from the repository root): the CUDA payload, results in $OUT/cuda

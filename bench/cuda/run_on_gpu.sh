@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200) from a folder laid out by bench/cuda/carry.sh: the CUDA op
 # tests, the GEMV kernels alone (tools/gemvbench: GB/s per 8B shape, new kernel against
-# EXO_CUDA_GEMV=old), the reference fixtures on the GPU, `exo run` and node info on the GPU,
+# EXO_CUDA_GEMV=old), the reference fixtures on the GPU, `exo run`, node info and the HTTP API
+# (api_smoke.py) on the GPU,
 # then exo bench --device cuda on the Llama-3.1-8B shape (random weights, bf16 and MLX 4-bit
 # g64, generated here by mkmodel into /dev/shm while the tests run), then a per-kernel time
 # breakdown of b1 decode steps through ncu (graphs off). Logs go to $OUT as they are written;
@@ -39,6 +40,8 @@ done
   stamp "== test_engine_reference (GPU passes)"; EXO_TEST_DEVICE=cuda X timeout 240 ./build/tests/test_engine_reference; echo "rc=$?"
   stamp "== exo run --device cuda"; X timeout 60 ./build/exo run .cache/reference-models/qwen3-tiny "Hello there" --max-tokens 12 --temperature 0 --raw --device cuda; echo "rc=$?"
   stamp "== nodeinfo (gpus)"; X timeout 30 ./build/tools/nodeinfo 2>&1 | grep -A12 '"gpus"'
+  stamp "== API on the GPU (api_smoke.py: OpenAI, Claude, Ollama; GPU node against CPU node)"
+  EXO_LIBS="$PWD/lib:$cudalib" timeout 120 python3 api_smoke.py ./build/exo .cache/reference-models qwen3-tiny; echo "rc=$?"
   if [ "${SANITIZE:-0}" = 1 ]; then
     stamp "== compute-sanitizer memcheck test_cuda_ops"; X timeout 200 compute-sanitizer --tool memcheck --print-limit 20 ./build/tests/test_cuda_ops 2>&1 | tail -30
   fi
@@ -59,7 +62,7 @@ if [ "${PROFILE:-1}" = 1 ]; then
     stamp "== ncu: b1 decode kernels, $q"
     EXO_CUDA_GRAPHS=0 X timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum \
       --kernel-name regex:'gemv|attention|rmsnorm|rope|embed|gather|silu|add|kv_write' \
-      --launch-skip 1500 --launch-count 600 --csv --print-units base \
+      --launch-skip 1500 --launch-count 584 --csv --print-units base \
       ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 40 --batch 1 --reps 1 \
       > "$OUT/ncu-$q.csv" 2> "$OUT/ncu-$q.err"
     python3 - "$OUT/ncu-$q.csv" <<'EOF'
@@ -84,7 +87,7 @@ fi
 {
   echo "# summary ($(date -u), $(( $(date +%s) - start )) s)"
   head -3 "$OUT/gpu.log"
-  grep -E "rc=|PASSED|FAILED|ERROR SUMMARY|skipped|^\[" "$OUT/tests.log"
+  grep -E "rc=|PASSED|FAILED|ERROR SUMMARY|skipped|^\[[0-9]+ s\]|sample .*row|matmul_fused .*FAILED|^api " "$OUT/tests.log"
   [ -f "$OUT/gemvbench.log" ] && cat "$OUT/gemvbench.log"
   grep -E "^==|prefill|decode|copy" "$OUT/bench.log"
   [ -f "$OUT/ncu-summary.log" ] && cat "$OUT/ncu-summary.log"

@@ -394,8 +394,10 @@ int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
                           .host_positions = b->positions, .host_seq_of_token = b->seq_of_token,
                           .host_block_table_start = b->block_table_start};
     /* A recorded step replays backend ops only: an all-reduce is a call between them that a
-     * recording cannot hold, so a tensor-parallel step always runs as called. */
-    int record = be->step_begin && be->step_end && !t->allreduce;
+     * recording cannot hold, so a tensor-parallel step always runs as called. Only decode steps
+     * (one token per sequence) are offered: a backend may plan a prefill chunk from where its
+     * runs of positions fall (attention_batch's host copies), which the key does not hold. */
+    int record = be->step_begin && be->step_end && !t->allreduce && b->n_seqs == b->n_tokens;
     uint64_t key = record ? step_key(t, kv, block_size, b) : 0;
     for (int attempt = 0; attempt < 2; attempt++) { /* a second time only if recording failed */
         if (attempt == 0 && record && be->step_begin(be, key, n)) break;

@@ -552,10 +552,12 @@ static void cuda_moe_ffn(compute_backend *b, const moe_experts *ex, const float 
 
 /* ---- recorded steps (CUDA graphs) ------------------------------------------------------ */
 
-/* Decode steps (at most this many tokens: GEMV matmuls and the warp attention kernel, no cuBLAS)
- * are recorded the second time their key is seen -- the first runs as called, so every scratch
- * buffer already has its size -- and replayed from the third on. */
-#define GRAPH_MAX_TOKENS 8
+/* Decode steps (the forward pass offers only those; at most this many tokens) are recorded the
+ * second time their key is seen -- the first runs as called, so every scratch buffer already has
+ * its size -- and replayed from the third on. Past 8 tokens the matmuls are cuBLAS GEMMs, which
+ * record too: cuBLAS works in the workspace given at start (no allocation while recording). */
+#define GRAPH_MAX_TOKENS 256
+#define BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
 static int cuda_step_begin(compute_backend *b, uint64_t key, int64_t n_tokens) {
     cuda_ctx *c = (cuda_ctx *)b->ctx;
@@ -626,6 +628,7 @@ static void cuda_destroy(compute_backend *b) {
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     if (c->blas) cublasDestroy(c->blas);
+    if (c->blas_workspace) cudaFree(c->blas_workspace);
     cudaStreamDestroy(c->stream);
     free(c->chunks);
     free(c->entries);
@@ -689,9 +692,13 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
         return NULL;
     }
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS) {
+        cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||
+        cudaMalloc(&c->blas_workspace, BLAS_WORKSPACE_BYTES) != cudaSuccess ||
+        cublasSetWorkspace(c->blas, c->blas_workspace, BLAS_WORKSPACE_BYTES) != CUBLAS_STATUS_SUCCESS) {
+        cudaGetLastError();
         snprintf(err, errlen, "cannot start cuBLAS on GPU %d", device);
         if (c->blas) cublasDestroy(c->blas);
+        if (c->blas_workspace) cudaFree(c->blas_workspace);
         cudaStreamDestroy(c->stream);
         free(c);
         return NULL;
@@ -716,15 +723,21 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
     return c;
 }
 
+/* Undoes ctx_open (a context that made no weights, scratch or graphs: probes, a failed start). */
+static void ctx_close(cuda_ctx *c) {
+    cublasDestroy(c->blas);
+    cudaFree(c->blas_workspace);
+    cudaStreamDestroy(c->stream);
+    free(c);
+}
+
 extern "C" compute_backend *compute_backend_cuda(int device, char *err, size_t errlen) {
     cuda_ctx *c = ctx_open(device, err, errlen);
     if (!c) return NULL;
     compute_backend *b = (compute_backend *)calloc(1, sizeof *b);
     if (!b) {
         snprintf(err, errlen, "out of memory");
-        cublasDestroy(c->blas);
-        cudaStreamDestroy(c->stream);
-        free(c);
+        ctx_close(c);
         return NULL;
     }
     b->name = "cuda";
@@ -802,9 +815,7 @@ extern "C" double cuda_probe_copy_gbs(int device, size_t bytes, int reps) {
     if (d) cudaFree(d);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    cublasDestroy(c->blas);
-    cudaStreamDestroy(c->stream);
-    free(c);
+    ctx_close(c);
     return best;
 }
 
@@ -813,8 +824,6 @@ extern "C" double cuda_probe_gemm_bf16_gflops(int device, int n, int reps) {
     cuda_ctx *c = ctx_open(device, err, sizeof err);
     if (!c) return 0;
     double r = cuda_gemm_bf16_gflops(c, n, reps);
-    cublasDestroy(c->blas);
-    cudaStreamDestroy(c->stream);
-    free(c);
+    ctx_close(c);
     return r;
 }

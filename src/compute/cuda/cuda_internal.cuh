@@ -43,6 +43,7 @@ struct cuda_ctx {
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
+    void *blas_workspace; /* cuBLAS's workspace (cublasSetWorkspace): graphs can record GEMMs */
     int exact;             /* EXO_CUDA_MATMUL=exact: every matmul through the f32 GEMV kernels */
     int gemv_old;          /* EXO_CUDA_GEMV=old: the per-16-rows GEMV blocks (for A/B timing) */
     int sm_count;          /* multiprocessors: the persistent kernels' grid */

@@ -620,26 +620,38 @@ void cuda_gemv_experts(cuda_ctx *c, const dev_matrix *table, int kind, int64_t r
 
 /* ---- GEMM path -------------------------------------------------------------------------- */
 
-__global__ void to_half_kernel(const float *x, int64_t n, int bf16, void *out) {
+/* x (or silu(x) * up) rounded to bf16 or f16 for the tensor cores. */
+__global__ void to_half_kernel(const float *x, const float *up, int64_t n, int bf16, void *out) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
+    float v = up ? silu_times(x[i], up[i]) : x[i];
     if (bf16)
-        ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(x[i]);
+        ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(v);
     else
-        ((__half *)out)[i] = __float2half_rn(x[i]);
+        ((__half *)out)[i] = __float2half_rn(v);
 }
 
-/* A quantized matrix to bf16: one thread per 32-bit word for 4 and 8 bits (its values share a
- * group), per element otherwise. */
-__global__ void dequant_words_kernel(dev_matrix w, __nv_bfloat16 *out) {
-    int64_t words_per_row = w.cols * w.bits / 32, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+/* A 4- or 8-bit matrix to bf16: one thread per 32-bit word (its values share a group), written
+ * as one 16-byte (8-byte) store. */
+template <int BITS> __global__ void dequant_words_kernel(dev_matrix w, __nv_bfloat16 *out) {
+    const int per_word = 32 / BITS;
+    int64_t words_per_row = w.cols / per_word, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= w.rows * words_per_row) return;
-    int64_t r = i / words_per_row, c0 = (i % words_per_row) * (32 / w.bits);
-    int64_t g = r * (w.cols / w.group_size) + c0 / w.group_size;
+    int64_t r = i / words_per_row, c0 = (i % words_per_row) * per_word;
+    int64_t g = r * (w.cols >> w.group_shift) + (c0 >> w.group_shift);
     float s = scale_value(w.scales, g, w.scale_dtype), b = scale_value(w.biases, g, w.scale_dtype);
-    uint32_t u = ((const uint32_t *)w.data)[i], mask = (1u << w.bits) - 1u;
-    for (int j = 0; j < 32 / w.bits; j++)
-        out[r * w.cols + c0 + j] = __float2bfloat16_rn(s * (float)((u >> (j * w.bits)) & mask) + b);
+    uint32_t u = ((const uint32_t *)w.data)[i], mask = (1u << BITS) - 1u, packed[per_word / 2];
+#pragma unroll
+    for (int j = 0; j < per_word; j += 2) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(s * (float)((u >> (j * BITS)) & mask) + b,
+                                                 s * (float)((u >> ((j + 1) * BITS)) & mask) + b);
+        packed[j / 2] = *reinterpret_cast<uint32_t *>(&h);
+    }
+    __nv_bfloat16 *o = out + r * w.cols + c0;
+    if (BITS == 4)
+        *(uint4 *)o = make_uint4(packed[0], packed[1], packed[2], packed[3 % (per_word / 2)]);
+    else
+        *(uint2 *)o = make_uint2(packed[0], packed[1 % (per_word / 2)]);
 }
 
 __global__ void dequant_elements_kernel(dev_matrix w, __nv_bfloat16 *out) {
@@ -654,56 +666,103 @@ __global__ void dequant_f32_kernel(dev_matrix w, float *out) {
     out[i] = matrix_value(w, i / w.cols, i % w.cols);
 }
 
-/* Matrices this small gain nothing from tensor cores, and an MoE router among them needs its
- * logits in float32 to pick the experts the reference picks: they take SGEMM. */
-#define GEMM_F32_MAX_WEIGHTS ((int64_t)1 << 22)
+/* Matrices under 2^22 weights gain little from tensor cores, and an MoE router among them needs
+ * its logits in float32 to pick the experts the reference picks: they take SGEMM. (At 2^22 and
+ * up, half width: the 8B shape's k and v projections, 1024 x 4096 = 2^22 exactly, took SGEMM at
+ * ~50 TFLOP/s and were a fifth of a 2048-token prefill.) */
+#define GEMM_F32_BELOW_WEIGHTS ((int64_t)1 << 22)
 
-static void gemm_path(cuda_ctx *c, const dev_matrix *m, const float *x, float *y, int64_t n,
+static int gemm_in_f32(const dev_matrix *m) {
+    return m->format == WEIGHT_F32 || m->rows * m->cols < GEMM_F32_BELOW_WEIGHTS;
+}
+
+static void check_blas(cuda_ctx *c, cublasStatus_t st) {
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+    if (c->capturing >= 0) { /* cannot be recorded: the step runs again, unrecorded */
+        c->capture_broken = 1;
+        return;
+    }
+    char msg[64];
+    snprintf(msg, sizeof msg, "status %d", (int)st);
+    cuda_fail(c, "cuBLAS GEMM", msg);
+}
+
+/* y (+)= W x through SGEMM, x float32. */
+static void gemm_f32(cuda_ctx *c, const dev_matrix *m, const float *x, float *y, int64_t n,
+                     int accumulate) {
+    const float one = 1.0f, zero = 0.0f;
+    int rows = (int)m->rows, cols = (int)m->cols;
+    const float *wf = (const float *)m->data;
+    if (m->format != WEIGHT_F32) {
+        float *buf = (float *)cuda_scratch(c, SCRATCH_GEMM_W, (size_t)rows * (size_t)cols * 4);
+        if (!buf) return;
+        dequant_f32_kernel<<<cuda_blocks(m->rows * m->cols, 256), 256, 0, c->stream>>>(*m, buf);
+        CUDA_LAUNCHED(c, "dequantize (f32)");
+        wf = buf;
+    }
+    check_blas(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, (int)n, cols, &one, wf, cols,
+                              x, cols, accumulate ? &one : &zero, y, rows));
+}
+
+/* x (x' = silu(x) * up when up) as n rows of 16-bit values in scratch, for half-width GEMMs. */
+static const void *half_x(cuda_ctx *c, const float *x, const float *up, int64_t n, int64_t cols,
+                          int bf16) {
+    void *xh = cuda_scratch(c, SCRATCH_GEMM_X, (size_t)(n * cols) * 2);
+    if (!xh) return NULL;
+    to_half_kernel<<<cuda_blocks(n * cols, 256), 256, 0, c->stream>>>(x, up, n * cols, bf16, xh);
+    CUDA_LAUNCHED(c, "to_half");
+    return xh;
+}
+
+/* y (+)= W xh on the tensor cores: MLX weights dequantized to a bf16 copy first. */
+static void gemm_half(cuda_ctx *c, const dev_matrix *m, const void *xh, float *y, int64_t n,
                       int accumulate) {
-    const float one = 1.0f, zero = 0.0f, *beta = accumulate ? &one : &zero;
-    int rows = (int)m->rows, cols = (int)m->cols, tokens = (int)n;
-    cublasStatus_t st;
-    if (m->format == WEIGHT_F32 || m->rows * m->cols <= GEMM_F32_MAX_WEIGHTS) {
-        const float *wf = (const float *)m->data;
-        if (m->format != WEIGHT_F32) {
-            float *buf = (float *)cuda_scratch(c, SCRATCH_GEMM_W, (size_t)rows * (size_t)cols * 4);
-            if (!buf) return;
-            dequant_f32_kernel<<<cuda_blocks(m->rows * m->cols, 256), 256, 0, c->stream>>>(*m, buf);
-            CUDA_LAUNCHED(c, "dequantize (f32)");
-            wf = buf;
-        }
-        st = cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, wf, cols, x,
-                         cols, beta, y, rows);
-    } else {
-        int bf16 = m->format != WEIGHT_F16;
-        void *xh = cuda_scratch(c, SCRATCH_GEMM_X, (size_t)n * (size_t)cols * 2);
+    const float one = 1.0f, zero = 0.0f;
+    int rows = (int)m->rows, cols = (int)m->cols, bf16 = m->format != WEIGHT_F16;
+    const void *wp = m->data;
+    if (m->format == WEIGHT_MLX_AFFINE) {
+        __nv_bfloat16 *wb = (__nv_bfloat16 *)cuda_scratch(c, SCRATCH_GEMM_W,
+                                                          (size_t)rows * (size_t)cols * 2);
+        if (!wb) return;
+        int64_t elems = m->rows * m->cols;
+        if (m->bits == 4 && m->group_size >= 8)
+            dequant_words_kernel<4><<<cuda_blocks(elems / 8, 256), 256, 0, c->stream>>>(*m, wb);
+        else if (m->bits == 8 && m->group_size >= 4)
+            dequant_words_kernel<8><<<cuda_blocks(elems / 4, 256), 256, 0, c->stream>>>(*m, wb);
+        else
+            dequant_elements_kernel<<<cuda_blocks(elems, 256), 256, 0, c->stream>>>(*m, wb);
+        CUDA_LAUNCHED(c, "dequantize");
+        wp = wb;
+    }
+    cudaDataType t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, (int)n, cols, &one, wp, t,
+                               cols, xh, t, cols, accumulate ? &one : &zero, y, CUDA_R_32F, rows,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* n matrices sharing x (x' = silu(x) * up when up), each y[i] (+)= W_i x': x rounded to 16 bits
+ * once for every matrix of the same width (bf16, or f16 for f16 weights). */
+static void gemm_path_multi(cuda_ctx *c, int n, const dev_matrix *const *m, float *x,
+                            const float *up, float *const *ys, int64_t tokens, int accumulate) {
+    int f32 = 0, half_kinds = 0; /* bit 0: bf16 wanted, bit 1: f16 wanted */
+    for (int i = 0; i < n; i++) {
+        if (gemm_in_f32(m[i])) f32 = 1;
+        else half_kinds |= m[i]->format == WEIGHT_F16 ? 2 : 1;
+    }
+    if (up && f32) { /* SGEMM reads float32 x: silu applied in place (backend.h allows it) */
+        cuda_silu_mul_launch(c, x, up, tokens * m[0]->cols);
+        up = NULL;
+    }
+    for (int bf16 = 1; bf16 >= 0; bf16--) {
+        if (!(half_kinds & (bf16 ? 1 : 2))) continue;
+        const void *xh = half_x(c, x, up, tokens, m[0]->cols, bf16);
         if (!xh) return;
-        to_half_kernel<<<cuda_blocks(n * cols, 256), 256, 0, c->stream>>>(x, n * cols, bf16, xh);
-        CUDA_LAUNCHED(c, "to_half");
-        const void *wp = m->data;
-        if (m->format == WEIGHT_MLX_AFFINE) {
-            __nv_bfloat16 *wb = (__nv_bfloat16 *)cuda_scratch(c, SCRATCH_GEMM_W,
-                                                              (size_t)rows * (size_t)cols * 2);
-            if (!wb) return;
-            if (m->bits == 4 || m->bits == 8) {
-                int64_t words = m->rows * m->cols * m->bits / 32;
-                dequant_words_kernel<<<cuda_blocks(words, 256), 256, 0, c->stream>>>(*m, wb);
-            } else {
-                dequant_elements_kernel<<<cuda_blocks(m->rows * m->cols, 256), 256, 0, c->stream>>>(*m, wb);
-            }
-            CUDA_LAUNCHED(c, "dequantize");
-            wp = wb;
-        }
-        cudaDataType t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
-        st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, wp, t, cols,
-                          xh, t, cols, beta, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
-                          CUBLAS_GEMM_DEFAULT);
+        for (int i = 0; i < n; i++)
+            if (!gemm_in_f32(m[i]) && (m[i]->format != WEIGHT_F16) == bf16)
+                gemm_half(c, m[i], xh, ys[i], tokens, accumulate);
     }
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        char msg[64];
-        snprintf(msg, sizeof msg, "status %d", (int)st);
-        cuda_fail(c, "cuBLAS GEMM", msg);
-    }
+    for (int i = 0; i < n; i++)
+        if (gemm_in_f32(m[i])) gemm_f32(c, m[i], x, ys[i], tokens, accumulate);
 }
 
 static int use_gemv(const cuda_ctx *c, int64_t n) {
@@ -716,21 +775,23 @@ void cuda_matmul(cuda_ctx *c, const weight_matrix *w, const float *x, float *y, 
     if (use_gemv(c, n))
         gemv_tiles(c, 1, &m, x, NULL, &y, n, 0);
     else
-        gemm_path(c, m, x, y, n, 0);
+        gemm_path_multi(c, 1, &m, (float *)x, NULL, &y, n, 0); /* x is written only with up */
 }
 
-/* The persistent GEMV applies silu(x) * x_up while staging x; every other path runs the
- * silu_mul kernel first (in place: x may be overwritten, as backend.h allows). */
+/* silu(x) * x_up is applied where x is read anyway: by the persistent GEMV while staging x, by
+ * the GEMM path while rounding x to 16 bits; the other GEMV kernels (and SGEMM) get it from the
+ * silu_mul kernel first, in place (x may be overwritten, as backend.h allows). */
 void cuda_matmul_fused(cuda_ctx *c, const weight_matrix *w, float *x, const float *x_up, float *y,
                        int64_t n, int accumulate) {
     const dev_matrix *m = cuda_weight(c, w);
     if (!m || n <= 0) return;
-    int fused = x_up && use_gemv(c, n) && persist_applies(c, m, n);
+    if (!use_gemv(c, n)) {
+        gemm_path_multi(c, 1, &m, x, x_up, &y, n, accumulate);
+        return;
+    }
+    int fused = x_up && persist_applies(c, m, n);
     if (x_up && !fused) cuda_silu_mul_launch(c, x, x_up, n * m->cols);
-    if (use_gemv(c, n))
-        gemv_tiles(c, 1, &m, x, fused ? x_up : NULL, &y, n, accumulate);
-    else
-        gemm_path(c, m, x, y, n, accumulate);
+    gemv_tiles(c, 1, &m, x, fused ? x_up : NULL, &y, n, accumulate);
 }
 
 void cuda_matmul_multi(cuda_ctx *c, int n, const weight_matrix *const *w, const float *x,
@@ -744,6 +805,10 @@ void cuda_matmul_multi(cuda_ctx *c, int n, const weight_matrix *const *w, const 
     }
     if (same && use_gemv(c, n_tokens)) {
         gemv_tiles(c, n, m, x, NULL, ys, n_tokens, 0);
+        return;
+    }
+    if (n <= 4 && !use_gemv(c, n_tokens)) { /* x rounded to 16 bits once for all of them */
+        gemm_path_multi(c, n, m, (float *)x, NULL, ys, n_tokens, 0);
         return;
     }
     for (int i = 0; i < n; i++) cuda_matmul(c, w[i], x, ys[i], n_tokens);
