@@ -19,6 +19,9 @@ cudalib=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda*/l
   $(python3 -c 'import nvidia,os;print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)/nvidia/cu13/lib/libcublas.so.13 2>/dev/null | head -1)")
 X() { LD_LIBRARY_PATH="$PWD/lib:$cudalib" "$@"; }
 echo "cuBLAS from $cudalib"
+# for tools that must keep the image's libraries themselves (ncu): exo behind a wrapper
+printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$PWD/lib:$cudalib" "$PWD/build/exo" > exo-libs
+chmod +x exo-libs
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -c "import lzma,glob,os
 for f in glob.glob('lib/*.xz')+glob.glob('build/*.xz')+glob.glob('build/*/*.xz')+glob.glob('.cache/tokenizers/*/*.xz'):
@@ -37,7 +40,7 @@ done
   if [ "${GEMVBENCH:-1}" = 1 ]; then
     stamp "== gemvbench"; X timeout 120 ./build/tools/gemvbench --reps 5 --tokens 1,2,4,8,64 | tee "$OUT/gemvbench.log"; echo "rc=$?"
   fi
-  stamp "== test_engine_reference (GPU passes)"; EXO_TEST_DEVICE=cuda X timeout 240 ./build/tests/test_engine_reference; echo "rc=$?"
+  stamp "== test_engine_reference (GPU passes)"; EXO_TEST_DEVICE=cuda X timeout 150 ./build/tests/test_engine_reference; echo "rc=$?"
   stamp "== exo run --device cuda"; X timeout 60 ./build/exo run .cache/reference-models/qwen3-tiny "Hello there" --max-tokens 12 --temperature 0 --raw --device cuda; echo "rc=$?"
   stamp "== nodeinfo (gpus)"; X timeout 30 ./build/tools/nodeinfo 2>&1 | grep -A12 '"gpus"'
   stamp "== API on the GPU (api_smoke.py: OpenAI, Claude, Ollama; GPU node against CPU node)"
@@ -57,13 +60,14 @@ if [ "${PROFILE:-1}" = 1 ]; then
   # ncu times each kernel alone (one launch at a time, graphs off): durations per kernel name,
   # summed over the profiled launches; the decode window is reached by skipping the first
   # launches of exo's own kernels (prefill, warm-up steps).
-  for q in $MODELS; do
+  for q in 4bit bf16; do # the 4-bit GEMV first: it is the one furthest from its bar
     [ -d "$m/llama8b-$q" ] || continue
+    if [ $(( $(date +%s) - start )) -gt ${TIME_BUDGET:-200} ]; then stamp "ncu $q skipped: past the time budget"; continue; fi
     stamp "== ncu: b1 decode kernels, $q"
-    EXO_CUDA_GRAPHS=0 X timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum \
+    EXO_CUDA_GRAPHS=0 timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum \
       --kernel-name regex:'gemv|attention|rmsnorm|rope|embed|gather|silu|add|kv_write' \
-      --launch-skip 1500 --launch-count 584 --csv --print-units base \
-      ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 40 --batch 1 --reps 1 \
+      --launch-skip 1500 --launch-count 300 --csv --print-units base \
+      ./exo-libs bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 40 --batch 1 --reps 1 \
       > "$OUT/ncu-$q.csv" 2> "$OUT/ncu-$q.err"
     python3 - "$OUT/ncu-$q.csv" <<'EOF'
 import csv, sys, collections
@@ -83,6 +87,16 @@ for k, v in sorted(tot.items(), key=lambda kv: -kv[1]):
 print("  sum per step: %.1f us over %.1f steps" % (sum(tot.values()) / 1e3 / steps, steps))
 EOF
   done 2>&1 | tee "$OUT/ncu-summary.log"
+  if [ -d "$m/llama8b-4bit" ] && [ $(( $(date +%s) - start )) -lt ${TIME_BUDGET:-200} ]; then
+    stamp "== ncu sections: the 4-bit persistent GEMV (qkv, o, gate/up, down of one layer)" | tee -a "$OUT/ncu-summary.log"
+    EXO_CUDA_GRAPHS=0 timeout 60 ncu --clock-control none --kernel-name regex:gemv_persistent \
+      --launch-skip 400 --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats \
+      ./exo-libs bench --model "$m/llama8b-4bit" --device cuda --pp 16 --tg 20 --batch 1 --reps 1 \
+      > "$OUT/ncu-gemv4.log" 2>&1
+    grep -E "gemv_persistent|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers|Stall|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" \
+      "$OUT/ncu-gemv4.log" | head -80 | tee -a "$OUT/ncu-summary.log"
+  fi
 fi
 {
   echo "# summary ($(date -u), $(( $(date +%s) - start )) s)"
