@@ -55,6 +55,10 @@ stamp "models generated"; grep real "$OUT/mkmodel-time.log"
 for q in $MODELS; do
   stamp "== exo bench --model $m/llama8b-$q --device cuda --pp $PP --tg 128 --batch $BATCH --reps $REPS"
   X timeout 150 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp "$PP" --tg 128 --batch "$BATCH" --reps "$REPS" 2>&1 | grep -v "^mem "
+  if [ "$q" = 4bit ]; then
+    stamp "== the same, b64 with the 4-bit tensor-core GEMM (EXO_CUDA_QGEMM=1)"
+    EXO_CUDA_QGEMM=1 X timeout 90 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 512 --tg 128 --batch 64 --reps 1 2>&1 | grep -E "decode|prefill"
+  fi
 done 2>&1 | tee "$OUT/bench.log"
 if [ "${PROFILE:-1}" = 1 ]; then
   # ncu times each kernel alone (one launch at a time, graphs off): durations per kernel name,

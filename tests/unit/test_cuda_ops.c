@@ -12,7 +12,8 @@
  *   ATT_GEMM_TOL 1e-2 (f16 measured ~1e-3, bf16 ~5e-3); with EXO_CUDA_MATMUL=exact: 1e-5;
  *   embed, kv_write, gather, add, add_row, routing ids: exact.
  * matmul_fused and rope_kv_write take the tolerance of the ops they fuse; sample: the host
- * sampler's very tokens and top ids, logprobs within 1e-5. */
+ * sampler's very tokens and top ids, logprobs within 1e-5; the 4-bit tensor-core GEMM
+ * (EXO_CUDA_QGEMM=1): GEMM_TOL, as the cuBLAS path it replaces. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,7 +33,7 @@
 #define GEMM_TOL 1e-2
 #define ATT_GEMM_TOL 1e-2
 
-static compute_backend *cpu, *gpu, *gpu_exact;
+static compute_backend *cpu, *gpu, *gpu_exact, *gpu_qgemm;
 static uint64_t rng = 0x243f6a8885a308d3ull;
 
 static uint32_t rand32(void) {
@@ -667,6 +668,47 @@ static void test_sample(void **s) {
     assert_int_equal(mismatches, 0);
 }
 
+/* The 4-bit tensor-core GEMM (EXO_CUDA_QGEMM=1: decode batches of 9..256 tokens) against the CPU:
+ * one and several row blocks, split k, tokens past one 64-token tile, accumulating or not. */
+static void test_qgemm(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    static const format_case cases[] = {
+        {"mlx4 g64", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 4096, 1024},
+        {"mlx4 g64 tall", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 9000, 512},
+        {"mlx4 g32 f16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_F16, 200, 2048},
+        {"mlx4 g128 f32", WEIGHT_MLX_AFFINE, 4, 128, DTYPE_F32, 130, 256},
+    };
+    static const int64_t tokens[] = {9, 40, 64, 100};
+    int failures = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const format_case *fc = &cases[i];
+        test_matrix m;
+        make_matrix(&m, fc->f, fc->rows, fc->cols, fc->bits, fc->group, fc->sd);
+        for (size_t k = 0; k < sizeof tokens / sizeof *tokens; k++) {
+            int64_t n = tokens[k];
+            size_t nx = (size_t)(n * fc->cols), ny = (size_t)(n * fc->rows);
+            for (int accumulate = 0; accumulate < 2; accumulate++) {
+                float *x = rand_floats(nx, 1.0f), *y0 = rand_floats(ny, 1.0f);
+                float *ref = malloc(ny * sizeof *ref);
+                cpu->matmul(cpu, &m.w, x, ref, n);
+                if (accumulate) cpu->add(cpu, ref, y0, (int64_t)ny);
+                float *dx = to_gpu(gpu_qgemm, x, nx * sizeof *x), *dy = to_gpu(gpu_qgemm, y0, ny * sizeof *y0);
+                gpu_qgemm->matmul_fused(gpu_qgemm, &m.w, dx, NULL, dy, n, accumulate);
+                float *y = from_gpu(gpu_qgemm, dy, ny);
+                double d = rel_diff(y, ref, ny);
+                printf("  qgemm %-14s %5d x %4d, %3d tokens, acc %d: %.1e\n", fc->name,
+                       (int)fc->rows, (int)fc->cols, (int)n, accumulate, d);
+                if (!(d <= GEMM_TOL)) failures++;
+                gpu_qgemm->free(gpu_qgemm, dx), gpu_qgemm->free(gpu_qgemm, dy);
+                free(x), free(y0), free(ref), free(y);
+            }
+        }
+        free_matrix(&m);
+    }
+    assert_int_equal(failures, 0);
+}
+
 /* A view of a layout the backend cannot read is refused with a message, not misread. */
 static void test_refuses_interleaved_layout(void **s) {
     (void)s;
@@ -690,7 +732,10 @@ int main(void) {
         setenv("EXO_CUDA_MATMUL", "exact", 1);
         gpu_exact = compute_backend_open(COMPUTE_DEVICE_CUDA, 0, err, sizeof err);
         unsetenv("EXO_CUDA_MATMUL");
-        if (!gpu || !gpu_exact) return 1;
+        setenv("EXO_CUDA_QGEMM", "1", 1);
+        gpu_qgemm = compute_backend_open(COMPUTE_DEVICE_CUDA, 0, err, sizeof err);
+        unsetenv("EXO_CUDA_QGEMM");
+        if (!gpu || !gpu_exact || !gpu_qgemm) return 1;
     } else {
         printf("test_cuda_ops: every test skipped: %s\n",
                compute_cuda_built() ? "no CUDA GPU on this machine" : "this build has no CUDA (make CUDA=1)");
@@ -700,12 +745,13 @@ int main(void) {
         cmocka_unit_test(test_embed),          cmocka_unit_test(test_row_ops),
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_moe),
         cmocka_unit_test(test_matmul_fused),   cmocka_unit_test(test_rope_kv_write),
-        cmocka_unit_test(test_sample),
+        cmocka_unit_test(test_sample),         cmocka_unit_test(test_qgemm),
         cmocka_unit_test(test_refuses_interleaved_layout),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (gpu) gpu->destroy(gpu);
     if (gpu_exact) gpu_exact->destroy(gpu_exact);
+    if (gpu_qgemm) gpu_qgemm->destroy(gpu_qgemm);
     cpu->destroy(cpu);
     for (int i = 0; i < n_kept; i++) free(kept[i]);
     return failed;

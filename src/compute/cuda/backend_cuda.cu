@@ -707,6 +707,8 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
     c->exact = mode && !strcmp(mode, "exact");
     const char *gemv = getenv("EXO_CUDA_GEMV");
     c->gemv_old = gemv && !strcmp(gemv, "old");
+    const char *qgemm = getenv("EXO_CUDA_QGEMM");
+    c->qgemm = qgemm && !strcmp(qgemm, "1");
     if (cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
         c->sm_count < 1) {
         cudaGetLastError();

@@ -46,6 +46,7 @@ struct cuda_ctx {
     void *blas_workspace; /* cuBLAS's workspace (cublasSetWorkspace): graphs can record GEMMs */
     int exact;             /* EXO_CUDA_MATMUL=exact: every matmul through the f32 GEMV kernels */
     int gemv_old;          /* EXO_CUDA_GEMV=old: the per-16-rows GEMV blocks (for A/B timing) */
+    int qgemm;             /* EXO_CUDA_QGEMM=1: 4-bit batches through qgemm4, not a bf16 copy */
     int sm_count;          /* multiprocessors: the persistent kernels' grid */
     int smem_optin;        /* shared memory a block may ask for (bytes) */
     char error[256];       /* first failure, reported by status */
@@ -62,8 +63,8 @@ struct cuda_ctx {
     dev_experts *experts;
     size_t n_experts_sets;
     /* scratch, grown on demand (GPU memory) */
-    void *scratch[7]; /* [SCRATCH_COUNT], below */
-    size_t scratch_bytes[7];
+    void *scratch[8]; /* [SCRATCH_COUNT], below */
+    size_t scratch_bytes[8];
     /* recorded decode steps (CUDA graphs), see step_begin in backend_cuda.cu */
     struct step_graph {
         uint64_t key;
@@ -86,6 +87,7 @@ enum {
     SCRATCH_ATT_GEMM,
     SCRATCH_SAMPLE,       /* the sampler's parameters in, results out */
     SCRATCH_SAMPLE_PROBS, /* [rows][vocab] candidate probabilities of non-greedy rows */
+    SCRATCH_QGEMM,        /* the 4-bit GEMM's partial sums of split k */
     SCRATCH_COUNT
 };
 

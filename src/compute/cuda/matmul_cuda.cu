@@ -15,6 +15,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 #include <stdio.h>
 
 #define GEMV_THREADS 128 /* 4 warps, each its own GEMV_ROWS rows */
@@ -740,6 +741,161 @@ static void gemm_half(cuda_ctx *c, const dev_matrix *m, const void *xh, float *y
                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+/* ---- 4-bit GEMM on the tensor cores, dequantizing as it goes (9..QGEMM_MAX_TOKENS tokens) --- */
+
+/* The GEMM path above dequantizes a whole matrix to a bf16 copy and hands it to cuBLAS: for a
+ * decode batch that writes and reads 4x the bytes of the 4-bit weights, every step. Here a block
+ * of 8 warps takes 128 rows x 64 tokens: per 64 columns (one k chunk) each thread dequantizes 32
+ * weights of one row (one 16-byte load, its group's scale and bias) into a bf16 tile in shared
+ * memory, x (already bf16) is copied beside it, and the warps multiply through WMMA 16x16x16
+ * bf16 fragments with float32 accumulators (warp tile 32 rows x 32 tokens). Matrices with few
+ * row blocks split k across blocks (partial sums in scratch, summed by a second kernel in a fixed
+ * order: deterministic). Numerics as the cuBLAS path: bf16 weights and x, float32 sums. */
+#define QGEMM_MAX_TOKENS 256
+#define QGEMM_BM 128
+#define QGEMM_BN 64
+#define QGEMM_BK 64
+#define QGEMM_PAD 8 /* bf16 elements per shared row beyond BK: rows 144 bytes apart, no 2-way banks */
+
+union qgemm_smem {
+    struct {
+        __nv_bfloat16 w[QGEMM_BM][QGEMM_BK + QGEMM_PAD];
+        __nv_bfloat16 x[QGEMM_BN][QGEMM_BK + QGEMM_PAD];
+    } in;
+    float c[QGEMM_BN][QGEMM_BM + 4]; /* [token][row] */
+};
+
+/* y (or partial[split]) [tokens][rows] for rows [bm, bm + 128), tokens [bn, bn + 64), columns
+ * of k split blockIdx.z. xh: bf16 [tokens][cols]. */
+__global__ void __launch_bounds__(256) qgemm4_kernel(dev_matrix w, const __nv_bfloat16 *xh,
+                                                     int64_t tokens, int k_per_split, float *y,
+                                                     float *partial, int accumulate) {
+    __shared__ __align__(128) qgemm_smem sm;
+    const int t = threadIdx.x, warp = t >> 5;
+    const int64_t rows = w.rows, cols = w.cols, bm = (int64_t)blockIdx.x * QGEMM_BM,
+                  bn = (int64_t)blockIdx.y * QGEMM_BN;
+    const int64_t k0 = (int64_t)blockIdx.z * k_per_split,
+                  k1 = k0 + k_per_split < cols ? k0 + k_per_split : cols;
+    const int wm = warp & 3, wn = warp >> 2; /* warp tile: rows 32 wm.., tokens 32 wn.. */
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+    /* this thread's share of each chunk: 32 weights of row bm + t/2, 16 x values of token bn + t/4 */
+    const int64_t my_row = bm + (t >> 1), my_tok = bn + (t >> 2);
+    const int half = t & 1, quarter = t & 3;
+    const int64_t row_words = cols / 8, groups = cols >> w.group_shift;
+    for (int64_t kc = k0; kc < k1; kc += QGEMM_BK) {
+        uint4 q = make_uint4(0, 0, 0, 0);
+        float s = 0, b = 0;
+        if (my_row < rows) {
+            q = __ldcs((const uint4 *)((const uint32_t *)w.data + my_row * row_words + kc / 8) + half);
+            int64_t g = my_row * groups + ((kc + 32 * half) >> w.group_shift);
+            s = scale_value(w.scales, g, w.scale_dtype), b = scale_value(w.biases, g, w.scale_dtype);
+        }
+        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+        uint32_t packed[16];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(s, small_uint_to_float((u[i] >> (4 * j)) & 15u), b),
+                                                         fmaf(s, small_uint_to_float((u[i] >> (4 * j + 4)) & 15u), b));
+                packed[4 * i + j / 2] = *reinterpret_cast<uint32_t *>(&h);
+            }
+        uint4 *wd = (uint4 *)&sm.in.w[t >> 1][32 * half];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            wd[i] = make_uint4(packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]);
+        uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        if (my_tok < tokens) {
+            const uint4 *src = (const uint4 *)(xh + my_tok * cols + kc + 16 * quarter);
+            xv[0] = src[0], xv[1] = src[1];
+        }
+        uint4 *xd = (uint4 *)&sm.in.x[t >> 2][16 * quarter];
+        xd[0] = xv[0], xd[1] = xv[1];
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < QGEMM_BK; kk += 16) {
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> fa[2];
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                nvcuda::wmma::load_matrix_sync(fa[i], &sm.in.w[32 * wm + 16 * i][kk], QGEMM_BK + QGEMM_PAD);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                nvcuda::wmma::load_matrix_sync(fb[j], &sm.in.x[32 * wn + 16 * j][kk], QGEMM_BK + QGEMM_PAD);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) nvcuda::wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    /* [token][row] through shared memory, then out with the bounds */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            nvcuda::wmma::store_matrix_sync(&sm.c[32 * wn + 16 * j][32 * wm + 16 * i], acc[i][j],
+                                            QGEMM_BM + 4, nvcuda::wmma::mem_col_major);
+    __syncthreads();
+    for (int i = t; i < QGEMM_BN * QGEMM_BM; i += 256) {
+        int n = i / QGEMM_BM, r = i % QGEMM_BM;
+        int64_t tok = bn + n, row = bm + r;
+        if (tok >= tokens || row >= rows) continue;
+        float v = sm.c[n][r];
+        if (partial) {
+            partial[((int64_t)blockIdx.z * tokens + tok) * rows + row] = v;
+        } else {
+            float *o = y + tok * rows + row;
+            *o = accumulate ? *o + v : v;
+        }
+    }
+}
+
+/* y (+)= the sum of the splits' partial sums, in split order. */
+__global__ void qgemm_reduce_kernel(const float *partial, int splits, int64_t n, float *y,
+                                    int accumulate) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = 0;
+    for (int s = 0; s < splits; s++) v += partial[s * n + i];
+    y[i] = accumulate ? y[i] + v : v;
+}
+
+/* Whether qgemm4 takes this matrix at this token count. */
+static int qgemm_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
+    return c->qgemm && m->kind == GEMV_Q4 && m->group_size >= 32 && m->cols % QGEMM_BK == 0 &&
+           n > GEMV_MAX_TOKENS && n <= QGEMM_MAX_TOKENS;
+}
+
+static void qgemm4(cuda_ctx *c, const dev_matrix *m, const void *xh, float *y, int64_t n,
+                   int accumulate) {
+    int64_t row_blocks = (m->rows + QGEMM_BM - 1) / QGEMM_BM, tok_blocks = (n + QGEMM_BN - 1) / QGEMM_BN;
+    int64_t chunks = m->cols / QGEMM_BK, blocks = row_blocks * tok_blocks;
+    /* enough blocks for two waves of the GPU, each split at least 4 chunks long */
+    int64_t splits = 1;
+    while (blocks * splits < 2 * c->sm_count && chunks / (splits * 2) >= 4) splits *= 2;
+    int k_per_split = (int)(((chunks + splits - 1) / splits) * QGEMM_BK);
+    splits = (m->cols + k_per_split - 1) / k_per_split;
+    float *partial = NULL;
+    if (splits > 1) {
+        partial = (float *)cuda_scratch(c, SCRATCH_QGEMM, (size_t)(splits * n * m->rows) * sizeof(float));
+        if (!partial) return;
+    }
+    dim3 grid((unsigned)row_blocks, (unsigned)tok_blocks, (unsigned)splits);
+    qgemm4_kernel<<<grid, 256, 0, c->stream>>>(*m, (const __nv_bfloat16 *)xh, n, k_per_split, y,
+                                               partial, accumulate);
+    CUDA_LAUNCHED(c, "qgemm4");
+    if (partial) {
+        qgemm_reduce_kernel<<<cuda_blocks(n * m->rows, 256), 256, 0, c->stream>>>(
+            partial, (int)splits, n * m->rows, y, accumulate);
+        CUDA_LAUNCHED(c, "qgemm_reduce");
+    }
+}
+
 /* n matrices sharing x (x' = silu(x) * up when up), each y[i] (+)= W_i x': x rounded to 16 bits
  * once for every matrix of the same width (bf16, or f16 for f16 weights). */
 static void gemm_path_multi(cuda_ctx *c, int n, const dev_matrix *const *m, float *x,
@@ -757,9 +913,13 @@ static void gemm_path_multi(cuda_ctx *c, int n, const dev_matrix *const *m, floa
         if (!(half_kinds & (bf16 ? 1 : 2))) continue;
         const void *xh = half_x(c, x, up, tokens, m[0]->cols, bf16);
         if (!xh) return;
-        for (int i = 0; i < n; i++)
-            if (!gemm_in_f32(m[i]) && (m[i]->format != WEIGHT_F16) == bf16)
+        for (int i = 0; i < n; i++) {
+            if (gemm_in_f32(m[i]) || (m[i]->format != WEIGHT_F16) != bf16) continue;
+            if (qgemm_applies(c, m[i], tokens))
+                qgemm4(c, m[i], xh, ys[i], tokens, accumulate);
+            else
                 gemm_half(c, m[i], xh, ys[i], tokens, accumulate);
+        }
     }
     for (int i = 0; i < n; i++)
         if (gemm_in_f32(m[i])) gemm_f32(c, m[i], x, ys[i], tokens, accumulate);
