@@ -7,7 +7,8 @@
 # `bash .devcarry-cuda/run.sh`, results in $OUT/cuda/ (summary.txt, logs.tar.gz).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-dest=${1:-/work/main/.devcarry-cuda}
+final=${1:-/work/main/.devcarry-cuda}
+dest=$final.tmp # laid out beside it, then swapped in: the folder is never half written
 b=${BUILD:-build/cuda}
 rm -rf "$dest"; mkdir -p "$dest"/{build/tools,build/tests,lib,tests/fixtures,.cache/tokenizers}
 cp bench/cuda/run_on_gpu.sh bench/cuda/api_smoke.py "$dest/"
@@ -36,4 +37,6 @@ done
 for bin in $b/exo $b/tests/test_cuda_ops $b/tests/test_engine_reference; do ldd "$bin"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so|/cuda' |
   while read -r l; do xz -T1 -6 -c "$l" > "$dest/lib/$(basename "$l").xz"; done
-du -sh "$dest"
+rm -rf "$final.old"; [ -d "$final" ] && mv "$final" "$final.old"
+mv "$dest" "$final" && rm -rf "$final.old"
+du -sh "$final"

@@ -11,7 +11,7 @@
  *   attention over prefill runs of 64+ positions (tensor cores, Q and P in the cache's type):
  *   ATT_GEMM_TOL 1e-2 (f16 measured ~1e-3, bf16 ~5e-3); with EXO_CUDA_MATMUL=exact: 1e-5;
  *   embed, kv_write, gather, add, add_row, routing ids: exact.
- * matmul_fused and rope_kv_write take the tolerance of the ops they fuse; sample: the host
+ * matmul_fused, norm_matmul and rope_kv_write take the tolerance of the ops they fuse; sample: the host
  * sampler's very tokens and top ids, logprobs within 1e-5; the 4-bit tensor-core GEMM
  * (EXO_CUDA_QGEMM=1): GEMM_TOL, as the cuBLAS path it replaces. */
 #include <setjmp.h>
@@ -709,6 +709,60 @@ static void test_qgemm(void **s) {
     assert_int_equal(failures, 0);
 }
 
+/* norm_matmul against rmsnorm then matmul on the CPU: q/k/v-like (3 matrices) and gate/up-like
+ * (2), fused into the persistent GEMV at 1-4 tokens, the plain ops past that. */
+static void test_norm_matmul(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    static const format_case cases[] = {
+        {"mlx4 g64", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 300, 1024},
+        {"bf16", WEIGHT_BF16, 0, 0, DTYPE_BF16, 260, 768},
+    };
+    static const int64_t tokens[] = {1, 2, 4, 5, 12};
+    int failures = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const format_case *fc = &cases[i];
+        test_matrix m[3];
+        const weight_matrix *w[3];
+        for (int j = 0; j < 3; j++) {
+            make_matrix(&m[j], fc->f, fc->rows / (j ? 2 : 1), fc->cols, fc->bits, fc->group, fc->sd);
+            w[j] = &m[j].w;
+        }
+        float *nw = rand_floats((size_t)fc->cols, 1.0f), *dnw = to_gpu(gpu, nw, sizeof(float) * (size_t)fc->cols);
+        for (size_t k = 0; k < sizeof tokens / sizeof *tokens; k++) {
+            int64_t n = tokens[k];
+            for (int nm = 2; nm <= 3; nm++) {
+                size_t nx = (size_t)(n * fc->cols);
+                float *x = rand_floats(nx, 3.0f), *xn = malloc(nx * sizeof *xn);
+                cpu->rmsnorm(cpu, x, nw, xn, n, fc->cols, 1e-5f);
+                float *dx = to_gpu(gpu, x, nx * sizeof *x), *dxn = gpu->alloc(gpu, nx * sizeof *x);
+                float *dys[3];
+                for (int j = 0; j < nm; j++) dys[j] = gpu->alloc(gpu, sizeof(float) * (size_t)(n * w[j]->rows));
+                gpu->norm_matmul(gpu, dx, dnw, 1e-5f, dxn, nm, w, dys, n);
+                for (int j = 0; j < nm; j++) {
+                    size_t ny = (size_t)(n * w[j]->rows);
+                    float *ref = malloc(ny * sizeof *ref);
+                    cpu->matmul(cpu, w[j], xn, ref, n);
+                    float *y = from_gpu(gpu, dys[j], ny);
+                    double d = rel_diff(y, ref, ny), tol = n > 8 ? GEMM_TOL : GEMV_TOL;
+                    if (!(d <= tol)) {
+                        printf("  norm_matmul %-8s %d of %d, %2d tokens: %.1e FAILED\n", fc->name, j, nm, (int)n, d);
+                        failures++;
+                    }
+                    free(ref), free(y);
+                    gpu->free(gpu, dys[j]);
+                }
+                gpu->free(gpu, dx), gpu->free(gpu, dxn);
+                free(x), free(xn);
+            }
+        }
+        gpu->free(gpu, dnw);
+        free(nw);
+        for (int j = 0; j < 3; j++) free_matrix(&m[j]);
+    }
+    assert_int_equal(failures, 0);
+}
+
 /* A view of a layout the backend cannot read is refused with a message, not misread. */
 static void test_refuses_interleaved_layout(void **s) {
     (void)s;
@@ -746,6 +800,7 @@ int main(void) {
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_moe),
         cmocka_unit_test(test_matmul_fused),   cmocka_unit_test(test_rope_kv_write),
         cmocka_unit_test(test_sample),         cmocka_unit_test(test_qgemm),
+        cmocka_unit_test(test_norm_matmul),
         cmocka_unit_test(test_refuses_interleaved_layout),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

@@ -370,13 +370,17 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
-static void cuda_rmsnorm(compute_backend *b, const float *x, const float *w, float *y,
-                         int64_t rows, int64_t dim, float eps) {
-    cuda_ctx *c = (cuda_ctx *)b->ctx;
+void cuda_rmsnorm_launch(cuda_ctx *c, const float *x, const float *w, float *y, int64_t rows,
+                         int64_t dim, float eps) {
     if (rows <= 0) return;
     int threads = dim >= 1024 ? ROW_THREADS : dim >= 256 ? 128 : 32;
     rmsnorm_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(x, w, y, dim, eps);
     CUDA_LAUNCHED(c, "rmsnorm");
+}
+
+static void cuda_rmsnorm(compute_backend *b, const float *x, const float *w, float *y,
+                         int64_t rows, int64_t dim, float eps) {
+    cuda_rmsnorm_launch((cuda_ctx *)b->ctx, x, w, y, rows, dim, eps);
 }
 
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
@@ -489,6 +493,12 @@ static void cuda_rope_kv_write_op(compute_backend *b, float *q, float *k, const 
                                   float attn_factor, const kv_layer *kv, const int32_t *slots) {
     cuda_rope_kv_write((cuda_ctx *)b->ctx, q, k, v, pos, n, n_heads, n_kv_heads, head_dim,
                        rot_dims, inv_freq, attn_factor, kv, slots);
+}
+
+static void cuda_norm_matmul_op(compute_backend *b, const float *x, const float *norm_w, float eps,
+                                float *xn, int n, const weight_matrix *const *w, float *const *ys,
+                                int64_t n_tokens) {
+    cuda_norm_matmul((cuda_ctx *)b->ctx, x, norm_w, eps, xn, n, w, ys, n_tokens);
 }
 
 static int cuda_sample_op(compute_backend *b, float *logits, int64_t n_rows, int64_t vocab,
@@ -768,6 +778,7 @@ extern "C" compute_backend *compute_backend_cuda(int device, char *err, size_t e
     b->moe_ffn = cuda_moe_ffn;
     b->matmul_fused = cuda_matmul_fused_op;
     b->rope_kv_write = cuda_rope_kv_write_op;
+    b->norm_matmul = cuda_norm_matmul_op;
     const char *sample = getenv("EXO_CUDA_SAMPLE"); /* 0: logits go to the host sampler (A/B) */
     if (!sample || strcmp(sample, "0")) b->sample = cuda_sample_op;
     b->destroy = cuda_destroy;

@@ -126,9 +126,14 @@ __device__ __forceinline__ void rope_cos_sin(int pos, float inv_freq, float attn
 
 /* backend_cuda.cu */
 void cuda_silu_mul_launch(cuda_ctx *c, float *g, const float *u, int64_t n);
+void cuda_rmsnorm_launch(cuda_ctx *c, const float *x, const float *w, float *y, int64_t rows,
+                         int64_t dim, float eps);
 
 /* matmul_cuda.cu */
 void cuda_matmul(cuda_ctx *c, const weight_matrix *w, const float *x, float *y, int64_t n);
+/* ys[i] = W_i rmsnorm(x) (backend.h: norm_matmul); xn is scratch. */
+void cuda_norm_matmul(cuda_ctx *c, const float *x, const float *norm_w, float eps, float *xn, int n,
+                      const weight_matrix *const *w, float *const *ys, int64_t n_tokens);
 /* y = W x' (accumulate: y += W x'), x' = silu(x) * x_up when x_up (x may be overwritten). */
 void cuda_matmul_fused(cuda_ctx *c, const weight_matrix *w, float *x, const float *x_up, float *y,
                        int64_t n, int accumulate);

@@ -231,6 +231,8 @@ struct gemv_args {
     int n;
     const float *x;
     const float *x_up; /* persistent kernel: x' = silu(x) * x_up, else NULL */
+    const float *norm_w; /* persistent kernel: x' = rmsnorm(x) * norm_w (eps), else NULL */
+    float eps;
     int64_t x_stride;
     int accumulate;    /* y += W x' instead of y = W x' */
 };
@@ -402,6 +404,29 @@ __global__ void __launch_bounds__(GEMV_PERSIST_THREADS, 2) gemv_persistent_kerne
         }
     }
     __syncthreads();
+    if (a.norm_w) { /* rmsnorm as rmsnorm_kernel computes it: the sum of squares in double */
+        __shared__ double part[GEMV_PERSIST_WARPS];
+        const float4 *w4 = (const float4 *)a.norm_w;
+        for (int t = 0; t < NT; t++) {
+            double ss = 0;
+            for (int64_t f = threadIdx.x; f < n4; f += GEMV_PERSIST_THREADS) {
+                float4 v = xs[t * slots + staged_slot<KIND>(f / (V / 4), (int)(f % (V / 4)))];
+                ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+            }
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0) part[warp] = ss;
+            __syncthreads();
+            ss = 0;
+            for (int i = 0; i < GEMV_PERSIST_WARPS; i++) ss += part[i];
+            float inv = (float)(1.0 / sqrt(ss / (double)cols + (double)a.eps));
+            for (int64_t f = threadIdx.x; f < n4; f += GEMV_PERSIST_THREADS) {
+                float4 *p = &xs[t * slots + staged_slot<KIND>(f / (V / 4), (int)(f % (V / 4)))];
+                float4 v = *p, g = __ldg(w4 + f);
+                *p = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+            }
+            __syncthreads(); /* part is read before the next token's sums are stored */
+        }
+    }
     if (quant) {
         for (int64_t i = threadIdx.x; i < NT * n_chunks; i += GEMV_PERSIST_THREADS) {
             int64_t t = i / n_chunks, c = i % n_chunks;
@@ -586,11 +611,14 @@ static void launch_gemv(cuda_ctx *c, int kind, gemv_args &a, int blocks, int nt)
 /* n matrices of one kind sharing x, every token through the GEMV kernels, 8 tokens a launch;
  * x_up (x' = silu(x) * x_up) only where the persistent kernel takes every launch. */
 static void gemv_tiles(cuda_ctx *c, int n, const dev_matrix *const *m, const float *x,
-                       const float *x_up, float *const *ys, int64_t n_tokens, int accumulate) {
+                       const float *x_up, float *const *ys, int64_t n_tokens, int accumulate,
+                       const float *norm_w = NULL, float eps = 0) {
     gemv_args a;
     a.n = n;
     a.x_stride = m[0]->cols;
     a.accumulate = accumulate;
+    a.norm_w = norm_w;
+    a.eps = eps;
     a.block_start[0] = 0;
     for (int i = 0; i < n; i++) {
         a.w[i] = *m[i];
@@ -1019,4 +1047,23 @@ double cuda_gemm_bf16_gflops(cuda_ctx *c, int n, int reps) {
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     return best;
+}
+
+/* ys[i] = W_i rmsnorm(x): the norm applied by the persistent GEMV while it stages x, where it
+ * takes every matrix; else rmsnorm into xn, then the matmuls. */
+void cuda_norm_matmul(cuda_ctx *c, const float *x, const float *norm_w, float eps, float *xn, int n,
+                      const weight_matrix *const *w, float *const *ys, int64_t n_tokens) {
+    const dev_matrix *m[4];
+    int fused = n <= 4 && use_gemv(c, n_tokens);
+    for (int i = 0; i < n && i < 4; i++) {
+        m[i] = cuda_weight(c, w[i]);
+        if (!m[i]) return;
+        fused = fused && m[i]->kind == m[0]->kind && persist_applies(c, m[i], n_tokens);
+    }
+    if (fused) {
+        gemv_tiles(c, n, m, x, NULL, ys, n_tokens, 0, norm_w, eps);
+        return;
+    }
+    cuda_rmsnorm_launch(c, x, norm_w, xn, n_tokens, w[0]->cols, eps);
+    cuda_matmul_multi(c, n, w, xn, ys, n_tokens);
 }
