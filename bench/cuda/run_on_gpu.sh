@@ -56,8 +56,8 @@ for q in $MODELS; do
   stamp "== exo bench --model $m/llama8b-$q --device cuda --pp $PP --tg 128 --batch $BATCH --reps $REPS"
   X timeout 150 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp "$PP" --tg 128 --batch "$BATCH" --reps "$REPS" 2>&1 | grep -v "^mem "
   if [ "$q" = 4bit ]; then
-    stamp "== the same, b64 with the 4-bit tensor-core GEMM (EXO_CUDA_QGEMM=1)"
-    EXO_CUDA_QGEMM=1 X timeout 90 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 512 --tg 128 --batch 64 --reps 1 2>&1 | grep -E "decode|prefill"
+    stamp "== 4-bit b1 on the persistent GEMV instead of the cp.async pipeline (EXO_CUDA_PIPE=0)"
+    EXO_CUDA_PIPE=0 X timeout 90 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 128 --batch 1 --reps 1 2>&1 | grep -E "decode"
   fi
 done 2>&1 | tee "$OUT/bench.log"
 if [ "${PROFILE:-1}" = 1 ]; then
@@ -77,18 +77,18 @@ if [ "${PROFILE:-1}" = 1 ]; then
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 if not rows: print("  (no ncu rows)"); sys.exit()
-h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value")
+h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); gi = h.index("Grid Size")
 tot = collections.defaultdict(float); cnt = collections.Counter()
 for r in rows[1:]:
-    name = r[ki].split("(")[0].split("<")[0]
-    try: v = float(r[vi])
+    try: v = float(r[vi].replace(",", ""))
     except ValueError: continue
+    name = r[ki].split("(")[0].strip() + " " + r[gi]
     tot[name] += v; cnt[name] += 1
-steps = max(cnt.get("rope_kv_write_kernel", 0) / 32, cnt.get("rmsnorm_kernel", 1) / 65, 1e-9)
-print("  %-34s %6s %10s %12s" % ("kernel", "count", "avg us", "us per step"))
+layers = sum(c for k, c in cnt.items() if k.startswith("void rope_kv_write")) or 1
+print("  %-58s %6s %9s %11s" % ("kernel (grid)", "count", "avg us", "us/32 lyr"))
 for k, v in sorted(tot.items(), key=lambda kv: -kv[1]):
-    print("  %-34s %6d %10.2f %12.1f" % (k, cnt[k], v / cnt[k] / 1e3, v / 1e3 / steps))
-print("  sum per step: %.1f us over %.1f steps" % (sum(tot.values()) / 1e3 / steps, steps))
+    print("  %-58s %6d %9.2f %11.1f" % (k[:58], cnt[k], v / cnt[k] / 1e3, v / 1e3 * 32 / layers))
+print("  sum: %.1f us per 32 layers (%d layers profiled)" % (sum(tot.values()) / 1e3 * 32 / layers, layers))
 EOF
   done 2>&1 | tee "$OUT/ncu-summary.log"
   if [ -d "$m/llama8b-4bit" ] && [ $(( $(date +%s) - start )) -lt ${TIME_BUDGET:-200} ]; then

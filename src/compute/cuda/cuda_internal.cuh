@@ -23,6 +23,8 @@ struct dev_matrix {
     int group_shift; /* log2(group_size) (MLX group sizes are powers of two) */
     int scale_dtype; /* dtype of scales and biases */
     int kind;        /* gemv_kind */
+    const uint32_t *sb; /* 4-bit group 64, 16-bit scales: [rows][groups] (scale | bias << 16), the
+                         * pipelined GEMV's one 4-byte copy per group; else NULL */
 };
 
 /* An MoE layer's experts as device descriptor tables ([n_experts] each), built on first use. */
@@ -46,6 +48,7 @@ struct cuda_ctx {
     void *blas_workspace; /* cuBLAS's workspace (cublasSetWorkspace): graphs can record GEMMs */
     int exact;             /* EXO_CUDA_MATMUL=exact: every matmul through the f32 GEMV kernels */
     int gemv_old;          /* EXO_CUDA_GEMV=old: the per-16-rows GEMV blocks (for A/B timing) */
+    int no_pipe;           /* EXO_CUDA_PIPE=0: 4-bit decode on the persistent kernel, not cp.async */
     int qgemm;             /* EXO_CUDA_QGEMM=1: 4-bit batches through qgemm4, not a bf16 copy */
     int sm_count;          /* multiprocessors: the persistent kernels' grid */
     int smem_optin;        /* shared memory a block may ask for (bytes) */

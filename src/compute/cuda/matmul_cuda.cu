@@ -111,6 +111,32 @@ __device__ __forceinline__ float warp_reduce(float v) {
     return v;
 }
 
+/* Chunks c0, c0 + 32, ... (U of them) of R rows into wv, with each chunk's group scale and bias
+ * for quantized kinds; chunks past the row load zeros. */
+template <int KIND, int U, int R>
+__device__ __forceinline__ void load_chunks(const dev_matrix &w, const int64_t *rows_at, int64_t c0,
+                                            int64_t n_chunks, uint4 (&wv)[U][R], float (&sc)[U][R],
+                                            float (&bi)[U][R]) {
+    const int V = chunk_values<KIND>::n;
+    const bool quant = KIND == GEMV_Q4 || KIND == GEMV_Q8;
+    const uint4 *base = (const uint4 *)w.data;
+    const int64_t groups = quant ? w.cols >> w.group_shift : 0;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int64_t c = c0 + 32 * u;
+        bool ok = c < n_chunks;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            wv[u][r] = ok ? __ldcs(base + rows_at[r] * n_chunks + c) : make_uint4(0, 0, 0, 0);
+            if (quant) {
+                int64_t g = rows_at[r] * groups + ((c * V) >> w.group_shift);
+                sc[u][r] = ok ? scale_value(w.scales, g, w.scale_dtype) : 0.0f;
+                bi[u][r] = ok ? scale_value(w.biases, g, w.scale_dtype) : 0.0f;
+            }
+        }
+    }
+}
+
 /* GEMV_ROWS rows of w from row0 against NT tokens of x, by one warp: lane l takes the 16-byte
  * chunks l, l + 32, ... of each row, U chunks of every row loaded before any is used (U * ROWS
  * independent 16-byte loads in flight per lane), then the warp sums by shuffles. */
@@ -158,8 +184,6 @@ __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, con
         const int U = NT <= 2 ? 4 : 2;
         const bool quant = KIND == GEMV_Q4 || KIND == GEMV_Q8;
         int64_t n_chunks = w.cols / V;
-        int64_t groups = quant ? w.cols / w.group_size : 1;
-        const uint4 *base = (const uint4 *)w.data;
         int64_t rows_at[GEMV_ROWS];
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) /* a tail row reads the last row, unused */
@@ -167,20 +191,7 @@ __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, con
         for (int64_t c0 = lane; c0 < n_chunks; c0 += 32 * U) {
             uint4 wv[U][GEMV_ROWS];
             float sc[U][GEMV_ROWS], bi[U][GEMV_ROWS];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int64_t c = c0 + 32 * u;
-                bool ok = c < n_chunks;
-#pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++) {
-                    wv[u][r] = ok ? __ldcs(base + rows_at[r] * n_chunks + c) : make_uint4(0, 0, 0, 0);
-                    if (quant) {
-                        int64_t g = rows_at[r] * groups + ((c * V) >> w.group_shift);
-                        sc[u][r] = ok ? scale_value(w.scales, g, w.scale_dtype) : 0.0f;
-                        bi[u][r] = ok ? scale_value(w.biases, g, w.scale_dtype) : 0.0f;
-                    }
-                }
-            }
+            load_chunks<KIND, U, GEMV_ROWS>(w, rows_at, c0, n_chunks, wv, sc, bi);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int64_t c = c0 + 32 * u;
@@ -336,6 +347,52 @@ __device__ __forceinline__ float q4_chunk_dot_offset(const uint4 &w, const float
     return s0 + s1;
 }
 
+/* Stages NT tokens of x' -- x, silu(x) * x_up, or rmsnorm(x) * norm_w as rmsnorm_kernel computes
+ * it (the sum of squares in double) -- into shared memory, float4 f of token t at
+ * xs[t * slots + slot(f)]; ends with the block's barrier. Every thread of the block calls it. */
+template <int NT, class SLOT>
+__device__ __forceinline__ void stage_x(const gemv_args &a, float4 *xs, int64_t slots, SLOT slot) {
+    const int64_t cols = a.w[0].cols, n4 = cols / 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nthreads = blockDim.x;
+    for (int t = 0; t < NT; t++) {
+        const float4 *x4 = (const float4 *)(a.x + t * a.x_stride);
+        const float4 *up4 = (const float4 *)(a.x_up + t * a.x_stride);
+#pragma unroll 4
+        for (int64_t f = threadIdx.x; f < n4; f += nthreads) {
+            float4 v = __ldg(x4 + f);
+            if (a.x_up) {
+                float4 u = __ldg(up4 + f);
+                v = make_float4(silu_times(v.x, u.x), silu_times(v.y, u.y), silu_times(v.z, u.z),
+                                silu_times(v.w, u.w));
+            }
+            xs[t * slots + slot(f)] = v;
+        }
+    }
+    __syncthreads();
+    if (!a.norm_w) return;
+    __shared__ double part[32];
+    const float4 *w4 = (const float4 *)a.norm_w;
+    for (int t = 0; t < NT; t++) {
+        double ss = 0;
+        for (int64_t f = threadIdx.x; f < n4; f += nthreads) {
+            float4 v = xs[t * slots + slot(f)];
+            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        ss = 0;
+        for (int i = 0; i < nthreads / 32; i++) ss += part[i];
+        float inv = (float)(1.0 / sqrt(ss / (double)cols + (double)a.eps));
+        for (int64_t f = threadIdx.x; f < n4; f += nthreads) {
+            float4 *p = &xs[t * slots + slot(f)];
+            float4 v = *p, g = __ldg(w4 + f);
+            *p = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+        }
+        __syncthreads(); /* part is read before the next token's sums are stored */
+    }
+}
+
 template <int KIND, int NT>
 __global__ void __launch_bounds__(GEMV_PERSIST_THREADS, 2) gemv_persistent_kernel(gemv_args a) {
     extern __shared__ float4 xs[]; /* [NT][persist_x_slots], then for 4-bit [NT][cols / 32] */
@@ -363,70 +420,14 @@ __global__ void __launch_bounds__(GEMV_PERSIST_THREADS, 2) gemv_persistent_kerne
         for (int r = 0; r < R; r++) rows_at[r] = row0 + r < a.w[m].rows ? row0 + r : a.w[m].rows - 1;
         cb = 0;
     };
-    auto load = [&]() {
-        const dev_matrix &w = a.w[m];
-        const uint4 *base = (const uint4 *)w.data;
-        const int64_t groups = quant ? w.cols >> w.group_shift : 0;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int64_t c = cb + lane + 32 * u;
-            bool ok = c < n_chunks;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                wv[u][r] = ok ? __ldcs(base + rows_at[r] * n_chunks + c) : make_uint4(0, 0, 0, 0);
-                if (quant) {
-                    int64_t g = rows_at[r] * groups + ((c * V) >> w.group_shift);
-                    sc[u][r] = ok ? scale_value(w.scales, g, w.scale_dtype) : 0.0f;
-                    bi[u][r] = ok ? scale_value(w.biases, g, w.scale_dtype) : 0.0f;
-                }
-            }
-        }
-    };
+    auto load = [&]() { load_chunks<KIND, U, R>(a.w[m], rows_at, cb + lane, n_chunks, wv, sc, bi); };
     bool busy = tile < n_tiles;
     if (busy) {
         start_tile();
         load();
     }
     /* stage x (and the 4-bit chunk sums) while those loads are in flight */
-    const int64_t n4 = cols / 4;
-    for (int t = 0; t < NT; t++) {
-        const float4 *x4 = (const float4 *)(a.x + t * a.x_stride);
-        const float4 *up4 = (const float4 *)(a.x_up + t * a.x_stride);
-#pragma unroll 4
-        for (int64_t f = threadIdx.x; f < n4; f += GEMV_PERSIST_THREADS) {
-            float4 v = __ldg(x4 + f);
-            if (a.x_up) {
-                float4 u = __ldg(up4 + f);
-                v = make_float4(silu_times(v.x, u.x), silu_times(v.y, u.y), silu_times(v.z, u.z),
-                                silu_times(v.w, u.w));
-            }
-            xs[t * slots + staged_slot<KIND>(f / (V / 4), (int)(f % (V / 4)))] = v;
-        }
-    }
-    __syncthreads();
-    if (a.norm_w) { /* rmsnorm as rmsnorm_kernel computes it: the sum of squares in double */
-        __shared__ double part[GEMV_PERSIST_WARPS];
-        const float4 *w4 = (const float4 *)a.norm_w;
-        for (int t = 0; t < NT; t++) {
-            double ss = 0;
-            for (int64_t f = threadIdx.x; f < n4; f += GEMV_PERSIST_THREADS) {
-                float4 v = xs[t * slots + staged_slot<KIND>(f / (V / 4), (int)(f % (V / 4)))];
-                ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
-            }
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (lane == 0) part[warp] = ss;
-            __syncthreads();
-            ss = 0;
-            for (int i = 0; i < GEMV_PERSIST_WARPS; i++) ss += part[i];
-            float inv = (float)(1.0 / sqrt(ss / (double)cols + (double)a.eps));
-            for (int64_t f = threadIdx.x; f < n4; f += GEMV_PERSIST_THREADS) {
-                float4 *p = &xs[t * slots + staged_slot<KIND>(f / (V / 4), (int)(f % (V / 4)))];
-                float4 v = *p, g = __ldg(w4 + f);
-                *p = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
-            }
-            __syncthreads(); /* part is read before the next token's sums are stored */
-        }
-    }
+    stage_x<NT>(a, xs, slots, [](int64_t f) { return staged_slot<KIND>(f / (V / 4), (int)(f % (V / 4))); });
     if (quant) {
         for (int64_t i = threadIdx.x; i < NT * n_chunks; i += GEMV_PERSIST_THREADS) {
             int64_t t = i / n_chunks, c = i % n_chunks;
@@ -532,6 +533,184 @@ template <int KIND> static int persist_launch_nt(cuda_ctx *c, const gemv_args &a
     return 1;
 }
 
+/* ---- 4-bit GEMV of one token through a cp.async pipeline (MLX group 64) -------------------- */
+
+/* The persistent kernel above holds its weights in flight in registers: 8 loads per lane, then a
+ * wait, then the arithmetic, so at 16 warps per SM too few bytes are in flight and the 4-bit
+ * matrices ran at 10-23% of the bandwidth (ncu on the H200: warps stalled on global loads 62% of
+ * the time, DRAM 21% busy). Here each warp streams its rows through a ring of PIPE_STAGES stages
+ * in shared memory with cp.async (no registers held while in flight): while it computes stage k,
+ * stages k+1..k+3 are on their way, ~100 KB per SM. A warp item is one round of 4 rows x 2048
+ * columns: lane l takes group l of the round (2 chunks, 64 weights of each row) with that
+ * group's scale and bias, repacked at load as one 32-bit pair per group (dev_matrix.sb) so a
+ * single 4-byte copy brings both. x is staged as in the persistent kernel (lanes read
+ * consecutive float4s), with every group's sum of x for the 0.5 + q/32 trick. */
+#define PIPE_STAGES 4
+#define PIPE_ROWS 4
+#define PIPE_WARPS 8
+
+struct pipe_stage { /* one warp's stage: lane l's data at [..][l] */
+    uint4 w[PIPE_ROWS][2][32];
+    uint32_t sb[PIPE_ROWS][32];
+};
+
+__host__ __device__ __forceinline__ int64_t pipe_x_slots(int64_t cols) {
+    return (cols / 64 + 31) / 32 * 512;
+}
+
+static size_t pipe_smem_bytes(int64_t cols) {
+    return (size_t)pipe_x_slots(cols) * 16 + (size_t)(cols / 64) * 4 +
+           (size_t)PIPE_WARPS * PIPE_STAGES * sizeof(pipe_stage);
+}
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* A scale/bias pair of 16-bit values (bf16 or f16) as floats. */
+template <int SD> __device__ __forceinline__ float2 unpack_sb(uint32_t p) {
+    if (SD == DTYPE_BF16) return make_float2(__uint_as_float(p << 16), __uint_as_float(p & 0xffff0000u));
+    __half2 h = *reinterpret_cast<const __half2 *>(&p);
+    return __half22float2(h);
+}
+
+template <int SD>
+__global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_q4_pipe_kernel(gemv_args a) {
+    extern __shared__ float4 xs[]; /* [pipe_x_slots] x, [groups] group sums, then the rings */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t cols = a.w[0].cols, groups = cols / 64, slots = pipe_x_slots(cols);
+    const int64_t rounds = (groups + 31) / 32; /* items per tile */
+    float *group_sum = (float *)(xs + slots);
+    pipe_stage *ring = (pipe_stage *)(group_sum + groups) + warp * PIPE_STAGES;
+    const int64_t n_tiles = a.tile_start[a.n], tile_step = (int64_t)gridDim.x * PIPE_WARPS;
+    const int64_t first = (int64_t)blockIdx.x * PIPE_WARPS + warp;
+    const int64_t my_tiles = first < n_tiles ? (n_tiles - first + tile_step - 1) / tile_step : 0;
+    const int64_t n_items = my_tiles * rounds;
+
+    /* item -> (matrix, first row, round); copies its weights and pairs into stage st */
+    auto issue = [&](int64_t item, int st) {
+        int64_t tile = first + (item / rounds) * tile_step, round = item % rounds;
+        int m = 0;
+        while (m + 1 < a.n && tile >= a.tile_start[m + 1]) m++;
+        const dev_matrix &w = a.w[m];
+        int64_t row0 = (tile - a.tile_start[m]) * PIPE_ROWS, g = round * 32 + lane;
+        if (g < groups) {
+#pragma unroll
+            for (int r = 0; r < PIPE_ROWS; r++) {
+                int64_t row = row0 + r < w.rows ? row0 + r : w.rows - 1;
+                const uint4 *src = (const uint4 *)w.data + (row * groups + g) * 2;
+                cp_async16(&ring[st].w[r][0][lane], src);
+                cp_async16(&ring[st].w[r][1][lane], src + 1);
+                cp_async4(&ring[st].sb[r][lane], w.sb + row * groups + g);
+            }
+        }
+    };
+    for (int s = 0; s < PIPE_STAGES - 1; s++) {
+        if (s < n_items) issue(s, s);
+        cp_async_commit();
+    }
+    /* x and the group sums while the first stages load */
+    stage_x<1>(a, xs, slots, [](int64_t f) { return (f >> 9 << 9) + (f & 15) * 32 + ((f >> 4) & 31); });
+    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+        float s = 0;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float4 f = xs[(g >> 5) * 512 + i * 32 + (g & 31)];
+            s += (f.x + f.y) + (f.z + f.w);
+        }
+        group_sum[g] = s;
+    }
+    __syncthreads();
+    float acc[PIPE_ROWS] = {0, 0, 0, 0};
+    for (int64_t item = 0; item < n_items; item++) {
+        cp_async_wait<PIPE_STAGES - 2>(); /* this lane's copies of stage item % STAGES are in */
+        int64_t next = item + PIPE_STAGES - 1;
+        if (next < n_items) issue(next, (int)(next % PIPE_STAGES));
+        cp_async_commit();
+        const pipe_stage &st = ring[item % PIPE_STAGES];
+        int64_t round = item % rounds, g = round * 32 + lane;
+        if (g < groups) {
+            float d[PIPE_ROWS] = {0, 0, 0, 0};
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float xv[32];
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float4 f = xs[round * 512 + (8 * h + i) * 32 + lane];
+                    xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+                }
+#pragma unroll
+                for (int r = 0; r < PIPE_ROWS; r++) d[r] += q4_chunk_dot_offset(st.w[r][h][lane], xv);
+            }
+            float sx = group_sum[g];
+#pragma unroll
+            for (int r = 0; r < PIPE_ROWS; r++) { /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
+                float2 sb = unpack_sb<SD>(st.sb[r][lane]);
+                acc[r] = fmaf(32.0f * sb.x, d[r], fmaf(sb.y - 16.0f * sb.x, sx, acc[r]));
+            }
+        }
+        if (round == rounds - 1) { /* the tile is done: sum across the warp and store */
+            int64_t tile = first + (item / rounds) * tile_step;
+            int m = 0;
+            while (m + 1 < a.n && tile >= a.tile_start[m + 1]) m++;
+            int64_t row0 = (tile - a.tile_start[m]) * PIPE_ROWS, rows = a.w[m].rows;
+#pragma unroll
+            for (int r = 0; r < PIPE_ROWS; r++) {
+                float v = warp_reduce(acc[r]);
+                acc[r] = 0;
+                if (lane == 0 && row0 + r < rows) {
+                    float *o = a.y[m] + row0 + r;
+                    *o = a.accumulate ? *o + v : v;
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+}
+
+/* Whether the pipelined kernel takes these matrices at nt tokens. */
+static int pipe_applies(const cuda_ctx *c, const gemv_args &a, int nt) {
+    if (nt != 1 || c->gemv_old || c->no_pipe) return 0;
+    for (int i = 0; i < a.n; i++)
+        if (a.w[i].kind != GEMV_Q4 || !a.w[i].sb || a.w[i].group_size != 64 ||
+            a.w[i].scale_dtype != a.w[0].scale_dtype)
+            return 0;
+    return pipe_smem_bytes(a.w[0].cols) <= (size_t)c->smem_optin;
+}
+
+static void pipe_launch(cuda_ctx *c, gemv_args &a) {
+    static int raised[2];
+    int bf = a.w[0].scale_dtype == DTYPE_BF16;
+    const void *fn = bf ? (const void *)gemv_q4_pipe_kernel<DTYPE_BF16> : (const void *)gemv_q4_pipe_kernel<DTYPE_F16>;
+    if (!raised[bf]) {
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, c->smem_optin);
+        cudaGetLastError();
+        raised[bf] = 1;
+    }
+    a.tile_start[0] = 0;
+    for (int i = 0; i < a.n; i++)
+        a.tile_start[i + 1] = a.tile_start[i] + (a.w[i].rows + PIPE_ROWS - 1) / PIPE_ROWS;
+    int64_t want = (a.tile_start[a.n] + PIPE_WARPS - 1) / PIPE_WARPS;
+    unsigned blocks = (unsigned)(want < c->sm_count ? want : c->sm_count);
+    size_t smem = pipe_smem_bytes(a.w[0].cols);
+    if (bf)
+        gemv_q4_pipe_kernel<DTYPE_BF16><<<blocks, PIPE_WARPS * 32, smem, c->stream>>>(a);
+    else
+        gemv_q4_pipe_kernel<DTYPE_F16><<<blocks, PIPE_WARPS * 32, smem, c->stream>>>(a);
+    CUDA_LAUNCHED(c, "gemv (4-bit, pipelined)");
+}
+
 /* Whether every launch of an n-token GEMV of m goes to the persistent kernel. */
 static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
     int nt = (int)(n < GEMV_MAX_TOKENS ? n : GEMV_MAX_TOKENS);
@@ -549,6 +728,10 @@ static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
 
 static int persist_launch(cuda_ctx *c, int kind, gemv_args &a, int nt) {
     if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS) return 0;
+    if (pipe_applies(c, a, nt)) {
+        pipe_launch(c, a);
+        return 1;
+    }
     a.tile_start[0] = 0;
     const int rows = persist_tile_rows(kind, nt);
     for (int i = 0; i < a.n; i++)
