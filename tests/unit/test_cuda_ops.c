@@ -13,7 +13,7 @@
  *   embed, kv_write, gather, add, add_row, routing ids: exact.
  * matmul_fused, norm_matmul and rope_kv_write take the tolerance of the ops they fuse; sample: the host
  * sampler's very tokens and top ids, logprobs within 1e-5; the 4-bit tensor-core GEMM
- * (EXO_CUDA_QGEMM=1): GEMM_TOL, as the cuBLAS path it replaces. */
+ * (qgemm4): GEMM_TOL, as the cuBLAS path it replaces. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -678,7 +678,8 @@ static void test_sample(void **s) {
     assert_int_equal(mismatches, 0);
 }
 
-/* The 4-bit tensor-core GEMM (EXO_CUDA_QGEMM=1: decode batches of 9..256 tokens) against the CPU:
+/* The 4-bit tensor-core GEMM (decode batches of 9..256 tokens; EXO_CUDA_QGEMM=0 turns it off, the
+ * backend below has it on explicitly) against the CPU:
  * one and several row blocks, split k, tokens past one 64-token tile, accumulating or not. */
 static void test_qgemm(void **s) {
     (void)s;

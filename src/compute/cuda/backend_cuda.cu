@@ -745,8 +745,8 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
     c->gemv_old = gemv && !strcmp(gemv, "old");
     const char *pipe = getenv("EXO_CUDA_PIPE");
     c->no_pipe = pipe && !strcmp(pipe, "0");
-    const char *qgemm = getenv("EXO_CUDA_QGEMM");
-    c->qgemm = qgemm && !strcmp(qgemm, "1");
+    const char *qgemm = getenv("EXO_CUDA_QGEMM"); /* 0: 4-bit batches dequantized for cuBLAS */
+    c->qgemm = !qgemm || strcmp(qgemm, "0");
     if (cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
         c->sm_count < 1) {
         cudaGetLastError();

@@ -49,7 +49,7 @@ struct cuda_ctx {
     int exact;             /* EXO_CUDA_MATMUL=exact: every matmul through the f32 GEMV kernels */
     int gemv_old;          /* EXO_CUDA_GEMV=old: the per-16-rows GEMV blocks (for A/B timing) */
     int no_pipe;           /* EXO_CUDA_PIPE=0: 4-bit decode on the persistent kernel, not cp.async */
-    int qgemm;             /* EXO_CUDA_QGEMM=1: 4-bit batches through qgemm4, not a bf16 copy */
+    int qgemm;             /* 4-bit batches through qgemm4 (EXO_CUDA_QGEMM=0: a bf16 copy, cuBLAS) */
     int sm_count;          /* multiprocessors: the persistent kernels' grid */
     int smem_optin;        /* shared memory a block may ask for (bytes) */
     char error[256];       /* first failure, reported by status */

@@ -533,7 +533,7 @@ template <int KIND> static int persist_launch_nt(cuda_ctx *c, const gemv_args &a
     return 1;
 }
 
-/* ---- 4-bit GEMV of one token through a cp.async pipeline (MLX group 64) -------------------- */
+/* ---- GEMV of one token through a cp.async pipeline (4-bit group 64, bf16) ------------------ */
 
 /* The persistent kernel above holds its weights in flight in registers: 8 loads per lane, then a
  * wait, then the arithmetic, so at 16 warps per SM too few bytes are in flight and the 4-bit
@@ -554,12 +554,24 @@ struct pipe_stage { /* one warp's stage: lane l's data at [..][l] */
     uint32_t sb[PIPE_ROWS][32];
 };
 
-__host__ __device__ __forceinline__ int64_t pipe_x_slots(int64_t cols) {
-    return (cols / 64 + 31) / 32 * 512;
+/* A lane's span of one round: 2 chunks of 16 bytes = 64 4-bit weights (one group) or 16 bf16. */
+template <int KIND> struct pipe_unit { static const int values = KIND == GEMV_Q4 ? 64 : 16; };
+
+/* x for the pipeline: float4 f of a round of 32 units (P float4s each) at round * 32P + (f % P) *
+ * 32 + unit % 32, so that lanes read consecutive float4s. */
+template <int KIND> __host__ __device__ __forceinline__ int64_t pipe_slot(int64_t f) {
+    const int P = pipe_unit<KIND>::values / 4;
+    return f / (32 * P) * (32 * P) + f % P * 32 + f / P % 32;
 }
 
-static size_t pipe_smem_bytes(int64_t cols) {
-    return (size_t)pipe_x_slots(cols) * 16 + (size_t)(cols / 64) * 4 +
+template <int KIND> __host__ __device__ __forceinline__ int64_t pipe_x_slots(int64_t cols) {
+    const int V = pipe_unit<KIND>::values;
+    return (cols / V + 31) / 32 * 32 * (V / 4);
+}
+
+template <int KIND> static size_t pipe_smem_bytes(int64_t cols) {
+    size_t sums = KIND == GEMV_Q4 ? (size_t)(cols / 64) * 4 : 0;
+    return (size_t)pipe_x_slots<KIND>(cols) * 16 + (sums + 15) / 16 * 16 +
            (size_t)PIPE_WARPS * PIPE_STAGES * sizeof(pipe_stage);
 }
 
@@ -585,14 +597,16 @@ template <int SD> __device__ __forceinline__ float2 unpack_sb(uint32_t p) {
     return __half22float2(h);
 }
 
-template <int SD>
-__global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_q4_pipe_kernel(gemv_args a) {
-    extern __shared__ float4 xs[]; /* [pipe_x_slots] x, [groups] group sums, then the rings */
+template <int KIND, int SD>
+__global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args a) {
+    extern __shared__ float4 xs[]; /* [pipe_x_slots] x, [groups] group sums (4-bit), the rings */
+    const bool quant = KIND == GEMV_Q4;
+    const int P = pipe_unit<KIND>::values / 4; /* float4s of x per unit */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t cols = a.w[0].cols, groups = cols / 64, slots = pipe_x_slots(cols);
-    const int64_t rounds = (groups + 31) / 32; /* items per tile */
+    const int64_t cols = a.w[0].cols, groups = cols / pipe_unit<KIND>::values;
+    const int64_t slots = pipe_x_slots<KIND>(cols), rounds = (groups + 31) / 32; /* items a tile */
     float *group_sum = (float *)(xs + slots);
-    pipe_stage *ring = (pipe_stage *)(group_sum + groups) + warp * PIPE_STAGES;
+    pipe_stage *ring = (pipe_stage *)(xs + slots + (quant ? (groups + 3) / 4 : 0)) + warp * PIPE_STAGES;
     const int64_t n_tiles = a.tile_start[a.n], tile_step = (int64_t)gridDim.x * PIPE_WARPS;
     const int64_t first = (int64_t)blockIdx.x * PIPE_WARPS + warp;
     const int64_t my_tiles = first < n_tiles ? (n_tiles - first + tile_step - 1) / tile_step : 0;
@@ -612,7 +626,7 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_q4_pipe_kernel(gemv_a
                 const uint4 *src = (const uint4 *)w.data + (row * groups + g) * 2;
                 cp_async16(&ring[st].w[r][0][lane], src);
                 cp_async16(&ring[st].w[r][1][lane], src + 1);
-                cp_async4(&ring[st].sb[r][lane], w.sb + row * groups + g);
+                if (quant) cp_async4(&ring[st].sb[r][lane], w.sb + row * groups + g);
             }
         }
     };
@@ -621,8 +635,8 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_q4_pipe_kernel(gemv_a
         cp_async_commit();
     }
     /* x and the group sums while the first stages load */
-    stage_x<1>(a, xs, slots, [](int64_t f) { return (f >> 9 << 9) + (f & 15) * 32 + ((f >> 4) & 31); });
-    for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+    stage_x<1>(a, xs, slots, [](int64_t f) { return pipe_slot<KIND>(f); });
+    for (int64_t g = threadIdx.x; quant && g < groups; g += blockDim.x) {
         float s = 0;
 #pragma unroll
         for (int i = 0; i < 16; i++) {
@@ -643,21 +657,28 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_q4_pipe_kernel(gemv_a
         if (g < groups) {
             float d[PIPE_ROWS] = {0, 0, 0, 0};
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float xv[32];
+            for (int h = 0; h < 2; h++) { /* the unit's two 16-byte chunks */
+                float xv[P * 2];
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    float4 f = xs[round * 512 + (8 * h + i) * 32 + lane];
+                for (int i = 0; i < P / 2; i++) {
+                    float4 f = xs[round * 32 * P + (P / 2 * h + i) * 32 + lane];
                     xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
                 }
 #pragma unroll
-                for (int r = 0; r < PIPE_ROWS; r++) d[r] += q4_chunk_dot_offset(st.w[r][h][lane], xv);
+                for (int r = 0; r < PIPE_ROWS; r++)
+                    d[r] += quant ? q4_chunk_dot_offset(st.w[r][h][lane], xv)
+                                  : chunk_dot<GEMV_BF16>(st.w[r][h][lane], xv);
             }
-            float sx = group_sum[g];
+            if (quant) {
+                float sx = group_sum[g];
 #pragma unroll
-            for (int r = 0; r < PIPE_ROWS; r++) { /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
-                float2 sb = unpack_sb<SD>(st.sb[r][lane]);
-                acc[r] = fmaf(32.0f * sb.x, d[r], fmaf(sb.y - 16.0f * sb.x, sx, acc[r]));
+                for (int r = 0; r < PIPE_ROWS; r++) { /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
+                    float2 sb = unpack_sb<SD>(st.sb[r][lane]);
+                    acc[r] = fmaf(32.0f * sb.x, d[r], fmaf(sb.y - 16.0f * sb.x, sx, acc[r]));
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < PIPE_ROWS; r++) acc[r] += d[r];
             }
         }
         if (round == rounds - 1) { /* the tile is done: sum across the warp and store */
@@ -679,36 +700,49 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_q4_pipe_kernel(gemv_a
     cp_async_wait<0>();
 }
 
-/* Whether the pipelined kernel takes these matrices at nt tokens. */
-static int pipe_applies(const cuda_ctx *c, const gemv_args &a, int nt) {
-    if (nt != 1 || c->gemv_old || c->no_pipe) return 0;
-    for (int i = 0; i < a.n; i++)
-        if (a.w[i].kind != GEMV_Q4 || !a.w[i].sb || a.w[i].group_size != 64 ||
-            a.w[i].scale_dtype != a.w[0].scale_dtype)
-            return 0;
-    return pipe_smem_bytes(a.w[0].cols) <= (size_t)c->smem_optin;
+/* Which pipelined kernel takes these matrices at nt tokens: GEMV_Q4 (group 64, paired scales),
+ * GEMV_BF16 (columns a multiple of 16), or -1. */
+static int pipe_kind(const cuda_ctx *c, const gemv_args &a, int nt) {
+    if (nt != 1 || c->gemv_old || c->no_pipe) return -1;
+    int kind = a.w[0].kind;
+    for (int i = 0; i < a.n; i++) {
+        const dev_matrix &w = a.w[i];
+        if (w.kind != kind) return -1;
+        if (kind == GEMV_Q4 && (!w.sb || w.group_size != 64 || w.scale_dtype != a.w[0].scale_dtype))
+            return -1;
+        if (kind == GEMV_BF16 && w.cols % 16) return -1;
+    }
+    if (kind == GEMV_Q4) return pipe_smem_bytes<GEMV_Q4>(a.w[0].cols) <= (size_t)c->smem_optin ? kind : -1;
+    if (kind == GEMV_BF16) return pipe_smem_bytes<GEMV_BF16>(a.w[0].cols) <= (size_t)c->smem_optin ? kind : -1;
+    return -1;
 }
 
-static void pipe_launch(cuda_ctx *c, gemv_args &a) {
-    static int raised[2];
-    int bf = a.w[0].scale_dtype == DTYPE_BF16;
-    const void *fn = bf ? (const void *)gemv_q4_pipe_kernel<DTYPE_BF16> : (const void *)gemv_q4_pipe_kernel<DTYPE_F16>;
-    if (!raised[bf]) {
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, c->smem_optin);
+template <int KIND, int SD> static void pipe_launch_kind(cuda_ctx *c, gemv_args &a) {
+    static int raised;
+    if (!raised) {
+        cudaFuncSetAttribute(gemv_pipe_kernel<KIND, SD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             c->smem_optin);
         cudaGetLastError();
-        raised[bf] = 1;
+        raised = 1;
     }
     a.tile_start[0] = 0;
     for (int i = 0; i < a.n; i++)
         a.tile_start[i + 1] = a.tile_start[i] + (a.w[i].rows + PIPE_ROWS - 1) / PIPE_ROWS;
     int64_t want = (a.tile_start[a.n] + PIPE_WARPS - 1) / PIPE_WARPS;
     unsigned blocks = (unsigned)(want < c->sm_count ? want : c->sm_count);
-    size_t smem = pipe_smem_bytes(a.w[0].cols);
-    if (bf)
-        gemv_q4_pipe_kernel<DTYPE_BF16><<<blocks, PIPE_WARPS * 32, smem, c->stream>>>(a);
-    else
-        gemv_q4_pipe_kernel<DTYPE_F16><<<blocks, PIPE_WARPS * 32, smem, c->stream>>>(a);
-    CUDA_LAUNCHED(c, "gemv (4-bit, pipelined)");
+    gemv_pipe_kernel<KIND, SD><<<blocks, PIPE_WARPS * 32, pipe_smem_bytes<KIND>(a.w[0].cols), c->stream>>>(a);
+    CUDA_LAUNCHED(c, "gemv (pipelined)");
+}
+
+static int pipe_launch(cuda_ctx *c, gemv_args &a, int nt) {
+    switch (pipe_kind(c, a, nt)) {
+    case GEMV_Q4:
+        if (a.w[0].scale_dtype == DTYPE_BF16) pipe_launch_kind<GEMV_Q4, DTYPE_BF16>(c, a);
+        else pipe_launch_kind<GEMV_Q4, DTYPE_F16>(c, a);
+        return 1;
+    case GEMV_BF16: pipe_launch_kind<GEMV_BF16, DTYPE_BF16>(c, a); return 1;
+    }
+    return 0;
 }
 
 /* Whether every launch of an n-token GEMV of m goes to the persistent kernel. */
@@ -728,10 +762,7 @@ static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
 
 static int persist_launch(cuda_ctx *c, int kind, gemv_args &a, int nt) {
     if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS) return 0;
-    if (pipe_applies(c, a, nt)) {
-        pipe_launch(c, a);
-        return 1;
-    }
+    if (pipe_launch(c, a, nt)) return 1;
     a.tile_start[0] = 0;
     const int rows = persist_tile_rows(kind, nt);
     for (int i = 0; i < a.n; i++)
@@ -997,14 +1028,25 @@ __global__ void __launch_bounds__(256) qgemm4_kernel(dev_matrix w, const __nv_bf
     const int64_t my_row = bm + (t >> 1), my_tok = bn + (t >> 2);
     const int half = t & 1, quarter = t & 3;
     const int64_t row_words = cols / 8, groups = cols >> w.group_shift;
-    for (int64_t kc = k0; kc < k1; kc += QGEMM_BK) {
-        uint4 q = make_uint4(0, 0, 0, 0);
-        float s = 0, b = 0;
+    /* chunk kc's global loads into registers: issued one chunk ahead, so they fly while the
+     * tensor cores work on the chunk before (one block per half SM cannot hide them otherwise) */
+    uint4 q, xv[2];
+    float s, b;
+    auto fetch = [&](int64_t kc) {
+        q = make_uint4(0, 0, 0, 0), xv[0] = xv[1] = make_uint4(0, 0, 0, 0), s = 0, b = 0;
+        if (kc >= k1) return;
         if (my_row < rows) {
             q = __ldcs((const uint4 *)((const uint32_t *)w.data + my_row * row_words + kc / 8) + half);
             int64_t g = my_row * groups + ((kc + 32 * half) >> w.group_shift);
             s = scale_value(w.scales, g, w.scale_dtype), b = scale_value(w.biases, g, w.scale_dtype);
         }
+        if (my_tok < tokens) {
+            const uint4 *src = (const uint4 *)(xh + my_tok * cols + kc + 16 * quarter);
+            xv[0] = src[0], xv[1] = src[1];
+        }
+    };
+    fetch(k0);
+    for (int64_t kc = k0; kc < k1; kc += QGEMM_BK) {
         const uint32_t u[4] = {q.x, q.y, q.z, q.w};
         uint32_t packed[16];
 #pragma unroll
@@ -1019,14 +1061,10 @@ __global__ void __launch_bounds__(256) qgemm4_kernel(dev_matrix w, const __nv_bf
 #pragma unroll
         for (int i = 0; i < 4; i++)
             wd[i] = make_uint4(packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]);
-        uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-        if (my_tok < tokens) {
-            const uint4 *src = (const uint4 *)(xh + my_tok * cols + kc + 16 * quarter);
-            xv[0] = src[0], xv[1] = src[1];
-        }
         uint4 *xd = (uint4 *)&sm.in.x[t >> 2][16 * quarter];
         xd[0] = xv[0], xd[1] = xv[1];
         __syncthreads();
+        fetch(kc + QGEMM_BK);
 #pragma unroll
         for (int kk = 0; kk < QGEMM_BK; kk += 16) {
             nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> fa[2];
