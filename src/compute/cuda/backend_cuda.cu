@@ -758,6 +758,11 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
         cudaGetLastError();
         c->smem_optin = 48 * 1024;
     }
+    /* Dynamic shared memory a kernel may be given: the opt-in limit less room for the kernels'
+     * own static arrays (a few hundred bytes). Raising a kernel's dynamic limit to the whole
+     * opt-in limit fails when it has static shared memory -- the attribute then stays at 48 KB
+     * and larger launches fail with "invalid argument" (call 5 on the H200). */
+    c->smem_optin -= 1024;
     c->no_graphs = graphs && !strcmp(graphs, "0");
     c->capturing = -1;
     return c;
