@@ -56,8 +56,8 @@ for q in $MODELS; do
   stamp "== exo bench --model $m/llama8b-$q --device cuda --pp $PP --tg 128 --batch $BATCH --reps $REPS"
   X timeout 150 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp "$PP" --tg 128 --batch "$BATCH" --reps "$REPS" 2>&1 | grep -v "^mem "
   if [ "$q" = 4bit ]; then
-    stamp "== 4-bit on the previous kernels: b1 persistent GEMV (EXO_CUDA_PIPE=0), b64 dequantized for cuBLAS (EXO_CUDA_QGEMM=0)"
-    EXO_CUDA_PIPE=0 EXO_CUDA_QGEMM=0 X timeout 90 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 128 --batch 1,64 --reps 1 2>&1 | grep -E "decode"
+    stamp "== the same, b64 with the 4-bit tensor-core GEMM (EXO_CUDA_QGEMM=1)"
+    EXO_CUDA_QGEMM=1 X timeout 90 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 512 --tg 128 --batch 64 --reps 1 2>&1 | grep -E "decode|prefill"
   fi
 done 2>&1 | tee "$OUT/bench.log"
 if [ "${PROFILE:-1}" = 1 ]; then
