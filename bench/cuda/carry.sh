@@ -1,25 +1,42 @@
 #!/usr/bin/env bash
-# Lays out what bench/cuda/run_on_gpu.sh needs in DEST (default /work/main/.devcarry/cuda, a
+# Lays out what bench/cuda/run_on_gpu.sh needs in DEST (default /work/main/.devcarry-cuda, a
 # folder the device tool carries): the CUDA build's binaries (make CUDA=1, no -march=native:
-# the GPU machine's CPU may differ), the Debian libraries they link that an Ubuntu image lacks
-# (xz-compressed), the reference fixtures and the two tokenizers they use.
+# the GPU machine's CPU may differ), the Debian libraries they link that an Ubuntu image lacks,
+# the reference fixtures and the two tokenizers they use; binaries and libraries xz-compressed
+# (run_on_gpu.sh unpacks them). DEST/run.sh is what runs there, from the repository root:
+# `bash .devcarry-cuda/run.sh`, results in $OUT/cuda/ (summary.txt, logs.tar.gz).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-dest=${1:-/work/main/.devcarry/cuda}
-b=build/cuda
+final=${1:-/work/main/.devcarry-cuda}
+dest=$final.tmp # laid out beside it, then swapped in: the folder is never half written
+b=${BUILD:-build/cuda}
 rm -rf "$dest"; mkdir -p "$dest"/{build/tools,build/tests,lib,tests/fixtures,.cache/tokenizers}
-cp bench/cuda/run_on_gpu.sh "$dest/run.sh"
-strip -o "$dest/build/exo" $b/exo
-for t in mkmodel nodeinfo; do strip -o "$dest/build/tools/$t" $b/tools/$t; done
-for t in test_cuda_ops test_engine_reference; do strip -o "$dest/build/tests/$t" $b/tests/$t; done
+cp bench/cuda/run_on_gpu.sh bench/cuda/api_smoke.py "$dest/"
+cat > "$dest/run.sh" <<'EOF'
+#!/usr/bin/env bash
+# bash .devcarry-cuda/run.sh (from the repository root): the CUDA payload, results in $OUT/cuda
+cd "$(dirname "$0")" || exit 1
+export OUT="${OUT:-/tmp/out}/cuda"; mkdir -p "$OUT"
+bash run_on_gpu.sh > "$OUT/console.log" 2>&1
+cd "$OUT" && tar czf /tmp/cuda-logs.tar.gz --exclude summary.txt . && mv /tmp/cuda-logs.tar.gz logs.tar.gz &&
+  find . -maxdepth 1 -type f ! -name logs.tar.gz ! -name summary.txt -delete
+cat "$OUT/summary.txt"
+EOF
+pack() { strip -o "$2.tmp" "$1" && xz -T2 -6 -c "$2.tmp" > "$2.xz" && rm "$2.tmp"; }
+pack $b/exo "$dest/build/exo"
+for t in mkmodel nodeinfo gemvbench; do pack $b/tools/$t "$dest/build/tools/$t"; done
+for t in test_cuda_ops test_engine_reference; do pack $b/tests/$t "$dest/build/tests/$t"; done
 cp -r tests/fixtures/reference "$dest/tests/fixtures/"
+tok=.cache/tokenizers; [ -d $tok ] || tok=/work/main/.cache/tokenizers # scripts/tokenizers.sh
 for t in qwen3 llama3_1; do
   mkdir -p "$dest/.cache/tokenizers/$t"
-  cp .cache/tokenizers/$t/tokenizer_config.json "$dest/.cache/tokenizers/$t/"
-  xz -T1 -6 -c .cache/tokenizers/$t/tokenizer.json > "$dest/.cache/tokenizers/$t/tokenizer.json.xz"
+  cp $tok/$t/tokenizer_config.json "$dest/.cache/tokenizers/$t/"
+  xz -T1 -6 -c $tok/$t/tokenizer.json > "$dest/.cache/tokenizers/$t/tokenizer.json.xz"
 done
 # every shared library outside glibc, libstdc++/libgcc and CUDA (those the image has)
-for bin in "$dest"/build/exo "$dest"/build/tests/*; do ldd "$bin"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+for bin in $b/exo $b/tests/test_cuda_ops $b/tests/test_engine_reference; do ldd "$bin"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so|/cuda' |
   while read -r l; do xz -T1 -6 -c "$l" > "$dest/lib/$(basename "$l").xz"; done
-du -sh "$dest"
+rm -rf "$final.old"; [ -d "$final" ] && mv "$final" "$final.old"
+mv "$dest" "$final" && rm -rf "$final.old"
+du -sh "$final"

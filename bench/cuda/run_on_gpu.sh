@@ -1,56 +1,113 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (one H200) from a folder laid out by bench/cuda/carry.sh: the CUDA op
-# tests, the reference fixtures on the GPU, `exo run` and node info on the GPU, then exo bench
-# --device cuda on the Llama-3.1-8B shape (random weights, bf16 and MLX 4-bit g64), generated
-# here by mkmodel into /dev/shm while the tests run. Logs go to $OUT as they are written.
+# tests, the GEMV kernels alone (tools/gemvbench: GB/s per 8B shape, new kernel against
+# EXO_CUDA_GEMV=old), the reference fixtures on the GPU, `exo run`, node info and the HTTP API
+# (api_smoke.py) on the GPU,
+# then exo bench --device cuda on the Llama-3.1-8B shape (random weights, bf16 and MLX 4-bit
+# g64, generated here by mkmodel into /dev/shm while the tests run), then a per-kernel time
+# breakdown of b1 decode steps through ncu (graphs off). Logs go to $OUT as they are written;
+# summary.txt (the lines worth reading) last.
 #   MODELS="bf16 4bit" (default both)   SANITIZE=1 (compute-sanitizer memcheck of the op tests)
-#   BATCH=1,64   PP=512,2048   GRAPHS_AB=1 (b1 bf16 decode again with EXO_CUDA_GRAPHS=0)
-#   PROFILE=1 (ncu over a few 4-bit decode steps: where the one-token GEMV spends its time)
+#   BATCH=1,64   PP=2048   REPS=2   PROFILE=1 (ncu, default on)   GEMVBENCH=1 (default on)
 set -uo pipefail
 export EXO_BUILD=build
-MODELS=${MODELS:-bf16 4bit} BATCH=${BATCH:-1,64} PP=${PP:-512,2048}
+MODELS=${MODELS:-bf16 4bit} BATCH=${BATCH:-1,64} PP=${PP:-2048} REPS=${REPS:-2}
+start=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
 # the carried libraries only for exo's own binaries (system tools keep the image's)
 cudalib=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda*/lib*/libcublas.so.13 \
   $(python3 -c 'import nvidia,os;print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)/nvidia/cu13/lib/libcublas.so.13 2>/dev/null | head -1)")
 X() { LD_LIBRARY_PATH="$PWD/lib:$cudalib" "$@"; }
 echo "cuBLAS from $cudalib"
+# for tools that must keep the image's libraries themselves (ncu): exo behind a wrapper
+printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$PWD/lib:$cudalib" "$PWD/build/exo" > exo-libs
+chmod +x exo-libs
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -c "import lzma,glob,os
-for f in glob.glob('lib/*.xz')+glob.glob('.cache/tokenizers/*/*.xz'):
+for f in glob.glob('lib/*.xz')+glob.glob('build/*.xz')+glob.glob('build/*/*.xz')+glob.glob('.cache/tokenizers/*/*.xz'):
     open(f[:-3],'wb').write(lzma.open(f).read()); os.remove(f)"
 chmod +x build/exo build/tools/* build/tests/*
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem,driver_version --format=csv | tee "$OUT/gpu.log"
 m=/dev/shm/exo-models; mkdir -p $m
 gen() { X ./build/tools/mkmodel --out "$m/llama8b-$1" --preset llama-3.1-8b --tokenizer none --vocab 128256 --seed 1 "${@:2}" >"$OUT/mkmodel-$1.log" 2>&1; }
-for q in $MODELS; do # the 4-bit one takes longest (~110 s): both in parallel with the tests
+for q in $MODELS; do # the 4-bit one takes longest (~100 s): both in parallel with the tests
   if [ "$q" = 4bit ]; then (time gen 4bit --quant-bits 4 --group-size 64) 2>>"$OUT/mkmodel-time.log" &
   else (time gen "$q") 2>>"$OUT/mkmodel-time.log" &
   fi
 done
 {
-  echo "== test_cuda_ops"; X timeout 120 ./build/tests/test_cuda_ops; echo "rc=$?"
-  echo "== test_engine_reference (GPU passes)"; EXO_TEST_DEVICE=cuda X timeout 240 ./build/tests/test_engine_reference; echo "rc=$?"
-  echo "== exo run --device cuda"; X timeout 60 ./build/exo run .cache/reference-models/qwen3-tiny "Hello there" --max-tokens 12 --temperature 0 --raw --device cuda; echo "rc=$?"
-  echo "== nodeinfo (gpus)"; X timeout 30 ./build/tools/nodeinfo 2>&1 | grep -A12 '"gpus"'
-  if [ "${SANITIZE:-1}" = 1 ]; then
-    echo "== compute-sanitizer memcheck test_cuda_ops"; X timeout 200 compute-sanitizer --tool memcheck --print-limit 20 ./build/tests/test_cuda_ops 2>&1 | tail -30
+  stamp "== test_cuda_ops"; X timeout 150 ./build/tests/test_cuda_ops; echo "rc=$?"
+  if [ "${GEMVBENCH:-1}" = 1 ]; then
+    stamp "== gemvbench"; X timeout 120 ./build/tools/gemvbench --reps 5 --tokens 1,2,4,8,64 | tee "$OUT/gemvbench.log"; echo "rc=$?"
   fi
+  stamp "== test_engine_reference (GPU passes)"; EXO_TEST_DEVICE=cuda X timeout 150 ./build/tests/test_engine_reference; echo "rc=$?"
+  stamp "== exo run --device cuda"; X timeout 60 ./build/exo run .cache/reference-models/qwen3-tiny "Hello there" --max-tokens 12 --temperature 0 --raw --device cuda; echo "rc=$?"
+  stamp "== nodeinfo (gpus)"; X timeout 30 ./build/tools/nodeinfo 2>&1 | grep -A12 '"gpus"'
+  stamp "== API on the GPU (api_smoke.py: OpenAI, Claude, Ollama; GPU node against CPU node)"
+  EXO_LIBS="$PWD/lib:$cudalib" timeout 120 python3 api_smoke.py ./build/exo .cache/reference-models qwen3-tiny; echo "rc=$?"
+  if [ "${SANITIZE:-0}" = 1 ]; then
+    stamp "== compute-sanitizer memcheck test_cuda_ops"; X timeout 200 compute-sanitizer --tool memcheck --print-limit 20 ./build/tests/test_cuda_ops 2>&1 | tail -30
+  fi
+  stamp "== tests done"
 } > "$OUT/tests.log" 2>&1
-grep -E "rc=|PASSED|FAILED|ERROR SUMMARY|skipped" "$OUT/tests.log"
 wait
-grep real "$OUT/mkmodel-time.log"
+stamp "models generated"; grep real "$OUT/mkmodel-time.log"
 for q in $MODELS; do
-  echo "== exo bench --model $m/llama8b-$q --device cuda --pp $PP --tg 128 --batch $BATCH --reps 3"
-  X timeout 240 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp "$PP" --tg 128 --batch "$BATCH" --reps 3 2>&1 | grep -v "^mem "
+  stamp "== exo bench --model $m/llama8b-$q --device cuda --pp $PP --tg 128 --batch $BATCH --reps $REPS"
+  X timeout 150 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp "$PP" --tg 128 --batch "$BATCH" --reps "$REPS" 2>&1 | grep -v "^mem "
+  if [ "$q" = 4bit ]; then
+    stamp "== the same, b64 with the 4-bit tensor-core GEMM (EXO_CUDA_QGEMM=1)"
+    EXO_CUDA_QGEMM=1 X timeout 90 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 512 --tg 128 --batch 64 --reps 1 2>&1 | grep -E "decode|prefill"
+  fi
 done 2>&1 | tee "$OUT/bench.log"
-if [ "${GRAPHS_AB:-0}" = 1 ]; then
-  echo "== the same b1 decode without CUDA graphs (EXO_CUDA_GRAPHS=0)" | tee -a "$OUT/bench.log"
-  EXO_CUDA_GRAPHS=0 X timeout 120 ./build/exo bench --model "$m/llama8b-bf16" --device cuda --pp 128 --tg 128 --batch 1 --reps 2 2>&1 | grep "decode" | tee -a "$OUT/bench.log"
+if [ "${PROFILE:-1}" = 1 ]; then
+  # ncu times each kernel alone (one launch at a time, graphs off): durations per kernel name,
+  # summed over the profiled launches; the decode window is reached by skipping the first
+  # launches of exo's own kernels (prefill, warm-up steps).
+  for q in 4bit bf16; do # the 4-bit GEMV first: it is the one furthest from its bar
+    [ -d "$m/llama8b-$q" ] || continue
+    if [ $(( $(date +%s) - start )) -gt ${TIME_BUDGET:-200} ]; then stamp "ncu $q skipped: past the time budget"; continue; fi
+    stamp "== ncu: b1 decode kernels, $q"
+    EXO_CUDA_GRAPHS=0 timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum \
+      --kernel-name regex:'gemv|attention|rmsnorm|rope|embed|gather|silu|add|kv_write' \
+      --launch-skip 1500 --launch-count 300 --csv --print-units base \
+      ./exo-libs bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 40 --batch 1 --reps 1 \
+      > "$OUT/ncu-$q.csv" 2> "$OUT/ncu-$q.err"
+    python3 - "$OUT/ncu-$q.csv" <<'EOF'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows: print("  (no ncu rows)"); sys.exit()
+h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); gi = h.index("Grid Size")
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows[1:]:
+    try: v = float(r[vi].replace(",", ""))
+    except ValueError: continue
+    name = r[ki].split("(")[0].strip() + " " + r[gi]
+    tot[name] += v; cnt[name] += 1
+layers = sum(c for k, c in cnt.items() if k.startswith("void rope_kv_write")) or 1
+print("  %-58s %6s %9s %11s" % ("kernel (grid)", "count", "avg us", "us/32 lyr"))
+for k, v in sorted(tot.items(), key=lambda kv: -kv[1]):
+    print("  %-58s %6d %9.2f %11.1f" % (k[:58], cnt[k], v / cnt[k] / 1e3, v / 1e3 * 32 / layers))
+print("  sum: %.1f us per 32 layers (%d layers profiled)" % (sum(tot.values()) / 1e3 * 32 / layers, layers))
+EOF
+  done 2>&1 | tee "$OUT/ncu-summary.log"
+  if [ -d "$m/llama8b-4bit" ] && [ $(( $(date +%s) - start )) -lt ${TIME_BUDGET:-200} ]; then
+    stamp "== ncu sections: the 4-bit persistent GEMV (qkv, o, gate/up, down of one layer)" | tee -a "$OUT/ncu-summary.log"
+    EXO_CUDA_GRAPHS=0 timeout 60 ncu --clock-control none --kernel-name regex:gemv_persistent \
+      --launch-skip 400 --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats \
+      ./exo-libs bench --model "$m/llama8b-4bit" --device cuda --pp 16 --tg 20 --batch 1 --reps 1 \
+      > "$OUT/ncu-gemv4.log" 2>&1
+    grep -E "gemv_persistent|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers|Stall|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" \
+      "$OUT/ncu-gemv4.log" | head -80 | tee -a "$OUT/ncu-summary.log"
+  fi
 fi
-if [ "${PROFILE:-0}" = 1 ] && [ -d "$m/llama8b-4bit" ]; then
-  echo "== ncu: 4-bit decode kernels" | tee "$OUT/ncu.log"
-  EXO_CUDA_GRAPHS=0 X timeout 300 ncu --clock-control none --launch-skip 2000 --launch-count 40 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-    ./build/exo bench --model "$m/llama8b-4bit" --device cuda --pp 16 --tg 8 --batch 1 --reps 1 >> "$OUT/ncu.log" 2>&1
-  grep -E "gemv|attention|Duration|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Stall" "$OUT/ncu.log" | head -80
-fi
+{
+  echo "# summary ($(date -u), $(( $(date +%s) - start )) s)"
+  head -3 "$OUT/gpu.log"
+  grep -E "rc=|PASSED|FAILED|ERROR SUMMARY|skipped|^\[[0-9]+ s\]|sample .*row|matmul_fused .*FAILED|^api " "$OUT/tests.log"
+  [ -f "$OUT/gemvbench.log" ] && cat "$OUT/gemvbench.log"
+  grep -E "^==|prefill|decode|copy" "$OUT/bench.log"
+  [ -f "$OUT/ncu-summary.log" ] && cat "$OUT/ncu-summary.log"
+} > "$OUT/summary.txt"
+cat "$OUT/summary.txt"

@@ -447,6 +447,28 @@ static int sum_across_ranks(transformer *t, float *y, int64_t n, char *err, size
     return t->allreduce(t->allreduce_ctx, y, (size_t)(n * t->dim), err, errlen);
 }
 
+/* x += W in' (in' = silu(in) * up when up is given): the residual stream's update by o_proj or
+ * the MLP's down projection, fused where the backend can and no all-reduce sits between the
+ * matmul and the add (a tensor-parallel rank holds a partial sum until it is reduced). */
+static int residual_update(transformer *t, const weight_matrix *w, float *in, const float *up,
+                           int64_t n, char *err, size_t errlen) {
+    compute_backend *be = t->be;
+    if (be->matmul_fused && !t->allreduce) {
+        be->matmul_fused(be, w, in, up, t->x, n, 1);
+        return 0;
+    }
+    float *y = up ? t->ffn_out : t->xn;
+    if (be->matmul_fused) {
+        be->matmul_fused(be, w, in, up, y, n, 0);
+    } else {
+        if (up) be->silu_mul(be, in, up, n * t->inter);
+        be->matmul(be, w, in, y, n);
+    }
+    if (sum_across_ranks(t, y, n, err, errlen)) return -1;
+    be->add(be, t->x, y, n * t->dim);
+    return 0;
+}
+
 static int attention_block(transformer *t, int li, const kv_layer *kv,
                            const attention_batch *ab, int64_t n, char *err, size_t errlen) {
     compute_backend *be = t->be;
@@ -467,10 +489,16 @@ static int attention_block(transformer *t, int li, const kv_layer *kv,
         be->rmsnorm(be, t->k, v->k_norm, t->k, n * t->n_kv_heads, c->head_dim, c->rms_norm_eps);
     }
     int rot = c->rope.partial_dims ? c->rope.partial_dims : c->head_dim;
-    be->rope(be, t->q, t->positions, n, t->n_heads, c->head_dim, rot, t->inv_freq, t->attn_factor);
-    be->rope(be, t->k, t->positions, n, t->n_kv_heads, c->head_dim, rot, t->inv_freq,
-             t->attn_factor);
-    be->kv_write(be, kv, t->k, t->v, t->slots, n, t->kv_dim);
+    if (be->rope_kv_write) {
+        be->rope_kv_write(be, t->q, t->k, t->v, t->positions, n, t->n_heads, t->n_kv_heads,
+                          c->head_dim, rot, t->inv_freq, t->attn_factor, kv, t->slots);
+    } else {
+        be->rope(be, t->q, t->positions, n, t->n_heads, c->head_dim, rot, t->inv_freq,
+                 t->attn_factor);
+        be->rope(be, t->k, t->positions, n, t->n_kv_heads, c->head_dim, rot, t->inv_freq,
+                 t->attn_factor);
+        be->kv_write(be, kv, t->k, t->v, t->slots, n, t->kv_dim);
+    }
     attention_batch layer_ab; /* gpt-oss: this layer's window and sinks */
     if (v->window || v->sinks) {
         layer_ab = *ab;
@@ -480,9 +508,10 @@ static int attention_block(transformer *t, int li, const kv_layer *kv,
     }
     be->attention(be, t->q, kv, ab, t->att);
     if (c->attn_output_gate) be->mul_sigmoid(be, t->att, t->q_gate, n * t->q_dim);
-    be->matmul(be, &l->wo, t->att, t->xn, n);
+    if (!v->bo) return residual_update(t, &l->wo, t->att, NULL, n, err, errlen);
+    be->matmul(be, &l->wo, t->att, t->xn, n); /* gpt-oss: o_proj's bias after the sum, once */
     if (sum_across_ranks(t, t->xn, n, err, errlen)) return -1;
-    if (v->bo) be->add_row(be, t->xn, v->bo, n, t->dim); /* after the sum: added once */
+    be->add_row(be, t->xn, v->bo, n, t->dim);
     be->add(be, t->x, t->xn, n * t->dim);
     return 0;
 }
@@ -538,8 +567,7 @@ static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen
         const weight_matrix *gu[2] = {&l->w_gate, &l->w_up};
         float *gu_out[2] = {t->gate, t->up};
         matmul_shared_x(be, 2, gu, t->xn, gu_out, n);
-        be->silu_mul(be, t->gate, t->up, n * t->inter);
-        be->matmul(be, &l->w_down, t->gate, t->ffn_out, n);
+        return residual_update(t, &l->w_down, t->gate, t->up, n, err, errlen);
     }
     if (sum_across_ranks(t, t->ffn_out, n, err, errlen)) return -1;
     be->add(be, t->x, t->ffn_out, n * t->dim);
@@ -596,8 +624,10 @@ int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
                           .host_positions = b->positions, .host_seq_of_token = b->seq_of_token,
                           .host_block_table_start = b->block_table_start};
     /* A recorded step replays backend ops only: an all-reduce is a call between them that a
-     * recording cannot hold, so a tensor-parallel step always runs as called. */
-    int record = be->step_begin && be->step_end && !t->allreduce;
+     * recording cannot hold, so a tensor-parallel step always runs as called. Only decode steps
+     * (one token per sequence) are offered: a backend may plan a prefill chunk from where its
+     * runs of positions fall (attention_batch's host copies), which the key does not hold. */
+    int record = be->step_begin && be->step_end && !t->allreduce && b->n_seqs == b->n_tokens;
     uint64_t key = record ? step_key(t, kv, block_size, b) : 0;
     for (int attempt = 0; attempt < 2; attempt++) { /* a second time only if recording failed */
         if (attempt == 0 && record && be->step_begin(be, key, n)) break;
@@ -608,9 +638,11 @@ int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
     }
     if (!t->last) {
         if (out) be->download(be, out, t->x, (size_t)(n * t->dim) * sizeof(float));
-    } else if (b->n_logits) {
+    } else if (b->n_logits && out) {
         be->download(be, out, t->logits,
                      (size_t)b->n_logits * (size_t)t->w->lm_head.rows * sizeof(float));
     }
     return be->status ? be->status(be, err, errlen) : 0;
 }
+
+float *transformer_logits(transformer *t) { return t->logits; }

@@ -78,10 +78,14 @@ void transformer_set_allreduce(transformer *t, transformer_allreduce_fn fn, void
 
 /* Runs the layers over the batch, writing K/V of every token into `kv` (one kv_layer per local
  * layer). Last stage: out = logits [n_logits][lm_head rows] (the whole vocabulary, or a tensor-
- * parallel rank's share of it); otherwise hidden [n_tokens][dim]. Host memory. Returns 0, or -1
+ * parallel rank's share of it); otherwise hidden [n_tokens][dim]. Host memory; a last stage's
+ * out may be NULL: the logits stay in backend memory (transformer_logits). Returns 0, or -1
  * with err (bad batch, failed all-reduce). */
 int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
                         const transformer_batch *b, float *out, char *err, size_t errlen);
+/* The last step's logits [n_logits][lm_head rows] in backend memory (transformer_forward with
+ * out NULL leaves them there, for a backend that samples them: compute_backend.sample). */
+float *transformer_logits(transformer *t);
 
 /* Inverse frequencies for rot_dims/2 rotary pairs and the cos/sin scale, per rope_scaling. */
 void rope_inv_freq(const rope_config *r, int rot_dims, float *inv_freq, float *attn_factor);

@@ -97,6 +97,29 @@ typedef struct linear_attention_batch {
     const int32_t *state_slots;  /* [n_seqs] */
 } linear_attention_batch;
 
+/* Sampling on the backend (the sample op): one logits row's parameters, as infer/sampler.h
+ * describes them, less the penalties (a caller with penalties samples on the host). */
+#define COMPUTE_MAX_TOP_LOGPROBS 20
+typedef struct sample_params {
+    float temperature;      /* <= 0: greedy */
+    int top_k;              /* 0: off */
+    float top_p;            /* 1: off */
+    float min_p;            /* 0: off */
+    int logprob;            /* the sampled token's logprob is wanted */
+    int n_top;              /* alternatives wanted, 0..COMPUTE_MAX_TOP_LOGPROBS */
+    double uniform;         /* the draw in [0, 1) that picks the token (non-greedy rows) */
+    const int32_t *banned;  /* host memory: ids never sampled (may be NULL) */
+    int n_banned;
+} sample_params;
+
+typedef struct sample_result {
+    int32_t token;
+    float logprob; /* 0 unless a logprob was computed (wanted, or any non-greedy row) */
+    int n_top;
+    int32_t top_ids[COMPUTE_MAX_TOP_LOGPROBS];
+    float top_logprobs[COMPUTE_MAX_TOP_LOGPROBS];
+} sample_result;
+
 typedef struct compute_backend compute_backend;
 struct compute_backend {
     const char *name;
@@ -199,6 +222,28 @@ struct compute_backend {
     /* x[r][c] *= sigmoid(gate[r]) (a per-row gate, e.g. the shared expert's) */
     void (*mul_sigmoid_rows)(compute_backend *b, float *x, const float *gate, int64_t rows,
                              int64_t dim);
+
+    /* Optional fusions (NULL: the forward pass calls the plain ops instead). A GPU runs each
+     * as one kernel where the plain ops take two or three, and at one token a step's time is
+     * as much kernel boundaries as work. */
+    /* y = W x' (accumulate: y += W x') where x' = silu(x) * x_up when x_up is given (x may be
+     * overwritten with x'), else x' = x: the residual stream's updates (o_proj + add, the MLP's
+     * silu_mul + down projection + add) as one job. */
+    void (*matmul_fused)(compute_backend *b, const weight_matrix *w, float *x, const float *x_up,
+                         float *y, int64_t n_tokens, int accumulate);
+    /* rope of q ([n_tokens][n_heads][head_dim]) and k ([n_tokens][n_kv_heads][head_dim]) as
+     * rope does, then kv_write of k and v (kv_dim = n_kv_heads * head_dim) at slots. */
+    void (*rope_kv_write)(compute_backend *b, float *q, float *k, const float *v,
+                          const int32_t *positions, int64_t n_tokens, int n_heads, int n_kv_heads,
+                          int head_dim, int rot_dims, const float *inv_freq, float attn_factor,
+                          const kv_layer *kv, const int32_t *slots);
+    /* Samples every row of logits [n_rows][vocab] (backend memory; banned entries are
+     * overwritten with -inf) into out[row] (host memory), with params[row] (host memory), as
+     * sampler_sample does: the same candidates, order (probability descending, lower id first)
+     * and draw, so only the ids and the requested logprobs cross to the host. Returns 0, or -1
+     * when the backend failed (status says why). NULL: the caller downloads logits. */
+    int (*sample)(compute_backend *b, float *logits, int64_t n_rows, int64_t vocab,
+                  const sample_params *params, sample_result *out);
     void (*destroy)(compute_backend *b);
 };
 

@@ -108,10 +108,12 @@ static int alloc_staging(engine *e) {
     for (int i = 0; e->free_slots && i < e->max_sequences; i++)
         e->free_slots[e->n_free_slots++] = e->max_sequences - 1 - i;
     if (!e->free_slots || !e->b_state_slots) return -1;
+    e->backend_params = calloc((size_t)e->max_sequences, sizeof *e->backend_params);
+    e->backend_results = calloc((size_t)e->max_sequences, sizeof *e->backend_results);
     e->seqs = calloc((size_t)e->max_sequences * 4 + 16, sizeof *e->seqs);
     return e->b_tokens && e->b_positions && e->b_seq && e->b_slots && e->b_table_start &&
                    e->b_logit_rows && e->b_members && (e->logits || !samples_here) &&
-                   e->samples && e->seqs &&
+                   e->samples && e->backend_params && e->backend_results && e->seqs &&
                    sampler_scratch_init(&e->sampler, e->cfg.vocab_size) == 0
                ? 0
                : -1;
@@ -302,6 +304,8 @@ void engine_close(engine *e) {
     free(e->b_state_slots);
     free(e->snapshots);
     free(e->logits);
+    free(e->backend_params);
+    free(e->backend_results);
     free(e->samples);
     free(e->seqs);
     free(e->cancelled);
@@ -733,16 +737,66 @@ static engine_finish take_sample(sequence *s, const sampler_result *r, engine_ev
     return ENGINE_FINISH_NONE;
 }
 
+/* Whether this step's rows can be sampled where the logits are (the backend's sample op): it
+ * has one, and no member asks for penalties (the host sampler's job: they read the history). */
+static int samples_on_backend(const engine *e, int n_members) {
+    if (!e->be->sample) return 0;
+    for (int m = 0; m < n_members; m++) {
+        const sampling_params *p = &e->b_members[m]->sampling;
+        if (e->b_members[m]->logit_index >= 0 &&
+            (p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0))
+            return 0;
+    }
+    return 1;
+}
+
+/* The backend samples the rows of the logits it holds; one uniform draw per non-greedy row from
+ * the sequence's own generator, as sampler_sample draws it. */
+static int sample_on_backend(engine *e, int n_members, int n_logits) {
+    sample_params *p = e->backend_params;
+    sample_result *r = e->backend_results;
+    for (int m = 0; m < n_members; m++) {
+        sequence *s = e->b_members[m];
+        if (s->logit_index < 0) continue;
+        const sampling_params *sp = &s->sampling;
+        p[s->logit_index] = (sample_params){
+            .temperature = sp->temperature, .top_k = sp->top_k, .top_p = sp->top_p,
+            .min_p = sp->min_p, .logprob = sp->logprobs, .n_top = sp->top_logprobs,
+            .uniform = sp->temperature > 0 ? sampler_rng_uniform(&s->rng) : 0,
+            .banned = s->ban_eos ? s->stops : NULL, .n_banned = s->ban_eos ? s->n_stops : 0};
+    }
+    char err[256];
+    if (e->be->sample(e->be, transformer_logits(e->tf), n_logits, e->cfg.vocab_size, p, r) != 0) {
+        if (!e->be->status || e->be->status(e->be, err, sizeof err) == 0)
+            snprintf(err, sizeof err, "the backend could not sample");
+        engine_set_error(e, "sampling: %s", err);
+        return -1;
+    }
+    for (int i = 0; i < n_logits; i++) {
+        sampler_result *o = &e->samples[i];
+        memset(o, 0, sizeof *o);
+        o->token = r[i].token;
+        o->logprob = r[i].logprob;
+        o->n_top = r[i].n_top;
+        memcpy(o->top_ids, r[i].top_ids, (size_t)r[i].n_top * sizeof *o->top_ids);
+        memcpy(o->top_logprobs, r[i].top_logprobs, (size_t)r[i].n_top * sizeof *o->top_logprobs);
+    }
+    return 0;
+}
+
 /* The model's part of a step: forward, then every batch member with logits gets its token in
- * e->samples (sampled here, or by the sampling rank and received). */
+ * e->samples (sampled here -- on the backend where it can, so the logits stay there -- or by the
+ * sampling rank and received). */
 static int forward_and_sample(engine *e, int n_members, const transformer_batch *b) {
     if (e->dist) return engine_dist_forward(e, n_members, b);
     char err[256];
-    if (transformer_forward(e->tf, e->kv->layers, e->block_size, b, e->logits, err,
-                            sizeof err) != 0) {
+    int on_backend = b->n_logits > 0 && samples_on_backend(e, n_members);
+    if (transformer_forward(e->tf, e->kv->layers, e->block_size, b, on_backend ? NULL : e->logits,
+                            err, sizeof err) != 0) {
         engine_set_error(e, "forward pass: %s", err);
         return -1;
     }
+    if (on_backend) return sample_on_backend(e, n_members, b->n_logits);
     engine_sample_all(e, n_members);
     return 0;
 }

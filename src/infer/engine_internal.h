@@ -97,6 +97,8 @@ struct engine {
     safetensors_set *st;
     model_weights w;
     compute_backend *be;
+    sample_params *backend_params;   /* [max_sequences] the backend sampler's rows */
+    sample_result *backend_results;  /* [max_sequences] */
     transformer *tf;
     kv_cache *kv;
     int max_batch_tokens, max_sequences, block_size;

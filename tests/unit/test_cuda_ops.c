@@ -10,7 +10,10 @@
  *   (2^-9 relative each; measured below 4e-3);
  *   attention over prefill runs of 64+ positions (tensor cores, Q and P in the cache's type):
  *   ATT_GEMM_TOL 1e-2 (f16 measured ~1e-3, bf16 ~5e-3); with EXO_CUDA_MATMUL=exact: 1e-5;
- *   embed, kv_write, gather, add, add_row, routing ids: exact. */
+ *   embed, kv_write, gather, add, add_row, routing ids: exact.
+ * matmul_fused and rope_kv_write take the tolerance of the ops they fuse; sample: the host
+ * sampler's very tokens and top ids, logprobs within 1e-5; the 4-bit tensor-core GEMM
+ * (EXO_CUDA_QGEMM=1): GEMM_TOL, as the cuBLAS path it replaces. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +22,7 @@
 
 #include "compute/backend.h"
 #include "compute/device.h"
+#include "infer/sampler.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -29,7 +33,7 @@
 #define GEMM_TOL 1e-2
 #define ATT_GEMM_TOL 1e-2
 
-static compute_backend *cpu, *gpu, *gpu_exact;
+static compute_backend *cpu, *gpu, *gpu_exact, *gpu_qgemm;
 static uint64_t rng = 0x243f6a8885a308d3ull;
 
 static uint32_t rand32(void) {
@@ -520,6 +524,221 @@ static void test_moe(void **s) {
     free(logits);
 }
 
+/* matmul_fused against the plain ops on the CPU: silu_mul (when up is given), matmul, add (when
+ * accumulating), for every kind of GEMV kernel (the persistent one for 4-bit/bf16/f16/f32 at up
+ * to 4 tokens, the older blocks for 8-bit and the per-element path, the GEMM path past 8
+ * tokens). The first 4-bit matrix has more rows than one pass of the persistent grid covers
+ * (264 blocks x 8 warps x 4 rows on an H200), so warps walk several tiles. */
+static void test_matmul_fused(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    static const format_case cases[] = {
+        {"mlx4 g64 tall", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 9000, 1024},
+        {"mlx4 g32 f16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_F16, 130, 4096},
+        {"bf16", WEIGHT_BF16, 0, 0, DTYPE_BF16, 600, 2048},
+        {"f16", WEIGHT_F16, 0, 0, DTYPE_BF16, 70, 512},
+        {"f32", WEIGHT_F32, 0, 0, DTYPE_BF16, 67, 256},
+        {"mlx8 g64", WEIGHT_MLX_AFFINE, 8, 64, DTYPE_BF16, 130, 512},
+        {"mlx3 g64", WEIGHT_MLX_AFFINE, 3, 64, DTYPE_BF16, 40, 256},
+    };
+    static const int64_t tokens[] = {1, 2, 3, 4, 5, 12};
+    int failures = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const format_case *fc = &cases[i];
+        test_matrix m;
+        make_matrix(&m, fc->f, fc->rows, fc->cols, fc->bits, fc->group, fc->sd);
+        for (size_t k = 0; k < sizeof tokens / sizeof *tokens; k++) {
+            int64_t n = tokens[k];
+            size_t nx = (size_t)(n * fc->cols), ny = (size_t)(n * fc->rows);
+            for (int variant = 0; variant < 3; variant++) { /* up+acc, up alone, acc alone */
+                int with_up = variant < 2, accumulate = variant != 1;
+                float *x = rand_floats(nx, 2.0f), *up = rand_floats(nx, 1.0f);
+                float *y0 = rand_floats(ny, 1.0f), *ref = malloc(ny * sizeof *ref);
+                float *xr = malloc(nx * sizeof *xr);
+                memcpy(xr, x, nx * sizeof *xr);
+                if (with_up) cpu->silu_mul(cpu, xr, up, (int64_t)nx);
+                cpu->matmul(cpu, &m.w, xr, ref, n);
+                if (accumulate) cpu->add(cpu, ref, y0, (int64_t)ny);
+                float *dx = to_gpu(gpu, x, nx * sizeof *x), *dup = to_gpu(gpu, up, nx * sizeof *up);
+                float *dy = to_gpu(gpu, y0, ny * sizeof *y0);
+                gpu->matmul_fused(gpu, &m.w, dx, with_up ? dup : NULL, dy, n, accumulate);
+                float *y = from_gpu(gpu, dy, ny);
+                double d = rel_diff(y, ref, ny), tol = n > 8 ? GEMM_TOL : GEMV_TOL;
+                if (!(d <= tol)) {
+                    printf("  matmul_fused %-14s %5d x %4d, %2d tokens, up %d acc %d: %.1e FAILED\n",
+                           fc->name, (int)fc->rows, (int)fc->cols, (int)n, with_up, accumulate, d);
+                    failures++;
+                }
+                gpu->free(gpu, dx), gpu->free(gpu, dup), gpu->free(gpu, dy);
+                free(x), free(up), free(y0), free(ref), free(xr), free(y);
+            }
+        }
+        free_matrix(&m);
+    }
+    assert_int_equal(failures, 0);
+}
+
+/* rope_kv_write equals rope on q, rope on k, kv_write of k and v (bit for bit in the cache). */
+static void test_rope_kv_write(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    static const dtype types[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    int64_t n = 19, nh = 8, nkv = 2, hd = 64, rot = 48, slots = 64, kv_dim = nkv * hd;
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        size_t es = dtype_size(types[ti]), cache_bytes = (size_t)(slots * kv_dim) * es;
+        float *q = rand_floats((size_t)(n * nh * hd), 2.0f), *k = rand_floats((size_t)(n * kv_dim), 2.0f);
+        float *v = rand_floats((size_t)(n * kv_dim), 2.0f);
+        int32_t pos[19], slot[19];
+        for (int i = 0; i < 19; i++) pos[i] = (int32_t)(rand32() % 30000), slot[i] = (int32_t)(63 - 3 * i);
+        float inv[24];
+        for (int i = 0; i < 24; i++) inv[i] = powf(500000.0f, -(float)(2 * i) / 48.0f);
+        void *ck = calloc(1, cache_bytes), *cv = calloc(1, cache_bytes);
+        kv_layer ckv = {.k = ck, .v = cv, .type = types[ti]};
+        float *rq = malloc(sizeof(float) * (size_t)(n * nh * hd)), *rk = malloc(sizeof(float) * (size_t)(n * kv_dim));
+        memcpy(rq, q, sizeof(float) * (size_t)(n * nh * hd));
+        memcpy(rk, k, sizeof(float) * (size_t)(n * kv_dim));
+        cpu->rope(cpu, rq, pos, n, (int)nh, (int)hd, (int)rot, inv, 0.9f);
+        cpu->rope(cpu, rk, pos, n, (int)nkv, (int)hd, (int)rot, inv, 0.9f);
+        cpu->kv_write(cpu, &ckv, rk, v, slot, n, kv_dim);
+        float *dq = to_gpu(gpu, q, sizeof(float) * (size_t)(n * nh * hd));
+        float *dk = to_gpu(gpu, k, sizeof(float) * (size_t)(n * kv_dim));
+        float *dv = to_gpu(gpu, v, sizeof(float) * (size_t)(n * kv_dim));
+        int32_t *dpos = to_gpu(gpu, pos, sizeof pos), *dslot = to_gpu(gpu, slot, sizeof slot);
+        float *dinv = to_gpu(gpu, inv, sizeof inv);
+        void *gk = gpu->alloc(gpu, cache_bytes), *gv = gpu->alloc(gpu, cache_bytes);
+        kv_layer gkv = {.k = gk, .v = gv, .type = types[ti]};
+        gpu->rope_kv_write(gpu, dq, dk, dv, dpos, n, (int)nh, (int)nkv, (int)hd, (int)rot, dinv, 0.9f,
+                           &gkv, dslot);
+        float *oq = from_gpu(gpu, dq, (size_t)(n * nh * hd)), *ok = from_gpu(gpu, dk, (size_t)(n * kv_dim));
+        printf("  rope_kv_write %s: q %.1e k %.1e\n", dtype_name(types[ti]),
+               rel_diff(oq, rq, (size_t)(n * nh * hd)), rel_diff(ok, rk, (size_t)(n * kv_dim)));
+        assert_true(rel_diff(oq, rq, (size_t)(n * nh * hd)) <= GEMV_TOL);
+        assert_true(rel_diff(ok, rk, (size_t)(n * kv_dim)) <= GEMV_TOL);
+        /* the cache holds what kv_write stores for these very k (the GPU's own roped k) */
+        cpu->kv_write(cpu, &ckv, ok, v, slot, n, kv_dim);
+        void *back = malloc(cache_bytes);
+        gpu->download(gpu, back, gk, cache_bytes);
+        assert_memory_equal(back, ck, cache_bytes);
+        gpu->download(gpu, back, gv, cache_bytes);
+        assert_memory_equal(back, cv, cache_bytes);
+        void *bufs[] = {dq, dk, dv, dpos, dslot, dinv, gk, gv};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->free(gpu, bufs[i]);
+        free(q), free(k), free(v), free(ck), free(cv), free(rq), free(rk), free(oq), free(ok), free(back);
+    }
+}
+
+/* The sample op against sampler_sample on the same logits and the same draws: greedy (ties to
+ * the lower id, banned ids skipped), logprobs and top alternatives, and temperature with every
+ * truncation (top_k, top_p, min_p, none), on rows wide enough for the real vocabulary. */
+static void test_sample(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    typedef struct sample_case {
+        const char *name;
+        float temperature, top_p, min_p;
+        int top_k, logprobs, top_logprobs;
+    } sample_case;
+    static const sample_case cases[] = {
+        {"greedy", 0, 1, 0, 0, 0, 0},           {"greedy+logprobs", 0, 1, 0, 0, 1, 5},
+        {"t0.7 min_p (defaults)", 0.7f, 1, 0.05f, 0, 0, 0},
+        {"t1 top_k 40", 1, 1, 0, 40, 1, 3},    {"t0.8 top_p 0.9", 0.8f, 0.9f, 0, 0, 1, 0},
+        {"t1.3 k50 p0.95 minp", 1.3f, 0.95f, 0.02f, 50, 0, 20},
+        {"t2 no truncation", 2, 1, 0, 0, 1, 1}, {"t1 top_p 0", 1, 0, 0, 0, 0, 0},
+    };
+    const int rows = 6, vocab = 151936;
+    int32_t banned[3] = {7, 151935, 12};
+    size_t n = (size_t)rows * vocab;
+    float *logits = malloc(n * sizeof *logits), *work = malloc((size_t)vocab * sizeof *work);
+    sampler_scratch scratch;
+    assert_int_equal(sampler_scratch_init(&scratch, vocab), 0);
+    int mismatches = 0;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        const sample_case *c = &cases[ci];
+        for (size_t i = 0; i < n; i++) logits[i] = frand() * 6.0f;
+        logits[50] = logits[100] = 9.0f; /* row 0: a tie for the maximum */
+        logits[(size_t)vocab + 7] = 20.0f; /* row 1: the maximum is banned */
+        float *dl = to_gpu(gpu, logits, n * sizeof *logits);
+        sampling_params sp = sampling_params_default();
+        sp.temperature = c->temperature, sp.top_p = c->top_p, sp.min_p = c->min_p;
+        sp.top_k = c->top_k, sp.logprobs = c->logprobs, sp.top_logprobs = c->top_logprobs;
+        sample_params gp[6];
+        sample_result gr[6];
+        sampler_rng rng_cpu, rng_gpu;
+        sampler_rng_seed(&rng_cpu, 1000 + ci);
+        sampler_rng_seed(&rng_gpu, 1000 + ci);
+        for (int r = 0; r < rows; r++)
+            gp[r] = (sample_params){.temperature = c->temperature, .top_k = c->top_k,
+                                    .top_p = c->top_p, .min_p = c->min_p, .logprob = c->logprobs,
+                                    .n_top = c->top_logprobs,
+                                    .uniform = c->temperature > 0 ? sampler_rng_uniform(&rng_gpu) : 0,
+                                    .banned = r == 1 ? banned : NULL, .n_banned = r == 1 ? 3 : 0};
+        assert_int_equal(gpu->sample(gpu, dl, rows, vocab, gp, gr), 0);
+        for (int r = 0; r < rows; r++) {
+            memcpy(work, logits + (size_t)r * vocab, (size_t)vocab * sizeof *work);
+            sampler_input in = {.params = &sp, .banned = r == 1 ? banned : NULL, .n_banned = r == 1 ? 3 : 0};
+            sampler_result cr;
+            sampler_sample(&scratch, work, &in, &rng_cpu, &cr);
+            int ok = cr.token == gr[r].token && fabsf(cr.logprob - gr[r].logprob) <= 1e-5f &&
+                     cr.n_top == gr[r].n_top;
+            for (int j = 0; ok && j < cr.n_top; j++)
+                ok = cr.top_ids[j] == gr[r].top_ids[j] &&
+                     fabsf(cr.top_logprobs[j] - gr[r].top_logprobs[j]) <= 1e-5f;
+            if (!ok) {
+                printf("  sample %-22s row %d: cpu %d (%.6f, %d top) gpu %d (%.6f, %d top)\n", c->name,
+                       r, cr.token, cr.logprob, cr.n_top, gr[r].token, gr[r].logprob, gr[r].n_top);
+                mismatches++;
+            }
+            if (r == 0 && c->temperature <= 0) assert_int_equal(gr[r].token, 50);
+            if (r == 1) assert_int_not_equal(gr[r].token, 7);
+        }
+        gpu->free(gpu, dl);
+    }
+    sampler_scratch_free(&scratch);
+    free(logits), free(work);
+    assert_int_equal(mismatches, 0);
+}
+
+/* The 4-bit tensor-core GEMM (EXO_CUDA_QGEMM=1: decode batches of 9..256 tokens) against the CPU:
+ * one and several row blocks, split k, tokens past one 64-token tile, accumulating or not. */
+static void test_qgemm(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    static const format_case cases[] = {
+        {"mlx4 g64", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 4096, 1024},
+        {"mlx4 g64 tall", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 9000, 512},
+        {"mlx4 g32 f16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_F16, 200, 2048},
+        {"mlx4 g128 f32", WEIGHT_MLX_AFFINE, 4, 128, DTYPE_F32, 130, 256},
+    };
+    static const int64_t tokens[] = {9, 40, 64, 100};
+    int failures = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const format_case *fc = &cases[i];
+        test_matrix m;
+        make_matrix(&m, fc->f, fc->rows, fc->cols, fc->bits, fc->group, fc->sd);
+        for (size_t k = 0; k < sizeof tokens / sizeof *tokens; k++) {
+            int64_t n = tokens[k];
+            size_t nx = (size_t)(n * fc->cols), ny = (size_t)(n * fc->rows);
+            for (int accumulate = 0; accumulate < 2; accumulate++) {
+                float *x = rand_floats(nx, 1.0f), *y0 = rand_floats(ny, 1.0f);
+                float *ref = malloc(ny * sizeof *ref);
+                cpu->matmul(cpu, &m.w, x, ref, n);
+                if (accumulate) cpu->add(cpu, ref, y0, (int64_t)ny);
+                float *dx = to_gpu(gpu_qgemm, x, nx * sizeof *x), *dy = to_gpu(gpu_qgemm, y0, ny * sizeof *y0);
+                gpu_qgemm->matmul_fused(gpu_qgemm, &m.w, dx, NULL, dy, n, accumulate);
+                float *y = from_gpu(gpu_qgemm, dy, ny);
+                double d = rel_diff(y, ref, ny);
+                printf("  qgemm %-14s %5d x %4d, %3d tokens, acc %d: %.1e\n", fc->name,
+                       (int)fc->rows, (int)fc->cols, (int)n, accumulate, d);
+                if (!(d <= GEMM_TOL)) failures++;
+                gpu_qgemm->free(gpu_qgemm, dx), gpu_qgemm->free(gpu_qgemm, dy);
+                free(x), free(y0), free(ref), free(y);
+            }
+        }
+        free_matrix(&m);
+    }
+    assert_int_equal(failures, 0);
+}
+
 /* A view of a layout the backend cannot read is refused with a message, not misread. */
 static void test_refuses_interleaved_layout(void **s) {
     (void)s;
@@ -543,7 +762,10 @@ int main(void) {
         setenv("EXO_CUDA_MATMUL", "exact", 1);
         gpu_exact = compute_backend_open(COMPUTE_DEVICE_CUDA, 0, err, sizeof err);
         unsetenv("EXO_CUDA_MATMUL");
-        if (!gpu || !gpu_exact) return 1;
+        setenv("EXO_CUDA_QGEMM", "1", 1);
+        gpu_qgemm = compute_backend_open(COMPUTE_DEVICE_CUDA, 0, err, sizeof err);
+        unsetenv("EXO_CUDA_QGEMM");
+        if (!gpu || !gpu_exact || !gpu_qgemm) return 1;
     } else {
         printf("test_cuda_ops: every test skipped: %s\n",
                compute_cuda_built() ? "no CUDA GPU on this machine" : "this build has no CUDA (make CUDA=1)");
@@ -552,11 +774,14 @@ int main(void) {
         cmocka_unit_test(test_matmul_formats), cmocka_unit_test(test_matmul_multi),
         cmocka_unit_test(test_embed),          cmocka_unit_test(test_row_ops),
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_moe),
+        cmocka_unit_test(test_matmul_fused),   cmocka_unit_test(test_rope_kv_write),
+        cmocka_unit_test(test_sample),         cmocka_unit_test(test_qgemm),
         cmocka_unit_test(test_refuses_interleaved_layout),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (gpu) gpu->destroy(gpu);
     if (gpu_exact) gpu_exact->destroy(gpu_exact);
+    if (gpu_qgemm) gpu_qgemm->destroy(gpu_qgemm);
     cpu->destroy(cpu);
     for (int i = 0; i < n_kept; i++) free(kept[i]);
     return failed;

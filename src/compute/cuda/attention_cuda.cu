@@ -22,6 +22,7 @@
  * gpt-oss: a sliding window starts a token's positions later (both paths), and an attention sink
  * joins each softmax's denominator with a zero value row (attention_sink_norm, as the CPU's). */
 #include "compute/cuda/cuda_internal.cuh"
+#include "compute/ops_shared.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -452,4 +453,45 @@ void cuda_kv_write(cuda_ctx *c, const kv_layer *kv, const float *k, const float 
     default: kv_write_kernel<DTYPE_F32><<<blocks, 256, 0, c->stream>>>(kv->k, kv->v, k, v, slots, n, kv_dim); break;
     }
     CUDA_LAUNCHED(c, "kv_write");
+}
+
+/* One block per token: its rotary pairs of every q and k head, then (after the block's barrier:
+ * a pair's thread wrote only its two dims) the token's k and v rows into the cache. */
+template <int T>
+__global__ void rope_kv_write_kernel(float *q, float *k, const float *v, const int32_t *pos,
+                                     int n_heads, int n_kv_heads, int head_dim, int half,
+                                     const float *inv_freq, float attn_factor, void *kc, void *vc,
+                                     const int32_t *slots) {
+    int64_t t = blockIdx.x, kv_dim = (int64_t)n_kv_heads * head_dim;
+    for (int p = threadIdx.x; p < half; p += blockDim.x) {
+        float cs, sn;
+        rope_cos_sin(pos[t], inv_freq[p], attn_factor, &cs, &sn);
+        ops_rope_rotate_pair(q + t * n_heads * head_dim, n_heads, head_dim, p, half, cs, sn);
+        ops_rope_rotate_pair(k + t * kv_dim, n_kv_heads, head_dim, p, half, cs, sn);
+    }
+    __syncthreads();
+    int64_t dst = (int64_t)slots[t] * kv_dim;
+    for (int64_t d = threadIdx.x; d < kv_dim; d += blockDim.x) {
+        kv_store<T>(kc, dst + d, k[t * kv_dim + d]);
+        kv_store<T>(vc, dst + d, v[t * kv_dim + d]);
+    }
+}
+
+void cuda_rope_kv_write(cuda_ctx *c, float *q, float *k, const float *v, const int32_t *pos,
+                        int64_t n, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
+                        const float *inv_freq, float attn_factor, const kv_layer *kv,
+                        const int32_t *slots) {
+    int half = rot_dims / 2;
+    if (n <= 0) return;
+    switch (kv->type) {
+#define LAUNCH(T)                                                                                \
+    rope_kv_write_kernel<T><<<(unsigned)n, 128, 0, c->stream>>>(q, k, v, pos, n_heads, n_kv_heads, \
+                                                                head_dim, half, inv_freq,        \
+                                                                attn_factor, kv->k, kv->v, slots)
+    case DTYPE_F16: LAUNCH(DTYPE_F16); break;
+    case DTYPE_BF16: LAUNCH(DTYPE_BF16); break;
+    default: LAUNCH(DTYPE_F32); break;
+#undef LAUNCH
+    }
+    CUDA_LAUNCHED(c, "rope_kv_write");
 }

@@ -407,17 +407,17 @@ static void cuda_add_row(compute_backend *b, float *x, const float *row, int64_t
 
 __global__ void silu_mul_kernel(float *g, const float *u, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float v = g[i];
-        g[i] = v / (1.0f + expf(-v)) * u[i];
-    }
+    if (i < n) g[i] = silu_times(g[i], u[i]);
 }
 
-static void cuda_silu_mul(compute_backend *b, float *g, const float *u, int64_t n) {
-    cuda_ctx *c = (cuda_ctx *)b->ctx;
+void cuda_silu_mul_launch(cuda_ctx *c, float *g, const float *u, int64_t n) {
     if (n <= 0) return;
     silu_mul_kernel<<<cuda_blocks(n, 256), 256, 0, c->stream>>>(g, u, n);
     CUDA_LAUNCHED(c, "silu_mul");
+}
+
+static void cuda_silu_mul(compute_backend *b, float *g, const float *u, int64_t n) {
+    cuda_silu_mul_launch((cuda_ctx *)b->ctx, g, u, n);
 }
 
 /* One thread per (token, rotary pair): its cos and sin serve every head. */
@@ -427,9 +427,8 @@ __global__ void rope_kernel(float *x, const int32_t *pos, int64_t n, int n_heads
     if (i >= n * half) return;
     int64_t t = i / half;
     int p = (int)(i % half);
-    float angle = (float)pos[t] * inv_freq[p];
-    float cs = (float)cos((double)angle) * attn_factor;
-    float sn = (float)sin((double)angle) * attn_factor;
+    float cs, sn;
+    rope_cos_sin(pos[t], inv_freq[p], attn_factor, &cs, &sn);
     ops_rope_rotate_pair(x + t * n_heads * head_dim, n_heads, head_dim, p, half, cs, sn);
 }
 
@@ -477,6 +476,24 @@ static void cuda_matmul_multi_op(compute_backend *b, int n, const weight_matrix 
 static void cuda_attention_op(compute_backend *b, const float *q, const kv_layer *kv,
                               const attention_batch *ab, float *out) {
     cuda_attention((cuda_ctx *)b->ctx, q, kv, ab, out);
+}
+
+static void cuda_matmul_fused_op(compute_backend *b, const weight_matrix *w, float *x,
+                                 const float *x_up, float *y, int64_t n, int accumulate) {
+    cuda_matmul_fused((cuda_ctx *)b->ctx, w, x, x_up, y, n, accumulate);
+}
+
+static void cuda_rope_kv_write_op(compute_backend *b, float *q, float *k, const float *v,
+                                  const int32_t *pos, int64_t n, int n_heads, int n_kv_heads,
+                                  int head_dim, int rot_dims, const float *inv_freq,
+                                  float attn_factor, const kv_layer *kv, const int32_t *slots) {
+    cuda_rope_kv_write((cuda_ctx *)b->ctx, q, k, v, pos, n, n_heads, n_kv_heads, head_dim,
+                       rot_dims, inv_freq, attn_factor, kv, slots);
+}
+
+static int cuda_sample_op(compute_backend *b, float *logits, int64_t n_rows, int64_t vocab,
+                          const sample_params *params, sample_result *out) {
+    return cuda_sample((cuda_ctx *)b->ctx, logits, n_rows, vocab, params, out);
 }
 
 static void cuda_kv_write_op(compute_backend *b, const kv_layer *kv, const float *k,
@@ -547,12 +564,13 @@ static void cuda_moe_ffn(compute_backend *b, const moe_experts *ex, const float 
     float *u = g + jobs * inter, *y = u + jobs * inter;
     cuda_gemv_experts(c, de->gate, de->kind_gate_up, inter, dim, ids, jobs, k, x, g);
     cuda_gemv_experts(c, de->up, de->kind_gate_up, inter, dim, ids, jobs, k, x, u);
-    if (ex->swiglu_limit > 0)
+    if (ex->swiglu_limit > 0) {
         clamped_swiglu_kernel<<<cuda_blocks(jobs * inter, 256), 256, 0, c->stream>>>(
             g, u, ids, ex->gate_bias, ex->up_bias, jobs, inter, ex->swiglu_limit, ex->swiglu_alpha);
-    else
-        silu_mul_kernel<<<cuda_blocks(jobs * inter, 256), 256, 0, c->stream>>>(g, u, jobs * inter);
-    CUDA_LAUNCHED(c, "silu_mul (experts)");
+        CUDA_LAUNCHED(c, "clamped_swiglu (experts)");
+    } else {
+        cuda_silu_mul_launch(c, g, u, jobs * inter);
+    }
     cuda_gemv_experts(c, de->down, de->kind_down, dim, inter, ids, jobs, 1, g, y);
     if (ex->down_bias) {
         expert_bias_kernel<<<cuda_blocks(jobs * dim, 256), 256, 0, c->stream>>>(y, ids, ex->down_bias, jobs, dim);
@@ -564,10 +582,12 @@ static void cuda_moe_ffn(compute_backend *b, const moe_experts *ex, const float 
 
 /* ---- recorded steps (CUDA graphs) ------------------------------------------------------ */
 
-/* Decode steps (at most this many tokens: GEMV matmuls and the warp attention kernel, no cuBLAS)
- * are recorded the second time their key is seen -- the first runs as called, so every scratch
- * buffer already has its size -- and replayed from the third on. */
-#define GRAPH_MAX_TOKENS 8
+/* Decode steps (the forward pass offers only those; at most this many tokens) are recorded the
+ * second time their key is seen -- the first runs as called, so every scratch buffer already has
+ * its size -- and replayed from the third on. Past 8 tokens the matmuls are cuBLAS GEMMs, which
+ * record too: cuBLAS works in the workspace given at start (no allocation while recording). */
+#define GRAPH_MAX_TOKENS 256
+#define BLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
 static int cuda_step_begin(compute_backend *b, uint64_t key, int64_t n_tokens) {
     cuda_ctx *c = (cuda_ctx *)b->ctx;
@@ -633,11 +653,12 @@ static void cuda_destroy(compute_backend *b) {
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
     for (size_t i = 0; i < c->n_chunks; i++) cudaFree(c->chunks[i]);
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < SCRATCH_COUNT; i++)
         if (c->scratch[i]) cudaFree(c->scratch[i]);
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     if (c->blas) cublasDestroy(c->blas);
+    if (c->blas_workspace) cudaFree(c->blas_workspace);
     cudaStreamDestroy(c->stream);
     free(c->chunks);
     free(c->entries);
@@ -701,18 +722,45 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
         return NULL;
     }
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS) {
+        cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||
+        cudaMalloc(&c->blas_workspace, BLAS_WORKSPACE_BYTES) != cudaSuccess ||
+        cublasSetWorkspace(c->blas, c->blas_workspace, BLAS_WORKSPACE_BYTES) != CUBLAS_STATUS_SUCCESS) {
+        cudaGetLastError();
         snprintf(err, errlen, "cannot start cuBLAS on GPU %d", device);
         if (c->blas) cublasDestroy(c->blas);
+        if (c->blas_workspace) cudaFree(c->blas_workspace);
         cudaStreamDestroy(c->stream);
         free(c);
         return NULL;
     }
     const char *mode = getenv("EXO_CUDA_MATMUL"), *graphs = getenv("EXO_CUDA_GRAPHS");
     c->exact = mode && !strcmp(mode, "exact");
+    const char *gemv = getenv("EXO_CUDA_GEMV");
+    c->gemv_old = gemv && !strcmp(gemv, "old");
+    const char *qgemm = getenv("EXO_CUDA_QGEMM");
+    c->qgemm = qgemm && !strcmp(qgemm, "1");
+    if (cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        c->sm_count < 1) {
+        cudaGetLastError();
+        c->sm_count = 1;
+    }
+    if (cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess ||
+        c->smem_optin < 48 * 1024) {
+        cudaGetLastError();
+        c->smem_optin = 48 * 1024;
+    }
     c->no_graphs = graphs && !strcmp(graphs, "0");
     c->capturing = -1;
     return c;
+}
+
+/* Undoes ctx_open (a context that made no weights, scratch or graphs: probes, a failed start). */
+static void ctx_close(cuda_ctx *c) {
+    cublasDestroy(c->blas);
+    cudaFree(c->blas_workspace);
+    cudaStreamDestroy(c->stream);
+    free(c);
 }
 
 extern "C" compute_backend *compute_backend_cuda(int device, char *err, size_t errlen) {
@@ -721,9 +769,7 @@ extern "C" compute_backend *compute_backend_cuda(int device, char *err, size_t e
     compute_backend *b = (compute_backend *)calloc(1, sizeof *b);
     if (!b) {
         snprintf(err, errlen, "out of memory");
-        cublasDestroy(c->blas);
-        cudaStreamDestroy(c->stream);
-        free(c);
+        ctx_close(c);
         return NULL;
     }
     b->name = "cuda";
@@ -757,6 +803,10 @@ extern "C" compute_backend *compute_backend_cuda(int device, char *err, size_t e
     b->gather_rows = cuda_gather_rows;
     b->moe_route = cuda_moe_route;
     b->moe_ffn = cuda_moe_ffn;
+    b->matmul_fused = cuda_matmul_fused_op;
+    b->rope_kv_write = cuda_rope_kv_write_op;
+    const char *sample = getenv("EXO_CUDA_SAMPLE"); /* 0: logits go to the host sampler (A/B) */
+    if (!sample || strcmp(sample, "0")) b->sample = cuda_sample_op;
     b->destroy = cuda_destroy;
     return b;
 }
@@ -804,9 +854,7 @@ extern "C" double cuda_probe_copy_gbs(int device, size_t bytes, int reps) {
     if (d) cudaFree(d);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    cublasDestroy(c->blas);
-    cudaStreamDestroy(c->stream);
-    free(c);
+    ctx_close(c);
     return best;
 }
 
@@ -815,8 +863,6 @@ extern "C" double cuda_probe_gemm_bf16_gflops(int device, int n, int reps) {
     cuda_ctx *c = ctx_open(device, err, sizeof err);
     if (!c) return 0;
     double r = cuda_gemm_bf16_gflops(c, n, reps);
-    cublasDestroy(c->blas);
-    cudaStreamDestroy(c->stream);
-    free(c);
+    ctx_close(c);
     return r;
 }

@@ -43,7 +43,12 @@ struct cuda_ctx {
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
+    void *blas_workspace; /* cuBLAS's workspace (cublasSetWorkspace): graphs can record GEMMs */
     int exact;             /* EXO_CUDA_MATMUL=exact: every matmul through the f32 GEMV kernels */
+    int gemv_old;          /* EXO_CUDA_GEMV=old: the per-16-rows GEMV blocks (for A/B timing) */
+    int qgemm;             /* EXO_CUDA_QGEMM=1: 4-bit batches through qgemm4, not a bf16 copy */
+    int sm_count;          /* multiprocessors: the persistent kernels' grid */
+    int smem_optin;        /* shared memory a block may ask for (bytes) */
     char error[256];       /* first failure, reported by status */
     /* weights: hash of host pointer -> entry; bytes from a bump allocator of big chunks */
     weight_entry *entries;
@@ -58,8 +63,8 @@ struct cuda_ctx {
     dev_experts *experts;
     size_t n_experts_sets;
     /* scratch, grown on demand (GPU memory) */
-    void *scratch[5];
-    size_t scratch_bytes[5];
+    void *scratch[8]; /* [SCRATCH_COUNT], below */
+    size_t scratch_bytes[8];
     /* recorded decode steps (CUDA graphs), see step_begin in backend_cuda.cu */
     struct step_graph {
         uint64_t key;
@@ -74,7 +79,17 @@ struct cuda_ctx {
     int no_graphs;      /* EXO_CUDA_GRAPHS=0 */
 };
 
-enum { SCRATCH_GEMM_X = 0, SCRATCH_GEMM_W, SCRATCH_ATTENTION, SCRATCH_MOE, SCRATCH_ATT_GEMM };
+enum {
+    SCRATCH_GEMM_X = 0,
+    SCRATCH_GEMM_W,
+    SCRATCH_ATTENTION,
+    SCRATCH_MOE,
+    SCRATCH_ATT_GEMM,
+    SCRATCH_SAMPLE,       /* the sampler's parameters in, results out */
+    SCRATCH_SAMPLE_PROBS, /* [rows][vocab] candidate probabilities of non-greedy rows */
+    SCRATCH_QGEMM,        /* the 4-bit GEMM's partial sums of split k */
+    SCRATCH_COUNT
+};
 
 /* Records the first error (sticky) from a CUDA or cuBLAS call site. */
 void cuda_fail(cuda_ctx *c, const char *what, const char *detail);
@@ -97,8 +112,26 @@ const dev_matrix *cuda_weight(cuda_ctx *c, const weight_matrix *w);
 /* Device descriptor tables of an MoE layer's experts; NULL with the error recorded. */
 const dev_experts *cuda_experts(cuda_ctx *c, const moe_experts *ex);
 
+/* silu(g) * u, the one formula of the silu_mul op and of the GEMV that fuses it. */
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+/* The rotary cos and sin of position pos for a pair of inverse frequency inv_freq, scaled by
+ * attn_factor: cos/sin of the float32 angle in double, as the CPU reference. */
+__device__ __forceinline__ void rope_cos_sin(int pos, float inv_freq, float attn_factor, float *cs,
+                                             float *sn) {
+    float angle = (float)pos * inv_freq;
+    *cs = (float)cos((double)angle) * attn_factor;
+    *sn = (float)sin((double)angle) * attn_factor;
+}
+
+/* backend_cuda.cu */
+void cuda_silu_mul_launch(cuda_ctx *c, float *g, const float *u, int64_t n);
+
 /* matmul_cuda.cu */
 void cuda_matmul(cuda_ctx *c, const weight_matrix *w, const float *x, float *y, int64_t n);
+/* y = W x' (accumulate: y += W x'), x' = silu(x) * x_up when x_up (x may be overwritten). */
+void cuda_matmul_fused(cuda_ctx *c, const weight_matrix *w, float *x, const float *x_up, float *y,
+                       int64_t n, int accumulate);
 void cuda_matmul_multi(cuda_ctx *c, int n, const weight_matrix *const *w, const float *x,
                        float *const *ys, int64_t n_tokens);
 /* y[j] = table[ids[j]] x[j / x_div] for j < n_jobs (one token each): MoE experts. */
@@ -111,11 +144,19 @@ double cuda_gemm_bf16_gflops(cuda_ctx *c, int n, int reps);
 /* Fills bytes (a multiple of 4) of GPU memory with bf16 values of modest size, never NaN. */
 void cuda_fill_random(cuda_ctx *c, void *p, size_t bytes, uint32_t seed);
 
+/* sample_cuda.cu: the backend's sample op (backend.h); waits for the results. */
+int cuda_sample(cuda_ctx *c, float *logits, int64_t n_rows, int64_t vocab,
+                const sample_params *params, sample_result *out);
+
 /* attention_cuda.cu */
 void cuda_attention(cuda_ctx *c, const float *q, const kv_layer *kv, const attention_batch *ab,
                     float *out);
 void cuda_kv_write(cuda_ctx *c, const kv_layer *kv, const float *k, const float *v,
                    const int32_t *slots, int64_t n, int64_t kv_dim);
+void cuda_rope_kv_write(cuda_ctx *c, float *q, float *k, const float *v, const int32_t *pos,
+                        int64_t n, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
+                        const float *inv_freq, float attn_factor, const kv_layer *kv,
+                        const int32_t *slots);
 
 /* Launch shape helpers. */
 static inline unsigned cuda_blocks(int64_t n, int per_block) {

@@ -15,6 +15,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 #include <stdio.h>
 
 #define GEMV_THREADS 128 /* 4 warps, each its own GEMV_ROWS rows */
@@ -133,7 +134,7 @@ template <int KIND> static size_t staged_bytes(int64_t cols) {
 template <int KIND, int NT, bool STAGED = false>
 __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, const float *x,
                                           int64_t x_stride, float *y, int64_t y_stride,
-                                          const float4 *xs = nullptr) {
+                                          const float4 *xs = nullptr, int accumulate = 0) {
     const int lane = threadIdx.x & 31;
     float acc[NT][GEMV_ROWS];
 #pragma unroll
@@ -212,19 +213,26 @@ __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, con
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) {
             float v = warp_reduce(acc[t][r]);
-            if (lane == 0 && row0 + r < w.rows) y[t * y_stride + row0 + r] = v;
+            if (lane == 0 && row0 + r < w.rows) {
+                float *o = y + t * y_stride + row0 + r;
+                *o = accumulate ? *o + v : v;
+            }
         }
 }
 
 /* Up to 4 matrices sharing x (q/k/v, gate/up) in one launch: block b belongs to matrix m when
- * block_start[m] <= b < block_start[m + 1]. */
+ * block_start[m] <= b < block_start[m + 1] (gemv_kernel), warp tile i when tile_start[m] <= i <
+ * tile_start[m + 1] (gemv_persistent_kernel). */
 struct gemv_args {
     dev_matrix w[4];
     float *y[4];
     int block_start[5];
+    int64_t tile_start[5];
     int n;
     const float *x;
+    const float *x_up; /* persistent kernel: x' = silu(x) * x_up, else NULL */
     int64_t x_stride;
+    int accumulate;    /* y += W x' instead of y = W x' */
 };
 
 template <int KIND, int NT>
@@ -232,7 +240,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(gemv_args a) {
     int b = blockIdx.x, m = 0;
     while (m + 1 < a.n && b >= a.block_start[m + 1]) m++;
     int64_t row0 = (int64_t)(b - a.block_start[m]) * GEMV_BLOCK_ROWS + (threadIdx.x >> 5) * GEMV_ROWS;
-    gemv_rows<KIND, NT>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows);
+    gemv_rows<KIND, NT>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows, nullptr, a.accumulate);
 }
 
 /* One token of a 4- or 8-bit matrix with x staged in shared memory (staged_slot). */
@@ -248,7 +256,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_staged_kernel(gemv_args a) 
     int b = blockIdx.x, m = 0;
     while (m + 1 < a.n && b >= a.block_start[m + 1]) m++;
     int64_t row0 = (int64_t)(b - a.block_start[m]) * GEMV_BLOCK_ROWS + (threadIdx.x >> 5) * GEMV_ROWS;
-    gemv_rows<KIND, 1, true>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows, xs);
+    gemv_rows<KIND, 1, true>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows, xs, a.accumulate);
 }
 
 /* Above the default 48 KB of shared memory a kernel must ask (x of 14336 columns: 57 KB). */
@@ -263,6 +271,270 @@ template <int KIND> static int staged_fits(int64_t cols) {
         cudaGetLastError();
     }
     return staged_bytes<KIND>(cols) <= (size_t)limit;
+}
+
+/* ---- the decode GEMV: persistent blocks, x in shared memory ------------------------------- */
+
+/* One to GEMV_PERSIST_MAX_TOKENS tokens of a 4-bit, bf16, f16 or f32 matrix (the shapes decode
+ * spends its time in). Each block copies x once into shared memory (permuted as staged_slot says,
+ * so lanes read it without bank conflicts) with, for 4-bit, the sum of every 32-value chunk of
+ * x; then its 8 warps walk tiles of 4 (or 2) rows, grid-strided over every tile of the
+ * launch's matrices, each lane streaming its 16-byte chunks of the tile's rows (rows x U loads
+ * in flight) and the warp summing by shuffles. The grid is as many blocks as the GPU
+ * holds at once, so x is staged once per block, not once per 16 rows, and a warp's first loads
+ * are issued before the staging so the memory is busy meanwhile.
+ *
+ * 4-bit chunks are dequantized without integer-to-float conversions: a byte permute drops each
+ * nibble q (pre-shifted to bits 3..6 of its byte) into the mantissa of 0.5, giving 0.5 + q/32
+ * exactly; the chunk's sum of (0.5 + q/32) x then yields sum(q x) = 32 acc - 16 sum(x), with the
+ * chunk sum of x staged once. Two instructions per weight (permute, FMA) plus a quarter for the
+ * masks, against four for shift, mask, convert and FMA; float32 throughout (the 0.5 offset costs
+ * about one bit of the 24). */
+#define GEMV_PERSIST_THREADS 256
+#define GEMV_PERSIST_WARPS (GEMV_PERSIST_THREADS / 32)
+#define GEMV_PERSIST_MAX_TOKENS 4
+
+/* Rows of a warp's tile: 4, or 2 where 4 rows of several tokens would not fit in registers. */
+__host__ __device__ constexpr int persist_tile_rows(int kind, int nt) {
+    return kind == GEMV_Q4 && nt >= 2 ? 2 : 4;
+}
+
+/* Float4 slots of one token's staged x. */
+template <int KIND> __host__ __device__ __forceinline__ int64_t persist_x_slots(int64_t cols) {
+    const int V = chunk_values<KIND>::n;
+    return (cols / V + 31) / 32 * 32 * (V / 4);
+}
+
+template <int KIND> static size_t persist_smem_bytes(int64_t cols, int nt) {
+    size_t b = (size_t)nt * (size_t)persist_x_slots<KIND>(cols) * 16;
+    if (KIND == GEMV_Q4) b += (size_t)nt * (size_t)(cols / 32) * 4;
+    return b;
+}
+
+/* 0.5 + q/32 for the nibble in bits 3..6 of byte k of v (byte 2 of the result: mantissa bits
+ * 19..22; byte 3 0x3f: sign 0, exponent 126). */
+__device__ __forceinline__ float half_plus_nibble(uint32_t v, int k) {
+    return __uint_as_float(__byte_perm(v, 0x3f000000u, 0x7054u | ((uint32_t)k << 8)));
+}
+
+/* sum over a 4-bit chunk of (0.5 + q_i/32) x_i */
+__device__ __forceinline__ float q4_chunk_dot_offset(const uint4 &w, const float *xv) {
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    float s0 = 0, s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t lo = (u[i] << 3) & 0x78787878u; /* nibbles 0, 2, 4, 6 at bits 3..6 of bytes */
+        uint32_t hi = (u[i] >> 1) & 0x78787878u; /* nibbles 1, 3, 5, 7 */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            s0 = fmaf(half_plus_nibble(lo, k), xv[8 * i + 2 * k], s0);
+            s1 = fmaf(half_plus_nibble(hi, k), xv[8 * i + 2 * k + 1], s1);
+        }
+    }
+    return s0 + s1;
+}
+
+template <int KIND, int NT>
+__global__ void __launch_bounds__(GEMV_PERSIST_THREADS, 2) gemv_persistent_kernel(gemv_args a) {
+    extern __shared__ float4 xs[]; /* [NT][persist_x_slots], then for 4-bit [NT][cols / 32] */
+    const int V = chunk_values<KIND>::n;
+    /* chunks of each row in flight per lane: as many as the registers hold without spilling */
+    const int U = KIND == GEMV_Q4 ? (NT == 1 ? 2 : 1) : (NT <= 2 ? 4 : 2);
+    const int R = persist_tile_rows(KIND, NT);
+    const bool quant = KIND == GEMV_Q4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t cols = a.w[0].cols, n_chunks = cols / V, slots = persist_x_slots<KIND>(cols);
+    float *chunk_sum = (float *)(xs + NT * slots);
+    const int64_t n_tiles = a.tile_start[a.n], tile_step = (int64_t)gridDim.x * GEMV_PERSIST_WARPS;
+
+    int64_t tile = (int64_t)blockIdx.x * GEMV_PERSIST_WARPS + warp, cb = 0;
+    int m = 0;
+    int64_t row0 = 0, rows_at[R];
+    uint4 wv[U][R];
+    float sc[U][R], bi[U][R];
+    /* the tile's rows (a tail row re-reads the matrix's last row, not stored) */
+    auto start_tile = [&]() {
+        m = 0;
+        while (m + 1 < a.n && tile >= a.tile_start[m + 1]) m++;
+        row0 = (tile - a.tile_start[m]) * R;
+#pragma unroll
+        for (int r = 0; r < R; r++) rows_at[r] = row0 + r < a.w[m].rows ? row0 + r : a.w[m].rows - 1;
+        cb = 0;
+    };
+    auto load = [&]() {
+        const dev_matrix &w = a.w[m];
+        const uint4 *base = (const uint4 *)w.data;
+        const int64_t groups = quant ? w.cols >> w.group_shift : 0;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t c = cb + lane + 32 * u;
+            bool ok = c < n_chunks;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                wv[u][r] = ok ? __ldcs(base + rows_at[r] * n_chunks + c) : make_uint4(0, 0, 0, 0);
+                if (quant) {
+                    int64_t g = rows_at[r] * groups + ((c * V) >> w.group_shift);
+                    sc[u][r] = ok ? scale_value(w.scales, g, w.scale_dtype) : 0.0f;
+                    bi[u][r] = ok ? scale_value(w.biases, g, w.scale_dtype) : 0.0f;
+                }
+            }
+        }
+    };
+    bool busy = tile < n_tiles;
+    if (busy) {
+        start_tile();
+        load();
+    }
+    /* stage x (and the 4-bit chunk sums) while those loads are in flight */
+    const int64_t n4 = cols / 4;
+    for (int t = 0; t < NT; t++) {
+        const float4 *x4 = (const float4 *)(a.x + t * a.x_stride);
+        const float4 *up4 = (const float4 *)(a.x_up + t * a.x_stride);
+#pragma unroll 4
+        for (int64_t f = threadIdx.x; f < n4; f += GEMV_PERSIST_THREADS) {
+            float4 v = __ldg(x4 + f);
+            if (a.x_up) {
+                float4 u = __ldg(up4 + f);
+                v = make_float4(silu_times(v.x, u.x), silu_times(v.y, u.y), silu_times(v.z, u.z),
+                                silu_times(v.w, u.w));
+            }
+            xs[t * slots + staged_slot<KIND>(f / (V / 4), (int)(f % (V / 4)))] = v;
+        }
+    }
+    __syncthreads();
+    if (quant) {
+        for (int64_t i = threadIdx.x; i < NT * n_chunks; i += GEMV_PERSIST_THREADS) {
+            int64_t t = i / n_chunks, c = i % n_chunks;
+            float s = 0;
+#pragma unroll
+            for (int k = 0; k < V / 4; k++) {
+                float4 f = xs[t * slots + staged_slot<KIND>(c, k)];
+                s += (f.x + f.y) + (f.z + f.w);
+            }
+            chunk_sum[i] = s;
+        }
+        __syncthreads();
+    }
+    float acc[NT][R];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[t][r] = 0;
+    while (busy) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int64_t c = cb + lane + 32 * u;
+            if (c >= n_chunks) break;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float xv[V];
+#pragma unroll
+                for (int i = 0; i < V / 4; i++) {
+                    float4 f = xs[t * slots + staged_slot<KIND>(c, i)];
+                    xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+                }
+                if (quant) {
+                    float sx = chunk_sum[t * n_chunks + c];
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float d = q4_chunk_dot_offset(wv[u][r], xv);
+                        /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
+                        acc[t][r] = fmaf(32.0f * sc[u][r], d,
+                                         fmaf(bi[u][r] - 16.0f * sc[u][r], sx, acc[t][r]));
+                    }
+                } else {
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[t][r] += chunk_dot<KIND>(wv[u][r], xv);
+                }
+            }
+        }
+        cb += 32 * U;
+        if (cb >= n_chunks) { /* the tile is done: sum across the warp and store */
+            const dev_matrix &w = a.w[m];
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float v = warp_reduce(acc[t][r]);
+                    acc[t][r] = 0;
+                    if (lane == 0 && row0 + r < w.rows) {
+                        float *o = a.y[m] + t * w.rows + row0 + r;
+                        *o = a.accumulate ? *o + v : v;
+                    }
+                }
+            tile += tile_step;
+            busy = tile < n_tiles;
+            if (!busy) break;
+            start_tile();
+        }
+        load();
+    }
+}
+
+/* Launches the persistent GEMV for nt tokens, or returns 0 when it does not apply (kind, token
+ * count, or x too long for shared memory). */
+template <int KIND> static int persist_launch_nt(cuda_ctx *c, const gemv_args &a, int nt) {
+    static int raised[GEMV_PERSIST_MAX_TOKENS + 1];
+    size_t smem = persist_smem_bytes<KIND>(a.w[0].cols, nt);
+    const void *fn = nt == 1   ? (const void *)gemv_persistent_kernel<KIND, 1>
+                     : nt == 2 ? (const void *)gemv_persistent_kernel<KIND, 2>
+                     : nt == 3 ? (const void *)gemv_persistent_kernel<KIND, 3>
+                               : (const void *)gemv_persistent_kernel<KIND, 4>;
+    if (smem > (size_t)c->smem_optin) return 0;
+    if (!raised[nt]) {
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, c->smem_optin);
+        cudaGetLastError();
+        raised[nt] = 1;
+    }
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, GEMV_PERSIST_THREADS, smem) !=
+            cudaSuccess ||
+        per_sm < 1) {
+        cudaGetLastError();
+        per_sm = 1;
+    }
+    int64_t want = (a.tile_start[a.n] + GEMV_PERSIST_WARPS - 1) / GEMV_PERSIST_WARPS;
+    int64_t most = (int64_t)per_sm * c->sm_count;
+    unsigned blocks = (unsigned)(want < most ? want : most);
+    if (blocks < 1) blocks = 1;
+    switch (nt) {
+#define CASE(N) \
+    case N: gemv_persistent_kernel<KIND, N><<<blocks, GEMV_PERSIST_THREADS, smem, c->stream>>>(a); break;
+        CASE(1) CASE(2) CASE(3) CASE(4)
+#undef CASE
+    }
+    CUDA_LAUNCHED(c, "gemv (persistent)");
+    return 1;
+}
+
+/* Whether every launch of an n-token GEMV of m goes to the persistent kernel. */
+static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
+    int nt = (int)(n < GEMV_MAX_TOKENS ? n : GEMV_MAX_TOKENS);
+    if (c->gemv_old || n > GEMV_PERSIST_MAX_TOKENS) return 0;
+    size_t smem;
+    switch (m->kind) {
+    case GEMV_Q4: smem = persist_smem_bytes<GEMV_Q4>(m->cols, nt); break;
+    case GEMV_BF16: smem = persist_smem_bytes<GEMV_BF16>(m->cols, nt); break;
+    case GEMV_F16: smem = persist_smem_bytes<GEMV_F16>(m->cols, nt); break;
+    case GEMV_F32: smem = persist_smem_bytes<GEMV_F32>(m->cols, nt); break;
+    default: return 0;
+    }
+    return smem <= (size_t)c->smem_optin;
+}
+
+static int persist_launch(cuda_ctx *c, int kind, gemv_args &a, int nt) {
+    if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS) return 0;
+    a.tile_start[0] = 0;
+    const int rows = persist_tile_rows(kind, nt);
+    for (int i = 0; i < a.n; i++)
+        a.tile_start[i + 1] = a.tile_start[i] + (a.w[i].rows + rows - 1) / rows;
+    switch (kind) {
+    case GEMV_Q4: return persist_launch_nt<GEMV_Q4>(c, a, nt);
+    case GEMV_BF16: return persist_launch_nt<GEMV_BF16>(c, a, nt);
+    case GEMV_F16: return persist_launch_nt<GEMV_F16>(c, a, nt);
+    case GEMV_F32: return persist_launch_nt<GEMV_F32>(c, a, nt);
+    }
+    return 0;
 }
 
 /* MoE: job j (blockIdx.y) multiplies expert table[ids[j]] with x row j / x_div into y row j. */
@@ -287,7 +559,8 @@ static void launch_gemv_tokens(cuda_ctx *c, const gemv_args &a, int blocks, int 
     }
 }
 
-static void launch_gemv(cuda_ctx *c, int kind, const gemv_args &a, int blocks, int nt) {
+static void launch_gemv(cuda_ctx *c, int kind, gemv_args &a, int blocks, int nt) {
+    if (persist_launch(c, kind, a, nt)) return;
     int64_t cols = a.w[0].cols;
     if (nt == 1 && kind == GEMV_Q4 && staged_fits<GEMV_Q4>(cols)) {
         gemv_staged_kernel<GEMV_Q4><<<blocks, GEMV_THREADS, staged_bytes<GEMV_Q4>(cols), c->stream>>>(a);
@@ -310,12 +583,14 @@ static void launch_gemv(cuda_ctx *c, int kind, const gemv_args &a, int blocks, i
     CUDA_LAUNCHED(c, "gemv");
 }
 
-/* n matrices of one kind sharing x, every token through the GEMV kernels, 8 tokens a launch. */
+/* n matrices of one kind sharing x, every token through the GEMV kernels, 8 tokens a launch;
+ * x_up (x' = silu(x) * x_up) only where the persistent kernel takes every launch. */
 static void gemv_tiles(cuda_ctx *c, int n, const dev_matrix *const *m, const float *x,
-                       float *const *ys, int64_t n_tokens) {
+                       const float *x_up, float *const *ys, int64_t n_tokens, int accumulate) {
     gemv_args a;
     a.n = n;
     a.x_stride = m[0]->cols;
+    a.accumulate = accumulate;
     a.block_start[0] = 0;
     for (int i = 0; i < n; i++) {
         a.w[i] = *m[i];
@@ -324,6 +599,7 @@ static void gemv_tiles(cuda_ctx *c, int n, const dev_matrix *const *m, const flo
     for (int64_t t0 = 0; t0 < n_tokens; t0 += GEMV_MAX_TOKENS) {
         int nt = (int)(n_tokens - t0 < GEMV_MAX_TOKENS ? n_tokens - t0 : GEMV_MAX_TOKENS);
         a.x = x + t0 * m[0]->cols;
+        a.x_up = x_up ? x_up + t0 * m[0]->cols : NULL;
         for (int i = 0; i < n; i++) a.y[i] = ys[i] + t0 * m[i]->rows;
         launch_gemv(c, m[0]->kind, a, a.block_start[n], nt);
     }
@@ -345,26 +621,38 @@ void cuda_gemv_experts(cuda_ctx *c, const dev_matrix *table, int kind, int64_t r
 
 /* ---- GEMM path -------------------------------------------------------------------------- */
 
-__global__ void to_half_kernel(const float *x, int64_t n, int bf16, void *out) {
+/* x (or silu(x) * up) rounded to bf16 or f16 for the tensor cores. */
+__global__ void to_half_kernel(const float *x, const float *up, int64_t n, int bf16, void *out) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
+    float v = up ? silu_times(x[i], up[i]) : x[i];
     if (bf16)
-        ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(x[i]);
+        ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(v);
     else
-        ((__half *)out)[i] = __float2half_rn(x[i]);
+        ((__half *)out)[i] = __float2half_rn(v);
 }
 
-/* A quantized matrix to bf16: one thread per 32-bit word for 4 and 8 bits (its values share a
- * group), per element otherwise. */
-__global__ void dequant_words_kernel(dev_matrix w, __nv_bfloat16 *out) {
-    int64_t words_per_row = w.cols * w.bits / 32, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+/* A 4- or 8-bit matrix to bf16: one thread per 32-bit word (its values share a group), written
+ * as one 16-byte (8-byte) store. */
+template <int BITS> __global__ void dequant_words_kernel(dev_matrix w, __nv_bfloat16 *out) {
+    const int per_word = 32 / BITS;
+    int64_t words_per_row = w.cols / per_word, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= w.rows * words_per_row) return;
-    int64_t r = i / words_per_row, c0 = (i % words_per_row) * (32 / w.bits);
-    int64_t g = r * (w.cols / w.group_size) + c0 / w.group_size;
+    int64_t r = i / words_per_row, c0 = (i % words_per_row) * per_word;
+    int64_t g = r * (w.cols >> w.group_shift) + (c0 >> w.group_shift);
     float s = scale_value(w.scales, g, w.scale_dtype), b = scale_value(w.biases, g, w.scale_dtype);
-    uint32_t u = ((const uint32_t *)w.data)[i], mask = (1u << w.bits) - 1u;
-    for (int j = 0; j < 32 / w.bits; j++)
-        out[r * w.cols + c0 + j] = __float2bfloat16_rn(s * (float)((u >> (j * w.bits)) & mask) + b);
+    uint32_t u = ((const uint32_t *)w.data)[i], mask = (1u << BITS) - 1u, packed[per_word / 2];
+#pragma unroll
+    for (int j = 0; j < per_word; j += 2) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(s * (float)((u >> (j * BITS)) & mask) + b,
+                                                 s * (float)((u >> ((j + 1) * BITS)) & mask) + b);
+        packed[j / 2] = *reinterpret_cast<uint32_t *>(&h);
+    }
+    __nv_bfloat16 *o = out + r * w.cols + c0;
+    if (BITS == 4)
+        *(uint4 *)o = make_uint4(packed[0], packed[1], packed[2], packed[3 % (per_word / 2)]);
+    else
+        *(uint2 *)o = make_uint2(packed[0], packed[1 % (per_word / 2)]);
 }
 
 __global__ void dequant_elements_kernel(dev_matrix w, __nv_bfloat16 *out) {
@@ -379,55 +667,262 @@ __global__ void dequant_f32_kernel(dev_matrix w, float *out) {
     out[i] = matrix_value(w, i / w.cols, i % w.cols);
 }
 
-/* Matrices this small gain nothing from tensor cores, and an MoE router among them needs its
- * logits in float32 to pick the experts the reference picks: they take SGEMM. */
-#define GEMM_F32_MAX_WEIGHTS ((int64_t)1 << 22)
+/* Matrices under 2^22 weights gain little from tensor cores, and an MoE router among them needs
+ * its logits in float32 to pick the experts the reference picks: they take SGEMM. (At 2^22 and
+ * up, half width: the 8B shape's k and v projections, 1024 x 4096 = 2^22 exactly, took SGEMM at
+ * ~50 TFLOP/s and were a fifth of a 2048-token prefill.) */
+#define GEMM_F32_BELOW_WEIGHTS ((int64_t)1 << 22)
 
-static void gemm_path(cuda_ctx *c, const dev_matrix *m, const float *x, float *y, int64_t n) {
+static int gemm_in_f32(const dev_matrix *m) {
+    return m->format == WEIGHT_F32 || m->rows * m->cols < GEMM_F32_BELOW_WEIGHTS;
+}
+
+static void check_blas(cuda_ctx *c, cublasStatus_t st) {
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+    if (c->capturing >= 0) { /* cannot be recorded: the step runs again, unrecorded */
+        c->capture_broken = 1;
+        return;
+    }
+    char msg[64];
+    snprintf(msg, sizeof msg, "status %d", (int)st);
+    cuda_fail(c, "cuBLAS GEMM", msg);
+}
+
+/* y (+)= W x through SGEMM, x float32. */
+static void gemm_f32(cuda_ctx *c, const dev_matrix *m, const float *x, float *y, int64_t n,
+                     int accumulate) {
     const float one = 1.0f, zero = 0.0f;
-    int rows = (int)m->rows, cols = (int)m->cols, tokens = (int)n;
-    cublasStatus_t st;
-    if (m->format == WEIGHT_F32 || m->rows * m->cols <= GEMM_F32_MAX_WEIGHTS) {
-        const float *wf = (const float *)m->data;
-        if (m->format != WEIGHT_F32) {
-            float *buf = (float *)cuda_scratch(c, SCRATCH_GEMM_W, (size_t)rows * (size_t)cols * 4);
-            if (!buf) return;
-            dequant_f32_kernel<<<cuda_blocks(m->rows * m->cols, 256), 256, 0, c->stream>>>(*m, buf);
-            CUDA_LAUNCHED(c, "dequantize (f32)");
-            wf = buf;
+    int rows = (int)m->rows, cols = (int)m->cols;
+    const float *wf = (const float *)m->data;
+    if (m->format != WEIGHT_F32) {
+        float *buf = (float *)cuda_scratch(c, SCRATCH_GEMM_W, (size_t)rows * (size_t)cols * 4);
+        if (!buf) return;
+        dequant_f32_kernel<<<cuda_blocks(m->rows * m->cols, 256), 256, 0, c->stream>>>(*m, buf);
+        CUDA_LAUNCHED(c, "dequantize (f32)");
+        wf = buf;
+    }
+    check_blas(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, (int)n, cols, &one, wf, cols,
+                              x, cols, accumulate ? &one : &zero, y, rows));
+}
+
+/* x (x' = silu(x) * up when up) as n rows of 16-bit values in scratch, for half-width GEMMs. */
+static const void *half_x(cuda_ctx *c, const float *x, const float *up, int64_t n, int64_t cols,
+                          int bf16) {
+    void *xh = cuda_scratch(c, SCRATCH_GEMM_X, (size_t)(n * cols) * 2);
+    if (!xh) return NULL;
+    to_half_kernel<<<cuda_blocks(n * cols, 256), 256, 0, c->stream>>>(x, up, n * cols, bf16, xh);
+    CUDA_LAUNCHED(c, "to_half");
+    return xh;
+}
+
+/* y (+)= W xh on the tensor cores: MLX weights dequantized to a bf16 copy first. */
+static void gemm_half(cuda_ctx *c, const dev_matrix *m, const void *xh, float *y, int64_t n,
+                      int accumulate) {
+    const float one = 1.0f, zero = 0.0f;
+    int rows = (int)m->rows, cols = (int)m->cols, bf16 = m->format != WEIGHT_F16;
+    const void *wp = m->data;
+    if (m->format == WEIGHT_MLX_AFFINE) {
+        __nv_bfloat16 *wb = (__nv_bfloat16 *)cuda_scratch(c, SCRATCH_GEMM_W,
+                                                          (size_t)rows * (size_t)cols * 2);
+        if (!wb) return;
+        int64_t elems = m->rows * m->cols;
+        if (m->bits == 4 && m->group_size >= 8)
+            dequant_words_kernel<4><<<cuda_blocks(elems / 8, 256), 256, 0, c->stream>>>(*m, wb);
+        else if (m->bits == 8 && m->group_size >= 4)
+            dequant_words_kernel<8><<<cuda_blocks(elems / 4, 256), 256, 0, c->stream>>>(*m, wb);
+        else
+            dequant_elements_kernel<<<cuda_blocks(elems, 256), 256, 0, c->stream>>>(*m, wb);
+        CUDA_LAUNCHED(c, "dequantize");
+        wp = wb;
+    }
+    cudaDataType t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, (int)n, cols, &one, wp, t,
+                               cols, xh, t, cols, accumulate ? &one : &zero, y, CUDA_R_32F, rows,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* ---- 4-bit GEMM on the tensor cores, dequantizing as it goes (9..QGEMM_MAX_TOKENS tokens) --- */
+
+/* The GEMM path above dequantizes a whole matrix to a bf16 copy and hands it to cuBLAS: for a
+ * decode batch that writes and reads 4x the bytes of the 4-bit weights, every step. Here a block
+ * of 8 warps takes 128 rows x 64 tokens: per 64 columns (one k chunk) each thread dequantizes 32
+ * weights of one row (one 16-byte load, its group's scale and bias) into a bf16 tile in shared
+ * memory, x (already bf16) is copied beside it, and the warps multiply through WMMA 16x16x16
+ * bf16 fragments with float32 accumulators (warp tile 32 rows x 32 tokens). Matrices with few
+ * row blocks split k across blocks (partial sums in scratch, summed by a second kernel in a fixed
+ * order: deterministic). Numerics as the cuBLAS path: bf16 weights and x, float32 sums. */
+#define QGEMM_MAX_TOKENS 256
+#define QGEMM_BM 128
+#define QGEMM_BN 64
+#define QGEMM_BK 64
+#define QGEMM_PAD 8 /* bf16 elements per shared row beyond BK: rows 144 bytes apart, no 2-way banks */
+
+union qgemm_smem {
+    struct {
+        __nv_bfloat16 w[QGEMM_BM][QGEMM_BK + QGEMM_PAD];
+        __nv_bfloat16 x[QGEMM_BN][QGEMM_BK + QGEMM_PAD];
+    } in;
+    float c[QGEMM_BN][QGEMM_BM + 4]; /* [token][row] */
+};
+
+/* y (or partial[split]) [tokens][rows] for rows [bm, bm + 128), tokens [bn, bn + 64), columns
+ * of k split blockIdx.z. xh: bf16 [tokens][cols]. */
+__global__ void __launch_bounds__(256) qgemm4_kernel(dev_matrix w, const __nv_bfloat16 *xh,
+                                                     int64_t tokens, int k_per_split, float *y,
+                                                     float *partial, int accumulate) {
+    __shared__ __align__(128) qgemm_smem sm;
+    const int t = threadIdx.x, warp = t >> 5;
+    const int64_t rows = w.rows, cols = w.cols, bm = (int64_t)blockIdx.x * QGEMM_BM,
+                  bn = (int64_t)blockIdx.y * QGEMM_BN;
+    const int64_t k0 = (int64_t)blockIdx.z * k_per_split,
+                  k1 = k0 + k_per_split < cols ? k0 + k_per_split : cols;
+    const int wm = warp & 3, wn = warp >> 2; /* warp tile: rows 32 wm.., tokens 32 wn.. */
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+    /* this thread's share of each chunk: 32 weights of row bm + t/2, 16 x values of token bn + t/4 */
+    const int64_t my_row = bm + (t >> 1), my_tok = bn + (t >> 2);
+    const int half = t & 1, quarter = t & 3;
+    const int64_t row_words = cols / 8, groups = cols >> w.group_shift;
+    for (int64_t kc = k0; kc < k1; kc += QGEMM_BK) {
+        uint4 q = make_uint4(0, 0, 0, 0);
+        float s = 0, b = 0;
+        if (my_row < rows) {
+            q = __ldcs((const uint4 *)((const uint32_t *)w.data + my_row * row_words + kc / 8) + half);
+            int64_t g = my_row * groups + ((kc + 32 * half) >> w.group_shift);
+            s = scale_value(w.scales, g, w.scale_dtype), b = scale_value(w.biases, g, w.scale_dtype);
         }
-        st = cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, wf, cols, x,
-                         cols, &zero, y, rows);
-    } else {
-        int bf16 = m->format != WEIGHT_F16;
-        void *xh = cuda_scratch(c, SCRATCH_GEMM_X, (size_t)n * (size_t)cols * 2);
-        if (!xh) return;
-        to_half_kernel<<<cuda_blocks(n * cols, 256), 256, 0, c->stream>>>(x, n * cols, bf16, xh);
-        CUDA_LAUNCHED(c, "to_half");
-        const void *wp = m->data;
-        if (m->format == WEIGHT_MLX_AFFINE) {
-            __nv_bfloat16 *wb = (__nv_bfloat16 *)cuda_scratch(c, SCRATCH_GEMM_W,
-                                                              (size_t)rows * (size_t)cols * 2);
-            if (!wb) return;
-            if (m->bits == 4 || m->bits == 8) {
-                int64_t words = m->rows * m->cols * m->bits / 32;
-                dequant_words_kernel<<<cuda_blocks(words, 256), 256, 0, c->stream>>>(*m, wb);
-            } else {
-                dequant_elements_kernel<<<cuda_blocks(m->rows * m->cols, 256), 256, 0, c->stream>>>(*m, wb);
+        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+        uint32_t packed[16];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(s, small_uint_to_float((u[i] >> (4 * j)) & 15u), b),
+                                                         fmaf(s, small_uint_to_float((u[i] >> (4 * j + 4)) & 15u), b));
+                packed[4 * i + j / 2] = *reinterpret_cast<uint32_t *>(&h);
             }
-            CUDA_LAUNCHED(c, "dequantize");
-            wp = wb;
+        uint4 *wd = (uint4 *)&sm.in.w[t >> 1][32 * half];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            wd[i] = make_uint4(packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]);
+        uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        if (my_tok < tokens) {
+            const uint4 *src = (const uint4 *)(xh + my_tok * cols + kc + 16 * quarter);
+            xv[0] = src[0], xv[1] = src[1];
         }
-        cudaDataType t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
-        st = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, wp, t, cols,
-                          xh, t, cols, &zero, y, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
-                          CUBLAS_GEMM_DEFAULT);
+        uint4 *xd = (uint4 *)&sm.in.x[t >> 2][16 * quarter];
+        xd[0] = xv[0], xd[1] = xv[1];
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < QGEMM_BK; kk += 16) {
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> fa[2];
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                nvcuda::wmma::load_matrix_sync(fa[i], &sm.in.w[32 * wm + 16 * i][kk], QGEMM_BK + QGEMM_PAD);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                nvcuda::wmma::load_matrix_sync(fb[j], &sm.in.x[32 * wn + 16 * j][kk], QGEMM_BK + QGEMM_PAD);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) nvcuda::wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
     }
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        char msg[64];
-        snprintf(msg, sizeof msg, "status %d", (int)st);
-        cuda_fail(c, "cuBLAS GEMM", msg);
+    /* [token][row] through shared memory, then out with the bounds */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            nvcuda::wmma::store_matrix_sync(&sm.c[32 * wn + 16 * j][32 * wm + 16 * i], acc[i][j],
+                                            QGEMM_BM + 4, nvcuda::wmma::mem_col_major);
+    __syncthreads();
+    for (int i = t; i < QGEMM_BN * QGEMM_BM; i += 256) {
+        int n = i / QGEMM_BM, r = i % QGEMM_BM;
+        int64_t tok = bn + n, row = bm + r;
+        if (tok >= tokens || row >= rows) continue;
+        float v = sm.c[n][r];
+        if (partial) {
+            partial[((int64_t)blockIdx.z * tokens + tok) * rows + row] = v;
+        } else {
+            float *o = y + tok * rows + row;
+            *o = accumulate ? *o + v : v;
+        }
     }
+}
+
+/* y (+)= the sum of the splits' partial sums, in split order. */
+__global__ void qgemm_reduce_kernel(const float *partial, int splits, int64_t n, float *y,
+                                    int accumulate) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = 0;
+    for (int s = 0; s < splits; s++) v += partial[s * n + i];
+    y[i] = accumulate ? y[i] + v : v;
+}
+
+/* Whether qgemm4 takes this matrix at this token count. */
+static int qgemm_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
+    return c->qgemm && m->kind == GEMV_Q4 && m->group_size >= 32 && m->cols % QGEMM_BK == 0 &&
+           n > GEMV_MAX_TOKENS && n <= QGEMM_MAX_TOKENS;
+}
+
+static void qgemm4(cuda_ctx *c, const dev_matrix *m, const void *xh, float *y, int64_t n,
+                   int accumulate) {
+    int64_t row_blocks = (m->rows + QGEMM_BM - 1) / QGEMM_BM, tok_blocks = (n + QGEMM_BN - 1) / QGEMM_BN;
+    int64_t chunks = m->cols / QGEMM_BK, blocks = row_blocks * tok_blocks;
+    /* enough blocks for two waves of the GPU, each split at least 4 chunks long */
+    int64_t splits = 1;
+    while (blocks * splits < 2 * c->sm_count && chunks / (splits * 2) >= 4) splits *= 2;
+    int k_per_split = (int)(((chunks + splits - 1) / splits) * QGEMM_BK);
+    splits = (m->cols + k_per_split - 1) / k_per_split;
+    float *partial = NULL;
+    if (splits > 1) {
+        partial = (float *)cuda_scratch(c, SCRATCH_QGEMM, (size_t)(splits * n * m->rows) * sizeof(float));
+        if (!partial) return;
+    }
+    dim3 grid((unsigned)row_blocks, (unsigned)tok_blocks, (unsigned)splits);
+    qgemm4_kernel<<<grid, 256, 0, c->stream>>>(*m, (const __nv_bfloat16 *)xh, n, k_per_split, y,
+                                               partial, accumulate);
+    CUDA_LAUNCHED(c, "qgemm4");
+    if (partial) {
+        qgemm_reduce_kernel<<<cuda_blocks(n * m->rows, 256), 256, 0, c->stream>>>(
+            partial, (int)splits, n * m->rows, y, accumulate);
+        CUDA_LAUNCHED(c, "qgemm_reduce");
+    }
+}
+
+/* n matrices sharing x (x' = silu(x) * up when up), each y[i] (+)= W_i x': x rounded to 16 bits
+ * once for every matrix of the same width (bf16, or f16 for f16 weights). */
+static void gemm_path_multi(cuda_ctx *c, int n, const dev_matrix *const *m, float *x,
+                            const float *up, float *const *ys, int64_t tokens, int accumulate) {
+    int f32 = 0, half_kinds = 0; /* bit 0: bf16 wanted, bit 1: f16 wanted */
+    for (int i = 0; i < n; i++) {
+        if (gemm_in_f32(m[i])) f32 = 1;
+        else half_kinds |= m[i]->format == WEIGHT_F16 ? 2 : 1;
+    }
+    if (up && f32) { /* SGEMM reads float32 x: silu applied in place (backend.h allows it) */
+        cuda_silu_mul_launch(c, x, up, tokens * m[0]->cols);
+        up = NULL;
+    }
+    for (int bf16 = 1; bf16 >= 0; bf16--) {
+        if (!(half_kinds & (bf16 ? 1 : 2))) continue;
+        const void *xh = half_x(c, x, up, tokens, m[0]->cols, bf16);
+        if (!xh) return;
+        for (int i = 0; i < n; i++) {
+            if (gemm_in_f32(m[i]) || (m[i]->format != WEIGHT_F16) != bf16) continue;
+            if (qgemm_applies(c, m[i], tokens))
+                qgemm4(c, m[i], xh, ys[i], tokens, accumulate);
+            else
+                gemm_half(c, m[i], xh, ys[i], tokens, accumulate);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (gemm_in_f32(m[i])) gemm_f32(c, m[i], x, ys[i], tokens, accumulate);
 }
 
 static int use_gemv(const cuda_ctx *c, int64_t n) {
@@ -438,9 +933,25 @@ void cuda_matmul(cuda_ctx *c, const weight_matrix *w, const float *x, float *y, 
     const dev_matrix *m = cuda_weight(c, w);
     if (!m || n <= 0) return;
     if (use_gemv(c, n))
-        gemv_tiles(c, 1, &m, x, &y, n);
+        gemv_tiles(c, 1, &m, x, NULL, &y, n, 0);
     else
-        gemm_path(c, m, x, y, n);
+        gemm_path_multi(c, 1, &m, (float *)x, NULL, &y, n, 0); /* x is written only with up */
+}
+
+/* silu(x) * x_up is applied where x is read anyway: by the persistent GEMV while staging x, by
+ * the GEMM path while rounding x to 16 bits; the other GEMV kernels (and SGEMM) get it from the
+ * silu_mul kernel first, in place (x may be overwritten, as backend.h allows). */
+void cuda_matmul_fused(cuda_ctx *c, const weight_matrix *w, float *x, const float *x_up, float *y,
+                       int64_t n, int accumulate) {
+    const dev_matrix *m = cuda_weight(c, w);
+    if (!m || n <= 0) return;
+    if (!use_gemv(c, n)) {
+        gemm_path_multi(c, 1, &m, x, x_up, &y, n, accumulate);
+        return;
+    }
+    int fused = x_up && persist_applies(c, m, n);
+    if (x_up && !fused) cuda_silu_mul_launch(c, x, x_up, n * m->cols);
+    gemv_tiles(c, 1, &m, x, fused ? x_up : NULL, &y, n, accumulate);
 }
 
 void cuda_matmul_multi(cuda_ctx *c, int n, const weight_matrix *const *w, const float *x,
@@ -453,7 +964,11 @@ void cuda_matmul_multi(cuda_ctx *c, int n, const weight_matrix *const *w, const 
         same = same && m[i]->kind == m[0]->kind;
     }
     if (same && use_gemv(c, n_tokens)) {
-        gemv_tiles(c, n, m, x, ys, n_tokens);
+        gemv_tiles(c, n, m, x, NULL, ys, n_tokens, 0);
+        return;
+    }
+    if (n <= 4 && !use_gemv(c, n_tokens)) { /* x rounded to 16 bits once for all of them */
+        gemm_path_multi(c, n, m, (float *)x, NULL, ys, n_tokens, 0);
         return;
     }
     for (int i = 0; i < n; i++) cuda_matmul(c, w[i], x, ys[i], n_tokens);
