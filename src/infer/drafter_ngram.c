@@ -1,6 +1,6 @@
 /* Prompt-lookup drafter (drafter.h): the sequence's last n tokens (n from max_ngram down to
  * min_ngram) are looked up in everything before them; the latest earlier occurrence wins and the
- * tokens that followed it are the draft. No weights, no state between calls: a rejected draft
+ * tokens that followed it are the draft (continued past the end as the same repeat). No weights, no state between calls: a rejected draft
  * needs no rollback. Refuses: nothing (a context without a repeat gets no draft). */
 #include "infer/drafter.h"
 
@@ -26,10 +26,14 @@ static void propose_one(const ngram_drafter *g, drafter_query *q) {
         if (n >= q->n_tokens) continue;
         int start = latest_earlier_match(q->tokens, q->n_tokens, n);
         if (start < 0) continue;
-        int from = start + n, avail = q->n_tokens - from;
-        int take = avail < q->max_draft ? avail : q->max_draft;
-        memcpy(q->draft, q->tokens + from, (size_t)take * sizeof *q->draft);
-        q->n_draft = take;
+        /* copy what followed; a match close to the end runs into the draft itself, which
+         * continues a repeating pattern (a period shorter than the draft) */
+        int from = start + n;
+        for (int j = 0; j < q->max_draft; j++) {
+            int src = from + j;
+            q->draft[j] = src < q->n_tokens ? q->tokens[src] : q->draft[src - q->n_tokens];
+        }
+        q->n_draft = q->max_draft;
         return;
     }
 }

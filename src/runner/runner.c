@@ -509,6 +509,7 @@ static int load(runner *r, const runner_options *o) {
     }
     engine_options eo = {.model_dir = o->model_dir, .n_threads = o->n_threads,
                          .kv_cache_bytes = o->kv_cache_bytes, .device = o->device,
+                         .speculative = o->speculative, .spec_tokens = o->spec_tokens,
                          .dist = r->dist, .parallel = r->dist ? o->dist.parallel : ENGINE_SINGLE,
                          .layer_start = o->dist.layer_start, .layer_end = o->dist.layer_end,
                          .dist_timeout_ms = o->dist.timeout_ms};

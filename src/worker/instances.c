@@ -79,6 +79,8 @@ typedef struct instance {
 
 struct instances {
     char *runner_exe, *models_dir, *models_path, *node_id;
+    char *speculative; /* "" = off */
+    int spec_tokens;
     size_t kv_cache_bytes;
     char device[8];
     int ready_timeout_s;
@@ -119,6 +121,8 @@ instances *instances_new(const instances_options *o) {
     m->models_path = strdup(o->models_path ? o->models_path : "");
     m->node_id = strdup(o->node_id ? o->node_id : "node");
     m->kv_cache_bytes = o->kv_cache_bytes;
+    m->speculative = strdup(o->speculative ? o->speculative : "");
+    m->spec_tokens = o->spec_tokens;
     snprintf(m->device, sizeof m->device, "%s", o->device && o->device[0] ? o->device : "auto");
     m->ready_timeout_s = o->ready_timeout_s ? o->ready_timeout_s : 600;
     m->max_runners = o->max_runners > 0 ? o->max_runners : INSTANCES_MAX_RUNNERS_DEFAULT;
@@ -470,11 +474,18 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
         snprintf(err, errlen, "socketpair: %s", strerror(errno));
         return NULL;
     }
-    char kv[32], rank[16], ranks[16], layers[32], timeout[16];
+    char kv[32], rank[16], ranks[16], layers[32], timeout[16], spec_k[16];
     snprintf(kv, sizeof kv, "%zu", m->kv_cache_bytes);
-    char *argv[32] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
+    char *argv[40] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
                       (char *)model_id, "--kv-cache-mem", kv, "--device", m->device};
     int argc = 12;
+    if (m->speculative[0]) {
+        snprintf(spec_k, sizeof spec_k, "%d", m->spec_tokens);
+        argv[argc++] = "--speculative";
+        argv[argc++] = m->speculative;
+        argv[argc++] = "--spec-k";
+        argv[argc++] = spec_k;
+    }
     if (shard && shard->world_size > 1) {
         snprintf(rank, sizeof rank, "%d", shard->rank);
         snprintf(ranks, sizeof ranks, "%d", shard->world_size);
@@ -965,5 +976,6 @@ void instances_free(instances *m) {
     free(m->models_dir);
     free(m->models_path);
     free(m->node_id);
+    free(m->speculative);
     free(m);
 }

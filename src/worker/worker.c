@@ -32,6 +32,8 @@ worker *worker_new(const worker_config *c, models_service *models, char *err, si
                             .models_path = c->models_path,
                             .node_id = c->node_id,
                             .kv_cache_bytes = c->kv_cache_bytes,
+                            .speculative = c->speculative,
+                            .spec_tokens = c->spec_tokens,
                             .device = c->device,
                             .watchdog_s = c->watchdog_s,
                             .max_runners = c->max_runners};
