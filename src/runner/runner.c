@@ -426,16 +426,20 @@ static void send_stats(runner *r, int force) {
     const engine_stats *o = &r->sent_stats;
     if (st.kv_blocks_total == o->kv_blocks_total && st.kv_blocks_free == o->kv_blocks_free &&
         st.kv_blocks_cached == o->kv_blocks_cached && st.n_running == o->n_running &&
-        st.n_waiting == o->n_waiting && st.preemptions == o->preemptions)
+        st.n_waiting == o->n_waiting && st.preemptions == o->preemptions &&
+        st.spec_verifies == o->spec_verifies)
         return;
     if (!force && now - r->t_stats < 100000000u) return;
     r->sent_stats = st;
     r->t_stats = now;
-    send_msg(r, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:I}", "type", "kv_stats",
+    send_msg(r, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:I}", "type", "kv_stats",
                           "blocks_total", st.kv_blocks_total, "blocks_free", st.kv_blocks_free,
                           "blocks_cached", st.kv_blocks_cached, "block_tokens",
                           st.kv_block_tokens, "running", st.n_running, "waiting", st.n_waiting,
-                          "preemptions", (json_int_t)st.preemptions));
+                          "preemptions", (json_int_t)st.preemptions, "spec_verifies",
+                          (json_int_t)st.spec_verifies, "spec_drafted",
+                          (json_int_t)st.spec_drafted, "spec_accepted",
+                          (json_int_t)st.spec_accepted));
 }
 
 /* ------------------------------------------------------------------ load, warm up, serve */

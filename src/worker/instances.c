@@ -60,6 +60,7 @@ typedef struct instance {
     /* the runner's last kv_stats (runner/protocol.h); has_kv_stats = 0 until the first */
     int has_kv_stats, kv_total, kv_free, kv_cached, kv_block_tokens, sched_running, sched_waiting;
     long long preemptions;
+    long long spec_verifies, spec_drafted, spec_accepted; /* speculative decoding totals */
     int refs;
     int removed;
     int exited;  /* the reader saw EOF and reaped the process */
@@ -275,6 +276,9 @@ static void handle_kv_stats(instances *m, instance *in, const json_t *msg) {
     in->sched_running = FIELD("running");
     in->sched_waiting = FIELD("waiting");
     in->preemptions = (long long)json_integer_value(json_object_get(msg, "preemptions"));
+    in->spec_verifies = (long long)json_integer_value(json_object_get(msg, "spec_verifies"));
+    in->spec_drafted = (long long)json_integer_value(json_object_get(msg, "spec_drafted"));
+    in->spec_accepted = (long long)json_integer_value(json_object_get(msg, "spec_accepted"));
     pthread_mutex_unlock(&m->lock);
 #undef FIELD
 }
@@ -910,16 +914,21 @@ void instances_render_metrics(instances *m, strbuf *out) {
         {"exo_scheduler_running", "Sequences holding KV blocks."},
         {"exo_scheduler_waiting", "Sequences queued for admission (new or preempted)."},
         {"exo_scheduler_preemptions_total", "Sequences preempted because the KV cache was full."},
+        {"exo_spec_verify_steps_total", "Speculative decoding: sequence steps that verified drafts."},
+        {"exo_spec_drafted_tokens_total", "Speculative decoding: tokens drafted."},
+        {"exo_spec_accepted_tokens_total", "Speculative decoding: drafted tokens accepted."},
     };
+    enum { N_METRICS = sizeof names / sizeof names[0], FIRST_COUNTER = 7 };
     pthread_mutex_lock(&m->lock);
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < N_METRICS; k++) {
         strbuf_appendf(out, "# HELP %s %s\n# TYPE %s %s\n", names[k][0], names[k][1],
-                       names[k][0], k == 7 ? "counter" : "gauge");
+                       names[k][0], k >= FIRST_COUNTER ? "counter" : "gauge");
         for (instance *in = m->list; in; in = in->next) {
             if (!in->has_kv_stats) continue;
-            long long v[8] = {in->kv_total, in->kv_total - in->kv_free, in->kv_cached,
-                              in->kv_free, in->kv_block_tokens, in->sched_running,
-                              in->sched_waiting, in->preemptions};
+            long long v[N_METRICS] = {in->kv_total, in->kv_total - in->kv_free, in->kv_cached,
+                                      in->kv_free, in->kv_block_tokens, in->sched_running,
+                                      in->sched_waiting, in->preemptions, in->spec_verifies,
+                                      in->spec_drafted, in->spec_accepted};
             strbuf_appendf(out, "%s{model=\"", names[k][0]);
             append_label(out, in->model_id);
             strbuf_appendf(out, "\"} %lld\n", v[k]);

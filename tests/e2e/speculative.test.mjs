@@ -43,7 +43,12 @@ async function answers(args) {
       }
       out.push({ text: j.choices[0].message.content, tokens: j.usage.completion_tokens, streamed });
     }
-    return { out, log: node.log() };
+    let metrics = '';
+    for (let i = 0; i < 50 && !/exo_spec_drafted_tokens_total\{[^}]*\} [1-9]/.test(metrics) && args.length; i++) {
+      metrics = await (await fetch(`${node.url}/metrics`)).text(); // the runner reports within 100 ms
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    return { out, log: node.log(), metrics };
   } finally {
     await node.stop();
   }
@@ -61,6 +66,10 @@ test('greedy answers with --speculative ngram and draft:DIR equal those without'
     const name = method.startsWith('draft:') ? 'draft' : 'ngram';
     assert.match(spec.log, new RegExp(`speculative decoding with the ${name} drafter, up to 3 tokens`));
     assert.match(spec.log, /drafted tokens accepted/);
+    const count = (name) => Number(spec.metrics.match(new RegExp(`${name}\\{model="${MODEL}"\\} (\\d+)`))?.[1]);
+    assert.ok(count('exo_spec_drafted_tokens_total') > 0, spec.metrics);
+    assert.ok(count('exo_spec_accepted_tokens_total') <= count('exo_spec_drafted_tokens_total'));
+    assert.ok(count('exo_spec_verify_steps_total') > 0);
   }
 });
 
