@@ -60,9 +60,9 @@ static int wrong_propose(drafter *d, drafter_query *q, int n, char *err, size_t 
 
 static void wrong_destroy(drafter *d) { (void)d; }
 
-static engine *open_with(const char *dir, const char *method, drafter *d, size_t kv_bytes,
-                         int max_batch) {
-    engine_options o = {.model_dir = dir, .n_threads = 1, .max_sequences = 8,
+static engine *open_sized(const char *dir, const char *method, drafter *d, size_t kv_bytes,
+                          int max_batch, int max_sequences) {
+    engine_options o = {.model_dir = dir, .n_threads = 1, .max_sequences = max_sequences,
                         .max_batch_tokens = max_batch, .kv_cache_bytes = kv_bytes,
                         .speculative = method, .drafter = d, .spec_tokens = 4};
     char err[256] = "";
@@ -70,6 +70,11 @@ static engine *open_with(const char *dir, const char *method, drafter *d, size_t
     if (!e) fprintf(stderr, "engine_open %s: %s\n", method ? method : "", err);
     assert_non_null(e);
     return e;
+}
+
+static engine *open_with(const char *dir, const char *method, drafter *d, size_t kv_bytes,
+                         int max_batch) {
+    return open_sized(dir, method, d, kv_bytes, max_batch, 8);
 }
 
 static engine_request greedy_request(const int32_t *prompt, int n) {
@@ -267,6 +272,7 @@ FIXTURE_TEST(test_qwen3_moe_4bit_mlx, "qwen3-moe-tiny-4bit-mlx.json")
 #define SAMPLE_VOCAB 12
 #define SAMPLE_TOKENS 4
 #define SAMPLE_RUNS 20000
+#define SAMPLE_BATCH 64 /* requests in flight together */
 
 static char small_dir[256];
 
@@ -339,15 +345,15 @@ static int often_wrong_propose(drafter *d, drafter_query *q, int n, char *err, s
 /* counts[position][token] over SAMPLE_RUNS sampled requests (seed = run number). */
 static void sample_counts(const char *method, drafter *d, int counts[SAMPLE_TOKENS][SAMPLE_VOCAB],
                           engine_stats *stats) {
-    engine *e = open_with(small_dir, method, d, 0, 512);
+    engine *e = open_sized(small_dir, method, d, 0, 512, SAMPLE_BATCH);
     memset(counts, 0, sizeof(int) * SAMPLE_TOKENS * SAMPLE_VOCAB);
     int32_t prompt[5] = {4, 9, 1, 7, 5};
     char err[256];
-    engine_event ev[64];
-    int pos[64] = {0};
+    static engine_event ev[SAMPLE_BATCH * SAMPLE_TOKENS];
+    int pos[SAMPLE_BATCH] = {0};
     for (int run = 0; run < SAMPLE_RUNS;) {
         int batch = 0;
-        for (; batch < 8 && run < SAMPLE_RUNS; batch++, run++) {
+        for (; batch < SAMPLE_BATCH && run < SAMPLE_RUNS; batch++, run++) {
             engine_request r = {.prompt = prompt, .n_prompt = 5, .max_tokens = SAMPLE_TOKENS,
                                 .ban_eos = 1};
             r.sampling = sampling_params_default();
@@ -357,7 +363,7 @@ static void sample_counts(const char *method, drafter *d, int counts[SAMPLE_TOKE
             pos[batch] = 0;
         }
         while (engine_pending(e)) {
-            int n = engine_step(e, ev, 64);
+            int n = engine_step(e, ev, SAMPLE_BATCH * SAMPLE_TOKENS);
             assert_true(n >= 0);
             for (int i = 0; i < n; i++) {
                 if (ev[i].token < 0) continue;
@@ -447,7 +453,10 @@ static void test_request_override_and_bad_settings(void **s) {
 }
 
 int main(void) {
-    log_set_level(LOG_LEVEL_WARN); /* no per-request acceptance lines */
+    if (sodium_init() < 0) return 1; /* the fixtures' sha256 */
+    log_set_level(LOG_LEVEL_WARN);   /* no per-request acceptance lines */
+    const char *filter = getenv("EXO_TEST_FILTER"); /* a glob over the test names */
+    if (filter) cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3),          cmocka_unit_test(test_qwen3_tied),
         cmocka_unit_test(test_qwen3_4bit),     cmocka_unit_test(test_llama3),
