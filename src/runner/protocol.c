@@ -58,6 +58,7 @@ json_t *gen_request_to_json(const gen_request *r) {
     if (r->ban_eos) json_object_set_new(o, "ban_eos", json_true());
     if (r->engine_only) json_object_set_new(o, "engine_only", json_true());
     if (r->no_prefix_cache) json_object_set_new(o, "no_prefix_cache", json_true());
+    if (r->spec_tokens) json_object_set_new(o, "spec_tokens", json_integer(r->spec_tokens));
     return o;
 }
 
@@ -115,7 +116,9 @@ int gen_request_from_json(const json_t *j, gen_request *r, char *err, size_t err
     r->ban_eos = json_is_true(json_object_get(j, "ban_eos"));
     r->engine_only = json_is_true(json_object_get(j, "engine_only"));
     r->no_prefix_cache = json_is_true(json_object_get(j, "no_prefix_cache"));
-    if (bad || r->max_tokens < 0 || r->top_logprobs < 0 || r->top_logprobs > 20) {
+    r->spec_tokens = (int)json_integer_value(json_object_get(j, "spec_tokens"));
+    if (bad || r->max_tokens < 0 || r->top_logprobs < 0 || r->top_logprobs > 20 ||
+        r->spec_tokens < -1 || r->spec_tokens > 16) {
         snprintf(err, errlen, "request has a field of the wrong type or range");
         gen_request_free(r);
         return -1;

@@ -67,6 +67,8 @@ typedef struct gen_request {
     int engine_only;       /* benchmarks: the runner only counts and times tokens (no detokenizing,
                               no deltas), so the engine's own pace is measured in the same process */
     int no_prefix_cache;
+    int spec_tokens;       /* speculative decoding: 0 = the instance's setting, -1 = none for this
+                              request, n > 0 = at most n drafted tokens per step */
     int stream;            /* API-side only: answer as a stream */
 } gen_request;
 

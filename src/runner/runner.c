@@ -211,7 +211,8 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
                          .max_tokens = q.max_tokens > 0 && q.max_tokens < ctx - n ? q.max_tokens
                                                                                   : ctx - n,
                          .ban_eos = q.ban_eos,
-                         .no_prefix_cache = q.no_prefix_cache};
+                         .no_prefix_cache = q.no_prefix_cache,
+                         .spec_tokens = q.spec_tokens};
     if (engine_submit(r->engine, id, &er, err, sizeof err)) {
         send_done_error(r, id, 400, err);
         free(ids);

@@ -73,6 +73,31 @@ test('greedy answers with --speculative ngram and draft:DIR equal those without'
   }
 });
 
+test('spec_tokens in a request: 0 turns speculation off for it, out of range is a 400', async () => {
+  const node = await startNode({ args: ['--models-path', path.dirname(dir), '--speculative', 'ngram'] });
+  try {
+    const post = (extra) => fetch(`${node.url}/v1/chat/completions`, { method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: QUESTIONS[0] }],
+        max_tokens: 40, temperature: 0, ...extra }) });
+    const off = await post({ spec_tokens: 0 });
+    assert.equal(off.status, 200);
+    const bad = await post({ spec_tokens: 17 });
+    assert.equal(bad.status, 400);
+    assert.match((await bad.json()).error.message, /spec_tokens/);
+    let metrics = '';
+    for (let i = 0; i < 30 && !/exo_spec_drafted_tokens_total\{/.test(metrics); i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      metrics = await (await fetch(`${node.url}/metrics`)).text();
+    }
+    assert.match(metrics, /exo_spec_drafted_tokens_total\{[^}]*\} 0\n/);
+    const two = await post({ spec_tokens: 2 });
+    assert.equal((await two.json()).choices[0].message.content, (await off.json()).choices[0].message.content);
+  } finally {
+    await node.stop();
+  }
+});
+
 test('exo run --speculative prints the same text and the acceptance', () => {
   const run = (extra) => spawnSync(exoBin(), ['run', dir, QUESTIONS[0], '--raw', '--temperature', '0',
     '--max-tokens', '32', ...extra], { encoding: 'utf8', timeout: 120000 });
