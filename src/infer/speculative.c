@@ -15,8 +15,9 @@
  * held nothing but rejected drafts go back to the pool. The prefix cache registers full blocks of
  * computed tokens only, so a rejected draft never reaches it.
  *
- * Adaptive k, per sequence: all drafts kept -> ask for one more next time (up to the request's
- * maximum); some kept -> one more than were kept; none kept -> half as many. At 0 the sequence
+ * Adaptive k, per sequence: a request starts with one drafted token; all drafts kept -> ask for
+ * one more next time (up to the request's maximum); some kept -> one more than were kept; none
+ * kept -> half as many. At 0 the sequence
  * decodes plainly and probes with a single draft after a cooldown that doubles after every
  * failed probe, so a drafter that is never right costs a few verification rows per hundred steps.
  *
@@ -95,7 +96,8 @@ void spec_init_sequence(const engine *e, sequence *s, const engine_request *r) {
     int most = e->drafter ? e->spec_tokens : 0;
     if (r->spec_tokens < 0) most = 0;
     else if (r->spec_tokens > 0 && r->spec_tokens < most) most = r->spec_tokens;
-    s->spec_max = s->spec_k = most;
+    s->spec_max = most;
+    s->spec_k = most < 1 ? most : 1; /* one draft first: more are earned by acceptance */
     s->spec_backoff = SPEC_FIRST_BACKOFF;
 }
 
