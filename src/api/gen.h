@@ -149,7 +149,8 @@ void gen_template_reasoning(json_t *message, const char *reasoning);
  * Returns 0, or 400 with err. */
 int gen_set_token_limit(long n, const char *field, gen_request *q, char *err, size_t errlen);
 /* The sampling knobs OpenAI and Ollama share (temperature, top_p, min_p, the repetition
- * penalty under the API's own name, presence/frequency penalties, top_k, seed) from o into q.
+ * penalty under the API's own name, presence/frequency penalties, top_k, seed, and exo's
+ * spec_tokens) from o into q.
  * Returns 0, or 400 with err. */
 int gen_get_sampling(const json_t *o, const char *repetition_field, gen_request *q, char *err,
                      size_t errlen);

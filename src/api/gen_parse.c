@@ -44,6 +44,11 @@ int gen_get_sampling(const json_t *o, const char *repetition_field, gen_request 
         q->has_seed = 1;
         q->seed = (uint64_t)seed;
     }
+    /* exo's own: speculative decoding for this request (0 = off, n = at most n drafted tokens
+     * per step; absent = the node's --speculative setting) */
+    long spec = -1;
+    if ((rc = gen_get_int(o, "spec_tokens", 0, 16, &spec, err, errlen))) return rc;
+    if (spec >= 0) q->spec_tokens = spec ? (int)spec : -1;
     return 0;
 }
 

@@ -27,6 +27,8 @@
 
 int bench_model_main(const char *model_dir, int argc, char **argv, double read_gbs);
 int bench_dist_main(const char *model_dir, int argc, char **argv);
+int bench_spec_main(const char *model_dir, const char *method, const int *ks, int n_k, int tg,
+                    int reps, const char *device, const char *kv);
 double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *window);
 double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
 double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens);
@@ -499,7 +501,8 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
     int pp[8] = {128, 512}, n_pp = 2, batch[8] = {1, 8}, n_batch = 2, tg = 64, reps = 2;
     int streams[8] = {0}, n_streams = 0, stream_prompt = 128;
     int interrupt = 0, short_prompt = 32, n_short = 24, chunk = 512, set_pp = 0, set_batch = 0;
-    const char *kv = NULL, *device = NULL;
+    const char *kv = NULL, *device = NULL, *spec = NULL;
+    int spec_k[8] = {2, 4}, n_spec_k = 2;
     for (int i = 0; i < argc; i++) /* several ranks: cmd_bench_dist.c */
         if (!strcmp(argv[i], "--tp") || !strcmp(argv[i], "--pp-ranks") || !strcmp(argv[i], "--rank"))
             return bench_dist_main(model_dir, argc, argv);
@@ -522,20 +525,25 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
         else if (!strcmp(a, "--shorts")) n_short = atoi(v);
         else if (!strcmp(a, "--chunk")) chunk = atoi(v);
         else if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--spec")) spec = v;
+        else if (!strcmp(a, "--spec-k")) n_spec_k = parse_list(v, spec_k, 8);
         else {
             fprintf(stderr, "exo bench --model: unknown option %s (--pp 128,512 --tg 64 "
                     "--batch 1,8 --reps 2 --kv-dtype f16 --streams 1,8,32 --stream-prompt 128 "
                     "--interrupt 4096 --short-prompt 32 --shorts 24 --chunk 512 "
-                    "--device cpu|cuda|auto; several ranks: --tp N or --pp-ranks N, see "
+                    "--device cpu|cuda|auto --spec ngram|oracle|miss|draft:DIR --spec-k 2,4; several ranks: --tp N or --pp-ranks N, see "
                     "cmd_bench_dist.c)\n", a);
             return 2;
         }
         if (n_pp < 1 || n_batch < 1 || tg < 2 || reps < 1 || n_streams < 0 || stream_prompt < 1 ||
-            interrupt < 0 || short_prompt < 1 || n_short < 1 || n_short > 1000 || chunk < 16) {
+            interrupt < 0 || short_prompt < 1 || n_short < 1 || n_short > 1000 || chunk < 16 ||
+            n_spec_k < 1) {
             fprintf(stderr, "exo bench --model: bad value '%s' for %s\n", v, a);
             return 2;
         }
     }
+    if (spec && strcmp(spec, "off")) /* its own section: bench_spec.c */
+        return bench_spec_main(model_dir, spec, spec_k, n_spec_k, tg, reps, device, kv);
     /* --streams / --interrupt alone run only those sections */
     if ((n_streams || interrupt) && !set_pp) n_pp = 0;
     if ((n_streams || interrupt) && !set_batch) n_batch = 0;

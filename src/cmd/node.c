@@ -114,6 +114,8 @@ static int services_start(node_services *n, const exo_options *o, const char *no
                         .kv_cache_bytes = o->kv_cache_bytes,
                         .kv_cache_dtype = o->kv_cache_dtype,
                         .device = o->device,
+                        .speculative = o->speculative,
+                        .spec_tokens = o->spec_tokens,
                         .watchdog_s = runner_watchdog_s(),
                         .max_runners = o->max_runners,
                         .api_port = o->api_port,

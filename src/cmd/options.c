@@ -121,6 +121,10 @@ void options_print_help(const char *prog) {
            "  --device DEV          cpu, cuda or auto: what runners compute on (env EXO_DEVICE;\n"
            "                        default auto: the GPU when this build has CUDA and one is present)\n"
            "  --max-runners N       runner processes (placed models) this node starts (default 8)\n"
+           "  --speculative M       runners' speculative decoding: ngram (prompt lookup),\n"
+           "                        draft:DIR (a small model of the same tokenizer) or off\n"
+           "                        (default; one-process instances only)\n"
+           "  --spec-k N            most tokens drafted per step (default 4, at most 16)\n"
            "  --max-connections-per-ip N\n"
            "                        open HTTP connections from one address; more are refused\n"
            "                        (default 512; 0 = no limit, e.g. behind a proxy)\n"
@@ -248,6 +252,20 @@ enum options_result options_parse(exo_options *o, int argc, char **argv, char *e
                 return OPTIONS_ERROR;
             }
             snprintf(o->kv_cache_dtype, sizeof o->kv_cache_dtype, "%s", v);
+        } else if (VALUE("--speculative")) {
+            REQUIRE_VALUE("--speculative");
+            if (strcmp(v, "off") && strcmp(v, "ngram") && (strncmp(v, "draft:", 6) || !v[6])) {
+                snprintf(err, errlen, "--speculative: '%.64s' is not one of off, ngram, draft:DIR",
+                         v);
+                return OPTIONS_ERROR;
+            }
+            snprintf(o->speculative, sizeof o->speculative, "%s", v);
+        } else if (VALUE("--spec-k")) {
+            REQUIRE_VALUE("--spec-k");
+            if (parse_count(v, 1, &o->spec_tokens, "--spec-k", err, errlen) || o->spec_tokens > 16) {
+                snprintf(err, errlen, "--spec-k: '%.32s' is not a count in 1..16", v);
+                return OPTIONS_ERROR;
+            }
         } else if (VALUE("--max-runners")) {
             REQUIRE_VALUE("--max-runners");
             if (parse_count(v, 1, &o->max_runners, "--max-runners", err, errlen))

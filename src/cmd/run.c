@@ -40,6 +40,8 @@ typedef struct run_flags {
     const char *models_dir;
     const char *models_path;
     int offline; /* --offline / EXO_OFFLINE: never download a missing model */
+    const char *speculative; /* --speculative ngram|draft:DIR|off */
+    int spec_tokens;         /* --spec-k N */
 } run_flags;
 
 static void usage(FILE *out) {
@@ -56,6 +58,9 @@ static void usage(FILE *out) {
             "  --threads N         CPU threads (default: all cores)\n"
             "  --device DEV        cpu, cuda or auto (default: the GPU when there is one)\n"
             "  --context N         context length (default: the model's)\n"
+            "  --speculative M     speculative decoding: ngram (prompt lookup), draft:DIR (a\n"
+            "                      small model of the same tokenizer) or off (default)\n"
+            "  --spec-k N          most tokens drafted per step (default 4, at most 16)\n"
             "  --models-path DIRS  read-only model dirs, colon-separated ($EXO_MODELS_PATH)\n"
             "  --models-dir DIR    where model ids are looked up (default $EXO_MODELS_DIR or\n"
             "                      $XDG_DATA_HOME/exo/models)\n");
@@ -97,6 +102,8 @@ static int parse_flags(int argc, char **argv, run_flags *f) {
             else if (!strcmp(a, "--context")) f->context = (int)strtol(v, &end, 10);
             else if (!strcmp(a, "--tokens")) f->tokens = v, end = (char *)v + strlen(v);
             else if (!strcmp(a, "--device")) f->device = v, end = (char *)v + strlen(v);
+            else if (!strcmp(a, "--speculative")) f->speculative = v, end = (char *)v + strlen(v);
+            else if (!strcmp(a, "--spec-k")) f->spec_tokens = (int)strtol(v, &end, 10);
             else if (!strcmp(a, "--models-dir")) f->models_dir = v, end = (char *)v + strlen(v);
             else if (!strcmp(a, "--models-path")) f->models_path = v, end = (char *)v + strlen(v);
             else {
@@ -261,9 +268,11 @@ static int generate(run_session *rs, const int32_t *prompt, int n_prompt, char *
     uint64_t start = clock_now_ns(), first = 0;
     int n_gen = 0, cached = 0, rc = 0;
     engine_finish fin = ENGINE_FINISH_NONE;
+    engine_stats s0, s1;
+    engine_get_stats(rs->e, &s0);
     while (engine_pending(rs->e)) {
-        engine_event ev[4];
-        int n = engine_step(rs->e, ev, 4);
+        engine_event ev[32]; /* several tokens per step with speculation */
+        int n = engine_step(rs->e, ev, 32);
         if (n < 0) {
             fprintf(stderr, "\nexo run: the engine failed\n");
             rc = -1;
@@ -303,6 +312,15 @@ static int generate(run_session *rs, const int32_t *prompt, int n_prompt, char *
                 n_gen > 1 ? (n_gen - 1) / (dec > 0 ? dec : 1e-9) : 0.0,
                 fin == ENGINE_FINISH_STOP ? "stop" : fin == ENGINE_FINISH_LENGTH ? "length" : "error");
     }
+    engine_get_stats(rs->e, &s1);
+    uint64_t drafted = s1.spec_drafted - s0.spec_drafted, kept = s1.spec_accepted - s0.spec_accepted;
+    if (drafted)
+        fprintf(stderr, "[speculative %s: %llu of %llu drafted tokens accepted (%.0f%%), %.2f "
+                        "tokens per verifying step]\n",
+                engine_speculative(rs->e), (unsigned long long)kept, (unsigned long long)drafted,
+                100.0 * (double)kept / (double)drafted,
+                (double)(kept + s1.spec_verifies - s0.spec_verifies) /
+                    (double)(s1.spec_verifies - s0.spec_verifies));
     *reply = strbuf_detach(&text);
     return rc;
 }
@@ -388,7 +406,8 @@ int cmd_run_main(int argc, char **argv) {
     char err[512] = "";
     uint64_t t0 = clock_now_ns();
     engine_options o = {.model_dir = dir, .n_threads = f.threads, .context_length = f.context,
-                        .max_sequences = 1, .device = f.device};
+                        .max_sequences = 1, .device = f.device,
+                        .speculative = f.speculative, .spec_tokens = f.spec_tokens};
     rs.e = engine_open(&o, err, sizeof err);
     int rc = 0;
     if (!rs.e) {

@@ -64,6 +64,8 @@ int cmd_runner_main(int argc, char **argv) {
         else if (!strcmp(a, "--kv-cache-dtype") && v) o.kv_cache_dtype = argv[++i];
         else if (!strcmp(a, "--threads") && v) o.n_threads = atoi(argv[++i]);
         else if (!strcmp(a, "--device") && v) o.device = argv[++i];
+        else if (!strcmp(a, "--speculative") && v) o.speculative = argv[++i];
+        else if (!strcmp(a, "--spec-k") && v) o.spec_tokens = atoi(argv[++i]);
         else if (v && (dist_flag = parse_dist_flag(&o, a, v, &store_dir)) != 0) {
             i++;
             if (dist_flag < 0) {

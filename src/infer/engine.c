@@ -101,15 +101,15 @@ static int alloc_staging(engine *e) {
     e->b_members = malloc((size_t)T * sizeof *e->b_members);
     int samples_here = e->w.has_head && e->d.rank == e->d.head_rank; /* 0, 0 in one process */
     if (samples_here) /* only the sampling rank sees whole logits */
-        e->logits = malloc((size_t)e->max_sequences * (size_t)e->cfg.vocab_size * sizeof(float));
-    e->samples = calloc((size_t)e->max_sequences, sizeof *e->samples);
+        e->logits = malloc((size_t)e->max_logit_rows * (size_t)e->cfg.vocab_size * sizeof(float));
+    e->samples = calloc((size_t)e->max_logit_rows, sizeof *e->samples);
     e->free_slots = malloc((size_t)e->max_sequences * sizeof *e->free_slots);
     e->b_state_slots = malloc((size_t)e->max_sequences * sizeof *e->b_state_slots);
     for (int i = 0; e->free_slots && i < e->max_sequences; i++)
         e->free_slots[e->n_free_slots++] = e->max_sequences - 1 - i;
     if (!e->free_slots || !e->b_state_slots) return -1;
-    e->backend_params = calloc((size_t)e->max_sequences, sizeof *e->backend_params);
-    e->backend_results = calloc((size_t)e->max_sequences, sizeof *e->backend_results);
+    e->backend_params = calloc((size_t)e->max_logit_rows, sizeof *e->backend_params);
+    e->backend_results = calloc((size_t)e->max_logit_rows, sizeof *e->backend_results);
     e->seqs = calloc((size_t)e->max_sequences * 4 + 16, sizeof *e->seqs);
     return e->b_tokens && e->b_positions && e->b_seq && e->b_slots && e->b_table_start &&
                    e->b_logit_rows && e->b_members && (e->logits || !samples_here) &&
@@ -218,8 +218,11 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     memcpy(info->eos_ids, c->eos_ids, sizeof info->eos_ids);
     info->bos_id = c->bos_id;
     info->weight_bytes = e->w.bytes_per_token;
+    int spec_rows = 0;
+    if (spec_open(e, o, &spec_rows, err, errlen) != 0) goto fail;
+    e->max_logit_rows = e->max_sequences + spec_rows;
     if (alloc_staging(e) != 0) goto oom;
-    e->tf = transformer_create(c, &e->w, e->be, e->max_batch_tokens, e->max_sequences, err,
+    e->tf = transformer_create(c, &e->w, e->be, e->max_batch_tokens, e->max_logit_rows, err,
                                errlen);
     if (!e->tf || (e->dist && engine_dist_start(e, err, errlen)) || open_kv(e, o, err, errlen))
         goto fail;
@@ -272,7 +275,8 @@ static void snapshot_take(engine *e, sequence *s) {
     e->snapshots[k].used = ++e->snapshot_tick;
 }
 
-static void seq_free(engine *e, sequence *s) {
+void engine_free_sequence(engine *e, sequence *s) {
+    spec_forget_sequence(e, s);
     if (s->constraint.ctx && s->constraint.release) s->constraint.release(s->constraint.ctx);
     release_state_slot(e, s);
     for (int i = 0; i < s->n_blocks; i++) kv_cache_release_block(e->kv, s->blocks[i]);
@@ -285,7 +289,8 @@ static void seq_free(engine *e, sequence *s) {
 void engine_close(engine *e) {
     if (!e) return;
     if (e->dist) engine_dist_close(e); /* rank 0: tells the followers to stop */
-    for (int i = 0; i < e->n_seqs; i++) seq_free(e, e->seqs[i]);
+    for (int i = 0; i < e->n_seqs; i++) engine_free_sequence(e, e->seqs[i]);
+    spec_close(e);
     kv_cache_destroy(e->kv);
     transformer_destroy(e->tf);
     if (e->be) e->be->destroy(e->be);
@@ -330,6 +335,13 @@ void engine_get_stats(const engine *e, engine_stats *out) {
     out->steps = e->steps;
     out->step_ns = e->step_ns;
     out->comm_ns = e->comm_ns;
+    out->spec_verifies = e->spec_verifies;
+    out->spec_drafted = e->spec_drafted;
+    out->spec_accepted = e->spec_accepted;
+}
+
+const char *engine_speculative(const engine *e) {
+    return e->drafter ? e->drafter->name : NULL;
 }
 
 int engine_pending(const engine *e) {
@@ -425,12 +437,13 @@ int engine_add_sequence(engine *e, uint64_t seq_id, const engine_request *r) {
     s->sampling = r->sampling;
     s->constraint = r->constraint;
     sampler_rng_seed(&s->rng, r->sampling.seed);
+    spec_init_sequence(e, s, r);
     e->seqs[e->n_seqs++] = s;
     return 0;
 }
 
 static void remove_seq(engine *e, int index) {
-    seq_free(e, e->seqs[index]);
+    engine_free_sequence(e, e->seqs[index]);
     memmove(&e->seqs[index], &e->seqs[index + 1],
             (size_t)(e->n_seqs - index - 1) * sizeof *e->seqs);
     e->n_seqs--;
@@ -467,9 +480,7 @@ static void preempt(engine *e, sequence *s) {
     e->preemptions++;
 }
 
-/* Gives s blocks for positions < n_pos. Returns 0, or -1 when the cache ran out (s keeps what
- * it got). */
-static int ensure_blocks(engine *e, sequence *s, int n_pos) {
+int engine_ensure_blocks(engine *e, sequence *s, int n_pos) {
     int need = (n_pos + e->block_size - 1) / e->block_size;
     if (need > s->blocks_cap) {
         int cap = need * 2;
@@ -574,6 +585,7 @@ static int plan_batch(engine *e, int max_members) {
     for (int i = 0; i < e->n_seqs; i++) {
         e->seqs[i]->chunk = 0;
         e->seqs[i]->logit_index = -1;
+        e->seqs[i]->n_draft = 0;
         running += e->seqs[i]->state == SEQ_RUNNING;
     }
     /* a pipeline with steps in flight: each step decodes its share of the running sequences, so
@@ -588,7 +600,7 @@ static int plan_batch(engine *e, int max_members) {
         sequence *s = e->seqs[i];
         if (s->state != SEQ_RUNNING || s->in_flight || s->n_tokens - s->n_computed != 1) continue;
         int ok;
-        while (!(ok = ensure_blocks(e, s, s->n_tokens) == 0)) {
+        while (!(ok = engine_ensure_blocks(e, s, s->n_tokens) == 0)) {
             sequence *victim = newest_running(e, s);
             if (!victim) break;
             preempt(e, victim);
@@ -634,7 +646,7 @@ static int plan_batch(engine *e, int max_members) {
             int chunk = left < budget ? left : budget;
             if (hybrid_prefix_reuse(e) && !s->no_prefix_cache)
                 chunk = snapshot_aligned_chunk(e, s, chunk);
-            if (ensure_blocks(e, s, s->n_computed + chunk) != 0) {
+            if (engine_ensure_blocks(e, s, s->n_computed + chunk) != 0) {
                 int have = s->n_blocks * e->block_size - s->n_computed;
                 chunk = have < chunk ? have : chunk;
             }
@@ -658,7 +670,7 @@ static int plan_batch(engine *e, int max_members) {
     return n_members;
 }
 
-static int stage_batch(engine *e, int n_members, transformer_batch *b) {
+int engine_stage_batch(engine *e, int n_members, transformer_batch *b) {
     int n_tok = 0, n_entries = 0, n_logits = 0;
     for (int m = 0; m < n_members; m++) n_entries += e->b_members[m]->n_blocks;
     if (n_entries > e->b_tables_cap) {
@@ -687,9 +699,10 @@ static int stage_batch(engine *e, int n_members, transformer_batch *b) {
                                 pos % e->block_size;
             n_tok++;
         }
-        if (s->n_computed + s->chunk == s->n_tokens) {
+        if (s->n_computed + s->chunk == s->n_tokens + s->n_draft) {
+            /* the last known token's row, then one per drafted token (verification) */
             s->logit_index = n_logits;
-            e->b_logit_rows[n_logits++] = n_tok - 1;
+            for (int j = s->n_draft; j >= 0; j--) e->b_logit_rows[n_logits++] = n_tok - 1 - j;
         }
     }
     *b = (transformer_batch){.n_tokens = n_tok, .tokens = e->b_tokens,
@@ -708,17 +721,25 @@ static int is_stop(const sequence *s, int32_t token) {
     return 0;
 }
 
+sampler_input engine_sampler_input(const sequence *s, int n_history) {
+    return (sampler_input){.params = &s->sampling, .history = s->tokens, .n_history = n_history,
+                           .n_prompt = s->n_prompt, .banned = s->ban_eos ? s->stops : NULL,
+                           .n_banned = s->ban_eos ? s->n_stops : 0};
+}
+
 void engine_sample_all(engine *e, int n_members) {
     for (int m = 0; m < n_members; m++) {
         sequence *s = e->b_members[m];
         if (s->logit_index < 0) continue;
-        sampler_input in = {.params = &s->sampling, .history = s->tokens,
-                            .n_history = s->n_tokens, .n_prompt = s->n_prompt,
-                            .banned = s->ban_eos ? s->stops : NULL,
-                            .n_banned = s->ban_eos ? s->n_stops : 0};
+        if (s->n_draft > 0) {
+            spec_verify_member(e, s);
+            continue;
+        }
+        sampler_input in = engine_sampler_input(s, s->n_tokens);
         float *logits = e->logits + (size_t)s->logit_index * (size_t)e->cfg.vocab_size;
         if (s->constraint.ctx) s->constraint.mask(s->constraint.ctx, logits, e->cfg.vocab_size);
         sampler_sample(&e->sampler, logits, &in, &s->rng, &e->samples[s->logit_index]);
+        s->n_emit = 1;
     }
 }
 
@@ -841,7 +862,8 @@ int engine_report_cancelled(engine *e, engine_event *events, int limit) {
     return n_ev;
 }
 
-int engine_plan_step(engine *e, int cap, transformer_batch *b, engine_event *events, int *n_ev) {
+int engine_plan_step(engine *e, int cap, int draft_room, transformer_batch *b,
+                     engine_event *events, int *n_ev) {
     if (e->n_seqs == 0 || cap <= 0) return 0;
     int n_members = plan_batch(e, cap);
     int in_flight = 0;
@@ -864,7 +886,8 @@ int engine_plan_step(engine *e, int cap, transformer_batch *b, engine_event *eve
         remove_seq(e, 0);
         return 0;
     }
-    if (n_members && stage_batch(e, n_members, b) != 0) {
+    if (n_members && draft_room > 0) spec_plan_drafts(e, n_members, draft_room);
+    if (n_members && engine_stage_batch(e, n_members, b) != 0) {
         engine_set_error(e, "out of memory staging a batch");
         return -1;
     }
@@ -895,7 +918,10 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
                           const sampler_result *samples, engine_event *events, int *n_ev,
                           int max_events) {
     if (chunk || logit_index >= 0) s->in_flight = 0; /* else a chunk counted at its plan */
-    s->n_computed += chunk;
+    /* verified drafts: the tokens kept plus the model's own next one; the K/V of the drafts
+     * rejected after them are stale (never read: the next step overwrites those positions) */
+    int n_emit = logit_index >= 0 && s->n_draft > 0 ? s->n_emit : 1;
+    s->n_computed += chunk - (s->n_draft - (n_emit - 1));
     register_full_blocks(e, s);
     if (chunk) snapshot_take(e, s);
     engine_finish fin = ENGINE_FINISH_NONE;
@@ -909,7 +935,15 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
         ev->cached_tokens = s->cached_tokens;
         ev->prefill_done = s->n_computed < s->n_prompt ? s->n_computed : s->n_prompt;
     }
-    if (logit_index >= 0) fin = take_sample(s, &samples[logit_index], ev);
+    for (int i = 0; logit_index >= 0 && i < n_emit && fin == ENGINE_FINISH_NONE; i++) {
+        if (i > 0) { /* more tokens of the same step: one event each */
+            engine_event *first = ev;
+            ev = &events[(*n_ev)++];
+            *ev = *first;
+        }
+        fin = take_sample(s, &samples[logit_index + i], ev);
+    }
+    if (s->n_draft > 0) spec_after_member(e, s, n_emit - 1);
     if (fin != ENGINE_FINISH_NONE) {
         ev->finish = fin;
         int i;
@@ -922,7 +956,7 @@ int engine_step_local(engine *e, engine_event *events, int max_events) {
     int room = max_events - n_ev;
     int cap = room < e->max_sequences ? room : e->max_sequences;
     transformer_batch b;
-    int n_members = engine_plan_step(e, cap, &b, events, &n_ev);
+    int n_members = engine_plan_step(e, cap, room, &b, events, &n_ev);
     if (n_members <= 0) return n_members < 0 ? -1 : n_ev;
     if (forward_and_sample(e, n_members, &b)) return -1;
     e->steps++;

@@ -29,6 +29,10 @@
 typedef struct engine engine;
 
 struct dist_group; /* dist/dist.h */
+struct drafter;    /* infer/drafter.h */
+
+#define ENGINE_SPEC_DEFAULT_TOKENS 4
+#define ENGINE_SPEC_MAX_TOKENS 16
 
 typedef enum engine_parallel {
     ENGINE_SINGLE = 0, /* one process runs the whole model */
@@ -57,6 +61,14 @@ typedef struct engine_options {
                                keeps idle followers alive well within it */
     int pipeline_serial;    /* pipeline: one step at a time through all stages (else each stage
                                works on its own step; the default) */
+    /* Speculative decoding (one process only; docs/speculative.md): "ngram", "draft:DIR" (a
+     * small model of the same tokenizer), or NULL / "off". A caller-made drafter (e.g. an
+     * oracle) goes in `drafter` instead; the caller keeps it and destroys it after
+     * engine_close. spec_tokens: the most tokens drafted per sequence and step (0 = 4, at most
+     * ENGINE_SPEC_MAX_TOKENS); the engine adapts it per sequence to the acceptance rate. */
+    const char *speculative;
+    struct drafter *drafter;
+    int spec_tokens;
 } engine_options;
 
 typedef struct sampling_params {
@@ -101,6 +113,8 @@ typedef struct engine_request {
     int no_prefix_cache;         /* do not reuse or store cached prefixes for this request */
     engine_constraint constraint; /* ctx NULL: none. On success the engine owns it (release);
                                      on failure the caller still does */
+    int spec_tokens;             /* speculation: 0 = the engine's setting, -1 = none for this
+                                    request, n > 0 = at most n drafted tokens per step */
 } engine_request;
 
 typedef enum engine_finish {
@@ -152,6 +166,8 @@ int engine_submit(engine *e, uint64_t seq_id, const engine_request *request, cha
  * ENGINE_FINISH_CANCELLED event is reported by the next engine_step. Unknown ids are ignored. */
 void engine_cancel(engine *e, uint64_t seq_id);
 /* Runs one batched forward step over the live sequences and writes up to max_events events.
+ * With speculation a sequence can get several tokens (several events, in order) in one step;
+ * the engine drafts only as many tokens as max_events leaves room for.
  * Returns the number written (0 when idle), or -1 on a fatal engine error (engine_last_error).
  * Rank 0 of several: every call is a step of all ranks, even an idle one. */
 int engine_step(engine *e, engine_event *events, int max_events);
@@ -166,6 +182,8 @@ int engine_follow(engine *e);
 /* Asks engine_follow to return; the one call that may come from another thread. Leaving breaks
  * the instance: rank 0's next step fails (the other ranks cannot go on without this one). */
 void engine_stop_following(engine *e);
+/* The drafter speculation uses ("ngram", "draft", ... ) or NULL when it is off. */
+const char *engine_speculative(const engine *e);
 /* Why the last failing call failed ("" if none). */
 const char *engine_last_error(const engine *e);
 /* Number of sequences queued or running. */
@@ -183,6 +201,9 @@ typedef struct engine_stats {
     /* time since open: steps run, their wall time, and the part spent waiting on other ranks
      * (collectives, sends, receives: communication plus their compute imbalance) */
     uint64_t steps, step_ns, comm_ns;
+    /* speculative decoding since open: forwards that verified drafts (one per sequence and
+     * step), tokens drafted, drafted tokens accepted */
+    uint64_t spec_verifies, spec_drafted, spec_accepted;
 } engine_stats;
 void engine_get_stats(const engine *e, engine_stats *out);
 

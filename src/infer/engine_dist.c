@@ -510,7 +510,7 @@ static int plan_step(engine *e, int64_t k, int max_events, engine_event *events,
         }
         if (apply_inputs(e, r->inputs, r->inputs_len)) return -1;
     }
-    int n = engine_plan_step(e, tick_cap(e, max_events), b, events, n_ev);
+    int n = engine_plan_step(e, tick_cap(e, max_events), 0, b, events, n_ev);
     if (n < 0) return -1;
     r->step = k;
     r->n_members = n;

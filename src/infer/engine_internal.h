@@ -5,6 +5,7 @@
 
 #include "arch/transformer.h"
 #include "compute/backend.h"
+#include "infer/drafter.h"
 #include "infer/engine.h"
 #include "infer/kv_cache.h"
 #include "infer/sampler.h"
@@ -43,9 +44,17 @@ typedef struct sequence {
     uint64_t serial;    /* engine-assigned, unique for the engine's life (same on every rank) */
     int in_flight;      /* in a step whose token is not applied yet (pipeline overlap) */
     int state_slot;     /* hybrid models: recurrent-state slot while running, else -1 */
+    /* speculative decoding (speculative.c) */
+    int spec_max;       /* this request's most drafted tokens per step (0: no speculation) */
+    int spec_k;         /* drafted tokens to ask for now (adapts to the acceptance) */
+    int spec_cooldown;  /* spec_k 0: steps to wait before probing with one drafted token */
+    int spec_backoff;   /* the next cooldown after a failed probe (doubles, capped) */
+    uint64_t spec_drafted, spec_accepted; /* this request's totals (logged at its end) */
     /* this step */
-    int chunk;       /* tokens in the batch */
-    int logit_index; /* row in logits, or -1 */
+    int chunk;       /* tokens in the batch (1 + n_draft when decoding with a draft) */
+    int logit_index; /* first row in logits, or -1 */
+    int n_draft;     /* drafted tokens, stored past the end at tokens[n_tokens..] */
+    int n_emit;      /* tokens the step produced: samples[logit_index .. + n_emit) */
 } sequence;
 
 typedef struct state_snapshot {
@@ -122,8 +131,16 @@ struct engine {
     int n_snapshots;
     uint64_t snapshot_tick;
     sequence **b_members;
-    float *logits;            /* [max_sequences][vocab] (the sampling rank only) */
-    sampler_result *samples;  /* [max_sequences] this step's sampled tokens, by logit row */
+    float *logits;            /* [max_logit_rows][vocab] (the sampling rank only) */
+    sampler_result *samples;  /* [max_logit_rows] this step's sampled tokens, by logit row */
+    int max_logit_rows;       /* max_sequences, plus room for verifying drafts */
+    /* speculative decoding (speculative.c); drafter NULL: off */
+    drafter *drafter;
+    int drafter_owned;        /* made from options.speculative: destroyed by engine_close */
+    int spec_tokens;          /* the most drafted tokens per sequence and step */
+    drafter_query *spec_queries; /* [max_sequences] */
+    sequence **spec_asking;      /* [max_sequences] the sequence of each query */
+    uint64_t spec_verifies, spec_drafted, spec_accepted;
     sampler_scratch sampler;
     /* distribution */
     struct dist_group *dist;  /* NULL: this process runs the whole model */
@@ -147,9 +164,10 @@ int engine_step_local(engine *e, engine_event *events, int max_events);
 /* Reports queued cancellations as events, at most `limit`; returns how many. */
 int engine_report_cancelled(engine *e, engine_event *events, int limit);
 /* Plans this step's batch (at most cap sequences) and stages it into *b; marks the members in
- * flight. Returns the member count (e->b_members), 0 when there is nothing to run (an error event
+ * flight. draft_room: events the step may add for drafted tokens (0: no speculation). Returns the member count (e->b_members), 0 when there is nothing to run (an error event
  * may be added: a request the cache can never hold), or -1. */
-int engine_plan_step(engine *e, int cap, transformer_batch *b, engine_event *events, int *n_ev);
+int engine_plan_step(engine *e, int cap, int draft_room, transformer_batch *b,
+                     engine_event *events, int *n_ev);
 /* Applies a member's finished step: its chunk is computed, its sampled token (samples[logit_index]
  * when logit_index >= 0) appended; adds its event (tokens always, progress while there is room)
  * and removes it when finished. chunk 0 and no logits: a prefill chunk an overlapped pipeline
@@ -159,8 +177,38 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
                           int max_events);
 /* The live sequence with this serial, or NULL (cancelled or finished since). */
 sequence *engine_find_serial(engine *e, uint64_t serial);
+/* What the sampler needs of s, with the first n_history of its tokens as the history. */
+sampler_input engine_sampler_input(const sequence *s, int n_history);
 /* Samples the next token of every batch member that has logits into e->samples. */
 void engine_sample_all(engine *e, int n_members);
+
+/* Frees a sequence and its blocks (it must be off the live list). */
+void engine_free_sequence(engine *e, sequence *s);
+/* Stages e->b_members[0..n_members) with their chunks into *b (the flat batch of a forward).
+ * 0, or -1 when out of memory. */
+int engine_stage_batch(engine *e, int n_members, transformer_batch *b);
+/* Gives s blocks for positions < n_pos. Returns 0, or -1 when the cache ran out (s keeps what
+ * it got). */
+int engine_ensure_blocks(engine *e, sequence *s, int n_pos);
+
+/* ---- speculative.c ---- */
+/* At open: the drafter from options (made from o->speculative, or the caller's o->drafter) and
+ * how many logit rows verification may add (*extra_rows). 0, or -1 with err. */
+int spec_open(engine *e, const engine_options *o, int *extra_rows, char *err, size_t errlen);
+void spec_close(engine *e);
+/* A new sequence's speculation settings from its request. */
+void spec_init_sequence(const engine *e, sequence *s, const engine_request *r);
+/* After planning: gives decoding members drafted tokens (chunk 1 + n_draft) within the step's
+ * token budget, the logit rows and event_room events. */
+void spec_plan_drafts(engine *e, int n_members, int event_room);
+/* Samples a member with drafts: verifies its drafted tokens row by row and writes the tokens it
+ * keeps plus the model's own next one to samples[logit_index..], setting s->n_emit. */
+void spec_verify_member(engine *e, sequence *s);
+/* After a member's verified step is applied: adapts its k, counts the statistics and frees the
+ * blocks that only rejected drafts used. */
+void spec_after_member(engine *e, sequence *s, int n_accepted);
+/* The sequence is gone (finished, cancelled): tells the drafter, logs its acceptance. */
+void spec_forget_sequence(engine *e, const sequence *s);
 
 /* ---- engine_dist.c ---- */
 /* Before loading: records the group and this rank's part of the model in *shard. */

@@ -131,13 +131,24 @@ static void top_logprobs(const float *logp, int vocab, int n, sampler_result *ou
     }
 }
 
-void sampler_sample(sampler_scratch *s, float *logits, const sampler_input *in, sampler_rng *rng,
-                    sampler_result *out) {
+/* The distribution a token is drawn from: penalties applied to logits, log_softmax of
+ * logits / temperature in s->probs (log-probs, what logprobs report), and for sampling the
+ * candidates that survive min_p, top_k and top_p in s->candidates (most likely first), with their
+ * unnormalised probabilities written over their logits. */
+typedef struct sampling_dist {
+    int greedy;      /* temperature 0: the argmax, no candidates */
+    int32_t argmax;
+    int n;           /* candidates */
+    double total;    /* sum of the candidates' probabilities */
+    const float *logp;
+} sampling_dist;
+
+static void build_dist(sampler_scratch *s, float *logits, const sampler_input *in,
+                       sampling_dist *d, sampler_result *out) {
     const sampling_params *p = in->params;
     int vocab = s->vocab;
     apply_penalties(s, logits, in);
     float temp = p->temperature > 0 ? p->temperature : 1.0f;
-    int greedy = p->temperature <= 0;
     float m = -INFINITY;
     int argmax = 0;
     for (int v = 0; v < vocab; v++) {
@@ -147,10 +158,8 @@ void sampler_sample(sampler_scratch *s, float *logits, const sampler_input *in, 
         }
     }
     memset(out, 0, sizeof *out);
-    if (greedy && !p->logprobs && !p->top_logprobs) { /* nothing needs the distribution */
-        out->token = argmax;
-        return;
-    }
+    *d = (sampling_dist){.greedy = p->temperature <= 0, .argmax = argmax};
+    if (d->greedy && !p->logprobs && !p->top_logprobs) return; /* nothing needs the distribution */
     /* log_softmax of logits / temp, in s->probs (as log-probs) */
     float inv_t = 1.0f / temp;
     double sum = 0;
@@ -158,39 +167,78 @@ void sampler_sample(sampler_scratch *s, float *logits, const sampler_input *in, 
     float lse = (float)log(sum);
     float *logp = s->probs;
     for (int v = 0; v < vocab; v++) logp[v] = (logits[v] - m) * inv_t - lse;
+    d->logp = logp;
     if (p->top_logprobs > 0) top_logprobs(logp, vocab, p->top_logprobs, out);
-    int32_t token = argmax;
-    if (!greedy) {
-        /* min_p in log space: p >= min_p * p_max  <=>  logp >= logp_max + log(min_p) */
-        float min_logp = p->min_p > 0 ? logp[argmax] + logf(p->min_p) : -INFINITY;
-        int n = 0;
-        for (int v = 0; v < vocab; v++)
-            if (logp[v] > -INFINITY && logp[v] >= min_logp) s->candidates[n++] = v;
-        for (int i = 0; i < n; i++) logits[s->candidates[i]] = expf(logp[s->candidates[i]]);
-        qsort_r(s->candidates, (size_t)n, sizeof *s->candidates, cmp_prob_desc, logits);
-        if (p->top_k > 0 && n > p->top_k) n = p->top_k;
-        if (p->top_p < 1) {
-            double cum = 0;
-            for (int i = 0; i < n; i++) {
-                cum += logits[s->candidates[i]];
-                if (cum >= p->top_p) {
-                    n = i + 1;
-                    break;
-                }
-            }
-        }
-        double total = 0;
-        for (int i = 0; i < n; i++) total += logits[s->candidates[i]];
-        double u = sampler_rng_uniform(rng) * total, acc = 0;
-        token = s->candidates[n - 1];
+    if (d->greedy) return;
+    /* min_p in log space: p >= min_p * p_max  <=>  logp >= logp_max + log(min_p) */
+    float min_logp = p->min_p > 0 ? logp[argmax] + logf(p->min_p) : -INFINITY;
+    int n = 0;
+    for (int v = 0; v < vocab; v++)
+        if (logp[v] > -INFINITY && logp[v] >= min_logp) s->candidates[n++] = v;
+    for (int i = 0; i < n; i++) logits[s->candidates[i]] = expf(logp[s->candidates[i]]);
+    qsort_r(s->candidates, (size_t)n, sizeof *s->candidates, cmp_prob_desc, logits);
+    if (p->top_k > 0 && n > p->top_k) n = p->top_k;
+    if (p->top_p < 1) {
+        double cum = 0;
         for (int i = 0; i < n; i++) {
-            acc += logits[s->candidates[i]];
-            if (u < acc) {
-                token = s->candidates[i];
+            cum += logits[s->candidates[i]];
+            if (cum >= p->top_p) {
+                n = i + 1;
                 break;
             }
         }
     }
+    d->n = n;
+    for (int i = 0; i < n; i++) d->total += logits[s->candidates[i]];
+}
+
+/* A candidate drawn in proportion to its probability, leaving `skip` out (-1: none); u in [0,1). */
+static int32_t draw(const sampler_scratch *s, const float *probs, const sampling_dist *d,
+                    int32_t skip, double skip_prob, double u) {
+    double total = d->total - skip_prob, x = u * total, acc = 0;
+    int32_t token = -1;
+    for (int i = 0; i < d->n; i++) {
+        int32_t c = s->candidates[i];
+        if (c == skip) continue;
+        token = c; /* the last one standing when rounding leaves x at the very top */
+        acc += probs[c];
+        if (x < acc) break;
+    }
+    return token >= 0 ? token : s->candidates[0];
+}
+
+static void finish_result(const sampling_dist *d, int32_t token, sampler_result *out) {
     out->token = token;
-    out->logprob = logp[token];
+    out->logprob = d->logp ? d->logp[token] : 0;
+}
+
+void sampler_sample(sampler_scratch *s, float *logits, const sampler_input *in, sampler_rng *rng,
+                    sampler_result *out) {
+    sampling_dist d;
+    build_dist(s, logits, in, &d, out);
+    int32_t token = d.greedy ? d.argmax : draw(s, logits, &d, -1, 0, sampler_rng_uniform(rng));
+    finish_result(&d, token, out);
+}
+
+int sampler_sample_draft(sampler_scratch *s, float *logits, const sampler_input *in,
+                         int32_t draft, sampler_rng *rng, sampler_result *out) {
+    sampling_dist d;
+    build_dist(s, logits, in, &d, out);
+    if (d.greedy) {
+        finish_result(&d, d.argmax, out);
+        return d.argmax == draft;
+    }
+    /* the draft proposed `draft` with probability 1 (q is a point mass): accept it with
+     * probability min(1, p/q) = p(draft); else draw from the residual max(0, p - q), which is p
+     * without `draft`. Together: exactly p. */
+    double p_draft = 0;
+    for (int i = 0; i < d.n; i++)
+        if (s->candidates[i] == draft) p_draft = logits[draft];
+    int accepted = p_draft > 0 && sampler_rng_uniform(rng) * d.total < p_draft;
+    if (accepted || p_draft >= d.total) {
+        finish_result(&d, draft, out);
+        return 1;
+    }
+    finish_result(&d, draw(s, logits, &d, draft, p_draft, sampler_rng_uniform(rng)), out);
+    return 0;
 }

@@ -56,5 +56,12 @@ typedef struct sampler_result {
 /* Samples from logits[vocab] (modified in place). */
 void sampler_sample(sampler_scratch *s, float *logits, const sampler_input *in, sampler_rng *rng,
                     sampler_result *out);
+/* Speculative verification of one drafted token (a draft proposed with certainty): greedy keeps
+ * it when it is the argmax; sampling keeps it with probability p(draft) under the distribution
+ * sampler_sample draws from and otherwise draws from that distribution without it, so the
+ * token in *out follows exactly sampler_sample's distribution either way. Returns 1 when *out
+ * is the draft (accepted), 0 when it is the model's own choice (the draft was rejected). */
+int sampler_sample_draft(sampler_scratch *s, float *logits, const sampler_input *in,
+                         int32_t draft, sampler_rng *rng, sampler_result *out);
 
 #endif

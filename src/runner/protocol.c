@@ -62,6 +62,7 @@ json_t *gen_request_to_json(const gen_request *r) {
     if (r->no_prefix_cache) json_object_set_new(o, "no_prefix_cache", json_true());
     if (r->grammar) json_object_set_new(o, "grammar", json_string(r->grammar));
     if (r->forced_tool_call) json_object_set_new(o, "forced_tool_call", json_true());
+    if (r->spec_tokens) json_object_set_new(o, "spec_tokens", json_integer(r->spec_tokens));
     return o;
 }
 
@@ -124,7 +125,9 @@ int gen_request_from_json(const json_t *j, gen_request *r, char *err, size_t err
     const char *grammar = json_string_value(json_object_get(j, "grammar"));
     if (grammar) r->grammar = strdup(grammar);
     r->forced_tool_call = json_is_true(json_object_get(j, "forced_tool_call"));
-    if (bad || r->max_tokens < 0 || r->top_logprobs < 0 || r->top_logprobs > 20) {
+    r->spec_tokens = (int)json_integer_value(json_object_get(j, "spec_tokens"));
+    if (bad || r->max_tokens < 0 || r->top_logprobs < 0 || r->top_logprobs > 20 ||
+        r->spec_tokens < -1 || r->spec_tokens > 16) {
         snprintf(err, errlen, "request has a field of the wrong type or range");
         gen_request_free(r);
         return -1;

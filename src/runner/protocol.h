@@ -74,6 +74,8 @@ typedef struct gen_request {
     /* The output is one tool call {"name":..,"arguments":{..}} (the grammar says which tools):
      * the runner reports it as a tool call, not as content. */
     int forced_tool_call;
+    int spec_tokens;       /* speculative decoding: 0 = the instance's setting, -1 = none for this
+                              request, n > 0 = at most n drafted tokens per step */
     int stream;            /* API-side only: answer as a stream */
 } gen_request;
 

@@ -233,7 +233,8 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
                          .ban_eos = q.ban_eos,
                          .no_prefix_cache = q.no_prefix_cache,
                          .stop_tokens = r->format_stops,
-                         .n_stop_tokens = r->n_format_stops};
+                         .n_stop_tokens = r->n_format_stops,
+                         .spec_tokens = q.spec_tokens};
     if (q.grammar && structured_constraint(r->structured, q.grammar, &er.constraint, err,
                                            sizeof err)) {
         send_done_error(r, id, 400, err);
@@ -480,16 +481,20 @@ static void send_stats(runner *r, int force) {
     const engine_stats *o = &r->sent_stats;
     if (st.kv_blocks_total == o->kv_blocks_total && st.kv_blocks_free == o->kv_blocks_free &&
         st.kv_blocks_cached == o->kv_blocks_cached && st.n_running == o->n_running &&
-        st.n_waiting == o->n_waiting && st.preemptions == o->preemptions)
+        st.n_waiting == o->n_waiting && st.preemptions == o->preemptions &&
+        st.spec_verifies == o->spec_verifies)
         return;
     if (!force && now - r->t_stats < 100000000u) return;
     r->sent_stats = st;
     r->t_stats = now;
-    send_msg(r, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:I}", "type", "kv_stats",
+    send_msg(r, json_pack("{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:I,s:I,s:I,s:I}", "type", "kv_stats",
                           "blocks_total", st.kv_blocks_total, "blocks_free", st.kv_blocks_free,
                           "blocks_cached", st.kv_blocks_cached, "block_tokens",
                           st.kv_block_tokens, "running", st.n_running, "waiting", st.n_waiting,
-                          "preemptions", (json_int_t)st.preemptions));
+                          "preemptions", (json_int_t)st.preemptions, "spec_verifies",
+                          (json_int_t)st.spec_verifies, "spec_drafted",
+                          (json_int_t)st.spec_drafted, "spec_accepted",
+                          (json_int_t)st.spec_accepted));
 }
 
 /* ------------------------------------------------------------------ load, warm up, serve */
@@ -566,6 +571,7 @@ static int load(runner *r, const runner_options *o) {
     engine_options eo = {.model_dir = o->model_dir, .n_threads = o->n_threads,
                          .kv_cache_bytes = o->kv_cache_bytes,
                          .kv_cache_dtype = o->kv_cache_dtype, .device = o->device,
+                         .speculative = o->speculative, .spec_tokens = o->spec_tokens,
                          .dist = r->dist, .parallel = r->dist ? o->dist.parallel : ENGINE_SINGLE,
                          .layer_start = o->dist.layer_start, .layer_end = o->dist.layer_end,
                          .dist_timeout_ms = o->dist.timeout_ms};

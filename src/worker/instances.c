@@ -61,6 +61,7 @@ typedef struct instance {
     /* the runner's last kv_stats (runner/protocol.h); has_kv_stats = 0 until the first */
     int has_kv_stats, kv_total, kv_free, kv_cached, kv_block_tokens, sched_running, sched_waiting;
     long long preemptions;
+    long long spec_verifies, spec_drafted, spec_accepted; /* speculative decoding totals */
     int refs;
     int removed;
     int exited;  /* the reader saw EOF and reaped the process */
@@ -80,6 +81,8 @@ typedef struct instance {
 
 struct instances {
     char *runner_exe, *models_dir, *models_path, *node_id;
+    char *speculative; /* "" = off */
+    int spec_tokens;
     size_t kv_cache_bytes;
     char kv_cache_dtype[8]; /* "" = the runner's default */
     char device[8];
@@ -122,6 +125,8 @@ instances *instances_new(const instances_options *o) {
     m->node_id = strdup(o->node_id ? o->node_id : "node");
     m->kv_cache_bytes = o->kv_cache_bytes;
     snprintf(m->kv_cache_dtype, sizeof m->kv_cache_dtype, "%s", o->kv_cache_dtype ? o->kv_cache_dtype : "");
+    m->speculative = strdup(o->speculative ? o->speculative : "");
+    m->spec_tokens = o->spec_tokens;
     snprintf(m->device, sizeof m->device, "%s", o->device && o->device[0] ? o->device : "auto");
     m->ready_timeout_s = o->ready_timeout_s ? o->ready_timeout_s : 600;
     m->max_runners = o->max_runners > 0 ? o->max_runners : INSTANCES_MAX_RUNNERS_DEFAULT;
@@ -275,6 +280,9 @@ static void handle_kv_stats(instances *m, instance *in, const json_t *msg) {
     in->sched_running = FIELD("running");
     in->sched_waiting = FIELD("waiting");
     in->preemptions = (long long)json_integer_value(json_object_get(msg, "preemptions"));
+    in->spec_verifies = (long long)json_integer_value(json_object_get(msg, "spec_verifies"));
+    in->spec_drafted = (long long)json_integer_value(json_object_get(msg, "spec_drafted"));
+    in->spec_accepted = (long long)json_integer_value(json_object_get(msg, "spec_accepted"));
     pthread_mutex_unlock(&m->lock);
 #undef FIELD
 }
@@ -474,7 +482,7 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
         snprintf(err, errlen, "socketpair: %s", strerror(errno));
         return NULL;
     }
-    char kv[32], rank[16], ranks[16], layers[32], timeout[16];
+    char kv[32], rank[16], ranks[16], layers[32], timeout[16], spec_k[16];
     snprintf(kv, sizeof kv, "%zu", m->kv_cache_bytes);
     char *argv[40] = {m->runner_exe, "runner", "--fd", "3", "--model", (char *)dir, "--model-id",
                       (char *)model_id, "--kv-cache-mem", kv, "--device", m->device};
@@ -482,6 +490,13 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
     if (m->kv_cache_dtype[0]) {
         argv[argc++] = "--kv-cache-dtype";
         argv[argc++] = m->kv_cache_dtype;
+    }
+    if (m->speculative[0]) {
+        snprintf(spec_k, sizeof spec_k, "%d", m->spec_tokens);
+        argv[argc++] = "--speculative";
+        argv[argc++] = m->speculative;
+        argv[argc++] = "--spec-k";
+        argv[argc++] = spec_k;
     }
     if (shard && shard->world_size > 1) {
         snprintf(rank, sizeof rank, "%d", shard->rank);
@@ -921,16 +936,21 @@ void instances_render_metrics(instances *m, strbuf *out) {
         {"exo_scheduler_running", "Sequences holding KV blocks."},
         {"exo_scheduler_waiting", "Sequences queued for admission (new or preempted)."},
         {"exo_scheduler_preemptions_total", "Sequences preempted because the KV cache was full."},
+        {"exo_spec_verify_steps_total", "Speculative decoding: sequence steps that verified drafts."},
+        {"exo_spec_drafted_tokens_total", "Speculative decoding: tokens drafted."},
+        {"exo_spec_accepted_tokens_total", "Speculative decoding: drafted tokens accepted."},
     };
+    enum { N_METRICS = sizeof names / sizeof names[0], FIRST_COUNTER = 7 };
     pthread_mutex_lock(&m->lock);
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < N_METRICS; k++) {
         strbuf_appendf(out, "# HELP %s %s\n# TYPE %s %s\n", names[k][0], names[k][1],
-                       names[k][0], k == 7 ? "counter" : "gauge");
+                       names[k][0], k >= FIRST_COUNTER ? "counter" : "gauge");
         for (instance *in = m->list; in; in = in->next) {
             if (!in->has_kv_stats) continue;
-            long long v[8] = {in->kv_total, in->kv_total - in->kv_free, in->kv_cached,
-                              in->kv_free, in->kv_block_tokens, in->sched_running,
-                              in->sched_waiting, in->preemptions};
+            long long v[N_METRICS] = {in->kv_total, in->kv_total - in->kv_free, in->kv_cached,
+                                      in->kv_free, in->kv_block_tokens, in->sched_running,
+                                      in->sched_waiting, in->preemptions, in->spec_verifies,
+                                      in->spec_drafted, in->spec_accepted};
             strbuf_appendf(out, "%s{model=\"", names[k][0]);
             append_label(out, in->model_id);
             strbuf_appendf(out, "\"} %lld\n", v[k]);
@@ -987,5 +1007,6 @@ void instances_free(instances *m) {
     free(m->models_dir);
     free(m->models_path);
     free(m->node_id);
+    free(m->speculative);
     free(m);
 }

@@ -35,6 +35,8 @@ worker *worker_new(const worker_config *c, models_service *models, char *err, si
                             .node_id = c->node_id,
                             .kv_cache_bytes = c->kv_cache_bytes,
                             .kv_cache_dtype = c->kv_cache_dtype,
+                            .speculative = c->speculative,
+                            .spec_tokens = c->spec_tokens,
                             .device = c->device,
                             .watchdog_s = c->watchdog_s,
                             .max_runners = c->max_runners};

