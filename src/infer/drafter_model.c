@@ -62,6 +62,7 @@ static sequence *record_for(model_drafter *m, drafter_query *q) {
         s = calloc(1, sizeof *s);
         if (!s) return NULL;
         s->serial = q->serial;
+        s->state_slot = -1; /* a draft record holds no recurrent-state slot (engine_free_sequence) */
         index = m->n_seqs;
         m->seqs[m->n_seqs++] = s;
     }
