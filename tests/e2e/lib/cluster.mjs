@@ -61,8 +61,10 @@ export class Cluster {
     this.env = { ...process.env, ...(opts.env || {}) };
     this.auth = opts.apiKey ? ['-H', `Authorization: Bearer ${opts.apiKey}`] : [];
     this.nodes = [];
-    // Loopback mode: every cluster gets its own port block so leftover nodes cannot join.
-    this.portBase = 20000 + ((process.pid * 7 + clusterSeq * 97) % 400) * 100;
+    // Loopback mode: every cluster gets its own port block so leftover nodes cannot join. The
+    // blocks lie below the kernel's ephemeral range (32768+): a block up there could hold the
+    // source port of some outgoing connection, and a node then cannot listen (seen in CI).
+    this.portBase = 20000 + ((process.pid * 7 + clusterSeq * 97) % 127) * 100;
     this.discoveryPort = this.mode === 'netns' ? 52413 : this.portBase + 99;
     if (this.mode === 'netns') {
       removeStaleNamespaces();
