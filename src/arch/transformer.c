@@ -447,13 +447,14 @@ static int sum_across_ranks(transformer *t, float *y, int64_t n, char *err, size
     return t->allreduce(t->allreduce_ctx, y, (size_t)(n * t->dim), err, errlen);
 }
 
-/* x += W in' (in' = silu(in) * up when up is given): the residual stream's update by o_proj or
- * the MLP's down projection, fused where the backend can and no all-reduce sits between the
- * matmul and the add (a tensor-parallel rank holds a partial sum until it is reduced). */
+/* x += W in' + bias (in' = silu(in) * up when up is given; bias may be NULL): the residual
+ * stream's update by o_proj or the MLP's down projection, fused where the backend can and
+ * nothing sits between the matmul and the add (a tensor-parallel rank holds a partial sum until
+ * it is reduced; a bias, gpt-oss's o_proj, is added once, after the sum). */
 static int residual_update(transformer *t, const weight_matrix *w, float *in, const float *up,
-                           int64_t n, char *err, size_t errlen) {
+                           const float *bias, int64_t n, char *err, size_t errlen) {
     compute_backend *be = t->be;
-    if (be->matmul_fused && !t->allreduce) {
+    if (be->matmul_fused && !t->allreduce && !bias) {
         be->matmul_fused(be, w, in, up, t->x, n, 1);
         return 0;
     }
@@ -465,6 +466,7 @@ static int residual_update(transformer *t, const weight_matrix *w, float *in, co
         be->matmul(be, w, in, y, n);
     }
     if (sum_across_ranks(t, y, n, err, errlen)) return -1;
+    if (bias) be->add_row(be, y, bias, n, t->dim);
     be->add(be, t->x, y, n * t->dim);
     return 0;
 }
@@ -508,12 +510,7 @@ static int attention_block(transformer *t, int li, const kv_layer *kv,
     }
     be->attention(be, t->q, kv, ab, t->att);
     if (c->attn_output_gate) be->mul_sigmoid(be, t->att, t->q_gate, n * t->q_dim);
-    if (!v->bo) return residual_update(t, &l->wo, t->att, NULL, n, err, errlen);
-    be->matmul(be, &l->wo, t->att, t->xn, n); /* gpt-oss: o_proj's bias after the sum, once */
-    if (sum_across_ranks(t, t->xn, n, err, errlen)) return -1;
-    be->add_row(be, t->xn, v->bo, n, t->dim);
-    be->add(be, t->x, t->xn, n * t->dim);
-    return 0;
+    return residual_update(t, &l->wo, t->att, NULL, v->bo, n, err, errlen);
 }
 
 /* A GatedDeltaNet layer: projections, causal conv, the gated delta rule against each sequence's
@@ -567,7 +564,7 @@ static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen
         const weight_matrix *gu[2] = {&l->w_gate, &l->w_up};
         float *gu_out[2] = {t->gate, t->up};
         matmul_shared_x(be, 2, gu, t->xn, gu_out, n);
-        return residual_update(t, &l->w_down, t->gate, t->up, n, err, errlen);
+        return residual_update(t, &l->w_down, t->gate, t->up, NULL, n, err, errlen);
     }
     if (sum_across_ranks(t, t->ffn_out, n, err, errlen)) return -1;
     be->add(be, t->x, t->ffn_out, n * t->dim);
