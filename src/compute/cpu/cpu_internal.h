@@ -53,13 +53,14 @@ static inline int cpu_mlx_x_planes(const weight_matrix *w) {
  * error bound grows by 0.4%). Per chunk of 128 values the xq row holds 256 bytes: the 128 hi
  * bytes in natural order, then the 128 lo bytes (cpu_mlx_x_to_planes8). */
 #define CPU_MLX_Q8_XMAX 32639
-static inline int cpu_mlx_x_planes8(const weight_matrix *w) {
-    return w->format == WEIGHT_MLX_AFFINE && w->bits == 8 && w->layout == WEIGHT_LAYOUT_MLX_ROWS16;
+static inline int cpu_mlx_x_planes8(const cpu_kernels *k, const weight_matrix *w) {
+    return k->rows16_x8_planes && w->format == WEIGHT_MLX_AFFINE && w->bits == 8 &&
+           w->layout == WEIGHT_LAYOUT_MLX_ROWS16;
 }
 
-/* The largest |xq| of the int16 activations of w (see matvec_input). */
-static inline int cpu_mlx_x_max(const weight_matrix *w) {
-    return cpu_mlx_x_planes8(w) ? CPU_MLX_Q8_XMAX : 32767;
+/* The largest |xq| of the int16 activations of w for level k's kernels (see matvec_input). */
+static inline int cpu_mlx_x_max(const cpu_kernels *k, const weight_matrix *w) {
+    return cpu_mlx_x_planes8(k, w) ? CPU_MLX_Q8_XMAX : 32767;
 }
 
 /* Element i of an MLX scale or bias array (bf16, f16 or f32), and of a dense weight row, as f32:

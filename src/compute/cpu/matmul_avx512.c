@@ -645,11 +645,11 @@ T512 static void avx512_prepare_mlx(const weight_matrix *w, const float *x, int6
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * cols;
         int16_t *qt = xq + t * cols;
-        float xmax = (float)cpu_mlx_x_max(w);
+        float xmax = (float)cpu_mlx_x_max(&cpu_kernels_avx512, w);
         for (int64_t g = 0; g < groups; g++)
             quantize_group_int16(xt + g * gs, gs, qt + g * gs, &xsum[t * groups + g], &xscale[t * groups + g], xmax);
         int per_byte = cpu_mlx_x_permuted(w);
-        if (cpu_mlx_x_planes8(w)) { /* per 128 values: the signed hi bytes, then the signed lo bytes */
+        if (cpu_mlx_x_planes8(&cpu_kernels_avx512, w)) { /* per 128 values: the signed hi bytes, then the signed lo bytes */
             for (int64_t c = 0; c < cols; c += 128) {
                 __m512i v[4], hi[4];
                 for (int k = 0; k < 4; k++) {
@@ -708,6 +708,7 @@ const cpu_kernels cpu_kernels_avx512 = {
     .name = "avx512",
     .needs_int16_x = 1,
     .rows16_bits = 1u << 4 | 1u << 8,
+    .rows16_x8_planes = 1,
     .prepare_mlx = avx512_prepare_mlx,
     .matvec = avx512_matvec,
     .dequant = avx512_dequant,
