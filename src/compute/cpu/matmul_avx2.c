@@ -171,14 +171,13 @@ T256 INLINE __m256 scales_load8(dtype t, const void *p, int64_t i) {
  * 8 rows at a time (rows16_group_end). Rows outside [r0, r1) of a block that straddles the range
  * are computed and not stored (the driver cuts ranges at multiples of 16). */
 
-/* The end of group g for the 8 rows 16b + 8h .. +7 (scales and biases of the block at sb, bb):
- * acc[t] += dot[t] * scale * activation step + bias * sum(x), dot the exact int32 products. */
-T256 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in, const uint8_t *sb,
-                                  const uint8_t *bb, int64_t g, int h, const __m256i *dot, __m256 *acc,
-                                  const int nt) {
+/* The end of group g for the 8 rows 16b + 8h .. +7 of block blk: acc[t] += dot[t] * scale *
+ * activation step + bias * sum(x), dot the exact int32 products. */
+T256 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk,
+                                  int64_t g, int h, const __m256i *dot, __m256 *acc, const int nt) {
     int64_t groups = w->cols / w->group_size;
-    __m256 sc = scales_load8(w->scale_dtype, sb, g * 16 + 8 * h);
-    __m256 bi = scales_load8(w->scale_dtype, bb, g * 16 + 8 * h);
+    __m256 sc = scales_load8(w->scale_dtype, blk->scales, g * 16 + 8 * h);
+    __m256 bi = scales_load8(w->scale_dtype, blk->biases, g * 16 + 8 * h);
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) {
         __m256 sv = _mm256_mul_ps(sc, _mm256_set1_ps(in->xscale[t * groups + g]));
@@ -204,12 +203,6 @@ T256 INLINE void rows16_store(float *y, int64_t rows, int64_t b, int h, int64_t 
     }
 }
 
-/* Prefetches the group's lines `ahead` bytes on (0: none). */
-T256 INLINE void rows16_prefetch(const uint8_t *wg, size_t bytes, size_t ahead) {
-    if (!ahead) return;
-    for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)wg + o + ahead, _MM_HINT_T0);
-}
-
 /* 4-bit (layout: 8 values of a row per lane; activations: the byte planes of cpu_mlx_x_planes).
  * Per half line, the low nibbles (one AND) and high nibbles (shift + AND) stay bytes, and per
  * token the 4 plane bytes of word k are broadcast. Without AVX-VNNI, vpmaddubsw multiplies the
@@ -230,20 +223,18 @@ T256 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
     int64_t kpg = gs / 8, rows16 = rows & ~(int64_t)15; /* kpg: 4, 8, 16 lines per group */
     const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const int hp = nt <= 2 ? 2 : 1, nc = vnni && nt == 1 ? 2 : 1; /* halves per step, chains */
-    size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
+    size_t ahead = cpu_matvec_prefetch();
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
     for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows16; b++) {
-        const uint8_t *wb = (const uint8_t *)w->data + (size_t)b * 8 * (size_t)cols;
-        const uint8_t *sb = (const uint8_t *)w->scales + (size_t)(b * 16 * groups) * esize;
-        const uint8_t *bb = (const uint8_t *)w->biases + (size_t)(b * 16 * groups) * esize;
+        cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
         __m256 acc[2][CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
         for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *wg = wb + (size_t)(g * kpg) * 64;
-            rows16_prefetch(wg, (size_t)kpg * 64, ahead);
+            const uint8_t *wg = blk.lines + (size_t)g * blk.group_bytes;
+            cpu_rows16_prefetch(&blk, g);
             int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
             for (int h0 = 0; h0 < 2; h0 += hp) {
                 __m256i ah[2][CPU_MATVEC_MAX_TOKENS][2], al[2][CPU_MATVEC_MAX_TOKENS][2];
@@ -295,7 +286,7 @@ T256 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
                         __m256i sl = nc == 2 ? _mm256_add_epi32(al[h][t][0], al[h][t][1]) : al[h][t][0];
                         dot[t] = _mm256_add_epi32(_mm256_slli_epi32(sh, 8), sl);
                     }
-                    rows16_group_end(w, in, sb, bb, g, h0 + h, dot, acc[h0 + h], nt);
+                    rows16_group_end(w, in, &blk, g, h0 + h, dot, acc[h0 + h], nt);
                 }
             }
         }
@@ -334,17 +325,15 @@ T256 INLINE void mlx8_rows16(const weight_matrix *w, const matvec_input *in, flo
     int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
     int64_t kpg = gs / 4; /* lines per group: 8, 16, 32 */
     const int qp = nt <= 2 ? 4 : 2, nc = vnni && nt == 1 ? 2 : 1; /* quarters per step, chains */
-    size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
+    size_t ahead = cpu_matvec_prefetch();
     for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows; b++) {
-        const uint8_t *wb = (const uint8_t *)w->data + (size_t)b * 16 * (size_t)cols;
-        const uint8_t *sb = (const uint8_t *)w->scales + (size_t)(b * 16 * groups) * esize;
-        const uint8_t *bb = (const uint8_t *)w->biases + (size_t)(b * 16 * groups) * esize;
+        cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
         __m256 acc[2][CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
         for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *wg = wb + (size_t)(g * kpg) * 64;
-            rows16_prefetch(wg, (size_t)kpg * 64, ahead);
+            const uint8_t *wg = blk.lines + (size_t)g * blk.group_bytes;
+            cpu_rows16_prefetch(&blk, g);
             for (int q0 = 0; q0 < 4; q0 += qp) {
                 __m256i a[4][CPU_MATVEC_MAX_TOKENS][2];
 #pragma GCC unroll 4
@@ -381,7 +370,7 @@ T256 INLINE void mlx8_rows16(const weight_matrix *w, const matvec_input *in, flo
                         /* hadd: rows 0 1 4 5 | 2 3 6 7 of the eight; the qword permute puts them in order */
                         dot[t] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s0, s1), 0xd8);
                     }
-                    rows16_group_end(w, in, sb, bb, g, h, dot, acc[h], nt);
+                    rows16_group_end(w, in, &blk, g, h, dot, acc[h], nt);
                 }
             }
         }

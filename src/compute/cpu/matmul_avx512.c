@@ -351,12 +351,12 @@ T512 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i a, const uint8_t *p) {
     return acc;
 }
 
-/* The end of group g of a 16-row interleaved block (scales and biases of the block at sb, bb):
+/* The end of group g of a 16-row interleaved block:
  * the nc int32 chains of each plane summed (exact), 256*hi + lo converted and scaled by
  * scale * activation step, and bias * sum(x), into the 16 row accumulators of each token. */
-T512 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in, const uint8_t *sb,
-                                  const uint8_t *bb, int64_t g, __m512i ah[][4], __m512i al[][4],
-                                  const int nc, __m512 *acc, const int nt) {
+T512 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk,
+                                  int64_t g, __m512i ah[][4], __m512i al[][4], const int nc, __m512 *acc,
+                                  const int nt) {
     int64_t groups = w->cols / w->group_size;
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++)
@@ -365,8 +365,8 @@ T512 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in
             ah[t][0] = _mm512_add_epi32(ah[t][0], ah[t][j]);
             al[t][0] = _mm512_add_epi32(al[t][0], al[t][j]);
         }
-    __m512 sc = scales_load16(w->scale_dtype, sb, g * 16, 0xffff);
-    __m512 bi = scales_load16(w->scale_dtype, bb, g * 16, 0xffff);
+    __m512 sc = scales_load16(w->scale_dtype, blk->scales, g * 16, 0xffff);
+    __m512 bi = scales_load16(w->scale_dtype, blk->biases, g * 16, 0xffff);
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) {
         __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t][0], 8), al[t][0]);
@@ -404,26 +404,18 @@ T512 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
     /* Independent int32 accumulator chains per plane and token (vpdpbusd latency): 4 at 1-2
      * tokens (two vectors per step), 2 at 3-4, 1 above (register budget). kpg is even. */
     const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1, ku = nc == 4 ? 2 : 1;
-    size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
-    /* scales and biases stream at 16*esize bytes per 8*gs weight bytes */
-    size_t sahead = ahead ? ((ahead * 2 * esize / (size_t)gs + 63) & ~(size_t)63) : 0;
+    size_t ahead = cpu_matvec_prefetch();
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
     for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows16; b++) {
-        const uint8_t *wb = (const uint8_t *)w->data + (size_t)b * 8 * (size_t)cols;
-        const uint8_t *sb = (const uint8_t *)w->scales + (size_t)(b * 16 * groups) * esize;
-        const uint8_t *bb = (const uint8_t *)w->biases + (size_t)(b * 16 * groups) * esize;
+        cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
         __m512 acc[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
         for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *wg = wb + (size_t)(g * kpg) * 64;
-            if (ahead) {
-                prefetch_span(wg, (size_t)kpg * 64, ahead);
-                _mm_prefetch((const char *)sb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
-                _mm_prefetch((const char *)bb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
-            }
+            const uint8_t *wg = blk.lines + (size_t)g * blk.group_bytes;
+            cpu_rows16_prefetch(&blk, g);
             int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
             __m512i ah[CPU_MATVEC_MAX_TOKENS][4], al[CPU_MATVEC_MAX_TOKENS][4];
 #pragma GCC unroll 8
@@ -449,7 +441,7 @@ T512 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
                     }
                 }
             }
-            rows16_group_end(w, in, sb, bb, g, ah, al, nc, acc, nt);
+            rows16_group_end(w, in, &blk, g, ah, al, nc, acc, nt);
         }
         rows16_store(y, rows, b, r0, r1, acc, nt);
     }
@@ -472,26 +464,18 @@ T512 INLINE void mlx8_rows16(const weight_matrix *w, const matvec_input *in, flo
     /* independent accumulator chains per plane and token (vpdpbusd latency): 4 at 1-2 tokens,
      * 2 at 3-4, 1 above (register budget) */
     const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1;
-    size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
-    /* scales and biases stream at 16*esize bytes per 16*gs weight bytes */
-    size_t sahead = ahead ? ((ahead * esize / (size_t)gs + 63) & ~(size_t)63) : 0;
+    size_t ahead = cpu_matvec_prefetch();
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
     for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows; b++) {
-        const uint8_t *wb = (const uint8_t *)w->data + (size_t)b * 16 * (size_t)cols;
-        const uint8_t *sb = (const uint8_t *)w->scales + (size_t)(b * 16 * groups) * esize;
-        const uint8_t *bb = (const uint8_t *)w->biases + (size_t)(b * 16 * groups) * esize;
+        cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
         __m512 acc[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
         for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *wg = wb + (size_t)(g * kpg) * 64;
-            if (ahead) {
-                prefetch_span(wg, (size_t)kpg * 64, ahead);
-                _mm_prefetch((const char *)sb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
-                _mm_prefetch((const char *)bb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
-            }
+            const uint8_t *wg = blk.lines + (size_t)g * blk.group_bytes;
+            cpu_rows16_prefetch(&blk, g);
             int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + (v0 & 127);
             __m512i ah[CPU_MATVEC_MAX_TOKENS][4], al[CPU_MATVEC_MAX_TOKENS][4];
 #pragma GCC unroll 8
@@ -510,7 +494,7 @@ T512 INLINE void mlx8_rows16(const weight_matrix *w, const matvec_input *in, flo
                     }
                 }
             }
-            rows16_group_end(w, in, sb, bb, g, ah, al, nc, acc, nt);
+            rows16_group_end(w, in, &blk, g, ah, al, nc, acc, nt);
         }
         rows16_store(y, rows, b, r0, r1, acc, nt);
     }
