@@ -147,14 +147,19 @@ T256 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float 
     }
 }
 
-/* acc += u8 . s8 per int32 lane. The AVX-VNNI form is inline asm (VEX-encoded vpdpbusd), so the
- * one kernel body compiles for both forms under the plain AVX2 target. */
-T256 INLINE __m256i dot4_u8s8(__m256i acc, __m256i u8, __m256i s8, const int vnni) {
-    if (vnni) {
-        __asm__("%{vex%} vpdpbusd %[b], %[a], %[acc]" : [acc] "+x"(acc) : [a] "x"(u8), [b] "x"(s8));
-        return acc;
-    }
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+/* acc += u8 . s8 per int32 lane by AVX-VNNI: inline asm (VEX-encoded vpdpbusd), so the one
+ * kernel body compiles for both forms under the plain AVX2 target. */
+T256 INLINE __m256i dpbusd_vex(__m256i acc, __m256i u8, __m256i s8) {
+    __asm__("%{vex%} vpdpbusd %[b], %[a], %[acc]" : [acc] "+x"(acc) : [a] "x"(u8), [b] "x"(s8));
+    return acc;
+}
+
+/* acc += x per int32 lane, in the accumulator's register: written as the intrinsic, GCC adds into
+ * a fresh register and copies it back every step (a vmovdqa per accumulator and step; the
+ * AVX-512 kernels tie their accumulators the same way, dpbusd_acc). */
+T256 INLINE __m256i add32_acc(__m256i acc, __m256i x) {
+    __asm__("vpaddd %[x], %[acc], %[acc]" : [acc] "+x"(acc) : [x] "x"(x));
+    return acc;
 }
 
 /* 8 scales or biases (bf16, f16, f32) from element i, widened as dense weights are. */
@@ -262,17 +267,17 @@ T256 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
 #pragma GCC unroll 2
                         for (int h = 0; h < hp; h++) {
                             if (vnni) {
-                                ah[h][t][0] = dot4_u8s8(ah[h][t][0], we[h], bhe, 1);
-                                ah[h][t][nc - 1] = dot4_u8s8(ah[h][t][nc - 1], wo[h], bho, 1);
-                                al[h][t][0] = dot4_u8s8(al[h][t][0], ble, we[h], 1);
-                                al[h][t][nc - 1] = dot4_u8s8(al[h][t][nc - 1], blo, wo[h], 1);
+                                ah[h][t][0] = dpbusd_vex(ah[h][t][0], we[h], bhe);
+                                ah[h][t][nc - 1] = dpbusd_vex(ah[h][t][nc - 1], wo[h], bho);
+                                al[h][t][0] = dpbusd_vex(al[h][t][0], ble, we[h]);
+                                al[h][t][nc - 1] = dpbusd_vex(al[h][t][nc - 1], blo, wo[h]);
                             } else {
                                 __m256i hi16 = _mm256_add_epi16(_mm256_maddubs_epi16(we[h], bhe),
                                                                 _mm256_maddubs_epi16(wo[h], bho));
                                 __m256i lo16 = _mm256_add_epi16(_mm256_maddubs_epi16(ble, we[h]),
                                                                 _mm256_maddubs_epi16(blo, wo[h]));
-                                ah[h][t][0] = _mm256_add_epi32(ah[h][t][0], _mm256_madd_epi16(hi16, ones));
-                                al[h][t][0] = _mm256_add_epi32(al[h][t][0], _mm256_madd_epi16(lo16, ones));
+                                ah[h][t][0] = add32_acc(ah[h][t][0], _mm256_madd_epi16(hi16, ones));
+                                al[h][t][0] = add32_acc(al[h][t][0], _mm256_madd_epi16(lo16, ones));
                             }
                         }
                     }
@@ -300,13 +305,13 @@ T256 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
 }
 
 /* acc += the int16 pairs of a and b multiplied and summed per int32 lane: vpmaddwd + vpaddd, or
- * with AVX-VNNI one VEX-encoded vpdpwssd (inline asm, as dot4_u8s8). */
+ * with AVX-VNNI one VEX-encoded vpdpwssd (inline asm, as dpbusd_vex). */
 T256 INLINE __m256i dot2_s16(__m256i acc, __m256i a, __m256i b, const int vnni) {
     if (vnni) {
         __asm__("%{vex%} vpdpwssd %[b], %[a], %[acc]" : [acc] "+x"(acc) : [a] "x"(a), [b] "x"(b));
         return acc;
     }
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+    return add32_acc(acc, _mm256_madd_epi16(a, b));
 }
 
 /* 8-bit (layout: 4 values of a row per lane, rows a multiple of 16; activations: int16 in natural
