@@ -4,7 +4,7 @@
 # (exo bench --model: read probe of the same threads before and after), pinned to 2 cores
 # (taskset, --threads 2: this dev VM's core count). base = main at 60b2098, new = branch cpu25 at 3e85783;
 # both portable builds (-O3, no -march) carried with their Debian libraries. Runs alternate
-# base/new. Writes $OUT/cpu25/log.txt. About 3 minutes.
+# base/new. Writes $OUT/cpu25/log.txt. About 2 minutes.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-/tmp/cpu25-out}/cpu25
@@ -15,7 +15,7 @@ export LD_LIBRARY_PATH=$x/lib
 M=/dev/shm/cpu25
 CORES=${CORES:-2,3}
 TG=${TG:-64}
-REPS=${REPS:-2}
+REPS=${REPS:-1}
 t0=$(date +%s)
 {
 echo "== host"; nproc; lscpu | grep -E 'Model name|Thread|Socket|L2|L3|NUMA node0'
