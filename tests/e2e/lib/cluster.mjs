@@ -7,7 +7,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { buildDir } from './exo.mjs';
+import { buildDir, deviceArgs, exoBin } from './exo.mjs';
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -58,6 +58,8 @@ export class Cluster {
     this.tag = `exoc${process.pid}${String.fromCharCode(97 + (clusterSeq++ % 26))}`;
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'exo-cluster-'));
     this.bin = opts.bin || process.env.EXO_CLUSTER_NODE_BIN || path.join(buildDir(), 'tools/cluster-node');
+    // exo nodes run models, on EXO_TEST_DEVICE's device; cluster-node runs none
+    this.device = this.bin === exoBin() ? deviceArgs() : [];
     this.env = { ...process.env, ...(opts.env || {}) };
     this.auth = opts.apiKey ? ['-H', `Authorization: Bearer ${opts.apiKey}`] : [];
     this.nodes = [];
@@ -107,7 +109,7 @@ export class Cluster {
 
   args(node) {
     return ['--data-dir', node.dataDir, '--api-port', String(node.apiPort), '--listen-port',
-      String(node.listenPort), '--discovery-port', String(this.discoveryPort), '--no-worker', ...node.extra];
+      String(node.listenPort), '--discovery-port', String(this.discoveryPort), '--no-worker', ...this.device, ...node.extra];
   }
 
   start(node) {

