@@ -6,7 +6,10 @@
 # pass/fail counts, every test's line, the failures) and logs.tar.gz (the whole log, the setup).
 #   DEVICE=cpu (or auto)   the same suite on another device (a check of the plumbing)
 #   E2E_TIMEOUT=200        seconds the suite may take (the payload's window is 4 minutes)
+#   ONLY="gguf api-openai" only those files of the suite
 #   CARRIED_NODE=1         use the carried node even where the machine has one
+#   EXO_FROM_SHARE=1       test the exo (and mkmodel) of bench/cuda's payload (.devcarry-cuda,
+#                          when it travels in the same call) instead of this payload's own
 set -u
 start=$(date +%s)
 payload=$(cd "$(dirname "$0")" && pwd)
@@ -23,7 +26,12 @@ stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
 {
   stamp "unpacking $payload into $root"
   python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$payload/tree.tar.xz" "$root"
-  cp "$payload/exo.xz" "$payload/mkmodel.xz" "$root/build/bin/"
+  if [ -n "${EXO_FROM_SHARE:-}" ]; then
+    cp "$share"/build/exo* "$root/build/bin/" && cp "$share"/build/tools/mkmodel* "$root/build/bin/" &&
+      echo "exo and mkmodel from $share"
+  else
+    cp "$payload/exo.xz" "$payload/mkmodel.xz" "$root/build/bin/"
+  fi
   # the libraries exo links: this payload's, else those of bench/cuda's payload
   if [ -d "$payload/lib" ]; then libs=$payload/lib; else libs=$share/lib; fi
   echo "libraries from $libs"
@@ -64,7 +72,7 @@ stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
 } > "$setup" 2>&1
 
 stamp "e2e suite, --device $device" > "$out/e2e.log"
-(cd "$root" && timeout -k 5 "${E2E_TIMEOUT:-200}" bash tests/run-e2e-device.sh "$device" build) >> "$out/e2e.log" 2>&1
+(cd "$root" && timeout -k 5 "${E2E_TIMEOUT:-200}" bash tests/run-e2e-device.sh "$device" build ${ONLY:-}) >> "$out/e2e.log" 2>&1
 rc=$?
 stamp "suite exit $rc$( [ $rc = 124 ] && echo ' (timed out)')" >> "$out/e2e.log"
 
@@ -74,7 +82,7 @@ stamp "suite exit $rc$( [ $rc = 124 ] && echo ' (timed out)')" >> "$out/e2e.log"
   grep -E "^e2e" "$out/e2e.log"
   grep -E "^ℹ (tests|pass|fail|cancelled|skipped|duration)" "$out/e2e.log" | tr '\n' ' '; echo
   echo "## tests"
-  grep -E "^ *[✔✖﹣] " "$out/e2e.log" | grep -vE "^ {4,}"
+  sed '/failing tests:/q' "$out/e2e.log" | grep -E "^ {0,3}[✔✖﹣] " | grep -v "failing tests:"
   echo "## failures"
   sed -n '/failing tests:/,$p' "$out/e2e.log" | grep -vE "^ +at " | head -150
   tail -2 "$out/e2e.log"

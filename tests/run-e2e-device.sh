@@ -5,6 +5,7 @@
 #
 #   tests/run-e2e-device.sh cuda build/cuda    the GPU machine (issue 18's "Done when")
 #   tests/run-e2e-device.sh cpu                the same files on the CPU (the default build)
+#   tests/run-e2e-device.sh cpu build gguf api-openai    only those files of the suite
 #   tests/run-e2e-device.sh --list             the files, one a line
 #
 # The suite is every file that serves models through the HTTP APIs of one node (OpenAI, Claude,
@@ -26,6 +27,12 @@ cpu | cuda | auto) ;;
 *) echo "run-e2e-device: device '$device' is not one of cpu, cuda, auto" >&2; exit 2 ;;
 esac
 build=${2:-build}
+if [ $# -gt 2 ]; then
+  for name in "${@:3}"; do
+    [[ " ${SUITE[*]} " == *" $name "* ]] || { echo "run-e2e-device: '$name' is not in the suite (--list)" >&2; exit 2; }
+  done
+  SUITE=("${@:3}")
+fi
 export EXO_TEST_DEVICE=$device
 E2E_FILES=$(printf 'tests/e2e/%s.test.mjs ' "${SUITE[@]}")
 export E2E_FILES
