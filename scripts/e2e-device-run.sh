@@ -72,14 +72,23 @@ stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
 } > "$setup" 2>&1
 
 stamp "e2e suite, --device $device" > "$out/e2e.log"
+# the GPU's compute processes every 2 s while the suite runs: the runners show up there when
+# they compute on it (evidence beside the flag itself)
+if command -v nvidia-smi > /dev/null; then
+  while sleep 2; do nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader; done > "$out/gpu-apps.log" 2>&1 &
+  sampler=$!
+fi
 (cd "$root" && timeout -k 5 "${E2E_TIMEOUT:-200}" bash tests/run-e2e-device.sh "$device" build ${ONLY:-}) >> "$out/e2e.log" 2>&1
 rc=$?
+[ -n "${sampler:-}" ] && kill "$sampler"
 stamp "suite exit $rc$( [ $rc = 124 ] && echo ' (timed out)')" >> "$out/e2e.log"
 
 {
   echo "# API e2e suite on --device $device ($(date -u), $(( $(date +%s) - start )) s, exit $rc)"
   grep -E "^node:|^CUDA|^libraries|^exo |^exo:|not found|NVIDIA|H200|tokenizer .*not" "$setup"
   grep -E "^e2e" "$out/e2e.log"
+  [ -f "$out/gpu-apps.log" ] && awk -F', ' '$3 ~ /MiB/ {n++; pids[$1]; m = ($3 + 0 > m) ? $3 + 0 : m}
+    END {k = 0; for (p in pids) k++; printf "GPU compute processes while the suite ran: %d samples, %d distinct pids, up to %d MiB each\n", n, k, m}' "$out/gpu-apps.log"
   grep -E "^ℹ (tests|pass|fail|cancelled|skipped|duration)" "$out/e2e.log" | tr '\n' ' '; echo
   echo "## tests"
   sed '/failing tests:/q' "$out/e2e.log" | grep -E "^ {0,3}[✔✖﹣] " | grep -v "failing tests:"
