@@ -11,12 +11,14 @@ carry_pack() {
 }
 
 # carry_shared_libs DEST BIN...: every shared library the binaries link, outside glibc,
-# libstdc++/libgcc and CUDA (the image has those), as DEST/<soname>.xz.
+# libstdc++/libgcc and CUDA (the image has those), as DEST/<soname>.xz. CARRY_SKIP_LIBS, an
+# extended regex, names more sonames to leave to the image (or to a replacement carried instead).
 carry_shared_libs() {
   local dest=$1; shift
   mkdir -p "$dest"
   for bin in "$@"; do ldd "$bin"; done | awk '$3 ~ /^\// {print $1, $3}' | sort -u |
     grep -vE '^(libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so|/cuda' |
+    grep -vE "^(${CARRY_SKIP_LIBS:-no-such-lib})\.so" |
     while read -r soname path; do xz -T1 -6 --x86 --lzma2=preset=6 -c "$path" > "$dest/$soname.xz"; done
 }
 

