@@ -129,7 +129,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
             for (int g = 0; g < ATT_GROUP; g++) s[g] = 0;
             if (valid) {
                 row = ((int64_t)table[p / bs] * bs + p % bs) * kv_dim + (int64_t)kvh * hd;
-                if (VEC) {
+                if (VEC) { /* unrolled: several rows' 16-byte loads in flight, not one at a time */
+#pragma unroll 4
                     for (int d = 0; d < hd; d += 8) {
                         float kv8[8];
                         kv_load8<T>(a.k, row + d, kv8);
@@ -169,7 +170,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
                 s[g] = w;
             }
             int n_valid = n_ctx - base < 32 ? n_ctx - base : 32;
-            for (int j = 0; j < n_valid; j++) {
+#pragma unroll 4
+            for (int j = 0; j < n_valid; j++) { /* unrolled for the same reason: V loads in flight */
                 int64_t rj = __shfl_sync(0xffffffffu, row, j);
                 float vv[ATT_DIMS];
 #pragma unroll
@@ -455,19 +457,24 @@ void cuda_kv_write(cuda_ctx *c, const kv_layer *kv, const float *k, const float 
     CUDA_LAUNCHED(c, "kv_write");
 }
 
-/* One block per token: its rotary pairs of every q and k head, then (after the block's barrier:
- * a pair's thread wrote only its two dims) the token's k and v rows into the cache. */
+/* One block per token: the cos and sin of its rotary pairs into shared memory, then one thread
+ * per (head, pair) of q and k (a thread per pair looping over 40 heads took 23 us a token on the
+ * H200: the loop's loads and stores in series), then (after the barrier) k and v into the cache. */
+#define ROPE_MAX_PAIRS 128 /* head_dim <= 256 (attention refuses more) */
 template <int T>
 __global__ void rope_kv_write_kernel(float *q, float *k, const float *v, const int32_t *pos,
                                      int n_heads, int n_kv_heads, int head_dim, int half,
                                      const float *inv_freq, float attn_factor, void *kc, void *vc,
                                      const int32_t *slots) {
+    __shared__ float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
     int64_t t = blockIdx.x, kv_dim = (int64_t)n_kv_heads * head_dim;
-    for (int p = threadIdx.x; p < half; p += blockDim.x) {
-        float cs, sn;
-        rope_cos_sin(pos[t], inv_freq[p], attn_factor, &cs, &sn);
-        ops_rope_rotate_pair(q + t * n_heads * head_dim, n_heads, head_dim, p, half, cs, sn);
-        ops_rope_rotate_pair(k + t * kv_dim, n_kv_heads, head_dim, p, half, cs, sn);
+    for (int p = threadIdx.x; p < half; p += blockDim.x)
+        rope_cos_sin(pos[t], inv_freq[p], attn_factor, &cs[p], &sn[p]);
+    __syncthreads();
+    for (int i = threadIdx.x; i < (n_heads + n_kv_heads) * half; i += blockDim.x) {
+        int h = i / half, p = i % half;
+        float *x = h < n_heads ? q + (t * n_heads + h) * head_dim : k + t * kv_dim + (int64_t)(h - n_heads) * head_dim;
+        ops_rope_rotate_pair(x, 1, head_dim, p, half, cs[p], sn[p]);
     }
     __syncthreads();
     int64_t dst = (int64_t)slots[t] * kv_dim;
@@ -483,9 +490,13 @@ void cuda_rope_kv_write(cuda_ctx *c, float *q, float *k, const float *v, const i
                         const int32_t *slots) {
     int half = rot_dims / 2;
     if (n <= 0) return;
+    if (half > ROPE_MAX_PAIRS) {
+        cuda_fail(c, "rope_kv_write", "more than 256 rotary dims");
+        return;
+    }
     switch (kv->type) {
 #define LAUNCH(T)                                                                                \
-    rope_kv_write_kernel<T><<<(unsigned)n, 128, 0, c->stream>>>(q, k, v, pos, n_heads, n_kv_heads, \
+    rope_kv_write_kernel<T><<<(unsigned)n, 256, 0, c->stream>>>(q, k, v, pos, n_heads, n_kv_heads, \
                                                                 head_dim, half, inv_freq,        \
                                                                 attn_factor, kv->k, kv->v, slots)
     case DTYPE_F16: LAUNCH(DTYPE_F16); break;

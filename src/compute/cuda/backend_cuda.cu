@@ -156,6 +156,29 @@ static int entry_matches(const dev_matrix *m, const weight_matrix *w) {
              m->scale_dtype == (int)w->scale_dtype));
 }
 
+__global__ void pair_scales_kernel(const uint16_t *s, const uint16_t *b, int64_t n, uint32_t *sb) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) sb[i] = (uint32_t)s[i] | (uint32_t)b[i] << 16;
+}
+
+/* The pipelined 4-bit GEMV's (scale, bias) pairs beside a 4-bit group-64 matrix with 16-bit
+ * scales (6% more memory than its packed weights); NULL for other matrices, or with err. */
+static const uint32_t *pair_scales(cuda_ctx *c, const dev_matrix *m, char *err, size_t errlen) {
+    if (m->kind != GEMV_Q4 || m->group_size != 64 || (m->scale_dtype != DTYPE_BF16 && m->scale_dtype != DTYPE_F16))
+        return NULL;
+    int64_t n = m->rows * (m->cols / 64);
+    uint32_t *sb = (uint32_t *)weight_alloc(c, (size_t)n * 4);
+    if (!sb) {
+        snprintf(err, errlen, "out of GPU memory for a 4-bit matrix's scale pairs");
+        return NULL;
+    }
+    pair_scales_kernel<<<cuda_blocks(n, 256), 256, 0, c->stream>>>((const uint16_t *)m->scales,
+                                                                     (const uint16_t *)m->biases, n, sb);
+    CUDA_LAUNCHED(c, "pair_scales");
+    c->weight_bytes += (size_t)n * 4;
+    return sb;
+}
+
 static int add_weight(cuda_ctx *c, const weight_matrix *w, char *err, size_t errlen) {
     int64_t found = w->data ? find_entry(c, w->data) : -1;
     if (!w->data || (found >= 0 && entry_matches(&c->entries[found].m, w))) return 0;
@@ -189,6 +212,9 @@ static int add_weight(cuda_ctx *c, const weight_matrix *w, char *err, size_t err
             m.scales = m.data ? upload_bytes(c, w->scales, sb, "scales", err, errlen) : NULL;
             m.biases = m.scales ? upload_bytes(c, w->biases, sb, "biases", err, errlen) : NULL;
             if (!m.biases) return -1;
+            err[0] = 0;
+            m.sb = pair_scales(c, &m, err, errlen);
+            if (!m.sb && err[0]) return -1;
         } else {
             m.data = upload_bytes(c, w->data, weight_matrix_bytes(w), "a matrix", err, errlen);
             if (!m.data) return -1;
@@ -370,13 +396,17 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
-static void cuda_rmsnorm(compute_backend *b, const float *x, const float *w, float *y,
-                         int64_t rows, int64_t dim, float eps) {
-    cuda_ctx *c = (cuda_ctx *)b->ctx;
+void cuda_rmsnorm_launch(cuda_ctx *c, const float *x, const float *w, float *y, int64_t rows,
+                         int64_t dim, float eps) {
     if (rows <= 0) return;
     int threads = dim >= 1024 ? ROW_THREADS : dim >= 256 ? 128 : 32;
     rmsnorm_kernel<<<(unsigned)rows, threads, 0, c->stream>>>(x, w, y, dim, eps);
     CUDA_LAUNCHED(c, "rmsnorm");
+}
+
+static void cuda_rmsnorm(compute_backend *b, const float *x, const float *w, float *y,
+                         int64_t rows, int64_t dim, float eps) {
+    cuda_rmsnorm_launch((cuda_ctx *)b->ctx, x, w, y, rows, dim, eps);
 }
 
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
@@ -489,6 +519,12 @@ static void cuda_rope_kv_write_op(compute_backend *b, float *q, float *k, const 
                                   float attn_factor, const kv_layer *kv, const int32_t *slots) {
     cuda_rope_kv_write((cuda_ctx *)b->ctx, q, k, v, pos, n, n_heads, n_kv_heads, head_dim,
                        rot_dims, inv_freq, attn_factor, kv, slots);
+}
+
+static void cuda_norm_matmul_op(compute_backend *b, const float *x, const float *norm_w, float eps,
+                                float *xn, int n, const weight_matrix *const *w, float *const *ys,
+                                int64_t n_tokens) {
+    cuda_norm_matmul((cuda_ctx *)b->ctx, x, norm_w, eps, xn, n, w, ys, n_tokens);
 }
 
 static int cuda_sample_op(compute_backend *b, float *logits, int64_t n_rows, int64_t vocab,
@@ -737,18 +773,14 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
     c->exact = mode && !strcmp(mode, "exact");
     const char *gemv = getenv("EXO_CUDA_GEMV");
     c->gemv_old = gemv && !strcmp(gemv, "old");
-    const char *qgemm = getenv("EXO_CUDA_QGEMM");
-    c->qgemm = qgemm && !strcmp(qgemm, "1");
+    const char *pipe = getenv("EXO_CUDA_PIPE");
+    c->no_pipe = pipe && !strcmp(pipe, "0");
+    const char *qgemm = getenv("EXO_CUDA_QGEMM"); /* 0: 4-bit batches dequantized for cuBLAS */
+    c->qgemm = !qgemm || strcmp(qgemm, "0");
     if (cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
         c->sm_count < 1) {
         cudaGetLastError();
         c->sm_count = 1;
-    }
-    if (cudaDeviceGetAttribute(&c->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-            cudaSuccess ||
-        c->smem_optin < 48 * 1024) {
-        cudaGetLastError();
-        c->smem_optin = 48 * 1024;
     }
     c->no_graphs = graphs && !strcmp(graphs, "0");
     c->capturing = -1;
@@ -805,6 +837,7 @@ extern "C" compute_backend *compute_backend_cuda(int device, char *err, size_t e
     b->moe_ffn = cuda_moe_ffn;
     b->matmul_fused = cuda_matmul_fused_op;
     b->rope_kv_write = cuda_rope_kv_write_op;
+    b->norm_matmul = cuda_norm_matmul_op;
     const char *sample = getenv("EXO_CUDA_SAMPLE"); /* 0: logits go to the host sampler (A/B) */
     if (!sample || strcmp(sample, "0")) b->sample = cuda_sample_op;
     b->destroy = cuda_destroy;
