@@ -28,7 +28,7 @@ for t in mkmodel nodeinfo gemvbench; do pack $b/tools/$t "$dest/build/tools/$t";
 for t in test_cuda_ops test_engine_reference; do pack $b/tests/$t "$dest/build/tests/$t"; done
 cp -r tests/fixtures/reference "$dest/tests/fixtures/"
 tok=.cache/tokenizers; [ -d $tok ] || tok=/work/main/.cache/tokenizers # scripts/tokenizers.sh
-for t in qwen3 llama3_1; do
+for t in qwen3 llama3_1 gptoss; do
   mkdir -p "$dest/.cache/tokenizers/$t"
   cp $tok/$t/tokenizer_config.json "$dest/.cache/tokenizers/$t/"
   xz -T1 -6 -c $tok/$t/tokenizer.json > "$dest/.cache/tokenizers/$t/tokenizer.json.xz"

@@ -56,6 +56,12 @@ stamp "models generated"; grep real "$OUT/mkmodel-time.log"
 for q in $MODELS; do
   stamp "== exo bench --model $m/llama8b-$q --device cuda --pp $PP --tg 128 --batch $BATCH --reps $REPS"
   X timeout 150 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp "$PP" --tg 128 --batch "$BATCH" --reps "$REPS" 2>&1 | grep -v "^mem "
+  if [ "$q" = bf16 ]; then
+    for alt in EXO_CUDA_GEMV=old EXO_CUDA_PIPE=0; do
+      stamp "== bf16 b1 with $alt (old: the plain GEMV, no fused norm; PIPE=0: the persistent GEMV)"
+      env $alt LD_LIBRARY_PATH="$PWD/lib:$cudalib" timeout 60 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 128 --batch 1 --reps 1 2>&1 | grep -E "decode"
+    done
+  fi
   if [ "$q" = 4bit ]; then
     stamp "== 4-bit on the previous kernels: b1 persistent GEMV (EXO_CUDA_PIPE=0), b64 dequantized for cuBLAS (EXO_CUDA_QGEMM=0)"
     EXO_CUDA_PIPE=0 EXO_CUDA_QGEMM=0 X timeout 90 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 128 --batch 1,64 --reps 1 2>&1 | grep -E "decode"

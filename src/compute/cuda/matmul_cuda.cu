@@ -633,29 +633,47 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args
     pipe_stage *ring = (pipe_stage *)(xs + slots + (quant ? (groups + 3) / 4 : 0)) + warp * PIPE_STAGES;
     const int64_t n_tiles = a.tile_start[a.n], tile_step = (int64_t)gridDim.x * PIPE_WARPS;
     const int64_t first = (int64_t)blockIdx.x * PIPE_WARPS + warp;
-    const int64_t my_tiles = first < n_tiles ? (n_tiles - first + tile_step - 1) / tile_step : 0;
-    const int64_t n_items = my_tiles * rounds;
-
-    /* item -> (matrix, first row, round); copies its weights and pairs into stage st */
-    auto issue = [&](int64_t item, int st) {
-        int64_t tile = first + (item / rounds) * tile_step, round = item % rounds;
-        int m = 0;
-        while (m + 1 < a.n && tile >= a.tile_start[m + 1]) m++;
-        const dev_matrix &w = a.w[m];
-        int64_t row0 = (tile - a.tile_start[m]) * PIPE_ROWS, g = round * 32 + lane;
+    /* Items (a tile's rounds in order, then the warp's next tile) are walked by two cursors, the
+     * copies PIPE_STAGES - 1 items ahead of the arithmetic, each advanced by counting: a 64-bit
+     * division per item (item / rounds) cost as many instructions as the bf16 arithmetic. */
+    struct cursor {
+        int64_t tile;
+        int round, m, stage;
+    };
+    auto locate = [&](cursor &c) { /* the matrix of c.tile (tiles ascend: m only grows) */
+        while (c.m + 1 < a.n && c.tile >= a.tile_start[c.m + 1]) c.m++;
+    };
+    auto advance = [&](cursor &c) {
+        c.stage = (c.stage + 1) % PIPE_STAGES;
+        if (++c.round == rounds) {
+            c.round = 0;
+            c.tile += tile_step;
+            locate(c);
+        }
+    };
+    /* copies the weights and pairs of the item at c into its stage */
+    auto issue = [&](const cursor &c) {
+        const dev_matrix &w = a.w[c.m];
+        int64_t row0 = (c.tile - a.tile_start[c.m]) * PIPE_ROWS, g = (int64_t)c.round * 32 + lane;
         if (g < groups) {
 #pragma unroll
             for (int r = 0; r < PIPE_ROWS; r++) {
                 int64_t row = row0 + r < w.rows ? row0 + r : w.rows - 1;
                 const uint4 *src = (const uint4 *)w.data + (row * groups + g) * 2;
-                cp_async16(&ring[st].w[r][0][lane], src);
-                cp_async16(&ring[st].w[r][1][lane], src + 1);
-                if (quant) cp_async4(&ring[st].sb[r][lane], w.sb + row * groups + g);
+                cp_async16(&ring[c.stage].w[r][0][lane], src);
+                cp_async16(&ring[c.stage].w[r][1][lane], src + 1);
+                if (quant) cp_async4(&ring[c.stage].sb[r][lane], w.sb + row * groups + g);
             }
         }
     };
+    cursor fetch = {first, 0, 0, 0}, work = {first, 0, 0, 0};
+    locate(fetch);
+    locate(work);
     for (int s = 0; s < PIPE_STAGES - 1; s++) {
-        if (s < n_items) issue(s, s);
+        if (fetch.tile < n_tiles) {
+            issue(fetch);
+            advance(fetch);
+        }
         cp_async_commit();
     }
     /* x and the group sums while the first stages load */
@@ -671,13 +689,15 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args
     }
     __syncthreads();
     float acc[PIPE_ROWS] = {0, 0, 0, 0};
-    for (int64_t item = 0; item < n_items; item++) {
-        cp_async_wait<PIPE_STAGES - 2>(); /* this lane's copies of stage item % STAGES are in */
-        int64_t next = item + PIPE_STAGES - 1;
-        if (next < n_items) issue(next, (int)(next % PIPE_STAGES));
+    while (work.tile < n_tiles) {
+        cp_async_wait<PIPE_STAGES - 2>(); /* this lane's copies of the work stage are in */
+        if (fetch.tile < n_tiles) {
+            issue(fetch);
+            advance(fetch);
+        }
         cp_async_commit();
-        const pipe_stage &st = ring[item % PIPE_STAGES];
-        int64_t round = item % rounds, g = round * 32 + lane;
+        const pipe_stage &st = ring[work.stage];
+        int64_t g = (int64_t)work.round * 32 + lane;
         if (g < groups) {
             float d[PIPE_ROWS] = {0, 0, 0, 0};
 #pragma unroll
@@ -685,7 +705,7 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args
                 float xv[P * 2];
 #pragma unroll
                 for (int i = 0; i < P / 2; i++) {
-                    float4 f = xs[round * 32 * P + (P / 2 * h + i) * 32 + lane];
+                    float4 f = xs[(int64_t)work.round * 32 * P + (P / 2 * h + i) * 32 + lane];
                     xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
                 }
 #pragma unroll
@@ -705,21 +725,19 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args
                 for (int r = 0; r < PIPE_ROWS; r++) acc[r] += d[r];
             }
         }
-        if (round == rounds - 1) { /* the tile is done: sum across the warp and store */
-            int64_t tile = first + (item / rounds) * tile_step;
-            int m = 0;
-            while (m + 1 < a.n && tile >= a.tile_start[m + 1]) m++;
-            int64_t row0 = (tile - a.tile_start[m]) * PIPE_ROWS, rows = a.w[m].rows;
+        if (work.round == rounds - 1) { /* the tile is done: sum across the warp and store */
+            int64_t row0 = (work.tile - a.tile_start[work.m]) * PIPE_ROWS, rows = a.w[work.m].rows;
 #pragma unroll
             for (int r = 0; r < PIPE_ROWS; r++) {
                 float v = warp_reduce(acc[r]);
                 acc[r] = 0;
                 if (lane == 0 && row0 + r < rows) {
-                    float *o = a.y[m] + row0 + r;
+                    float *o = a.y[work.m] + row0 + r;
                     *o = a.accumulate ? *o + v : v;
                 }
             }
         }
+        advance(work);
     }
     cp_async_wait<0>();
 }
