@@ -119,13 +119,20 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
             for (int i = lane; i < gc * hd; i += 32) qs[i] = qt[i];
         }
         __syncwarp();
-        float m[ATT_GROUP], l[ATT_GROUP], acc[ATT_GROUP][DIMS];
+        /* VEC: the weighted sum of V takes rows in parallel -- lane l reads 16 bytes (dims
+         * (l % lpr) * 8 ..) of row l / lpr of each step, lpr = head_dim / 8 lanes a row, so a
+         * chunk's rows are all in flight at once (one row at a time, a lane reading its dims of
+         * each, was a chain of ~30 dependent loads: most of the 23 us a decode step's attention
+         * took); the lanes sharing dims are summed at the end. */
+        const int lpr = hd / 8, rpi = 32 / lpr, my_row = lane / lpr, my_dim0 = (lane % lpr) * 8;
+        constexpr int AD = VEC ? 8 : DIMS;
+        float m[ATT_GROUP], l[ATT_GROUP], acc[ATT_GROUP][AD];
 #pragma unroll
         for (int g = 0; g < ATT_GROUP; g++) {
             m[g] = -INFINITY;
             l[g] = 0;
 #pragma unroll
-            for (int i = 0; i < DIMS; i++) acc[g][i] = 0;
+            for (int i = 0; i < AD; i++) acc[g][i] = 0;
         }
         for (int base = first + split * 32; base < n_ctx; base += 32 * a.splits) {
             int p = base + lane;
@@ -137,7 +144,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
             if (valid) {
                 row = ((int64_t)table[p / bs] * bs + p % bs) * kv_dim + (int64_t)kvh * hd;
                 if (VEC) { /* unrolled: several rows' 16-byte loads in flight, not one at a time */
-#pragma unroll 8
+#pragma unroll 16
                     for (int d = 0; d < hd; d += 8) {
                         float kv8[8];
                         kv_load8<T>(a.k, row + d, kv8);
@@ -173,25 +180,55 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
                 l[g] = l[g] * corr + ws;
                 m[g] = mn;
 #pragma unroll
-                for (int i = 0; i < DIMS; i++) acc[g][i] *= corr;
+                for (int i = 0; i < AD; i++) acc[g][i] *= corr;
                 s[g] = w;
             }
             int n_valid = n_ctx - base < 32 ? n_ctx - base : 32;
-#pragma unroll 8
-            for (int j = 0; j < n_valid; j++) { /* unrolled for the same reason: V loads in flight */
-                int64_t rj = __shfl_sync(0xffffffffu, row, j);
-                float vv[DIMS];
+            if (VEC) {
+#pragma unroll 16
+                for (int j0 = 0; j0 < n_valid; j0 += rpi) {
+                    int j = (j0 + my_row) & 31;
+                    bool ok = my_row < rpi && j0 + my_row < n_valid;
+                    int64_t rj = __shfl_sync(0xffffffffu, row, j);
+                    float vv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    if (ok) kv_load8<T>(a.v, rj + my_dim0, vv);
 #pragma unroll
-                for (int i = 0; i < DIMS; i++) {
-                    int d = lane + 32 * i;
-                    vv[i] = d < hd ? kv_load<T>(a.v, rj + d) : 0.0f;
+                    for (int g = 0; g < ATT_GROUP; g++) {
+                        if (g >= gc) break;
+                        float w = __shfl_sync(0xffffffffu, s[g], j);
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[g][i] = ok ? fmaf(w, vv[i], acc[g][i]) : acc[g][i];
+                    }
                 }
+            } else {
+#pragma unroll 8
+                for (int j = 0; j < n_valid; j++) { /* unrolled for the same reason: V loads in flight */
+                    int64_t rj = __shfl_sync(0xffffffffu, row, j);
+                    float vv[DIMS];
 #pragma unroll
-                for (int g = 0; g < ATT_GROUP; g++) {
-                    if (g >= gc) break;
-                    float w = __shfl_sync(0xffffffffu, s[g], j);
+                    for (int i = 0; i < DIMS; i++) {
+                        int d = lane + 32 * i;
+                        vv[i] = d < hd ? kv_load<T>(a.v, rj + d) : 0.0f;
+                    }
 #pragma unroll
-                    for (int i = 0; i < DIMS; i++) acc[g][i] = fmaf(w, vv[i], acc[g][i]);
+                    for (int g = 0; g < ATT_GROUP; g++) {
+                        if (g >= gc) break;
+                        float w = __shfl_sync(0xffffffffu, s[g], j);
+#pragma unroll
+                        for (int i = 0; i < DIMS && i < AD; i++) acc[g][i] = fmaf(w, vv[i], acc[g][i]);
+                    }
+                }
+            }
+        }
+        if (VEC) { /* sum the lanes sharing dims into lanes 0 .. lpr - 1 */
+#pragma unroll
+            for (int g = 0; g < ATT_GROUP; g++) {
+                if (g >= gc) break;
+#pragma unroll
+                for (int i = 0; i < AD; i++) {
+                    float v = acc[g][i];
+                    for (int r = 1; r < rpi; r++) v += __shfl_sync(0xffffffffu, acc[g][i], (lane + r * lpr) & 31);
+                    acc[g][i] = v;
                 }
             }
         }
@@ -199,19 +236,20 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
         for (int g = 0; g < ATT_GROUP; g++) {
             if (g >= gc) break;
             int64_t h = (int64_t)kvh * group + h0 + g;
-            if (a.splits == 1) {
-                float *o = a.out + (t * nh + h) * hd;
-                float inv = attention_sink_norm(ab.sinks, h, m[g], l[g]);
+            float *o = a.splits == 1 ? a.out + (t * nh + h) * hd
+                                     : a.partial + ((t * nh + h) * a.splits + split) * (hd + 2);
+            float scale = a.splits == 1 ? attention_sink_norm(ab.sinks, h, m[g], l[g]) : 1.0f;
+            if (VEC) {
+                if (lane < lpr) {
 #pragma unroll
-                for (int i = 0; i < DIMS; i++)
-                    if (lane + 32 * i < hd) o[lane + 32 * i] = acc[g][i] * inv;
+                    for (int i = 0; i < AD; i++) o[my_dim0 + i] = acc[g][i] * scale;
+                }
             } else {
-                float *o = a.partial + ((t * nh + h) * a.splits + split) * (hd + 2);
 #pragma unroll
-                for (int i = 0; i < DIMS; i++)
-                    if (lane + 32 * i < hd) o[lane + 32 * i] = acc[g][i];
-                if (lane == 0) o[hd] = m[g], o[hd + 1] = l[g];
+                for (int i = 0; i < AD; i++)
+                    if (lane + 32 * i < hd) o[lane + 32 * i] = acc[g][i] * scale;
             }
+            if (a.splits > 1 && lane == 0) o[hd] = m[g], o[hd + 1] = l[g];
         }
         __syncwarp();
     }

@@ -798,6 +798,10 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
     c->gemv_old = gemv && !strcmp(gemv, "old");
     const char *pipe = getenv("EXO_CUDA_PIPE");
     c->no_pipe = pipe && !strcmp(pipe, "0");
+    const char *pipe_rows = getenv("EXO_CUDA_PIPE_ROWS");
+    c->pipe_rows = pipe_rows && !strcmp(pipe_rows, "2") ? 2 : 4;
+    const char *bf16_one = getenv("EXO_CUDA_BF16_GEMV");
+    c->bf16_one = !bf16_one ? 0 : !strcmp(bf16_one, "persist") ? 1 : !strcmp(bf16_one, "pipe") ? 2 : 0;
     const char *qgemm = getenv("EXO_CUDA_QGEMM"); /* 0: 4-bit batches dequantized for cuBLAS */
     c->qgemm = !qgemm || strcmp(qgemm, "0");
     if (cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
@@ -829,12 +833,12 @@ extern "C" compute_backend *compute_backend_cuda(int device, char *err, size_t e
     }
     b->name = "cuda";
     b->ctx = c;
-    /* gpt-oss's op variants (attention sinks and windows, biased clamped-SwiGLU experts) are
-     * written and compile, but have not been measured on a GPU yet: offered only with
-     * EXO_CUDA_GPT_OSS=1 (test_cuda_ops and the GPU pass of test_engine_reference check them);
-     * otherwise device auto runs gpt-oss on the CPU */
+    /* gpt-oss's op variants (attention sinks and windows, biased clamped-SwiGLU experts):
+     * test_cuda_ops and the GPU passes of test_engine_reference hold them to the CPU and to
+     * transformers on the H200 (224/224 greedy tokens, bf16 and MXFP4). EXO_CUDA_GPT_OSS=0
+     * leaves gpt-oss to the CPU (device auto then picks it). */
     const char *gpt_oss = getenv("EXO_CUDA_GPT_OSS");
-    if (gpt_oss && !strcmp(gpt_oss, "1"))
+    if (!gpt_oss || strcmp(gpt_oss, "0"))
         b->features = BACKEND_FEATURE_ATTENTION_SINKS_WINDOW | BACKEND_FEATURE_MOE_BIAS_CLAMP;
     b->alloc = cuda_alloc;
     b->free = cuda_free_op;

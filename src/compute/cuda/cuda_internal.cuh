@@ -49,6 +49,10 @@ struct cuda_ctx {
     int exact;             /* EXO_CUDA_MATMUL=exact: every matmul through the f32 GEMV kernels */
     int gemv_old;          /* EXO_CUDA_GEMV=old: the per-16-rows GEMV blocks (for A/B timing) */
     int no_pipe;           /* EXO_CUDA_PIPE=0: 4-bit decode on the persistent kernel, not cp.async */
+    int pipe_rows;         /* EXO_CUDA_PIPE_ROWS=2: the cp.async GEMV's items of 2 rows, 16 warps */
+    int bf16_one;          /* one-token bf16 GEMV: 0 the per-16-rows blocks (fastest measured on the
+                            * H200: 190 tok/s on the 8B shape against 180 persistent and 100 cp.async),
+                            * EXO_CUDA_BF16_GEMV=persist: 1, =pipe: 2 (A/B) */
     int qgemm;             /* 4-bit batches through qgemm4 (EXO_CUDA_QGEMM=0: a bf16 copy, cuBLAS) */
     int sm_count;          /* multiprocessors: the persistent kernels' grid */
     char error[256];       /* first failure, reported by status */

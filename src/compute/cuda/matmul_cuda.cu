@@ -570,12 +570,14 @@ template <int KIND> static int persist_launch_nt(cuda_ctx *c, const gemv_args &a
  * single 4-byte copy brings both. x is staged as in the persistent kernel (lanes read
  * consecutive float4s), with every group's sum of x for the 0.5 + q/32 trick. */
 #define PIPE_STAGES 4
+/* ROWS rows a warp item, 32 / ROWS warps a block: the ring's bytes are the same either way; 2 rows
+ * give twice the warps to hide latency (EXO_CUDA_PIPE_ROWS=2, A/B: at 4 rows and 8 warps an SM
+ * issued one instruction every 5.6 cycles per warp, 12% occupancy). */
 #define PIPE_ROWS 4
-#define PIPE_WARPS 8
 
-struct pipe_stage { /* one warp's stage: lane l's data at [..][l] */
-    uint4 w[PIPE_ROWS][2][32];
-    uint32_t sb[PIPE_ROWS][32];
+template <int ROWS> struct pipe_stage { /* one warp's stage: lane l's data at [..][l] */
+    uint4 w[ROWS][2][32];
+    uint32_t sb[ROWS][32];
 };
 
 /* A lane's span of one round: 2 chunks of 16 bytes = 64 4-bit weights (one group) or 16 bf16. */
@@ -593,10 +595,10 @@ template <int KIND> __host__ __device__ __forceinline__ int64_t pipe_x_slots(int
     return (cols / V + 31) / 32 * 32 * (V / 4);
 }
 
-template <int KIND> static size_t pipe_smem_bytes(int64_t cols) {
+template <int KIND, int ROWS = PIPE_ROWS> static size_t pipe_smem_bytes(int64_t cols) {
     size_t sums = KIND == GEMV_Q4 ? (size_t)(cols / 64) * 4 : 0;
     return (size_t)pipe_x_slots<KIND>(cols) * 16 + (sums + 15) / 16 * 16 +
-           (size_t)PIPE_WARPS * PIPE_STAGES * sizeof(pipe_stage);
+           (size_t)(32 / ROWS) * PIPE_STAGES * sizeof(pipe_stage<ROWS>);
 }
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
@@ -621,8 +623,9 @@ template <int SD> __device__ __forceinline__ float2 unpack_sb(uint32_t p) {
     return __half22float2(h);
 }
 
-template <int KIND, int SD>
-__global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args a) {
+template <int KIND, int SD, int ROWS>
+__global__ void __launch_bounds__(32 / ROWS * 32, 1) gemv_pipe_kernel(gemv_args a) {
+    constexpr int WARPS = 32 / ROWS;
     extern __shared__ float4 xs[]; /* [pipe_x_slots] x, [groups] group sums (4-bit), the rings */
     const bool quant = KIND == GEMV_Q4;
     const int P = pipe_unit<KIND>::values / 4; /* float4s of x per unit */
@@ -630,9 +633,9 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args
     const int64_t cols = a.w[0].cols, groups = cols / pipe_unit<KIND>::values;
     const int64_t slots = pipe_x_slots<KIND>(cols), rounds = (groups + 31) / 32; /* items a tile */
     float *group_sum = (float *)(xs + slots);
-    pipe_stage *ring = (pipe_stage *)(xs + slots + (quant ? (groups + 3) / 4 : 0)) + warp * PIPE_STAGES;
-    const int64_t n_tiles = a.tile_start[a.n], tile_step = (int64_t)gridDim.x * PIPE_WARPS;
-    const int64_t first = (int64_t)blockIdx.x * PIPE_WARPS + warp;
+    pipe_stage<ROWS> *ring = (pipe_stage<ROWS> *)(xs + slots + (quant ? (groups + 3) / 4 : 0)) + warp * PIPE_STAGES;
+    const int64_t n_tiles = a.tile_start[a.n], tile_step = (int64_t)gridDim.x * WARPS;
+    const int64_t first = (int64_t)blockIdx.x * WARPS + warp;
     /* Items (a tile's rounds in order, then the warp's next tile) are walked by two cursors, the
      * copies PIPE_STAGES - 1 items ahead of the arithmetic, each advanced by counting: a 64-bit
      * division per item (item / rounds) cost as many instructions as the bf16 arithmetic. */
@@ -654,10 +657,10 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args
     /* copies the weights and pairs of the item at c into its stage */
     auto issue = [&](const cursor &c) {
         const dev_matrix &w = a.w[c.m];
-        int64_t row0 = (c.tile - a.tile_start[c.m]) * PIPE_ROWS, g = (int64_t)c.round * 32 + lane;
+        int64_t row0 = (c.tile - a.tile_start[c.m]) * ROWS, g = (int64_t)c.round * 32 + lane;
         if (g < groups) {
 #pragma unroll
-            for (int r = 0; r < PIPE_ROWS; r++) {
+            for (int r = 0; r < ROWS; r++) {
                 int64_t row = row0 + r < w.rows ? row0 + r : w.rows - 1;
                 const uint4 *src = (const uint4 *)w.data + (row * groups + g) * 2;
                 cp_async16(&ring[c.stage].w[r][0][lane], src);
@@ -688,7 +691,7 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args
         group_sum[g] = s;
     }
     __syncthreads();
-    float acc[PIPE_ROWS] = {0, 0, 0, 0};
+    float acc[ROWS] = {};
     while (work.tile < n_tiles) {
         cp_async_wait<PIPE_STAGES - 2>(); /* this lane's copies of the work stage are in */
         if (fetch.tile < n_tiles) {
@@ -696,10 +699,10 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args
             advance(fetch);
         }
         cp_async_commit();
-        const pipe_stage &st = ring[work.stage];
+        const pipe_stage<ROWS> &st = ring[work.stage];
         int64_t g = (int64_t)work.round * 32 + lane;
         if (g < groups) {
-            float d[PIPE_ROWS] = {0, 0, 0, 0};
+            float d[ROWS] = {};
 #pragma unroll
             for (int h = 0; h < 2; h++) { /* the unit's two 16-byte chunks */
                 float xv[P * 2];
@@ -709,26 +712,26 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args
                     xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
                 }
 #pragma unroll
-                for (int r = 0; r < PIPE_ROWS; r++)
+                for (int r = 0; r < ROWS; r++)
                     d[r] += quant ? q4_chunk_dot_offset(st.w[r][h][lane], xv)
                                   : chunk_dot<GEMV_BF16>(st.w[r][h][lane], xv);
             }
             if (quant) {
                 float sx = group_sum[g];
 #pragma unroll
-                for (int r = 0; r < PIPE_ROWS; r++) { /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
+                for (int r = 0; r < ROWS; r++) { /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
                     float2 sb = unpack_sb<SD>(st.sb[r][lane]);
                     acc[r] = fmaf(32.0f * sb.x, d[r], fmaf(sb.y - 16.0f * sb.x, sx, acc[r]));
                 }
             } else {
 #pragma unroll
-                for (int r = 0; r < PIPE_ROWS; r++) acc[r] += d[r];
+                for (int r = 0; r < ROWS; r++) acc[r] += d[r];
             }
         }
         if (work.round == rounds - 1) { /* the tile is done: sum across the warp and store */
-            int64_t row0 = (work.tile - a.tile_start[work.m]) * PIPE_ROWS, rows = a.w[work.m].rows;
+            int64_t row0 = (work.tile - a.tile_start[work.m]) * ROWS, rows = a.w[work.m].rows;
 #pragma unroll
-            for (int r = 0; r < PIPE_ROWS; r++) {
+            for (int r = 0; r < ROWS; r++) {
                 float v = warp_reduce(acc[r]);
                 acc[r] = 0;
                 if (lane == 0 && row0 + r < rows) {
@@ -747,6 +750,7 @@ __global__ void __launch_bounds__(PIPE_WARPS * 32, 1) gemv_pipe_kernel(gemv_args
 static int pipe_kind(const cuda_ctx *c, const gemv_args &a, int nt) {
     if (nt != 1 || c->gemv_old || c->no_pipe) return -1;
     int kind = a.w[0].kind;
+    if (kind == GEMV_BF16 && c->bf16_one != 2) return -1;
     for (int i = 0; i < a.n; i++) {
         const dev_matrix &w = a.w[i];
         if (w.kind != kind) return -1;
@@ -757,17 +761,22 @@ static int pipe_kind(const cuda_ctx *c, const gemv_args &a, int nt) {
     return kind == GEMV_Q4 || kind == GEMV_BF16 ? kind : -1; /* and x fits: pipe_launch_kind */
 }
 
-template <int KIND, int SD> static int pipe_launch_kind(cuda_ctx *c, gemv_args &a) {
-    size_t smem = pipe_smem_bytes<KIND>(a.w[0].cols);
-    if (smem > dynamic_smem_limit((const void *)gemv_pipe_kernel<KIND, SD>)) return 0;
+template <int KIND, int SD, int ROWS> static int pipe_launch_rows(cuda_ctx *c, gemv_args &a) {
+    constexpr int WARPS = 32 / ROWS;
+    size_t smem = pipe_smem_bytes<KIND, ROWS>(a.w[0].cols);
+    if (smem > dynamic_smem_limit((const void *)gemv_pipe_kernel<KIND, SD, ROWS>)) return 0;
     a.tile_start[0] = 0;
     for (int i = 0; i < a.n; i++)
-        a.tile_start[i + 1] = a.tile_start[i] + (a.w[i].rows + PIPE_ROWS - 1) / PIPE_ROWS;
-    int64_t want = (a.tile_start[a.n] + PIPE_WARPS - 1) / PIPE_WARPS;
+        a.tile_start[i + 1] = a.tile_start[i] + (a.w[i].rows + ROWS - 1) / ROWS;
+    int64_t want = (a.tile_start[a.n] + WARPS - 1) / WARPS;
     unsigned blocks = (unsigned)(want < c->sm_count ? want : c->sm_count);
-    gemv_pipe_kernel<KIND, SD><<<blocks, PIPE_WARPS * 32, smem, c->stream>>>(a);
+    gemv_pipe_kernel<KIND, SD, ROWS><<<blocks, WARPS * 32, smem, c->stream>>>(a);
     CUDA_LAUNCHED(c, "gemv (pipelined)");
     return 1;
+}
+
+template <int KIND, int SD> static int pipe_launch_kind(cuda_ctx *c, gemv_args &a) {
+    return c->pipe_rows == 2 ? pipe_launch_rows<KIND, SD, 2>(c, a) : pipe_launch_rows<KIND, SD, PIPE_ROWS>(c, a);
 }
 
 static int pipe_launch(cuda_ctx *c, gemv_args &a, int nt) {
@@ -783,7 +792,8 @@ static int pipe_launch(cuda_ctx *c, gemv_args &a, int nt) {
 /* Whether every launch of an n-token GEMV of m goes to the persistent kernel. */
 static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
     int nt = (int)(n < GEMV_MAX_TOKENS ? n : GEMV_MAX_TOKENS);
-    if (c->gemv_old || n > GEMV_PERSIST_MAX_TOKENS) return 0;
+    if (c->gemv_old || n > GEMV_PERSIST_MAX_TOKENS || (m->kind == GEMV_BF16 && n == 1 && !c->bf16_one))
+        return 0;
     switch (m->kind) {
     case GEMV_Q4: return persist_fits<GEMV_Q4>(m->cols, nt);
     case GEMV_BF16: return persist_fits<GEMV_BF16>(m->cols, nt);
@@ -794,7 +804,8 @@ static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
 }
 
 static int persist_launch(cuda_ctx *c, int kind, gemv_args &a, int nt) {
-    if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS) return 0;
+    if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS || (kind == GEMV_BF16 && nt == 1 && !c->bf16_one))
+        return 0;
     if (pipe_launch(c, a, nt)) return 1;
     a.tile_start[0] = 0;
     const int rows = persist_tile_rows(kind, nt);
