@@ -17,6 +17,8 @@ cat > "$dest/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # bash .devcarry-cuda/run.sh (from the repository root): the CUDA payload, results in $OUT/cuda
 cd "$(dirname "$0")" || exit 1
+# the reference fixtures travel with the repository itself (not carried twice)
+[ -d tests/fixtures/reference ] || cp -r ../tests/fixtures/reference tests/fixtures/
 export OUT="${OUT:-/tmp/out}/cuda"; mkdir -p "$OUT"
 bash run_on_gpu.sh > "$OUT/console.log" 2>&1
 cd "$OUT" && tar czf /tmp/cuda-logs.tar.gz --exclude summary.txt . && mv /tmp/cuda-logs.tar.gz logs.tar.gz &&
@@ -26,9 +28,8 @@ EOF
 carry_pack $b/exo "$dest/build/exo"
 for t in mkmodel nodeinfo gemvbench; do carry_pack $b/tools/$t "$dest/build/tools/$t"; done
 for t in test_cuda_ops test_engine_reference; do carry_pack $b/tests/$t "$dest/build/tests/$t"; done
-cp -r tests/fixtures/reference "$dest/tests/fixtures/"
 tok=.cache/tokenizers; [ -d $tok ] || tok=/work/main/.cache/tokenizers # scripts/tokenizers.sh
-for t in qwen3 llama3_1; do
+for t in qwen3 llama3_1 gptoss; do
   mkdir -p "$dest/.cache/tokenizers/$t"
   cp $tok/$t/tokenizer_config.json "$dest/.cache/tokenizers/$t/"
   xz -T1 -6 -c $tok/$t/tokenizer.json > "$dest/.cache/tokenizers/$t/tokenizer.json.xz"

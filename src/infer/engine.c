@@ -759,13 +759,18 @@ static engine_finish take_sample(sequence *s, const sampler_result *r, engine_ev
 }
 
 /* Whether this step's rows can be sampled where the logits are (the backend's sample op): it
- * has one, and no member asks for penalties (the host sampler's job: they read the history). */
+ * has one, and no member with logits needs the host's sampling: penalties (they read the
+ * history), a constraint (its mask is computed on the host) or drafts to verify (several rows
+ * a member, spec_verify_member's rule). Both of the last two were once sampled on the GPU,
+ * unmasked and unverified (found by the API e2e suite on --device cuda). */
 static int samples_on_backend(const engine *e, int n_members) {
     if (!e->be->sample) return 0;
     for (int m = 0; m < n_members; m++) {
-        const sampling_params *p = &e->b_members[m]->sampling;
-        if (e->b_members[m]->logit_index >= 0 &&
-            (p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0))
+        const sequence *s = e->b_members[m];
+        const sampling_params *p = &s->sampling;
+        if (s->logit_index >= 0 &&
+            (p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0 ||
+             s->constraint.ctx || s->n_draft > 0))
             return 0;
     }
     return 1;
