@@ -393,13 +393,6 @@ int engine_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err
         error_set(err, errlen, "too many queued requests (%d)", queued);
         return -1;
     }
-    if (e->dist && r->constraint.ctx) {
-        /* the sampling rank and the rank holding the request differ in a pipeline, and a
-         * constraint is a pointer into this process */
-        error_set(err, errlen, "structured outputs (response formats, grammars, forced tool "
-                               "calls) are not supported on instances of several nodes yet");
-        return -1;
-    }
     if (e->dist) return engine_dist_queue_submit(e, seq_id, r, err, errlen);
     if (engine_add_sequence(e, seq_id, r)) {
         error_set(err, errlen, "out of memory queueing a request");
@@ -759,13 +752,15 @@ static engine_finish take_sample(sequence *s, const sampler_result *r, engine_ev
 }
 
 /* Whether this step's rows can be sampled where the logits are (the backend's sample op): it
- * has one, and no member asks for penalties (the host sampler's job: they read the history). */
+ * has one, and no member asks for penalties (the host sampler's job: they read the history) or
+ * has a constraint (its mask is applied to the host's logits). */
 static int samples_on_backend(const engine *e, int n_members) {
     if (!e->be->sample) return 0;
     for (int m = 0; m < n_members; m++) {
         const sampling_params *p = &e->b_members[m]->sampling;
         if (e->b_members[m]->logit_index >= 0 &&
-            (p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0))
+            (p->repetition_penalty != 1.0f || p->presence_penalty != 0 ||
+             p->frequency_penalty != 0 || e->b_members[m]->constraint.ctx))
             return 0;
     }
     return 1;

@@ -80,6 +80,7 @@ typedef struct engine_dist_state {
     int rank, size;
     engine_parallel parallel;
     int head_rank;      /* the rank that holds the lm_head and samples */
+    int head_constrains; /* the sampling rank can build constraints (engine_options.make_constraint) */
     int timeout_ms;
     /* rank 0: requests and cancellations since the last step, serialized in call order; every
      * rank applies them at the start of the next step, so all hold the same sequences */
@@ -144,6 +145,8 @@ struct engine {
     sampler_scratch sampler;
     /* distribution */
     struct dist_group *dist;  /* NULL: this process runs the whole model */
+    engine_constraint_maker make_constraint; /* the sampling rank's, for constraint_spec */
+    void *make_constraint_ctx;
     engine_dist_state d;
     int failed;               /* a rank failed: every later step fails at once */
     char error[256];          /* why (engine_last_error) */

@@ -100,7 +100,7 @@ void spec_close(engine *e) {
 void spec_init_sequence(const engine *e, sequence *s, const engine_request *r) {
     int most = e->drafter ? e->spec_tokens : 0;
     /* a constrained request (grammar) samples each token through its mask: drafts would bypass it */
-    if (r->spec_tokens < 0 || r->constraint.ctx) most = 0;
+    if (r->spec_tokens < 0 || r->constraint.ctx || r->constraint_spec) most = 0;
     else if (r->spec_tokens > 0 && r->spec_tokens < most) most = r->spec_tokens;
     s->spec_max = most;
     s->spec_k = most < 1 ? most : 1; /* one draft first: more are earned by acceptance */

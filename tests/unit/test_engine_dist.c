@@ -7,7 +7,11 @@
  * rank 0's next step fail with an error naming the failure, within the data plane's timeout
  * (never a hang); a rank 0 that goes away ends the followers' loop with an error; ranks whose
  * scheduler settings differ are refused at open, naming the rank. Tensor parallel asked to run on
- * the GPU is refused at open, on every rank, with a message (never a crash). */
+ * the GPU is refused at open, on every rank, with a message (never a crash).
+ * Constrained requests (a stateful token mask, as a grammar is) give the one-process tokens on
+ * every split: the sampling rank rebuilds each request's constraint from its spec, masks with it
+ * and advances it with the tokens in order; every constraint built is released; an instance
+ * whose sampling rank cannot build constraints refuses them at submit, naming that rank. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -56,6 +60,61 @@ static result alone[4][N_REQ], full[4][N_REQ]; /* full: the same without the can
 static char model_dirs[4][256];
 static const char *rank_device; /* engine_options.device of the forked ranks (NULL = auto) */
 
+/* ---- a constraint as a grammar is one: stateful, advanced by each accepted token. Spec "M K":
+ * the first token is K mod M, each next one the previous plus one mod M. */
+typedef struct step_constraint {
+    int mod, next;
+} step_constraint;
+
+static int constrained;            /* drive() submits every request with a step constraint */
+static result alone_c[4][N_REQ];   /* constrained ground truth, one process */
+static int constraints_made, constraints_released; /* in this process */
+
+static void step_mask(void *ctx, float *logits, int n) {
+    const step_constraint *c = ctx;
+    for (int t = 0; t < n; t++)
+        if (t % c->mod != c->next) logits[t] = -INFINITY;
+}
+
+static void step_accept(void *ctx, int32_t token) {
+    step_constraint *c = ctx;
+    c->next = (token + 1) % c->mod;
+}
+
+static void step_release(void *ctx) {
+    constraints_released++;
+    free(ctx);
+}
+
+static int make_step_constraint(void *ctx, const char *spec, engine_constraint *out, char *err,
+                                size_t errlen) {
+    (void)ctx;
+    step_constraint *c = calloc(1, sizeof *c);
+    if (!c || sscanf(spec, "%d %d", &c->mod, &c->next) != 2 || c->mod < 2) {
+        snprintf(err, errlen, "bad spec '%s'", spec);
+        free(c);
+        return -1;
+    }
+    constraints_made++;
+    *out = (engine_constraint){step_mask, step_accept, step_release, c};
+    return 0;
+}
+
+static const char *step_spec(int r) {
+    static char spec[N_REQ][16];
+    snprintf(spec[r], sizeof spec[r], "%d %d", 3 + r % 3, r % (3 + r % 3));
+    return spec[r];
+}
+
+/* The tokens of request r keep its constraint. */
+static void expect_constraint_kept(const result *res, int r) {
+    int mod = 3 + r % 3, next = r % mod;
+    for (int i = 0; i < res->n; i++) {
+        assert_int_equal(res->tokens[i] % mod, next);
+        next = (res->tokens[i] + 1) % mod;
+    }
+}
+
 static void make_prompts(void) {
     for (int r = 0; r < N_REQ; r++)
         for (int i = 0; i < prompt_len[r]; i++) prompts[r][i] = 4 + (r * 31 + i * 7) % 80;
@@ -88,7 +147,17 @@ static void drive(engine *e, shared *sh, int kill_after, int cancel_step) {
         for (int r = 0; r < N_REQ; r++)
             if (arrive_step[r] == step) {
                 engine_request q = request(r);
-                if (engine_submit(e, (uint64_t)r, &q, err, sizeof err)) return;
+                if (constrained) {
+                    q.constraint_spec = step_spec(r);
+                    if (make_step_constraint(NULL, q.constraint_spec, &q.constraint, err,
+                                             sizeof err))
+                        return;
+                }
+                if (engine_submit(e, (uint64_t)r, &q, err, sizeof err)) {
+                    if (q.constraint.ctx) q.constraint.release(q.constraint.ctx);
+                    snprintf(sh->error, sizeof sh->error, "%s", err);
+                    return;
+                }
                 submitted++;
             }
         if (step == cancel_step) engine_cancel(e, CANCELLED_REQ);
@@ -120,6 +189,7 @@ static void drive(engine *e, shared *sh, int kill_after, int cancel_step) {
 }
 
 static int rank1_max_sequences; /* a test's rank 1 with other scheduler settings (0 = same) */
+static int no_maker_rank = -1;  /* a test's rank without make_constraint */
 
 static shared *shared_new(void) {
     shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -149,6 +219,7 @@ static void rank_main(const char *model, const char *store_dir, int rank, int si
     o.dist_timeout_ms = TIMEOUT_MS;
     o.pipeline_serial = serial;
     o.device = rank_device;
+    if (rank != no_maker_rank) o.make_constraint = make_step_constraint;
     engine *e = engine_open(&o, err, sizeof err);
     if (!e) {
         if (rank == 0) snprintf(sh->error, sizeof sh->error, "%s", err);
@@ -165,6 +236,11 @@ static void rank_main(const char *model, const char *store_dir, int rank, int si
     engine_close(e);
     dist_close(g);
     dist_store_dir_free(&st);
+    if (!rc && constraints_made != constraints_released) {
+        fprintf(stderr, "rank %d: %d constraints built, %d released\n", rank, constraints_made,
+                constraints_released);
+        rc = 14;
+    }
     _exit(rc);
 }
 
@@ -226,6 +302,46 @@ static void expect_same_tokens(const result *got, const result *want, const resu
         for (int i = 0; i < n; i++)
             assert_true(fabsf(got[r].logprobs[i] - ref[r].logprobs[i]) <= 1e-3f);
     }
+}
+
+static void run_split(int model, int size, engine_parallel mode, int serial);
+
+/* Constrained requests on a split: the one-process tokens, each keeping its constraint; the one
+ * cancelled midway releases its constraint too (each rank checks at exit). */
+static void run_constrained_split(int model, int size, engine_parallel mode, int serial) {
+    char store[256], what[128];
+    snprintf(what, sizeof what, "constrained %s %s%s x%d", model_dirs[model],
+             mode == ENGINE_TENSOR ? "tensor" : "pipeline", serial ? " (serial)" : "", size);
+    store_dir(store, sizeof store, "constrained");
+    shared *sh = shared_new();
+    pid_t pids[4];
+    constrained = 1;
+    spawn(pids, model_dirs[model], store, size, mode, serial, sh, 0);
+    constrained = 0;
+    for (int k = 0; k < size; k++) {
+        int rc = wait_exit(pids[k]);
+        if (rc) fprintf(stderr, "%s: rank %d exited with %d\n", what, k, rc);
+        assert_int_equal(rc, 0);
+    }
+    if (sh->step_failed || !sh->rank0_ok) fprintf(stderr, "%s: %s\n", what, sh->error);
+    assert_true(sh->rank0_ok);
+    for (int r = 0; r < N_REQ; r++) { /* the ground truth ran without the cancellation */
+        const result *got = &sh->results[r], *want = &alone_c[model][r];
+        assert_int_equal(got->finish, r == CANCELLED_REQ ? ENGINE_FINISH_CANCELLED : want->finish);
+        if (r != CANCELLED_REQ) assert_int_equal(got->n, want->n);
+        expect_constraint_kept(got, r);
+        if (memcmp(got->tokens, want->tokens, (size_t)got->n * sizeof(int32_t)))
+            fprintf(stderr, "%s: request %d differs\n", what, r);
+        assert_memory_equal(got->tokens, want->tokens, (size_t)got->n * sizeof(int32_t));
+        for (int i = 0; i < got->n; i++) {
+            if (!(fabsf(got->logprobs[i] - want->logprobs[i]) <= 1e-3f))
+                fprintf(stderr, "%s: request %d token %d logprob %g, one process %g\n", what, r,
+                        i, got->logprobs[i], want->logprobs[i]);
+            assert_true(fabsf(got->logprobs[i] - want->logprobs[i]) <= 1e-3f);
+        }
+    }
+    printf("%s: same tokens as one process, constraints kept, one cancelled\n", what);
+    munmap(sh, sizeof *sh);
 }
 
 static void run_split(int model, int size, engine_parallel mode, int serial) {
@@ -290,6 +406,14 @@ static int setup(void **s) {
         engine_close(e);
         if (!sh.rank0_ok) return -1;
         memcpy(full[m], sh.results, sizeof full[m]);
+        memset(&sh, 0, sizeof sh);
+        constrained = 1;
+        e = engine_open(&o, err, sizeof err);
+        if (e) drive(e, &sh, 0, -1);
+        engine_close(e);
+        constrained = 0;
+        if (!sh.rank0_ok) return -1;
+        memcpy(alone_c[m], sh.results, sizeof alone_c[m]);
     }
     return 0;
 }
@@ -366,6 +490,46 @@ static void kill_follower(int size, engine_parallel mode, int victim) {
     munmap(sh, sizeof *sh);
 }
 
+static void test_constrained_one_process(void **s) {
+    (void)s; /* the ground truth keeps the constraints, and they change what is generated */
+    for (int m = 0; m < 4; m++)
+        for (int r = 0; r < N_REQ; r++) {
+            assert_int_equal(alone_c[m][r].n, MAX_TOK);
+            expect_constraint_kept(&alone_c[m][r], r);
+            assert_memory_not_equal(alone_c[m][r].tokens, full[m][r].tokens, sizeof full[m][r].tokens);
+        }
+}
+
+static void test_constrained_pipeline_and_tensor(void **s) {
+    (void)s;
+    for (int m = 0; m < 4; m += 2) { /* dense and MoE */
+        run_constrained_split(m, 2, ENGINE_PIPELINE, 0);
+        run_constrained_split(m, 3, ENGINE_PIPELINE, 0);
+        run_constrained_split(m, 2, ENGINE_PIPELINE, 1);
+        run_constrained_split(m, 2, ENGINE_TENSOR, 0);
+    }
+}
+
+/* The last stage samples: without make_constraint there, rank 0 refuses constrained requests at
+ * submit with a message naming it, instead of sampling them unconstrained. */
+static void test_constrained_refused_without_maker(void **s) {
+    (void)s;
+    char store[256];
+    store_dir(store, sizeof store, "nomaker");
+    shared *sh = shared_new();
+    pid_t pids[2];
+    no_maker_rank = 1;
+    constrained = 1;
+    spawn(pids, model_dirs[0], store, 2, ENGINE_PIPELINE, 0, sh, 0);
+    constrained = 0;
+    no_maker_rank = -1;
+    for (int k = 0; k < 2; k++) assert_int_equal(wait_exit(pids[k]), 0);
+    printf("refused: %s\n", sh->error);
+    assert_false(sh->rank0_ok);
+    assert_non_null(strstr(sh->error, "rank 1, which samples, cannot build constraints"));
+    munmap(sh, sizeof *sh);
+}
+
 static void test_follower_dies_tensor(void **s) {
     (void)s;
     kill_follower(2, ENGINE_TENSOR, 1);
@@ -417,6 +581,9 @@ int main(void) {
         cmocka_unit_test(test_pipeline_serial_2_and_3),
         cmocka_unit_test(test_tensor_2),
         cmocka_unit_test(test_tensor_4),
+        cmocka_unit_test(test_constrained_one_process),
+        cmocka_unit_test(test_constrained_pipeline_and_tensor),
+        cmocka_unit_test(test_constrained_refused_without_maker),
         cmocka_unit_test(test_follower_dies_tensor),
         cmocka_unit_test(test_follower_dies_pipeline),
         cmocka_unit_test(test_ranks_with_other_settings_are_refused),
