@@ -17,11 +17,26 @@ function curlArgs(c, node, method, p, body, timeoutS) {
 // {status, body} (body parsed when JSON).
 export function http(c, node, method, p, body, timeoutS = 60) {
   const [cmd, args] = curlArgs(c, node, method, p, body, timeoutS);
-  const r = spawnSync(cmd, args, { encoding: 'utf8', maxBuffer: 64 << 20 });
-  const cut = r.stdout.lastIndexOf('\n');
-  const status = Number(r.stdout.slice(cut + 1));
-  const text = r.stdout.slice(0, cut);
+  return curlReply(spawnSync(cmd, args, { encoding: 'utf8', maxBuffer: 64 << 20 }).stdout);
+}
+
+// curl's output with -w '\n%{http_code}' -> {status, body}.
+function curlReply(out) {
+  const cut = out.lastIndexOf('\n');
+  const status = Number(out.slice(cut + 1));
+  const text = out.slice(0, cut);
   try { return { status, body: JSON.parse(text) }; } catch { return { status, body: text }; }
+}
+
+// The same, without blocking: for requests that must be in flight together.
+export function httpAsync(c, node, method, p, body, timeoutS = 60) {
+  const [cmd, args] = curlArgs(c, node, method, p, body, timeoutS);
+  return new Promise((resolve) => {
+    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'ignore'] });
+    let out = '';
+    child.stdout.on('data', (d) => { out += d.toString('utf8'); });
+    child.on('close', () => resolve(curlReply(out)));
+  });
 }
 
 // opts: mode ('loopback' where the nodes must reach a server on this host's loopback, e.g. the
