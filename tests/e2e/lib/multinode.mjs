@@ -41,13 +41,15 @@ export function httpAsync(c, node, method, p, body, timeoutS = 60) {
 
 // opts: mode ('loopback' where the nodes must reach a server on this host's loopback, e.g. the
 // fake Hub), apiKey (every node runs with --api-key, the harness sends it), args(i) (node i's
-// flags instead of --models-path modelsPath), nodeArgs (more flags for every node).
+// flags instead of --models-path modelsPath), nodeArgs (more flags for every node), nodeEnv(i)
+// (node i's own environment variables).
 export async function startCluster(n, modelsPath, env = {}, opts = {}) {
   const c = new Cluster({ bin: exoBin(), mode: opts.mode, apiKey: opts.apiKey,
     env: { EXO_CLUSTER_SYNC_MS: '100', EXO_RUNNER_THREADS: '1', ...env } });
   const key = opts.apiKey ? ['--api-key', opts.apiKey] : [];
   for (let i = 0; i < n; i++) {
-    c.addNode([...(opts.args ? opts.args(i) : ['--models-path', modelsPath]), ...(opts.nodeArgs || []), ...key]);
+    c.addNode([...(opts.args ? opts.args(i) : ['--models-path', modelsPath]), ...(opts.nodeArgs || []), ...key],
+      { env: opts.nodeEnv ? opts.nodeEnv(i) : {} });
   }
   await c.until(() => c.meshed(), 15000, `${n} nodes to discover each other`);
   for (const [i, s] of c.meshed().entries()) c.nodes[i].id = s.nodeId;
