@@ -578,7 +578,8 @@ static int plan_batch(engine *e, int max_members) {
     for (int i = 0; i < e->n_seqs; i++) {
         e->seqs[i]->chunk = 0;
         e->seqs[i]->logit_index = -1;
-        e->seqs[i]->n_draft = 0;
+        /* a sequence in flight (overlapped pipeline) keeps its drafts until its step applies */
+        if (!e->seqs[i]->in_flight) e->seqs[i]->n_draft = 0;
         running += e->seqs[i]->state == SEQ_RUNNING;
     }
     /* a pipeline with steps in flight: each step decodes its share of the running sequences, so
@@ -732,7 +733,6 @@ void engine_sample_all(engine *e, int n_members) {
         float *logits = e->logits + (size_t)s->logit_index * (size_t)e->cfg.vocab_size;
         if (s->constraint.ctx) s->constraint.mask(s->constraint.ctx, logits, e->cfg.vocab_size);
         sampler_sample(&e->sampler, logits, &in, &s->rng, &e->samples[s->logit_index]);
-        s->n_emit = 1;
     }
 }
 
@@ -752,15 +752,17 @@ static engine_finish take_sample(sequence *s, const sampler_result *r, engine_ev
 }
 
 /* Whether this step's rows can be sampled where the logits are (the backend's sample op): it
- * has one, and no member asks for penalties (the host sampler's job: they read the history) or
- * has a constraint (its mask is applied to the host's logits). */
+ * has one, and no member asks for penalties (the host sampler's job: they read the history), has
+ * a constraint (its mask is applied to the host's logits) or drafted tokens (verification,
+ * spec_verify_member, walks the host's rows). */
 static int samples_on_backend(const engine *e, int n_members) {
     if (!e->be->sample) return 0;
     for (int m = 0; m < n_members; m++) {
         const sampling_params *p = &e->b_members[m]->sampling;
         if (e->b_members[m]->logit_index >= 0 &&
             (p->repetition_penalty != 1.0f || p->presence_penalty != 0 ||
-             p->frequency_penalty != 0 || e->b_members[m]->constraint.ctx))
+             p->frequency_penalty != 0 || e->b_members[m]->constraint.ctx ||
+             e->b_members[m]->n_draft > 0))
             return 0;
     }
     return 1;
@@ -914,9 +916,11 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
                           int max_events) {
     if (chunk || logit_index >= 0) s->in_flight = 0; /* else a chunk counted at its plan */
     /* verified drafts: the tokens kept plus the model's own next one; the K/V of the drafts
-     * rejected after them are stale (never read: the next step overwrites those positions) */
-    int n_emit = logit_index >= 0 && s->n_draft > 0 ? s->n_emit : 1;
-    s->n_computed += chunk - (s->n_draft - (n_emit - 1));
+     * rejected after them are stale (never read: the next step overwrites those positions). A
+     * chunk counted at its plan has none: the drafts s holds then are its next step's, in flight */
+    int drafts = logit_index >= 0 ? s->n_draft : 0;
+    int n_emit = drafts > 0 ? spec_emitted(s, samples + logit_index) : 1;
+    s->n_computed += chunk - (drafts - (n_emit - 1));
     register_full_blocks(e, s);
     if (chunk) snapshot_take(e, s);
     engine_finish fin = ENGINE_FINISH_NONE;
@@ -938,7 +942,7 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
         }
         fin = take_sample(s, &samples[logit_index + i], ev);
     }
-    if (s->n_draft > 0) spec_after_member(e, s, n_emit - 1);
+    if (drafts > 0) spec_after_member(e, s, n_emit - 1);
     if (fin != ENGINE_FINISH_NONE) {
         ev->finish = fin;
         int i;

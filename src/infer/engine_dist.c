@@ -100,7 +100,7 @@ int engine_dist_start(engine *e, char *err, size_t errlen) {
     if (e->d.parallel == ENGINE_TENSOR && e->d.size > 1) {
         transformer_set_allreduce(e->tf, allreduce, e);
         int64_t share = e->cfg.vocab_size / e->d.size + 1; /* the largest rank's share */
-        e->d.part_logits = malloc((size_t)e->max_sequences * (size_t)share * sizeof(float));
+        e->d.part_logits = malloc((size_t)e->max_logit_rows * (size_t)share * sizeof(float));
         if (!e->d.part_logits) {
             error_set(err, errlen, "out of memory for the lm_head's outputs");
             return -1;
@@ -124,7 +124,7 @@ int engine_dist_start(engine *e, char *err, size_t errlen) {
             r->serials = calloc(n, sizeof *r->serials);
             r->chunks = calloc(n, sizeof *r->chunks);
             r->logit_index = calloc(n, sizeof *r->logit_index);
-            r->samples = calloc(n, sizeof *r->samples);
+            r->samples = calloc((size_t)e->max_logit_rows, sizeof *r->samples);
             fail |= !r->serials || !r->chunks || !r->logit_index || !r->samples;
         }
     }
@@ -142,6 +142,8 @@ typedef struct rank_report {
     int32_t max_batch_tokens, max_sequences, context_length, block_size;
     int32_t n_blocks;
     int32_t can_constrain; /* has make_constraint: may sample constrained requests */
+    int32_t spec_tokens;   /* speculation: the most drafted tokens per step (0: off) */
+    char drafter[16];      /* and its drafter ("" when off): every rank drafts alike */
 } rank_report;
 
 static int check_reports(const engine *e, const rank_report *r, char *err, size_t errlen) {
@@ -151,12 +153,14 @@ static int check_reports(const engine *e, const rank_report *r, char *err, size_
         if (b->parallel != a->parallel || b->size != a->size || b->n_layers != a->n_layers ||
             b->vocab != a->vocab || b->max_batch_tokens != a->max_batch_tokens ||
             b->max_sequences != a->max_sequences || b->context_length != a->context_length ||
-            b->block_size != a->block_size) {
+            b->block_size != a->block_size || b->spec_tokens != a->spec_tokens ||
+            strcmp(b->drafter, a->drafter)) {
             error_set(err, errlen, "rank %d runs a different model or scheduler settings than "
                     "rank 0 (layers %d/%d, vocab %d/%d, batch %d/%d, sequences %d/%d, context "
-                    "%d/%d)", i, b->n_layers, a->n_layers, b->vocab, a->vocab,
-                    b->max_batch_tokens, a->max_batch_tokens, b->max_sequences, a->max_sequences,
-                    b->context_length, a->context_length);
+                    "%d/%d, speculation '%s' x%d/'%s' x%d)", i, b->n_layers, a->n_layers,
+                    b->vocab, a->vocab, b->max_batch_tokens, a->max_batch_tokens,
+                    b->max_sequences, a->max_sequences, b->context_length, a->context_length,
+                    b->drafter, b->spec_tokens, a->drafter, a->spec_tokens);
             return -1;
         }
     }
@@ -193,7 +197,9 @@ int engine_dist_agree(engine *e, int *n_blocks, char *err, size_t errlen) {
                                  .max_sequences = e->max_sequences,
                                  .context_length = e->info.context_length,
                                  .block_size = e->block_size, .n_blocks = *n_blocks,
-                                 .can_constrain = e->make_constraint != NULL};
+                                 .can_constrain = e->make_constraint != NULL,
+                                 .spec_tokens = e->drafter ? e->spec_tokens : 0};
+    if (e->drafter) snprintf(r[e->d.rank].drafter, sizeof r[0].drafter, "%s", e->drafter->name);
     int rc = 0;
     for (int i = 0; i < size && rc == 0; i++) /* an all-gather: each rank's report in turn */
         rc = bcast(e, i, &r[i], sizeof r[i], "exchanging shard reports at open");
@@ -232,7 +238,7 @@ static int put(engine *e, const void *p, size_t n) {
 typedef struct submit_record {
     uint64_t id;
     sampling_params sampling;
-    int32_t max_tokens, ban_eos, no_prefix_cache, n_prompt, n_stop, n_constraint;
+    int32_t max_tokens, ban_eos, no_prefix_cache, n_prompt, n_stop, n_constraint, spec_tokens;
 } submit_record;
 
 /* A constrained request: the rank that samples rebuilds the caller's constraint from its spec
@@ -271,7 +277,8 @@ int engine_dist_queue_submit(engine *e, uint64_t seq_id, const engine_request *r
                          .n_prompt = r->n_prompt,
                          .n_stop = r->n_stop_tokens > 0 ? r->n_stop_tokens : 0,
                          .n_constraint = r->constraint.ctx ? (int32_t)strlen(r->constraint_spec)
-                                                           : 0};
+                                                           : 0,
+                         .spec_tokens = r->spec_tokens};
     if (put(e, &kind, 1) || put(e, &rec, sizeof rec) ||
         put(e, r->prompt, (size_t)rec.n_prompt * sizeof *r->prompt) ||
         (rec.n_stop && put(e, r->stop_tokens, (size_t)rec.n_stop * sizeof *r->stop_tokens)) ||
@@ -341,7 +348,8 @@ static int apply_inputs(engine *e, const unsigned char *p, size_t len) {
                             .max_tokens = rec.max_tokens, .stop_tokens = tok + rec.n_prompt,
                             .n_stop_tokens = rec.n_stop, .ban_eos = rec.ban_eos,
                             .no_prefix_cache = rec.no_prefix_cache,
-                            .constraint_spec = rec.n_constraint ? spec : NULL};
+                            .constraint_spec = rec.n_constraint ? spec : NULL,
+                            .spec_tokens = rec.spec_tokens};
         int rc = build_constraint(e, rec.id, &r);
         if (rc == 0 && (rc = engine_add_sequence(e, rec.id, &r)) != 0) {
             if (r.constraint.ctx) r.constraint.release(r.constraint.ctx);
@@ -539,6 +547,17 @@ static int tick_cap(const engine *e, int max_events) {
     return cap < e->max_sequences ? cap : e->max_sequences;
 }
 
+static int tick_quarter(int max_events) {
+    return max_events / 4 > 0 ? max_events / 4 : 1;
+}
+
+/* The events a plan's tokens (one per member, plus drafted ones: spec_plan_drafts) may take:
+ * they come back in one tick with its cancellations (a quarter) and a plan's error event. */
+static int tick_token_room(int max_events) {
+    int room = max_events - tick_quarter(max_events) - 1;
+    return room > 0 ? room : 0;
+}
+
 static void apply_results(engine *e, const step_record *r, engine_event *events, int *n_ev,
                           int max_events) {
     for (int m = 0; m < r->n_members; m++) {
@@ -565,7 +584,8 @@ static int plan_step(engine *e, int64_t k, int max_events, engine_event *events,
         }
         if (apply_inputs(e, r->inputs, r->inputs_len)) return -1;
     }
-    int n = engine_plan_step(e, tick_cap(e, max_events), 0, b, events, n_ev);
+    int n = engine_plan_step(e, tick_cap(e, max_events), tick_token_room(max_events), b, events,
+                             n_ev);
     if (n < 0) return -1;
     r->step = k;
     r->n_members = n;
@@ -613,8 +633,7 @@ int engine_dist_tick(engine *e, engine_event *events, int max_events) {
     if (exchange_into(e, &max_events, 0, s > 0 ? slot(e, t) : NULL)) return -1;
     if (d->shut_down) return 0;
     d->tick++;
-    int quarter = max_events / 4 > 0 ? max_events / 4 : 1;
-    int n_ev = engine_report_cancelled(e, events, quarter);
+    int n_ev = engine_report_cancelled(e, events, tick_quarter(max_events));
     transformer_batch b;
     if (s == 0 && plan_step(e, t, max_events, events, &n_ev, &b)) return -1;
     /* rank 0 forwards what it just planned; the others what they planned last tick (the staging

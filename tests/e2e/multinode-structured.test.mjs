@@ -86,7 +86,11 @@ test('json_schema, forced tool call and grammar on 1 node = pipeline x2 = tensor
     const placed = await place(c, a, { model_id: MODEL, sharding, instance_meta: 'MlxRing', min_nodes: n });
     const ranks = Object.keys(body(placed.instance).shardAssignments.nodeToRunner);
     assert.equal(ranks.length, n, `${what}: ${n} nodes`);
-    const replies = await askAll(b); // b forwards to rank 0 when it does not hold it
+    // b forwards to rank 0 when it does not hold it; a 1-node instance is its node's own (other
+    // nodes place their own rather than forward)
+    const via = n === 1 ? c.nodes.find((x) => x.id === ranks[0]) : b;
+    const replies = await askAll(via);
+    assert.deepEqual(Object.keys(c.get(a, '/state').instances), [placed.id], `${what}: served by the placed instance`);
     check(replies, what);
     if (!reference) reference = summary(replies);
     else assert.deepEqual(summary(replies), reference, `${what}: the one-node replies`);

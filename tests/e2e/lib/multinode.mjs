@@ -72,14 +72,15 @@ export function allReady(st, id) {
   return runners.every((r) => st.runners[r] && 'RunnerReady' in st.runners[r]);
 }
 
-// POST /place_instance through node, then polls /state until all its runners are Ready.
+// POST /place_instance through node, then polls /state until all its runners are Ready, in the
+// State of every running node (a node whose State lags would place a chat's model itself).
 export async function place(c, node, req, timeoutMs = 60000) {
   const r = http(c, node, 'POST', '/place_instance', req);
   if (r.status !== 200) throw new Error(`place_instance ${JSON.stringify(req)}: ${r.status} ${JSON.stringify(r.body)}`);
   const id = r.body.instance_id;
   const seen = await c.until(() => {
     const st = c.get(node, '/state');
-    return allReady(st, id) ? st : false;
+    return allReady(st, id) && c.running().every((n) => allReady(c.get(n, '/state'), id)) ? st : false;
   }, timeoutMs, `instance ${id} of ${req.model_id} to be Ready on every node`);
   return { id, instance: seen.value.instances[id], state: seen.value };
 }
