@@ -41,13 +41,12 @@ typedef struct scan {
     const model_store *store;
     json_t *downloads; /* State's downloads */
     const char *me;
-    json_t *whole;     /* model id -> true: whole on disk now */
+    json_t *whole; /* model id -> true: whole on disk now */
 } scan;
 
 static void announce(const char *me, const char *id, const char *dir) {
-    json_t *done = json_pack("{s:{s:s,s:s,s:{s:I}}}", "DownloadCompleted", "nodeId", me,
-                             "modelId", id, "total", "inBytes",
-                             (json_int_t)store_dir_bytes(dir));
+    json_t *done = json_pack("{s:{s:s,s:s,s:{s:I}}}", "DownloadCompleted", "nodeId", me, "modelId",
+                             id, "total", "inBytes", (json_int_t)store_dir_bytes(dir));
     cluster_submit(json_pack("{s:{s:o}}", "NodeDownloadProgress", "downloadProgress", done));
 }
 
@@ -60,7 +59,7 @@ static void visit(const char *id, const char *first_dir, enum store_state st, vo
     char dir[STORE_PATH_MAX + 64];
     if (store_locate(s->store, id, dir, sizeof dir) != STORE_COMPLETE) return;
     json_object_set_new(s->whole, id, json_true());
-    if (peers_node_holds(s->downloads, s->me, id)) return;                       /* State knows */
+    if (peers_node_holds(s->downloads, s->me, id)) return; /* State knows */
     if (s->h->downloads && download_manager_status(s->h->downloads, id, NULL) == 0) return;
     if (!json_object_get(s->h->published, id))
         log_info("cluster: publishing %s (on disk at %s) as held by this node", id, dir);
@@ -77,7 +76,10 @@ void holdings_sync(holdings *h, json_t *state, const char *me) {
     if (store_init(&store, h->dirs.models_dir[0] ? h->dirs.models_dir : "/nonexistent",
                    h->dirs.models_path, err, sizeof err))
         return;
-    scan s = {.h = h, .store = &store, .downloads = json_object_get(state, "downloads"), .me = me,
+    scan s = {.h = h,
+              .store = &store,
+              .downloads = json_object_get(state, "downloads"),
+              .me = me,
               .whole = json_object()};
     if (!s.whole) return;
     store_list(&store, visit, &s);
@@ -87,8 +89,8 @@ void holdings_sync(holdings *h, json_t *state, const char *me) {
         if (json_object_get(s.whole, id)) continue;
         if (peers_node_holds(s.downloads, me, id)) {
             log_info("cluster: %s is no longer whole on disk here; withdrawing it", id);
-            cluster_submit(json_pack("{s:{s:s,s:s}}", "DownloadDeleted", "nodeId", me, "modelId",
-                                     id));
+            cluster_submit(
+                json_pack("{s:{s:s,s:s}}", "DownloadDeleted", "nodeId", me, "modelId", id));
         }
         json_object_del(h->published, id);
     }

@@ -9,7 +9,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { mkModel } from './lib/models.mjs';
-import { DIST_MODELS, body, http, place, remove, removeAll, startCluster } from './lib/multinode.mjs';
+import { DIST_MODELS, eachSplit, http, startCluster } from './lib/multinode.mjs';
 
 const MODEL = 'qwen3-dist-tied';
 const SPLITS = [['Pipeline', 1], ['Pipeline', 2], ['Tensor', 2]];
@@ -37,25 +37,13 @@ const drafted = (node) => {
 
 test('greedy with --speculative ngram: pipeline x2 and tensor x2 answer as one node, drafting', async () => {
   const [a, b] = c.nodes;
-  await removeAll(c, a);
-  let reference;
-  for (const [sharding, n] of SPLITS) {
-    const what = `${sharding} x${n}`;
-    const placed = await place(c, a, { model_id: MODEL, sharding, instance_meta: 'MlxRing', min_nodes: n });
-    const shards = body(placed.instance).shardAssignments;
-    const rank0 = Object.entries(shards.nodeToRunner).find(([, r]) =>
-      Object.values(shards.runnerToShard[r])[0].deviceRank === 0)[0];
-    // a 1-node instance is its node's own (other nodes place their own rather than forward)
-    const via = n === 1 ? c.nodes.find((x) => x.id === rank0) : b;
+  const [reference, ...others] = await eachSplit(c, a, b, MODEL, SPLITS, async ({ what, n, via, rank0 }) => {
     const answers = QUESTIONS.map((q) => ask(via, q));
-    assert.deepEqual(Object.keys(c.get(a, '/state').instances), [placed.id], `${what}: served by the placed instance`);
-    if (!reference) reference = answers;
-    else assert.deepEqual(answers, reference, `${what}: one node's answers`);
     if (n > 1) {
-      const node = c.nodes.find((x) => x.id === rank0);
-      const { value } = await c.until(() => drafted(node) || false, 5000, `${what}: rank 0's node to report drafts`);
+      const { value } = await c.until(() => drafted(rank0) || false, 5000, `${what}: rank 0's node to report drafts`);
       assert.ok(value > 0, `${what}: drafted tokens`);
     }
-    await remove(c, a, placed.id);
-  }
+    return { what, answers };
+  });
+  for (const o of others) assert.deepEqual(o.answers, reference.answers, `${o.what}: one node's answers`);
 });

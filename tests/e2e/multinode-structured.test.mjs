@@ -13,7 +13,7 @@ import assert from 'node:assert/strict';
 import path from 'node:path';
 import Ajv2020 from 'ajv/dist/2020.js';
 import { mkModel } from './lib/models.mjs';
-import { DIST_MODELS, body, httpAsync, place, remove, removeAll, startCluster } from './lib/multinode.mjs';
+import { DIST_MODELS, eachSplit, httpAsync, startCluster } from './lib/multinode.mjs';
 
 const MODEL = 'qwen3-dist';
 const SPLITS = [['Pipeline', 1], ['Pipeline', 2], ['Tensor', 2]];
@@ -79,21 +79,10 @@ const summary = (replies) => replies.map((r) => r.message.content ?? JSON.string
 
 test('json_schema, forced tool call and grammar on 1 node = pipeline x2 = tensor x2 (valid, same replies)', async () => {
   const [a, b] = c.nodes;
-  await removeAll(c, a);
-  let reference;
-  for (const [sharding, n] of SPLITS) {
-    const what = `${sharding} x${n}`;
-    const placed = await place(c, a, { model_id: MODEL, sharding, instance_meta: 'MlxRing', min_nodes: n });
-    const ranks = Object.keys(body(placed.instance).shardAssignments.nodeToRunner);
-    assert.equal(ranks.length, n, `${what}: ${n} nodes`);
-    // b forwards to rank 0 when it does not hold it; a 1-node instance is its node's own (other
-    // nodes place their own rather than forward)
-    const via = n === 1 ? c.nodes.find((x) => x.id === ranks[0]) : b;
+  const [reference, ...others] = await eachSplit(c, a, b, MODEL, SPLITS, async ({ what, via }) => {
     const replies = await askAll(via);
-    assert.deepEqual(Object.keys(c.get(a, '/state').instances), [placed.id], `${what}: served by the placed instance`);
     check(replies, what);
-    if (!reference) reference = summary(replies);
-    else assert.deepEqual(summary(replies), reference, `${what}: the one-node replies`);
-    await remove(c, a, placed.id);
-  }
+    return { what, replies: summary(replies) };
+  });
+  for (const o of others) assert.deepEqual(o.replies, reference.replies, `${o.what}: the one-node replies`);
 });

@@ -333,20 +333,16 @@ static void expect_same_tokens(const result *got, const result *want, const resu
     }
 }
 
-static void run_split(int model, int size, engine_parallel mode, int serial);
-
-/* Constrained requests on a split: the one-process tokens, each keeping its constraint; the one
- * cancelled midway releases its constraint too (each rank checks at exit). */
-static void run_constrained_split(int model, int size, engine_parallel mode, int serial) {
-    char store[256], what[128];
-    snprintf(what, sizeof what, "constrained %s %s%s x%d", model_dirs[model],
-             mode == ENGINE_TENSOR ? "tensor" : "pipeline", serial ? " (serial)" : "", size);
-    store_dir(store, sizeof store, "constrained");
+/* Runs model over `size` forked ranks (the current constraint and speculation settings) and waits
+ * for all of them: every rank exits cleanly and rank 0's driver ran to the end. The caller
+ * checks sh->results and unmaps sh. */
+static shared *run_ranks(const char *what, const char *store_name, int model, int size,
+                         engine_parallel mode, int serial) {
+    char store[256];
+    store_dir(store, sizeof store, store_name);
     shared *sh = shared_new();
     pid_t pids[4];
-    constrained = 1;
     spawn(pids, model_dirs[model], store, size, mode, serial, sh, 0);
-    constrained = 0;
     for (int k = 0; k < size; k++) {
         int rc = wait_exit(pids[k]);
         if (rc) fprintf(stderr, "%s: rank %d exited with %d\n", what, k, rc);
@@ -354,6 +350,24 @@ static void run_constrained_split(int model, int size, engine_parallel mode, int
     }
     if (sh->step_failed || !sh->rank0_ok) fprintf(stderr, "%s: %s\n", what, sh->error);
     assert_true(sh->rank0_ok);
+    return sh;
+}
+
+/* "<model> tensor x2", "<model> pipeline (serial) x3", ... */
+static void split_name(char *out, size_t n, const char *prefix, int model, int size,
+                       engine_parallel mode, int serial) {
+    snprintf(out, n, "%s%s %s%s x%d", prefix, model_dirs[model],
+             mode == ENGINE_TENSOR ? "tensor" : "pipeline", serial ? " (serial)" : "", size);
+}
+
+/* Constrained requests on a split: the one-process tokens, each keeping its constraint; the one
+ * cancelled midway releases its constraint too (each rank checks at exit). */
+static void run_constrained_split(int model, int size, engine_parallel mode, int serial) {
+    char what[160];
+    split_name(what, sizeof what, "constrained ", model, size, mode, serial);
+    constrained = 1;
+    shared *sh = run_ranks(what, "constrained", model, size, mode, serial);
+    constrained = 0;
     for (int r = 0; r < N_REQ; r++) { /* the ground truth ran without the cancellation */
         const result *got = &sh->results[r], *want = &alone_c[model][r];
         assert_int_equal(got->finish, r == CANCELLED_REQ ? ENGINE_FINISH_CANCELLED : want->finish);
@@ -374,20 +388,9 @@ static void run_constrained_split(int model, int size, engine_parallel mode, int
 }
 
 static void run_split(int model, int size, engine_parallel mode, int serial) {
-    char store[256], what[128];
-    snprintf(what, sizeof what, "%s %s%s x%d", model_dirs[model],
-             mode == ENGINE_TENSOR ? "tensor" : "pipeline", serial ? " (serial)" : "", size);
-    store_dir(store, sizeof store, "split");
-    shared *sh = shared_new();
-    pid_t pids[4];
-    spawn(pids, model_dirs[model], store, size, mode, serial, sh, 0);
-    for (int k = 0; k < size; k++) {
-        int rc = wait_exit(pids[k]);
-        if (rc) fprintf(stderr, "%s: rank %d exited with %d\n", what, k, rc);
-        assert_int_equal(rc, 0);
-    }
-    if (sh->step_failed) fprintf(stderr, "%s: %s\n", what, sh->error);
-    assert_true(sh->rank0_ok);
+    char what[160];
+    split_name(what, sizeof what, "", model, size, mode, serial);
+    shared *sh = run_ranks(what, "split", model, size, mode, serial);
     if (mode == ENGINE_PIPELINE && !serial)
         expect_same_tokens(sh->results, alone[model], full[model], what);
     else
@@ -577,17 +580,10 @@ static const char *const spec_names[] = {"off", "ngram", "oracle"};
  * rank 0's statistics. */
 static engine_stats run_spec_split(int model, int size, engine_parallel mode, int serial,
                                    const result *want) {
-    char store[256], what[160];
-    snprintf(what, sizeof what, "%s, %s%s: %s %s%s x%d", model_dirs[model],
-             spec_names[speculation], sampled ? " sampled" : "",
-             "", mode == ENGINE_TENSOR ? "tensor" : "pipeline", serial ? " (serial)" : "", size);
-    store_dir(store, sizeof store, "spec");
-    shared *sh = shared_new();
-    pid_t pids[4];
-    spawn(pids, model_dirs[model], store, size, mode, serial, sh, 0);
-    for (int k = 0; k < size; k++) assert_int_equal(wait_exit(pids[k]), 0);
-    if (sh->step_failed || !sh->rank0_ok) fprintf(stderr, "%s: %s\n", what, sh->error);
-    assert_true(sh->rank0_ok);
+    char prefix[32], what[192];
+    snprintf(prefix, sizeof prefix, "%s%s: ", spec_names[speculation], sampled ? " sampled" : "");
+    split_name(what, sizeof what, prefix, model, size, mode, serial);
+    shared *sh = run_ranks(what, "spec", model, size, mode, serial);
     if (sampled && (mode == ENGINE_TENSOR || serial))
         expect_same(sh->results, want, what);
     else

@@ -85,6 +85,31 @@ export async function place(c, node, req, timeoutMs = 60000) {
   return { id, instance: seen.value.instances[id], state: seen.value };
 }
 
+// Places model as each [sharding, nodes] of splits in turn through node `at` (every instance
+// removed first) and runs ask({what, n, via, rank0}) on it, where via is the node to ask (`other`,
+// which forwards to rank 0 when it does not hold it; for a 1-node instance its own node: other
+// nodes place their own rather than forward to it) and rank0 the node holding rank 0; checks
+// that the placed instance served (no other one in State), then removes it. Returns ask's
+// results in split order.
+export async function eachSplit(c, at, other, model, splits, ask) {
+  await removeAll(c, at);
+  const out = [];
+  for (const [sharding, n] of splits) {
+    const what = `${sharding} x${n}`;
+    const placed = await place(c, at, { model_id: model, sharding, instance_meta: 'MlxRing', min_nodes: n });
+    const shards = body(placed.instance).shardAssignments;
+    if (Object.keys(shards.nodeToRunner).length !== n) throw new Error(`${what}: not on ${n} nodes`);
+    const [rank0Id] = Object.entries(shards.nodeToRunner).find(([, r]) =>
+      Object.values(shards.runnerToShard[r])[0].deviceRank === 0);
+    const rank0 = c.nodes.find((x) => x.id === rank0Id);
+    out.push(await ask({ what, n, via: n === 1 ? rank0 : other, rank0 }));
+    const ids = Object.keys(c.get(at, '/state').instances);
+    if (ids.length !== 1 || ids[0] !== placed.id) throw new Error(`${what}: other instances served: ${ids}`);
+    await remove(c, at, placed.id);
+  }
+  return out;
+}
+
 export async function remove(c, node, id) {
   const before = c.get(node, '/state');
   const inst = before && before.instances[id];
