@@ -82,11 +82,12 @@ typedef struct engine_options {
                                keeps idle followers alive well within it */
     int pipeline_serial;    /* pipeline: one step at a time through all stages (else each stage
                                works on its own step; the default) */
-    /* Speculative decoding (one process only; docs/speculative.md): "ngram", "draft:DIR" (a
-     * small model of the same tokenizer), or NULL / "off". A caller-made drafter (e.g. an
-     * oracle) goes in `drafter` instead; the caller keeps it and destroys it after
-     * engine_close. spec_tokens: the most tokens drafted per sequence and step (0 = 4, at most
-     * ENGINE_SPEC_MAX_TOKENS); the engine adapts it per sequence to the acceptance rate. */
+    /* Speculative decoding (docs/engine.md): "ngram", "draft:DIR" (a small model of the same
+     * tokenizer), or NULL / "off". A caller-made drafter (e.g. an oracle) goes in `drafter`
+     * instead; the caller keeps it and destroys it after engine_close. spec_tokens: the most
+     * tokens drafted per sequence and step (0 = 4, at most ENGINE_SPEC_MAX_TOKENS); the engine
+     * adapts it per sequence to the acceptance rate. Several ranks: every rank drafts, so each
+     * needs the same setting (checked at open); "draft:DIR" is off there. */
     const char *speculative;
     struct drafter *drafter;
     int spec_tokens;
