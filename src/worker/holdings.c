@@ -44,9 +44,18 @@ typedef struct scan {
     json_t *whole; /* model id -> true: whole on disk now */
 } scan;
 
-static void announce(const char *me, const char *id, const char *dir) {
-    json_t *done = json_pack("{s:{s:s,s:s,s:{s:I}}}", "DownloadCompleted", "nodeId", me, "modelId",
-                             id, "total", "inBytes", (json_int_t)store_dir_bytes(dir));
+/* The copy in dir is in the writable models dir (else a read-only one: --models-path, built-in). */
+static int writable(const model_store *store, const char *dir) {
+    size_t n = strlen(store->models_dir);
+    return n && !strncmp(dir, store->models_dir, n) && dir[n] == '/';
+}
+
+/* readOnly (not in exo's shape; its clients ignore it): the dashboard offers no "Delete files"
+ * for such a copy. */
+static void announce(const model_store *store, const char *me, const char *id, const char *dir) {
+    json_t *done = json_pack("{s:{s:s,s:s,s:{s:I},s:b}}", "DownloadCompleted", "nodeId", me,
+                             "modelId", id, "total", "inBytes", (json_int_t)store_dir_bytes(dir),
+                             "readOnly", !writable(store, dir));
     cluster_submit(json_pack("{s:{s:o}}", "NodeDownloadProgress", "downloadProgress", done));
 }
 
@@ -63,7 +72,7 @@ static void visit(const char *id, const char *first_dir, enum store_state st, vo
     if (s->h->downloads && download_manager_status(s->h->downloads, id, NULL) == 0) return;
     if (!json_object_get(s->h->published, id))
         log_info("cluster: publishing %s (on disk at %s) as held by this node", id, dir);
-    announce(s->me, id, dir);
+    announce(s->store, s->me, id, dir);
     json_object_set_new(s->h->published, id, json_true());
 }
 

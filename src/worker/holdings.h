@@ -3,7 +3,9 @@
  * each as a completed download in State (NodeDownloadProgress DownloadCompleted, as exo does for
  * the models it finds at start). Placement on any node then prefers this node for them
  * (placer.c), and peers may fetch their files from it (peers.c; the peer routes serve the same
- * store). A model it published that is no longer whole on disk is withdrawn (DownloadDeleted).
+ * store). A copy in a read-only directory (--models-path, built-in) is marked readOnly: the
+ * dashboard offers no "Delete files" for it. A model it published that is no longer whole on disk
+ * is withdrawn (DownloadDeleted).
  *
  * It refuses: publishing a model while this node's download of it runs (the download manager's
  * progress is the truth then), and partial copies or pipeline-stage files (not a copy to place

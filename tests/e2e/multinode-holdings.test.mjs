@@ -48,6 +48,7 @@ test('models held through --models-path are in State and placement prefers their
   const entry = st.downloads[d.id].find((e) => e.DownloadCompleted?.modelId === MODEL).DownloadCompleted;
   assert.equal(entry.nodeId, d.id);
   assert.ok(entry.total.inBytes > 1e6, 'the entry carries the model\'s size');
+  assert.equal(entry.readOnly, true, '--models-path is read-only: no "Delete files" for it');
 
   for (const sharding of ['Pipeline', 'Tensor']) {
     const placed = await place(c, a, { model_id: MODEL, sharding, instance_meta: 'MlxRing', min_nodes: 2 });
