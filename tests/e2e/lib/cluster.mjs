@@ -80,10 +80,11 @@ export class Cluster {
     live.add(this);
   }
 
-  // Adds node i (0-based) and starts it. extra: more flags (e.g. ['--namespace', 'x']).
-  addNode(extra = [], { start = true } = {}) {
+  // Adds node i (0-based) and starts it. extra: more flags (e.g. ['--namespace', 'x']); env:
+  // this node's own environment on top of the cluster's.
+  addNode(extra = [], { start = true, env = {} } = {}) {
     const i = this.nodes.length;
-    const node = { i, extra, dataDir: path.join(this.dir, `node${i}`), log: path.join(this.dir, `node${i}.log`) };
+    const node = { i, extra, env, dataDir: path.join(this.dir, `node${i}`), log: path.join(this.dir, `node${i}.log`) };
     if (this.mode === 'netns') {
       node.ns = `${this.tag}n${i}`;
       node.addr = `10.213.0.${i + 1}`;
@@ -116,7 +117,7 @@ export class Cluster {
     const out = fs.openSync(node.log, 'a');
     const cmd = this.mode === 'netns' ? 'ip' : this.bin;
     const args = this.mode === 'netns' ? ['netns', 'exec', node.ns, this.bin, ...this.args(node)] : this.args(node);
-    node.proc = spawn(cmd, args, { stdio: ['ignore', out, out], env: this.env });
+    node.proc = spawn(cmd, args, { stdio: ['ignore', out, out], env: { ...this.env, ...node.env } });
     fs.closeSync(out);
     node.startedAt = Date.now();
     node.exited = false;
