@@ -420,6 +420,46 @@ static void check_family(const char *arch, const char *extra, const char *only) 
     }
 }
 
+/* The symmetric types reach the kernels with their zero point (weight_matrix.zero_point: the
+ * matvec then derives the biases instead of streaming them), and every stored bias is exactly
+ * -zero_point * scale, the promise that lets it; types with real offsets carry none. */
+static void test_zero_point_of_symmetric_types(void **s) {
+    (void)s;
+    static const struct {
+        const char *type;
+        int zero_point;
+    } cases[] = {{"Q4_0", 8}, {"Q5_0", 16}, {"Q8_0", 128}, {"Q4_1", 0}, {"Q4_K", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char name[64], args[512], path[512], err[512];
+        snprintf(name, sizeof name, "zp-%s", cases[i].type);
+        snprintf(args, sizeof args, "--arch llama --gguf %s --tokenizer none " SHAPE, cases[i].type);
+        assert_int_equal(mkmodel(name, args), 0);
+        snprintf(path, sizeof path, "%s/%s", tmp_root, name);
+        model_config c;
+        assert_int_equal(model_config_load(path, &c, err, sizeof err), 0);
+        safetensors_set *set = safetensors_set_open(path, err, sizeof err);
+        assert_non_null(set);
+        model_weights w;
+        assert_int_equal(model_weights_load(set, &c, 0, 0, &w, err, sizeof err), 0);
+        const weight_matrix *ms[] = {&w.layers[0].wq, &w.layers[1].w_down, &w.lm_head};
+        for (int k = 0; k < 3; k++) {
+            const weight_matrix *m = ms[k];
+            assert_int_equal(m->format, WEIGHT_MLX_AFFINE);
+            assert_int_equal(m->zero_point, cases[i].zero_point);
+            if (!m->zero_point) continue;
+            for (int64_t r = 0; r < m->rows; r++)
+                for (int64_t g = 0; g < m->cols / m->group_size; g++) {
+                    int64_t at = weight_mlx_group(m, r, g);
+                    float sc = f16_to_f32(((const uint16_t *)m->scales)[at]);
+                    float bi = f16_to_f32(((const uint16_t *)m->biases)[at]);
+                    assert_true(bi == -(float)m->zero_point * sc);
+                }
+        }
+        model_weights_free(&w);
+        safetensors_set_close(set);
+    }
+}
+
 static void test_llama_matches_safetensors(void **s) { (void)s, check_family("llama", "", NULL); }
 static void test_qwen2_matches_safetensors(void **s) {
     (void)s, check_family("qwen2", "", " F32 Q8_0 Q4_K_M ");
@@ -693,6 +733,7 @@ int main(void) {
         cmocka_unit_test(test_duplicates_rejected),
         cmocka_unit_test(test_blocks_round_trip),
         cmocka_unit_test(test_unsupported_refused),
+        cmocka_unit_test(test_zero_point_of_symmetric_types),
         cmocka_unit_test(test_llama_matches_safetensors),
         cmocka_unit_test(test_qwen2_matches_safetensors),
         cmocka_unit_test(test_qwen3_matches_safetensors),
