@@ -14,6 +14,9 @@
 #   GGUF_THREADS   thread counts, e.g. "4 8" (default: nproc). A run of N threads is pinned with
 #                  taskset to cores GGUF_FIRST_CORE .. +N-1 (default 0), the same for both engines
 #   GGUF_REPS      exo / llama.cpp alternations per (model, threads) (default 2); best of them
+#   GGUF_RUNS      the runs in order, "SHAPE:THREADS[:REPS] ..." (default: every shape with every
+#                  thread count and GGUF_REPS), e.g. "1b:8:2 8b:8:1 1b:4:1": the most wanted
+#                  first when GGUF_DEADLINE may cut the list
 #   GGUF_PP, GGUF_TG          prompt and decode tokens for 1b (default 512, 64)
 #   GGUF_PP_8B, GGUF_TG_8B    the same for 8b (default 128, 32)
 #   GGUF_DEADLINE  seconds: no run starts later than this after the script began (default: none)
@@ -62,43 +65,47 @@ done
 wait
 echo "# models ready in $(( $(date +%s) - t0 )) s"
 
+runs=${GGUF_RUNS:-}
+if [ -z "$runs" ]; then
+  for s in $shapes; do for threads in $threads_list; do runs="$runs $s:$threads:$reps"; done; done
+fi
 summary=()
-for s in $shapes; do
+for run in $runs; do
+  IFS=: read -r s threads run_reps <<< "$run"
+  run_reps=${run_reps:-$reps}
   if [ "$s" = 8b ]; then pp=${GGUF_PP_8B:-128}; tg=${GGUF_TG_8B:-32}; else pp=${GGUF_PP:-512}; tg=${GGUF_TG:-64}; fi
-  for threads in $threads_list; do
-    cores="$first_core-$(( first_core + threads - 1 ))"
-    for t in $types; do
-      m="$dir/l$s-$t"
-      f="$m/model.gguf"
-      [ -f "$f" ] || { echo "== $f missing (mkmodel failed)"; continue; }
-      time_left || { echo "== deadline: $s $t $threads threads not run"; continue; }
-      echo "== $s $t ($(du -m "$f" | cut -f1) MB), $threads threads on cores $cores, pp$pp tg$tg"
-      best=(0 0 0 0 "" "")  # exo pp, exo tg, llama pp, llama tg, exo % roofline, % file roofline
-      for r in $(seq "$reps"); do
-        out=$(taskset -c "$cores" "$exo" bench --threads "$threads" --model "$m" --pp "$pp" --tg "$tg" \
-                --batch 1 --reps 1 2>&1 | grep -E '^(mem   read|model|prefill|decode)')
-        echo "$out" | sed 's/^/exo       /'
-        ep=$(echo "$out" | awk '/^prefill/ {print $3}')
-        ed=$(echo "$out" | awk '/^decode/ {print $4}')
-        if awk "BEGIN{exit !(${ed:-0} > ${best[1]})}"; then
-          best[4]=$(echo "$out" | awk -F'= *' '/^decode/ {split($2, a, "%"); print a[1]}')
-          best[5]=$(echo "$out" | sed -n 's/.*GGUF file roofline.*= *\([0-9.]*\)%.*/\1/p')
-        fi
-        awk "BEGIN{exit !(${ep:-0} > ${best[0]})}" && best[0]=$ep
-        awk "BEGIN{exit !(${ed:-0} > ${best[1]})}" && best[1]=$ed
-        lo=$(taskset -c "$cores" "$ref" bench "$f" "$threads" "$pp" "$tg" 2>/dev/null | tail -1)
-        echo "llama.cpp $lo"
-        lp=$(echo "$lo" | sed -n 's/.*"prefill_tok_s": *\([0-9.]*\).*/\1/p')
-        ld=$(echo "$lo" | sed -n 's/.*"decode_tok_s": *\([0-9.]*\).*/\1/p')
-        awk "BEGIN{exit !(${lp:-0} > ${best[2]})}" && best[2]=$lp
-        awk "BEGIN{exit !(${ld:-0} > ${best[3]})}" && best[3]=$ld
-      done
-      summary+=("$(awk -v s="$s" -v t="$t" -v th="$threads" -v pp="$pp" -v tg="$tg" \
-        -v ep="${best[0]}" -v ed="${best[1]}" -v lp="${best[2]}" -v ld="${best[3]}" \
-        -v rf="${best[4]:-?}" -v ff="${best[5]:-?}" 'BEGIN {
-          printf "| %s %s | %d | pp%d %.1f | %.1f | %.2fx | tg%d %.2f | %.2f | %.2fx | %s%% | %s%% |",
-            s, t, th, pp, ep, lp, lp > 0 ? ep / lp : 0, tg, ed, ld, ld > 0 ? ed / ld : 0, rf, ff }')")
+  cores="$first_core-$(( first_core + threads - 1 ))"
+  for t in $types; do
+    m="$dir/l$s-$t"
+    f="$m/model.gguf"
+    [ -f "$f" ] || { echo "== $f missing (mkmodel failed)"; continue; }
+    time_left || { echo "== deadline: $s $t $threads threads not run"; continue; }
+    echo "== $s $t ($(du -m "$f" | cut -f1) MB), $threads threads on cores $cores, pp$pp tg$tg"
+    best=(0 0 0 0 "" "")  # exo pp, exo tg, llama pp, llama tg, exo % roofline, % file roofline
+    for r in $(seq "$run_reps"); do
+      out=$(taskset -c "$cores" "$exo" bench --threads "$threads" --model "$m" --pp "$pp" --tg "$tg" \
+              --batch 1 --reps 1 2>&1 | grep -E '^(mem   read|model|prefill|decode)')
+      echo "$out" | sed 's/^/exo       /'
+      ep=$(echo "$out" | awk '/^prefill/ {print $3}')
+      ed=$(echo "$out" | awk '/^decode/ {print $4}')
+      if awk "BEGIN{exit !(${ed:-0} > ${best[1]})}"; then
+        best[4]=$(echo "$out" | awk -F'= *' '/^decode/ {split($2, a, "%"); print a[1]}')
+        best[5]=$(echo "$out" | sed -n 's/.*GGUF file roofline.*= *\([0-9.]*\)%.*/\1/p')
+      fi
+      awk "BEGIN{exit !(${ep:-0} > ${best[0]})}" && best[0]=$ep
+      awk "BEGIN{exit !(${ed:-0} > ${best[1]})}" && best[1]=$ed
+      lo=$(taskset -c "$cores" "$ref" bench "$f" "$threads" "$pp" "$tg" 2>/dev/null | tail -1)
+      echo "llama.cpp $lo"
+      lp=$(echo "$lo" | sed -n 's/.*"prefill_tok_s": *\([0-9.]*\).*/\1/p')
+      ld=$(echo "$lo" | sed -n 's/.*"decode_tok_s": *\([0-9.]*\).*/\1/p')
+      awk "BEGIN{exit !(${lp:-0} > ${best[2]})}" && best[2]=$lp
+      awk "BEGIN{exit !(${ld:-0} > ${best[3]})}" && best[3]=$ld
     done
+    summary+=("$(awk -v s="$s" -v t="$t" -v th="$threads" -v pp="$pp" -v tg="$tg" \
+      -v ep="${best[0]}" -v ed="${best[1]}" -v lp="${best[2]}" -v ld="${best[3]}" \
+      -v rf="${best[4]:-?}" -v ff="${best[5]:-?}" 'BEGIN {
+        printf "| %s %s | %d | pp%d %.1f | %.1f | %.2fx | tg%d %.2f | %.2f | %.2fx | %s%% | %s%% |",
+          s, t, th, pp, ep, lp, lp > 0 ? ep / lp : 0, tg, ed, ld, ld > 0 ? ed / ld : 0, rf, ff }')")
   done
 done
 echo

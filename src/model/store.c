@@ -32,10 +32,51 @@ static int part_valid(const char *p, size_t n) {
     return 1;
 }
 
+/* A quantization tag: 1..64 of [A-Za-z0-9._-], not starting with '.' or '-'. */
+static int tag_valid(const char *t) {
+    size_t n = strlen(t);
+    if (n == 0 || n > 64 || t[0] == '.' || t[0] == '-') return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = t[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+const char *store_id_tag(const char *id) {
+    const char *colon = id ? strchr(id, ':') : NULL;
+    return colon ? colon + 1 : NULL;
+}
+
+int store_id_repo(const char *id, char *out, size_t n) {
+    const char *tag = store_id_tag(id);
+    size_t len = tag ? (size_t)(tag - 1 - id) : strlen(id);
+    if (len >= n) return -1;
+    memcpy(out, id, len);
+    out[len] = 0;
+    return 0;
+}
+
 int store_id_valid(const char *id, char *err, size_t errlen) {
     if (!id || !*id) {
         error_set(err, errlen, "model id is empty");
         return -1;
+    }
+    const char *tag = store_id_tag(id);
+    if (tag) { /* "org/name:TAG": the repository part as any id, the tag after the only ':' */
+        char repo[256];
+        if (!tag_valid(tag) || (strchr(id, '/') && strchr(id, '/') > tag)) {
+            error_set(err, errlen, "a model id's tag (after ':') may only use letters, digits, '.', "
+                      "'_' and '-' (at most 64 characters), as in \"org/name:Q4_K_M\"");
+            return -1;
+        }
+        if (store_id_repo(id, repo, sizeof repo) < 0) {
+            error_set(err, errlen, "model id is too long");
+            return -1;
+        }
+        return store_id_valid(repo, err, errlen);
     }
     if (id[0] == '/') {
         error_set(err, errlen, "model id must be \"org/name\", not an absolute path");

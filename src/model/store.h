@@ -18,7 +18,8 @@
  * model.safetensors.index.json (or a single model.safetensors) is present.
  *
  * It refuses ids with "..", absolute parts, empty parts, or characters outside
- * [A-Za-z0-9._-] (one '/' between org and name): an id never escapes the models dir.
+ * [A-Za-z0-9._-] (one '/' between org and name, one ':' before a tag): an id never escapes the
+ * models dir.
  * It does no network I/O and never hashes whole files (download/ verifies). */
 #ifndef EXO_MODEL_STORE_H
 #define EXO_MODEL_STORE_H
@@ -49,8 +50,16 @@ int store_init(model_store *s, const char *models_dir, const char *models_path, 
 int store_canonical_id(const model_store *s, const char *requested, char *id, size_t n,
                        char *err, size_t errlen);
 
-/* 0 if `id` is a safe "org/name" (or a bare "name"), else -1 with a message saying why. */
+/* 0 if `id` is a safe "org/name" (or a bare "name"), either optionally followed by ":TAG" (a
+ * quantization of a GGUF repository, "org/name:Q4_K_M", or an Ollama tag, "llama3.2:1b"), else -1
+ * with a message saying why. The tag is part of the identity: "org/name:Q4_K_M" lives in
+ * "<dir>/org--name:Q4_K_M/", beside "org--name:Q8_0/". */
 int store_id_valid(const char *id, char *err, size_t errlen);
+/* The tag of an id (after its ':'), or NULL when it has none. Points into id. */
+const char *store_id_tag(const char *id);
+/* The id without its tag ("org/name:Q4_K_M" -> "org/name"): the Hugging Face repository. Returns
+ * 0, or -1 when it does not fit. */
+int store_id_repo(const char *id, char *out, size_t n);
 /* "org/name" -> "org--name". Returns 0, or -1 if invalid or it does not fit. */
 int store_id_to_dirname(const char *id, char *out, size_t n);
 /* 0 if `rel` is a safe relative file path inside a model dir ("a/b.json"): no "..", no leading
