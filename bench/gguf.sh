@@ -86,8 +86,8 @@ for run in $runs; do
       out=$(taskset -c "$cores" "$exo" bench --threads "$threads" --model "$m" --pp "$pp" --tg "$tg" \
               --batch 1 --reps 1 2>&1 | grep -E '^(mem   read|model|prefill|decode)')
       echo "$out" | sed 's/^/exo       /'
-      ep=$(echo "$out" | awk '/^prefill/ {print $3}')
-      ed=$(echo "$out" | awk '/^decode/ {print $4}')
+      ep=$(echo "$out" | sed -n 's/^prefill[^:]*: *\([0-9.]*\) tok\/s.*/\1/p')
+      ed=$(echo "$out" | sed -n 's/^decode[^:]*: *\([0-9.]*\) tok\/s.*/\1/p')
       if awk "BEGIN{exit !(${ed:-0} > ${best[1]})}"; then
         best[4]=$(echo "$out" | awk -F'= *' '/^decode/ {split($2, a, "%"); print a[1]}')
         best[5]=$(echo "$out" | sed -n 's/.*GGUF file roofline.*= *\([0-9.]*\)%.*/\1/p')
@@ -105,7 +105,7 @@ for run in $runs; do
       -v ep="${best[0]}" -v ed="${best[1]}" -v lp="${best[2]}" -v ld="${best[3]}" \
       -v rf="${best[4]:-?}" -v ff="${best[5]:-?}" 'BEGIN {
         printf "| %s %s | %d | pp%d %.1f | %.1f | %.2fx | tg%d %.2f | %.2f | %.2fx | %s%% | %s%% |",
-          s, t, th, pp, ep, lp, lp > 0 ? ep / lp : 0, tg, ed, ld, ld > 0 ? ed / ld : 0, rf, ff }')")
+          s, t, th, pp, ep, lp, (lp > 0 ? ep / lp : 0), tg, ed, ld, (ld > 0 ? ed / ld : 0), rf, ff }')")
   done
 done
 echo
