@@ -1,6 +1,7 @@
 /* store — model directories on disk (see store.h). */
 #include "model/store.h"
 #include "model/gguf.h"
+#include "model/ollama.h"
 
 #include "base/error.h"
 #include "base/paths.h"
@@ -152,6 +153,9 @@ int store_init(model_store *s, const char *models_dir, const char *models_path, 
         p += n;
         if (*p == ':') p++;
     }
+    const char *ollama = getenv("EXO_OLLAMA_MODELS");
+    if (!(ollama && !strcmp(ollama, "0")) && ollama_default_root(s->ollama_root, sizeof s->ollama_root))
+        s->ollama_root[0] = 0;
     /* Models that ship with exo (the demo model) are found last, read-only. */
     if (s->n_search < STORE_MAX_PATHS &&
         paths_shipped_dir("EXO_BUILTIN_MODELS_DIR", "resources/models", s->search[s->n_search],
@@ -316,6 +320,12 @@ enum store_state store_locate(const model_store *s, const char *id_or_path, char
         }
         if (best == STORE_COMPLETE) break;
     }
+    char blob[STORE_PATH_MAX * 2];
+    if (best != STORE_COMPLETE && ollama_locate(s->ollama_root, id_or_path, blob, sizeof blob) == 0 &&
+        strlen(blob) < n) {
+        snprintf(out, n, "%s", blob);
+        best = STORE_COMPLETE;
+    }
     return best;
 }
 
@@ -356,7 +366,11 @@ static uint64_t dir_bytes(const char *dir, int depth) {
     return total;
 }
 
-uint64_t store_dir_bytes(const char *dir) { return dir_bytes(dir, 0); }
+uint64_t store_dir_bytes(const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) return (uint64_t)st.st_size;
+    return dir_bytes(dir, 0);
+}
 
 static int remove_tree(const char *path, int depth) {
     struct stat st;
@@ -392,6 +406,21 @@ int store_delete(const model_store *s, const char *id, char *err, size_t errlen)
     return 0;
 }
 
+typedef struct ollama_seen {
+    char (*seen)[200];
+    int *n_seen;
+    store_list_fn fn;
+    void *ud;
+} ollama_seen;
+
+static void list_ollama(const char *id, const char *blob, void *ud) {
+    ollama_seen *o = ud;
+    for (int k = 0; k < *o->n_seen; k++)
+        if (!strcmp(o->seen[k], id)) return;
+    if (*o->n_seen < 512) snprintf(o->seen[(*o->n_seen)++], sizeof o->seen[0], "%s", id);
+    o->fn(id, blob, STORE_COMPLETE, o->ud);
+}
+
 void store_list(const model_store *s, store_list_fn fn, void *ud) {
     char seen[512][200];
     int n_seen = 0;
@@ -419,4 +448,6 @@ void store_list(const model_store *s, store_list_fn fn, void *ud) {
         }
         closedir(d);
     }
+    ollama_seen seen_ollama = {.seen = seen, .n_seen = &n_seen, .fn = fn, .ud = ud};
+    ollama_list(s->ollama_root, list_ollama, &seen_ollama);
 }
