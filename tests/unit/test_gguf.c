@@ -509,7 +509,8 @@ static void check_tokenizer(const char *name, const char *arch) {
         "Hello world! How are you doing today?", "  leading spaces and\ttabs\n\nnewlines",
         "numbers 1234567 and 3.14159, emoji 🙂🚀 and accents: café naïve", "<|im_start|>user\nhi<|im_end|>",
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>", "don't I'll we've THEY'RE",
-        "中文字符和日本語のテキスト", "def f(x):\n    return x ** 2  # comment"};
+        "中文字符和日本語のテキスト", "def f(x):\n    return x ** 2  # comment",
+        " lead and trail  ", "ǅ ᛯ 𝔘 unseen characters \x7f", "aaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
     for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
         int32_t *a, *b;
         int na = tokenizer_encode(hf, texts[i], strlen(texts[i]), 1, &a, err, sizeof err);
@@ -533,6 +534,9 @@ static void check_tokenizer(const char *name, const char *arch) {
 
 static void test_tokenizer_llama3(void **s) { (void)s, check_tokenizer("llama3_1", "llama"); }
 static void test_tokenizer_qwen3(void **s) { (void)s, check_tokenizer("qwen3", "qwen3"); }
+/* A SentencePiece vocabulary (tokenizer.ggml.model "llama": scores, byte tokens, the U+2581 space):
+ * the GGUF's BPE-by-score encodes like Hugging Face's tokenizer.json of Llama 2 (merges). */
+static void test_tokenizer_llama2(void **s) { (void)s, check_tokenizer("llama2", "llama"); }
 
 /* ---- llama.cpp itself (scripts/llamacpp.sh builds it from source) ---- */
 
@@ -660,10 +664,12 @@ static void test_llamacpp_tokenization(void **s) {
                                   "  leading spaces and\ttabs\n\nnewlines",
                                   "numbers 1234567 and 3.14159, emoji 🙂🚀 and accents: café naïve",
                                   "<|im_start|>user\nhi<|im_end|>", "don't I'll we've THEY'RE",
-                                  "中文字符和日本語のテキスト", "def f(x):\n    return x ** 2  # comment"};
+                                  "中文字符和日本語のテキスト", "def f(x):\n    return x ** 2  # comment",
+                                  " lead and trail  ", "<s>[INST] hi [/INST]</s> ok",
+                                  "ǅ ᛯ 𝔘 unseen characters \x7f", "aaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
     static const struct {
         const char *tok, *arch;
-    } toks[] = {{"llama3_1", "llama"}, {"qwen3", "qwen3"}};
+    } toks[] = {{"llama3_1", "llama"}, {"qwen3", "qwen3"}, {"llama2", "llama"}};
     for (size_t k = 0; k < sizeof toks / sizeof *toks; k++) {
         char name[64], args[256], path[512], err[512];
         snprintf(name, sizeof name, "lct-%s", toks[k].tok);
@@ -741,6 +747,7 @@ int main(void) {
         cmocka_unit_test(test_llama3_rope_table),
         cmocka_unit_test(test_tokenizer_llama3),
         cmocka_unit_test(test_tokenizer_qwen3),
+        cmocka_unit_test(test_tokenizer_llama2),
         cmocka_unit_test(test_llamacpp_logits),
         cmocka_unit_test(test_llamacpp_tokenization),
     };

@@ -70,6 +70,8 @@ typedef struct vocab {
     json_t *tok, *cfg; /* own the strings */
     const char *pre;
     int64_t bos, eos;
+    int spm;        /* a SentencePiece vocabulary (byte_fallback): written as llama.cpp's "llama" */
+    int64_t unk;    /* spm: the unk_token's id, or -1 */
 } vocab;
 
 static int read_vocab(const char *dir, int64_t n_vocab, vocab *v, char *err, size_t errlen) {
@@ -101,28 +103,63 @@ static int read_vocab(const char *dir, int64_t n_vocab, vocab *v, char *err, siz
         v->tokens[id] = json_string_value(json_object_get(val, "content"));
         v->types[id] = json_is_true(json_object_get(val, "special")) ? 3 : 4;
     }
+    v->spm = json_is_true(json_object_get(model, "byte_fallback"));
+    const char *unk = json_string_value(json_object_get(model, "unk_token"));
+    v->unk = unk ? json_integer_value(json_object_get(json_object_get(model, "vocab"), unk)) : -1;
+    if (v->unk >= 0 && v->unk < n_vocab) v->types[v->unk] = 2; /* UNKNOWN */
+    else v->unk = -1;
+    for (int64_t id = 0; v->spm && id < n_vocab; id++) /* "<0x0A>": BYTE */
+        if (v->tokens[id] && strlen(v->tokens[id]) == 6 && !strncmp(v->tokens[id], "<0x", 3) &&
+            v->tokens[id][5] == '>' && v->types[id] == 1)
+            v->types[id] = 6;
     const char *dump = json_dumps(json_object_get(v->tok, "pre_tokenizer"), 0);
     v->pre = dump && strstr(dump, "\\\\p{N}{1,3}") ? "llama-bpe" : "qwen2";
     free((void *)dump);
     return 0;
 }
 
-static void write_tokenizer(out *o, vocab *v, int64_t bos, int64_t eos) {
-    kv_str(o, "tokenizer.ggml.model", "gpt2");
-    kv_str(o, "tokenizer.ggml.pre", v->pre);
-    kv_head(o, "tokenizer.ggml.tokens", GGUF_ARRAY);
-    put_u32(o, GGUF_STRING);
+/* A SentencePiece vocabulary as llama.cpp's converter writes one: tokens, their scores and types;
+ * no merges. The scores are the tokenizer.json's merge order (SentencePiece's BPE scores a piece
+ * by the step that made it, and Hugging Face's converter lists merges in that order): the first
+ * merge making a token gives it -rank; tokens no merge makes (characters, bytes, control
+ * tokens) score below every merged one, by id. */
+static void write_spm_tokenizer(out *o, vocab *v) {
+    json_t *model = json_object_get(v->tok, "model"), *vmap = json_object_get(model, "vocab");
+    json_t *merges = json_object_get(model, "merges");
+    float *scores = malloc((size_t)v->n * sizeof *scores);
+    for (int64_t i = 0; scores && i < v->n; i++) scores[i] = -(float)(json_array_size(merges) + (size_t)i);
+    size_t r;
+    json_t *m;
+    json_array_foreach(merges, r, m) {
+        char piece[1024];
+        const char *a = json_string_value(json_is_array(m) ? json_array_get(m, 0) : m), *b = NULL;
+        if (json_is_array(m)) b = json_string_value(json_array_get(m, 1));
+        if (!a || !scores) continue;
+        if (b) snprintf(piece, sizeof piece, "%s%s", a, b);
+        else { /* "left right" */
+            const char *sp = strchr(a, ' ');
+            if (!sp) continue;
+            snprintf(piece, sizeof piece, "%.*s%s", (int)(sp - a), a, sp + 1);
+        }
+        json_t *id = json_object_get(vmap, piece);
+        int64_t k = json_is_integer(id) ? json_integer_value(id) : -1;
+        if (k >= 0 && k < v->n && -(float)r > scores[k]) scores[k] = -(float)r;
+    }
+    kv_str(o, "tokenizer.ggml.model", "llama");
+    kv_head(o, "tokenizer.ggml.scores", GGUF_ARRAY);
+    put_u32(o, GGUF_F32);
     put_u64(o, (uint64_t)v->n);
     for (int64_t i = 0; i < v->n; i++) {
-        char pad[48];
-        const char *t = v->tokens[i];
-        if (!t) snprintf(pad, sizeof pad, "[PAD%lld]", (long long)i), t = pad;
-        put_str(o, t, strlen(t));
+        float score = scores ? scores[i] : 0.0f;
+        put(o, &score, 4);
     }
-    kv_head(o, "tokenizer.ggml.token_type", GGUF_ARRAY);
-    put_u32(o, GGUF_I32);
-    put_u64(o, (uint64_t)v->n);
-    for (int64_t i = 0; i < v->n; i++) put_u32(o, (uint32_t)(v->tokens[i] ? v->types[i] : 5));
+    free(scores);
+    if (v->unk >= 0) kv_u32(o, "tokenizer.ggml.unknown_token_id", (uint32_t)v->unk);
+    kv_bool(o, "tokenizer.ggml.add_space_prefix", 1);
+}
+
+/* The BPE merges of a gpt2-style vocabulary, as "left right" strings. */
+static void write_merges(out *o, vocab *v) {
     json_t *merges = json_object_get(json_object_get(v->tok, "model"), "merges");
     kv_head(o, "tokenizer.ggml.merges", GGUF_ARRAY);
     put_u32(o, GGUF_STRING);
@@ -138,15 +175,41 @@ static void write_tokenizer(out *o, vocab *v, int64_t bos, int64_t eos) {
             snprintf(buf, sizeof buf, "%s", json_string_value(m));
         put_str(o, buf, strlen(buf));
     }
+}
+
+static void write_tokenizer(out *o, vocab *v, int64_t bos, int64_t eos) {
+    if (v->spm) {
+        write_spm_tokenizer(o, v);
+    } else {
+        kv_str(o, "tokenizer.ggml.model", "gpt2");
+        kv_str(o, "tokenizer.ggml.pre", v->pre);
+        write_merges(o, v);
+    }
+    kv_head(o, "tokenizer.ggml.tokens", GGUF_ARRAY);
+    put_u32(o, GGUF_STRING);
+    put_u64(o, (uint64_t)v->n);
+    for (int64_t i = 0; i < v->n; i++) {
+        char pad[48];
+        const char *t = v->tokens[i];
+        if (!t) snprintf(pad, sizeof pad, "[PAD%lld]", (long long)i), t = pad;
+        put_str(o, t, strlen(t));
+    }
+    kv_head(o, "tokenizer.ggml.token_type", GGUF_ARRAY);
+    put_u32(o, GGUF_I32);
+    put_u64(o, (uint64_t)v->n);
+    for (int64_t i = 0; i < v->n; i++) put_u32(o, (uint32_t)(v->tokens[i] ? v->types[i] : 5));
     if (bos >= 0) kv_u32(o, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
     if (eos >= 0) kv_u32(o, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
-    kv_bool(o, "tokenizer.ggml.add_bos_token", !strcmp(v->pre, "llama-bpe"));
+    kv_bool(o, "tokenizer.ggml.add_bos_token", v->spm || !strcmp(v->pre, "llama-bpe"));
     const char *tmpl = json_string_value(json_object_get(v->cfg, "chat_template"));
     if (tmpl) kv_str(o, "tokenizer.chat_template", tmpl);
 }
 
 static int count_tokenizer_kvs(const vocab *v, int64_t bos, int64_t eos) {
-    return 6 + (bos >= 0) + (eos >= 0) + (json_string_value(json_object_get(v->cfg, "chat_template")) != NULL);
+    /* gpt2: model, pre, merges, tokens, types, add_bos; spm: model, scores, add_space_prefix,
+     * tokens, types, add_bos, and the unknown token's id */
+    return 6 + (v->spm && v->unk >= 0) + (bos >= 0) + (eos >= 0) +
+           (json_string_value(json_object_get(v->cfg, "chat_template")) != NULL);
 }
 
 /* ---- tensors ---- */
