@@ -85,10 +85,10 @@ typedef struct walk {
     ollama_list_fn fn;
     void *ud;
     const char *host, *ns, *model; /* the path so far */
+    int depth;                     /* 0: in a host (namespaces), 1: in a namespace, 2: in a model */
 } walk;
 
-static void on_tag(const char *dir, const char *tag, void *ud) {
-    walk *w = ud;
+static void on_tag(const char *dir, const char *tag, walk *w) {
     char id[512], manifest[4096], blob[4096];
     int ollama_library = !strcmp(w->host, OLLAMA_REGISTRY) && !strcmp(w->ns, "library");
     int wi = ollama_library ? snprintf(id, sizeof id, "%s:%s", w->model, tag)
@@ -99,20 +99,21 @@ static void on_tag(const char *dir, const char *tag, void *ud) {
         w->fn(id, blob, w->ud);
 }
 
-static void on_model(const char *dir, const char *model, void *ud) {
+/* manifests/<host>/<namespace>/<model>/<tag>: descends one level per call. */
+static void on_entry(const char *dir, const char *name, void *ud) {
     walk *w = ud;
+    if (w->depth == 2) {
+        on_tag(dir, name, w);
+        return;
+    }
     char path[4096];
-    int n = snprintf(path, sizeof path, "%s/%s", dir, model);
-    w->model = model;
-    if (n > 0 && (size_t)n < sizeof path) each_entry(path, on_tag, w);
-}
-
-static void on_namespace(const char *dir, const char *ns, void *ud) {
-    walk *w = ud;
-    char path[4096];
-    int n = snprintf(path, sizeof path, "%s/%s", dir, ns);
-    w->ns = ns;
-    if (n > 0 && (size_t)n < sizeof path) each_entry(path, on_model, w);
+    int n = snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (n <= 0 || (size_t)n >= sizeof path) return;
+    if (w->depth == 0) w->ns = name;
+    else w->model = name;
+    w->depth++;
+    each_entry(path, on_entry, w);
+    w->depth--;
 }
 
 void ollama_list(const char *root, ollama_list_fn fn, void *ud) {
@@ -122,6 +123,6 @@ void ollama_list(const char *root, ollama_list_fn fn, void *ud) {
         char path[4096];
         snprintf(path, sizeof path, "%s/manifests/%s", root, hosts[i]);
         walk w = {.root = root, .fn = fn, .ud = ud, .host = hosts[i]};
-        each_entry(path, on_namespace, &w);
+        each_entry(path, on_entry, &w);
     }
 }

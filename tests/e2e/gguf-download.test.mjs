@@ -5,25 +5,14 @@
 // tag names the files on offer and fetches nothing; the second run fetches nothing again.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { exoBin } from './lib/exo.mjs';
+import { exoAsync as exo } from './lib/exo.mjs';
 import { mkModel, tinyModelSpecs } from './lib/models.mjs';
 import { FakeHF } from './lib/fake-hf.mjs';
 
 const REPO = 'test-org/Tiny-Qwen3-GGUF';
-
-function exo(args, env = {}) { // async: the fake Hub runs in this process
-  return new Promise((resolve) => {
-    const p = spawn(exoBin(), args, { env: { ...process.env, HF_TOKEN: '', ...env } });
-    let stdout = '', stderr = '';
-    p.stdout.on('data', (d) => { stdout += d; });
-    p.stderr.on('data', (d) => { stderr += d; });
-    p.on('exit', (status) => resolve({ status, stdout, stderr }));
-  });
-}
 
 // qwen3-tiny widened so every matrix's rows hold whole K-quant blocks of 256 (Q4_K_M)
 async function gguf(type) {
