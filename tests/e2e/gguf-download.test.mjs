@@ -2,7 +2,8 @@
 // `hf.co/org/repo:QUANT` use them: `exo run org/repo:TAG` downloads only the .gguf whose name
 // carries the tag (through the download module: verified, resumable, into
 // <models>/org--repo:TAG/) and runs it; an id without a tag takes the Q4_K_M file; an unknown
-// tag names the files on offer and fetches nothing; the second run fetches nothing again.
+// tag names the files on offer and fetches nothing; the second run fetches nothing again; a node
+// whose model card names org/repo:TAG downloads that file only on the first chat and answers.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -11,6 +12,7 @@ import path from 'node:path';
 import { exoAsync as exo } from './lib/exo.mjs';
 import { mkModel, tinyModelSpecs } from './lib/models.mjs';
 import { FakeHF } from './lib/fake-hf.mjs';
+import { startNode } from './lib/node.mjs';
 
 const REPO = 'test-org/Tiny-Qwen3-GGUF';
 
@@ -84,4 +86,34 @@ test('exo run org/repo:TAG with a tag no file carries lists the files and fetche
     assert.match(r.stderr, want);
   }
   assert.equal(hf.totalSent(REPO), 0);
+});
+
+test('a model card naming org/repo:TAG: the first chat downloads that file only, then answers', async (t) => {
+  const files = { 'Tiny-Qwen3-Q4_0.gguf': await gguf('Q4_0'), 'Tiny-Qwen3-Q8_0.gguf': await gguf('Q8_0') };
+  const hf = await new FakeHF().start();
+  t.after(() => hf.stop());
+  hf.addModel(REPO, files);
+  const cards = fs.mkdtempSync(path.join(os.tmpdir(), 'exo-gguf-cards-'));
+  t.after(() => fs.rmSync(cards, { recursive: true, force: true }));
+  const id = `${REPO}:Q8_0`;
+  fs.writeFileSync(path.join(cards, 'tiny-gguf.toml'), [
+    `model_id = "${id}"`, 'n_layers = 2', 'hidden_size = 256', 'num_key_value_heads = 2',
+    'supports_tensor = false', 'tasks = ["TextGeneration"]', 'family = "qwen"', 'quantization = "8bit"',
+    'base_model = "Tiny Qwen3 GGUF"', 'capabilities = ["text"]', 'context_length = 4096', '',
+    '[storage_size]', `in_bytes = ${files['Tiny-Qwen3-Q8_0.gguf'].length}`, ''].join('\n'));
+  const n = await startNode({ env: { HF_ENDPOINT: hf.url, HF_TOKEN: '', EXO_CARDS_DIR: cards } });
+  t.after(() => n.stop());
+  const listed = await (await fetch(`${n.url}/models`)).json();
+  assert.ok(JSON.stringify(listed).includes(id), `the card is in the catalog: ${JSON.stringify(listed).slice(0, 500)}`);
+  const r = await fetch(`${n.url}/v1/chat/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: id, max_tokens: 3, messages: [{ role: 'user', content: 'hi' }] }),
+  });
+  const body = await r.json();
+  assert.equal(r.status, 200, JSON.stringify(body));
+  assert.equal(typeof body.choices[0].message.content, 'string');
+  assert.equal(hf.bytesSent(REPO, 'Tiny-Qwen3-Q8_0.gguf'), files['Tiny-Qwen3-Q8_0.gguf'].length);
+  assert.equal(hf.bytesSent(REPO, 'Tiny-Qwen3-Q4_0.gguf'), 0);
+  assert.deepEqual(fs.readdirSync(path.join(n.modelsDir, 'test-org--Tiny-Qwen3-GGUF:Q8_0')).filter((f) => !f.startsWith('.')),
+    ['Tiny-Qwen3-Q8_0.gguf']);
 });
