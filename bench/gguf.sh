@@ -20,6 +20,7 @@
 #   GGUF_PP, GGUF_TG          prompt and decode tokens for 1b (default 512, 64)
 #   GGUF_PP_8B, GGUF_TG_8B    the same for 8b (default 128, 32)
 #   GGUF_DEADLINE  seconds: no run starts later than this after the script began (default: none)
+#   GGUF_ENGINES   "exo llama" (default), or one of them (e.g. a second llama.cpp build alone)
 #   EXO_LLAMACPP_REF  the llama.cpp driver (default build/llamacpp/llamacpp-ref, made by
 #                  scripts/llamacpp.sh; LLAMACPP_TARGET=xeon for the GPU host)
 # exo: `exo bench --model` prefill ppN and decode tgN at batch 1; its decode line carries the memory
@@ -41,6 +42,8 @@ first_core=${GGUF_FIRST_CORE:-0}
 reps=${GGUF_REPS:-2}
 deadline=${GGUF_DEADLINE:-0}
 start=$(date +%s)
+engines=${GGUF_ENGINES:-exo llama}
+want() { case " $engines " in *" $1 "*) return 0 ;; esac; return 1; }
 [ -x "$exo" ] || { echo "gguf bench: $exo not built (make RELEASE=1)" >&2; exit 1; }
 [ -x "$ref" ] || { echo "gguf bench: $ref not built (bash scripts/llamacpp.sh)" >&2; exit 1; }
 
@@ -83,9 +86,10 @@ for run in $runs; do
     echo "== $s $t ($(du -m "$f" | cut -f1) MB), $threads threads on cores $cores, pp$pp tg$tg"
     best=(0 0 0 0 "" "")  # exo pp, exo tg, llama pp, llama tg, exo % roofline, % file roofline
     for r in $(seq "$run_reps"); do
-      out=$(taskset -c "$cores" "$exo" bench --threads "$threads" --model "$m" --pp "$pp" --tg "$tg" \
+      out=""
+      want exo && out=$(taskset -c "$cores" "$exo" bench --threads "$threads" --model "$m" --pp "$pp" --tg "$tg" \
               --batch 1 --reps 1 2>&1 | grep -E '^(mem   read|model|prefill|decode)')
-      echo "$out" | sed 's/^/exo       /'
+      [ -n "$out" ] && echo "$out" | sed 's/^/exo       /'
       ep=$(echo "$out" | sed -n 's/^prefill[^:]*: *\([0-9.]*\) tok\/s.*/\1/p')
       ed=$(echo "$out" | sed -n 's/^decode[^:]*: *\([0-9.]*\) tok\/s.*/\1/p')
       if awk "BEGIN{exit !(${ed:-0} > ${best[1]})}"; then
@@ -94,6 +98,7 @@ for run in $runs; do
       fi
       awk "BEGIN{exit !(${ep:-0} > ${best[0]})}" && best[0]=$ep
       awk "BEGIN{exit !(${ed:-0} > ${best[1]})}" && best[1]=$ed
+      want llama || continue
       lo=$(taskset -c "$cores" "$ref" bench "$f" "$threads" "$pp" "$tg" 2>/dev/null | tail -1)
       echo "llama.cpp $lo"
       lp=$(echo "$lo" | sed -n 's/.*"prefill_tok_s": *\([0-9.]*\).*/\1/p')

@@ -15,17 +15,20 @@
 #       int8 kernels, as llama.cpp's own -march=native build is on an Intel Xeon (Sapphire Rapids
 #       or later), to carry to such a host (bench/gguf.sh). Runs on any AVX-512 VNNI CPU: where
 #       the kernel refuses AMX (no AMX, e.g. AMD) llama.cpp says "AMX is not ready" and uses its
-#       AVX-512 kernels.
+#       AVX-512 kernels. LLAMACPP_TARGET=xeon-noamx: the same without AMX (build/llamacpp-xeon-noamx),
+#       to tell AMX's share of llama.cpp's speed on such a host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=${CUI_LLAMA_RN_VERSION:-1.12.2}
 TARGET=${LLAMACPP_TARGET:-native}
 case "$TARGET" in
   native) OUT=build/llamacpp; MARCH=(-march=native) ;;
-  xeon) OUT=build/llamacpp-xeon
+  xeon|xeon-noamx)
+        OUT=build/llamacpp-$TARGET
         MARCH=(-march=x86-64-v4 -mtune=sapphirerapids -mavx512vnni -mavx512bf16 -mavx512vbmi -mavxvnni
-               -mfma -mf16c -mbmi2 -mamx-tile -mamx-int8 -mamx-bf16) ;;
-  *) echo "llamacpp.sh: LLAMACPP_TARGET is native or xeon" >&2; exit 2 ;;
+               -mfma -mf16c -mbmi2)
+        [ "$TARGET" = xeon ] && MARCH+=(-mamx-tile -mamx-int8 -mamx-bf16) ;;
+  *) echo "llamacpp.sh: LLAMACPP_TARGET is native, xeon or xeon-noamx" >&2; exit 2 ;;
 esac
 SRC=.cache/llamacpp/cui-llama.rn-$VERSION
 JOBS=${JOBS:-2}

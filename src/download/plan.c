@@ -66,43 +66,44 @@ int plan_is_gguf_choice(const hf_file_list *list, const char *model_id) {
     return gguf;
 }
 
+/* "name-00001-of-00003.gguf": one part of a model split over several files. */
+static int is_split_part(const char *p) {
+    size_t n = strlen(p);
+    return n > 20 && !strncmp(p + n - 14, "-of-", 4) && p[n - 20] == '-';
+}
+
+/* The model .gguf files, ", "-separated (at most 12): those carrying `tag`, or all when NULL. */
+static void list_ggufs(const hf_file_list *list, const char *tag, strbuf *sb) {
+    for (size_t i = 0, shown = 0; i < list->n && shown < 12; i++)
+        if (is_model_gguf(list->files[i].path) && (!tag || names_tag(list->files[i].path, tag)))
+            strbuf_appendf(sb, "%s%s", shown++ ? ", " : "", list->files[i].path);
+}
+
 int plan_pick_gguf(const hf_file_list *list, const char *model_id, char *err, size_t errlen) {
-    const char *tag = store_id_tag(model_id);
+    const char *tag = store_id_tag(model_id), *want = tag ? tag : "Q4_K_M";
     char repo[256];
     if (store_id_repo(model_id, repo, sizeof repo) < 0) snprintf(repo, sizeof repo, "the repository");
-    int pick = -1, matches = 0, n_gguf = 0;
+    int pick = -1, only = -1, matches = 0, n_gguf = 0, split = 0;
     for (size_t i = 0; i < list->n; i++) {
         const char *p = list->files[i].path;
         if (!is_model_gguf(p)) continue;
-        n_gguf++;
-        if (names_tag(p, tag ? tag : "Q4_K_M")) {
-            if (!matches++) pick = (int)i;
-        } else if (!tag && n_gguf == 1) {
-            pick = (int)i; /* the only model file, unless a Q4_K_M one turns up */
-        }
+        if (!n_gguf++) only = (int)i;
+        if (!names_tag(p, want)) continue;
+        split |= is_split_part(p);
+        if (!matches++) pick = (int)i;
     }
-    if (!tag && !matches && n_gguf > 1) pick = -1;
-    if (pick >= 0 && matches <= 1) {
-        const char *p = list->files[pick].path;
-        size_t n = strlen(p);
-        /* "name-00001-of-00003.gguf": one part of a model split over several files */
-        if (n > 20 && !strncmp(p + n - 14, "-of-", 4) && p[n - 20] == '-') {
-            snprintf(err, errlen, "%s is split into several .gguf files (%s); exo runs single-file "
-                     "GGUF models: pick a quantization published as one file", model_id, p);
-            return -1;
-        }
-        return pick;
-    }
+    if (!tag && !matches && n_gguf == 1) pick = only, matches = 1; /* the only model file */
+    if (matches == 1 && !split) return pick;
     strbuf sb = {0};
-    for (size_t i = 0, shown = 0; i < list->n && shown < 12; i++)
-        if (is_model_gguf(list->files[i].path))
-            strbuf_appendf(&sb, "%s%s", shown++ ? ", " : "", list->files[i].path);
-    if (matches > 1)
+    list_ggufs(list, matches ? want : NULL, &sb);
+    if (split)
+        snprintf(err, errlen, "%s's %s is split into several .gguf files (%s); exo runs single-file "
+                 "GGUF models: pick a quantization published as one file", repo, want, sb.data);
+    else if (matches > 1)
         snprintf(err, errlen, "%d .gguf files of %s match the tag '%s' (%s); name one quantization "
-                 "that only one file carries", matches, repo, tag ? tag : "Q4_K_M", sb.data);
+                 "that only one file carries", matches, repo, want, sb.data);
     else if (n_gguf == 0)
-        snprintf(err, errlen, "%s has no .gguf model file, so the tag '%s' names nothing", repo,
-                 tag ? tag : "");
+        snprintf(err, errlen, "%s has no .gguf model file, so the tag '%s' names nothing", repo, want);
     else if (tag)
         snprintf(err, errlen, "no .gguf file of %s carries the tag '%s'; it has: %s", repo, tag,
                  sb.data);
