@@ -18,9 +18,12 @@
 int ollama_default_root(char *out, size_t n) {
     const char *env = getenv("OLLAMA_MODELS"), *home = getenv("HOME");
     int w;
-    if (env && env[0]) w = snprintf(out, n, "%s", env);
-    else if (home && home[0]) w = snprintf(out, n, "%s/.ollama/models", home);
-    else return -1;
+    if (env && env[0])
+        w = snprintf(out, n, "%s", env);
+    else if (home && home[0])
+        w = snprintf(out, n, "%s/.ollama/models", home);
+    else
+        return -1;
     return w > 0 && (size_t)w < n && paths_is_dir(out) ? 0 : -1;
 }
 
@@ -57,8 +60,8 @@ int ollama_locate(const char *root, const char *id, char *blob, size_t n) {
     if (store_id_repo(id, repo, sizeof repo) < 0) return -1;
     const char *slash = strchr(repo, '/');
     /* a bare name is Ollama's own library; org/name its user namespaces, then Hugging Face's */
-    const char *places[3][2] = {{OLLAMA_REGISTRY, slash ? "" : "library/"}, {"hf.co", ""},
-                                {"huggingface.co", ""}};
+    const char *places[3][2] = {
+        {OLLAMA_REGISTRY, slash ? "" : "library/"}, {"hf.co", ""}, {"huggingface.co", ""}};
     for (int i = 0; i < (slash ? 3 : 1); i++) {
         int w = snprintf(manifest, sizeof manifest, "%s/manifests/%s/%s%s/%s", root, places[i][0],
                          places[i][1], repo, tag ? tag : "latest");
@@ -95,7 +98,8 @@ static void on_tag(const char *dir, const char *tag, walk *w) {
                             : snprintf(id, sizeof id, "%s/%s:%s", w->ns, w->model, tag);
     int wm = snprintf(manifest, sizeof manifest, "%s/%s", dir, tag);
     if (wi > 0 && (size_t)wi < sizeof id && wm > 0 && (size_t)wm < sizeof manifest &&
-        store_id_valid(id, NULL, 0) == 0 && manifest_blob(w->root, manifest, blob, sizeof blob) == 0)
+        store_id_valid(id, NULL, 0) == 0 &&
+        manifest_blob(w->root, manifest, blob, sizeof blob) == 0)
         w->fn(id, blob, w->ud);
 }
 
@@ -109,8 +113,10 @@ static void on_entry(const char *dir, const char *name, void *ud) {
     char path[4096];
     int n = snprintf(path, sizeof path, "%s/%s", dir, name);
     if (n <= 0 || (size_t)n >= sizeof path) return;
-    if (w->depth == 0) w->ns = name;
-    else w->model = name;
+    if (w->depth == 0)
+        w->ns = name;
+    else
+        w->model = name;
     w->depth++;
     each_entry(path, on_entry, w);
     w->depth--;
