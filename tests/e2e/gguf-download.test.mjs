@@ -60,6 +60,12 @@ test('exo run org/repo:TAG downloads that quantization only and runs it', async 
   assert.equal(hf.bytesSent(REPO, 'Tiny-Qwen3-Q4_0.gguf'), files['Tiny-Qwen3-Q4_0.gguf'].length);
   assert.equal(hf.bytesSent(REPO, 'Tiny-Qwen3-Q4_K_M.gguf'), 0);
 
+  // Ollama's spelling, hf.co/org/repo:TAG, is the same id: on disk already, nothing fetched.
+  const sentBefore = hf.totalSent(REPO);
+  const ollamaStyle = await run(`hf.co/${REPO}:Q8_0`, 1);
+  assert.equal(ollamaStyle.status, 0, ollamaStyle.stderr);
+  assert.equal(hf.totalSent(REPO), sentBefore);
+
   // No tag: llama.cpp's default quantization, Q4_K_M, into <models>/org--repo/.
   const plain = await run(REPO);
   assert.equal(plain.status, 0, plain.stderr);
