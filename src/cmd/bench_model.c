@@ -12,11 +12,15 @@
  *     The read bandwidth is probed before the run (bench.c) and again right after each
  *     decode measurement; the roofline uses the higher of the two, so a host whose memory got
  *     faster after the first probe does not inflate the fraction.
+ *     A GGUF model is converted at load (model/gguf_quant.h), so exo may read more bytes than
+ *     the file holds; its decode lines also print the fraction of the roofline over the file's
+ *     own bytes per token (what llama.cpp reads), the bar that compares formats fairly.
  * Refuses: writing files (bench/run.sh records results). */
 #include "base/clock.h"
 #include "compute/cpu/cpu.h"
 #include "compute/device.h"
 #include "infer/engine.h"
+#include "model/gguf.h"
 #include "model/model_config.h"
 
 #include <cblas.h>
@@ -123,6 +127,24 @@ static roofline roofline_for(const model_costs *mc, int b, double ctx, const cha
     r.memory_bound = flop == 0 || mem < flop;
     r.rate = r.memory_bound ? mem : flop;
     return r;
+}
+
+/* The bytes one token reads in the GGUF file's own types: every tensor but the embedding table,
+ * which a token only indexes (counted when it is also the output matrix, a tied model). 0 when
+ * the model is not a GGUF file. */
+static double gguf_file_bytes_per_token(const char *model_dir) {
+    char path[4096], err[256];
+    if (!gguf_model_file(model_dir, path, sizeof path)) return 0;
+    gguf_file *f = gguf_open(path, err, sizeof err);
+    if (!f) return 0;
+    int tied = gguf_find_tensor(f, "output.weight") == NULL;
+    double bytes = 0;
+    for (int i = 0; i < gguf_tensor_count(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (tied || strcmp(t->name, "token_embd.weight")) bytes += (double)t->nbytes;
+    }
+    gguf_close(f);
+    return bytes;
 }
 
 /* The f32 GEMM peak: the better of OpenBLAS sgemm and our own f32 matmul on 1536^3. */
@@ -613,6 +635,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
         mlx_peak = cfg.quant_bits ? bench_mlx_matmul_gflops(cfg.quant_bits, cfg.quant_group_size, 1536, 128) : 0;
     }
     double decode_peak = mlx_peak > peak ? mlx_peak : peak;
+    double file_bytes = on_gpu || mc.moe_layers ? 0 : gguf_file_bytes_per_token(model_dir);
     printf("model %s: %s, %d layers, %.1f MB of weights read per token, %.2f GFLOP per token "
            "(opened in %.1f s) on %s\n", model_dir, info->architecture, info->n_layers,
            info->weight_bytes / 1e6, mc.flops_per_token * 1e-9, open_s, info->device);
@@ -654,6 +677,13 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
                "%.1f GB/s) = %5.1f%%", tg, b, best, rl.rate, rl.memory_bound ? "memory" : "compute",
                rl.step_bytes / 1e6, bw, rl.rate > 0 ? 100 * best / rl.rate : 0);
         if (ri.rate > rl.rate) printf(" (%5.1f%% of int-gemm roofline %.1f)", 100 * best / ri.rate, ri.rate);
+        if (file_bytes > 0) {
+            model_costs as_file = mc;
+            as_file.dense_bytes = file_bytes;
+            roofline rf = roofline_for(&as_file, b, 16 + tg / 2.0, kv, bw, 0);
+            printf(" | GGUF file roofline %.1f tok/s (%.1f MB/step) = %5.1f%%", rf.rate,
+                   rf.step_bytes / 1e6, rf.rate > 0 ? 100 * best / rf.rate : 0);
+        }
         printf(" | steal %.1f%%\n", steal_pct_since(sm));
         fflush(stdout);
     }

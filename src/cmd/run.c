@@ -25,6 +25,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* "hf.co/org/repo:Q4_K_M" (Ollama's spelling of a Hugging Face GGUF) is exo's "org/repo:Q4_K_M". */
+static const char *without_hub_host(const char *model) {
+    static const char *hosts[] = {"hf.co/", "huggingface.co/", "https://huggingface.co/"};
+    for (size_t i = 0; i < sizeof hosts / sizeof *hosts; i++)
+        if (!strncmp(model, hosts[i], strlen(hosts[i]))) return model + strlen(hosts[i]);
+    return model;
+}
+
 typedef struct run_flags {
     const char *model;
     const char *prompt;
@@ -116,7 +124,7 @@ static int parse_flags(int argc, char **argv, run_flags *f) {
             }
             continue;
         }
-        if (!f->model) f->model = a;
+        if (!f->model) f->model = without_hub_host(a);
         else if (!f->prompt) f->prompt = a;
         else {
             fprintf(stderr, "exo run: unexpected argument '%s' (quote the prompt)\n", a);

@@ -70,6 +70,26 @@ static const safetensors_tensor *need_tensor(const safetensors_set *st, const ch
     return t;
 }
 
+/* `prefix`.zero_point, which only a GGUF file's symmetric types have (gguf_model.h): one F32, a
+ * whole number in [1, 2^(bits-1)], the weight_matrix.zero_point of the matrix. 0 when absent. */
+static int zero_point_of(const safetensors_set *st, const char *prefix, int bits, int *out, char *err,
+                         size_t errlen) {
+    char name[512];
+    snprintf(name, sizeof name, "%.400s.zero_point", prefix);
+    const safetensors_tensor *z = safetensors_set_find(st, name);
+    *out = 0;
+    if (!z) return 0;
+    float v = 0;
+    if (z->dtype == ST_F32 && z->nbytes == sizeof v) memcpy(&v, z->data, sizeof v);
+    if (!(v >= 1 && v <= (float)(1 << (bits - 1)) && v == (float)(int)v)) {
+        error_set(err, errlen, "%s: '%s' must be one F32 whole number in [1, %d]", z->file, name,
+                  1 << (bits - 1));
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 /* Resolves `prefix`.weight (+ .scales/.biases) into n (n_stack, or 1) matrices [rows][cols]. */
 static int load_matrices(const safetensors_set *st, const char *prefix, int n_stack, int64_t rows,
                          int64_t cols, int vector, weight_matrix *out, char *err, size_t errlen) {
@@ -129,13 +149,16 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
     }
     size_t wstride = (size_t)rows * (size_t)wcols * 4;
     size_t sstride = (size_t)rows * (size_t)groups * dtype_size(sd);
+    int zero_point = 0;
+    if (zero_point_of(st, prefix, (int)bits, &zero_point, err, errlen)) return -1;
     for (int e = 0; e < count; e++)
         out[e] = (weight_matrix){.format = WEIGHT_MLX_AFFINE, .rows = vector ? 1 : rows,
                                  .cols = cols,
                                  .data = (const char *)w->data + (size_t)e * wstride,
                                  .scales = (const char *)s->data + (size_t)e * sstride,
                                  .biases = (const char *)b->data + (size_t)e * sstride,
-                                 .scale_dtype = sd, .bits = (int)bits, .group_size = (int)gs};
+                                 .scale_dtype = sd, .bits = (int)bits, .group_size = (int)gs,
+                                 .zero_point = zero_point};
     return 0;
 }
 

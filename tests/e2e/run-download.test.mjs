@@ -2,26 +2,14 @@
 // HF_ENDPOINT and then generates; with --offline it only names the missing model.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { deviceArgs, exoBin } from './lib/exo.mjs';
+import { deviceArgs, exoAsync as exo } from './lib/exo.mjs';
 import { tinyModel } from './lib/models.mjs';
 import { FakeHF } from './lib/fake-hf.mjs';
 
 const ID = 'test-org/qwen3-tiny';
-
-// Async (the fake Hub runs in this process, so spawnSync would block it).
-function exo(args, env = {}) {
-  return new Promise((resolve) => {
-    const p = spawn(exoBin(), args, { env: { ...process.env, HF_TOKEN: '', ...env } });
-    let stdout = '', stderr = '';
-    p.stdout.on('data', (d) => { stdout += d; });
-    p.stderr.on('data', (d) => { stderr += d; });
-    p.on('exit', (status) => resolve({ status, stdout, stderr }));
-  });
-}
 
 test('exo run downloads a missing model with a progress bar, then runs it; --offline does not', async (t) => {
   const dir = await tinyModel('qwen3-tiny');

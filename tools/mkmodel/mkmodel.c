@@ -186,6 +186,7 @@ static int set_int_option(mk_options *o, const char *name, const char *val) {
         {"--linear-value-dim", &o->cfg.linear_value_dim, 1, 4096},
         {"--conv-kernel", &o->cfg.conv_kernel, 2, 64},
         {"--full-attention-interval", &o->cfg.full_attention_interval, 1, 4096},
+        {"--gguf-row-pool", &o->cfg.gguf_row_pool, 1, 1 << 20},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         if (strcmp(name, table[i].name) != 0) continue;
@@ -263,7 +264,8 @@ static int known_option(const char *name) {
                                   "--sliding-window", "--swiglu-limit",
                                   "--shared-intermediate", "--linear-key-heads", "--linear-value-heads",
                                   "--linear-key-dim", "--linear-value-dim", "--conv-kernel",
-                                  "--full-attention-interval", "--partial-rotary", "--hybrid-layout", "--gguf"};
+                                  "--full-attention-interval", "--partial-rotary", "--hybrid-layout", "--gguf",
+                                  "--gguf-row-pool"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(name, names[i]) == 0) return 1;
     return 0;
@@ -734,6 +736,7 @@ int main(int argc, char **argv) {
     else if (!o.vocab_set || c->vocab < tok_vocab) c->vocab = tok_vocab;
     if (c->vocab <= 0) return bad("--tokenizer none needs --vocab N%s%s", "", "");
     if (o.gguf) c->moe_layout_mlx = 1; /* GGUF stacks experts */
+    if (c->gguf_row_pool && !o.gguf) return bad("--gguf-row-pool needs --gguf TYPE%s%s", "", "");
     mk_plan plan;
     if (mk_plan_build(c, &plan, err, sizeof err) != 0) {
         fprintf(stderr, "mkmodel: %s\n", err);

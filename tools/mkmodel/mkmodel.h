@@ -59,6 +59,7 @@ typedef struct mk_config {
     double swiglu_limit;    /* gpt_oss: clamp of the expert gate/up values */
     uint64_t seed;
     int64_t bos_id, eos_id; /* -1 when the tokenizer has none */
+    int64_t gguf_row_pool;  /* --gguf-row-pool: 0, or draw this many rows per matrix and repeat them */
 } mk_config;
 
 /* Is MoE used in layer l (qwen3_moe rules: decoder_sparse_step, no mlp_only_layers)? */

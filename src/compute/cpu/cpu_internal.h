@@ -21,7 +21,11 @@
 /* 4-bit matrices in the 16-row interleaved layout: passes of 8 tokens up to 256 tokens, instead
  * of the MLX int16 gemm at 9-256. Per core (exo bench --section batch --threads 1 --cpu-time,
  * 1B MLP shapes, shared machine) the passes ran 108-145 GFLOP/s at every size from 8 to 256
- * tokens, the int16 gemm on MLX order 78-117 (bench/RESULTS.md, fourth session). */
+ * tokens, the int16 gemm on MLX order 78-117 (bench/RESULTS.md, fourth session).
+ * On AVX-512 they also beat the f32 gemm above 256 tokens, so there the passes serve every
+ * prompt size (cpu.c max_matvec_default): prefill of 512 tokens, 1B shape, 4- and 8-bit,
+ * 1.3-1.7x (dev VM, 2 threads); on the GPU host's Xeon the passes at 128 tokens ran 153-159% of
+ * the f32 gemm peak and the f32 gemm at 512 tokens 96-123% (bench/RESULTS.md, GGUF, session 7). */
 #define CPU_MATVEC_PASSES_Q4_ROWS16 256
 /* Software prefetch 2 KiB ahead in the matvec kernels: on this 2-core VM (quiet, 2026-11-30) b1 decode
  * went 15.6 -> 21-24 tok/s on the 4-bit 1B model and 6.7 -> 8.0 tok/s on bf16; 1-8 KiB all helped
