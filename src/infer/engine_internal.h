@@ -44,6 +44,10 @@ typedef struct sequence {
     uint64_t serial;    /* engine-assigned, unique for the engine's life (same on every rank) */
     int in_flight;      /* in a step whose token is not applied yet (pipeline overlap) */
     int state_slot;     /* hybrid models: recurrent-state slot while running, else -1 */
+    int spare_slot;     /* hybrid models with speculation: the state before the step that
+                           verifies drafts (speculative.c), else -1 */
+    int catch_up;       /* hybrid: drafts were rejected and the state rolled back to before
+                           the step, so the next step recomputes every token since (no drafts) */
     /* speculative decoding (speculative.c) */
     int spec_max;       /* this request's most drafted tokens per step (0: no speculation) */
     int spec_k;         /* drafted tokens to ask for now (adapts to the acceptance) */
@@ -120,13 +124,15 @@ struct engine {
     int32_t *b_tokens, *b_positions, *b_seq, *b_slots, *b_table_start, *b_logit_rows;
     int32_t *b_tables;
     int b_tables_cap;
-    /* hybrid models: recurrent-state slots (one per running sequence, max_sequences of them) */
+    /* hybrid models: recurrent-state slots (one per running sequence, max_sequences of them,
+     * and with speculation one more each for the state before a verifying step) */
     int hybrid;
     int32_t *free_slots;      /* stack of unused slots */
     int n_free_slots;
+    int n_sequence_slots;     /* slots [0, n_sequence_slots) belong to sequences */
     int32_t *b_state_slots;   /* [max_sequences] slot of each batch member */
     /* hybrid prefix cache: the recurrent state after a prefix, at block boundaries, by the chain
-     * hash of the prefix's last block; snapshot i lives in state slot max_sequences + i */
+     * hash of the prefix's last block; snapshot i lives in state slot n_sequence_slots + i */
     state_snapshot *snapshots;
     int n_snapshots;
     uint64_t snapshot_tick;
@@ -204,6 +210,10 @@ void spec_plan_drafts(engine *e, int n_members, int event_room);
 /* Samples a member with drafts: verifies its drafted tokens row by row and writes the tokens it
  * keeps plus the model's own next one to samples[logit_index..], setting s->n_emit. */
 void spec_verify_member(engine *e, sequence *s);
+/* Before a member's verified step is applied: a hybrid whose drafts were not all kept gets its
+ * recurrent state back from before the step (it holds the rejected drafts); returns 1 then (the
+ * step computed nothing that stays: the next one recomputes its kept tokens), else 0. */
+int spec_rollback_state(engine *e, sequence *s, int n_accepted);
 /* After a member's verified step is applied: adapts its k, counts the statistics and frees the
  * blocks that only rejected drafts used. */
 void spec_after_member(engine *e, sequence *s, int n_accepted);

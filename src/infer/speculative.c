@@ -15,6 +15,15 @@
  * held nothing but rejected drafts go back to the pool. The prefix cache registers full blocks of
  * computed tokens only, so a rejected draft never reaches it.
  *
+ * Hybrid models (GatedDeltaNet layers) also fold every token of the step into the sequence's
+ * recurrent state, which has no positions to leave unread. Before a step that verifies drafts the
+ * state is copied to the sequence's spare slot; when a draft is rejected the two slots swap (the
+ * state is back to before the step) and the step counts as not computed: the next step feeds the
+ * pending token, the kept drafts and the new token again (a short chunk, no drafts), so their K/V
+ * and the state come out exactly as plain decoding makes them. A step whose drafts were all kept
+ * keeps its state. So a rejection costs a state copy and a few recomputed tokens, never a token
+ * of output (the verifying step still emits the kept drafts and the model's own next token).
+ *
  * Adaptive k, per sequence: a request starts with one drafted token; all drafts kept -> ask for
  * one more next time (up to the request's maximum); some kept -> one more than were kept; none
  * kept -> half as many. At 0 the sequence
@@ -61,11 +70,6 @@ int spec_open(engine *e, const engine_options *o, int *extra_rows, char *err, si
     }
     if (o->dist) {
         log_warn("engine: speculative decoding runs in one process only; off for this instance");
-        return 0;
-    }
-    if (e->hybrid) { /* rejected drafts would stay in the recurrent state: no rollback yet */
-        log_warn("engine: speculative decoding cannot roll back a hybrid model's recurrent "
-                 "state; off for this instance");
         return 0;
     }
     e->drafter = o->drafter ? o->drafter : drafter_from_name(e, o, err, errlen);
@@ -118,6 +122,18 @@ static int wanted_drafts(sequence *s) {
     return 1; /* a probe */
 }
 
+/* A hybrid about to verify drafts: its state now, copied to its spare slot (taken on first use;
+ * the engine keeps two slots per sequence when speculating). -1 when it has no state to keep. */
+static int keep_state_before_step(engine *e, sequence *s) {
+    if (s->state_slot < 0) return -1; /* not batched yet: cannot be decoding; no drafts */
+    if (s->spare_slot < 0) {
+        if (e->n_free_slots == 0) return -1; /* cannot happen: two per running sequence */
+        s->spare_slot = e->free_slots[--e->n_free_slots];
+    }
+    transformer_copy_state(e->tf, s->spare_slot, s->state_slot);
+    return 0;
+}
+
 void spec_plan_drafts(engine *e, int n_members, int event_room) {
     if (!e->drafter) return;
     int tokens_left = e->max_batch_tokens, rows_left = e->max_logit_rows;
@@ -160,9 +176,18 @@ void spec_plan_drafts(engine *e, int n_members, int event_room) {
             int have = s->n_blocks * e->block_size - s->n_tokens; /* drafts never preempt */
             n = have < n ? (have > 0 ? have : 0) : n;
         }
+        if (n > 0 && e->hybrid && keep_state_before_step(e, s) != 0) n = 0;
         s->n_draft = n;
         s->chunk = 1 + n;
     }
+}
+
+int spec_rollback_state(engine *e, sequence *s, int n_accepted) {
+    if (!e->hybrid || n_accepted >= s->n_draft || s->spare_slot < 0) return 0;
+    int holds_drafts = s->state_slot;
+    s->state_slot = s->spare_slot;
+    s->spare_slot = holds_drafts;
+    return 1;
 }
 
 void spec_verify_member(engine *e, sequence *s) {
