@@ -57,10 +57,12 @@ uint64_t mk_matrix_seed(const mk_config *cfg, const mk_matrix *m, int64_t expert
     return mk_hash_name(cfg->seed, seed_name);
 }
 
-void mk_matrix_values(const mk_matrix *m, uint64_t *state, float *vals, int64_t n) {
+void mk_matrix_values(const mk_matrix *m, uint64_t *state, int64_t first_row, float *vals,
+                      int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         double g = mk_normal(state);
-        vals[i] = (float)((m->init == MK_INIT_AROUND_ONE ? 1.0 + m->std * g : m->std * g) + m->mean);
+        if (m->init == MK_INIT_IDENTITY) vals[i] = first_row + i / m->in == i % m->in ? 1.0f : 0.0f;
+        else vals[i] = (float)((m->init == MK_INIT_AROUND_ONE ? 1.0 + m->std * g : m->std * g) + m->mean);
     }
 }
 
@@ -305,7 +307,7 @@ static int write_matrix(const mk_config *cfg, const mk_matrix *m, phys_tensor *p
         uint64_t st = mk_matrix_seed(cfg, m, e);
         for (int64_t r0 = 0; r0 < m->out && rc == 0; r0 += rows_per_chunk) {
             int64_t nr = m->out - r0 < rows_per_chunk ? m->out - r0 : rows_per_chunk;
-            mk_matrix_values(m, &st, vals, nr * m->in);
+            mk_matrix_values(m, &st, r0, vals, nr * m->in);
             int64_t row0 = e * m->out + r0; /* row index within the (stacked) tensor */
             if (m->mxfp4) {
                 rc = write_mxfp4_rows(m, vals, nr, row0, parts, shards, (uint8_t *)b0, (uint8_t *)b1);
