@@ -697,6 +697,7 @@ int engine_stage_batch(engine *e, int n_members, transformer_batch *b) {
         }
         e->b_state_slots[m] = s->state_slot;
         e->b_table_start[m] = n_entries;
+        s->batch_row = n_tok;
         memcpy(e->b_tables + n_entries, s->blocks, (size_t)s->n_blocks * sizeof *s->blocks);
         n_entries += s->n_blocks;
         for (int j = 0; j < s->chunk; j++) {
@@ -931,7 +932,9 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
      * rejected after them are stale (never read: the next step overwrites those positions) */
     int n_emit = logit_index >= 0 && s->n_draft > 0 ? s->n_emit : 1;
     s->catch_up = s->n_draft > 0 && spec_rollback_state(e, s, n_emit - 1);
+    int computed_before = s->n_computed;
     if (!s->catch_up) s->n_computed += chunk - (s->n_draft - (n_emit - 1));
+    if (s->n_computed > computed_before && !e->dist) spec_observe(e, s, computed_before);
     register_full_blocks(e, s);
     if (chunk) snapshot_take(e, s);
     engine_finish fin = ENGINE_FINISH_NONE;

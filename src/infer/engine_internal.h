@@ -56,6 +56,7 @@ typedef struct sequence {
     uint64_t spec_drafted, spec_accepted; /* this request's totals (logged at its end) */
     /* this step */
     int chunk;       /* tokens in the batch (1 + n_draft when decoding with a draft) */
+    int batch_row;   /* the batch row of its first token */
     int logit_index; /* first row in logits, or -1 */
     int n_draft;     /* drafted tokens, stored past the end at tokens[n_tokens..] */
     int n_emit;      /* tokens the step produced: samples[logit_index .. + n_emit) */
@@ -147,6 +148,8 @@ struct engine {
     drafter_query *spec_queries; /* [max_sequences] */
     sequence **spec_asking;      /* [max_sequences] the sequence of each query */
     uint64_t spec_verifies, spec_drafted, spec_accepted;
+    float *spec_hidden;          /* [spec_hidden_rows][dim] hidden states handed to the drafter */
+    int spec_hidden_rows;
     sampler_scratch sampler;
     /* distribution */
     struct dist_group *dist;  /* NULL: this process runs the whole model */
@@ -217,6 +220,9 @@ int spec_rollback_state(engine *e, sequence *s, int n_accepted);
 /* After a member's verified step is applied: adapts its k, counts the statistics and frees the
  * blocks that only rejected drafts used. */
 void spec_after_member(engine *e, sequence *s, int n_accepted);
+/* After a member's step is applied: a drafter that reads hidden states (MTP) gets those of the
+ * positions [first, s->n_computed) the step computed for good. */
+void spec_observe(engine *e, const sequence *s, int first);
 /* The sequence is gone (finished, cancelled): tells the drafter, logs its acceptance. */
 void spec_forget_sequence(engine *e, const sequence *s);
 

@@ -47,6 +47,7 @@
 static drafter *drafter_from_name(engine *e, const engine_options *o, char *err, size_t errlen) {
     const char *m = o->speculative;
     if (!strcmp(m, "ngram")) return drafter_ngram_create(0, 0);
+    if (!strcmp(m, "mtp")) return drafter_mtp_create(e, err, errlen);
     if (!strncmp(m, "draft:", 6) && m[6]) {
         drafter_model_options mo = {.model_dir = m + 6, .device = o->device,
                                     .n_threads = o->n_threads,
@@ -55,7 +56,8 @@ static drafter *drafter_from_name(engine *e, const engine_options *o, char *err,
                                     .vocab_size = e->cfg.vocab_size};
         return drafter_model_create(&mo, err, errlen);
     }
-    error_set(err, errlen, "speculative method '%.64s' is not one of off, ngram, draft:DIR", m);
+    error_set(err, errlen, "speculative method '%.64s' is not one of off, ngram, mtp, draft:DIR",
+              m);
     return NULL;
 }
 
@@ -97,6 +99,8 @@ void spec_close(engine *e) {
     e->drafter = NULL;
     free(e->spec_queries);
     free(e->spec_asking);
+    free(e->spec_hidden);
+    e->spec_hidden = NULL;
     e->spec_queries = NULL;
     e->spec_asking = NULL;
 }
@@ -236,6 +240,19 @@ void spec_after_member(engine *e, sequence *s, int n_accepted) {
     }
     s->n_draft = 0;
     release_draft_blocks(e, s);
+}
+
+void spec_observe(engine *e, const sequence *s, int first) {
+    if (!e->drafter || !e->drafter->observe || s->spec_max == 0) return;
+    int n = s->n_computed - first, dim = e->cfg.hidden_size;
+    if (n > e->spec_hidden_rows) {
+        float *h = realloc(e->spec_hidden, (size_t)n * (size_t)dim * sizeof *h);
+        if (!h) return; /* the drafter sees a gap: it drafts with less to go on */
+        e->spec_hidden = h;
+        e->spec_hidden_rows = n;
+    }
+    transformer_hidden_rows(e->tf, s->batch_row, n, e->spec_hidden);
+    e->drafter->observe(e->drafter, s->serial, first, n, e->spec_hidden);
 }
 
 void spec_forget_sequence(engine *e, const sequence *s) {

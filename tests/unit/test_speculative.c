@@ -12,6 +12,8 @@
  *     follow the same distribution as without (two-sample chi-square per output position; the
  *     p-values are printed and must exceed 1e-3 -- the seeds are fixed, so the run is
  *     deterministic);
+ *   - the MTP drafter (a checkpoint's mtp.* head, made by mkmodel --mtp) is lossless the same
+ *     ways, and a head made to agree with its model gets its drafts accepted;
  *   - the per-request override switches speculation off, and bad settings are refused. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -209,6 +211,28 @@ static void check_method(const char *dir, const char *label, const char *method,
     engine_close(e);
 }
 
+/* Greedy outputs of ps on the model in dir without speculation, alone and batched; the KV cache
+ * size (6 blocks) that makes the batched run preempt; the vocabulary size. */
+typedef struct plain_run {
+    output alone[MAX_PROMPTS], batched[MAX_PROMPTS];
+    size_t small_kv;
+    int vocab;
+} plain_run;
+
+static void run_plain(const char *dir, const prompt_set *ps, plain_run *out) {
+    engine *e = open_with(dir, NULL, NULL, 0, 512);
+    assert_null(engine_speculative(e));
+    run_alone(e, ps, out->alone);
+    run_requests(e, ps, 0, ps->n, out->batched);
+    out->vocab = engine_get_info(e)->vocab_size;
+    engine_close(e);
+    model_config cfg;
+    char err[256];
+    assert_int_equal(model_config_load(dir, &cfg, err, sizeof err), 0);
+    out->small_kv = kv_cache_block_bytes(cfg.n_layers, (int64_t)cfg.n_kv_heads * cfg.head_dim,
+                                         16, DTYPE_F16) * 6;
+}
+
 static void check_fixture(const char *file) {
     char path[512], dir[512], draft_dir[512], draft_fx[512];
     snprintf(path, sizeof path, "tests/fixtures/reference/%s", file);
@@ -229,20 +253,11 @@ static void check_fixture(const char *file) {
 
     static prompt_set ps;
     load_prompts(fx, &ps);
-    output plain_alone[MAX_PROMPTS], plain_batched[MAX_PROMPTS];
-    engine *e = open_with(dir, NULL, NULL, 0, 512);
-    assert_null(engine_speculative(e));
-    run_alone(e, &ps, plain_alone);
-    run_requests(e, &ps, 0, ps.n, plain_batched);
-    const engine_info *info = engine_get_info(e);
-    model_config cfg;
-    char err[256];
-    assert_int_equal(model_config_load(dir, &cfg, err, sizeof err), 0);
-    /* 6 blocks: the requests together need more, so the batch preempts */
-    size_t small_kv = kv_cache_block_bytes(cfg.n_layers, (int64_t)cfg.n_kv_heads * cfg.head_dim,
-                                           16, DTYPE_F16) * 6;
-    int vocab = info->vocab_size;
-    engine_close(e);
+    static plain_run plain;
+    run_plain(dir, &ps, &plain);
+    const output *plain_alone = plain.alone, *plain_batched = plain.batched;
+    size_t small_kv = plain.small_kv;
+    int vocab = plain.vocab;
 
     drafter *oracle = drafter_oracle_create();
     assert_non_null(oracle);
@@ -288,6 +303,58 @@ static void check_fixture(const char *file) {
 }
 
 REFERENCE_FIXTURES(REFERENCE_FIXTURE_TEST)
+
+/* ---- MTP ---- */
+
+/* The MTP drafter on qwen3.5-tiny with an MTP head (mkmodel --mtp): a random head (drafts
+ * rarely right) and one made to agree with the model (--mtp agree: the model predicts from its
+ * last token, the head exactly what the model will). Both lossless alone, batched and under
+ * preemption; the agreeing head's drafts are (all but near-ties) accepted. */
+static engine_stats check_mtp(const char *kind) {
+    json_error_t jerr;
+    json_t *fx = json_load_file("tests/fixtures/reference/qwen3.5-tiny.json", 0, &jerr);
+    assert_non_null(fx);
+    char dir[256], cmd[1024];
+    snprintf(dir, sizeof dir, ".cache/unit/%d/qwen3.5-tiny-mtp-%s", (int)getpid(), kind);
+    const char *build = getenv("EXO_BUILD");
+    int o = snprintf(cmd, sizeof cmd, "%s/tools/mkmodel --out '%s' --mtp %s",
+                     build ? build : "build", dir, kind);
+    size_t i;
+    json_t *a;
+    json_array_foreach(json_object_get(fx, "mkmodel_args"), i, a)
+        o += snprintf(cmd + o, sizeof cmd - (size_t)o, " '%s'", json_string_value(a));
+    snprintf(cmd + o, sizeof cmd - (size_t)o, " >/dev/null");
+    assert_int_equal(system(cmd), 0);
+    static prompt_set ps;
+    load_prompts(fx, &ps);
+    static plain_run plain;
+    run_plain(dir, &ps, &plain);
+    engine_stats st;
+    check_method(dir, kind, "mtp", NULL, &ps, plain.alone, plain.batched, plain.small_kv, &st);
+    printf("MTP head (%s): %llu of %llu drafted tokens accepted, %.2f tokens per verifying "
+           "step\n", kind, (unsigned long long)st.spec_accepted,
+           (unsigned long long)st.spec_drafted,
+           st.spec_verifies ? (double)(st.spec_accepted + st.spec_verifies) / st.spec_verifies : 0);
+    json_decref(fx);
+    return st;
+}
+
+static void test_mtp_lossless(void **s) {
+    (void)s;
+    engine_stats random = check_mtp("random"), agree = check_mtp("agree");
+    assert_true(random.spec_drafted > 0);
+    assert_true(agree.spec_drafted > 20 && agree.spec_accepted * 10 >= agree.spec_drafted * 9);
+}
+
+/* A checkpoint without an MTP head refuses --speculative mtp, naming what it lacks. */
+static void test_mtp_needs_a_head(void **s) {
+    (void)s;
+    engine_options o = {.model_dir = ".cache/reference-models/qwen3.5-tiny", .n_threads = 1,
+                        .speculative = "mtp"};
+    char err[256];
+    assert_null(engine_open(&o, err, sizeof err));
+    assert_non_null(strstr(err, "no MTP head"));
+}
 
 /* ---- sampling ---- */
 
@@ -481,6 +548,8 @@ int main(void) {
     if (filter) cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {
         REFERENCE_FIXTURES(REFERENCE_FIXTURE_ENTRY)
+        cmocka_unit_test(test_mtp_lossless),
+        cmocka_unit_test(test_mtp_needs_a_head),
         cmocka_unit_test(test_sampling_distribution_unchanged),
         cmocka_unit_test(test_request_override_and_bad_settings),
     };
