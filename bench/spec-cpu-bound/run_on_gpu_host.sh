@@ -24,7 +24,7 @@ cores=${CORES:-2-7}
 threads=$(taskset -c "$cores" nproc)
 { date -u; nproc; lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)|L3"; uptime; } > "$OUT/env.log" 2>&1
 m=/dev/shm/exo-spec2-1b
-X ./build/tools/mkmodel --out $m --preset llama-3.2-1b --tokenizer none --vocab 128256 \
+X timeout 30 ./build/tools/mkmodel --out $m --preset llama-3.2-1b --tokenizer none --vocab 128256 \
   --quant-bits 4 --group-size 64 --seed 1 >/dev/null 2>&1 || echo "mkmodel failed" >> "$OUT/env.log"
 bench() { # LIMIT_S ARGS...
   local limit=$1; shift
@@ -33,14 +33,14 @@ bench() { # LIMIT_S ARGS...
     grep -E "^speculative|exo bench:"
 }
 {
-  bench 80 --spec miss --spec-k 4 --tg 128 --reps 6
-  bench 40 --spec oracle --spec-k 2,4 --tg 64 --reps 4
+  bench 75 --spec miss --spec-k 4 --tg 128 --reps 6
+  bench 35 --spec oracle --spec-k 2,4 --tg 64 --reps 4
   rm -rf $m
   m=/dev/shm/exo-spec2-hybrid
-  X timeout 40 ./build/tools/mkmodel --out $m --preset qwen3.5-9b --tokenizer none --vocab 151936 \
+  X timeout 35 ./build/tools/mkmodel --out $m --preset qwen3.5-9b --tokenizer none --vocab 151936 \
     --hidden 2048 --layers 24 --intermediate 6144 --linear-value-heads 16 --quant-bits 4 \
     --group-size 64 --seed 1 --mtp agree >/dev/null 2>&1 || echo "mkmodel (hybrid) failed"
-  bench 50 --spec mtp --spec-k 2,4 --tg 48 --reps 3
+  bench 45 --spec mtp --spec-k 2,4 --tg 48 --reps 3
   uptime
 } 2>&1 | tee "$OUT/bench.log"
 rm -rf $m
