@@ -1095,7 +1095,7 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
     char name[96];
     if (strcmp(prefix, "model"))
         log_info("weights: the language model of a multimodal checkpoint (%s.*); its vision "
-                 "tower and mtp.* tensors are not loaded", prefix);
+                 "tower is not loaded (nor mtp.*, but by --speculative mtp)", prefix);
     out->norm_plus_one = norms_stored_zero_centred(st, c, prefix);
     snprintf(name, sizeof name, "%s.embed_tokens", prefix);
     if (out->has_embed && load_matrix(st, name, vocab, dim, &out->embed, err, errlen))

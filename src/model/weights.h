@@ -18,8 +18,8 @@
  * every backend's MLX kernels read (9 bits a weight where MXFP4 has 4.25: the price of no
  * MXFP4 kernel yet).
  * Hybrid checkpoints (Qwen3-Next, Qwen3.5): Qwen3.5's multimodal ones keep the language model
- * under model.language_model.* (found by its embedding; the vision tower and the mtp.* tensors
- * are not loaded, a log line says so). Rows that transformers splits per head after the
+ * under model.language_model.* (found by its embedding; the vision tower is not loaded, a log
+ * line says so). The mtp.* head loads apart (model_weights_load_mtp), for the MTP drafter. Rows that transformers splits per head after the
  * projection (the attention output gate inside q_proj, Qwen3-Next's per-key-head qkvz/ba
  * groups) are regrouped at load into owned copies, so the forward pass sees one layout.
  *
