@@ -19,8 +19,8 @@
  * computed tokens end on a block boundary (prefill chunks are cut there: at the prompt's last
  * boundary, and at a boundary when the budget splits a prompt; decode crosses one every block,
  * unless a step of verified drafts steps over it), and admission takes the longest cached prefix
- * that has a snapshot. Not in an overlapped
- * pipeline, whose stages run a sequence's next chunk before its previous one is applied.
+ * that has a snapshot. Not in an overlapped pipeline, whose stages run a sequence's next chunk
+ * before its previous one is applied.
  * Refuses: prompts that cannot fit the context or the whole cache (engine_submit fails). */
 #include "infer/engine_internal.h"
 
