@@ -12,7 +12,9 @@
  * Drafted positions are never kept: the next call overwrites them with real pairs.
  *
  * Positions the target took from its prefix cache were never computed, so they have no hidden
- * state: the head sees a zero hidden state there (its drafts get worse, never the output).
+ * state: the head sees a zero hidden state there (its drafts get worse, never the output). The
+ * same holds for the oldest of more than MTP_MAX_PENDING waiting rows (a long prompt), which
+ * bounds what a sequence keeps here.
  *
  * Refuses: a checkpoint without an MTP head. Running out of its cache is no error: a query that
  * does not fit gets no draft. */
@@ -26,10 +28,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define MTP_MAX_PENDING 4096 /* hidden-state rows a sequence keeps waiting for the next propose */
+
 typedef struct mtp_record {
     uint64_t serial;
     int n_real;         /* positions [0, n_real) hold K/V of real pairs */
-    float *pending;     /* [n_pending][dim] normed target hidden states of positions n_real.. */
+    int n_zero;         /* then n_zero positions without a hidden state (fed as zeros) */
+    float *pending;     /* [n_pending][dim] then the normed target hidden states that follow */
     int n_pending, pending_cap;
     int32_t *blocks;    /* block table of its cache */
     int n_blocks, blocks_cap;
@@ -49,6 +54,7 @@ typedef struct mtp_drafter {
     int block_size, max_tokens, max_rows, dim, vocab;
     float eps;
     float *norm_final, *norm_embedding, *norm_hidden, *norm_head; /* host [dim], as used */
+    float *zero_row;    /* [dim] the hidden state of a position that has none */
     mtp_record **recs;
     int n_recs, recs_cap;
     /* staging (host) */
@@ -116,10 +122,11 @@ static mtp_record *new_record(mtp_drafter *m, uint64_t serial) {
     return r;
 }
 
-/* Room for `more` pending rows. 0, or -1 when out of memory. */
+/* Room for `more` pending rows (at most MTP_MAX_PENDING). 0, or -1 when out of memory. */
 static int pending_room(mtp_drafter *m, mtp_record *r, int more) {
     if (r->n_pending + more <= r->pending_cap) return 0;
     int cap = (r->n_pending + more) * 2;
+    cap = cap < MTP_MAX_PENDING ? cap : MTP_MAX_PENDING;
     float *p = realloc(r->pending, (size_t)cap * (size_t)m->dim * sizeof *p);
     if (!p) return -1;
     r->pending = p;
@@ -127,29 +134,43 @@ static int pending_room(mtp_drafter *m, mtp_record *r, int more) {
     return 0;
 }
 
+/* The first `drop` pending rows become positions without a hidden state. */
+static void forget_pending(mtp_drafter *m, mtp_record *r, int drop) {
+    size_t dim = (size_t)m->dim;
+    memmove(r->pending, r->pending + (size_t)drop * dim,
+            (size_t)(r->n_pending - drop) * dim * sizeof(float));
+    r->n_pending -= drop;
+    r->n_zero += drop;
+}
+
 static void mtp_observe(drafter *base, uint64_t serial, int first, int n, const float *hidden) {
     mtp_drafter *m = (mtp_drafter *)base;
     mtp_record *r = find_record(m, serial, NULL);
     if (!r && !(r = new_record(m, serial))) return;
-    int known = r->n_real + r->n_pending;
-    if (first < r->n_real) { /* the target recomputes (preempted): so does the head */
+    int kept = first - r->n_real; /* what stays of the zero and pending positions */
+    if (kept < 0) { /* the target recomputes (preempted): so does the head */
         r->n_real = first;
-        r->n_pending = 0;
-    } else if (first < known) {
-        r->n_pending = first - r->n_real;
+        r->n_zero = r->n_pending = 0;
+    } else if (kept < r->n_zero + r->n_pending) {
+        r->n_pending = kept > r->n_zero ? kept - r->n_zero : 0;
+        r->n_zero = kept < r->n_zero ? kept : r->n_zero;
     }
-    int gap = first - (r->n_real + r->n_pending); /* from the prefix cache: no hidden states */
-    if (pending_room(m, r, gap + n) != 0) {
-        r->n_real = r->n_pending = 0; /* start over: the head recomputes what it can */
+    int gap = first - (r->n_real + r->n_zero + r->n_pending); /* from the prefix cache */
+    if (gap > 0) forget_pending(m, r, r->n_pending); /* zeros come before pending rows */
+    r->n_zero += gap;
+    int skip = n > MTP_MAX_PENDING ? n - MTP_MAX_PENDING : 0; /* the oldest rows go */
+    int over = r->n_pending + n - skip - MTP_MAX_PENDING;
+    if (over > 0) forget_pending(m, r, over);
+    r->n_zero += skip;
+    if (pending_room(m, r, n - skip) != 0) { /* no hidden states then: zeros */
+        forget_pending(m, r, r->n_pending);
+        r->n_zero += n - skip;
         return;
     }
     size_t dim = (size_t)m->dim;
-    memset(r->pending + (size_t)r->n_pending * dim, 0, (size_t)gap * dim * sizeof(float));
-    r->n_pending += gap;
-    for (int i = 0; i < n; i++)
+    for (int i = skip; i < n; i++)
         rmsnorm_row(hidden + (size_t)i * dim, m->norm_final, m->dim, m->eps,
-                    r->pending + (size_t)(r->n_pending + i) * dim);
-    r->n_pending += n;
+                    r->pending + (size_t)r->n_pending++ * dim);
 }
 
 /* The head's cache, made at the first call (the target's exists then): as many blocks as the
@@ -214,8 +235,10 @@ static int run_round(mtp_drafter *m, mtp_record **members, int n_members, char *
         for (int p = r->feed_from; p < r->feed_to; p++, n_tok++) {
             int drafting = p >= q->n_tokens - 1; /* past the last real pair */
             int32_t token = drafting ? q->draft[q->n_draft - 1] : q->tokens[p + 1];
-            const float *hidden = drafting ? r->draft_hidden
-                                           : r->pending + (size_t)(p - r->n_real) * (size_t)dim;
+            int waiting = p - r->n_real - r->n_zero; /* its pending row, if it has one */
+            const float *hidden = drafting      ? r->draft_hidden
+                                  : waiting < 0 ? m->zero_row
+                                                : r->pending + (size_t)waiting * (size_t)dim;
             input_row(m, token, hidden, m->fc_in + (size_t)n_tok * 2 * (size_t)dim);
             m->positions[n_tok] = p;
             m->seq_of_token[n_tok] = k;
@@ -263,7 +286,7 @@ static int32_t argmax(const float *x, int n) {
 static int plan_feed(mtp_drafter *m, mtp_record *r, int budget) {
     const drafter_query *q = r->query;
     int last_real = q->n_tokens - 2; /* the pair (h_p, token p + 1) needs token p + 1 */
-    if (r->n_real + r->n_pending <= last_real) return 0; /* a hidden state is missing */
+    if (r->n_real + r->n_zero + r->n_pending <= last_real) return 0; /* not observed yet */
     int from = q->n_draft == 0 ? r->n_real : last_real + q->n_draft;
     int to = q->n_draft == 0 ? last_real + 1 : from + 1;
     if (to - from > budget) to = from + budget;
@@ -310,9 +333,8 @@ static int mtp_propose(drafter *base, drafter_query *queries, int n_queries, cha
             drafter_query *q = r->query;
             if (q->n_draft == 0 && r->feed_to > r->n_real) { /* real pairs are in its cache now */
                 int fed = r->feed_to - r->n_real;
-                memmove(r->pending, r->pending + (size_t)fed * (size_t)m->dim,
-                        (size_t)(r->n_pending - fed) * (size_t)m->dim * sizeof(float));
-                r->n_pending -= fed;
+                if (fed > r->n_zero) forget_pending(m, r, fed - r->n_zero);
+                r->n_zero -= fed;
                 r->n_real = r->feed_to;
             }
             if (r->logit_index >= 0)
@@ -343,6 +365,7 @@ static void mtp_destroy(drafter *base) {
     free(m->norm_embedding);
     free(m->norm_hidden);
     free(m->norm_head);
+    free(m->zero_row);
     free(m->recs);
     free(m->fc_in);
     free(m->x);
@@ -390,6 +413,7 @@ static int alloc_staging(mtp_drafter *m) {
     m->x = malloc(T * D * sizeof(float));
     m->logits = malloc(R * (size_t)m->vocab * sizeof(float));
     m->out_hidden = malloc(D * sizeof(float));
+    m->zero_row = calloc(D, sizeof(float));
     m->positions = malloc(T * 4);
     m->seq_of_token = malloc(T * 4);
     m->slots = malloc(T * 4);
@@ -398,7 +422,8 @@ static int alloc_staging(mtp_drafter *m) {
     m->row_rec = malloc(R * 4);
     m->dev_in = be->alloc(be, T * 2 * D * sizeof(float));
     m->dev_out = be->alloc(be, T * D * sizeof(float));
-    return m->fc_in && m->x && m->logits && m->out_hidden && m->positions && m->seq_of_token &&
+    return m->fc_in && m->x && m->logits && m->out_hidden && m->zero_row && m->positions &&
+                   m->seq_of_token &&
                    m->slots && m->table_start && m->logit_rows && m->row_rec && m->dev_in &&
                    m->dev_out
                ? 0

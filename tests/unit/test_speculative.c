@@ -346,6 +346,113 @@ static void test_mtp_lossless(void **s) {
     assert_true(agree.spec_drafted > 20 && agree.spec_accepted * 10 >= agree.spec_drafted * 9);
 }
 
+/* A drafter that checks the hidden states the engine hands over (observe): every position is
+ * handed over once, in order (again only after a recompute), and the model's own lm_head over
+ * the hidden state of position p picks the greedy token at p + 1 -- rows belong to the
+ * positions they are given for, the kept drafts' included, through hybrid rollbacks. Its
+ * drafts are the partly-right ones. */
+typedef struct watching_drafter {
+    partly_drafter partly;
+    model_config cfg;
+    model_weights w;
+    safetensors_set *st;
+    float *norm;               /* [dim] the final norm as used */
+    int32_t predicted[MAX_PROMPT_TOKENS + MAX_OUT + ENGINE_SPEC_MAX_TOKENS];
+    int next_first, out_of_order, n_prompt, checked;
+} watching_drafter;
+
+static void watch_observe(drafter *d, uint64_t serial, int first, int n, const float *hidden) {
+    (void)serial;
+    watching_drafter *w = (watching_drafter *)d;
+    int dim = (int)w->cfg.hidden_size, vocab = w->cfg.vocab_size;
+    if (first > w->next_first) w->out_of_order++; /* a position skipped (no prefix cache here) */
+    float *x = malloc((size_t)dim * sizeof *x), *row = malloc((size_t)dim * sizeof *row);
+    for (int i = 0; i < n; i++) {
+        const float *h = hidden + (size_t)i * (size_t)dim;
+        double ss = 0;
+        for (int j = 0; j < dim; j++) ss += (double)h[j] * h[j];
+        float inv = (float)(1.0 / sqrt(ss / dim + w->cfg.rms_norm_eps));
+        for (int j = 0; j < dim; j++) x[j] = h[j] * inv * w->norm[j];
+        int32_t best = 0;
+        float best_logit = -INFINITY;
+        for (int v = 0; v < vocab; v++) {
+            weight_matrix_row_to_f32(&w->w.lm_head, v, row);
+            float logit = 0;
+            for (int j = 0; j < dim; j++) logit += row[j] * x[j];
+            if (logit > best_logit) best_logit = logit, best = v;
+        }
+        w->predicted[first + i] = best;
+    }
+    free(x);
+    free(row);
+    w->next_first = first + n;
+}
+
+static int watch_propose(drafter *d, drafter_query *q, int n, char *err, size_t errlen) {
+    watching_drafter *w = (watching_drafter *)d;
+    for (int i = 0; i < n; i++) { /* every generated token so far, from the rows before it */
+        assert_int_equal(w->next_first, q[i].n_tokens - 1);
+        for (int p = w->n_prompt - 1; p + 1 < q[i].n_tokens; p++, w->checked++)
+            assert_int_equal(w->predicted[p], q[i].tokens[p + 1]);
+    }
+    return partly_propose(d, q, n, err, errlen);
+}
+
+static void test_hidden_states_reach_the_drafter(void **s) {
+    (void)s;
+    const char *dir = ".cache/reference-models/qwen3.5-tiny"; /* made by test_qwen3_5 */
+    json_error_t jerr;
+    json_t *fx = json_load_file("tests/fixtures/reference/qwen3.5-tiny.json", 0, &jerr);
+    assert_non_null(fx);
+    ensure_model(fx, dir);
+    static prompt_set ps;
+    load_prompts(fx, &ps);
+    json_decref(fx);
+    static plain_run plain;
+    run_plain(dir, &ps, &plain);
+    static watching_drafter w;
+    char err[256];
+    assert_int_equal(model_config_load(dir, &w.cfg, err, sizeof err), 0);
+    w.st = safetensors_set_open(dir, err, sizeof err);
+    assert_non_null(w.st);
+    assert_int_equal(model_weights_load(w.st, &w.cfg, 0, 0, &w.w, err, sizeof err), 0);
+    int dim = (int)w.cfg.hidden_size;
+    w.norm = malloc((size_t)dim * sizeof *w.norm);
+    weight_matrix_row_to_f32(&w.w.final_norm, 0, w.norm);
+    for (int j = 0; w.w.norm_plus_one && j < dim; j++) w.norm[j] += 1.0f;
+    drafter *oracle = drafter_oracle_create();
+    for (int k = 0; k < ps.n; k++) {
+        int32_t seq[MAX_PROMPT_TOKENS + MAX_OUT];
+        memcpy(seq, ps.tokens[k], (size_t)ps.n_tokens[k] * sizeof *seq);
+        memcpy(seq + ps.n_tokens[k], plain.alone[k].tokens, (size_t)plain.alone[k].n * sizeof *seq);
+        assert_int_equal(drafter_oracle_add(oracle, seq, ps.n_tokens[k] + plain.alone[k].n), 0);
+    }
+    w.partly = (partly_drafter){.base = {.name = "watching", .propose = watch_propose,
+                                         .observe = watch_observe, .destroy = wrong_destroy},
+                                .oracle = oracle, .vocab = plain.vocab};
+    engine *e = open_with(dir, NULL, &w.partly.base, 0, 512);
+    output got[MAX_PROMPTS];
+    for (int k = 0; k < ps.n; k++) {
+        w.next_first = 0;
+        w.n_prompt = ps.n_tokens[k];
+        run_requests(e, &ps, k, 1, got);
+    }
+    expect_same("watching", &ps, plain.alone, got);
+    engine_stats st;
+    engine_get_stats(e, &st);
+    engine_close(e);
+    printf("hidden states: %d generated tokens checked against the model's lm_head over the "
+           "handed-over rows; %llu of %llu drafts kept\n", w.checked,
+           (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafted);
+    assert_int_equal(w.out_of_order, 0);
+    assert_true(w.checked > 20);
+    assert_true(st.spec_accepted > 0 && st.spec_accepted < st.spec_drafted);
+    oracle->destroy(oracle);
+    free(w.norm);
+    model_weights_free(&w.w);
+    safetensors_set_close(w.st);
+}
+
 /* A checkpoint without an MTP head refuses --speculative mtp, naming what it lacks. */
 static void test_mtp_needs_a_head(void **s) {
     (void)s;
@@ -550,6 +657,7 @@ int main(void) {
         REFERENCE_FIXTURES(REFERENCE_FIXTURE_ENTRY)
         cmocka_unit_test(test_mtp_lossless),
         cmocka_unit_test(test_mtp_needs_a_head),
+        cmocka_unit_test(test_hidden_states_reach_the_drafter),
         cmocka_unit_test(test_sampling_distribution_unchanged),
         cmocka_unit_test(test_request_override_and_bad_settings),
     };
