@@ -202,7 +202,7 @@ static int write_data(out *o, const mk_config *c, const gtensor *t) {
         uint64_t st = mk_matrix_seed(c, m, e);
         for (int64_t r0 = 0; r0 < rows && rc == 0; r0 += chunk) {
             int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
-            mk_matrix_values(m, &st, r0, vals, nr * cols);
+            mk_matrix_values(m, &st, vals, nr * cols);
             for (int64_t r = 0; r < nr && rc == 0; r++) {
                 int64_t dst = r;
                 if (t->permute_heads) { /* HF row (h, a, b) -> GGUF row h*hd + 2b + a */

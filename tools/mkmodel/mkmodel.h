@@ -114,11 +114,10 @@ int mk_write_safetensors(const mk_config *cfg, const mk_plan *plan, const char *
                          char *err, size_t errlen);
 
 /* The generator state of matrix m (expert `expert` of a stacked one), and its next n values in
- * row order, the first in row first_row: both writers draw the same values, so a GGUF file holds
- * its safetensors twin's. */
+ * row order: both writers draw the same values, so a GGUF file holds its safetensors twin's
+ * (MK_INIT_IDENTITY is the safetensors writer's own: --mtp is not written as GGUF). */
 uint64_t mk_matrix_seed(const mk_config *cfg, const mk_matrix *m, int64_t expert);
-void mk_matrix_values(const mk_matrix *m, uint64_t *state, int64_t first_row, float *vals,
-                      int64_t n);
+void mk_matrix_values(const mk_matrix *m, uint64_t *state, float *vals, int64_t n);
 
 /* Writes the model as one GGUF file (llama.cpp's names and metadata; tokenizer.ggml.* from the
  * tokenizer directory tokdir, or none when NULL). type: a ggml type name for every matrix (F32,

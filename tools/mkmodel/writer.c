@@ -57,13 +57,16 @@ uint64_t mk_matrix_seed(const mk_config *cfg, const mk_matrix *m, int64_t expert
     return mk_hash_name(cfg->seed, seed_name);
 }
 
-void mk_matrix_values(const mk_matrix *m, uint64_t *state, int64_t first_row, float *vals,
-                      int64_t n) {
+void mk_matrix_values(const mk_matrix *m, uint64_t *state, float *vals, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         double g = mk_normal(state);
-        if (m->init == MK_INIT_IDENTITY) vals[i] = first_row + i / m->in == i % m->in ? 1.0f : 0.0f;
-        else vals[i] = (float)((m->init == MK_INIT_AROUND_ONE ? 1.0 + m->std * g : m->std * g) + m->mean);
+        vals[i] = (float)((m->init == MK_INIT_AROUND_ONE ? 1.0 + m->std * g : m->std * g) + m->mean);
     }
+}
+
+/* MK_INIT_IDENTITY: rows [first_row, first_row + n_rows) of the identity replace vals. */
+static void identity_rows(const mk_matrix *m, int64_t first_row, float *vals, int64_t n_rows) {
+    for (int64_t i = 0; i < n_rows * m->in; i++) vals[i] = first_row + i / m->in == i % m->in;
 }
 
 static void store_scalar(void *base, int64_t i, dtype dt, float v) {
@@ -307,7 +310,8 @@ static int write_matrix(const mk_config *cfg, const mk_matrix *m, phys_tensor *p
         uint64_t st = mk_matrix_seed(cfg, m, e);
         for (int64_t r0 = 0; r0 < m->out && rc == 0; r0 += rows_per_chunk) {
             int64_t nr = m->out - r0 < rows_per_chunk ? m->out - r0 : rows_per_chunk;
-            mk_matrix_values(m, &st, r0, vals, nr * m->in);
+            mk_matrix_values(m, &st, vals, nr * m->in);
+            if (m->init == MK_INIT_IDENTITY) identity_rows(m, r0, vals, nr);
             int64_t row0 = e * m->out + r0; /* row index within the (stacked) tensor */
             if (m->mxfp4) {
                 rc = write_mxfp4_rows(m, vals, nr, row0, parts, shards, (uint8_t *)b0, (uint8_t *)b1);
