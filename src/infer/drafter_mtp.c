@@ -136,6 +136,7 @@ static int pending_room(mtp_drafter *m, mtp_record *r, int more) {
 
 /* The first `drop` pending rows become positions without a hidden state. */
 static void forget_pending(mtp_drafter *m, mtp_record *r, int drop) {
+    if (drop <= 0) return; /* (pending may not be allocated yet) */
     size_t dim = (size_t)m->dim;
     memmove(r->pending, r->pending + (size_t)drop * dim,
             (size_t)(r->n_pending - drop) * dim * sizeof(float));
