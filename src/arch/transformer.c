@@ -655,3 +655,8 @@ int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
 }
 
 float *transformer_logits(transformer *t) { return t->logits; }
+
+void transformer_hidden_rows(transformer *t, int row0, int n, float *out) {
+    size_t row = (size_t)t->dim;
+    t->be->download(t->be, out, t->x + (size_t)row0 * row, (size_t)n * row * sizeof(float));
+}

@@ -574,7 +574,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
             fprintf(stderr, "exo bench --model: unknown option %s (--pp 128,512 --tg 64 "
                     "--batch 1,8 --reps 2 --kv-dtype f16 --streams 1,8,32 --stream-prompt 128 "
                     "--interrupt 4096 --short-prompt 32 --shorts 24 --chunk 512 "
-                    "--device cpu|cuda|auto --spec ngram|oracle|miss|draft:DIR --spec-k 2,4; several ranks: --tp N or --pp-ranks N, see "
+                    "--device cpu|cuda|auto --spec ngram|mtp|oracle|miss|draft:DIR --spec-k 2,4; several ranks: --tp N or --pp-ranks N, see "
                     "cmd_bench_dist.c)\n", a);
             return 2;
         }

@@ -48,7 +48,7 @@ typedef struct run_flags {
     const char *models_dir;
     const char *models_path;
     int offline; /* --offline / EXO_OFFLINE: never download a missing model */
-    const char *speculative; /* --speculative ngram|draft:DIR|off */
+    const char *speculative; /* --speculative ngram|mtp|draft:DIR|off */
     int spec_tokens;         /* --spec-k N */
 } run_flags;
 
@@ -66,8 +66,9 @@ static void usage(FILE *out) {
             "  --threads N         CPU threads (default: all cores)\n"
             "  --device DEV        cpu, cuda or auto (default: the GPU when there is one)\n"
             "  --context N         context length (default: the model's)\n"
-            "  --speculative M     speculative decoding: ngram (prompt lookup), draft:DIR (a\n"
-            "                      small model of the same tokenizer) or off (default)\n"
+            "  --speculative M     speculative decoding: ngram (prompt lookup), mtp (the\n"
+            "                      model's MTP head, Qwen3-Next / Qwen3.5), draft:DIR (a small\n"
+            "                      model of the same tokenizer) or off (default)\n"
             "  --spec-k N          most tokens drafted per step (default 4, at most 16)\n"
             "  --models-path DIRS  read-only model dirs, colon-separated ($EXO_MODELS_PATH)\n"
             "  --models-dir DIR    where model ids are looked up (default $EXO_MODELS_DIR or\n"
