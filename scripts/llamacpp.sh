@@ -10,10 +10,26 @@
 # only when missing; takes ~6-10 minutes of 2 cores the first time.
 #
 #   scripts/llamacpp.sh          build (prints the binary's path on success)
+#   LLAMACPP_TARGET=xeon scripts/llamacpp.sh
+#       into build/llamacpp-xeon: an x86-64 AVX-512 build (VNNI, BF16, VBMI) with llama.cpp's AMX
+#       int8 kernels, as llama.cpp's own -march=native build is on an Intel Xeon (Sapphire Rapids
+#       or later), to carry to such a host (bench/gguf.sh). Runs on any AVX-512 VNNI CPU: where
+#       the kernel refuses AMX (no AMX, e.g. AMD) llama.cpp says "AMX is not ready" and uses its
+#       AVX-512 kernels. LLAMACPP_TARGET=xeon-noamx: the same without AMX (build/llamacpp-xeon-noamx),
+#       to tell AMX's share of llama.cpp's speed on such a host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=${CUI_LLAMA_RN_VERSION:-1.12.2}
-OUT=build/llamacpp
+TARGET=${LLAMACPP_TARGET:-native}
+case "$TARGET" in
+  native) OUT=build/llamacpp; MARCH=(-march=native) ;;
+  xeon|xeon-noamx)
+        OUT=build/llamacpp-$TARGET
+        MARCH=(-march=x86-64-v4 -mtune=sapphirerapids -mavx512vnni -mavx512bf16 -mavx512vbmi -mavxvnni
+               -mfma -mf16c -mbmi2)
+        [ "$TARGET" = xeon ] && MARCH+=(-mamx-tile -mamx-int8 -mamx-bf16) ;;
+  *) echo "llamacpp.sh: LLAMACPP_TARGET is native, xeon or xeon-noamx" >&2; exit 2 ;;
+esac
 SRC=.cache/llamacpp/cui-llama.rn-$VERSION
 JOBS=${JOBS:-2}
 mkdir -p "$OUT/obj" .cache/llamacpp
@@ -35,11 +51,12 @@ sources=(
   "$cpp"/llama*.cpp "$cpp"/unicode-data.cpp "$cpp"/unicode.cpp "$cpp"/models/*.cpp
 )
 case "$(uname -m)" in
-  x86_64) sources+=("$cpp"/ggml-cpu/arch/x86/quants.c "$cpp"/ggml-cpu/arch/x86/repack.cpp) ;;
+  x86_64) sources+=("$cpp"/ggml-cpu/arch/x86/quants.c "$cpp"/ggml-cpu/arch/x86/repack.cpp
+                  "$cpp"/ggml-cpu/amx/*.cpp) ;; # amx/: compiled empty unless the target has AMX
   aarch64) sources+=("$cpp"/ggml-cpu/arch/arm/quants.c "$cpp"/ggml-cpu/arch/arm/repack.cpp) ;;
 esac
 
-FLAGS=(-O2 -march=native -pthread -D_GNU_SOURCE -DNDEBUG -DLM_GGML_USE_CPU -DLM_GGML_USE_CPU_REPACK
+FLAGS=(-O2 "${MARCH[@]}" -pthread -D_GNU_SOURCE -DNDEBUG -DLM_GGML_USE_CPU -DLM_GGML_USE_CPU_REPACK
        -I"$cpp" -I"$cpp/ggml-cpu" -w)
 compile() { # src -> obj
   local src=$1 obj=$OUT/obj/$(echo "${1#$cpp/}" | tr '/' '_').o

@@ -9,6 +9,7 @@
  *       IDS "1,2,3": the logits of every prompt position, then N greedy tokens (argmax); one
  *       thread, F32 KV cache
  *   llamacpp-ref bench MODEL.gguf THREADS PP TG    -> {"prefill_tok_s":x,"decode_tok_s":y}
+ *       after a 16-token warm-up prefill (then cleared), as exo bench --model does
  *
  * Refuses: anything else (no sampling, no chat templates: exo renders those itself). */
 #include "llama.h"
@@ -126,6 +127,10 @@ static int cmd_bench(struct llama_model *m, int threads, int pp, int tg) {
     int vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));
     llama_token *ids = malloc((size_t)pp * sizeof *ids);
     for (int i = 0; i < pp; i++) ids[i] = (llama_token)((i * 7919 + 13) % vocab);
+    /* warm-up, as exo bench's: fault the mapped weights in and start the threads, then forget it */
+    int warm = pp < 16 ? pp : 16;
+    if (decode(ctx, ids, warm, 0, 0)) return 1;
+    llama_memory_clear(llama_get_memory(ctx), true);
     double t0 = now_s();
     if (decode(ctx, ids, pp, 0, 0)) return 1;
     double t1 = now_s();

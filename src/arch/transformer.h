@@ -87,6 +87,11 @@ int transformer_forward(transformer *t, const kv_layer *kv, int block_size,
  * out NULL leaves them there, for a backend that samples them: compute_backend.sample). */
 float *transformer_logits(transformer *t);
 
+/* Copies rows [row0, row0 + n) of the last step's final residual stream (every token's hidden
+ * state after the last local layer, before the final norm) to host memory out [n][dim]: what a
+ * drafter that reads the model's hidden states (MTP) gets. */
+void transformer_hidden_rows(transformer *t, int row0, int n, float *out);
+
 /* Inverse frequencies for rot_dims/2 rotary pairs and the cos/sin scale, per rope_scaling. */
 void rope_inv_freq(const rope_config *r, int rot_dims, float *inv_freq, float *attn_factor);
 

@@ -12,11 +12,15 @@
  *     The read bandwidth is probed before the run (bench.c) and again right after each
  *     decode measurement; the roofline uses the higher of the two, so a host whose memory got
  *     faster after the first probe does not inflate the fraction.
+ *     A GGUF model is converted at load (model/gguf_quant.h), so exo may read more bytes than
+ *     the file holds; its decode lines also print the fraction of the roofline over the file's
+ *     own bytes per token (what llama.cpp reads), the bar that compares formats fairly.
  * Refuses: writing files (bench/run.sh records results). */
 #include "base/clock.h"
 #include "compute/cpu/cpu.h"
 #include "compute/device.h"
 #include "infer/engine.h"
+#include "model/gguf.h"
 #include "model/model_config.h"
 
 #include <cblas.h>
@@ -30,6 +34,7 @@ int bench_dist_main(const char *model_dir, int argc, char **argv);
 int bench_spec_main(const char *model_dir, const char *method, const int *ks, int n_k, int tg,
                     int reps, const char *device, const char *kv);
 double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *window);
+double bench_run_prefill(engine *e, int batch, int pp, int vocab, int salt, engine_stats *window);
 double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
 double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens);
 
@@ -124,6 +129,24 @@ static roofline roofline_for(const model_costs *mc, int b, double ctx, const cha
     return r;
 }
 
+/* The bytes one token reads in the GGUF file's own types: every tensor but the embedding table,
+ * which a token only indexes (counted when it is also the output matrix, a tied model). 0 when
+ * the model is not a GGUF file. */
+static double gguf_file_bytes_per_token(const char *model_dir) {
+    char path[4096], err[256];
+    if (!gguf_model_file(model_dir, path, sizeof path)) return 0;
+    gguf_file *f = gguf_open(path, err, sizeof err);
+    if (!f) return 0;
+    int tied = gguf_find_tensor(f, "output.weight") == NULL;
+    double bytes = 0;
+    for (int i = 0; i < gguf_tensor_count(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        if (tied || strcmp(t->name, "token_embd.weight")) bytes += (double)t->nbytes;
+    }
+    gguf_close(f);
+    return bytes;
+}
+
 /* The f32 GEMM peak: the better of OpenBLAS sgemm and our own f32 matmul on 1536^3. */
 static double gemm_peak_gflops(double *blas_out, double *ours_out) {
     int n = 1536;
@@ -176,27 +199,47 @@ static void fill_prompt(int32_t *p, int n, int vocab, int salt) {
     }
 }
 
-/* Runs one pp-token prefill; returns seconds. */
-static double run_prefill(engine *e, int pp, int vocab, int salt) {
+/* batch pp-token prompts submitted together (distinct, no prefix cache), each generating one
+ * token; returns the seconds until all are done, or -1. window (may be NULL): the engine's steps
+ * and step/communication time over the run. */
+double bench_run_prefill(engine *e, int batch, int pp, int vocab, int salt, engine_stats *window) {
     int32_t *p = malloc(sizeof(int32_t) * (size_t)pp);
-    fill_prompt(p, pp, vocab, salt);
-    engine_request r = {.prompt = p, .n_prompt = pp, .max_tokens = 1, .ban_eos = 1,
-                        .no_prefix_cache = 1};
-    r.sampling = sampling_params_default();
-    r.sampling.temperature = 0;
+    if (!p) return -1;
+    engine_stats s0, s1;
+    engine_get_stats(e, &s0);
     char err[256];
+    uint64_t t0 = clock_now_ns();
     double t = -1;
-    if (engine_submit(e, 1, &r, err, sizeof err) == 0) {
-        uint64_t t0 = clock_now_ns();
-        engine_event ev[4];
-        while (engine_pending(e))
-            if (engine_step(e, ev, 4) < 0) break;
-        t = (double)(clock_now_ns() - t0) * 1e-9;
-    } else {
-        fprintf(stderr, "exo bench: %s\n", err);
+    int submitted = 0;
+    for (; submitted < batch; submitted++) {
+        fill_prompt(p, pp, vocab, salt + submitted);
+        engine_request r = {.prompt = p, .n_prompt = pp, .max_tokens = 1, .ban_eos = 1,
+                            .no_prefix_cache = 1};
+        r.sampling = sampling_params_default();
+        r.sampling.temperature = 0;
+        if (engine_submit(e, (uint64_t)submitted + 1, &r, err, sizeof err) != 0) {
+            fprintf(stderr, "exo bench: %s\n", err);
+            break;
+        }
+    }
+    engine_event ev[64];
+    int failed = 0;
+    while (engine_pending(e) && !failed) failed = engine_step(e, ev, 64) < 0;
+    if (submitted == batch && !failed) t = (double)(clock_now_ns() - t0) * 1e-9;
+    if (window) {
+        engine_get_stats(e, &s1);
+        *window = s1;
+        window->steps -= s0.steps;
+        window->step_ns -= s0.step_ns;
+        window->comm_ns -= s0.comm_ns;
     }
     free(p);
     return t;
+}
+
+/* Runs one pp-token prefill; returns seconds. */
+static double run_prefill(engine *e, int pp, int vocab, int salt) {
+    return bench_run_prefill(e, 1, pp, vocab, salt, NULL);
 }
 
 /* B streams of tg tokens after a 16-token prompt; returns decode tok/s (all streams). window
@@ -531,7 +574,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
             fprintf(stderr, "exo bench --model: unknown option %s (--pp 128,512 --tg 64 "
                     "--batch 1,8 --reps 2 --kv-dtype f16 --streams 1,8,32 --stream-prompt 128 "
                     "--interrupt 4096 --short-prompt 32 --shorts 24 --chunk 512 "
-                    "--device cpu|cuda|auto --spec ngram|oracle|miss|draft:DIR --spec-k 2,4; several ranks: --tp N or --pp-ranks N, see "
+                    "--device cpu|cuda|auto --spec ngram|mtp|oracle|miss|draft:DIR --spec-k 2,4; several ranks: --tp N or --pp-ranks N, see "
                     "cmd_bench_dist.c)\n", a);
             return 2;
         }
@@ -592,6 +635,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
         mlx_peak = cfg.quant_bits ? bench_mlx_matmul_gflops(cfg.quant_bits, cfg.quant_group_size, 1536, 128) : 0;
     }
     double decode_peak = mlx_peak > peak ? mlx_peak : peak;
+    double file_bytes = on_gpu || mc.moe_layers ? 0 : gguf_file_bytes_per_token(model_dir);
     printf("model %s: %s, %d layers, %.1f MB of weights read per token, %.2f GFLOP per token "
            "(opened in %.1f s) on %s\n", model_dir, info->architecture, info->n_layers,
            info->weight_bytes / 1e6, mc.flops_per_token * 1e-9, open_s, info->device);
@@ -633,6 +677,13 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
                "%.1f GB/s) = %5.1f%%", tg, b, best, rl.rate, rl.memory_bound ? "memory" : "compute",
                rl.step_bytes / 1e6, bw, rl.rate > 0 ? 100 * best / rl.rate : 0);
         if (ri.rate > rl.rate) printf(" (%5.1f%% of int-gemm roofline %.1f)", 100 * best / ri.rate, ri.rate);
+        if (file_bytes > 0) {
+            model_costs as_file = mc;
+            as_file.dense_bytes = file_bytes;
+            roofline rf = roofline_for(&as_file, b, 16 + tg / 2.0, kv, bw, 0);
+            printf(" | GGUF file roofline %.1f tok/s (%.1f MB/step) = %5.1f%%", rf.rate,
+                   rf.step_bytes / 1e6, rf.rate > 0 ? 100 * best / rf.rate : 0);
+        }
         printf(" | steal %.1f%%\n", steal_pct_since(sm));
         fflush(stdout);
     }

@@ -3,7 +3,7 @@
  * plain, ...) so a machine whose speed drifts under other load treats both alike; each line
  * prints the best and the median of the runs.
  *
- * Methods: ngram, draft:DIR (the engine's drafters); oracle (drafts the model's own greedy
+ * Methods: ngram, mtp, draft:DIR (the engine's drafters); oracle (drafts the model's own greedy
  * continuation, recorded by a first plain run: 100% acceptance, the ceiling of what speculation
  * gains on this machine); miss (drafts that recorded continuation with every token changed: 0%
  * acceptance, the cost of verifying drafts that never land, which adaptive k must keep small).

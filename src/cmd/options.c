@@ -122,8 +122,9 @@ void options_print_help(const char *prog) {
            "                        default auto: the GPU when this build has CUDA and one is present)\n"
            "  --max-runners N       runner processes (placed models) this node starts (default 8)\n"
            "  --speculative M       runners' speculative decoding: ngram (prompt lookup),\n"
-           "                        draft:DIR (a small model of the same tokenizer) or off\n"
-           "                        (default; one-process instances only)\n"
+           "                        mtp (the checkpoint's MTP head: Qwen3-Next / Qwen3.5 models\n"
+           "                        that have one), draft:DIR (a small model of the same\n"
+           "                        tokenizer) or off (default; one-process instances only)\n"
            "  --spec-k N            most tokens drafted per step (default 4, at most 16)\n"
            "  --max-connections-per-ip N\n"
            "                        open HTTP connections from one address; more are refused\n"
@@ -254,9 +255,10 @@ enum options_result options_parse(exo_options *o, int argc, char **argv, char *e
             snprintf(o->kv_cache_dtype, sizeof o->kv_cache_dtype, "%s", v);
         } else if (VALUE("--speculative")) {
             REQUIRE_VALUE("--speculative");
-            if (strcmp(v, "off") && strcmp(v, "ngram") && (strncmp(v, "draft:", 6) || !v[6])) {
-                snprintf(err, errlen, "--speculative: '%.64s' is not one of off, ngram, draft:DIR",
-                         v);
+            if (strcmp(v, "off") && strcmp(v, "ngram") && strcmp(v, "mtp") &&
+                (strncmp(v, "draft:", 6) || !v[6])) {
+                snprintf(err, errlen,
+                         "--speculative: '%.64s' is not one of off, ngram, mtp, draft:DIR", v);
                 return OPTIONS_ERROR;
             }
             snprintf(o->speculative, sizeof o->speculative, "%s", v);

@@ -30,7 +30,7 @@ typedef struct exo_options {
     char device[8];           /* --device cpu|cuda|auto (EXO_DEVICE), what runners compute on */
     int max_runners;          /* --max-runners N: runner processes this node starts, default 8 */
     int max_connections_per_ip; /* --max-connections-per-ip N: 0 = no limit, default 512 */
-    char speculative[1100];   /* --speculative ngram|draft:DIR|off: runners' speculative decoding */
+    char speculative[1100];   /* --speculative ngram|mtp|draft:DIR|off: runners' speculative decoding */
     int spec_tokens;          /* --spec-k N: most drafted tokens per step, 0 = the engine's 4 */
 } exo_options;
 

@@ -25,6 +25,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* "hf.co/org/repo:Q4_K_M" (Ollama's spelling of a Hugging Face GGUF) is exo's "org/repo:Q4_K_M". */
+static const char *without_hub_host(const char *model) {
+    static const char *hosts[] = {"hf.co/", "huggingface.co/", "https://huggingface.co/"};
+    for (size_t i = 0; i < sizeof hosts / sizeof *hosts; i++)
+        if (!strncmp(model, hosts[i], strlen(hosts[i]))) return model + strlen(hosts[i]);
+    return model;
+}
+
 typedef struct run_flags {
     const char *model;
     const char *prompt;
@@ -40,7 +48,7 @@ typedef struct run_flags {
     const char *models_dir;
     const char *models_path;
     int offline; /* --offline / EXO_OFFLINE: never download a missing model */
-    const char *speculative; /* --speculative ngram|draft:DIR|off */
+    const char *speculative; /* --speculative ngram|mtp|draft:DIR|off */
     int spec_tokens;         /* --spec-k N */
 } run_flags;
 
@@ -58,8 +66,9 @@ static void usage(FILE *out) {
             "  --threads N         CPU threads (default: all cores)\n"
             "  --device DEV        cpu, cuda or auto (default: the GPU when there is one)\n"
             "  --context N         context length (default: the model's)\n"
-            "  --speculative M     speculative decoding: ngram (prompt lookup), draft:DIR (a\n"
-            "                      small model of the same tokenizer) or off (default)\n"
+            "  --speculative M     speculative decoding: ngram (prompt lookup), mtp (the\n"
+            "                      model's MTP head, Qwen3-Next / Qwen3.5), draft:DIR (a small\n"
+            "                      model of the same tokenizer) or off (default)\n"
             "  --spec-k N          most tokens drafted per step (default 4, at most 16)\n"
             "  --models-path DIRS  read-only model dirs, colon-separated ($EXO_MODELS_PATH)\n"
             "  --models-dir DIR    where model ids are looked up (default $EXO_MODELS_DIR or\n"
@@ -116,7 +125,7 @@ static int parse_flags(int argc, char **argv, run_flags *f) {
             }
             continue;
         }
-        if (!f->model) f->model = a;
+        if (!f->model) f->model = without_hub_host(a);
         else if (!f->prompt) f->prompt = a;
         else {
             fprintf(stderr, "exo run: unexpected argument '%s' (quote the prompt)\n", a);

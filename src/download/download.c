@@ -25,7 +25,7 @@ enum download_error download_model(const download_request *req, download_result 
     e.max_retries = req->max_retries > 0 ? req->max_retries : 5;
     e.backoff_ms = req->backoff_ms > 0 ? req->backoff_ms : 1000;
     e.interval_ms = req->progress_interval_ms > 0 ? req->progress_interval_ms : 1000;
-    char why[256];
+    char why[1024];
     if (store_id_valid(req->model_id, why, sizeof why) < 0) {
         engine_set_result(&e, DOWNLOAD_ERR_BAD_INPUT, "invalid model id '%s': %s", req->model_id,
                           why);
@@ -63,11 +63,23 @@ enum download_error download_model(const download_request *req, download_result 
     int has_safetensors = 0;
     for (size_t i = 0; i < list.n; i++)
         has_safetensors |= plan_is_weight_file(list.files[i].path, 1);
+    /* a GGUF repository: one quantization's file and nothing else (it holds the tokenizer and
+     * the chat template); a pipeline stage needs all of it too */
+    int gguf_pick = -1;
+    if (plan_is_gguf_choice(&list, req->model_id)) {
+        if ((gguf_pick = plan_pick_gguf(&list, req->model_id, why, sizeof why)) < 0) {
+            engine_set_result(&e, DOWNLOAD_ERR_NOT_FOUND, "%s", why);
+            hf_file_list_free(&list);
+            goto out;
+        }
+        whole = 1;
+    }
     for (size_t i = 0; i < list.n; i++) {
         /* never wanted: git metadata, and other weight formats when safetensors exist */
         if (!strcmp(list.files[i].path, ".gitattributes") ||
             (has_safetensors && plan_is_weight_file(list.files[i].path, 0) &&
-             !plan_is_weight_file(list.files[i].path, 1)))
+             !plan_is_weight_file(list.files[i].path, 1)) ||
+            (gguf_pick >= 0 && i != (size_t)gguf_pick))
             continue;
         plan_file *pf = &e.files[e.n++];
         pf->f = list.files[i];

@@ -120,6 +120,15 @@ int hash_catch_up(plan_file *pf, uint64_t upto);
 
 /* Whether p is a weights file (safetensors_only: a .safetensors file). */
 int plan_is_weight_file(const char *p, int safetensors_only);
+/* Is the download a choice of one .gguf of a repository (llama.cpp's -hf, Ollama's hf.co/): an id
+ * with a tag ("org/name:Q4_K_M"), or a repository that publishes .gguf files and no safetensors? */
+int plan_is_gguf_choice(const hf_file_list *list, const char *model_id);
+/* Which file of the list that choice takes: the .gguf whose name carries the id's tag as a word
+ * (case-insensitive: "Q4_K_M" in "Llama-3.2-1B-Instruct-Q4_K_M.gguf", never in "..-Q4_K_M_L.."),
+ * or without a tag the Q4_K_M file (llama.cpp's default), else the only .gguf; vision projectors
+ * (mmproj-*.gguf) never. Returns its index, or -1 with a message listing the files on offer (no
+ * match, several matches, a model split over several files). */
+int plan_pick_gguf(const hf_file_list *list, const char *model_id, char *err, size_t errlen);
 int plan_manifest_write(const engine *e);
 int plan_read_local_manifest(const char *dir, hf_file_list *out);
 /* The file list: a peer's manifest, else the Hub's (result set on failure). */

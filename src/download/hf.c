@@ -72,8 +72,10 @@ static void escape_path(strbuf *sb, const char *path) {
 }
 
 int hf_file_url(const hf_config *c, const char *model_id, const char *path, char *out, size_t n) {
+    char repo[256]; /* a tagged id ("org/name:Q4_K_M") is a choice of files in the repo org/name */
+    if (store_id_repo(model_id, repo, sizeof repo) < 0) return -1;
     strbuf sb = {0};
-    strbuf_appendf(&sb, "%s/%s/resolve/", c->endpoint, model_id);
+    strbuf_appendf(&sb, "%s/%s/resolve/", c->endpoint, repo);
     escape_path(&sb, c->revision);
     strbuf_append_char(&sb, '/');
     escape_path(&sb, path);
@@ -233,10 +235,12 @@ static int is_hex(const char *s, size_t n) {
 enum download_error hf_list_files(const hf_config *c, const char *model_id, hf_file_list *out,
                                   char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
-    if (store_id_valid(model_id, err, errlen) < 0) return DOWNLOAD_ERR_BAD_INPUT;
+    char repo[256];
+    if (store_id_valid(model_id, err, errlen) < 0 || store_id_repo(model_id, repo, sizeof repo) < 0)
+        return DOWNLOAD_ERR_BAD_INPUT;
     char url[2048];
     strbuf sb = {0};
-    strbuf_appendf(&sb, "%s/api/models/%s/tree/", c->endpoint, model_id);
+    strbuf_appendf(&sb, "%s/api/models/%s/tree/", c->endpoint, repo);
     escape_path(&sb, c->revision);
     strbuf_append_str(&sb, "?recursive=true");
     snprintf(url, sizeof url, "%s", sb.data);

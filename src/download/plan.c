@@ -6,12 +6,14 @@
 
 #include "base/log.h"
 #include "base/paths.h"
+#include "base/strbuf.h"
 #include "model/safetensors.h"
 #include "model/store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
@@ -26,6 +28,91 @@ int plan_is_weight_file(const char *p, int safetensors_only) {
         if (n >= m && !strcmp(p + n - m, exts[i])) return safetensors_only ? i == 0 : 1;
     }
     return 0;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcasecmp(s + n - m, suffix);
+}
+
+/* A .gguf that holds a model (not a vision projector, "mmproj-*.gguf"). */
+static int is_model_gguf(const char *path) {
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    return ends_with(path, ".gguf") && strncasecmp(base, "mmproj", 6);
+}
+
+/* Does the file name carry `tag` as a word: preceded by the start or one of "-._/" and followed
+ * by '.' or '-' ("Q4_K_M" is in "Llama-Q4_K_M.gguf" and "llama.Q4_K_M-00001-of-00002.gguf",
+ * "Q4_K" is not in "Llama-Q4_K_M.gguf")? Case-insensitive, as llama.cpp's -hf. */
+static int names_tag(const char *path, const char *tag) {
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    size_t n = strlen(tag);
+    for (const char *p = base; *p; p++) {
+        if (strncasecmp(p, tag, n)) continue;
+        int before = p == base || strchr("-._", p[-1]) != NULL;
+        int after = p[n] == '.' || p[n] == '-';
+        if (before && after) return 1;
+    }
+    return 0;
+}
+
+int plan_is_gguf_choice(const hf_file_list *list, const char *model_id) {
+    if (store_id_tag(model_id)) return 1;
+    int gguf = 0;
+    for (size_t i = 0; i < list->n; i++) {
+        if (plan_is_weight_file(list->files[i].path, 1)) return 0;
+        gguf |= is_model_gguf(list->files[i].path);
+    }
+    return gguf;
+}
+
+/* "name-00001-of-00003.gguf": one part of a model split over several files. */
+static int is_split_part(const char *p) {
+    size_t n = strlen(p);
+    return n > 20 && !strncmp(p + n - 14, "-of-", 4) && p[n - 20] == '-';
+}
+
+/* The model .gguf files, ", "-separated (at most 12): those carrying `tag`, or all when NULL. */
+static void list_ggufs(const hf_file_list *list, const char *tag, strbuf *sb) {
+    for (size_t i = 0, shown = 0; i < list->n && shown < 12; i++)
+        if (is_model_gguf(list->files[i].path) && (!tag || names_tag(list->files[i].path, tag)))
+            strbuf_appendf(sb, "%s%s", shown++ ? ", " : "", list->files[i].path);
+}
+
+int plan_pick_gguf(const hf_file_list *list, const char *model_id, char *err, size_t errlen) {
+    const char *tag = store_id_tag(model_id), *want = tag ? tag : "Q4_K_M";
+    char repo[256];
+    if (store_id_repo(model_id, repo, sizeof repo) < 0) snprintf(repo, sizeof repo, "the repository");
+    int pick = -1, only = -1, matches = 0, n_gguf = 0, split = 0;
+    for (size_t i = 0; i < list->n; i++) {
+        const char *p = list->files[i].path;
+        if (!is_model_gguf(p)) continue;
+        if (!n_gguf++) only = (int)i;
+        if (!names_tag(p, want)) continue;
+        split |= is_split_part(p);
+        if (!matches++) pick = (int)i;
+    }
+    if (!tag && !matches && n_gguf == 1) pick = only, matches = 1; /* the only model file */
+    if (matches == 1 && !split) return pick;
+    strbuf sb = {0};
+    list_ggufs(list, matches ? want : NULL, &sb);
+    if (split)
+        snprintf(err, errlen, "%s's %s is split into several .gguf files (%s); exo runs single-file "
+                 "GGUF models: pick a quantization published as one file", repo, want, sb.data);
+    else if (matches > 1)
+        snprintf(err, errlen, "%d .gguf files of %s match the tag '%s' (%s); name one quantization "
+                 "that only one file carries", matches, repo, want, sb.data);
+    else if (n_gguf == 0)
+        snprintf(err, errlen, "%s has no .gguf model file, so the tag '%s' names nothing", repo, want);
+    else if (tag)
+        snprintf(err, errlen, "no .gguf file of %s carries the tag '%s'; it has: %s", repo, tag,
+                 sb.data);
+    else
+        snprintf(err, errlen, "%s holds %d .gguf files and none is Q4_K_M; choose one with "
+                 "\"%s:TAG\" (e.g. the Q8_0 of name-Q8_0.gguf); it has: %s", repo, n_gguf,
+                 repo, sb.data);
+    strbuf_free(&sb);
+    return -1;
 }
 
 int plan_manifest_write(const engine *e) {

@@ -14,8 +14,10 @@
  *          rolled back to the accepted tokens on the next call);
  *   oracle the continuation of known token sequences (a benchmark's 100%-acceptance drafter: the
  *          model's own greedy output, recorded beforehand).
- * An MTP head (Qwen3-Next/3.5, DeepSeek) fits the same interface: it drafts from the target's
- * last hidden state, which the engine would hand over alongside the tokens.
+ *   mtp    the checkpoint's multi-token-prediction head (Qwen3-Next / Qwen3.5 mtp.*): one
+ *          decoder layer over the target's hidden state at position p and the token at p + 1
+ *          predicts the token at p + 2, then runs on its own output for the next drafts (its
+ *          own one-layer paged KV cache; the hidden states come through `observe`).
  *
  * Refuses: text; a drafter sees token ids only. Not thread-safe: the engine's thread calls it. */
 #ifndef EXO_INFER_DRAFTER_H
@@ -41,6 +43,13 @@ struct drafter {
      * batch them). Returns 0, or -1 with err when the drafter failed (the engine then decodes
      * without drafts; a failure never changes the output). */
     int (*propose)(drafter *d, drafter_query *queries, int n_queries, char *err, size_t errlen);
+    /* The target computed positions [first, first + n) of sequence `serial` (a prefill chunk,
+     * a decode step with its kept drafts); hidden holds their hidden states after the last
+     * layer, before the final norm, [n][the model's hidden size], host memory valid during the
+     * call. Positions before `first` that were never observed came from the prefix cache. Called
+     * for every speculating sequence after each step, before the next propose. May be NULL (the
+     * engine then skips fetching hidden states). */
+    void (*observe)(drafter *d, uint64_t serial, int first, int n, const float *hidden);
     /* The sequence ended: drop whatever the drafter keeps for it. May be NULL. */
     void (*release)(drafter *d, uint64_t serial);
     void (*destroy)(drafter *d);
@@ -66,5 +75,10 @@ typedef struct drafter_model_options {
     int vocab_size;
 } drafter_model_options;
 drafter *drafter_model_create(const drafter_model_options *o, char *err, size_t errlen);
+
+/* The MTP head of the target engine's checkpoint (which must have one: mtp.*), sharing its
+ * weights (embedding, lm_head), backend and threads. */
+struct engine;
+drafter *drafter_mtp_create(struct engine *target, char *err, size_t errlen);
 
 #endif

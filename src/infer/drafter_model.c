@@ -9,7 +9,8 @@
  * forward), then feeds its own greedy tokens one at a time until each query has max_draft. So
  * drafting k tokens costs k forwards of the draft model over every drafting sequence at once.
  *
- * Refuses: a draft model whose vocabulary differs from the target's. Running out of draft-cache
+ * Refuses: a draft model whose vocabulary differs from the target's, and a hybrid one (its
+ * recurrent state would keep the target's rejected drafts). Running out of draft-cache
  * blocks is no error: the sequences not drafting this step give theirs back, and a query that
  * still does not fit gets no draft. */
 #include "infer/drafter.h"
@@ -62,7 +63,8 @@ static sequence *record_for(model_drafter *m, drafter_query *q) {
         s = calloc(1, sizeof *s);
         if (!s) return NULL;
         s->serial = q->serial;
-        s->state_slot = -1; /* a draft record holds no recurrent-state slot (engine_free_sequence) */
+        /* a draft record holds no recurrent-state slot (engine_free_sequence releases them) */
+        s->state_slot = s->spare_slot = -1;
         index = m->n_seqs;
         m->seqs[m->n_seqs++] = s;
     }
@@ -193,6 +195,14 @@ drafter *drafter_model_create(const drafter_model_options *o, char *err, size_t 
                   "draft model %s has a vocabulary of %d tokens, the model %d: a draft model "
                   "needs the same tokenizer",
                   o->model_dir, d->cfg.vocab_size, o->vocab_size);
+        engine_close(d);
+        return NULL;
+    }
+    if (d->hybrid) { /* its records roll back K/V only (record_for), not a recurrent state */
+        error_set(err, errlen,
+                  "draft model %s is a hybrid linear-attention model: a draft model must be a "
+                  "plain transformer",
+                  o->model_dir);
         engine_close(d);
         return NULL;
     }

@@ -17,9 +17,10 @@
  * is preempted (a recomputed sequence starts again at position 0, which resets its state). A
  * cached prefix restores both: the state after a prefix is snapshotted whenever a sequence's
  * computed tokens end on a block boundary (prefill chunks are cut there: at the prompt's last
- * boundary, and at a boundary when the budget splits a prompt; decode crosses one every block),
- * and admission takes the longest cached prefix that has a snapshot. Not in an overlapped
- * pipeline, whose stages run a sequence's next chunk before its previous one is applied.
+ * boundary, and at a boundary when the budget splits a prompt; decode crosses one every block,
+ * unless a step of verified drafts steps over it), and admission takes the longest cached prefix
+ * that has a snapshot. Not in an overlapped pipeline, whose stages run a sequence's next chunk
+ * before its previous one is applied.
  * Refuses: prompts that cannot fit the context or the whole cache (engine_submit fails). */
 #include "infer/engine_internal.h"
 
@@ -103,10 +104,12 @@ static int alloc_staging(engine *e) {
     if (samples_here) /* only the sampling rank sees whole logits */
         e->logits = malloc((size_t)e->max_logit_rows * (size_t)e->cfg.vocab_size * sizeof(float));
     e->samples = calloc((size_t)e->max_logit_rows, sizeof *e->samples);
-    e->free_slots = malloc((size_t)e->max_sequences * sizeof *e->free_slots);
+    /* a hybrid that speculates keeps a second state per sequence (speculative.c) */
+    e->n_sequence_slots = e->max_sequences * (e->hybrid && e->drafter ? 2 : 1);
+    e->free_slots = malloc((size_t)e->n_sequence_slots * sizeof *e->free_slots);
     e->b_state_slots = malloc((size_t)e->max_sequences * sizeof *e->b_state_slots);
-    for (int i = 0; e->free_slots && i < e->max_sequences; i++)
-        e->free_slots[e->n_free_slots++] = e->max_sequences - 1 - i;
+    for (int i = 0; e->free_slots && i < e->n_sequence_slots; i++)
+        e->free_slots[e->n_free_slots++] = e->n_sequence_slots - 1 - i;
     if (!e->free_slots || !e->b_state_slots) return -1;
     e->backend_params = calloc((size_t)e->max_logit_rows, sizeof *e->backend_params);
     e->backend_results = calloc((size_t)e->max_logit_rows, sizeof *e->backend_results);
@@ -229,8 +232,9 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     if (e->hybrid) { /* as many snapshots as sequences: each can leave its prefix behind */
         e->n_snapshots = e->max_sequences;
         e->snapshots = calloc((size_t)e->n_snapshots, sizeof *e->snapshots);
-        if (!e->snapshots || transformer_reserve_state_slots(e->tf, e->max_sequences + e->n_snapshots,
-                                                             err, errlen))
+        if (!e->snapshots ||
+            transformer_reserve_state_slots(e->tf, e->n_sequence_slots + e->n_snapshots, err,
+                                            errlen))
             goto fail;
     }
     return e;
@@ -242,9 +246,10 @@ fail:
 }
 
 static void release_state_slot(engine *e, sequence *s) {
-    if (s->state_slot < 0) return;
-    e->free_slots[e->n_free_slots++] = s->state_slot;
-    s->state_slot = -1;
+    if (s->state_slot >= 0) e->free_slots[e->n_free_slots++] = s->state_slot;
+    if (s->spare_slot >= 0) e->free_slots[e->n_free_slots++] = s->spare_slot;
+    s->state_slot = s->spare_slot = -1;
+    s->catch_up = 0; /* a recomputed sequence starts over at position 0 */
 }
 
 /* Whether hybrid prefixes are reused (see the top of this file). */
@@ -269,7 +274,7 @@ static void snapshot_take(engine *e, sequence *s) {
         k = 0;
         for (int i = 1; i < e->n_snapshots && e->snapshots[k].hash; i++)
             if (!e->snapshots[i].hash || e->snapshots[i].used < e->snapshots[k].used) k = i;
-        transformer_copy_state(e->tf, e->max_sequences + k, s->state_slot);
+        transformer_copy_state(e->tf, e->n_sequence_slots + k, s->state_slot);
         e->snapshots[k].hash = s->last_hash;
     }
     e->snapshots[k].used = ++e->snapshot_tick;
@@ -393,13 +398,6 @@ int engine_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err
         error_set(err, errlen, "too many queued requests (%d)", queued);
         return -1;
     }
-    if (e->dist && r->constraint.ctx) {
-        /* the sampling rank and the rank holding the request differ in a pipeline, and a
-         * constraint is a pointer into this process */
-        error_set(err, errlen, "structured outputs (response formats, grammars, forced tool "
-                               "calls) are not supported on instances of several nodes yet");
-        return -1;
-    }
     if (e->dist) return engine_dist_queue_submit(e, seq_id, r, err, errlen);
     if (engine_add_sequence(e, seq_id, r)) {
         error_set(err, errlen, "out of memory queueing a request");
@@ -413,7 +411,7 @@ int engine_add_sequence(engine *e, uint64_t seq_id, const engine_request *r) {
     sequence *s = calloc(1, sizeof *s);
     if (!s) return -1;
     s->id = seq_id;
-    s->state_slot = -1;
+    s->state_slot = s->spare_slot = -1;
     s->serial = ++e->next_serial;
     s->n_prompt = s->n_tokens = r->n_prompt;
     int max_total = r->n_prompt + r->max_tokens;
@@ -515,7 +513,7 @@ static void restore_state(engine *e, sequence *s) {
     s->n_computed = keep * bs;
     s->last_hash = keep ? h : 0;
     if (!keep) return;
-    transformer_copy_state(e->tf, s->state_slot, e->max_sequences + k);
+    transformer_copy_state(e->tf, s->state_slot, e->n_sequence_slots + k);
     e->snapshots[k].used = ++e->snapshot_tick;
 }
 
@@ -585,7 +583,8 @@ static int plan_batch(engine *e, int max_members) {
     for (int i = 0; i < e->n_seqs; i++) {
         e->seqs[i]->chunk = 0;
         e->seqs[i]->logit_index = -1;
-        e->seqs[i]->n_draft = 0;
+        /* a sequence in flight (overlapped pipeline) keeps its drafts until its step applies */
+        if (!e->seqs[i]->in_flight) e->seqs[i]->n_draft = 0;
         running += e->seqs[i]->state == SEQ_RUNNING;
     }
     /* a pipeline with steps in flight: each step decodes its share of the running sequences, so
@@ -595,10 +594,14 @@ static int plan_batch(engine *e, int max_members) {
         int share = (running + e->pipeline_steps - 1) / e->pipeline_steps;
         decode_cap = share > 0 && share < decode_cap ? share : decode_cap;
     }
-    /* decode first: one token each; when the cache is full, the newest sequence yields */
+    /* decode first: one token each (a hybrid catching up after rejected drafts: the tokens since
+     * its restored state); when the cache is full, the newest sequence yields */
     for (int i = 0; i < e->n_seqs && budget > 0 && n_members < decode_cap; i++) {
         sequence *s = e->seqs[i];
-        if (s->state != SEQ_RUNNING || s->in_flight || s->n_tokens - s->n_computed != 1) continue;
+        int left = s->n_tokens - s->n_computed;
+        if (s->state != SEQ_RUNNING || s->in_flight || (left != 1 && !s->catch_up) ||
+            left > budget)
+            continue;
         int ok;
         while (!(ok = engine_ensure_blocks(e, s, s->n_tokens) == 0)) {
             sequence *victim = newest_running(e, s);
@@ -611,8 +614,8 @@ static int plan_batch(engine *e, int max_members) {
             running--;
             continue;
         }
-        s->chunk = 1;
-        budget--;
+        s->chunk = left;
+        budget -= left;
         e->b_members[n_members++] = s;
     }
 /* prefill, in four passes so a short prompt never waits behind a long one: short remainders
@@ -688,6 +691,7 @@ int engine_stage_batch(engine *e, int n_members, transformer_batch *b) {
         }
         e->b_state_slots[m] = s->state_slot;
         e->b_table_start[m] = n_entries;
+        s->batch_row = n_tok;
         memcpy(e->b_tables + n_entries, s->blocks, (size_t)s->n_blocks * sizeof *s->blocks);
         n_entries += s->n_blocks;
         for (int j = 0; j < s->chunk; j++) {
@@ -739,7 +743,6 @@ void engine_sample_all(engine *e, int n_members) {
         float *logits = e->logits + (size_t)s->logit_index * (size_t)e->cfg.vocab_size;
         if (s->constraint.ctx) s->constraint.mask(s->constraint.ctx, logits, e->cfg.vocab_size);
         sampler_sample(&e->sampler, logits, &in, &s->rng, &e->samples[s->logit_index]);
-        s->n_emit = 1;
     }
 }
 
@@ -759,13 +762,18 @@ static engine_finish take_sample(sequence *s, const sampler_result *r, engine_ev
 }
 
 /* Whether this step's rows can be sampled where the logits are (the backend's sample op): it
- * has one, and no member asks for penalties (the host sampler's job: they read the history). */
+ * has one, and no member with logits needs the host's sampling: penalties (they read the
+ * history), a constraint (its mask is computed on the host) or drafts to verify (several rows
+ * a member, spec_verify_member's rule). Both of the last two were once sampled on the GPU,
+ * unmasked and unverified (found by the API e2e suite on --device cuda). */
 static int samples_on_backend(const engine *e, int n_members) {
     if (!e->be->sample) return 0;
     for (int m = 0; m < n_members; m++) {
-        const sampling_params *p = &e->b_members[m]->sampling;
-        if (e->b_members[m]->logit_index >= 0 &&
-            (p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0))
+        const sequence *s = e->b_members[m];
+        const sampling_params *p = &s->sampling;
+        if (s->logit_index >= 0 &&
+            (p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0 ||
+             s->constraint.ctx || s->n_draft > 0))
             return 0;
     }
     return 1;
@@ -919,9 +927,14 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
                           int max_events) {
     if (chunk || logit_index >= 0) s->in_flight = 0; /* else a chunk counted at its plan */
     /* verified drafts: the tokens kept plus the model's own next one; the K/V of the drafts
-     * rejected after them are stale (never read: the next step overwrites those positions) */
-    int n_emit = logit_index >= 0 && s->n_draft > 0 ? s->n_emit : 1;
-    s->n_computed += chunk - (s->n_draft - (n_emit - 1));
+     * rejected after them are stale (never read: the next step overwrites those positions). A
+     * chunk counted at its plan has none: the drafts s holds then are its next step's, in flight */
+    int drafts = logit_index >= 0 ? s->n_draft : 0;
+    int n_emit = drafts > 0 ? spec_emitted(s, samples + logit_index) : 1;
+    s->catch_up = drafts > 0 && spec_rollback_state(e, s, n_emit - 1);
+    int computed_before = s->n_computed;
+    if (!s->catch_up) s->n_computed += chunk - (drafts - (n_emit - 1));
+    if (s->n_computed > computed_before && !e->dist) spec_observe(e, s, computed_before);
     register_full_blocks(e, s);
     if (chunk) snapshot_take(e, s);
     engine_finish fin = ENGINE_FINISH_NONE;
@@ -943,7 +956,7 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
         }
         fin = take_sample(s, &samples[logit_index + i], ev);
     }
-    if (s->n_draft > 0) spec_after_member(e, s, n_emit - 1);
+    if (drafts > 0) spec_after_member(e, s, n_emit - 1);
     if (fin != ENGINE_FINISH_NONE) {
         ev->finish = fin;
         int i;

@@ -44,6 +44,10 @@ typedef struct sequence {
     uint64_t serial;    /* engine-assigned, unique for the engine's life (same on every rank) */
     int in_flight;      /* in a step whose token is not applied yet (pipeline overlap) */
     int state_slot;     /* hybrid models: recurrent-state slot while running, else -1 */
+    int spare_slot;     /* hybrid models with speculation: the state before the step that
+                           verifies drafts (speculative.c), else -1 */
+    int catch_up;       /* hybrid: drafts were rejected and the state rolled back to before
+                           the step, so the next step recomputes every token since (no drafts) */
     /* speculative decoding (speculative.c) */
     int spec_max;       /* this request's most drafted tokens per step (0: no speculation) */
     int spec_k;         /* drafted tokens to ask for now (adapts to the acceptance) */
@@ -52,9 +56,9 @@ typedef struct sequence {
     uint64_t spec_drafted, spec_accepted; /* this request's totals (logged at its end) */
     /* this step */
     int chunk;       /* tokens in the batch (1 + n_draft when decoding with a draft) */
+    int batch_row;   /* the batch row of its first token */
     int logit_index; /* first row in logits, or -1 */
     int n_draft;     /* drafted tokens, stored past the end at tokens[n_tokens..] */
-    int n_emit;      /* tokens the step produced: samples[logit_index .. + n_emit) */
 } sequence;
 
 typedef struct state_snapshot {
@@ -80,6 +84,7 @@ typedef struct engine_dist_state {
     int rank, size;
     engine_parallel parallel;
     int head_rank;      /* the rank that holds the lm_head and samples */
+    int head_constrains; /* the sampling rank can build constraints (engine_options.make_constraint) */
     int timeout_ms;
     /* rank 0: requests and cancellations since the last step, serialized in call order; every
      * rank applies them at the start of the next step, so all hold the same sequences */
@@ -120,13 +125,15 @@ struct engine {
     int32_t *b_tokens, *b_positions, *b_seq, *b_slots, *b_table_start, *b_logit_rows;
     int32_t *b_tables;
     int b_tables_cap;
-    /* hybrid models: recurrent-state slots (one per running sequence, max_sequences of them) */
+    /* hybrid models: recurrent-state slots (one per running sequence, max_sequences of them,
+     * and with speculation one more each for the state before a verifying step) */
     int hybrid;
     int32_t *free_slots;      /* stack of unused slots */
     int n_free_slots;
+    int n_sequence_slots;     /* slots [0, n_sequence_slots) belong to sequences */
     int32_t *b_state_slots;   /* [max_sequences] slot of each batch member */
     /* hybrid prefix cache: the recurrent state after a prefix, at block boundaries, by the chain
-     * hash of the prefix's last block; snapshot i lives in state slot max_sequences + i */
+     * hash of the prefix's last block; snapshot i lives in state slot n_sequence_slots + i */
     state_snapshot *snapshots;
     int n_snapshots;
     uint64_t snapshot_tick;
@@ -141,9 +148,13 @@ struct engine {
     drafter_query *spec_queries; /* [max_sequences] */
     sequence **spec_asking;      /* [max_sequences] the sequence of each query */
     uint64_t spec_verifies, spec_drafted, spec_accepted;
+    float *spec_hidden;          /* [spec_hidden_rows][dim] hidden states handed to the drafter */
+    int spec_hidden_rows;
     sampler_scratch sampler;
     /* distribution */
     struct dist_group *dist;  /* NULL: this process runs the whole model */
+    engine_constraint_maker make_constraint; /* the sampling rank's, for constraint_spec */
+    void *make_constraint_ctx;
     engine_dist_state d;
     int failed;               /* a rank failed: every later step fails at once */
     char error[256];          /* why (engine_last_error) */
@@ -202,11 +213,22 @@ void spec_init_sequence(const engine *e, sequence *s, const engine_request *r);
  * token budget, the logit rows and event_room events. */
 void spec_plan_drafts(engine *e, int n_members, int event_room);
 /* Samples a member with drafts: verifies its drafted tokens row by row and writes the tokens it
- * keeps plus the model's own next one to samples[logit_index..], setting s->n_emit. */
+ * keeps plus the model's own next one to samples[logit_index..]; the rows after those get token
+ * -1 (they travel to the other ranks too). */
 void spec_verify_member(engine *e, sequence *s);
+/* How many tokens a member with drafts produced, from its verified rows (samples[logit_index..]):
+ * 1 to 1 + n_draft. */
+int spec_emitted(const sequence *s, const sampler_result *rows);
+/* Before a member's verified step is applied: a hybrid whose drafts were not all kept gets its
+ * recurrent state back from before the step (it holds the rejected drafts); returns 1 then (the
+ * step computed nothing that stays: the next one recomputes its kept tokens), else 0. */
+int spec_rollback_state(engine *e, sequence *s, int n_accepted);
 /* After a member's verified step is applied: adapts its k, counts the statistics and frees the
  * blocks that only rejected drafts used. */
 void spec_after_member(engine *e, sequence *s, int n_accepted);
+/* After a member's step is applied: a drafter that reads hidden states (MTP) gets those of the
+ * positions [first, s->n_computed) the step computed for good. */
+void spec_observe(engine *e, const sequence *s, int first);
 /* The sequence is gone (finished, cancelled): tells the drafter, logs its acceptance. */
 void spec_forget_sequence(engine *e, const sequence *s);
 

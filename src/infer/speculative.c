@@ -15,14 +15,30 @@
  * held nothing but rejected drafts go back to the pool. The prefix cache registers full blocks of
  * computed tokens only, so a rejected draft never reaches it.
  *
+ * Hybrid models (GatedDeltaNet layers) also fold every token of the step into the sequence's
+ * recurrent state, which has no positions to leave unread. Before a step that verifies drafts the
+ * state is copied to the sequence's spare slot; when a draft is rejected the two slots swap (the
+ * state is back to before the step) and the step counts as not computed: the next step feeds the
+ * pending token, the kept drafts and the new token again (a short chunk, no drafts), so their K/V
+ * and the state come out exactly as plain decoding makes them. A step whose drafts were all kept
+ * keeps its state. So a rejection costs a state copy and a few recomputed tokens, never a token
+ * of output (the verifying step still emits the kept drafts and the model's own next token).
+ *
  * Adaptive k, per sequence: a request starts with one drafted token; all drafts kept -> ask for
  * one more next time (up to the request's maximum); some kept -> one more than were kept; none
  * kept -> half as many. At 0 the sequence
  * decodes plainly and probes with a single draft after a cooldown that doubles after every
  * failed probe, so a drafter that is never right costs a few verification rows per hundred steps.
  *
- * Refuses: several ranks (the pipeline's overlapped steps assume one token per sequence and step:
- * speculation is switched off there with a warning). */
+ * Several ranks: every rank plans the same drafts (the drafter runs on each, over the same tokens:
+ * only drafters that are pure functions of the tokens, n-gram and a caller's oracle, are used
+ * there), the sampling rank verifies, and the rows past a member's last kept token go out with
+ * token -1, so every rank applies the same number of tokens (spec_emitted). An overlapped
+ * pipeline's sequence sits out the steps while its verified step is in flight, as without drafts.
+ *
+ * Refuses: the draft-model drafter on several ranks (each rank would run the whole draft model,
+ * and ranks with other thread counts or devices could disagree on its drafts), hybrid models (no
+ * recurrent-state rollback): switched off with a warning. */
 #include "infer/engine_internal.h"
 
 #include "base/error.h"
@@ -38,6 +54,7 @@
 static drafter *drafter_from_name(engine *e, const engine_options *o, char *err, size_t errlen) {
     const char *m = o->speculative;
     if (!strcmp(m, "ngram")) return drafter_ngram_create(0, 0);
+    if (!strcmp(m, "mtp")) return drafter_mtp_create(e, err, errlen);
     if (!strncmp(m, "draft:", 6) && m[6]) {
         drafter_model_options mo = {.model_dir = m + 6, .device = o->device,
                                     .n_threads = o->n_threads,
@@ -46,7 +63,8 @@ static drafter *drafter_from_name(engine *e, const engine_options *o, char *err,
                                     .vocab_size = e->cfg.vocab_size};
         return drafter_model_create(&mo, err, errlen);
     }
-    error_set(err, errlen, "speculative method '%.64s' is not one of off, ngram, draft:DIR", m);
+    error_set(err, errlen, "speculative method '%.64s' is not one of off, ngram, mtp, draft:DIR",
+              m);
     return NULL;
 }
 
@@ -59,13 +77,14 @@ int spec_open(engine *e, const engine_options *o, int *extra_rows, char *err, si
                   ENGINE_SPEC_MAX_TOKENS, o->spec_tokens);
         return -1;
     }
-    if (o->dist) {
-        log_warn("engine: speculative decoding runs in one process only; off for this instance");
+    if (o->dist && !o->drafter && strcmp(m, "ngram")) {
+        log_warn("engine: the %s drafter runs in one process only; speculative decoding is off "
+                 "for this instance (ngram works across ranks)", m);
         return 0;
     }
-    if (e->hybrid) { /* rejected drafts would stay in the recurrent state: no rollback yet */
-        log_warn("engine: speculative decoding cannot roll back a hybrid model's recurrent "
-                 "state; off for this instance");
+    if (o->dist && e->hybrid) { /* the state rollback is one process's (not tried on ranks) */
+        log_warn("engine: speculative decoding on a hybrid model runs in one process only; off "
+                 "for this instance");
         return 0;
     }
     e->drafter = o->drafter ? o->drafter : drafter_from_name(e, o, err, errlen);
@@ -93,6 +112,8 @@ void spec_close(engine *e) {
     e->drafter = NULL;
     free(e->spec_queries);
     free(e->spec_asking);
+    free(e->spec_hidden);
+    e->spec_hidden = NULL;
     e->spec_queries = NULL;
     e->spec_asking = NULL;
 }
@@ -100,7 +121,7 @@ void spec_close(engine *e) {
 void spec_init_sequence(const engine *e, sequence *s, const engine_request *r) {
     int most = e->drafter ? e->spec_tokens : 0;
     /* a constrained request (grammar) samples each token through its mask: drafts would bypass it */
-    if (r->spec_tokens < 0 || r->constraint.ctx) most = 0;
+    if (r->spec_tokens < 0 || r->constraint.ctx || r->constraint_spec) most = 0;
     else if (r->spec_tokens > 0 && r->spec_tokens < most) most = r->spec_tokens;
     s->spec_max = most;
     s->spec_k = most < 1 ? most : 1; /* one draft first: more are earned by acceptance */
@@ -116,6 +137,18 @@ static int wanted_drafts(sequence *s) {
         return 0;
     }
     return 1; /* a probe */
+}
+
+/* A hybrid about to verify drafts: its state now, copied to its spare slot (taken on first use;
+ * the engine keeps two slots per sequence when speculating). -1 when it has no state to keep. */
+static int keep_state_before_step(engine *e, sequence *s) {
+    if (s->state_slot < 0) return -1; /* not batched yet: cannot be decoding; no drafts */
+    if (s->spare_slot < 0) {
+        if (e->n_free_slots == 0) return -1; /* cannot happen: two per running sequence */
+        s->spare_slot = e->free_slots[--e->n_free_slots];
+    }
+    transformer_copy_state(e->tf, s->spare_slot, s->state_slot);
+    return 0;
 }
 
 void spec_plan_drafts(engine *e, int n_members, int event_room) {
@@ -160,9 +193,18 @@ void spec_plan_drafts(engine *e, int n_members, int event_room) {
             int have = s->n_blocks * e->block_size - s->n_tokens; /* drafts never preempt */
             n = have < n ? (have > 0 ? have : 0) : n;
         }
+        if (n > 0 && e->hybrid && keep_state_before_step(e, s) != 0) n = 0;
         s->n_draft = n;
         s->chunk = 1 + n;
     }
+}
+
+int spec_rollback_state(engine *e, sequence *s, int n_accepted) {
+    if (!e->hybrid || n_accepted >= s->n_draft || s->spare_slot < 0) return 0;
+    int holds_drafts = s->state_slot;
+    s->state_slot = s->spare_slot;
+    s->spare_slot = holds_drafts;
+    return 1;
 }
 
 void spec_verify_member(engine *e, sequence *s) {
@@ -171,14 +213,21 @@ void spec_verify_member(engine *e, sequence *s) {
         sampler_input in = engine_sampler_input(s, s->n_tokens + i);
         float *logits = e->logits + (size_t)(s->logit_index + i) * vocab;
         sampler_result *out = &e->samples[s->logit_index + i];
-        s->n_emit = i + 1;
         if (i == s->n_draft) { /* every draft kept: the last row gives one more token */
             sampler_sample(&e->sampler, logits, &in, &s->rng, out);
         } else if (!sampler_sample_draft(&e->sampler, logits, &in, s->tokens[s->n_tokens + i],
                                          &s->rng, out)) {
-            return; /* rejected: out holds the model's own token; later rows are discarded */
+            /* rejected: out holds the model's own token; the later rows are discarded */
+            for (int j = i + 1; j <= s->n_draft; j++) e->samples[s->logit_index + j].token = -1;
+            return;
         }
     }
+}
+
+int spec_emitted(const sequence *s, const sampler_result *rows) {
+    int n = 1;
+    while (n <= s->n_draft && rows[n].token >= 0) n++;
+    return n;
 }
 
 /* Gives back the blocks past the one holding s's last token: only rejected drafts used them. */
@@ -211,6 +260,19 @@ void spec_after_member(engine *e, sequence *s, int n_accepted) {
     }
     s->n_draft = 0;
     release_draft_blocks(e, s);
+}
+
+void spec_observe(engine *e, const sequence *s, int first) {
+    if (!e->drafter || !e->drafter->observe || s->spec_max == 0) return;
+    int n = s->n_computed - first, dim = e->cfg.hidden_size;
+    if (n > e->spec_hidden_rows) {
+        float *h = realloc(e->spec_hidden, (size_t)n * (size_t)dim * sizeof *h);
+        if (!h) return; /* the drafter sees a gap: it drafts with less to go on */
+        e->spec_hidden = h;
+        e->spec_hidden_rows = n;
+    }
+    transformer_hidden_rows(e->tf, s->batch_row, n, e->spec_hidden);
+    e->drafter->observe(e->drafter, s->serial, first, n, e->spec_hidden);
 }
 
 void spec_forget_sequence(engine *e, const sequence *s) {

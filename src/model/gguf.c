@@ -582,12 +582,21 @@ static int ends_with_gguf(const char *name) {
     return l > 5 && !strcasecmp(name + l - 5, ".gguf");
 }
 
+/* Does the file begin with the GGUF magic (a blob named by its hash, as Ollama stores them)? */
+static int starts_with_magic(const char *path) {
+    char magic[4];
+    FILE *f = fopen(path, "rb");
+    int yes = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    if (f) fclose(f);
+    return yes;
+}
+
 int gguf_model_file(const char *path, char *out, size_t n) {
     struct stat sb;
     if (!path || stat(path, &sb)) return 0;
     if (S_ISREG(sb.st_mode)) {
-        if (!ends_with_gguf(path) || (size_t)snprintf(out, n, "%s", path) >= n) return 0;
-        return 1;
+        if (!ends_with_gguf(path) && !starts_with_magic(path)) return 0;
+        return (size_t)snprintf(out, n, "%s", path) < n;
     }
     if (!S_ISDIR(sb.st_mode)) return 0;
     char probe[4096];

@@ -137,7 +137,8 @@ int gguf_tensor_count(const gguf_file *f);
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, int i);
 const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name);
 
-/* Is `path` a model given as GGUF: a regular file whose name ends in ".gguf", or a directory
+/* Is `path` a model given as GGUF: a regular file whose name ends in ".gguf" or that begins with
+ * the GGUF magic (Ollama's blobs are named by their hash), or a directory
  * without config.json that holds exactly one "*.gguf" file? Writes the file's path into out and
  * returns 1; 0 otherwise (no error: the caller goes on to its other formats). */
 int gguf_model_file(const char *path, char *out, size_t n);

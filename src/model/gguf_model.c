@@ -282,13 +282,16 @@ int gguf_name_from_hf(const char *hf_base, char *out, size_t n) {
     return translate(hf_base, strlen(hf_base), 0, out, n);
 }
 
-/* One GGUF tensor and what it becomes: a dense view (part 0) or MLX weight/scales/biases. */
+/* One GGUF tensor and what it becomes: a dense view (part 0) or MLX weight/scales/biases, and
+ * for a symmetric type (gguf_mlx_zero_point) a fourth, "<name>.zero_point": one F32 holding it,
+ * which weights.c turns into weight_matrix.zero_point. */
 typedef struct conversion {
     const gguf_tensor *src;
     int unpermute_heads; /* llama q/k: heads whose rows llama.cpp interleaved; 0 = none */
     int built;           /* 0 not yet, 1 done, -1 failed */
     void *buf;           /* owned bytes (quantized or row-permuted tensors) */
-    safetensors_tensor part[3];
+    float zero_point;    /* part 3's value */
+    safetensors_tensor part[4];
 } conversion;
 
 typedef struct named {
@@ -413,6 +416,13 @@ static int build_mlx(gguf_set *s, conversion *c, int bits) {
         c->part[p].data = buf + wbytes + (size_t)(p - 1) * gbytes;
         c->part[p].nbytes = gbytes;
     }
+    c->zero_point = (float)gguf_mlx_zero_point(g->type);
+    c->part[3] = base;
+    c->part[3].dtype = ST_F32;
+    c->part[3].n_dims = 1;
+    c->part[3].shape[0] = 1;
+    c->part[3].data = &c->zero_point;
+    c->part[3].nbytes = sizeof c->zero_point;
     return 0;
 }
 
@@ -472,7 +482,7 @@ static int permuted_heads(const gguf_file *f, const char *arch, const char *base
 static int register_tensors(gguf_set *s, const char *arch, char *err, size_t errlen) {
     int n = gguf_tensor_count(s->f);
     s->convs = calloc((size_t)n + 1, sizeof *s->convs);
-    s->names = calloc((size_t)n * 3 + 1, sizeof *s->names);
+    s->names = calloc((size_t)n * 4 + 1, sizeof *s->names);
     if (!s->convs || !s->names) {
         error_set(err, errlen, "out of memory");
         return -1;
@@ -503,7 +513,8 @@ static int register_tensors(gguf_set *s, const char *arch, char *err, size_t err
         }
         if (add_name(s, base, suffix, s->n_convs, 0) ||
             (bits && (add_name(s, base, "scales", s->n_convs, 1) ||
-                      add_name(s, base, "biases", s->n_convs, 2)))) {
+                      add_name(s, base, "biases", s->n_convs, 2))) ||
+            (gguf_mlx_zero_point(t->type) && add_name(s, base, "zero_point", s->n_convs, 3))) {
             error_set(err, errlen, "out of memory");
             return -1;
         }

@@ -31,6 +31,10 @@ int gguf_mlx_bits(uint32_t type) {
     }
 }
 
+int gguf_mlx_zero_point(uint32_t type) {
+    return type == GGML_TYPE_Q4_0 ? 8 : type == GGML_TYPE_Q5_0 ? 16 : type == GGML_TYPE_Q8_0 ? 128 : 0;
+}
+
 /* ---- block decoders: the values of one block as q (unsigned) with one scale/bias per 32 ---- */
 
 /* The 6-bit sub-scale and sub-min j of a Q4_K/Q5_K block's 12 packed bytes. */

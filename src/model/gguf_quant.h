@@ -22,6 +22,11 @@
  * used as it is; -1 for a type exo does not run. */
 int gguf_mlx_bits(uint32_t type);
 
+/* The zero point of a symmetric type's MLX groups (Q4_0: 8, Q5_0: 16, Q8_0: 128): every bias
+ * gguf_row_to_mlx writes is exactly -zero_point * its scale (weight_matrix.zero_point); 0 for
+ * the types with a real offset per group. */
+int gguf_mlx_zero_point(uint32_t type);
+
 /* Dequantizes one row of n values. Returns 0, or -1 for a type it does not know. */
 int gguf_dequantize_row(uint32_t type, const void *src, int64_t n, float *out);
 

@@ -1,6 +1,7 @@
 /* store — model directories on disk (see store.h). */
 #include "model/store.h"
 #include "model/gguf.h"
+#include "model/ollama.h"
 
 #include "base/error.h"
 #include "base/paths.h"
@@ -32,10 +33,51 @@ static int part_valid(const char *p, size_t n) {
     return 1;
 }
 
+/* A quantization tag: 1..64 of [A-Za-z0-9._-], not starting with '.' or '-'. */
+static int tag_valid(const char *t) {
+    size_t n = strlen(t);
+    if (n == 0 || n > 64 || t[0] == '.' || t[0] == '-') return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = t[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+const char *store_id_tag(const char *id) {
+    const char *colon = id ? strchr(id, ':') : NULL;
+    return colon ? colon + 1 : NULL;
+}
+
+int store_id_repo(const char *id, char *out, size_t n) {
+    const char *tag = store_id_tag(id);
+    size_t len = tag ? (size_t)(tag - 1 - id) : strlen(id);
+    if (len >= n) return -1;
+    memcpy(out, id, len);
+    out[len] = 0;
+    return 0;
+}
+
 int store_id_valid(const char *id, char *err, size_t errlen) {
     if (!id || !*id) {
         error_set(err, errlen, "model id is empty");
         return -1;
+    }
+    const char *tag = store_id_tag(id);
+    if (tag) { /* "org/name:TAG": the repository part as any id, the tag after the only ':' */
+        char repo[256];
+        if (!tag_valid(tag) || (strchr(id, '/') && strchr(id, '/') > tag)) {
+            error_set(err, errlen, "a model id's tag (after ':') may only use letters, digits, '.', "
+                      "'_' and '-' (at most 64 characters), as in \"org/name:Q4_K_M\"");
+            return -1;
+        }
+        if (store_id_repo(id, repo, sizeof repo) < 0) {
+            error_set(err, errlen, "model id is too long");
+            return -1;
+        }
+        return store_id_valid(repo, err, errlen);
     }
     if (id[0] == '/') {
         error_set(err, errlen, "model id must be \"org/name\", not an absolute path");
@@ -111,6 +153,9 @@ int store_init(model_store *s, const char *models_dir, const char *models_path, 
         p += n;
         if (*p == ':') p++;
     }
+    const char *ollama = getenv("EXO_OLLAMA_MODELS");
+    if (!(ollama && !strcmp(ollama, "0")) && ollama_default_root(s->ollama_root, sizeof s->ollama_root))
+        s->ollama_root[0] = 0;
     /* Models that ship with exo (the demo model) are found last, read-only. */
     if (s->n_search < STORE_MAX_PATHS &&
         paths_shipped_dir("EXO_BUILTIN_MODELS_DIR", "resources/models", s->search[s->n_search],
@@ -275,6 +320,12 @@ enum store_state store_locate(const model_store *s, const char *id_or_path, char
         }
         if (best == STORE_COMPLETE) break;
     }
+    char blob[STORE_PATH_MAX * 2];
+    if (best != STORE_COMPLETE && ollama_locate(s->ollama_root, id_or_path, blob, sizeof blob) == 0 &&
+        strlen(blob) < n) {
+        snprintf(out, n, "%s", blob);
+        best = STORE_COMPLETE;
+    }
     return best;
 }
 
@@ -315,7 +366,11 @@ static uint64_t dir_bytes(const char *dir, int depth) {
     return total;
 }
 
-uint64_t store_dir_bytes(const char *dir) { return dir_bytes(dir, 0); }
+uint64_t store_dir_bytes(const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) return (uint64_t)st.st_size;
+    return dir_bytes(dir, 0);
+}
 
 static int remove_tree(const char *path, int depth) {
     struct stat st;
@@ -351,6 +406,21 @@ int store_delete(const model_store *s, const char *id, char *err, size_t errlen)
     return 0;
 }
 
+typedef struct ollama_seen {
+    char (*seen)[200];
+    int *n_seen;
+    store_list_fn fn;
+    void *ud;
+} ollama_seen;
+
+static void list_ollama(const char *id, const char *blob, void *ud) {
+    ollama_seen *o = ud;
+    for (int k = 0; k < *o->n_seen; k++)
+        if (!strcmp(o->seen[k], id)) return;
+    if (*o->n_seen < 512) snprintf(o->seen[(*o->n_seen)++], sizeof o->seen[0], "%s", id);
+    o->fn(id, blob, STORE_COMPLETE, o->ud);
+}
+
 void store_list(const model_store *s, store_list_fn fn, void *ud) {
     char seen[512][200];
     int n_seen = 0;
@@ -378,4 +448,6 @@ void store_list(const model_store *s, store_list_fn fn, void *ud) {
         }
         closedir(d);
     }
+    ollama_seen seen_ollama = {.seen = seen, .n_seen = &n_seen, .fn = fn, .ud = ud};
+    ollama_list(s->ollama_root, list_ollama, &seen_ollama);
 }

@@ -104,7 +104,7 @@ size_t weight_matrix_bytes(const weight_matrix *w) {
     case WEIGHT_F16: case WEIGHT_BF16: return n * 2;
     case WEIGHT_MLX_AFFINE:
         return n * (size_t)w->bits / 8 +
-               2 * (n / (size_t)w->group_size) * dtype_size(w->scale_dtype);
+               (w->zero_point ? 1 : 2) * (n / (size_t)w->group_size) * dtype_size(w->scale_dtype);
     }
     return 0;
 }

@@ -68,6 +68,11 @@ typedef struct weight_matrix {
     int exact_activations; /* multiply with float activations, never a backend's rounded ones
                               (int16 per group): set where the model amplifies this matmul's
                               errors (the hybrids' q/k/v projection, see weights.c) */
+    int zero_point;     /* MLX: 0, or every bias is exactly -zero_point * its scale (GGUF's
+                           symmetric Q4_0/Q5_0/Q8_0: 8/16/128), so a kernel may derive the biases
+                           instead of reading them: the bytes a matvec streams drop to the GGUF
+                           block's (4.5 bits per weight for Q4_0, not 5). biases stay valid for
+                           every reader that does not (see weight_matrix_bytes) */
 } weight_matrix;
 
 /* Index of 32-bit word d of row r in an MLX matrix's data, in either layout. */
@@ -84,7 +89,9 @@ static inline int64_t weight_mlx_group(const weight_matrix *w, int64_t r, int64_
     return (r & ~(int64_t)15) * groups + g * 16 + (r & 15);
 }
 
-/* Bytes of weight data a matvec reads (for rooflines). */
+/* Bytes of weight data a matvec reads (for rooflines): without the biases of a zero_point matrix,
+ * which the CPU's AVX-512 matvec derives from the scales (other kernels read them: on those the
+ * figure is short by one scale per group). */
 size_t weight_matrix_bytes(const weight_matrix *w);
 /* Dequantizes row r into out[cols] (float32). Reference path, any format. */
 void weight_matrix_row_to_f32(const weight_matrix *w, int64_t r, float *out);

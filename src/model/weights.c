@@ -70,6 +70,26 @@ static const safetensors_tensor *need_tensor(const safetensors_set *st, const ch
     return t;
 }
 
+/* `prefix`.zero_point, which only a GGUF file's symmetric types have (gguf_model.h): one F32, a
+ * whole number in [1, 2^(bits-1)], the weight_matrix.zero_point of the matrix. 0 when absent. */
+static int zero_point_of(const safetensors_set *st, const char *prefix, int bits, int *out, char *err,
+                         size_t errlen) {
+    char name[512];
+    snprintf(name, sizeof name, "%.400s.zero_point", prefix);
+    const safetensors_tensor *z = safetensors_set_find(st, name);
+    *out = 0;
+    if (!z) return 0;
+    float v = 0;
+    if (z->dtype == ST_F32 && z->nbytes == sizeof v) memcpy(&v, z->data, sizeof v);
+    if (!(v >= 1 && v <= (float)(1 << (bits - 1)) && v == (float)(int)v)) {
+        error_set(err, errlen, "%s: '%s' must be one F32 whole number in [1, %d]", z->file, name,
+                  1 << (bits - 1));
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 /* Resolves `prefix`.weight (+ .scales/.biases) into n (n_stack, or 1) matrices [rows][cols]. */
 static int load_matrices(const safetensors_set *st, const char *prefix, int n_stack, int64_t rows,
                          int64_t cols, int vector, weight_matrix *out, char *err, size_t errlen) {
@@ -129,13 +149,16 @@ static int load_matrices(const safetensors_set *st, const char *prefix, int n_st
     }
     size_t wstride = (size_t)rows * (size_t)wcols * 4;
     size_t sstride = (size_t)rows * (size_t)groups * dtype_size(sd);
+    int zero_point = 0;
+    if (zero_point_of(st, prefix, (int)bits, &zero_point, err, errlen)) return -1;
     for (int e = 0; e < count; e++)
         out[e] = (weight_matrix){.format = WEIGHT_MLX_AFFINE, .rows = vector ? 1 : rows,
                                  .cols = cols,
                                  .data = (const char *)w->data + (size_t)e * wstride,
                                  .scales = (const char *)s->data + (size_t)e * sstride,
                                  .biases = (const char *)b->data + (size_t)e * sstride,
-                                 .scale_dtype = sd, .bits = (int)bits, .group_size = (int)gs};
+                                 .scale_dtype = sd, .bits = (int)bits, .group_size = (int)gs,
+                                 .zero_point = zero_point};
     return 0;
 }
 
@@ -595,18 +618,19 @@ static int norms_stored_zero_centred(const safetensors_set *st, const model_conf
     return 1;
 }
 
-static int load_layer(model_weights *w, const safetensors_set *st, const model_config *c, int i,
-                      layer_weights *l, char *err, size_t errlen) {
-    char p[128], n[256];
-    snprintf(p, sizeof p, "%s.layers.%d", text_prefix(st), i);
+/* A decoder layer whose tensors are under p (model.layers.N, mtp.layers.0). */
+static int load_layer_at(model_weights *w, const safetensors_set *st, const model_config *c,
+                         const char *p, int is_linear, int is_moe, layer_weights *l, char *err,
+                         size_t errlen) {
+    char n[256];
     int64_t dim = c->hidden_size, qd = (int64_t)c->n_heads * c->head_dim,
             kvd = (int64_t)c->n_kv_heads * c->head_dim;
 #define NAME(suffix) (snprintf(n, sizeof n, "%s.%s", p, suffix), n)
     if (load_vector(st, NAME("input_layernorm"), dim, &l->attn_norm, err, errlen) ||
         load_vector(st, NAME("post_attention_layernorm"), dim, &l->ffn_norm, err, errlen))
         return -1;
-    l->is_linear = model_config_layer_is_linear(c, i);
-    l->is_moe = model_config_layer_is_moe(c, i);
+    l->is_linear = is_linear;
+    l->is_moe = is_moe;
     if (l->is_linear) {
         if (load_linear_attention(w, st, c, NAME("linear_attn"), l, err, errlen)) return -1;
         goto mlp;
@@ -646,6 +670,14 @@ mlp:
         return -1;
 #undef NAME
     return 0;
+}
+
+static int load_layer(model_weights *w, const safetensors_set *st, const model_config *c, int i,
+                      layer_weights *l, char *err, size_t errlen) {
+    char p[128];
+    snprintf(p, sizeof p, "%s.layers.%d", text_prefix(st), i);
+    return load_layer_at(w, st, c, p, model_config_layer_is_linear(c, i),
+                         model_config_layer_is_moe(c, i), l, err, errlen);
 }
 
 /* ---- tensor-parallel slices ------------------------------------------------------------------ */
@@ -839,6 +871,9 @@ static void for_each_view(model_weights *w, view_fn fn, void *ctx) {
         fn(&w->final_norm, ctx);
         fn(&w->lm_head, ctx);
     }
+    fn(&w->mtp_norm_embedding, ctx);
+    fn(&w->mtp_norm_hidden, ctx);
+    fn(&w->mtp_fc, ctx);
     for (int i = 0; w->layers && i < w->layer_end - w->layer_start; i++) {
         layer_weights *l = &w->layers[i];
         weight_matrix *m[] = {&l->attn_norm, &l->wq, &l->wk, &l->wv, &l->wo, &l->bq, &l->bk,
@@ -1083,7 +1118,7 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
     char name[96];
     if (strcmp(prefix, "model"))
         log_info("weights: the language model of a multimodal checkpoint (%s.*); its vision "
-                 "tower and mtp.* tensors are not loaded", prefix);
+                 "tower is not loaded (nor mtp.*, but by --speculative mtp)", prefix);
     out->norm_plus_one = norms_stored_zero_centred(st, c, prefix);
     snprintf(name, sizeof name, "%s.embed_tokens", prefix);
     if (out->has_embed && load_matrix(st, name, vocab, dim, &out->embed, err, errlen))
@@ -1133,4 +1168,37 @@ void model_weights_free(model_weights *w) {
     }
     free(w->layers);
     w->layers = NULL;
+}
+
+int model_weights_has_mtp(const safetensors_set *st) {
+    return safetensors_set_find(st, "mtp.fc.weight") != NULL;
+}
+
+int model_weights_load_mtp(const safetensors_set *st, const model_config *c, model_weights *out,
+                           char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    int64_t dim = c->hidden_size;
+    out->layer_start = c->n_layers;
+    out->layer_end = c->n_layers + 1;
+    out->has_head = 1;
+    out->tp_size = 1;
+    out->n_experts = c->n_experts;
+    out->norm_plus_one = norms_stored_zero_centred(st, c, text_prefix(st));
+    out->layers = calloc(1, sizeof *out->layers);
+    if (!out->layers) {
+        error_set(err, errlen, "out of memory");
+        return -1;
+    }
+    int moe = model_config_layer_is_moe(c, c->n_layers - 1);
+    if (load_layer_at(out, st, c, "mtp.layers.0", 0, moe, &out->layers[0], err, errlen) ||
+        load_vector(st, "mtp.norm", dim, &out->final_norm, err, errlen) ||
+        load_vector(st, "mtp.pre_fc_norm_embedding", dim, &out->mtp_norm_embedding, err, errlen) ||
+        load_vector(st, "mtp.pre_fc_norm_hidden", dim, &out->mtp_norm_hidden, err, errlen) ||
+        load_matrix(st, "mtp.fc", dim, 2 * dim, &out->mtp_fc, err, errlen)) {
+        model_weights_free(out);
+        return -1;
+    }
+    out->bytes_per_token = layer_bytes(c, &out->layers[0]) + weight_matrix_bytes(&out->mtp_fc);
+    if (model_weights_place(out, weights_memory_from_env(WEIGHTS_MEM_AUTO))) free_owned(out);
+    return 0;
 }

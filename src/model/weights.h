@@ -18,8 +18,8 @@
  * every backend's MLX kernels read (9 bits a weight where MXFP4 has 4.25: the price of no
  * MXFP4 kernel yet).
  * Hybrid checkpoints (Qwen3-Next, Qwen3.5): Qwen3.5's multimodal ones keep the language model
- * under model.language_model.* (found by its embedding; the vision tower and the mtp.* tensors
- * are not loaded, a log line says so). Rows that transformers splits per head after the
+ * under model.language_model.* (found by its embedding; the vision tower is not loaded, a log
+ * line says so). The mtp.* head loads apart (model_weights_load_mtp), for the MTP drafter. Rows that transformers splits per head after the
  * projection (the attention output gate inside q_proj, Qwen3-Next's per-key-head qkvz/ba
  * groups) are regrouped at load into owned copies, so the forward pass sees one layout.
  *
@@ -106,6 +106,9 @@ typedef struct model_weights {
                                recognised by its conv1d layout [C, K, 1]) */
     void **owned;           /* column slices gathered at load (freed once copied to the arena) */
     int n_owned, owned_cap;
+    /* an MTP head (model_weights_load_mtp), else data NULL */
+    weight_matrix mtp_norm_embedding, mtp_norm_hidden; /* [1][dim] */
+    weight_matrix mtp_fc;   /* [dim][2 * dim]: input [normed embedding, normed hidden state] */
 } model_weights;
 
 /* Where the weights live once loaded:
@@ -153,5 +156,15 @@ size_t model_weights_rewrite(model_weights *w, int (*rewrite)(weight_matrix *m, 
  * it, 0 = unknown: never). For tests of the fallback. */
 int model_weights_place_within(model_weights *w, weights_memory how, size_t mem_available);
 void model_weights_free(model_weights *w);
+
+/* Whether the checkpoint carries a multi-token-prediction head (Qwen3-Next / Qwen3.5: mtp.*). */
+int model_weights_has_mtp(const safetensors_set *st);
+/* The MTP head as weights of one more layer after the model's (layer_start = the model's
+ * n_layers, so the forward takes hidden states in): mtp.layers.0 (full attention, the MLP kind
+ * of the model's last layer), final_norm = mtp.norm, and the mtp_* fields. It holds no lm_head:
+ * the caller points lm_head at the model's (shared) once both are placed. Placed in memory like
+ * the model (model_weights_place). Returns 0, or -1 with err naming what is missing. */
+int model_weights_load_mtp(const safetensors_set *st, const model_config *c, model_weights *out,
+                           char *err, size_t errlen);
 
 #endif

@@ -39,7 +39,7 @@ typedef struct runner_options {
     const char *model_id;   /* for messages */
     size_t kv_cache_bytes;  /* 0 = automatic */
     const char *kv_cache_dtype; /* f16, bf16 or f32 (NULL = the engine's default) */
-    const char *speculative; /* ngram, draft:DIR, off (NULL = off): engine_options.speculative */
+    const char *speculative; /* ngram, mtp, draft:DIR, off (NULL = off): engine_options.speculative */
     int spec_tokens;        /* most drafted tokens per step, 0 = the engine's default */
     const char *device;     /* cpu, cuda or auto (NULL = auto) */
     int n_threads;          /* 0 = all cores */

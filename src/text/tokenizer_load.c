@@ -134,6 +134,7 @@ typedef struct merge_collect {
     tok_load_ctx *c;
     char *joined;
     size_t cap;
+    json_t *ranks; /* model.exo_merge_ranks or NULL: merge i's rank (default: i) */
 } merge_collect;
 
 static int collect_merge(void *user, size_t i, const char *a, size_t alen, const char *b, size_t blen) {
@@ -161,7 +162,16 @@ static int collect_merge(void *user, size_t i, const char *a, size_t alen, const
         return -1;
     }
     if (i >= INT32_MAX) return -1;
-    tok_merges_put(&t->merges, ia, ib, (int32_t)i, iab);
+    json_int_t rank = (json_int_t)i;
+    if (m->ranks) {
+        json_t *r = json_array_get(m->ranks, i);
+        if (!json_is_integer(r) || json_integer_value(r) < 0 || json_integer_value(r) >= INT32_MAX) {
+            tok_load_fail(m->c, "model.exo_merge_ranks[%zu]: expected a rank in [0, 2^31) for every merge", i);
+            return -1;
+        }
+        rank = json_integer_value(r);
+    }
+    tok_merges_put(&t->merges, ia, ib, (int32_t)rank, iab);
     return 0;
 }
 
@@ -180,7 +190,14 @@ static int load_merges(tokenizer *t, tok_load_ctx *c, const char *json, const to
     if (!t->merges.slots) return -1;
     for (size_t i = 0; i < cap; i++) t->merges.slots[i].key = UINT64_MAX;
     t->merges.mask = cap - 1;
-    merge_collect mc = {t, c, NULL, 0};
+    /* exo's own extension (model/gguf_tokenizer.c writes it for SentencePiece vocabularies):
+     * explicit ranks, equal for merges that must compete by position alone */
+    json_t *ranks = json_object_get(model, "exo_merge_ranks");
+    if (ranks && !json_is_array(ranks)) {
+        tok_load_fail(c, "model.exo_merge_ranks must be an array");
+        return -1;
+    }
+    merge_collect mc = {t, c, NULL, 0, ranks};
     int rc = tok_json_merges(json + sp->merges, sp->merges_len, collect_merge, &mc);
     free(mc.joined);
     if (rc && c->err && !c->err[0]) tok_load_fail(c, "model.merges: malformed");

@@ -37,7 +37,7 @@ typedef struct instances_options {
     const char *node_id;
     size_t kv_cache_bytes;   /* passed to runners; 0 = automatic */
     const char *kv_cache_dtype; /* passed to runners: f16, bf16, f32 (NULL or "" = default) */
-    const char *speculative; /* passed to runners: ngram, draft:DIR, off (NULL or "" = off) */
+    const char *speculative; /* passed to runners: ngram, mtp, draft:DIR, off (NULL or "" = off) */
     int spec_tokens;         /* passed to runners: most drafted tokens per step, 0 = default */
     const char *device;      /* passed to runners: cpu, cuda or auto (NULL = auto) */
     int ready_timeout_s;     /* how long a request waits for a runner to be Ready; 0 = 600 */

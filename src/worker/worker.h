@@ -31,7 +31,7 @@ typedef struct worker_config {
     const char *node_id;
     size_t kv_cache_bytes;   /* passed to runners; 0 = automatic */
     const char *kv_cache_dtype; /* passed to runners: f16, bf16, f32 (NULL or "" = default) */
-    const char *speculative; /* passed to runners: ngram, draft:DIR, off (NULL or "" = off) */
+    const char *speculative; /* passed to runners: ngram, mtp, draft:DIR, off (NULL or "" = off) */
     int spec_tokens;         /* passed to runners: most drafted tokens per step, 0 = default */
     const char *device;      /* passed to runners: cpu, cuda or auto (NULL or "" = auto) */
     int watchdog_s;          /* a busy runner silent this long is restarted; 0 = default, < 0 off */

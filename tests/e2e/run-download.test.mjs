@@ -2,26 +2,14 @@
 // HF_ENDPOINT and then generates; with --offline it only names the missing model.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { exoBin } from './lib/exo.mjs';
+import { deviceArgs, exoAsync as exo } from './lib/exo.mjs';
 import { tinyModel } from './lib/models.mjs';
 import { FakeHF } from './lib/fake-hf.mjs';
 
 const ID = 'test-org/qwen3-tiny';
-
-// Async (the fake Hub runs in this process, so spawnSync would block it).
-function exo(args, env = {}) {
-  return new Promise((resolve) => {
-    const p = spawn(exoBin(), args, { env: { ...process.env, HF_TOKEN: '', ...env } });
-    let stdout = '', stderr = '';
-    p.stdout.on('data', (d) => { stdout += d; });
-    p.stderr.on('data', (d) => { stderr += d; });
-    p.on('exit', (status) => resolve({ status, stdout, stderr }));
-  });
-}
 
 test('exo run downloads a missing model with a progress bar, then runs it; --offline does not', async (t) => {
   const dir = await tinyModel('qwen3-tiny');
@@ -36,7 +24,7 @@ test('exo run downloads a missing model with a progress bar, then runs it; --off
   assert.match(off.stderr, /no model 'test-org\/qwen3-tiny': not found/);
   assert.equal(hf.totalSent(ID), 0, '--offline fetched nothing');
 
-  const r = await exo(['run', ID, 'hi', '--max-tokens', '3', '--models-dir', models],
+  const r = await exo(['run', ID, 'hi', '--max-tokens', '3', '--models-dir', models, ...deviceArgs()],
     { HF_ENDPOINT: hf.url });
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stderr, /downloading/);
@@ -47,7 +35,7 @@ test('exo run downloads a missing model with a progress bar, then runs it; --off
   assert.ok(sent > 0);
 
   // Second run: the model is on disk now; nothing is fetched again.
-  const again = await exo(['run', ID, 'hi', '--max-tokens', '1', '--models-dir', models],
+  const again = await exo(['run', ID, 'hi', '--max-tokens', '1', '--models-dir', models, ...deviceArgs()],
     { HF_ENDPOINT: hf.url });
   assert.equal(again.status, 0, again.stderr);
   assert.equal(hf.totalSent(ID), sent);

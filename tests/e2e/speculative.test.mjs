@@ -1,14 +1,15 @@
 // Speculative decoding as a user turns it on: a node started with --speculative ngram or
 // --speculative draft:DIR answers greedy chats (OpenAI, streamed and not) with exactly the text
 // and token counts of a node without it; `exo run --speculative` prints the same text plus its
-// acceptance line; a bad method is refused at start with a message.
+// acceptance line (also with --speculative mtp, on a Qwen3.5 model with an MTP head); a bad
+// method is refused at start with a message.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { startNode } from './lib/node.mjs';
-import { exoBin } from './lib/exo.mjs';
-import { tinyModel } from './lib/models.mjs';
+import { deviceArgs, exoBin } from './lib/exo.mjs';
+import { mkModel, tinyModel } from './lib/models.mjs';
 
 const MODEL = 'qwen3-tiny-tied'; // greedy repeats itself: n-gram drafts land
 const DRAFT = 'qwen3-tiny';      // same tokenizer and vocabulary
@@ -100,7 +101,7 @@ test('spec_tokens in a request: 0 turns speculation off for it, out of range is 
 
 test('exo run --speculative prints the same text and the acceptance', () => {
   const run = (extra) => spawnSync(exoBin(), ['run', dir, QUESTIONS[0], '--raw', '--temperature', '0',
-    '--max-tokens', '32', ...extra], { encoding: 'utf8', timeout: 120000 });
+    '--max-tokens', '32', ...deviceArgs(), ...extra], { encoding: 'utf8', timeout: 120000 });
   const plain = run([]);
   const spec = run(['--speculative', 'ngram']);
   assert.equal(plain.status, 0, plain.stderr);
@@ -109,11 +110,30 @@ test('exo run --speculative prints the same text and the acceptance', () => {
   assert.match(spec.stderr, /\[speculative ngram: \d+ of \d+ drafted tokens accepted \(\d+%\), [\d.]+ tokens per verifying step\]/);
   const bad = run(['--speculative', 'telepathy']);
   assert.equal(bad.status, 1);
-  assert.match(bad.stderr, /speculative method 'telepathy' is not one of off, ngram, draft:DIR/);
+  assert.match(bad.stderr, /speculative method 'telepathy' is not one of off, ngram, mtp, draft:DIR/);
+});
+
+test('exo run --speculative mtp drafts with the checkpoint\'s MTP head: the same text', async () => {
+  // a Qwen3.5 hybrid with an MTP head that agrees with it (mkmodel --mtp agree), and one without
+  const shape = ['--arch', 'qwen3_5', '--tokenizer', 'qwen3', '--layers', '4', '--head-dim', '32', '--seed', '6'];
+  const withHead = await mkModel('qwen3.5-tiny-mtp-agree', [...shape, '--mtp', 'agree']);
+  const without = await mkModel('qwen3.5-tiny-e2e', shape);
+  const run = (model, extra) => spawnSync(exoBin(), ['run', model, QUESTIONS[1], '--raw', '--temperature', '0',
+    '--max-tokens', '32', ...extra], { encoding: 'utf8', timeout: 120000 });
+  const plain = run(withHead, []);
+  const spec = run(withHead, ['--speculative', 'mtp']);
+  assert.equal(plain.status, 0, plain.stderr);
+  assert.equal(spec.status, 0, spec.stderr);
+  assert.equal(spec.stdout, plain.stdout);
+  const m = spec.stderr.match(/\[speculative mtp: (\d+) of (\d+) drafted tokens accepted/);
+  assert.ok(m && Number(m[2]) > 0 && Number(m[1]) * 10 >= Number(m[2]) * 9, spec.stderr);
+  const none = run(without, ['--speculative', 'mtp']);
+  assert.equal(none.status, 1);
+  assert.match(none.stderr, /has no MTP head/);
 });
 
 test('a node refuses an unknown --speculative method at start', () => {
   const r = spawnSync(exoBin(), ['--speculative', 'telepathy'], { encoding: 'utf8', timeout: 20000 });
   assert.equal(r.status, 2);
-  assert.match(r.stderr, /--speculative: 'telepathy' is not one of off, ngram, draft:DIR/);
+  assert.match(r.stderr, /--speculative: 'telepathy' is not one of off, ngram, mtp, draft:DIR/);
 });

@@ -60,4 +60,35 @@ static __attribute__((unused)) void ensure_model(json_t *fx, const char *dir) {
     assert_string_equal(hex, want);
 }
 
+/* Every reference fixture, as X(test name, fixture file). A test file that checks each fixture
+ * with its own static check_fixture(file) writes
+ *     REFERENCE_FIXTURES(REFERENCE_FIXTURE_TEST)
+ * for the test functions and REFERENCE_FIXTURES(REFERENCE_FIXTURE_ENTRY) inside its cmocka test
+ * array. (tests/run-cross.sh filters by these names.) */
+#define REFERENCE_FIXTURES(X)                                \
+    X(test_qwen3, "qwen3-tiny.json")                         \
+    X(test_qwen3_tied, "qwen3-tiny-tied.json")               \
+    X(test_qwen3_4bit, "qwen3-tiny-4bit.json")               \
+    X(test_llama3_rope, "llama3-tiny.json")                  \
+    X(test_llama3_rope_4bit, "llama3-tiny-4bit.json")        \
+    X(test_qwen3_moe, "qwen3-moe-tiny.json")                 \
+    X(test_qwen3_moe_4bit, "qwen3-moe-tiny-4bit.json")       \
+    X(test_qwen3_moe_mlx, "qwen3-moe-tiny-mlx.json")         \
+    X(test_qwen3_moe_4bit_mlx, "qwen3-moe-tiny-4bit-mlx.json") \
+    X(test_gpt_oss, "gpt-oss-tiny.json")                     \
+    X(test_gpt_oss_mxfp4, "gpt-oss-tiny-mxfp4.json")         \
+    X(test_qwen3_next, "qwen3-next-tiny.json")               \
+    X(test_qwen3_next_4bit, "qwen3-next-tiny-4bit.json")     \
+    X(test_qwen3_5, "qwen3.5-tiny.json")                     \
+    X(test_qwen3_5_4bit, "qwen3.5-tiny-4bit.json")           \
+    X(test_qwen3_5_moe, "qwen3.5-moe-tiny.json")             \
+    X(test_qwen3_5_moe_4bit_mlx, "qwen3.5-moe-tiny-4bit-mlx.json")
+
+#define REFERENCE_FIXTURE_TEST(fn, file) \
+    static void fn(void **s) {           \
+        (void)s;                         \
+        check_fixture(file);             \
+    }
+#define REFERENCE_FIXTURE_ENTRY(fn, file) cmocka_unit_test(fn),
+
 #endif

@@ -678,6 +678,39 @@ static int report_checks(void **state) {
     return checks_run > 0 ? 0 : -1;
 }
 
+/* A zero_point matrix (GGUF Q4_0/Q8_0, weight_matrix.zero_point): kernels that derive the biases
+ * from the scales give bit-for-bit what reading the stored biases gives, in MLX order and in the
+ * 16-row layout, for 1..8 tokens (matvec) and a gemm-sized batch; and weight_matrix_bytes drops
+ * the biases it no longer streams. */
+static void test_zero_point(void **state) {
+    (void)state;
+    int zps[] = {8, 128};
+    for (int i = 0; i < 2; i++) {
+        int bits = i ? 8 : 4, zp = zps[i];
+        for (int layout = 0; layout < 2; layout++) {
+            test_weight t = make_weight(WEIGHT_MLX_AFFINE, 48, 256, bits, 32, DTYPE_F16);
+            for (int64_t g = 0; g < 48 * 256 / 32; g++)
+                store_scalar(DTYPE_F16, t.biases, g, -(float)zp * f16_to_f32(((uint16_t *)t.scales)[g]));
+            if (layout) assert_int_equal(cpu_weight_repack_rows16(&t.w), 0);
+            size_t stored = weight_matrix_bytes(&t.w);
+            int64_t tokens[] = {1, 2, 3, 5, 8, 40};
+            for (size_t n = 0; n < sizeof tokens / sizeof *tokens; n++) {
+                float *x = random_x(tokens[n], 256);
+                float *y0 = malloc(sizeof(float) * 48 * (size_t)tokens[n]);
+                float *y1 = malloc(sizeof(float) * 48 * (size_t)tokens[n]);
+                t.w.zero_point = 0;
+                cpu_matmul(&t.w, x, y0, tokens[n]);
+                t.w.zero_point = zp;
+                cpu_matmul(&t.w, x, y1, tokens[n]);
+                assert_memory_equal(y0, y1, sizeof(float) * 48 * (size_t)tokens[n]);
+                free(x), free(y0), free(y1);
+            }
+            assert_int_equal(weight_matrix_bytes(&t.w), stored - 48 * 256 / 32 * 2);
+            free_weight(&t);
+        }
+    }
+}
+
 int main(void) {
     cpu_set_threads(3); /* an odd thread count: uneven byte shares, rows split mid-matrix */
     const struct CMUnitTest tests[] = {
@@ -693,6 +726,7 @@ int main(void) {
         cmocka_unit_test(test_exact_activations),
         cmocka_unit_test(test_q4_rows16),
         cmocka_unit_test(test_q4_rows16_splits_and_levels),
+        cmocka_unit_test(test_zero_point),
     };
     return cmocka_run_group_tests(tests, NULL, report_checks);
 }

@@ -8,6 +8,7 @@
 
 #include "base/paths.h"
 #include "download/download.h"
+#include "download/download_internal.h"
 #include "download/serve.h"
 
 #include <stdio.h>
@@ -209,6 +210,46 @@ static void test_shard_ranges(void **state) {
     assert_int_equal(download_shard_ranges(buf, len, 100, 2, 0, 1, 2, r, 16, &need, err, sizeof err), -1);
 }
 
+/* Which .gguf of a repository an id picks (plan_pick_gguf): the tag as a whole word of the
+ * file name, case-insensitively, never a vision projector; no tag: Q4_K_M, else the only one;
+ * refused: no match, several matches, a split model. */
+static void test_pick_gguf(void **state) {
+    (void)state;
+    static const char *names[] = {"README.md", "model-Q4_K_M.gguf", "model-Q4_K.gguf", "model.Q8_0.gguf",
+                                  "sub/model-Q4_0.gguf", "mmproj-model-F16.gguf", "big-Q6_K-00001-of-00002.gguf",
+                                  "big-Q6_K-00002-of-00002.gguf", "dup-IQ4_XS.gguf", "dup2-IQ4_XS.gguf"};
+    hf_file files[sizeof names / sizeof *names];
+    memset(files, 0, sizeof files);
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) snprintf(files[i].path, sizeof files[i].path, "%s", names[i]);
+    hf_file_list list = {files, sizeof names / sizeof *names};
+    char err[1024];
+    static const struct {
+        const char *id;
+        int want; /* index, or -1 */
+        const char *msg;
+    } cases[] = {{"o/r:Q4_K_M", 1, NULL}, {"o/r:q4_k_m", 1, NULL}, {"o/r:Q4_K", 2, NULL}, {"o/r:Q8_0", 3, NULL},
+                 {"o/r:Q4_0", 4, NULL},   {"o/r", 1, NULL},        {"o/r:F16", -1, "carries the tag 'F16'"},
+                 {"o/r:Q4", -1, "carries the tag"}, {"o/r:Q6_K", -1, "split into several"},
+                 {"o/r:IQ4_XS", -1, "2 .gguf files of o/r match"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        err[0] = 0;
+        int got = plan_pick_gguf(&list, cases[i].id, err, sizeof err);
+        if (got != cases[i].want) fprintf(stderr, "%s: picked %d (%s)\n", cases[i].id, got, err);
+        assert_int_equal(got, cases[i].want);
+        if (cases[i].msg && !strstr(err, cases[i].msg)) fprintf(stderr, "%s: %s\n", cases[i].id, err);
+        if (cases[i].msg) assert_non_null(strstr(err, cases[i].msg));
+    }
+    assert_true(plan_is_gguf_choice(&list, "o/r"));
+    hf_file st[2] = {{.path = "model.safetensors"}, {.path = "model-Q4_0.gguf"}};
+    hf_file_list with_st = {st, 2};
+    assert_false(plan_is_gguf_choice(&with_st, "o/r")); /* safetensors win without a tag */
+    assert_true(plan_is_gguf_choice(&with_st, "o/r:Q4_0"));
+    hf_file two[2] = {{.path = "a-Q8_0.gguf"}, {.path = "b-Q5_K_S.gguf"}};
+    hf_file_list no_default = {two, 2};
+    assert_int_equal(plan_pick_gguf(&no_default, "o/r", err, sizeof err), -1);
+    assert_non_null(strstr(err, "none is Q4_K_M"));
+}
+
 int main(void) {
     setenv("EXO_BUILTIN_MODELS_DIR", "/nonexistent-builtin-models", 1);
     const struct CMUnitTest tests[] = {
@@ -216,6 +257,7 @@ int main(void) {
         cmocka_unit_test(test_range),
         cmocka_unit_test(test_shard_ranges),
         cmocka_unit_test(test_serve_resolve),
+        cmocka_unit_test(test_pick_gguf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -289,28 +289,7 @@ static void check_fixture(const char *file) {
     json_decref(fx);
 }
 
-#define FIXTURE_TEST(fn, file)   \
-    static void fn(void **s) {   \
-        (void)s;                 \
-        check_fixture(file);     \
-    }
-FIXTURE_TEST(test_qwen3, "qwen3-tiny.json")
-FIXTURE_TEST(test_qwen3_tied, "qwen3-tiny-tied.json")
-FIXTURE_TEST(test_qwen3_4bit, "qwen3-tiny-4bit.json")
-FIXTURE_TEST(test_llama3_rope, "llama3-tiny.json")
-FIXTURE_TEST(test_llama3_rope_4bit, "llama3-tiny-4bit.json")
-FIXTURE_TEST(test_qwen3_moe, "qwen3-moe-tiny.json")
-FIXTURE_TEST(test_qwen3_moe_4bit, "qwen3-moe-tiny-4bit.json")
-FIXTURE_TEST(test_qwen3_moe_mlx, "qwen3-moe-tiny-mlx.json")
-FIXTURE_TEST(test_qwen3_moe_4bit_mlx, "qwen3-moe-tiny-4bit-mlx.json")
-FIXTURE_TEST(test_gpt_oss, "gpt-oss-tiny.json")
-FIXTURE_TEST(test_gpt_oss_mxfp4, "gpt-oss-tiny-mxfp4.json")
-FIXTURE_TEST(test_qwen3_next, "qwen3-next-tiny.json")
-FIXTURE_TEST(test_qwen3_next_4bit, "qwen3-next-tiny-4bit.json")
-FIXTURE_TEST(test_qwen3_5, "qwen3.5-tiny.json")
-FIXTURE_TEST(test_qwen3_5_4bit, "qwen3.5-tiny-4bit.json")
-FIXTURE_TEST(test_qwen3_5_moe, "qwen3.5-moe-tiny.json")
-FIXTURE_TEST(test_qwen3_5_moe_4bit_mlx, "qwen3.5-moe-tiny-4bit-mlx.json")
+REFERENCE_FIXTURES(REFERENCE_FIXTURE_TEST)
 
 int main(void) {
     if (sodium_init() < 0) return 1;
@@ -319,16 +298,7 @@ int main(void) {
     const char *filter = getenv("EXO_TEST_FILTER");
     if (filter) cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_qwen3),          cmocka_unit_test(test_qwen3_tied),
-        cmocka_unit_test(test_qwen3_4bit),     cmocka_unit_test(test_llama3_rope),
-        cmocka_unit_test(test_llama3_rope_4bit), cmocka_unit_test(test_qwen3_moe),
-        cmocka_unit_test(test_qwen3_moe_4bit), cmocka_unit_test(test_qwen3_moe_mlx),
-        cmocka_unit_test(test_qwen3_moe_4bit_mlx), cmocka_unit_test(test_gpt_oss),
-        cmocka_unit_test(test_gpt_oss_mxfp4),
-        cmocka_unit_test(test_qwen3_moe_4bit_mlx), cmocka_unit_test(test_qwen3_next),
-        cmocka_unit_test(test_qwen3_next_4bit), cmocka_unit_test(test_qwen3_5),
-        cmocka_unit_test(test_qwen3_5_4bit), cmocka_unit_test(test_qwen3_5_moe),
-        cmocka_unit_test(test_qwen3_5_moe_4bit_mlx),
+        REFERENCE_FIXTURES(REFERENCE_FIXTURE_ENTRY)
     };
     const char *only = getenv("EXO_TEST_DEVICE");
     int failed = 0, gpu_only = only && !strcmp(only, "cuda");
@@ -339,7 +309,6 @@ int main(void) {
                                                     ? "no CUDA GPU on this machine"
                                                     : "this build has no CUDA (make CUDA=1)");
         } else {
-            setenv("EXO_CUDA_GPT_OSS", "1", 1); /* gpt-oss's CUDA ops are opt-in until measured here */
             setenv("EXO_CUDA_MATMUL", "exact", 1);
             cur = (pass){"cuda", "cuda exact", GAP_MIN, 0};
             failed += cmocka_run_group_tests_name("cuda exact", tests, NULL, NULL);

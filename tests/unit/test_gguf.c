@@ -420,6 +420,46 @@ static void check_family(const char *arch, const char *extra, const char *only) 
     }
 }
 
+/* The symmetric types reach the kernels with their zero point (weight_matrix.zero_point: the
+ * matvec then derives the biases instead of streaming them), and every stored bias is exactly
+ * -zero_point * scale, the promise that lets it; types with real offsets carry none. */
+static void test_zero_point_of_symmetric_types(void **s) {
+    (void)s;
+    static const struct {
+        const char *type;
+        int zero_point;
+    } cases[] = {{"Q4_0", 8}, {"Q5_0", 16}, {"Q8_0", 128}, {"Q4_1", 0}, {"Q4_K", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char name[64], args[512], path[512], err[512];
+        snprintf(name, sizeof name, "zp-%s", cases[i].type);
+        snprintf(args, sizeof args, "--arch llama --gguf %s --tokenizer none " SHAPE, cases[i].type);
+        assert_int_equal(mkmodel(name, args), 0);
+        snprintf(path, sizeof path, "%s/%s", tmp_root, name);
+        model_config c;
+        assert_int_equal(model_config_load(path, &c, err, sizeof err), 0);
+        safetensors_set *set = safetensors_set_open(path, err, sizeof err);
+        assert_non_null(set);
+        model_weights w;
+        assert_int_equal(model_weights_load(set, &c, 0, 0, &w, err, sizeof err), 0);
+        const weight_matrix *ms[] = {&w.layers[0].wq, &w.layers[1].w_down, &w.lm_head};
+        for (int k = 0; k < 3; k++) {
+            const weight_matrix *m = ms[k];
+            assert_int_equal(m->format, WEIGHT_MLX_AFFINE);
+            assert_int_equal(m->zero_point, cases[i].zero_point);
+            if (!m->zero_point) continue;
+            for (int64_t r = 0; r < m->rows; r++)
+                for (int64_t g = 0; g < m->cols / m->group_size; g++) {
+                    int64_t at = weight_mlx_group(m, r, g);
+                    float sc = f16_to_f32(((const uint16_t *)m->scales)[at]);
+                    float bi = f16_to_f32(((const uint16_t *)m->biases)[at]);
+                    assert_true(bi == -(float)m->zero_point * sc);
+                }
+        }
+        model_weights_free(&w);
+        safetensors_set_close(set);
+    }
+}
+
 static void test_llama_matches_safetensors(void **s) { (void)s, check_family("llama", "", NULL); }
 static void test_qwen2_matches_safetensors(void **s) {
     (void)s, check_family("qwen2", "", " F32 Q8_0 Q4_K_M ");
@@ -469,7 +509,8 @@ static void check_tokenizer(const char *name, const char *arch) {
         "Hello world! How are you doing today?", "  leading spaces and\ttabs\n\nnewlines",
         "numbers 1234567 and 3.14159, emoji 🙂🚀 and accents: café naïve", "<|im_start|>user\nhi<|im_end|>",
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>", "don't I'll we've THEY'RE",
-        "中文字符和日本語のテキスト", "def f(x):\n    return x ** 2  # comment"};
+        "中文字符和日本語のテキスト", "def f(x):\n    return x ** 2  # comment",
+        " lead and trail  ", "ǅ ᛯ 𝔘 unseen characters \x7f", "aaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
     for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
         int32_t *a, *b;
         int na = tokenizer_encode(hf, texts[i], strlen(texts[i]), 1, &a, err, sizeof err);
@@ -493,6 +534,9 @@ static void check_tokenizer(const char *name, const char *arch) {
 
 static void test_tokenizer_llama3(void **s) { (void)s, check_tokenizer("llama3_1", "llama"); }
 static void test_tokenizer_qwen3(void **s) { (void)s, check_tokenizer("qwen3", "qwen3"); }
+/* A SentencePiece vocabulary (tokenizer.ggml.model "llama": scores, byte tokens, the U+2581 space):
+ * the GGUF's BPE-by-score encodes like Hugging Face's tokenizer.json of Llama 2 (merges). */
+static void test_tokenizer_llama2(void **s) { (void)s, check_tokenizer("llama2", "llama"); }
 
 /* ---- llama.cpp itself (scripts/llamacpp.sh builds it from source) ---- */
 
@@ -620,10 +664,12 @@ static void test_llamacpp_tokenization(void **s) {
                                   "  leading spaces and\ttabs\n\nnewlines",
                                   "numbers 1234567 and 3.14159, emoji 🙂🚀 and accents: café naïve",
                                   "<|im_start|>user\nhi<|im_end|>", "don't I'll we've THEY'RE",
-                                  "中文字符和日本語のテキスト", "def f(x):\n    return x ** 2  # comment"};
+                                  "中文字符和日本語のテキスト", "def f(x):\n    return x ** 2  # comment",
+                                  " lead and trail  ", "<s>[INST] hi [/INST]</s> ok",
+                                  "ǅ ᛯ 𝔘 unseen characters \x7f", "aaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
     static const struct {
         const char *tok, *arch;
-    } toks[] = {{"llama3_1", "llama"}, {"qwen3", "qwen3"}};
+    } toks[] = {{"llama3_1", "llama"}, {"qwen3", "qwen3"}, {"llama2", "llama"}};
     for (size_t k = 0; k < sizeof toks / sizeof *toks; k++) {
         char name[64], args[256], path[512], err[512];
         snprintf(name, sizeof name, "lct-%s", toks[k].tok);
@@ -693,6 +739,7 @@ int main(void) {
         cmocka_unit_test(test_duplicates_rejected),
         cmocka_unit_test(test_blocks_round_trip),
         cmocka_unit_test(test_unsupported_refused),
+        cmocka_unit_test(test_zero_point_of_symmetric_types),
         cmocka_unit_test(test_llama_matches_safetensors),
         cmocka_unit_test(test_qwen2_matches_safetensors),
         cmocka_unit_test(test_qwen3_matches_safetensors),
@@ -700,6 +747,7 @@ int main(void) {
         cmocka_unit_test(test_llama3_rope_table),
         cmocka_unit_test(test_tokenizer_llama3),
         cmocka_unit_test(test_tokenizer_qwen3),
+        cmocka_unit_test(test_tokenizer_llama2),
         cmocka_unit_test(test_llamacpp_logits),
         cmocka_unit_test(test_llamacpp_tokenization),
     };

@@ -379,6 +379,39 @@ static void test_shards_and_index(void **state) {
     json_decref(index);
 }
 
+/* --mtp writes Qwen3-Next/3.5's mtp.* head; agree: fc passes the embedding half through, the
+ * final norm is model.norm's, and every projection into the residual stream is zero. */
+static void test_mtp_head(void **state) {
+    (void)state;
+    const char *shape = "--arch qwen3_5 --hidden 64 --head-dim 32 --layers 4 --dtype f32";
+    char args[256];
+    snprintf(args, sizeof args, "%s --mtp random", shape);
+    assert_int_equal(mkmodel("mtp-random", args), 0);
+    snprintf(args, sizeof args, "%s --mtp agree", shape);
+    assert_int_equal(mkmodel("mtp-agree", args), 0);
+    st_file r, a;
+    st_load(&r, "mtp-random", "model.safetensors");
+    st_load(&a, "mtp-agree", "model.safetensors");
+    st_tensor(&r, "mtp.pre_fc_norm_hidden.weight", "F32", I(64), END);
+    st_tensor(&r, "mtp.layers.0.self_attn.q_proj.weight", "F32", I(256), I(64), END);
+    st_tensor(&r, "mtp.layers.0.mlp.down_proj.weight", "F32", I(64), I(128), END);
+    const float *fc = st_tensor(&a, "mtp.fc.weight", "F32", I(64), I(128), END);
+    for (int row = 0; row < 64; row++)
+        for (int col = 0; col < 128; col++) assert_true(fc[row * 128 + col] == (row == col ? 1.0f : 0.0f));
+    assert_memory_equal(st_tensor(&a, "mtp.norm.weight", "F32", I(64), END),
+                        st_tensor(&a, "model.norm.weight", "F32", I(64), END), 64 * 4);
+    const float *o = st_tensor(&a, "model.layers.3.self_attn.o_proj.weight", "F32", I(64), I(128), END);
+    const float *out = st_tensor(&a, "model.layers.0.linear_attn.out_proj.weight", "F32", I(64), I(64), END);
+    for (int i = 0; i < 64 * 128; i++) assert_true(o[i] == 0.0f && (i >= 64 * 64 || out[i] == 0.0f));
+    json_t *cfg = load_json("mtp-agree", "config.json");
+    assert_int_equal(json_integer_value(json_object_get(cfg, "mtp_num_hidden_layers")), 1);
+    json_decref(cfg);
+    st_free(&r);
+    st_free(&a);
+    assert_int_equal(mkmodel("bad", "--arch qwen3 --mtp random"), 2); /* hybrids only */
+    assert_int_equal(mkmodel("bad", "--arch qwen3_5 --mtp sometimes"), 2);
+}
+
 static void test_bad_options_exit_2(void **state) {
     (void)state;
     assert_int_equal(mkmodel("bad", "--arch gpt2"), 2);
@@ -393,7 +426,7 @@ static void test_bad_options_exit_2(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_qwen3_dense_layout),
+        cmocka_unit_test(test_qwen3_dense_layout), cmocka_unit_test(test_mtp_head),
         cmocka_unit_test(test_same_seed_same_bytes),
         cmocka_unit_test(test_mlx_quantization_round_trip),
         cmocka_unit_test(test_moe_layouts_hold_the_same_experts),

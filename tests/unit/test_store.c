@@ -50,13 +50,14 @@ static void test_id_validation(void **state) {
     (void)state;
     char err[256];
     const char *good[] = {"mlx-community/Llama-3.2-1B-Instruct-4bit", "Qwen/Qwen3-0.6B", "gpt2",
-                          "org_1/a.b_c-d"};
+                          "org_1/a.b_c-d", "org/repo-GGUF:Q4_K_M", "llama3.2:1b", "a/b:x.y-z_1"};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
         assert_int_equal(store_id_valid(good[i], err, sizeof err), 0);
     const char *bad[] = {"",          "../etc/passwd", "org/..",     "/abs/path", "org/a/b",
                          "org/",      "/name",         "org//name",  "org/na me", "org/n\\m",
                          "a--b/c",    "org/.hidden",   "org/-rf",    "org/a..b",  "org/名前",
-                         "org/x\n"};
+                         "org/x\n",   "org/repo:",     "org:tag/x",  "org/a:b:c", "org/a:.b",
+                         "org/a:-b",  "org/a:b c",     ":tag",       "org/..:x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = 0;
         assert_int_equal(store_id_valid(bad[i], err, sizeof err), -1);
@@ -66,6 +67,13 @@ static void test_id_validation(void **state) {
     assert_int_equal(store_id_to_dirname("mlx-community/Qwen3-0.6B-4bit", name, sizeof name), 0);
     assert_string_equal(name, "mlx-community--Qwen3-0.6B-4bit");
     assert_int_equal(store_id_to_dirname("../x", name, sizeof name), -1);
+    /* a tag stays in the directory name: each quantization of a GGUF repository has its own */
+    assert_int_equal(store_id_to_dirname("org/repo-GGUF:Q4_K_M", name, sizeof name), 0);
+    assert_string_equal(name, "org--repo-GGUF:Q4_K_M");
+    assert_string_equal(store_id_tag("org/repo:Q8_0"), "Q8_0");
+    assert_null(store_id_tag("org/repo"));
+    assert_int_equal(store_id_repo("org/repo:Q8_0", name, sizeof name), 0);
+    assert_string_equal(name, "org/repo");
     assert_int_equal(store_id_to_dirname("org/name", name, 5), -1); /* does not fit */
 }
 

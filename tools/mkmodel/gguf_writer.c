@@ -70,6 +70,8 @@ typedef struct vocab {
     json_t *tok, *cfg; /* own the strings */
     const char *pre;
     int64_t bos, eos;
+    int spm;        /* a SentencePiece vocabulary (byte_fallback): written as llama.cpp's "llama" */
+    int64_t unk;    /* spm: the unk_token's id, or -1 */
 } vocab;
 
 static int read_vocab(const char *dir, int64_t n_vocab, vocab *v, char *err, size_t errlen) {
@@ -101,28 +103,63 @@ static int read_vocab(const char *dir, int64_t n_vocab, vocab *v, char *err, siz
         v->tokens[id] = json_string_value(json_object_get(val, "content"));
         v->types[id] = json_is_true(json_object_get(val, "special")) ? 3 : 4;
     }
+    v->spm = json_is_true(json_object_get(model, "byte_fallback"));
+    const char *unk = json_string_value(json_object_get(model, "unk_token"));
+    v->unk = unk ? json_integer_value(json_object_get(json_object_get(model, "vocab"), unk)) : -1;
+    if (v->unk >= 0 && v->unk < n_vocab) v->types[v->unk] = 2; /* UNKNOWN */
+    else v->unk = -1;
+    for (int64_t id = 0; v->spm && id < n_vocab; id++) /* "<0x0A>": BYTE */
+        if (v->tokens[id] && strlen(v->tokens[id]) == 6 && !strncmp(v->tokens[id], "<0x", 3) &&
+            v->tokens[id][5] == '>' && v->types[id] == 1)
+            v->types[id] = 6;
     const char *dump = json_dumps(json_object_get(v->tok, "pre_tokenizer"), 0);
     v->pre = dump && strstr(dump, "\\\\p{N}{1,3}") ? "llama-bpe" : "qwen2";
     free((void *)dump);
     return 0;
 }
 
-static void write_tokenizer(out *o, vocab *v, int64_t bos, int64_t eos) {
-    kv_str(o, "tokenizer.ggml.model", "gpt2");
-    kv_str(o, "tokenizer.ggml.pre", v->pre);
-    kv_head(o, "tokenizer.ggml.tokens", GGUF_ARRAY);
-    put_u32(o, GGUF_STRING);
+/* A SentencePiece vocabulary as llama.cpp's converter writes one: tokens, their scores and types;
+ * no merges. The scores are the tokenizer.json's merge order (SentencePiece's BPE scores a piece
+ * by the step that made it, and Hugging Face's converter lists merges in that order): the first
+ * merge making a token gives it -rank; tokens no merge makes (characters, bytes, control
+ * tokens) score below every merged one, by id. */
+static void write_spm_tokenizer(out *o, vocab *v) {
+    json_t *model = json_object_get(v->tok, "model"), *vmap = json_object_get(model, "vocab");
+    json_t *merges = json_object_get(model, "merges");
+    float *scores = malloc((size_t)v->n * sizeof *scores);
+    for (int64_t i = 0; scores && i < v->n; i++) scores[i] = -(float)(json_array_size(merges) + (size_t)i);
+    size_t r;
+    json_t *m;
+    json_array_foreach(merges, r, m) {
+        char piece[1024];
+        const char *a = json_string_value(json_is_array(m) ? json_array_get(m, 0) : m), *b = NULL;
+        if (json_is_array(m)) b = json_string_value(json_array_get(m, 1));
+        if (!a || !scores) continue;
+        if (b) snprintf(piece, sizeof piece, "%s%s", a, b);
+        else { /* "left right" */
+            const char *sp = strchr(a, ' ');
+            if (!sp) continue;
+            snprintf(piece, sizeof piece, "%.*s%s", (int)(sp - a), a, sp + 1);
+        }
+        json_t *id = json_object_get(vmap, piece);
+        int64_t k = json_is_integer(id) ? json_integer_value(id) : -1;
+        if (k >= 0 && k < v->n && -(float)r > scores[k]) scores[k] = -(float)r;
+    }
+    kv_str(o, "tokenizer.ggml.model", "llama");
+    kv_head(o, "tokenizer.ggml.scores", GGUF_ARRAY);
+    put_u32(o, GGUF_F32);
     put_u64(o, (uint64_t)v->n);
     for (int64_t i = 0; i < v->n; i++) {
-        char pad[48];
-        const char *t = v->tokens[i];
-        if (!t) snprintf(pad, sizeof pad, "[PAD%lld]", (long long)i), t = pad;
-        put_str(o, t, strlen(t));
+        float score = scores ? scores[i] : 0.0f;
+        put(o, &score, 4);
     }
-    kv_head(o, "tokenizer.ggml.token_type", GGUF_ARRAY);
-    put_u32(o, GGUF_I32);
-    put_u64(o, (uint64_t)v->n);
-    for (int64_t i = 0; i < v->n; i++) put_u32(o, (uint32_t)(v->tokens[i] ? v->types[i] : 5));
+    free(scores);
+    if (v->unk >= 0) kv_u32(o, "tokenizer.ggml.unknown_token_id", (uint32_t)v->unk);
+    kv_bool(o, "tokenizer.ggml.add_space_prefix", 1);
+}
+
+/* The BPE merges of a gpt2-style vocabulary, as "left right" strings. */
+static void write_merges(out *o, vocab *v) {
     json_t *merges = json_object_get(json_object_get(v->tok, "model"), "merges");
     kv_head(o, "tokenizer.ggml.merges", GGUF_ARRAY);
     put_u32(o, GGUF_STRING);
@@ -138,15 +175,41 @@ static void write_tokenizer(out *o, vocab *v, int64_t bos, int64_t eos) {
             snprintf(buf, sizeof buf, "%s", json_string_value(m));
         put_str(o, buf, strlen(buf));
     }
+}
+
+static void write_tokenizer(out *o, vocab *v, int64_t bos, int64_t eos) {
+    if (v->spm) {
+        write_spm_tokenizer(o, v);
+    } else {
+        kv_str(o, "tokenizer.ggml.model", "gpt2");
+        kv_str(o, "tokenizer.ggml.pre", v->pre);
+        write_merges(o, v);
+    }
+    kv_head(o, "tokenizer.ggml.tokens", GGUF_ARRAY);
+    put_u32(o, GGUF_STRING);
+    put_u64(o, (uint64_t)v->n);
+    for (int64_t i = 0; i < v->n; i++) {
+        char pad[48];
+        const char *t = v->tokens[i];
+        if (!t) snprintf(pad, sizeof pad, "[PAD%lld]", (long long)i), t = pad;
+        put_str(o, t, strlen(t));
+    }
+    kv_head(o, "tokenizer.ggml.token_type", GGUF_ARRAY);
+    put_u32(o, GGUF_I32);
+    put_u64(o, (uint64_t)v->n);
+    for (int64_t i = 0; i < v->n; i++) put_u32(o, (uint32_t)(v->tokens[i] ? v->types[i] : 5));
     if (bos >= 0) kv_u32(o, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
     if (eos >= 0) kv_u32(o, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
-    kv_bool(o, "tokenizer.ggml.add_bos_token", !strcmp(v->pre, "llama-bpe"));
+    kv_bool(o, "tokenizer.ggml.add_bos_token", v->spm || !strcmp(v->pre, "llama-bpe"));
     const char *tmpl = json_string_value(json_object_get(v->cfg, "chat_template"));
     if (tmpl) kv_str(o, "tokenizer.chat_template", tmpl);
 }
 
 static int count_tokenizer_kvs(const vocab *v, int64_t bos, int64_t eos) {
-    return 6 + (bos >= 0) + (eos >= 0) + (json_string_value(json_object_get(v->cfg, "chat_template")) != NULL);
+    /* gpt2: model, pre, merges, tokens, types, add_bos; spm: model, scores, add_space_prefix,
+     * tokens, types, add_bos, and the unknown token's id */
+    return 6 + (v->spm && v->unk >= 0) + (bos >= 0) + (eos >= 0) +
+           (json_string_value(json_object_get(v->cfg, "chat_template")) != NULL);
 }
 
 /* ---- tensors ---- */
@@ -188,11 +251,41 @@ static uint32_t tensor_type(const mk_config *c, const gtensor *t, int layer, int
     return GGML_TYPE_Q4_K;
 }
 
+/* --gguf-row-pool: the first `pool` rows of the matrix's values, quantized once, then row r of
+ * every stacked matrix is pool row (r * 7919 + e) % pool, written in chunks of ~4 MiB. The writer
+ * runs at copy speed (an 8B-shaped Q8_0 file in seconds instead of minutes of drawing and
+ * quantizing 8e9 values); kernels and memory see a real file of real blocks. */
+static int write_pooled(out *o, const mk_config *c, const gtensor *t, size_t row_bytes) {
+    const mk_matrix *m = t->m;
+    int64_t stack = m->stack ? m->stack : 1, cols = m->in, rows = m->out, pool = c->gguf_row_pool;
+    int64_t chunk = (int64_t)((4u << 20) / row_bytes) + 1;
+    float *vals = malloc((size_t)(pool * cols) * sizeof *vals);
+    uint8_t *rows_q = malloc((size_t)pool * row_bytes), *buf = malloc((size_t)chunk * row_bytes);
+    int rc = vals && rows_q && buf ? 0 : -1;
+    uint64_t st = mk_matrix_seed(c, m, 0);
+    if (rc == 0) mk_matrix_values(m, &st, vals, pool * cols);
+    for (int64_t r = 0; r < pool && rc == 0; r++)
+        rc = gguf_quantize_row(t->type, vals + r * cols, cols, rows_q + (size_t)r * row_bytes);
+    for (int64_t e = 0; e < stack && rc == 0; e++)
+        for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+            int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
+            for (int64_t r = 0; r < nr; r++)
+                memcpy(buf + (size_t)r * row_bytes, rows_q + (size_t)(((r0 + r) * 7919 + e) % pool) * row_bytes,
+                       row_bytes);
+            put(o, buf, (size_t)nr * row_bytes);
+        }
+    free(vals);
+    free(rows_q);
+    free(buf);
+    return rc || o->failed ? -1 : 0;
+}
+
 /* Writes one matrix's data: values drawn row-chunk by row-chunk, q/k rows permuted for llama. */
 static int write_data(out *o, const mk_config *c, const gtensor *t) {
     const mk_matrix *m = t->m;
     int64_t stack = m->stack ? m->stack : 1, cols = m->in, rows = m->out;
     size_t row_bytes = t->bytes / (size_t)(stack * rows);
+    if (c->gguf_row_pool && rows > c->gguf_row_pool) return write_pooled(o, c, t, row_bytes);
     int64_t chunk = t->permute_heads ? rows : (int64_t)((4u << 20) / ((uint64_t)cols * 4));
     chunk = chunk < 1 ? 1 : chunk > rows ? rows : chunk;
     float *vals = malloc((size_t)(chunk * cols) * sizeof *vals);

@@ -63,6 +63,9 @@ static const char *usage_text =
     "  --group-size G          32 | 64 | 128 (default 64)\n"
     "  --router-bits B         qwen3_moe mlp.gate when quantized: 8 (default, as mlx-lm does:\n"
     "                          group 64, listed per layer in \"quantization\"), 'same', or 'none'\n"
+    "  --mtp none|random|agree hybrids: an MTP head (mtp.*: norms, fc, one attention layer, norm);\n"
+    "                          agree: one that predicts exactly what the model will (the model's\n"
+    "                          layers then add nothing: it predicts from the last token alone)\n"
     "  --moe-layout L          hf: mlp.experts.<e>.{gate,up,down}_proj (default);\n"
     "                          mlx: stacked mlp.switch_mlp.{gate,up,down}_proj [E, out, in]\n"
     "  --gguf TYPE             write DIR/model.gguf only (llama.cpp's names and metadata, the\n"
@@ -186,6 +189,7 @@ static int set_int_option(mk_options *o, const char *name, const char *val) {
         {"--linear-value-dim", &o->cfg.linear_value_dim, 1, 4096},
         {"--conv-kernel", &o->cfg.conv_kernel, 2, 64},
         {"--full-attention-interval", &o->cfg.full_attention_interval, 1, 4096},
+        {"--gguf-row-pool", &o->cfg.gguf_row_pool, 1, 1 << 20},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         if (strcmp(name, table[i].name) != 0) continue;
@@ -244,6 +248,13 @@ static int set_enum_option(mk_options *o, const char *name, const char *val) {
         else return bad("--hybrid-layout must be hf or mlx, got '%s'%s", val, "");
         return 0;
     }
+    if (strcmp(name, "--mtp") == 0) {
+        if (strcmp(val, "none") == 0) c->mtp = MK_MTP_NONE;
+        else if (strcmp(val, "random") == 0) c->mtp = MK_MTP_RANDOM;
+        else if (strcmp(val, "agree") == 0) c->mtp = MK_MTP_AGREE;
+        else return bad("--mtp must be none, random or agree, got '%s'%s", val, "");
+        return 0;
+    }
     if (strcmp(name, "--moe-layout") == 0) {
         if (strcmp(val, "hf") == 0) c->moe_layout_mlx = 0;
         else if (strcmp(val, "mlx") == 0) c->moe_layout_mlx = 1;
@@ -263,7 +274,8 @@ static int known_option(const char *name) {
                                   "--sliding-window", "--swiglu-limit",
                                   "--shared-intermediate", "--linear-key-heads", "--linear-value-heads",
                                   "--linear-key-dim", "--linear-value-dim", "--conv-kernel",
-                                  "--full-attention-interval", "--partial-rotary", "--hybrid-layout", "--gguf"};
+                                  "--full-attention-interval", "--partial-rotary", "--hybrid-layout", "--gguf",
+                                  "--gguf-row-pool", "--mtp"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(name, names[i]) == 0) return 1;
     return 0;
@@ -379,6 +391,9 @@ static int parse_args(mk_options *o, int argc, char **argv) {
     if (!o->tokenizer) o->tokenizer = c->arch == MK_GPT_OSS ? "gptoss" : qwen ? "qwen3" : "llama3_1";
     if (c->mxfp4 && c->arch != MK_GPT_OSS) return bad("--mxfp4 is for --arch gpt_oss (its experts)%s%s", "", "");
     if (c->mxfp4 && c->quant_bits) return bad("--mxfp4 and --quant-bits do not combine%s%s", "", "");
+    if (c->mtp && (!mk_arch_is_hybrid(c->arch) || c->hybrid_mlx || o->gguf))
+        return bad("--mtp is for the hybrids (qwen3_next, qwen3_5, qwen3_5_moe) in the Hugging Face "
+                   "layout, as safetensors%s%s", "", "");
     if (!o->out) return bad("--out DIR is required%s%s", "", "");
     if (c->heads % c->kv_heads != 0) return bad("--heads must be a multiple of --kv-heads%s%s", "", "");
     int moe = c->arch == MK_QWEN3_MOE || c->arch == MK_QWEN3_NEXT || c->arch == MK_QWEN3_5_MOE;
@@ -586,6 +601,7 @@ static void hybrid_json(json_t *j, const mk_config *c) {
     json_object_set_new(j, "layer_types", types);
     json_object_set_new(j, "full_attention_interval", json_integer(c->full_attention_interval));
     json_object_set_new(j, "linear_conv_kernel_dim", json_integer(c->conv_kernel));
+    if (c->mtp) json_object_set_new(j, "mtp_num_hidden_layers", json_integer(1));
     json_object_set_new(j, "linear_key_head_dim", json_integer(c->linear_key_dim));
     json_object_set_new(j, "linear_value_head_dim", json_integer(c->linear_value_dim));
     json_object_set_new(j, "linear_num_key_heads", json_integer(c->linear_key_heads));
@@ -734,6 +750,7 @@ int main(int argc, char **argv) {
     else if (!o.vocab_set || c->vocab < tok_vocab) c->vocab = tok_vocab;
     if (c->vocab <= 0) return bad("--tokenizer none needs --vocab N%s%s", "", "");
     if (o.gguf) c->moe_layout_mlx = 1; /* GGUF stacks experts */
+    if (c->gguf_row_pool && !o.gguf) return bad("--gguf-row-pool needs --gguf TYPE%s%s", "", "");
     mk_plan plan;
     if (mk_plan_build(c, &plan, err, sizeof err) != 0) {
         fprintf(stderr, "mkmodel: %s\n", err);

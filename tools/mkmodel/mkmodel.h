@@ -59,7 +59,12 @@ typedef struct mk_config {
     double swiglu_limit;    /* gpt_oss: clamp of the expert gate/up values */
     uint64_t seed;
     int64_t bos_id, eos_id; /* -1 when the tokenizer has none */
+    int64_t gguf_row_pool;  /* --gguf-row-pool: 0, or draw this many rows per matrix and repeat them */
+    int mtp;                /* hybrids: an MTP head (mtp.*), see mk_mtp */
 } mk_config;
+
+/* --mtp: none, a random head, or one that agrees with the model (plan.c, add_mtp). */
+typedef enum mk_mtp { MK_MTP_NONE = 0, MK_MTP_RANDOM, MK_MTP_AGREE } mk_mtp;
 
 /* Is MoE used in layer l (qwen3_moe rules: decoder_sparse_step, no mlp_only_layers)? */
 int mk_layer_is_moe(const mk_config *c, int64_t layer);
@@ -68,7 +73,11 @@ int mk_arch_is_hybrid(mk_arch a);
 int mk_layer_is_linear(const mk_config *c, int64_t layer);
 
 /* How a logical matrix's values are drawn. */
-typedef enum mk_init { MK_INIT_NORMAL = 0, MK_INIT_AROUND_ONE } mk_init;
+typedef enum mk_init {
+    MK_INIT_NORMAL = 0,
+    MK_INIT_AROUND_ONE,
+    MK_INIT_IDENTITY, /* 1 where row == column, else 0 (mtp.fc of --mtp agree) */
+} mk_init;
 
 /* One logical weight: a Linear/Embedding matrix [out][in] (optionally a stack of `experts` of
  * them), a norm vector or a bias vector (rows = 1). Quantized ones expand to three tensors. */
@@ -106,7 +115,8 @@ int mk_write_safetensors(const mk_config *cfg, const mk_plan *plan, const char *
                          char *err, size_t errlen);
 
 /* The generator state of matrix m (expert `expert` of a stacked one), and its next n values in
- * row order: both writers draw the same values, so a GGUF file holds its safetensors twin's. */
+ * row order: both writers draw the same values, so a GGUF file holds its safetensors twin's
+ * (MK_INIT_IDENTITY is the safetensors writer's own: --mtp is not written as GGUF). */
 uint64_t mk_matrix_seed(const mk_config *cfg, const mk_matrix *m, int64_t expert);
 void mk_matrix_values(const mk_matrix *m, uint64_t *state, float *vals, int64_t n);
 

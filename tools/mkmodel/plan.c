@@ -65,6 +65,13 @@ typedef struct plan_ctx {
     int failed;
 } plan_ctx;
 
+/* The std of a projection back into the residual stream (o_proj, out_proj, down_proj): 0 for
+ * --mtp agree, whose layers then add nothing, so the model predicts from the last token alone and
+ * its MTP head can predict exactly what it will (see add_mtp). */
+static double output_std(const plan_ctx *x, int64_t in) {
+    return x->cfg->mtp == MK_MTP_AGREE ? 0.0 : linear_std(in);
+}
+
 static mk_matrix *add_linear(plan_ctx *x, const char *name, int64_t out, int64_t in, double std, int bits,
                              int group) {
     mk_matrix *m = plan_add(x->plan);
@@ -103,7 +110,7 @@ static void add_norm(plan_ctx *x, const char *name, int64_t n) {
     add_vector(x, name, "weight", n, centred ? MK_INIT_NORMAL : MK_INIT_AROUND_ONE, 0.1);
 }
 
-static void add_attention(plan_ctx *x, int64_t l) {
+static void add_attention(plan_ctx *x, const char *lp) {
     const mk_config *c = x->cfg;
     char n[160];
     int64_t q = c->heads * c->head_dim, kv = c->kv_heads * c->head_dim;
@@ -111,23 +118,23 @@ static void add_attention(plan_ctx *x, int64_t l) {
     int64_t q_rows = mk_arch_is_hybrid(c->arch) ? 2 * q : q;
     static const char *proj[3] = {"q_proj", "k_proj", "v_proj"};
     for (int i = 0; i < 3; i++) {
-        set_name(n, sizeof n, "model.layers.%lld.self_attn.%s", (long long)l, proj[i]);
+        set_name(n, sizeof n, "%s.self_attn.%s", lp, proj[i]);
         add_linear(x, n, i == 0 ? q_rows : kv, c->hidden, linear_std(c->hidden), c->quant_bits, c->group_size);
         if (c->arch == MK_QWEN2 || c->arch == MK_GPT_OSS) add_vector(x, n, "bias", i == 0 ? q : kv, MK_INIT_NORMAL, 0.1);
     }
-    set_name(n, sizeof n, "model.layers.%lld.self_attn.o_proj", (long long)l);
-    add_linear(x, n, c->hidden, q, linear_std(q), c->quant_bits, c->group_size);
+    set_name(n, sizeof n, "%s.self_attn.o_proj", lp);
+    add_linear(x, n, c->hidden, q, output_std(x, q), c->quant_bits, c->group_size);
     if (c->arch == MK_GPT_OSS) {
         add_vector(x, n, "bias", c->hidden, MK_INIT_NORMAL, 0.1);
         /* one learned logit per head that competes in the softmax with zero value (std 1: a sink
          * takes a visible share of the attention, so an engine that ignores it fails) */
-        set_name(n, sizeof n, "model.layers.%lld.self_attn", (long long)l);
+        set_name(n, sizeof n, "%s.self_attn", lp);
         add_vector(x, n, "sinks", c->heads, MK_INIT_NORMAL, 1.0);
     }
     if (c->arch != MK_LLAMA && c->arch != MK_QWEN2 && c->arch != MK_GPT_OSS) { /* q/k norms */
-        set_name(n, sizeof n, "model.layers.%lld.self_attn.q_norm", (long long)l);
+        set_name(n, sizeof n, "%s.self_attn.q_norm", lp);
         add_norm(x, n, c->head_dim);
-        set_name(n, sizeof n, "model.layers.%lld.self_attn.k_norm", (long long)l);
+        set_name(n, sizeof n, "%s.self_attn.k_norm", lp);
         add_norm(x, n, c->head_dim);
     }
 }
@@ -184,7 +191,7 @@ static void add_linear_attention(plan_ctx *x, int64_t l) {
     set_name(n, sizeof n, "%s.norm", p);
     add_vector(x, n, "weight", c->linear_value_dim, MK_INIT_AROUND_ONE, 0.1);
     set_name(n, sizeof n, "%s.out_proj", p);
-    add_linear(x, n, c->hidden, vd, linear_std(vd), bits, g);
+    add_linear(x, n, c->hidden, vd, output_std(x, vd), bits, g);
 }
 
 static void add_mlp(plan_ctx *x, const char *prefix, int64_t inter) {
@@ -195,29 +202,29 @@ static void add_mlp(plan_ctx *x, const char *prefix, int64_t inter) {
     set_name(n, sizeof n, "%s.up_proj", prefix);
     add_linear(x, n, inter, c->hidden, linear_std(c->hidden), c->quant_bits, c->group_size);
     set_name(n, sizeof n, "%s.down_proj", prefix);
-    add_linear(x, n, c->hidden, inter, linear_std(inter), c->quant_bits, c->group_size);
+    add_linear(x, n, c->hidden, inter, output_std(x, inter), c->quant_bits, c->group_size);
 }
 
-static void add_moe(plan_ctx *x, int64_t l) {
+static void add_moe(plan_ctx *x, const char *lp) {
     const mk_config *c = x->cfg;
     char n[160];
     int rbits = c->quant_bits, rgroup = c->group_size;
     if (c->quant_bits && c->router_bits > 0) rbits = c->router_bits, rgroup = 64;
     if (c->router_bits < 0) rbits = 0, rgroup = 0;
-    set_name(n, sizeof n, "model.layers.%lld.mlp.gate", (long long)l);
+    set_name(n, sizeof n, "%s.mlp.gate", lp);
     add_linear(x, n, c->experts, c->hidden, 2.0 / sqrt((double)c->hidden), rbits, rgroup);
     if (mk_arch_is_hybrid(c->arch)) { /* a shared expert beside the routed ones, sigmoid-gated */
         char prefix[128];
-        set_name(prefix, sizeof prefix, "model.layers.%lld.mlp.shared_expert", (long long)l);
+        set_name(prefix, sizeof prefix, "%s.mlp.shared_expert", lp);
         add_mlp(x, prefix, c->shared_intermediate);
-        set_name(n, sizeof n, "model.layers.%lld.mlp.shared_expert_gate", (long long)l);
+        set_name(n, sizeof n, "%s.mlp.shared_expert_gate", lp);
         add_linear(x, n, 1, c->hidden, linear_std(c->hidden), rbits, rgroup);
     }
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     if (!c->moe_layout_mlx) {
         for (int64_t e = 0; e < c->experts; e++) {
             char prefix[128];
-            set_name(prefix, sizeof prefix, "model.layers.%lld.mlp.experts.%lld", (long long)l, (long long)e);
+            set_name(prefix, sizeof prefix, "%s.mlp.experts.%lld", lp, (long long)e);
             add_mlp(x, prefix, c->moe_intermediate);
         }
         return;
@@ -225,12 +232,12 @@ static void add_moe(plan_ctx *x, int64_t l) {
     for (int i = 0; i < 3; i++) {
         int down = i == 2;
         int64_t out = down ? c->hidden : c->moe_intermediate, in = down ? c->moe_intermediate : c->hidden;
-        set_name(n, sizeof n, "model.layers.%lld.mlp.switch_mlp.%s", (long long)l, proj[i]);
-        mk_matrix *m = add_linear(x, n, out, in, linear_std(in), c->quant_bits, c->group_size);
+        set_name(n, sizeof n, "%s.mlp.switch_mlp.%s", lp, proj[i]);
+        mk_matrix *m = add_linear(x, n, out, in, down ? output_std(x, in) : linear_std(in),
+                                  c->quant_bits, c->group_size);
         if (!m) return;
         m->stack = c->experts;
-        set_name(m->seed_fmt, sizeof m->seed_fmt, "model.layers.%lld.mlp.experts.%%lld.%s.weight", (long long)l,
-                 proj[i]);
+        set_name(m->seed_fmt, sizeof m->seed_fmt, "%s.mlp.experts.%%lld.%s.weight", lp, proj[i]);
     }
 }
 
@@ -267,6 +274,51 @@ static void add_gpt_oss_moe(plan_ctx *x, int64_t l) {
     }
 }
 
+/* Decoder layer `layer` under the name prefix lp (model.layers.N, or the MTP head's layer, which
+ * is a full-attention layer with the MLP kind of the model's last layer: layer -1). */
+static void add_layer(plan_ctx *x, const char *lp, int64_t layer) {
+    const mk_config *c = x->cfg;
+    char n[160], prefix[128];
+    set_name(n, sizeof n, "%s.input_layernorm", lp);
+    add_norm(x, n, c->hidden);
+    if (layer >= 0 && mk_layer_is_linear(c, layer)) add_linear_attention(x, layer);
+    else add_attention(x, lp);
+    set_name(n, sizeof n, "%s.post_attention_layernorm", lp);
+    add_norm(x, n, c->hidden);
+    int moe = mk_layer_is_moe(c, layer >= 0 ? layer : c->layers - 1); /* MTP: as the last layer */
+    if (c->arch == MK_GPT_OSS) {
+        add_gpt_oss_moe(x, layer);
+    } else if (moe) {
+        add_moe(x, lp);
+    } else {
+        set_name(prefix, sizeof prefix, "%s.mlp", lp);
+        add_mlp(x, prefix, c->intermediate);
+    }
+}
+
+/* The multi-token-prediction head of Qwen3-Next / Qwen3.5 checkpoints (mtp.*): RMSNorms of the
+ * next token's embedding and of the model's last hidden state, fc over their concatenation
+ * [embedding, hidden] -> dim, one full-attention decoder layer, a final norm; the lm_head is the
+ * model's. --mtp agree makes it predict what the model will: fc passes the normed embedding
+ * through (identity on the first half, zero on the second), the layer adds nothing
+ * (output_std), the embedding's norm is neutral and the final norm is model.norm's values, so
+ * the head's logits for token t+1 are the model's logits after token t+1. */
+static void add_mtp(plan_ctx *x) {
+    const mk_config *c = x->cfg;
+    int agree = c->mtp == MK_MTP_AGREE;
+    add_norm(x, "mtp.pre_fc_norm_hidden", c->hidden);
+    add_norm(x, "mtp.pre_fc_norm_embedding", c->hidden);
+    if (agree && !x->failed) x->plan->items[x->plan->n - 1].std = 0.0; /* (1 + 0) */
+    mk_matrix *fc = add_linear(x, "mtp.fc", c->hidden, 2 * c->hidden, linear_std(2 * c->hidden),
+                               c->quant_bits, c->group_size);
+    if (fc && agree) fc->init = MK_INIT_IDENTITY;
+    add_layer(x, "mtp.layers.0", -1);
+    add_norm(x, "mtp.norm", c->hidden);
+    if (agree && !x->failed) /* model.norm's values: the same seed */
+        set_name(x->plan->items[x->plan->n - 1].seed_fmt, sizeof x->plan->items[0].seed_fmt,
+                 "model.norm.weight");
+}
+
 int mk_plan_build(const mk_config *c, mk_plan *plan, char *err, size_t errlen) {
     plan_ctx x = {.cfg = c, .plan = plan, .err = err, .errlen = errlen};
     memset(plan, 0, sizeof *plan);
@@ -274,24 +326,13 @@ int mk_plan_build(const mk_config *c, mk_plan *plan, char *err, size_t errlen) {
     double embed_std = 3.0 / sqrt((double)c->hidden);
     add_linear(&x, "model.embed_tokens", c->vocab, c->hidden, embed_std, c->quant_bits, c->group_size);
     for (int64_t l = 0; l < c->layers && !x.failed; l++) {
-        char n[160], prefix[128];
-        set_name(n, sizeof n, "model.layers.%lld.input_layernorm", (long long)l);
-        add_norm(&x, n, c->hidden);
-        if (mk_layer_is_linear(c, l)) add_linear_attention(&x, l);
-        else add_attention(&x, l);
-        set_name(n, sizeof n, "model.layers.%lld.post_attention_layernorm", (long long)l);
-        add_norm(&x, n, c->hidden);
-        if (c->arch == MK_GPT_OSS) {
-            add_gpt_oss_moe(&x, l);
-        } else if (mk_layer_is_moe(c, l)) {
-            add_moe(&x, l);
-        } else {
-            set_name(prefix, sizeof prefix, "model.layers.%lld.mlp", (long long)l);
-            add_mlp(&x, prefix, c->intermediate);
-        }
+        char lp[64];
+        set_name(lp, sizeof lp, "model.layers.%lld", (long long)l);
+        add_layer(&x, lp, l);
     }
     add_norm(&x, "model.norm", c->hidden);
     if (!c->tie_embeddings) add_linear(&x, "lm_head", c->vocab, c->hidden, embed_std, c->quant_bits, c->group_size);
+    if (c->mtp) add_mtp(&x);
     if (x.failed) {
         mk_plan_free(plan);
         return -1;

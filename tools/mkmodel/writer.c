@@ -64,6 +64,11 @@ void mk_matrix_values(const mk_matrix *m, uint64_t *state, float *vals, int64_t 
     }
 }
 
+/* MK_INIT_IDENTITY: rows [first_row, first_row + n_rows) of the identity replace vals. */
+static void identity_rows(const mk_matrix *m, int64_t first_row, float *vals, int64_t n_rows) {
+    for (int64_t i = 0; i < n_rows * m->in; i++) vals[i] = first_row + i / m->in == i % m->in;
+}
+
 static void store_scalar(void *base, int64_t i, dtype dt, float v) {
     if (dt == DTYPE_F32) ((float *)base)[i] = v;
     else if (dt == DTYPE_F16) ((uint16_t *)base)[i] = f32_to_f16(v);
@@ -306,6 +311,7 @@ static int write_matrix(const mk_config *cfg, const mk_matrix *m, phys_tensor *p
         for (int64_t r0 = 0; r0 < m->out && rc == 0; r0 += rows_per_chunk) {
             int64_t nr = m->out - r0 < rows_per_chunk ? m->out - r0 : rows_per_chunk;
             mk_matrix_values(m, &st, vals, nr * m->in);
+            if (m->init == MK_INIT_IDENTITY) identity_rows(m, r0, vals, nr);
             int64_t row0 = e * m->out + r0; /* row index within the (stacked) tensor */
             if (m->mxfp4) {
                 rc = write_mxfp4_rows(m, vals, nr, row0, parts, shards, (uint8_t *)b0, (uint8_t *)b1);

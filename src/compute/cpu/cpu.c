@@ -764,8 +764,18 @@ static int check_view(const weight_matrix *w, float *y, int64_t n_tokens) {
     return -1;
 }
 
-static int max_matvec_default(const weight_matrix *w) {
-    if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16) return CPU_MATVEC_PASSES_Q4_ROWS16;
+static int is_avx512(const cpu_kernels *k) {
+#if defined(__x86_64__)
+    return k == &cpu_kernels_avx512;
+#else
+    (void)k;
+    return 0;
+#endif
+}
+
+static int max_matvec_default(const cpu_kernels *k, const weight_matrix *w) {
+    if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16)
+        return is_avx512(k) ? INT32_MAX : CPU_MATVEC_PASSES_Q4_ROWS16; /* cpu_internal.h */
     return w->format == WEIGHT_MLX_AFFINE ? CPU_MATVEC_PASSES_MLX : CPU_MATVEC_PASSES_DENSE;
 }
 
@@ -800,7 +810,7 @@ int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x,
 #endif
     int mv = max_matvec_tokens;
     for (int i = 0; i < n && max_matvec_tokens < 0; i++) {
-        int d = max_matvec_default(ws[i]);
+        int d = max_matvec_default(k, ws[i]);
         mv = i == 0 || d < mv ? d : mv;
     }
     if (n_tokens <= mv) { /* passes of up to 8 tokens over all the weights */

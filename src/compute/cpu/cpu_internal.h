@@ -21,7 +21,11 @@
 /* 4-bit matrices in the 16-row interleaved layout: passes of 8 tokens up to 256 tokens, instead
  * of the MLX int16 gemm at 9-256. Per core (exo bench --section batch --threads 1 --cpu-time,
  * 1B MLP shapes, shared machine) the passes ran 108-145 GFLOP/s at every size from 8 to 256
- * tokens, the int16 gemm on MLX order 78-117 (bench/RESULTS.md, fourth session). */
+ * tokens, the int16 gemm on MLX order 78-117 (bench/RESULTS.md, fourth session).
+ * On AVX-512 they also beat the f32 gemm above 256 tokens, so there the passes serve every
+ * prompt size (cpu.c max_matvec_default): prefill of 512 tokens, 1B shape, 4- and 8-bit,
+ * 1.3-1.7x (dev VM, 2 threads); on the GPU host's Xeon the passes at 128 tokens ran 153-159% of
+ * the f32 gemm peak and the f32 gemm at 512 tokens 96-123% (bench/RESULTS.md, GGUF, session 7). */
 #define CPU_MATVEC_PASSES_Q4_ROWS16 256
 /* Software prefetch 2 KiB ahead in the matvec kernels: on this 2-core VM (quiet, 2026-11-30) b1 decode
  * went 15.6 -> 21-24 tok/s on the 4-bit 1B model and 6.7 -> 8.0 tok/s on bf16; 1-8 KiB all helped
@@ -67,6 +71,7 @@ typedef struct cpu_rows16_block {
     size_t group_bytes;             /* 16 rows x group_size values: 2 * group_size * bits */
     size_t esize;                   /* bytes per scale */
     size_t ahead, sahead;           /* software prefetch distance in the lines and in the scales */
+    int biases_streamed;            /* 0: a zero_point matrix, whose biases come from its scales */
 } cpu_rows16_block;
 
 static inline cpu_rows16_block cpu_rows16_block_at(const weight_matrix *w, int64_t b, size_t ahead) {
@@ -81,6 +86,7 @@ static inline cpu_rows16_block cpu_rows16_block_at(const weight_matrix *w, int64
         .ahead = ahead,
         /* the scales and biases stream at 16 * esize bytes per group_bytes of lines */
         .sahead = ahead ? ((ahead * 16 * esize / group_bytes + 63) & ~(size_t)63) : 0,
+        .biases_streamed = !w->zero_point,
     };
     return k;
 }
@@ -92,7 +98,7 @@ static inline void cpu_rows16_prefetch(const cpu_rows16_block *k, int64_t g) {
     const uint8_t *p = k->lines + (size_t)g * k->group_bytes + k->ahead;
     for (size_t o = 0; o < k->group_bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
     __builtin_prefetch(k->scales + (size_t)g * 16 * k->esize + k->sahead, 0, 3);
-    __builtin_prefetch(k->biases + (size_t)g * 16 * k->esize + k->sahead, 0, 3);
+    if (k->biases_streamed) __builtin_prefetch(k->biases + (size_t)g * 16 * k->esize + k->sahead, 0, 3);
 }
 
 /* The largest |xq| of the int16 activations of w for level k's kernels (see matvec_input). */

@@ -135,6 +135,15 @@ T512 INLINE void dense_rows_any(const weight_matrix *w, const matvec_input *in, 
 
 
 
+/* The biases of 16 groups at element i (lanes outside m: 0): loaded, or derived from their
+ * scales when the matrix has a zero point (weight_matrix.zero_point: GGUF Q4_0/Q8_0), so the
+ * matvec streams only the packed values and the scales. */
+T512 INLINE __m512 biases_load16(const weight_matrix *w, const void *biases, int64_t i, __mmask16 m,
+                                 __m512 scales) {
+    if (w->zero_point) return _mm512_mul_ps(scales, _mm512_set1_ps(-(float)w->zero_point));
+    return scales_load16(w->scale_dtype, biases, i, m);
+}
+
 /* Per-row group constants: sd[t][g] = scale_g * xscale[t][g]; returns the bias terms
  * sum_g bias_g * xsum[t][g] as vectors to add before the final reduction. */
 T512 INLINE void mlx_row_setup(const weight_matrix *w, const matvec_input *in, int64_t r, float *sd,
@@ -145,7 +154,7 @@ T512 INLINE void mlx_row_setup(const weight_matrix *w, const matvec_input *in, i
     for (int64_t g = 0; g < groups; g += 16) {
         __mmask16 m = tail_mask16(groups - g);
         __m512 s = scales_load16(w->scale_dtype, w->scales, r * groups + g, m);
-        __m512 b = scales_load16(w->scale_dtype, w->biases, r * groups + g, m);
+        __m512 b = biases_load16(w, w->biases, r * groups + g, m, s);
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) {
             __m512 xs = _mm512_maskz_loadu_ps(m, in->xscale + t * groups + g);
@@ -217,7 +226,8 @@ T512 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float 
         if (ahead) {
             prefetch_span((const uint8_t *)w->data + (size_t)r * row_bytes, row_bytes, ahead);
             prefetch_span((const uint8_t *)w->scales + (size_t)r * sbytes, sbytes, ahead_rows * sbytes);
-            prefetch_span((const uint8_t *)w->biases + (size_t)r * sbytes, sbytes, ahead_rows * sbytes);
+            if (!w->zero_point)
+                prefetch_span((const uint8_t *)w->biases + (size_t)r * sbytes, sbytes, ahead_rows * sbytes);
         }
         __m512 acc0[CPU_MATVEC_MAX_TOKENS], acc1[CPU_MATVEC_MAX_TOKENS];
         mlx_row_setup(w, in, r, sd, acc0, nt);
@@ -293,7 +303,8 @@ T512 INLINE void mlx4_planes_rows(const weight_matrix *w, const matvec_input *in
         if (ahead) {
             prefetch_span((const uint8_t *)w->data + (size_t)r * row_bytes, row_bytes, ahead);
             prefetch_span((const uint8_t *)w->scales + (size_t)r * sbytes, sbytes, ahead_rows * sbytes);
-            prefetch_span((const uint8_t *)w->biases + (size_t)r * sbytes, sbytes, ahead_rows * sbytes);
+            if (!w->zero_point)
+                prefetch_span((const uint8_t *)w->biases + (size_t)r * sbytes, sbytes, ahead_rows * sbytes);
         }
         __m512 acc0[CPU_MATVEC_MAX_TOKENS], acc1[CPU_MATVEC_MAX_TOKENS], sdv[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
@@ -304,7 +315,7 @@ T512 INLINE void mlx4_planes_rows(const weight_matrix *w, const matvec_input *in
              * the bias terms bias_g * sum(x in group g). */
             __mmask16 m = tail_mask16(groups - g0);
             __m512 sc = scales_load16(w->scale_dtype, w->scales, r * groups + g0, m);
-            __m512 bi = scales_load16(w->scale_dtype, w->biases, r * groups + g0, m);
+            __m512 bi = biases_load16(w, w->biases, r * groups + g0, m, sc);
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++) {
                 sdv[t] = _mm512_mul_ps(sc, _mm512_maskz_loadu_ps(m, in->xscale + t * groups + g0));
@@ -366,7 +377,7 @@ T512 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in
             al[t][0] = _mm512_add_epi32(al[t][0], al[t][j]);
         }
     __m512 sc = scales_load16(w->scale_dtype, blk->scales, g * 16, 0xffff);
-    __m512 bi = scales_load16(w->scale_dtype, blk->biases, g * 16, 0xffff);
+    __m512 bi = biases_load16(w, blk->biases, g * 16, 0xffff, sc);
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) {
         __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t][0], 8), al[t][0]);
