@@ -214,8 +214,9 @@ int cpu_weight_supported(const weight_matrix *w) {
 }
 
 /* Fills in->xq/xscale/xsum for MLX weights. Returns 0 or -1 (out of memory). */
-static int prepare_mlx_input(const weight_matrix *w, matvec_input *in, int want_int16,
+static int prepare_mlx_input(const cpu_kernels *k, const weight_matrix *w, matvec_input *in,
                              void **owned) {
+    int want_int16 = k->needs_int16_x;
     int64_t n = in->n_tokens, cols = w->cols, gs = w->group_size, groups = cols / gs;
     size_t floats = (size_t)(n * groups);
     size_t bytes = 2 * floats * sizeof(float) + (want_int16 ? (size_t)(n * cols) * 2 : 0);
@@ -235,7 +236,7 @@ static int prepare_mlx_input(const weight_matrix *w, matvec_input *in, int want_
             }
             xsum[t * groups + g] = sum;
             if (!want_int16) continue;
-            float xmax = (float)cpu_mlx_x_max(w);
+            float xmax = (float)cpu_mlx_x_max(k, w);
             float scale = amax / xmax;
             float inv = amax > 0 ? xmax / amax : 0.0f;
             xscale[t * groups + g] = scale;
@@ -257,7 +258,7 @@ static int prepare_mlx_input(const weight_matrix *w, matvec_input *in, int want_
     }
     if (want_int16 && cpu_mlx_x_planes(w))
         for (int64_t t = 0; t < n; t++) cpu_mlx_x_to_planes(xq + t * cols, cols);
-    if (want_int16 && cpu_mlx_x_planes8(w))
+    if (want_int16 && cpu_mlx_x_planes8(k, w))
         for (int64_t t = 0; t < n; t++) cpu_mlx_x_to_planes8(xq + t * cols, cols);
     in->xsum = xsum;
     in->xscale = xscale;
@@ -266,7 +267,7 @@ static int prepare_mlx_input(const weight_matrix *w, matvec_input *in, int want_
 }
 
 static int prepare_mlx(const cpu_kernels *k, const weight_matrix *w, matvec_input *in, void **owned) {
-    if (!k->prepare_mlx) return prepare_mlx_input(w, in, k->needs_int16_x, owned);
+    if (!k->prepare_mlx) return prepare_mlx_input(k, w, in, owned);
     int64_t n = in->n_tokens, cols = w->cols, groups = cols / w->group_size;
     size_t floats = (size_t)(n * groups);
     char *mem = cpu_scratch(3, 2 * floats * sizeof(float) + (size_t)(n * cols) * 2 + 64);
@@ -508,7 +509,7 @@ static int matvec_run(const cpu_kernels *k, const weight_matrix *const *ws, int 
             const weight_matrix *v = ws[j];
             if (v->format == WEIGHT_MLX_AFFINE && v->cols == w->cols && v->bits == w->bits &&
                 v->group_size == w->group_size && cpu_mlx_x_planes(v) == cpu_mlx_x_planes(w) &&
-                cpu_mlx_x_planes8(v) == cpu_mlx_x_planes8(w))
+                cpu_mlx_x_planes8(k, v) == cpu_mlx_x_planes8(k, w))
                 same = &job.parts[j];
         }
         if (same) {
@@ -517,7 +518,7 @@ static int matvec_run(const cpu_kernels *k, const weight_matrix *const *ws, int 
             rc = prepare_mlx(k, w, &pt->in, &owned[i]);
             slot3_used = k->prepare_mlx != NULL;
         } else {
-            rc = prepare_mlx_input(w, &pt->in, k->needs_int16_x, &owned[i]);
+            rc = prepare_mlx_input(k, w, &pt->in, &owned[i]);
         }
     }
     if (rc == 0) {

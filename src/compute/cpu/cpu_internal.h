@@ -57,13 +57,53 @@ static inline int cpu_mlx_x_planes(const weight_matrix *w) {
  * error bound grows by 0.4%). Per chunk of 128 values the xq row holds 256 bytes: the 128 hi
  * bytes in natural order, then the 128 lo bytes (cpu_mlx_x_to_planes8). */
 #define CPU_MLX_Q8_XMAX 32639
-static inline int cpu_mlx_x_planes8(const weight_matrix *w) {
-    return w->format == WEIGHT_MLX_AFFINE && w->bits == 8 && w->layout == WEIGHT_LAYOUT_MLX_ROWS16;
+static inline int cpu_mlx_x_planes8(const cpu_kernels *k, const weight_matrix *w) {
+    return k->rows16_x8_planes && w->format == WEIGHT_MLX_AFFINE && w->bits == 8 &&
+           w->layout == WEIGHT_LAYOUT_MLX_ROWS16;
 }
 
-/* The largest |xq| of the int16 activations of w (see matvec_input). */
-static inline int cpu_mlx_x_max(const weight_matrix *w) {
-    return cpu_mlx_x_planes8(w) ? CPU_MLX_Q8_XMAX : 32767;
+/* Where block b (rows 16b..16b+15) of a 16-row interleaved matrix (WEIGHT_LAYOUT_MLX_ROWS16,
+ * layout.c) keeps its weight lines, scales and biases, for the kernels of every level that reads
+ * the layout (they walk blocks and groups the same way and differ only in the dot products). */
+typedef struct cpu_rows16_block {
+    const uint8_t *lines;           /* group g's 64-byte lines at g * group_bytes */
+    const uint8_t *scales, *biases; /* group g of row 16b+l: element 16g + l */
+    size_t group_bytes;             /* 16 rows x group_size values: 2 * group_size * bits */
+    size_t esize;                   /* bytes per scale */
+    size_t ahead, sahead;           /* software prefetch distance in the lines and in the scales */
+    int biases_streamed;            /* 0: a zero_point matrix, whose biases come from its scales */
+} cpu_rows16_block;
+
+static inline cpu_rows16_block cpu_rows16_block_at(const weight_matrix *w, int64_t b, size_t ahead) {
+    int64_t groups = w->cols / w->group_size;
+    size_t esize = dtype_size(w->scale_dtype), group_bytes = 2 * (size_t)w->group_size * (size_t)w->bits;
+    cpu_rows16_block k = {
+        .lines = (const uint8_t *)w->data + (size_t)(b * groups) * group_bytes,
+        .scales = (const uint8_t *)w->scales + (size_t)(b * 16 * groups) * esize,
+        .biases = (const uint8_t *)w->biases + (size_t)(b * 16 * groups) * esize,
+        .group_bytes = group_bytes,
+        .esize = esize,
+        .ahead = ahead,
+        /* the scales and biases stream at 16 * esize bytes per group_bytes of lines */
+        .sahead = ahead ? ((ahead * 16 * esize / group_bytes + 63) & ~(size_t)63) : 0,
+        .biases_streamed = !w->zero_point,
+    };
+    return k;
+}
+
+/* Prefetches (into L1) group g's lines and its scales and biases k->ahead / k->sahead bytes on:
+ * the hardware prefetchers alone leave the core stalled at page boundaries (cpu_matvec_prefetch). */
+static inline void cpu_rows16_prefetch(const cpu_rows16_block *k, int64_t g) {
+    if (!k->ahead) return;
+    const uint8_t *p = k->lines + (size_t)g * k->group_bytes + k->ahead;
+    for (size_t o = 0; o < k->group_bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    __builtin_prefetch(k->scales + (size_t)g * 16 * k->esize + k->sahead, 0, 3);
+    if (k->biases_streamed) __builtin_prefetch(k->biases + (size_t)g * 16 * k->esize + k->sahead, 0, 3);
+}
+
+/* The largest |xq| of the int16 activations of w for level k's kernels (see matvec_input). */
+static inline int cpu_mlx_x_max(const cpu_kernels *k, const weight_matrix *w) {
+    return cpu_mlx_x_planes8(k, w) ? CPU_MLX_Q8_XMAX : 32767;
 }
 
 /* Element i of an MLX scale or bias array (bf16, f16 or f32), and of a dense weight row, as f32:

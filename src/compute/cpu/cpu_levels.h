@@ -122,6 +122,10 @@ typedef struct cpu_kernels {
     /* Bit widths (bit b set: b-bit) of MLX matrices this level reads in the 16-row interleaved
      * layout (WEIGHT_LAYOUT_MLX_ROWS16, layout.c); the driver refuses the others. */
     unsigned rows16_bits;
+    /* 8-bit interleaved matrices: the kernel reads the signed byte planes of cpu_mlx_x_planes8
+     * (1: AVX-512) or int16 activations in natural order (0: AVX2, whose vpmaddubsw would
+     * saturate on full-range weight and activation bytes). */
+    int rows16_x8_planes;
     cpu_prepare_mlx_fn prepare_mlx; /* NULL: the portable loop in cpu.c */
     cpu_matvec_fn matvec;
     cpu_dequant_fn dequant;

@@ -87,6 +87,12 @@ T256 INLINE unpack8_consts unpack8_setup(int bits) {
     return u;
 }
 
+/* 8 packed values (the low 8*u->bits bits of raw) -> 8 f32. */
+T256 INLINE __m256 unpack8_raw(const unpack8_consts *u, uint64_t raw) {
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)raw), u->idx);
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(v, u->shifts), u->mask));
+}
+
 /* 8 consecutive packed values (u->bits bytes at p) -> 8 f32. */
 T256 INLINE __m256 unpack8(const unpack8_consts *u, const uint8_t *p) {
     /* loads of constant widths into a register: a memcpy of the run-time size was a libc call
@@ -102,8 +108,7 @@ T256 INLINE __m256 unpack8(const unpack8_consts *u, const uint8_t *p) {
     case 5: memcpy(&w32, p, 4), raw = (uint64_t)w32 | (uint64_t)p[4] << 32; break;
     default: memcpy(&w32, p, 4), memcpy(&w16, p + 4, 2), raw = (uint64_t)w32 | (uint64_t)w16 << 32; break;
     }
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)raw), u->idx);
-    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(v, u->shifts), u->mask));
+    return unpack8_raw(u, raw);
 }
 
 T256 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
@@ -142,25 +147,19 @@ T256 INLINE void mlx_rows(const weight_matrix *w, const matvec_input *in, float 
     }
 }
 
-/* 4-bit rows in the 16-row interleaved layout (WEIGHT_LAYOUT_MLX_ROWS16; see mlx4_rows16 in
- * matmul_avx512.c for the layout and the byte planes of cpu_mlx_x_planes): per block of 16 rows,
- * group and word k, two 256-bit vectors (rows 0-7, 8-15) whose low nibbles (one AND) and high
- * nibbles (shift + AND) stay bytes. Per token the 4 plane bytes of word k are broadcast; without
- * AVX-VNNI, vpmaddubsw multiplies the weights (u8) with the hi bytes (s8) and the lo bytes (u8)
- * with the weights (s8, 0..15) into int16 pairs (at most 2*15*255 per pair and 15300 per sum of
- * two: no saturation, so exact) and vpmaddwd with ones widens them into the hi and lo int32
- * accumulators; with AVX-VNNI (vnni = 1) vpdpbusd does each product-and-accumulate in one
- * instruction, as on AVX-512. Once per group the lanes hold each row's exact int16 dot product
- * 256*hi + lo, converted and scaled for 8 rows at a time. The same integer products as the
- * AVX-512 kernel, so the same error bound. Rows past the last whole block: mlx_rows (MLX order). */
-/* acc += u8 . s8 per int32 lane. The AVX-VNNI form is inline asm (VEX-encoded vpdpbusd), so the
- * one kernel body compiles for both forms under the plain AVX2 target. */
-T256 INLINE __m256i dot4_u8s8(__m256i acc, __m256i u8, __m256i s8, const int vnni) {
-    if (vnni) {
-        __asm__("%{vex%} vpdpbusd %[b], %[a], %[acc]" : [acc] "+x"(acc) : [a] "x"(u8), [b] "x"(s8));
-        return acc;
-    }
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+/* acc += u8 . s8 per int32 lane by AVX-VNNI: inline asm (VEX-encoded vpdpbusd), so the one
+ * kernel body compiles for both forms under the plain AVX2 target. */
+T256 INLINE __m256i dpbusd_vex(__m256i acc, __m256i u8, __m256i s8) {
+    __asm__("%{vex%} vpdpbusd %[b], %[a], %[acc]" : [acc] "+x"(acc) : [a] "x"(u8), [b] "x"(s8));
+    return acc;
+}
+
+/* acc += x per int32 lane, in the accumulator's register: written as the intrinsic, GCC adds into
+ * a fresh register and copies it back every step (a vmovdqa per accumulator and step; the
+ * AVX-512 kernels tie their accumulators the same way, dpbusd_acc). */
+T256 INLINE __m256i add32_acc(__m256i acc, __m256i x) {
+    __asm__("vpaddd %[x], %[acc], %[acc]" : [acc] "+x"(acc) : [x] "x"(x));
+    return acc;
 }
 
 /* 8 scales or biases (bf16, f16, f32) from element i, widened as dense weights are. */
@@ -168,85 +167,220 @@ T256 INLINE __m256 scales_load8(dtype t, const void *p, int64_t i) {
     return dense_load8(t == DTYPE_F32 ? WEIGHT_F32 : t == DTYPE_F16 ? WEIGHT_F16 : WEIGHT_BF16, p, i);
 }
 
+/* ---- the 16-row interleaved layout (WEIGHT_LAYOUT_MLX_ROWS16, layout.c) --------------------
+ * A block of 16 rows stores, per group, word k of every row side by side: 64 bytes per k, lane
+ * l (4 bytes) = row 16b+l. A 256-bit vector holds half of such a line (8 rows). Each kernel
+ * consumes whole 64-byte lines in address order (both halves of a line before the next one),
+ * so each core streams its rows once, front to back, and an activation broadcast serves all 16
+ * rows. Per group the lanes hold each row's exact integer dot product, converted and scaled for
+ * 8 rows at a time (rows16_group_end). Rows outside [r0, r1) of a block that straddles the range
+ * are computed and not stored (the driver cuts ranges at multiples of 16). */
+
+/* The end of group g for the 8 rows 16b + 8h .. +7 of block blk: acc[t] += dot[t] * scale *
+ * activation step + bias * sum(x), dot the exact int32 products. */
+T256 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk,
+                                  int64_t g, int h, const __m256i *dot, __m256 *acc, const int nt) {
+    int64_t groups = w->cols / w->group_size;
+    __m256 sc = scales_load8(w->scale_dtype, blk->scales, g * 16 + 8 * h);
+    __m256 bi = scales_load8(w->scale_dtype, blk->biases, g * 16 + 8 * h);
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        __m256 sv = _mm256_mul_ps(sc, _mm256_set1_ps(in->xscale[t * groups + g]));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), sv, acc[t]);
+        acc[t] = _mm256_fmadd_ps(bi, _mm256_set1_ps(in->xsum[t * groups + g]), acc[t]);
+    }
+}
+
+/* Stores the 8 rows 16b + 8h .. +7 of every token that lie in [r0, r1). */
+T256 INLINE void rows16_store(float *y, int64_t rows, int64_t b, int h, int64_t r0, int64_t r1,
+                              const __m256 *acc, const int nt) {
+    int64_t first = 16 * b + 8 * h;
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        if (first >= r0 && first + 8 <= r1) {
+            _mm256_storeu_ps(y + t * rows + first, acc[t]);
+            continue;
+        }
+        float out[8];
+        _mm256_storeu_ps(out, acc[t]);
+        for (int i = 0; i < 8; i++)
+            if (first + i >= r0 && first + i < r1) y[t * rows + first + i] = out[i];
+    }
+}
+
+/* 4-bit (layout: 8 values of a row per lane; activations: the byte planes of cpu_mlx_x_planes).
+ * Per half line, the low nibbles (one AND) and high nibbles (shift + AND) stay bytes, and per
+ * token the 4 plane bytes of word k are broadcast. Without AVX-VNNI, vpmaddubsw multiplies the
+ * weights (u8) with the hi bytes (s8) and the lo bytes (u8) with the weights (s8, 0..15); the
+ * int16 results of the even and odd nibbles are added before one vpmaddwd widens them (per
+ * int16 lane at most 2 * 2*15*128 = 7680 for hi and 2 * 2*15*255 = 15300 for lo: no
+ * saturation, so exact), into one int32 accumulator per plane whose add chain has 1-cycle
+ * latency. With AVX-VNNI (vnni = 1) vpdpbusd does each product-and-accumulate; its 5-cycle
+ * latency wants independent chains, so even and odd nibbles then accumulate apart at 1 token.
+ * Once per group 256*hi + lo is each row's exact int16 dot product: the same integer products
+ * as the AVX-512 kernel, so the same error bound. Both halves of a line per step at 1-2 tokens;
+ * from 3 tokens the accumulators of both would exceed the 16 ymm registers, so the halves take
+ * turns within each group (the group's 64-byte lines are then in L1 for the second half). Rows
+ * past the last whole block: mlx_rows (MLX order). */
 T256 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
                              int64_t r1, const int vnni, const int nt) {
     int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
-    int64_t kpg = gs / 8, rows16 = rows & ~(int64_t)15; /* kpg: 4, 8, 16 */
-    const __m256i m0f = _mm256_set1_epi8(0x0f);
-    /* independent int32 chains per plane and token: with one, the two dependent dot products
-     * per word (vpdpbusd: 5 cycles each) bounded a 1-token pass at ~10 GB/s per core. 4 at 1
-     * token (even/odd values x two words per step), 2 at 2, 1 above (16 ymm registers) */
-    const int nc = nt == 1 ? 4 : nt == 2 ? 2 : 1, ku = nc == 4 ? 2 : 1;
-    size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
+    int64_t kpg = gs / 8, rows16 = rows & ~(int64_t)15; /* kpg: 4, 8, 16 lines per group */
+    const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const int hp = nt <= 2 ? 2 : 1, nc = vnni && nt == 1 ? 2 : 1; /* halves per step, chains */
+    size_t ahead = cpu_matvec_prefetch();
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
     for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows16; b++) {
-        const uint8_t *wb = (const uint8_t *)w->data + (size_t)b * 8 * (size_t)cols;
-        const uint8_t *sb = (const uint8_t *)w->scales + (size_t)(b * 16 * groups) * esize;
-        const uint8_t *bb = (const uint8_t *)w->biases + (size_t)(b * 16 * groups) * esize;
-        for (int h = 0; h < 2; h++) { /* rows 16b + 8h .. 16b + 8h + 7 */
-            __m256 acc[CPU_MATVEC_MAX_TOKENS];
+        cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
+        __m256 acc[2][CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-            for (int64_t g = 0; g < groups; g++) {
-                const uint8_t *wg = wb + (size_t)(g * kpg) * 64 + 32 * h;
-                if (ahead)
-                    for (int64_t o = 0; o < kpg * 64; o += 64) _mm_prefetch((const char *)wg + o + ahead, _MM_HINT_T0);
-                int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
-                __m256i ah[CPU_MATVEC_MAX_TOKENS][4], al[CPU_MATVEC_MAX_TOKENS][4];
-#pragma GCC unroll 8
-                for (int t = 0; t < nt; t++)
-#pragma GCC unroll 4
-                    for (int j = 0; j < nc; j++) ah[t][j] = al[t][j] = _mm256_setzero_si256();
-                for (int64_t k = 0; k < kpg; k += ku) {
+        for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *wg = blk.lines + (size_t)g * blk.group_bytes;
+            cpu_rows16_prefetch(&blk, g);
+            int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
+            for (int h0 = 0; h0 < 2; h0 += hp) {
+                __m256i ah[2][CPU_MATVEC_MAX_TOKENS][2], al[2][CPU_MATVEC_MAX_TOKENS][2];
 #pragma GCC unroll 2
-                    for (int u = 0; u < ku; u++) {
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(wg + 64 * (k + u)));
-                        __m256i we = _mm256_and_si256(v, m0f);
-                        __m256i wo = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-                        const int je = nc == 4 ? 2 * u : 0, jo = nc == 1 ? 0 : je + 1;
+                for (int h = 0; h < hp; h++)
 #pragma GCC unroll 8
-                        for (int t = 0; t < nt; t++) {
-                            const uint8_t *xb = xq[t] + xoff + 4 * (k + u);
-                            int32_t he, ho, le, lo;
-                            memcpy(&he, xb, 4), memcpy(&ho, xb + 64, 4), memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
-                            ah[t][je] = dot4_u8s8(ah[t][je], we, _mm256_set1_epi32(he), vnni);
-                            ah[t][jo] = dot4_u8s8(ah[t][jo], wo, _mm256_set1_epi32(ho), vnni);
-                            al[t][je] = dot4_u8s8(al[t][je], _mm256_set1_epi32(le), we, vnni);
-                            al[t][jo] = dot4_u8s8(al[t][jo], _mm256_set1_epi32(lo), wo, vnni);
+                    for (int t = 0; t < nt; t++)
+#pragma GCC unroll 2
+                        for (int j = 0; j < nc; j++) ah[h][t][j] = al[h][t][j] = _mm256_setzero_si256();
+                for (int64_t k = 0; k < kpg; k++) {
+                    __m256i we[2], wo[2];
+#pragma GCC unroll 2
+                    for (int h = 0; h < hp; h++) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(wg + 64 * k + 32 * (h0 + h)));
+                        we[h] = _mm256_and_si256(v, m0f);
+                        wo[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+                    }
+#pragma GCC unroll 8
+                    for (int t = 0; t < nt; t++) {
+                        const uint8_t *xb = xq[t] + xoff + 4 * k;
+                        int32_t he, ho, le, lo;
+                        memcpy(&he, xb, 4), memcpy(&ho, xb + 64, 4), memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
+                        __m256i bhe = _mm256_set1_epi32(he), bho = _mm256_set1_epi32(ho);
+                        __m256i ble = _mm256_set1_epi32(le), blo = _mm256_set1_epi32(lo);
+#pragma GCC unroll 2
+                        for (int h = 0; h < hp; h++) {
+                            if (vnni) {
+                                ah[h][t][0] = dpbusd_vex(ah[h][t][0], we[h], bhe);
+                                ah[h][t][nc - 1] = dpbusd_vex(ah[h][t][nc - 1], wo[h], bho);
+                                al[h][t][0] = dpbusd_vex(al[h][t][0], ble, we[h]);
+                                al[h][t][nc - 1] = dpbusd_vex(al[h][t][nc - 1], blo, wo[h]);
+                            } else {
+                                __m256i hi16 = _mm256_add_epi16(_mm256_maddubs_epi16(we[h], bhe),
+                                                                _mm256_maddubs_epi16(wo[h], bho));
+                                __m256i lo16 = _mm256_add_epi16(_mm256_maddubs_epi16(ble, we[h]),
+                                                                _mm256_maddubs_epi16(blo, wo[h]));
+                                ah[h][t][0] = add32_acc(ah[h][t][0], _mm256_madd_epi16(hi16, ones));
+                                al[h][t][0] = add32_acc(al[h][t][0], _mm256_madd_epi16(lo16, ones));
+                            }
                         }
                     }
                 }
-                __m256 sc = scales_load8(w->scale_dtype, sb, g * 16 + 8 * h);
-                __m256 bi = scales_load8(w->scale_dtype, bb, g * 16 + 8 * h);
+#pragma GCC unroll 2
+                for (int h = 0; h < hp; h++) {
+                    __m256i dot[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
-                for (int t = 0; t < nt; t++) {
-#pragma GCC unroll 4
-                    for (int j = 1; j < nc; j++) {
-                        ah[t][0] = _mm256_add_epi32(ah[t][0], ah[t][j]);
-                        al[t][0] = _mm256_add_epi32(al[t][0], al[t][j]);
+                    for (int t = 0; t < nt; t++) {
+                        __m256i sh = nc == 2 ? _mm256_add_epi32(ah[h][t][0], ah[h][t][1]) : ah[h][t][0];
+                        __m256i sl = nc == 2 ? _mm256_add_epi32(al[h][t][0], al[h][t][1]) : al[h][t][0];
+                        dot[t] = _mm256_add_epi32(_mm256_slli_epi32(sh, 8), sl);
                     }
-                    __m256i a = _mm256_add_epi32(_mm256_slli_epi32(ah[t][0], 8), al[t][0]);
-                    __m256 sv = _mm256_mul_ps(sc, _mm256_set1_ps(in->xscale[t * groups + g]));
-                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), sv, acc[t]);
-                    acc[t] = _mm256_fmadd_ps(bi, _mm256_set1_ps(in->xsum[t * groups + g]), acc[t]);
+                    rows16_group_end(w, in, &blk, g, h0 + h, dot, acc[h0 + h], nt);
                 }
             }
-            /* store this half's rows that lie in [r0, r1) */
-            int64_t first = 16 * b + 8 * h;
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++) {
-                float out[8];
-                _mm256_storeu_ps(out, acc[t]);
-                for (int i = 0; i < 8; i++)
-                    if (first + i >= r0 && first + i < r1) y[t * rows + first + i] = out[i];
-            }
         }
+        rows16_store(y, rows, b, 0, r0, r1, acc[0], nt);
+        rows16_store(y, rows, b, 1, r0, r1, acc[1], nt);
     }
     if (r1 > rows16) {
         int64_t from = r0 > rows16 ? r0 : rows16;
         mlx_rows(w, in, y, from, r1, nt);
+    }
+}
+
+/* acc += the int16 pairs of a and b multiplied and summed per int32 lane: vpmaddwd + vpaddd, or
+ * with AVX-VNNI one VEX-encoded vpdpwssd (inline asm, as dpbusd_vex). */
+T256 INLINE __m256i dot2_s16(__m256i acc, __m256i a, __m256i b, const int vnni) {
+    if (vnni) {
+        __asm__("%{vex%} vpdpwssd %[b], %[a], %[acc]" : [acc] "+x"(acc) : [a] "x"(a), [b] "x"(b));
+        return acc;
+    }
+    return add32_acc(acc, _mm256_madd_epi16(a, b));
+}
+
+/* 8-bit (layout: 4 values of a row per lane, rows a multiple of 16; activations: int16 in natural
+ * order, cpu_kernels.rows16_x8_planes = 0). The byte planes of the AVX-512 kernel do not work
+ * here: vpmaddubsw adds two u8 x s8 products into int16, and two full-range weight and activation
+ * bytes (2 * 255 * 128) saturate it. So each quarter line (16 bytes: 4 rows x 4 values) is
+ * zero-extended to words (vpmovzxbw, straight from memory) and vpmaddwd (or AVX-VNNI vpdpwssd)
+ * multiplies it with the token's 4 int16 activations of word k, broadcast: each int32 lane then
+ * holds one row's sum of two products, and one vphaddd per two quarters plus a qword permute
+ * turns them into each row's dot product in row order once per group. At most 255 * 32767 *
+ * gs per lane (1.07e9 at gs 128): exact in int32. The products are the same as every int16
+ * path's, so the error bound is the same (activations quantized to 32767, not 32639). Quarters
+ * per step: the whole line at 1-2 tokens, half of it from 3 tokens (registers). */
+T256 INLINE void mlx8_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                             int64_t r1, const int vnni, const int nt) {
+    int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
+    int64_t kpg = gs / 4; /* lines per group: 8, 16, 32 */
+    const int qp = nt <= 2 ? 4 : 2, nc = vnni && nt == 1 ? 2 : 1; /* quarters per step, chains */
+    size_t ahead = cpu_matvec_prefetch();
+    for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows; b++) {
+        cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
+        __m256 acc[2][CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *wg = blk.lines + (size_t)g * blk.group_bytes;
+            cpu_rows16_prefetch(&blk, g);
+            for (int q0 = 0; q0 < 4; q0 += qp) {
+                __m256i a[4][CPU_MATVEC_MAX_TOKENS][2];
+#pragma GCC unroll 4
+                for (int q = 0; q < qp; q++)
+#pragma GCC unroll 8
+                    for (int t = 0; t < nt; t++)
+#pragma GCC unroll 2
+                        for (int j = 0; j < nc; j++) a[q][t][j] = _mm256_setzero_si256();
+                for (int64_t k = 0; k < kpg; k += nc) {
+#pragma GCC unroll 2
+                    for (int j = 0; j < nc; j++) {
+                        __m256i v[4];
+#pragma GCC unroll 4
+                        for (int q = 0; q < qp; q++)
+                            v[q] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wg + 64 * (k + j) + 16 * (q0 + q))));
+#pragma GCC unroll 8
+                        for (int t = 0; t < nt; t++) {
+                            int64_t x4;
+                            memcpy(&x4, in->xq + t * cols + g * gs + 4 * (k + j), 8);
+                            __m256i xb = _mm256_set1_epi64x(x4);
+#pragma GCC unroll 4
+                            for (int q = 0; q < qp; q++) a[q][t][j] = dot2_s16(a[q][t][j], v[q], xb, vnni);
+                        }
+                    }
+                }
+#pragma GCC unroll 2
+                for (int p = 0; p < qp; p += 2) { /* quarters q0+p, q0+p+1 = rows 8h .. 8h+7 */
+                    int h = (q0 + p) >> 1;
+                    __m256i dot[CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+                    for (int t = 0; t < nt; t++) {
+                        __m256i s0 = nc == 2 ? _mm256_add_epi32(a[p][t][0], a[p][t][1]) : a[p][t][0];
+                        __m256i s1 = nc == 2 ? _mm256_add_epi32(a[p + 1][t][0], a[p + 1][t][1]) : a[p + 1][t][0];
+                        /* hadd: rows 0 1 4 5 | 2 3 6 7 of the eight; the qword permute puts them in order */
+                        dot[t] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s0, s1), 0xd8);
+                    }
+                    rows16_group_end(w, in, &blk, g, h, dot, acc[h], nt);
+                }
+            }
+        }
+        rows16_store(y, rows, b, 0, r0, r1, acc[0], nt);
+        rows16_store(y, rows, b, 1, r0, r1, acc[1], nt);
     }
 }
 
@@ -284,7 +418,20 @@ T256 static void mlx4_rows16_maddubs(const weight_matrix *w, const matvec_input 
     CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx4_rows16, w, in, y, r0, r1, 0)
 }
 
+T256 static void mlx8_rows16_vnni(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
+    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx8_rows16, w, in, y, r0, r1, 1)
+}
+
+T256 static void mlx8_rows16_madd(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
+    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx8_rows16, w, in, y, r0, r1, 0)
+}
+
 T256 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
+    if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16 && w->bits == 8) {
+        if (cpu_avx2_vnni()) mlx8_rows16_vnni(w, in, y, r0, r1);
+        else mlx8_rows16_madd(w, in, y, r0, r1);
+        return;
+    }
     if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16) {
         if (cpu_avx2_vnni()) mlx4_rows16_vnni(w, in, y, r0, r1);
         else mlx4_rows16_maddubs(w, in, y, r0, r1);
@@ -306,8 +453,8 @@ T256 static void avx2_dequant(const weight_matrix *w, int64_t r, int64_t c0, int
     }
     int64_t gs = w->group_size;
     unpack8_consts u = unpack8_setup(w->bits);
-    /* 8 values are `bits` bytes; in a 16-row interleaved block (4-bit here) a row's words are 16
-     * apart (weight_mlx_word), so each 8 values are one word 64 bytes after the previous */
+    /* 8 values are `bits` bytes; in a 16-row interleaved block a row's words are 16 apart
+     * (weight_mlx_word), 64 bytes: 8 values are one word at 4 bits, two words at 8 bits */
     const int strided = w->layout == WEIGHT_LAYOUT_MLX_ROWS16 && r < (w->rows & ~(int64_t)15);
     const uint8_t *q = (const uint8_t *)((const uint32_t *)w->data + weight_mlx_word(w, r, c0 * w->bits / 32));
     for (int64_t c = 0; c < len; c += gs) {
@@ -315,16 +462,27 @@ T256 static void avx2_dequant(const weight_matrix *w, int64_t r, int64_t c0, int
         __m256 s = _mm256_set1_ps(cpu_scale_at(w->scale_dtype, w->scales, g));
         __m256 b = _mm256_set1_ps(cpu_scale_at(w->scale_dtype, w->biases, g));
         for (int64_t i = 0; i < gs; i += 8) {
-            _mm256_storeu_ps(out + c + i, _mm256_fmadd_ps(unpack8(&u, q), s, b));
-            q += strided ? 64 : u.bits;
+            __m256 v;
+            if (!strided) {
+                v = unpack8(&u, q);
+                q += u.bits;
+            } else {
+                uint32_t w0, w1 = 0;
+                memcpy(&w0, q, 4);
+                if (u.bits == 8) memcpy(&w1, q + 64, 4);
+                v = unpack8_raw(&u, (uint64_t)w0 | (uint64_t)w1 << 32);
+                q += 64 * (size_t)(u.bits / 4);
+            }
+            _mm256_storeu_ps(out + c + i, _mm256_fmadd_ps(v, s, b));
         }
     }
 }
 
 const cpu_kernels cpu_kernels_avx2 = {
     .name = "avx2",
-    .needs_int16_x = 1, /* for the interleaved 4-bit kernel; the MLX-order kernels read x */
-    .rows16_bits = 1u << 4,
+    .needs_int16_x = 1, /* for the interleaved kernels; the MLX-order kernels read x */
+    .rows16_bits = 1u << 4 | 1u << 8,
+    .rows16_x8_planes = 0, /* mlx8_rows16 reads natural-order int16 */
     .matvec = avx2_matvec,
     .dequant = avx2_dequant,
     .gemm_tile = NULL,

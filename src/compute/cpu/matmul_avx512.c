@@ -349,7 +349,7 @@ T512 INLINE void mlx4_planes_rows(const weight_matrix *w, const matvec_input *in
 }
 
 /* acc += u8 a . s8 b per int32 lane (vpdpbusd) with the accumulator tied to the destination:
- * written as the intrinsic, GCC 12 copies the accumulators of mlx4_rows16 through other
+ * written as the intrinsic, GCC 12 copies the accumulators of mlx_rows16 through other
  * registers and the stack around every instruction (twice the instructions of the loop). */
 T512 INLINE __m512i dpbusd_acc(__m512i acc, __m512i a, __m512i b) {
     __asm__("vpdpbusd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
@@ -362,12 +362,12 @@ T512 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i a, const uint8_t *p) {
     return acc;
 }
 
-/* The end of group g of a 16-row interleaved block (scales and biases of the block at sb, bb):
+/* The end of group g of a 16-row interleaved block:
  * the nc int32 chains of each plane summed (exact), 256*hi + lo converted and scaled by
  * scale * activation step, and bias * sum(x), into the 16 row accumulators of each token. */
-T512 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in, const uint8_t *sb,
-                                  const uint8_t *bb, int64_t g, __m512i ah[][4], __m512i al[][4],
-                                  const int nc, __m512 *acc, const int nt) {
+T512 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk,
+                                  int64_t g, __m512i ah[][4], __m512i al[][4], const int nc, __m512 *acc,
+                                  const int nt) {
     int64_t groups = w->cols / w->group_size;
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++)
@@ -376,8 +376,8 @@ T512 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in
             ah[t][0] = _mm512_add_epi32(ah[t][0], ah[t][j]);
             al[t][0] = _mm512_add_epi32(al[t][0], al[t][j]);
         }
-    __m512 sc = scales_load16(w->scale_dtype, sb, g * 16, 0xffff);
-    __m512 bi = biases_load16(w, bb, g * 16, 0xffff, sc);
+    __m512 sc = scales_load16(w->scale_dtype, blk->scales, g * 16, 0xffff);
+    __m512 bi = biases_load16(w, blk->biases, g * 16, 0xffff, sc);
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) {
         __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t][0], 8), al[t][0]);
@@ -396,55 +396,65 @@ T512 INLINE void rows16_store(float *y, int64_t rows, int64_t b, int64_t r0, int
     for (int t = 0; t < nt; t++) _mm512_mask_storeu_ps(y + t * rows + 16 * b, m, acc[t]);
 }
 
-/* 4-bit rows in the 16-row interleaved layout (WEIGHT_LAYOUT_MLX_ROWS16): per block of 16 rows
- * and group, vector k (k < gs/8) holds word k of the group of each row (lane l: values 8k..8k+7
- * of row 16b+l, as MLX packs them), so the same AND / shift+AND split the even and odd nibbles of
- * 16 rows at once. The activations are the byte planes of cpu_mlx_x_planes, read 4 bytes at a
- * time by broadcast (dword k of the planes meets vector k): hi planes (s8) against the weights
- * (u8) into one int32 accumulator, the weights (as s8) against the lo planes (u8) into another,
- * combined as 256*hi + lo once per group. Each lane then is one row's exact int16 dot product of
- * the group, converted and scaled once per group and token for 16 rows: no horizontal sums, no
- * scale permutes. Rows outside [r0, r1) of a block that straddles the range are computed and not
- * stored (the driver cuts ranges at multiples of 16); rows past the last whole block are in MLX
- * order and go to mlx4_planes_rows. */
-T512 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                             int64_t r1, const int nt) {
+/* Rows in the 16-row interleaved layout (WEIGHT_LAYOUT_MLX_ROWS16, layout.c), 4- or 8-bit: per
+ * block of 16 rows and group, vector k holds word k of the group of each row (lane l = row 16b+l;
+ * 4-bit: values 8k..8k+7 as MLX packs them, 8-bit: values 4k..4k+3). The activations are byte
+ * planes of the int16 values x = 256*hi + lo, read 4 bytes at a time by broadcast (dword k of a
+ * plane meets vector k), and every product is a vpdpbusd (u8 x s8) into int32 accumulators of
+ * the hi and the lo planes, combined as 256*hi + lo once per group: each lane is then one row's
+ * exact int16 dot product of the group, converted and scaled once per group and token for 16
+ * rows: no horizontal sums, no scale permutes.
+ *   4-bit (cpu_mlx_x_planes: hi bytes s8, lo bytes u8, even and odd values apart): one AND and a
+ *     shift+AND split the even and odd nibbles of 16 rows at once; the hi planes (s8) against
+ *     the nibbles (u8), the nibbles (as s8, 0..15) against the lo planes (u8): 4 vpdpbusd per
+ *     vector and token.
+ *   8-bit (cpu_mlx_x_planes8: both bytes signed, rows a multiple of 16): no unpacking at all,
+ *     the weight bytes (u8) against the hi and against the lo bytes: 2 vpdpbusd per 64 weight
+ *     bytes and token (the MLX-order 8-bit kernel: a vpmovzxbw and 2 vpdpwssd per 32 bytes, plus
+ *     a horizontal sum per row).
+ * Rows outside [r0, r1) of a block that straddles the range are computed and not stored (the
+ * driver cuts ranges at multiples of 16); 4-bit rows past the last whole block are in MLX order
+ * and go to mlx4_planes_rows. */
+T512 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
+                            int64_t r1, const int bits, const int nt) {
     int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
-    int64_t kpg = gs / 8, rows16 = rows & ~(int64_t)15;
+    int64_t lines = gs * bits / 32, rows16 = rows & ~(int64_t)15; /* vectors per group: even */
     const __m512i m0f = _mm512_set1_epi8(0x0f);
     /* Independent int32 accumulator chains per plane and token (vpdpbusd latency): 4 at 1-2
-     * tokens (two vectors per step), 2 at 3-4, 1 above (register budget). kpg is even. */
-    const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1, ku = nc == 4 ? 2 : 1;
-    size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
-    /* scales and biases stream at 16*esize bytes per 8*gs weight bytes */
-    size_t sahead = ahead ? ((ahead * 2 * esize / (size_t)gs + 63) & ~(size_t)63) : 0;
+     * tokens, 2 at 3-4, 1 above (register budget). Vectors per step: 4-bit 2 at 4 chains (each
+     * feeds two, its even and its odd nibbles), else 1; 8-bit one per chain. */
+    const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1, step = bits == 4 ? (nc == 4 ? 2 : 1) : nc;
+    size_t ahead = cpu_matvec_prefetch();
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
     for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows16; b++) {
-        const uint8_t *wb = (const uint8_t *)w->data + (size_t)b * 8 * (size_t)cols;
-        const uint8_t *sb = (const uint8_t *)w->scales + (size_t)(b * 16 * groups) * esize;
-        const uint8_t *bb = (const uint8_t *)w->biases + (size_t)(b * 16 * groups) * esize;
+        cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
         __m512 acc[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
         for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *wg = wb + (size_t)(g * kpg) * 64;
-            if (ahead) {
-                prefetch_span(wg, (size_t)kpg * 64, ahead);
-                _mm_prefetch((const char *)sb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
-                if (!w->zero_point) _mm_prefetch((const char *)bb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
-            }
-            int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
+            const uint8_t *wg = blk.lines + (size_t)g * blk.group_bytes;
+            cpu_rows16_prefetch(&blk, g);
+            int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + (v0 & 127) * bits / 8;
             __m512i ah[CPU_MATVEC_MAX_TOKENS][4], al[CPU_MATVEC_MAX_TOKENS][4];
 #pragma GCC unroll 8
             for (int t = 0; t < nt; t++)
 #pragma GCC unroll 4
                 for (int j = 0; j < nc; j++) ah[t][j] = al[t][j] = _mm512_setzero_si512();
-            for (int64_t k = 0; k < kpg; k += ku) {
-#pragma GCC unroll 2
-                for (int u = 0; u < ku; u++) {
+            for (int64_t k = 0; k < lines; k += step) {
+#pragma GCC unroll 4
+                for (int u = 0; u < step; u++) {
                     __m512i v = _mm512_loadu_si512(wg + 64 * (k + u));
+                    if (bits == 8) {
+#pragma GCC unroll 8
+                        for (int t = 0; t < nt; t++) {
+                            const uint8_t *xb = xq[t] + xoff + 4 * (k + u);
+                            ah[t][u] = dpbusd_bcast(ah[t][u], v, xb);
+                            al[t][u] = dpbusd_bcast(al[t][u], v, xb + 128);
+                        }
+                        continue;
+                    }
                     __m512i we = _mm512_and_si512(v, m0f);
                     __m512i wo = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
                     const int je = nc == 4 ? 2 * u : 0, jo = nc == 1 ? 0 : je + 1;
@@ -460,80 +470,20 @@ T512 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, flo
                     }
                 }
             }
-            rows16_group_end(w, in, sb, bb, g, ah, al, nc, acc, nt);
+            rows16_group_end(w, in, &blk, g, ah, al, nc, acc, nt);
         }
         rows16_store(y, rows, b, r0, r1, acc, nt);
     }
-    if (r1 > rows16) mlx4_planes_rows(w, in, y, r0 > rows16 ? r0 : rows16, r1, nt);
-}
-
-/* 8-bit rows in the 16-row interleaved layout (rows a multiple of 16, layout.c): per block of 16
- * rows and group, vector k (k < gs/4) holds word k of the group of each row (lane l: values
- * 4k..4k+3 of row 16b+l). The activations are the signed byte planes of cpu_mlx_x_planes8
- * (x = 256*hi + lo), read 4 bytes at a time by broadcast: per vector and token one vpdpbusd of
- * the weights (u8) with the hi bytes (s8) and one with the lo bytes (s8), into two int32
- * accumulators combined as 256*hi + lo once per group: the exact int16 dot product of each of the
- * 16 rows, converted and scaled once per group and token. No unpacking at all: 2 VNNI
- * instructions per 64 weight bytes and token (the MLX-order 8-bit kernel: a vpmovzxbw and 2
- * vpdpwssd per 32 bytes, plus a horizontal sum per row). */
-T512 INLINE void mlx8_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                             int64_t r1, const int nt) {
-    int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
-    int64_t kpg = gs / 4; /* vectors per group: 8, 16, 32 */
-    /* independent accumulator chains per plane and token (vpdpbusd latency): 4 at 1-2 tokens,
-     * 2 at 3-4, 1 above (register budget) */
-    const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1;
-    size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
-    /* scales and biases stream at 16*esize bytes per 16*gs weight bytes */
-    size_t sahead = ahead ? ((ahead * esize / (size_t)gs + 63) & ~(size_t)63) : 0;
-    const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
-    for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows; b++) {
-        const uint8_t *wb = (const uint8_t *)w->data + (size_t)b * 16 * (size_t)cols;
-        const uint8_t *sb = (const uint8_t *)w->scales + (size_t)(b * 16 * groups) * esize;
-        const uint8_t *bb = (const uint8_t *)w->biases + (size_t)(b * 16 * groups) * esize;
-        __m512 acc[CPU_MATVEC_MAX_TOKENS];
-#pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-        for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *wg = wb + (size_t)(g * kpg) * 64;
-            if (ahead) {
-                prefetch_span(wg, (size_t)kpg * 64, ahead);
-                _mm_prefetch((const char *)sb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
-                if (!w->zero_point) _mm_prefetch((const char *)bb + (size_t)g * 16 * esize + sahead, _MM_HINT_T0);
-            }
-            int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + (v0 & 127);
-            __m512i ah[CPU_MATVEC_MAX_TOKENS][4], al[CPU_MATVEC_MAX_TOKENS][4];
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++)
-#pragma GCC unroll 4
-                for (int j = 0; j < nc; j++) ah[t][j] = al[t][j] = _mm512_setzero_si512();
-            for (int64_t k = 0; k < kpg; k += nc) {
-#pragma GCC unroll 4
-                for (int u = 0; u < nc; u++) {
-                    __m512i v = _mm512_loadu_si512(wg + 64 * (k + u));
-#pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++) {
-                        const uint8_t *xb = xq[t] + xoff + 4 * (k + u);
-                        ah[t][u] = dpbusd_bcast(ah[t][u], v, xb);
-                        al[t][u] = dpbusd_bcast(al[t][u], v, xb + 128);
-                    }
-                }
-            }
-            rows16_group_end(w, in, sb, bb, g, ah, al, nc, acc, nt);
-        }
-        rows16_store(y, rows, b, r0, r1, acc, nt);
-    }
+    if (bits == 4 && r1 > rows16) mlx4_planes_rows(w, in, y, r0 > rows16 ? r0 : rows16, r1, nt);
 }
 
 T512 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
     if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16 && w->bits == 8) {
-        CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx8_rows16, w, in, y, r0, r1)
+        CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 8)
         return;
     }
     if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16) {
-        CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx4_rows16, w, in, y, r0, r1)
+        CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 4)
         return;
     }
     if (cpu_mlx_x_planes(w)) { /* scales in registers: no sd array */
@@ -656,11 +606,11 @@ T512 static void avx512_prepare_mlx(const weight_matrix *w, const float *x, int6
     for (int64_t t = 0; t < n; t++) {
         const float *xt = x + t * cols;
         int16_t *qt = xq + t * cols;
-        float xmax = (float)cpu_mlx_x_max(w);
+        float xmax = (float)cpu_mlx_x_max(&cpu_kernels_avx512, w);
         for (int64_t g = 0; g < groups; g++)
             quantize_group_int16(xt + g * gs, gs, qt + g * gs, &xsum[t * groups + g], &xscale[t * groups + g], xmax);
         int per_byte = cpu_mlx_x_permuted(w);
-        if (cpu_mlx_x_planes8(w)) { /* per 128 values: the signed hi bytes, then the signed lo bytes */
+        if (cpu_mlx_x_planes8(&cpu_kernels_avx512, w)) { /* per 128 values: the signed hi bytes, then the signed lo bytes */
             for (int64_t c = 0; c < cols; c += 128) {
                 __m512i v[4], hi[4];
                 for (int k = 0; k < 4; k++) {
@@ -719,6 +669,7 @@ const cpu_kernels cpu_kernels_avx512 = {
     .name = "avx512",
     .needs_int16_x = 1,
     .rows16_bits = 1u << 4 | 1u << 8,
+    .rows16_x8_planes = 1,
     .prepare_mlx = avx512_prepare_mlx,
     .matvec = avx512_matvec,
     .dequant = avx512_dequant,
