@@ -9,7 +9,8 @@
 # 1:10 1:1", each DELAY_MS:GBIT, 0:0 = no proxy), BATCH (1,4), TG (64), REPS (2), PROXY_CORES (a
 # taskset CPU list for netproxy, e.g. 12-15: the proxy stands in for the network, so it should not
 # take a rank's cores; given, the proxy also busy-polls (netproxy --busy-poll: exact delays, where a
-# sleeping proxy's wake-ups added ~0.1 ms per message); default unpinned and sleeping).
+# sleeping proxy's wake-ups added ~0.1 ms per message); default unpinned and sleeping), PREFILL (a
+# prompt length: also measure prefill, BATCH prompts of PREFILL tokens at once; TG=0 skips decode).
 # Appends to bench/RESULTS-dist.log; copy the numbers into bench/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +47,8 @@ run() { # mode ranks delay gbit
          --dist-advertise-offset $offset)
   fi
   "$build/exo" bench --threads 1 --mem-mib 16 --model "$model" "$flag" "$n" --cores "$(cores_for "$n")" \
-    --batch "${BATCH:-1,4}" --tg "${TG:-64}" --reps "${REPS:-2}" "${net[@]}" 2>&1 | grep '^dist' || true
+    --batch "${BATCH:-1,4}" --tg "${TG:-64}" --reps "${REPS:-2}" ${PREFILL:+--prefill "$PREFILL"} "${net[@]}" \
+    2>&1 | grep '^dist' || true
   stop_proxy
 }
 

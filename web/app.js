@@ -269,7 +269,8 @@ function downloadsFor(modelId) {
       if (mid !== modelId) continue;
       const done = bytesOf(findKey(v, 'downloadedBytes') ?? findKey(v, 'downloaded'));
       const total = bytesOf(findKey(v, 'totalBytes') ?? findKey(v, 'total'));
-      out.push({ node, tag: (tag || '').replace(/^Download/, ''), done, total });
+      // readOnly: a copy the node holds in a read-only place (built-in, --models-path)
+      out.push({ node, tag: (tag || '').replace(/^Download/, ''), done, total, readOnly: v?.readOnly === true });
     }
   }
   return out;
@@ -307,10 +308,12 @@ function renderModelRows() {
       const fit = tr.querySelector('.fit');
       fit.className = `fit ${f.cls}`;
       fit.textContent = f.text;
-      const dl = downloadsFor(m.id).map((d) => `${d.node.slice(0, 6)}: ${d.tag}${d.total ? ` ${Math.round((100 * (d.done || 0)) / d.total)}%` : ''}`).join(', ');
+      const dls = downloadsFor(m.id);
+      const dl = dls.map((d) => `${d.node.slice(0, 6)}: ${d.tag}${d.total && d.tag !== 'Completed' ? ` ${Math.round((100 * (d.done || 0)) / d.total)}%` : ''}`).join(', ');
       tr.querySelector('.dl').textContent = dl || (m.downloaded ? 'on disk' : '—');
-      // Files in a read-only place (built-in models, --models-path) cannot be deleted.
-      tr.querySelector('button.delete').hidden = !m.deletable && !dl;
+      // Files in a read-only place (built-in models, --models-path) cannot be deleted, on this
+      // node or another.
+      tr.querySelector('button.delete').hidden = !m.deletable && !dls.some((d) => !d.readOnly);
     });
 }
 async function deleteDownloads(modelId) {

@@ -7,6 +7,7 @@
 # `bash .devcarry-cuda/run.sh`, results in $OUT/cuda/ (summary.txt, logs.tar.gz).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/carry-lib.sh # carry_pack, carry_shared_libs (shared with scripts/carry-e2e-device.sh)
 final=${1:-/work/main/.devcarry-cuda}
 dest=$final.tmp # laid out beside it, then swapped in: the folder is never half written
 b=${BUILD:-build/cuda}
@@ -16,27 +17,24 @@ cat > "$dest/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # bash .devcarry-cuda/run.sh (from the repository root): the CUDA payload, results in $OUT/cuda
 cd "$(dirname "$0")" || exit 1
+# the reference fixtures travel with the repository itself (not carried twice)
+[ -d tests/fixtures/reference ] || cp -r ../tests/fixtures/reference tests/fixtures/
 export OUT="${OUT:-/tmp/out}/cuda"; mkdir -p "$OUT"
 bash run_on_gpu.sh > "$OUT/console.log" 2>&1
 cd "$OUT" && tar czf /tmp/cuda-logs.tar.gz --exclude summary.txt . && mv /tmp/cuda-logs.tar.gz logs.tar.gz &&
   find . -maxdepth 1 -type f ! -name logs.tar.gz ! -name summary.txt -delete
 cat "$OUT/summary.txt"
 EOF
-pack() { strip -o "$2.tmp" "$1" && xz -T2 -6 -c "$2.tmp" > "$2.xz" && rm "$2.tmp"; }
-pack $b/exo "$dest/build/exo"
-for t in mkmodel nodeinfo gemvbench; do pack $b/tools/$t "$dest/build/tools/$t"; done
-for t in test_cuda_ops test_engine_reference; do pack $b/tests/$t "$dest/build/tests/$t"; done
-cp -r tests/fixtures/reference "$dest/tests/fixtures/"
+carry_pack $b/exo "$dest/build/exo"
+for t in mkmodel nodeinfo gemvbench; do carry_pack $b/tools/$t "$dest/build/tools/$t"; done
+for t in test_cuda_ops test_engine_reference; do carry_pack $b/tests/$t "$dest/build/tests/$t"; done
 tok=.cache/tokenizers; [ -d $tok ] || tok=/work/main/.cache/tokenizers # scripts/tokenizers.sh
-for t in qwen3 llama3_1; do
+for t in qwen3 llama3_1 gptoss; do
   mkdir -p "$dest/.cache/tokenizers/$t"
   cp $tok/$t/tokenizer_config.json "$dest/.cache/tokenizers/$t/"
   xz -T1 -6 -c $tok/$t/tokenizer.json > "$dest/.cache/tokenizers/$t/tokenizer.json.xz"
 done
-# every shared library outside glibc, libstdc++/libgcc and CUDA (those the image has)
-for bin in $b/exo $b/tests/test_cuda_ops $b/tests/test_engine_reference; do ldd "$bin"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
-  grep -vE '/(libc|libm|libdl|libpthread|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so|/cuda' |
-  while read -r l; do xz -T1 -6 -c "$l" > "$dest/lib/$(basename "$l").xz"; done
+carry_shared_libs "$dest/lib" $b/exo $b/tests/test_cuda_ops $b/tests/test_engine_reference
 rm -rf "$final.old"; [ -d "$final" ] && mv "$final" "$final.old"
 mv "$dest" "$final" && rm -rf "$final.old"
 du -sh "$final"

@@ -27,6 +27,7 @@ python3 -c "import lzma,glob,os
 for f in glob.glob('lib/*.xz')+glob.glob('build/*.xz')+glob.glob('build/*/*.xz')+glob.glob('.cache/tokenizers/*/*.xz'):
     open(f[:-3],'wb').write(lzma.open(f).read()); os.remove(f)"
 chmod +x build/exo build/tools/* build/tests/*
+{ command -v node && node --version; } &> "$OUT/node-probe.log"
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem,driver_version --format=csv | tee "$OUT/gpu.log"
 m=/dev/shm/exo-models; mkdir -p $m
 gen() { X ./build/tools/mkmodel --out "$m/llama8b-$1" --preset llama-3.1-8b --tokenizer none --vocab 128256 --seed 1 "${@:2}" >"$OUT/mkmodel-$1.log" 2>&1; }
@@ -55,9 +56,15 @@ stamp "models generated"; grep real "$OUT/mkmodel-time.log"
 for q in $MODELS; do
   stamp "== exo bench --model $m/llama8b-$q --device cuda --pp $PP --tg 128 --batch $BATCH --reps $REPS"
   X timeout 150 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp "$PP" --tg 128 --batch "$BATCH" --reps "$REPS" 2>&1 | grep -v "^mem "
+  if [ "$q" = bf16 ]; then
+    for alt in EXO_CUDA_GEMV=old EXO_CUDA_PIPE=0; do
+      stamp "== bf16 b1 with $alt (old: the plain GEMV, no fused norm; PIPE=0: the persistent GEMV)"
+      env $alt LD_LIBRARY_PATH="$PWD/lib:$cudalib" timeout 60 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 128 --batch 1 --reps 1 2>&1 | grep -E "decode"
+    done
+  fi
   if [ "$q" = 4bit ]; then
-    stamp "== the same, b64 with the 4-bit tensor-core GEMM (EXO_CUDA_QGEMM=1)"
-    EXO_CUDA_QGEMM=1 X timeout 90 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 512 --tg 128 --batch 64 --reps 1 2>&1 | grep -E "decode|prefill"
+    stamp "== 4-bit on the previous kernels: b1 persistent GEMV (EXO_CUDA_PIPE=0), b64 dequantized for cuBLAS (EXO_CUDA_QGEMM=0)"
+    EXO_CUDA_PIPE=0 EXO_CUDA_QGEMM=0 X timeout 90 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 128 --batch 1,64 --reps 1 2>&1 | grep -E "decode"
   fi
 done 2>&1 | tee "$OUT/bench.log"
 if [ "${PROFILE:-1}" = 1 ]; then
@@ -93,18 +100,18 @@ EOF
   done 2>&1 | tee "$OUT/ncu-summary.log"
   if [ -d "$m/llama8b-4bit" ] && [ $(( $(date +%s) - start )) -lt ${TIME_BUDGET:-200} ]; then
     stamp "== ncu sections: the 4-bit persistent GEMV (qkv, o, gate/up, down of one layer)" | tee -a "$OUT/ncu-summary.log"
-    EXO_CUDA_GRAPHS=0 timeout 60 ncu --clock-control none --kernel-name regex:gemv_persistent \
+    EXO_CUDA_GRAPHS=0 timeout 60 ncu --clock-control none --kernel-name regex:'gemv_pipe|gemv_persistent' \
       --launch-skip 400 --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section Occupancy --section LaunchStats \
       ./exo-libs bench --model "$m/llama8b-4bit" --device cuda --pp 16 --tg 20 --batch 1 --reps 1 \
       > "$OUT/ncu-gemv4.log" 2>&1
-    grep -E "gemv_persistent|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers|Stall|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" \
+    grep -E "gemv_pipe|gemv_persistent|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers|Stall|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" \
       "$OUT/ncu-gemv4.log" | head -80 | tee -a "$OUT/ncu-summary.log"
   fi
 fi
 {
   echo "# summary ($(date -u), $(( $(date +%s) - start )) s)"
-  head -3 "$OUT/gpu.log"
+  head -3 "$OUT/gpu.log"; cat "$OUT/node-probe.log"
   grep -E "rc=|PASSED|FAILED|ERROR SUMMARY|skipped|^\[[0-9]+ s\]|sample .*row|matmul_fused .*FAILED|^api " "$OUT/tests.log"
   [ -f "$OUT/gemvbench.log" ] && cat "$OUT/gemvbench.log"
   grep -E "^==|prefill|decode|copy" "$OUT/bench.log"

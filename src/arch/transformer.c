@@ -447,6 +447,19 @@ static int sum_across_ranks(transformer *t, float *y, int64_t n, char *err, size
     return t->allreduce(t->allreduce_ctx, y, (size_t)(n * t->dim), err, errlen);
 }
 
+/* ys[i] = W_i rmsnorm(x) (weight norm_w): one job where the backend fuses the norm into the
+ * matmuls, else the norm into xn and the matmuls of xn. */
+static void norm_then_matmul(transformer *t, const float *norm_w, int n,
+                             const weight_matrix *const *w, float *const *ys, int64_t n_tokens) {
+    compute_backend *be = t->be;
+    if (be->norm_matmul) {
+        be->norm_matmul(be, t->x, norm_w, t->c->rms_norm_eps, t->xn, n, w, ys, n_tokens);
+        return;
+    }
+    be->rmsnorm(be, t->x, norm_w, t->xn, n_tokens, t->dim, t->c->rms_norm_eps);
+    matmul_shared_x(be, n, w, t->xn, ys, n_tokens);
+}
+
 /* x += W in' + bias (in' = silu(in) * up when up is given; bias may be NULL): the residual
  * stream's update by o_proj or the MLP's down projection, fused where the backend can and
  * nothing sits between the matmul and the add (a tensor-parallel rank holds a partial sum until
@@ -477,10 +490,9 @@ static int attention_block(transformer *t, int li, const kv_layer *kv,
     const model_config *c = t->c;
     const layer_weights *l = &t->w->layers[li];
     const layer_vectors *v = &t->vec[li];
-    be->rmsnorm(be, t->x, v->attn_norm, t->xn, n, t->dim, c->rms_norm_eps);
     const weight_matrix *qkv[4] = {&l->wq, &l->wk, &l->wv, &l->wq_gate};
     float *qkv_out[4] = {t->q, t->k, t->v, t->q_gate};
-    matmul_shared_x(be, c->attn_output_gate ? 4 : 3, qkv, t->xn, qkv_out, n);
+    norm_then_matmul(t, v->attn_norm, c->attn_output_gate ? 4 : 3, qkv, qkv_out, n);
     if (c->attention_bias) {
         be->add_row(be, t->q, v->bq, n, t->q_dim);
         be->add_row(be, t->k, v->bk, n, t->kv_dim);
@@ -551,8 +563,8 @@ static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen
     compute_backend *be = t->be;
     const model_config *c = t->c;
     const layer_weights *l = &t->w->layers[li];
-    be->rmsnorm(be, t->x, t->vec[li].ffn_norm, t->xn, n, t->dim, c->rms_norm_eps);
     if (l->is_moe) {
+        be->rmsnorm(be, t->x, t->vec[li].ffn_norm, t->xn, n, t->dim, c->rms_norm_eps);
         be->matmul(be, &l->router, t->xn, t->router, n);
         if (t->vec[li].router_bias) be->add_row(be, t->router, t->vec[li].router_bias, n, c->n_experts);
         be->moe_route(be, t->router, n, c->n_experts, c->n_experts_per_tok, c->norm_topk_prob,
@@ -563,7 +575,7 @@ static int mlp_block(transformer *t, int li, int64_t n, char *err, size_t errlen
     } else {
         const weight_matrix *gu[2] = {&l->w_gate, &l->w_up};
         float *gu_out[2] = {t->gate, t->up};
-        matmul_shared_x(be, 2, gu, t->xn, gu_out, n);
+        norm_then_matmul(t, t->vec[li].ffn_norm, 2, gu, gu_out, n);
         return residual_update(t, &l->w_down, t->gate, t->up, NULL, n, err, errlen);
     }
     if (sum_across_ranks(t, t->ffn_out, n, err, errlen)) return -1;

@@ -3,7 +3,7 @@
  * the real data plane on loopback:
  *
  *   exo bench --model DIR --tp 2 [--batch 1,4] [--tg 64] [--reps 2] [--cores 0-7/8-15]
- *             [--threads-per-rank T] [--pp-serial 1] [--rank-mem-mib 256]
+ *             [--threads-per-rank T] [--pp-serial 1] [--rank-mem-mib 256] [--prefill P]
  *             [--dist-bind HOST --dist-advertise HOST --dist-port-base P --dist-advertise-offset O]
  *
  * First each rank measures its read bandwidth with its own threads, alone and with all ranks
@@ -17,6 +17,8 @@
  * tools/netproxy, bench/dist_scaling.sh), for latency and bandwidth runs.
  * --pp-serial 1 runs a pipeline one step at a time through the stages (the schedule without
  * overlap, for comparison). --tp 1 / --pp-ranks 1 is the one-rank baseline through the same path.
+ * --prefill P also measures prefill: per batch size B, B distinct P-token prompts submitted at
+ * once (512-token chunks), prompt tokens per second until all are done (--tg 0: prefill only).
  *
  * How: this process only coordinates. It execs N copies of exo (`exo bench --threads T --mem-mib
  * 1 --model DIR --rank K ...`, so each rank's thread pool is its own and sized to its cores),
@@ -39,12 +41,14 @@
 
 int bench_dist_main(const char *model_dir, int argc, char **argv);
 double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *window);
+double bench_run_prefill(engine *e, int batch, int pp, int vocab, int salt, engine_stats *window);
 double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
 
 typedef struct dist_bench {
     int ranks, rank;          /* rank -1: the coordinator */
     engine_parallel parallel;
     const char *batch, *tg, *reps, *kv, *cores, *store, *threads;
+    const char *prefill;      /* prompt length of the prefill measurement ("0": none) */
     const char *bind, *advertise; /* data-plane addresses (default 127.0.0.1, = bind) */
     int timeout_ms, port_base, advertise_offset;
     int serial; /* pipeline: one step at a time through the stages */
@@ -52,7 +56,8 @@ typedef struct dist_bench {
 } dist_bench;
 
 static int parse(dist_bench *b, int argc, char **argv) {
-    *b = (dist_bench){.rank = -1, .batch = "1", .tg = "64", .reps = "2", .timeout_ms = 60000,
+    *b = (dist_bench){.rank = -1, .batch = "1", .tg = "64", .reps = "2", .prefill = "0",
+                      .timeout_ms = 60000,
                       .mem_mib = 256, .bind = "127.0.0.1"};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[++i] : NULL;
@@ -68,6 +73,7 @@ static int parse(dist_bench *b, int argc, char **argv) {
         else if (!strcmp(a, "--rank")) b->rank = atoi(v);
         else if (!strcmp(a, "--batch")) b->batch = v;
         else if (!strcmp(a, "--tg")) b->tg = v;
+        else if (!strcmp(a, "--prefill")) b->prefill = v;
         else if (!strcmp(a, "--reps")) b->reps = v;
         else if (!strcmp(a, "--kv-dtype")) b->kv = v;
         else if (!strcmp(a, "--cores")) b->cores = v;
@@ -84,7 +90,7 @@ static int parse(dist_bench *b, int argc, char **argv) {
             fprintf(stderr, "exo bench --model: unknown option %s with --tp/--pp-ranks (--batch "
                     "--tg --reps --kv-dtype --cores --threads-per-rank --dist-timeout-ms "
                     "--dist-port-base --dist-advertise-offset --dist-bind --dist-advertise --pp-serial 0|1 "
-                    "--rank-mem-mib N)\n", a);
+                    "--rank-mem-mib N --prefill P)\n", a);
             return -1;
         }
     }
@@ -106,26 +112,42 @@ static void print_split(const char *what, const engine_stats *s) {
     fflush(stdout);
 }
 
-/* Rank 0: decode at each batch size, best of reps, with the step split of the best. */
+static const char *mode_name(const dist_bench *b) {
+    return b->parallel == ENGINE_TENSOR ? "tensor" : b->serial ? "pipeline (serial)" : "pipeline";
+}
+
+/* Rank 0: prefill (with --prefill) and decode at each batch size, best of reps, with the step
+ * split of the best. */
 static void measure(engine *e, const dist_bench *b, const model_config *c) {
     const char *p = b->batch;
-    int tg = atoi(b->tg), reps = atoi(b->reps);
+    int tg = atoi(b->tg), reps = atoi(b->reps), pp = atoi(b->prefill);
     while (*p) {
         int batch = atoi(p);
         double best = 0;
         engine_stats window = {0}, w;
-        for (int r = 0; r < reps; r++) {
+        char what[64];
+        for (int r = 0; pp > 0 && r < reps; r++) {
+            double t = bench_run_prefill(e, batch, pp, c->vocab_size, 7000 + 100 * r, &w);
+            double rate = t > 0 ? batch * pp / t : 0;
+            if (rate > best) best = rate, window = w;
+        }
+        if (pp > 0) {
+            printf("dist %s x%d prefill pp%d b%d: %.1f tok/s\n", mode_name(b), b->ranks, pp,
+                   batch, best);
+            snprintf(what, sizeof what, "  rank 0, prefill b%d", batch);
+            print_split(what, &window);
+        }
+        best = 0;
+        for (int r = 0; tg > 0 && r < reps; r++) {
             double rate = bench_run_decode(e, batch, tg, c->vocab_size, &w);
             if (rate > best) best = rate, window = w;
         }
-        printf("dist %s x%d decode tg%d b%d: %.1f tok/s\n",
-               b->parallel == ENGINE_TENSOR ? "tensor"
-               : b->serial                  ? "pipeline (serial)"
-                                            : "pipeline",
-               b->ranks, tg, batch, best);
-        char what[64];
-        snprintf(what, sizeof what, "  rank 0, decode b%d", batch);
-        print_split(what, &window);
+        if (tg > 0) {
+            printf("dist %s x%d decode tg%d b%d: %.1f tok/s\n", mode_name(b), b->ranks, tg,
+                   batch, best);
+            snprintf(what, sizeof what, "  rank 0, decode b%d", batch);
+            print_split(what, &window);
+        }
         while (*p && *p != ',') p++;
         if (*p == ',') p++;
     }
@@ -183,7 +205,8 @@ static int run_rank(const char *model_dir, const dist_bench *b) {
     int max_b = 1;
     for (const char *p = b->batch; *p; p++)
         if (atoi(p) > max_b) max_b = atoi(p);
-    int tg = atoi(b->tg), ctx = 16 + tg + 16;
+    int tg = atoi(b->tg), pp = atoi(b->prefill), ctx = 16 + (tg > 4 ? tg : 4) + 16;
+    if (pp + 16 > ctx) ctx = pp + 16;
     size_t kv_bytes = (size_t)((double)(max_b + 1) * ctx * c.n_layers * 2 * c.n_kv_heads *
                                c.head_dim * 4) + (64u << 20);
     /* ranks pinned to cores, measured against their own read bandwidth: a CPU benchmark */
@@ -267,8 +290,9 @@ static int spawn_rank(const char *model_dir, const dist_bench *b, int k, const c
                             store, "--batch", b->batch, "--tg", b->tg, "--reps", b->reps,
                             "--dist-timeout-ms", timeout, "--dist-port-base", port,
                             "--dist-advertise-offset", offset, "--pp-serial", serial,
-                            "--rank-mem-mib", mem, "--dist-bind", b->bind};
-    int n = 34;
+                            "--rank-mem-mib", mem, "--dist-bind", b->bind, "--prefill",
+                            b->prefill};
+    int n = 36;
     if (b->kv) args[n++] = "--kv-dtype", args[n++] = b->kv;
     if (b->advertise) args[n++] = "--dist-advertise", args[n++] = b->advertise;
     args[n] = NULL;

@@ -30,6 +30,7 @@ int bench_dist_main(const char *model_dir, int argc, char **argv);
 int bench_spec_main(const char *model_dir, const char *method, const int *ks, int n_k, int tg,
                     int reps, const char *device, const char *kv);
 double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *window);
+double bench_run_prefill(engine *e, int batch, int pp, int vocab, int salt, engine_stats *window);
 double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
 double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens);
 
@@ -176,27 +177,47 @@ static void fill_prompt(int32_t *p, int n, int vocab, int salt) {
     }
 }
 
-/* Runs one pp-token prefill; returns seconds. */
-static double run_prefill(engine *e, int pp, int vocab, int salt) {
+/* batch pp-token prompts submitted together (distinct, no prefix cache), each generating one
+ * token; returns the seconds until all are done, or -1. window (may be NULL): the engine's steps
+ * and step/communication time over the run. */
+double bench_run_prefill(engine *e, int batch, int pp, int vocab, int salt, engine_stats *window) {
     int32_t *p = malloc(sizeof(int32_t) * (size_t)pp);
-    fill_prompt(p, pp, vocab, salt);
-    engine_request r = {.prompt = p, .n_prompt = pp, .max_tokens = 1, .ban_eos = 1,
-                        .no_prefix_cache = 1};
-    r.sampling = sampling_params_default();
-    r.sampling.temperature = 0;
+    if (!p) return -1;
+    engine_stats s0, s1;
+    engine_get_stats(e, &s0);
     char err[256];
+    uint64_t t0 = clock_now_ns();
     double t = -1;
-    if (engine_submit(e, 1, &r, err, sizeof err) == 0) {
-        uint64_t t0 = clock_now_ns();
-        engine_event ev[4];
-        while (engine_pending(e))
-            if (engine_step(e, ev, 4) < 0) break;
-        t = (double)(clock_now_ns() - t0) * 1e-9;
-    } else {
-        fprintf(stderr, "exo bench: %s\n", err);
+    int submitted = 0;
+    for (; submitted < batch; submitted++) {
+        fill_prompt(p, pp, vocab, salt + submitted);
+        engine_request r = {.prompt = p, .n_prompt = pp, .max_tokens = 1, .ban_eos = 1,
+                            .no_prefix_cache = 1};
+        r.sampling = sampling_params_default();
+        r.sampling.temperature = 0;
+        if (engine_submit(e, (uint64_t)submitted + 1, &r, err, sizeof err) != 0) {
+            fprintf(stderr, "exo bench: %s\n", err);
+            break;
+        }
+    }
+    engine_event ev[64];
+    int failed = 0;
+    while (engine_pending(e) && !failed) failed = engine_step(e, ev, 64) < 0;
+    if (submitted == batch && !failed) t = (double)(clock_now_ns() - t0) * 1e-9;
+    if (window) {
+        engine_get_stats(e, &s1);
+        *window = s1;
+        window->steps -= s0.steps;
+        window->step_ns -= s0.step_ns;
+        window->comm_ns -= s0.comm_ns;
     }
     free(p);
     return t;
+}
+
+/* Runs one pp-token prefill; returns seconds. */
+static double run_prefill(engine *e, int pp, int vocab, int salt) {
+    return bench_run_prefill(e, 1, pp, vocab, salt, NULL);
 }
 
 /* B streams of tg tokens after a 16-token prompt; returns decode tok/s (all streams). window

@@ -231,6 +231,12 @@ struct compute_backend {
      * silu_mul + down projection + add) as one job. */
     void (*matmul_fused)(compute_backend *b, const weight_matrix *w, float *x, const float *x_up,
                          float *y, int64_t n_tokens, int accumulate);
+    /* ys[i] = W_i rmsnorm(x) for n (<= 4) matrices of equal cols (q/k/v, gate/up), the norm
+     * with weight norm_w and eps as rmsnorm computes it: the norm before attention and MLP fused
+     * into the matmuls that read it. xn [n_tokens][cols] is scratch the backend may use. */
+    void (*norm_matmul)(compute_backend *b, const float *x, const float *norm_w, float eps,
+                        float *xn, int n, const weight_matrix *const *w, float *const *ys,
+                        int64_t n_tokens);
     /* rope of q ([n_tokens][n_heads][head_dim]) and k ([n_tokens][n_kv_heads][head_dim]) as
      * rope does, then kv_write of k and v (kv_dim = n_kv_heads * head_dim) at slots. */
     void (*rope_kv_write)(compute_backend *b, float *q, float *k, const float *v,

@@ -393,13 +393,6 @@ int engine_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err
         error_set(err, errlen, "too many queued requests (%d)", queued);
         return -1;
     }
-    if (e->dist && r->constraint.ctx) {
-        /* the sampling rank and the rank holding the request differ in a pipeline, and a
-         * constraint is a pointer into this process */
-        error_set(err, errlen, "structured outputs (response formats, grammars, forced tool "
-                               "calls) are not supported on instances of several nodes yet");
-        return -1;
-    }
     if (e->dist) return engine_dist_queue_submit(e, seq_id, r, err, errlen);
     if (engine_add_sequence(e, seq_id, r)) {
         error_set(err, errlen, "out of memory queueing a request");
@@ -585,7 +578,8 @@ static int plan_batch(engine *e, int max_members) {
     for (int i = 0; i < e->n_seqs; i++) {
         e->seqs[i]->chunk = 0;
         e->seqs[i]->logit_index = -1;
-        e->seqs[i]->n_draft = 0;
+        /* a sequence in flight (overlapped pipeline) keeps its drafts until its step applies */
+        if (!e->seqs[i]->in_flight) e->seqs[i]->n_draft = 0;
         running += e->seqs[i]->state == SEQ_RUNNING;
     }
     /* a pipeline with steps in flight: each step decodes its share of the running sequences, so
@@ -739,7 +733,6 @@ void engine_sample_all(engine *e, int n_members) {
         float *logits = e->logits + (size_t)s->logit_index * (size_t)e->cfg.vocab_size;
         if (s->constraint.ctx) s->constraint.mask(s->constraint.ctx, logits, e->cfg.vocab_size);
         sampler_sample(&e->sampler, logits, &in, &s->rng, &e->samples[s->logit_index]);
-        s->n_emit = 1;
     }
 }
 
@@ -759,13 +752,18 @@ static engine_finish take_sample(sequence *s, const sampler_result *r, engine_ev
 }
 
 /* Whether this step's rows can be sampled where the logits are (the backend's sample op): it
- * has one, and no member asks for penalties (the host sampler's job: they read the history). */
+ * has one, and no member with logits needs the host's sampling: penalties (they read the
+ * history), a constraint (its mask is computed on the host) or drafts to verify (several rows
+ * a member, spec_verify_member's rule). Both of the last two were once sampled on the GPU,
+ * unmasked and unverified (found by the API e2e suite on --device cuda). */
 static int samples_on_backend(const engine *e, int n_members) {
     if (!e->be->sample) return 0;
     for (int m = 0; m < n_members; m++) {
-        const sampling_params *p = &e->b_members[m]->sampling;
-        if (e->b_members[m]->logit_index >= 0 &&
-            (p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0))
+        const sequence *s = e->b_members[m];
+        const sampling_params *p = &s->sampling;
+        if (s->logit_index >= 0 &&
+            (p->repetition_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0 ||
+             s->constraint.ctx || s->n_draft > 0))
             return 0;
     }
     return 1;
@@ -919,9 +917,11 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
                           int max_events) {
     if (chunk || logit_index >= 0) s->in_flight = 0; /* else a chunk counted at its plan */
     /* verified drafts: the tokens kept plus the model's own next one; the K/V of the drafts
-     * rejected after them are stale (never read: the next step overwrites those positions) */
-    int n_emit = logit_index >= 0 && s->n_draft > 0 ? s->n_emit : 1;
-    s->n_computed += chunk - (s->n_draft - (n_emit - 1));
+     * rejected after them are stale (never read: the next step overwrites those positions). A
+     * chunk counted at its plan has none: the drafts s holds then are its next step's, in flight */
+    int drafts = logit_index >= 0 ? s->n_draft : 0;
+    int n_emit = drafts > 0 ? spec_emitted(s, samples + logit_index) : 1;
+    s->n_computed += chunk - (drafts - (n_emit - 1));
     register_full_blocks(e, s);
     if (chunk) snapshot_take(e, s);
     engine_finish fin = ENGINE_FINISH_NONE;
@@ -943,7 +943,7 @@ void engine_finish_member(engine *e, sequence *s, int chunk, int logit_index,
         }
         fin = take_sample(s, &samples[logit_index + i], ev);
     }
-    if (s->n_draft > 0) spec_after_member(e, s, n_emit - 1);
+    if (drafts > 0) spec_after_member(e, s, n_emit - 1);
     if (fin != ENGINE_FINISH_NONE) {
         ev->finish = fin;
         int i;

@@ -40,6 +40,27 @@ typedef enum engine_parallel {
     ENGINE_TENSOR,     /* each rank holds 1/size of every layer (heads, FFN and expert dims) */
 } engine_parallel;
 
+/* A constraint on what a sequence may generate (structured outputs): before each sample the
+ * engine lets it mask the logits of the tokens that may not come next, and tells it the token
+ * chosen. The engine knows nothing of what it enforces (the runner binds grammars, text/grammar.h,
+ * to it). Several ranks: the rank that samples may be another process (a pipeline's last stage),
+ * so a constraint travels as its description (engine_request.constraint_spec) and the sampling
+ * rank rebuilds it with its engine_options.make_constraint; rank 0 releases the caller's at once. */
+typedef struct engine_constraint {
+    /* Sets logits[t] = -INFINITY for every token t that may not come next (n = vocab size). */
+    void (*mask)(void *ctx, float *logits, int n);
+    /* The token sampled after mask (or an eos the sampler chose). */
+    void (*accept)(void *ctx, int32_t token);
+    /* The sequence is gone (finished, cancelled or failed); called once. */
+    void (*release)(void *ctx);
+    void *ctx; /* NULL: no constraint */
+} engine_constraint;
+
+/* Builds the constraint that spec describes (engine_request.constraint_spec) for one sequence.
+ * 0, or -1 with err. */
+typedef int (*engine_constraint_maker)(void *ctx, const char *spec, engine_constraint *out,
+                                       char *err, size_t errlen);
+
 typedef struct engine_options {
     const char *model_dir;  /* Hugging Face layout: config.json, *.safetensors, tokenizer files */
     int n_threads;          /* 0 = all cores */
@@ -61,14 +82,19 @@ typedef struct engine_options {
                                keeps idle followers alive well within it */
     int pipeline_serial;    /* pipeline: one step at a time through all stages (else each stage
                                works on its own step; the default) */
-    /* Speculative decoding (one process only; docs/speculative.md): "ngram", "draft:DIR" (a
-     * small model of the same tokenizer), or NULL / "off". A caller-made drafter (e.g. an
-     * oracle) goes in `drafter` instead; the caller keeps it and destroys it after
-     * engine_close. spec_tokens: the most tokens drafted per sequence and step (0 = 4, at most
-     * ENGINE_SPEC_MAX_TOKENS); the engine adapts it per sequence to the acceptance rate. */
+    /* Speculative decoding (docs/engine.md): "ngram", "draft:DIR" (a small model of the same
+     * tokenizer), or NULL / "off". A caller-made drafter (e.g. an oracle) goes in `drafter`
+     * instead; the caller keeps it and destroys it after engine_close. spec_tokens: the most
+     * tokens drafted per sequence and step (0 = 4, at most ENGINE_SPEC_MAX_TOKENS); the engine
+     * adapts it per sequence to the acceptance rate. Several ranks: every rank drafts, so each
+     * needs the same setting (checked at open); "draft:DIR" is off there. */
     const char *speculative;
     struct drafter *drafter;
     int spec_tokens;
+    /* Several ranks: how the sampling rank turns a request's constraint_spec into a constraint
+     * (every rank of an instance sets it alike; NULL: constrained requests are refused). */
+    engine_constraint_maker make_constraint;
+    void *make_constraint_ctx;
 } engine_options;
 
 typedef struct sampling_params {
@@ -88,20 +114,6 @@ typedef struct sampling_params {
 /* The defaults every API starts from (temperature 0.7, top_p 1, min_p 0.05, seed 42 as exo). */
 sampling_params sampling_params_default(void);
 
-/* A constraint on what a sequence may generate (structured outputs): before each sample the
- * engine lets it mask the logits of the tokens that may not come next, and tells it the token
- * chosen. The engine knows nothing of what it enforces (the runner binds grammars, text/grammar.h,
- * to it). Single-process engines only: engine_submit refuses a constraint with several ranks. */
-typedef struct engine_constraint {
-    /* Sets logits[t] = -INFINITY for every token t that may not come next (n = vocab size). */
-    void (*mask)(void *ctx, float *logits, int n);
-    /* The token sampled after mask (or an eos the sampler chose). */
-    void (*accept)(void *ctx, int32_t token);
-    /* The sequence is gone (finished, cancelled or failed); called once. */
-    void (*release)(void *ctx);
-    void *ctx; /* NULL: no constraint */
-} engine_constraint;
-
 typedef struct engine_request {
     const int32_t *prompt; /* copied by engine_submit */
     int n_prompt;
@@ -113,6 +125,9 @@ typedef struct engine_request {
     int no_prefix_cache;         /* do not reuse or store cached prefixes for this request */
     engine_constraint constraint; /* ctx NULL: none. On success the engine owns it (release);
                                      on failure the caller still does */
+    const char *constraint_spec; /* what `constraint` enforces, as text make_constraint reads
+                                    (the runner: the grammar); copied. Needed with several
+                                    ranks, ignored by one process */
     int spec_tokens;             /* speculation: 0 = the engine's setting, -1 = none for this
                                     request, n > 0 = at most n drafted tokens per step */
 } engine_request;

@@ -5,7 +5,8 @@
  *   1. inputs: rank 0 broadcasts a fixed header {max_events, payload length, shutdown}, then the
  *      payload (requests and cancellations in call order) when there is one; every rank applies
  *      it, so every rank holds the same sequences, and the scheduler (deterministic, same KV
- *      capacity everywhere) plans the same batch on each;
+ *      capacity everywhere) plans the same batch on each; a constrained request carries its
+ *      constraint's spec, from which the sampling rank builds the constraint it masks with;
  *   2. forward: tensor parallel, two all-reduces per layer inside transformer_forward, then each
  *      rank's share of the vocabulary's logits to rank 0; pipeline, hidden states
  *      [n_tokens][dim] from rank r to r + 1 (dist_send/dist_recv);
@@ -69,6 +70,8 @@ int engine_dist_init(engine *e, const engine_options *o, model_shard *shard, cha
     d->size = dist_size(o->dist);
     d->parallel = o->parallel;
     d->timeout_ms = o->dist_timeout_ms > 0 ? o->dist_timeout_ms : 30000;
+    e->make_constraint = o->make_constraint;
+    e->make_constraint_ctx = o->make_constraint_ctx;
     int n_layers = e->cfg.n_layers;
     if (d->parallel == ENGINE_TENSOR) {
         *shard = (model_shard){.tp_rank = d->rank, .tp_size = d->size};
@@ -97,7 +100,7 @@ int engine_dist_start(engine *e, char *err, size_t errlen) {
     if (e->d.parallel == ENGINE_TENSOR && e->d.size > 1) {
         transformer_set_allreduce(e->tf, allreduce, e);
         int64_t share = e->cfg.vocab_size / e->d.size + 1; /* the largest rank's share */
-        e->d.part_logits = malloc((size_t)e->max_sequences * (size_t)share * sizeof(float));
+        e->d.part_logits = malloc((size_t)e->max_logit_rows * (size_t)share * sizeof(float));
         if (!e->d.part_logits) {
             error_set(err, errlen, "out of memory for the lm_head's outputs");
             return -1;
@@ -121,7 +124,7 @@ int engine_dist_start(engine *e, char *err, size_t errlen) {
             r->serials = calloc(n, sizeof *r->serials);
             r->chunks = calloc(n, sizeof *r->chunks);
             r->logit_index = calloc(n, sizeof *r->logit_index);
-            r->samples = calloc(n, sizeof *r->samples);
+            r->samples = calloc((size_t)e->max_logit_rows, sizeof *r->samples);
             fail |= !r->serials || !r->chunks || !r->logit_index || !r->samples;
         }
     }
@@ -138,6 +141,9 @@ typedef struct rank_report {
     int32_t layer_start, layer_end, has_head;
     int32_t max_batch_tokens, max_sequences, context_length, block_size;
     int32_t n_blocks;
+    int32_t can_constrain; /* has make_constraint: may sample constrained requests */
+    int32_t spec_tokens;   /* speculation: the most drafted tokens per step (0: off) */
+    char drafter[16];      /* and its drafter ("" when off): every rank drafts alike */
 } rank_report;
 
 static int check_reports(const engine *e, const rank_report *r, char *err, size_t errlen) {
@@ -147,12 +153,14 @@ static int check_reports(const engine *e, const rank_report *r, char *err, size_
         if (b->parallel != a->parallel || b->size != a->size || b->n_layers != a->n_layers ||
             b->vocab != a->vocab || b->max_batch_tokens != a->max_batch_tokens ||
             b->max_sequences != a->max_sequences || b->context_length != a->context_length ||
-            b->block_size != a->block_size) {
+            b->block_size != a->block_size || b->spec_tokens != a->spec_tokens ||
+            strcmp(b->drafter, a->drafter)) {
             error_set(err, errlen, "rank %d runs a different model or scheduler settings than "
                     "rank 0 (layers %d/%d, vocab %d/%d, batch %d/%d, sequences %d/%d, context "
-                    "%d/%d)", i, b->n_layers, a->n_layers, b->vocab, a->vocab,
-                    b->max_batch_tokens, a->max_batch_tokens, b->max_sequences, a->max_sequences,
-                    b->context_length, a->context_length);
+                    "%d/%d, speculation '%s' x%d/'%s' x%d)", i, b->n_layers, a->n_layers,
+                    b->vocab, a->vocab, b->max_batch_tokens, a->max_batch_tokens,
+                    b->max_sequences, a->max_sequences, b->context_length, a->context_length,
+                    b->drafter, b->spec_tokens, a->drafter, a->spec_tokens);
             return -1;
         }
     }
@@ -188,7 +196,10 @@ int engine_dist_agree(engine *e, int *n_blocks, char *err, size_t errlen) {
                                  .max_batch_tokens = e->max_batch_tokens,
                                  .max_sequences = e->max_sequences,
                                  .context_length = e->info.context_length,
-                                 .block_size = e->block_size, .n_blocks = *n_blocks};
+                                 .block_size = e->block_size, .n_blocks = *n_blocks,
+                                 .can_constrain = e->make_constraint != NULL,
+                                 .spec_tokens = e->drafter ? e->spec_tokens : 0};
+    if (e->drafter) snprintf(r[e->d.rank].drafter, sizeof r[0].drafter, "%s", e->drafter->name);
     int rc = 0;
     for (int i = 0; i < size && rc == 0; i++) /* an all-gather: each rank's report in turn */
         rc = bcast(e, i, &r[i], sizeof r[i], "exchanging shard reports at open");
@@ -197,6 +208,7 @@ int engine_dist_agree(engine *e, int *n_blocks, char *err, size_t errlen) {
     } else if ((rc = check_reports(e, r, err, errlen)) == 0) {
         for (int i = 0; i < size; i++)
             if (r[i].n_blocks < *n_blocks) *n_blocks = r[i].n_blocks;
+        e->d.head_constrains = r[e->d.head_rank].can_constrain;
     }
     e->comm_ns = 0; /* waiting for the other ranks to load is not a step's communication */
     e->d.agreed = rc == 0;
@@ -221,13 +233,35 @@ static int put(engine *e, const void *p, size_t n) {
     return 0;
 }
 
-/* A request as it travels (then n_prompt prompt ids and n_stop stop ids). sampling_params is
- * copied as bytes: every rank runs the same build. */
+/* A request as it travels (then n_prompt prompt ids, n_stop stop ids and n_constraint bytes of
+ * its constraint_spec). sampling_params is copied as bytes: every rank runs the same build. */
 typedef struct submit_record {
     uint64_t id;
     sampling_params sampling;
-    int32_t max_tokens, ban_eos, no_prefix_cache, n_prompt, n_stop;
+    int32_t max_tokens, ban_eos, no_prefix_cache, n_prompt, n_stop, n_constraint, spec_tokens;
 } submit_record;
+
+/* A constrained request: the rank that samples rebuilds the caller's constraint from its spec
+ * (the caller's is a pointer into this process, and a pipeline samples on its last stage). */
+static int check_constraint(const engine *e, const engine_request *r, char *err, size_t errlen) {
+    if (!r->constraint.ctx) return 0;
+    if (!r->constraint_spec) {
+        error_set(err, errlen, "a constrained request to several ranks needs its "
+                               "constraint_spec (the sampling rank rebuilds the constraint)");
+        return -1;
+    }
+    if (!e->d.head_constrains) {
+        error_set(err, errlen, "structured outputs are not available on this instance: rank %d, "
+                               "which samples, cannot build constraints", e->d.head_rank);
+        return -1;
+    }
+    size_t n = strlen(r->constraint_spec);
+    if (n > INT32_MAX / 2) {
+        error_set(err, errlen, "the constraint is too long (%zu bytes)", n);
+        return -1;
+    }
+    return 0;
+}
 
 int engine_dist_queue_submit(engine *e, uint64_t seq_id, const engine_request *r, char *err,
                              size_t errlen) {
@@ -235,20 +269,27 @@ int engine_dist_queue_submit(engine *e, uint64_t seq_id, const engine_request *r
         error_set(err, errlen, "rank %d cannot take requests: rank 0 serves them", e->d.rank);
         return -1;
     }
+    if (check_constraint(e, r, err, errlen)) return -1;
     size_t mark = e->d.inputs_len;
     uint8_t kind = INPUT_SUBMIT;
     submit_record rec = {.id = seq_id, .sampling = r->sampling, .max_tokens = r->max_tokens,
                          .ban_eos = r->ban_eos, .no_prefix_cache = r->no_prefix_cache,
                          .n_prompt = r->n_prompt,
-                         .n_stop = r->n_stop_tokens > 0 ? r->n_stop_tokens : 0};
+                         .n_stop = r->n_stop_tokens > 0 ? r->n_stop_tokens : 0,
+                         .n_constraint = r->constraint.ctx ? (int32_t)strlen(r->constraint_spec)
+                                                           : 0,
+                         .spec_tokens = r->spec_tokens};
     if (put(e, &kind, 1) || put(e, &rec, sizeof rec) ||
         put(e, r->prompt, (size_t)rec.n_prompt * sizeof *r->prompt) ||
-        (rec.n_stop && put(e, r->stop_tokens, (size_t)rec.n_stop * sizeof *r->stop_tokens))) {
+        (rec.n_stop && put(e, r->stop_tokens, (size_t)rec.n_stop * sizeof *r->stop_tokens)) ||
+        (rec.n_constraint && put(e, r->constraint_spec, (size_t)rec.n_constraint))) {
         e->d.inputs_len = mark;
         error_set(err, errlen, "out of memory queueing a request");
         return -1;
     }
     e->d.queued_submits++;
+    /* the engine owns it now; the sampling rank (rank 0 too, in tensor parallel) builds its own */
+    if (r->constraint.ctx && r->constraint.release) r->constraint.release(r->constraint.ctx);
     return 0;
 }
 
@@ -257,6 +298,21 @@ void engine_dist_queue_cancel(engine *e, uint64_t seq_id) {
     size_t mark = e->d.inputs_len;
     if (e->d.rank != 0) return;
     if (put(e, &kind, 1) || put(e, &seq_id, sizeof seq_id)) e->d.inputs_len = mark;
+}
+
+/* The sampling rank's constraint for a request with a constraint_spec (other ranks: none). Rank 0
+ * built the same one before sending, so a failure here is the machine's (memory): it fails the
+ * engine, as every rank would have to agree to drop the request otherwise. */
+static int build_constraint(engine *e, uint64_t id, engine_request *r) {
+    if (!r->constraint_spec || e->d.rank != e->d.head_rank) return 0;
+    char err[200] = "no make_constraint on this rank";
+    if (e->make_constraint &&
+        e->make_constraint(e->make_constraint_ctx, r->constraint_spec, &r->constraint, err,
+                           sizeof err) == 0)
+        return 0;
+    engine_set_error(e, "rank %d: cannot build the constraint of request %llu: %s", e->d.rank,
+                     (unsigned long long)id, err);
+    return -1;
 }
 
 /* Applies a payload of records; bounds-checked (a short or garbled payload is an error). */
@@ -276,24 +332,31 @@ static int apply_inputs(engine *e, const unsigned char *p, size_t len) {
         memcpy(&rec, p + off, sizeof rec);
         off += sizeof rec;
         size_t ids = ((size_t)rec.n_prompt + (size_t)rec.n_stop) * sizeof(int32_t);
-        if (rec.n_prompt < 1 || rec.n_stop < 0 || len - off < ids) break;
-        int32_t *tok = malloc(ids);
+        if (rec.n_prompt < 1 || rec.n_stop < 0 || rec.n_constraint < 0 ||
+            len - off < ids + (size_t)rec.n_constraint)
+            break;
+        int32_t *tok = malloc(ids + (size_t)rec.n_constraint + 1);
         if (!tok) {
             engine_set_error(e, "rank %d: out of memory applying a request", e->d.rank);
             return -1;
         }
-        memcpy(tok, p + off, ids);
-        off += ids;
+        memcpy(tok, p + off, ids + (size_t)rec.n_constraint);
+        off += ids + (size_t)rec.n_constraint;
+        char *spec = (char *)tok + ids;
+        spec[rec.n_constraint] = 0;
         engine_request r = {.prompt = tok, .n_prompt = rec.n_prompt, .sampling = rec.sampling,
                             .max_tokens = rec.max_tokens, .stop_tokens = tok + rec.n_prompt,
                             .n_stop_tokens = rec.n_stop, .ban_eos = rec.ban_eos,
-                            .no_prefix_cache = rec.no_prefix_cache};
-        int rc = engine_add_sequence(e, rec.id, &r);
-        free(tok);
-        if (rc) {
+                            .no_prefix_cache = rec.no_prefix_cache,
+                            .constraint_spec = rec.n_constraint ? spec : NULL,
+                            .spec_tokens = rec.spec_tokens};
+        int rc = build_constraint(e, rec.id, &r);
+        if (rc == 0 && (rc = engine_add_sequence(e, rec.id, &r)) != 0) {
+            if (r.constraint.ctx) r.constraint.release(r.constraint.ctx);
             engine_set_error(e, "rank %d: out of memory applying a request", e->d.rank);
-            return -1;
         }
+        free(tok);
+        if (rc) return -1;
     }
     if (off == len) return 0;
     engine_set_error(e, "rank %d: step inputs from rank 0 are malformed", e->d.rank);
@@ -484,6 +547,17 @@ static int tick_cap(const engine *e, int max_events) {
     return cap < e->max_sequences ? cap : e->max_sequences;
 }
 
+static int tick_quarter(int max_events) {
+    return max_events / 4 > 0 ? max_events / 4 : 1;
+}
+
+/* The events a plan's tokens (one per member, plus drafted ones: spec_plan_drafts) may take:
+ * they come back in one tick with its cancellations (a quarter) and a plan's error event. */
+static int tick_token_room(int max_events) {
+    int room = max_events - tick_quarter(max_events) - 1;
+    return room > 0 ? room : 0;
+}
+
 static void apply_results(engine *e, const step_record *r, engine_event *events, int *n_ev,
                           int max_events) {
     for (int m = 0; m < r->n_members; m++) {
@@ -510,7 +584,8 @@ static int plan_step(engine *e, int64_t k, int max_events, engine_event *events,
         }
         if (apply_inputs(e, r->inputs, r->inputs_len)) return -1;
     }
-    int n = engine_plan_step(e, tick_cap(e, max_events), 0, b, events, n_ev);
+    int n = engine_plan_step(e, tick_cap(e, max_events), tick_token_room(max_events), b, events,
+                             n_ev);
     if (n < 0) return -1;
     r->step = k;
     r->n_members = n;
@@ -558,8 +633,7 @@ int engine_dist_tick(engine *e, engine_event *events, int max_events) {
     if (exchange_into(e, &max_events, 0, s > 0 ? slot(e, t) : NULL)) return -1;
     if (d->shut_down) return 0;
     d->tick++;
-    int quarter = max_events / 4 > 0 ? max_events / 4 : 1;
-    int n_ev = engine_report_cancelled(e, events, quarter);
+    int n_ev = engine_report_cancelled(e, events, tick_quarter(max_events));
     transformer_batch b;
     if (s == 0 && plan_step(e, t, max_events, events, &n_ev, &b)) return -1;
     /* rank 0 forwards what it just planned; the others what they planned last tick (the staging

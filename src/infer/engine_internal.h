@@ -54,7 +54,6 @@ typedef struct sequence {
     int chunk;       /* tokens in the batch (1 + n_draft when decoding with a draft) */
     int logit_index; /* first row in logits, or -1 */
     int n_draft;     /* drafted tokens, stored past the end at tokens[n_tokens..] */
-    int n_emit;      /* tokens the step produced: samples[logit_index .. + n_emit) */
 } sequence;
 
 typedef struct state_snapshot {
@@ -80,6 +79,7 @@ typedef struct engine_dist_state {
     int rank, size;
     engine_parallel parallel;
     int head_rank;      /* the rank that holds the lm_head and samples */
+    int head_constrains; /* the sampling rank can build constraints (engine_options.make_constraint) */
     int timeout_ms;
     /* rank 0: requests and cancellations since the last step, serialized in call order; every
      * rank applies them at the start of the next step, so all hold the same sequences */
@@ -144,6 +144,8 @@ struct engine {
     sampler_scratch sampler;
     /* distribution */
     struct dist_group *dist;  /* NULL: this process runs the whole model */
+    engine_constraint_maker make_constraint; /* the sampling rank's, for constraint_spec */
+    void *make_constraint_ctx;
     engine_dist_state d;
     int failed;               /* a rank failed: every later step fails at once */
     char error[256];          /* why (engine_last_error) */
@@ -202,8 +204,12 @@ void spec_init_sequence(const engine *e, sequence *s, const engine_request *r);
  * token budget, the logit rows and event_room events. */
 void spec_plan_drafts(engine *e, int n_members, int event_room);
 /* Samples a member with drafts: verifies its drafted tokens row by row and writes the tokens it
- * keeps plus the model's own next one to samples[logit_index..], setting s->n_emit. */
+ * keeps plus the model's own next one to samples[logit_index..]; the rows after those get token
+ * -1 (they travel to the other ranks too). */
 void spec_verify_member(engine *e, sequence *s);
+/* How many tokens a member with drafts produced, from its verified rows (samples[logit_index..]):
+ * 1 to 1 + n_draft. */
+int spec_emitted(const sequence *s, const sampler_result *rows);
 /* After a member's verified step is applied: adapts its k, counts the statistics and frees the
  * blocks that only rejected drafts used. */
 void spec_after_member(engine *e, sequence *s, int n_accepted);

@@ -21,8 +21,15 @@
  * decodes plainly and probes with a single draft after a cooldown that doubles after every
  * failed probe, so a drafter that is never right costs a few verification rows per hundred steps.
  *
- * Refuses: several ranks (the pipeline's overlapped steps assume one token per sequence and step:
- * speculation is switched off there with a warning). */
+ * Several ranks: every rank plans the same drafts (the drafter runs on each, over the same tokens:
+ * only drafters that are pure functions of the tokens, n-gram and a caller's oracle, are used
+ * there), the sampling rank verifies, and the rows past a member's last kept token go out with
+ * token -1, so every rank applies the same number of tokens (spec_emitted). An overlapped
+ * pipeline's sequence sits out the steps while its verified step is in flight, as without drafts.
+ *
+ * Refuses: the draft-model drafter on several ranks (each rank would run the whole draft model,
+ * and ranks with other thread counts or devices could disagree on its drafts), hybrid models (no
+ * recurrent-state rollback): switched off with a warning. */
 #include "infer/engine_internal.h"
 
 #include "base/error.h"
@@ -59,8 +66,9 @@ int spec_open(engine *e, const engine_options *o, int *extra_rows, char *err, si
                   ENGINE_SPEC_MAX_TOKENS, o->spec_tokens);
         return -1;
     }
-    if (o->dist) {
-        log_warn("engine: speculative decoding runs in one process only; off for this instance");
+    if (o->dist && !o->drafter && strcmp(m, "ngram")) {
+        log_warn("engine: the %s drafter runs in one process only; speculative decoding is off "
+                 "for this instance (ngram works across ranks)", m);
         return 0;
     }
     if (e->hybrid) { /* rejected drafts would stay in the recurrent state: no rollback yet */
@@ -100,7 +108,7 @@ void spec_close(engine *e) {
 void spec_init_sequence(const engine *e, sequence *s, const engine_request *r) {
     int most = e->drafter ? e->spec_tokens : 0;
     /* a constrained request (grammar) samples each token through its mask: drafts would bypass it */
-    if (r->spec_tokens < 0 || r->constraint.ctx) most = 0;
+    if (r->spec_tokens < 0 || r->constraint.ctx || r->constraint_spec) most = 0;
     else if (r->spec_tokens > 0 && r->spec_tokens < most) most = r->spec_tokens;
     s->spec_max = most;
     s->spec_k = most < 1 ? most : 1; /* one draft first: more are earned by acceptance */
@@ -171,14 +179,21 @@ void spec_verify_member(engine *e, sequence *s) {
         sampler_input in = engine_sampler_input(s, s->n_tokens + i);
         float *logits = e->logits + (size_t)(s->logit_index + i) * vocab;
         sampler_result *out = &e->samples[s->logit_index + i];
-        s->n_emit = i + 1;
         if (i == s->n_draft) { /* every draft kept: the last row gives one more token */
             sampler_sample(&e->sampler, logits, &in, &s->rng, out);
         } else if (!sampler_sample_draft(&e->sampler, logits, &in, s->tokens[s->n_tokens + i],
                                          &s->rng, out)) {
-            return; /* rejected: out holds the model's own token; later rows are discarded */
+            /* rejected: out holds the model's own token; the later rows are discarded */
+            for (int j = i + 1; j <= s->n_draft; j++) e->samples[s->logit_index + j].token = -1;
+            return;
         }
     }
+}
+
+int spec_emitted(const sequence *s, const sampler_result *rows) {
+    int n = 1;
+    while (n <= s->n_draft && rows[n].token >= 0) n++;
+    return n;
 }
 
 /* Gives back the blocks past the one holding s's last token: only rejected drafts used them. */

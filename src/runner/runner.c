@@ -234,7 +234,8 @@ static void start_generation(runner *r, uint64_t id, const json_t *request) {
                          .no_prefix_cache = q.no_prefix_cache,
                          .stop_tokens = r->format_stops,
                          .n_stop_tokens = r->n_format_stops,
-                         .spec_tokens = q.spec_tokens};
+                         .spec_tokens = q.spec_tokens,
+                         .constraint_spec = q.grammar};
     if (q.grammar && structured_constraint(r->structured, q.grammar, &er.constraint, err,
                                            sizeof err)) {
         send_done_error(r, id, 400, err);
@@ -550,6 +551,14 @@ static int connect_ranks(runner *r, const runner_options *o, char *err, size_t e
     return r->dist ? 0 : -1;
 }
 
+/* engine_options.make_constraint: on the rank that samples (a pipeline's last stage, another
+ * process than rank 0's), a constrained request's grammar becomes this runner's constraint. */
+static int make_constraint(void *ctx, const char *grammar_text, engine_constraint *out, char *err,
+                           size_t errlen) {
+    runner *r = ctx;
+    return structured_constraint(r->structured, grammar_text, out, err, errlen);
+}
+
 static int load(runner *r, const runner_options *o) {
     char err[512];
     /* exo's order: the ranks connect, then each loads its shard. */
@@ -574,7 +583,8 @@ static int load(runner *r, const runner_options *o) {
                          .speculative = o->speculative, .spec_tokens = o->spec_tokens,
                          .dist = r->dist, .parallel = r->dist ? o->dist.parallel : ENGINE_SINGLE,
                          .layer_start = o->dist.layer_start, .layer_end = o->dist.layer_end,
-                         .dist_timeout_ms = o->dist.timeout_ms};
+                         .dist_timeout_ms = o->dist.timeout_ms,
+                         .make_constraint = make_constraint, .make_constraint_ctx = r};
     r->engine = engine_open(&eo, err, sizeof err);
     if (!r->engine) {
         send_status(r, "Failed", json_pack("{s:s}", "error", err));

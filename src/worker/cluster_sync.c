@@ -5,6 +5,7 @@
 #include "base/log.h"
 #include "base/sync.h"
 #include "cluster/cluster.h"
+#include "worker/holdings.h"
 #include "worker/shards.h"
 
 #include <pthread.h>
@@ -14,6 +15,7 @@
 struct cluster_sync {
     instances *local;
     shards *shards; /* this node's ranks of multi-node instances; master fail-over */
+    holdings *holdings; /* this node's whole models on disk, published in State */
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -70,6 +72,7 @@ static void tick(cluster_sync *s) {
     json_t *state = me[0] ? state_get(NULL) : NULL;
     if (!state) return;
     json_t *st_insts = json_object_get(state, "instances");
+    holdings_sync(s->holdings, state, me);
     shards_follow(s->shards, state, me);
     json_t *local = instances_state_json(s->local);
     json_t *l_insts = json_object_get(local, "instances");
@@ -173,6 +176,7 @@ static void free_sync(cluster_sync *s) {
     json_decref(s->runners);
     json_decref(s->deleting);
     shards_free(s->shards);
+    holdings_free(s->holdings);
     free(s);
 }
 
@@ -182,7 +186,10 @@ cluster_sync *cluster_sync_start(instances *local, const placer_dirs *dirs,
     if (!s) return NULL;
     s->local = local;
     s->shards = shards_new(local, dirs, downloads, api_port);
-    if (!s->shards) {
+    s->holdings = holdings_new(dirs, downloads);
+    if (!s->shards || !s->holdings) {
+        shards_free(s->shards);
+        holdings_free(s->holdings);
         free(s);
         return NULL;
     }

@@ -8,7 +8,8 @@
  * that State holds but this process does not run (left from before a restart) are deleted. On the
  * master it deletes instances placed on nodes that left the cluster (NodeTimedOut).
  *
- * Multi-node instances (placed through State) are shards.h's: this thread runs it each pass.
+ * Multi-node instances (placed through State) are shards.h's, and the models this node holds on
+ * disk are holdings.h's: this thread runs both each pass.
  * It does not place instances or decide where models run. */
 #ifndef EXO_WORKER_CLUSTER_SYNC_H
 #define EXO_WORKER_CLUSTER_SYNC_H

@@ -22,7 +22,8 @@ struct shards {
     int dist_timeout_ms;
     download_manager *downloads; /* where a rank's missing files come from */
     int api_port;                /* of peers that publish none (peers_find) */
-    /* instance id -> {"phase", "runner", "dir"}: this node's rank of each instance, begun once */
+    /* instance id -> {"phase", "runner", "dir", "model", "fetching"}: this node's rank of each
+     * instance, begun once; fetching: the rank started the download running for it */
     json_t *ranks;
     json_t *pending;  /* master: {instanceId: {instance, due}} to place again once due */
 };
@@ -158,7 +159,7 @@ static int shard_of(json_t *inst, const char *id, const char *runner_id, instanc
 }
 
 /* Starts the download of the rank's files (peers holding the model first, then the Hub).
- * 0, or -1 with err. */
+ * 0 started, 1 one was running already (the rank waits for it), or -1 with err. */
 static int fetch_start(shards *s, const instances_shard *sh, char *err, size_t errlen) {
     char urls[8][96];
     const char *peers[8];
@@ -166,22 +167,43 @@ static int fetch_start(shards *s, const instances_shard *sh, char *err, size_t e
     for (int i = 0; i < n; i++)
         peers[i] = urls[i];
     char why[512];
-    if (download_manager_start(s->downloads, sh->model_id, sh->files_layer_start,
-                               sh->files_layer_end, peers, n, why, sizeof why) < 0) {
+    int rc = download_manager_start(s->downloads, sh->model_id, sh->files_layer_start,
+                                    sh->files_layer_end, peers, n, why, sizeof why);
+    if (rc < 0) {
         snprintf(err, errlen, "cannot download the files of rank %d: %s", sh->rank, why);
         return -1;
     }
+    if (rc > 0) return 1;
     log_info("instance %s: downloading %s for rank %d (layers %d:%d, 0:0 = all) from %s",
              sh->instance_id, sh->model_id, sh->rank, sh->files_layer_start, sh->files_layer_end,
              n ? "a peer" : "the Hub");
     return 0;
 }
 
+/* The rank of a deleted instance: a download it started stops (download.h keeps the .partial
+ * files, so placing the model again resumes it), unless another rank here waits for it. */
+static void rank_forget(shards *s, const char *id, json_t *rank) {
+    const char *model = json_string_value(json_object_get(rank, "model"));
+    if (json_integer_value(json_object_get(rank, "phase")) != RANK_FETCHING ||
+        !json_is_true(json_object_get(rank, "fetching")) || !model)
+        return;
+    const char *other_id;
+    json_t *other;
+    json_object_foreach(s->ranks, other_id, other) {
+        const char *m = json_string_value(json_object_get(other, "model"));
+        if (strcmp(other_id, id) && m && !strcmp(m, model) &&
+            json_integer_value(json_object_get(other, "phase")) == RANK_FETCHING)
+            return;
+    }
+    if (download_manager_cancel(s->downloads, model) == 0)
+        log_info("instance %s was deleted: its download of %s stops", id, model);
+}
+
 /* The download of the rank's files: 0 running, 1 done (dir set), -1 failed (err set). A
  * completed download of other layers (one that was running already when this rank asked) is
- * followed by this rank's own. */
-static int fetch_poll(shards *s, const instances_shard *sh, char *dir, size_t n, char *err,
-                      size_t errlen) {
+ * followed by this rank's own (*started = 1). */
+static int fetch_poll(shards *s, const instances_shard *sh, char *dir, size_t n, int *started,
+                      char *err, size_t errlen) {
     json_t *entry = NULL;
     int st = download_manager_status(s->downloads, sh->model_id, &entry);
     json_t *body = shards_tagged_body(entry);
@@ -196,7 +218,9 @@ static int fetch_poll(shards *s, const instances_shard *sh, char *dir, size_t n,
             snprintf(dir, n, "%s", where);
             rc = 1;
         } else {
-            rc = fetch_start(s, sh, err, errlen);
+            int got = fetch_start(s, sh, err, errlen);
+            *started = got == 0;
+            rc = got < 0 ? -1 : 0;
         }
     } else if (st != 0) {
         const char *why = json_string_value(json_object_get(body, "errorMessage"));
@@ -221,6 +245,7 @@ static int all_ranks_have_files(json_t *state, json_t *inst) {
 static void rank_begin(shards *s, const char *id, json_t *inst, const char *runner_id) {
     instances_shard sh;
     char dir[1024], err[600];
+    int started;
     if (shard_of(inst, id, runner_id, &sh)) {
         json_object_set_new(s->ranks, id, json_pack("{s:i}", "phase", RANK_DONE));
         publish_failed(runner_id, "the instance in State has no shard for this runner");
@@ -231,9 +256,10 @@ static void rank_begin(shards *s, const char *id, json_t *inst, const char *runn
             s->ranks, id,
             json_pack("{s:i,s:s,s:s}", "phase", RANK_WAITING, "runner", runner_id, "dir", dir));
         publish_status(runner_id, json_pack("{s:{}}", "RunnerIdle"));
-    } else if (fetch_start(s, &sh, err, sizeof err) == 0) {
+    } else if ((started = fetch_start(s, &sh, err, sizeof err)) >= 0) {
         json_object_set_new(s->ranks, id,
-                            json_pack("{s:i,s:s}", "phase", RANK_FETCHING, "runner", runner_id));
+                            json_pack("{s:i,s:s,s:s,s:b}", "phase", RANK_FETCHING, "runner",
+                                      runner_id, "model", sh.model_id, "fetching", started == 0));
     } else {
         log_error("instance %s: %s", id, err);
         json_object_set_new(s->ranks, id, json_pack("{s:i}", "phase", RANK_DONE));
@@ -249,7 +275,9 @@ static void rank_advance(shards *s, json_t *state, const char *id, json_t *inst,
     char dir[1024], err[600];
     if (phase == RANK_DONE || !runner_id || shard_of(inst, id, runner_id, &sh)) return;
     if (phase == RANK_FETCHING) {
-        int got = fetch_poll(s, &sh, dir, sizeof dir, err, sizeof err);
+        int started = 0;
+        int got = fetch_poll(s, &sh, dir, sizeof dir, &started, err, sizeof err);
+        if (started) json_object_set_new(rank, "fetching", json_true());
         if (got == 1) {
             json_object_set_new(rank, "phase", json_integer(RANK_WAITING));
             json_object_set_new(rank, "dir", json_string(dir));
@@ -284,9 +312,10 @@ void shards_follow(shards *s, json_t *state, const char *me) {
     }
     json_object_foreach_safe(s->ranks, tmp, id, rank) {
         inst = json_object_get(insts, id);
-        if (!inst)
+        if (!inst) {
+            rank_forget(s, id, rank);
             json_object_del(s->ranks, id);
-        else
+        } else
             rank_advance(s, state, id, inst, rank);
     }
 }

@@ -9,7 +9,8 @@
  *   runner opens just those files. A rank with its files publishes RunnerIdle; runners start
  *   when every rank of the instance has a status, so none waits in the data plane's connect
  *   for a peer still downloading. A download that fails reports RunnerFailed with its reason
- *   (offline, not on the Hub, disk full).
+ *   (offline, not on the Hub, disk full). An instance deleted while its rank downloads stops
+ *   that download (unless another rank here waits for the same model).
  * - shards_rendezvous: the ranks' store (runner/store_node.h) kept in State: a set becomes
  *   InstanceRendezvousSet (stored under the instance, gone with it), a get reads this node's copy.
  * - shards_fail_over (master only): an instance with a failed runner is deleted, and placed again
@@ -38,7 +39,8 @@ void shards_free(shards *s);
 instances_rendezvous shards_rendezvous(shards *s);
 
 /* One pass over State (the caller's copy): start this node's new ranks; forget instances that
- * left State. */
+ * left State, stopping the download a rank of theirs started (its .partial files stay: a later
+ * download of the model resumes them; DELETE /download removes them). */
 void shards_follow(shards *s, json_t *state, const char *me);
 
 /* Master: deletes instances with a failed runner and places each again. deleting is the caller's

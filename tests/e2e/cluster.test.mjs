@@ -180,7 +180,9 @@ test('the exo binary: 3 nodes cluster, and every node serves the same /state, /e
     assert.equal(c.get(c.nodes[2], '/state/no/such/path').status, 404);
     assert.deepEqual(c.get(c.nodes[2], `/state/nodeIdentities/${c.nodes[0].id}`), conv.state.nodeIdentities[c.nodes[0].id]);
     const tail = c.get(c.nodes[1], `/events?since=${conv.events.length - 2}`);
-    assert.deepEqual(tail, conv.events.slice(-2));
+    // the log only grows: events after the converged ones (link measurements every few seconds,
+    // a node's models on disk) may follow the two asked for
+    assert.deepEqual(tail.slice(0, 2), conv.events.slice(-2));
   } finally {
     await c.stop();
   }

@@ -7,7 +7,7 @@ import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { TokenizerLoader } from '@lenml/tokenizers';
-import { repoRoot, exoBin } from './lib/exo.mjs';
+import { deviceArgs, repoRoot, exoBin } from './lib/exo.mjs';
 
 const dir = path.join(repoRoot, 'resources/models/exo--demo-dictionary');
 const readJson = (f) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8'));
@@ -78,7 +78,7 @@ test("demo model: exo's greedy answers equal transformers' on the same weights",
       { tokenize: false, add_generation_prompt: true });
     const ids = tok.encode(prompt, { add_special_tokens: false });
     const out = execFileSync(exoBin(), ['run', dir, '--tokens', ids.join(','), '--temperature', '0',
-      '--max-tokens', '80', '--threads', '2'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+      '--max-tokens', '80', '--threads', '2', ...deviceArgs()], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
     const gen = out.trim().split(/\s+/).map(Number).filter((t) => t !== tok.eos_token_id);
     assert.equal(tok.decode(gen).trim(), answer, word);
   }

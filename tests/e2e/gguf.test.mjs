@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { exoBin, repoRoot } from './lib/exo.mjs';
+import { deviceArgs, exoBin, repoRoot } from './lib/exo.mjs';
 import { mkModel, tinyModelSpecs } from './lib/models.mjs';
 import { startNode } from './lib/node.mjs';
 
@@ -22,7 +22,7 @@ async function ggufModel(name, type) {
 }
 
 function exoRun(args) {
-  const r = spawnSync(exoBin(), ['run', ...args], { encoding: 'utf8', timeout: 120000 });
+  const r = spawnSync(exoBin(), ['run', ...args, ...deviceArgs()], { encoding: 'utf8', timeout: 120000 });
   assert.equal(r.status, 0, r.stderr);
   return r;
 }

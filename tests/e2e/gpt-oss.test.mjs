@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { startNode } from './lib/node.mjs';
-import { exoBin, repoRoot } from './lib/exo.mjs';
+import { deviceArgs, exoBin, repoRoot } from './lib/exo.mjs';
 import { tinyModel } from './lib/models.mjs';
 
 const MODELS = ['gpt-oss-tiny', 'gpt-oss-tiny-mxfp4'];
@@ -94,7 +94,8 @@ test('reasoning effort and tools reach the template from every API', async () =>
 test('exo run gpt-oss-tiny prints what transformers generates', async () => {
   const dir = await tinyModel(MODELS[0]);
   const p = fixture(MODELS[0]).prompts.find((x) => x.name === 'chat-single');
-  const r = spawnSync(exoBin(), ['run', dir, p.messages[0].content, '--temperature', '0', '--max-tokens', '16'],
+  const r = spawnSync(exoBin(), ['run', dir, p.messages[0].content, '--temperature', '0', '--max-tokens', '16',
+    ...deviceArgs()],
     { encoding: 'utf8', timeout: 120000, env: { ...process.env, SOURCE_DATE_EPOCH: EPOCH } });
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stderr, new RegExp(`prompt ${p.prompt_ids.length} tokens`));

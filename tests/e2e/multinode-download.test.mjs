@@ -2,6 +2,8 @@
 // safetensors files (from a peer holding the model, else the Hub: the fake one here), then its
 // rank starts and opens just those files; the answer equals one node's. The nodes run with
 // --api-key: forwarded generations and peer downloads carry it, a client without it gets 401.
+// An instance deleted while its stages download stops those downloads (the Hub then sends
+// nothing more; the .partial files stay), and placing it again resumes them.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -155,6 +157,65 @@ test('a node holding the model serves the other stage\'s files; requests need th
   const wrong = http({ ...c, auth: ['-H', 'Authorization: Bearer wrong'] }, a,
     'GET', `/models/${FROM_PEER}/manifest`);
   assert.equal(wrong.status, 401, 'peer file transfer needs the key too');
+  await remove(c, a, id);
+});
+
+// {nodeId: startLayer} of an instance body.
+function stageStarts(b) {
+  const out = {};
+  for (const [nodeId, runner] of Object.entries(b.shardAssignments.nodeToRunner).sort())
+    out[nodeId] = Object.values(b.shardAssignments.runnerToShard[runner])[0].startLayer;
+  return out;
+}
+let firstStages;
+
+// node's entry for model in State's downloads (as node `from` sees it), unwrapped with its tag.
+function downloadEntry(from, node, model) {
+  const e = ((c.get(from, '/state')?.downloads || {})[node.id] || []).find((x) => Object.values(x)[0].modelId === model);
+  return e && { kind: Object.keys(e)[0], ...Object.values(e)[0] };
+}
+
+test('an instance deleted while its stages download stops the downloads; placed again, they resume', async () => {
+  const [a, b] = c.nodes;
+  const MODEL = 'test-org/qwen3-sharded-deleted';
+  hf.addModelDir(MODEL, dir);
+  assert.equal((await post(a, '/models/add', { model_id: MODEL })).status, 200);
+  hf.faults.bytesPerSec = 100_000; // per response: minutes for the whole model
+  try {
+    const placed = await post(a, '/place_instance', { model_id: MODEL, sharding: 'Pipeline', instance_meta: 'MlxRing', min_nodes: 2 });
+    assert.equal(placed.status, 200, JSON.stringify(placed.body));
+    await c.until(() => [a, b].every((n) => downloadEntry(a, n, MODEL)?.kind === 'DownloadOngoing') &&
+      hf.totalSent(MODEL) > 200_000, 30000, 'both stages to be downloading');
+    firstStages = stageStarts(body(c.get(a, '/state').instances[placed.body.instance_id]));
+    const del = await fetch(`http://127.0.0.1:${a.apiPort}/instance/${placed.body.instance_id}`,
+      { method: 'DELETE', headers: { authorization: `Bearer ${KEY}` } });
+    assert.equal(del.status, 200);
+    const { value: ended } = await c.until(() => {
+      const e = [a, b].map((n) => downloadEntry(a, n, MODEL));
+      return e.every((x) => x?.kind === 'DownloadFailed') ? e : false;
+    }, 10000, 'both stage downloads to stop');
+    for (const e of ended) assert.match(e.errorMessage, /cancelled/);
+    const sent = hf.totalSent(MODEL);
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.equal(hf.totalSent(MODEL), sent, 'the Hub sends nothing more');
+    assert.ok(sent < 4 * 1024 * 1024, `only part of the model was fetched (${sent} bytes)`);
+    for (const i of [0, 1]) { // the download module's rule for a cancel: partial files stay
+      const where = path.join(os_tmp(), `models${i}`, MODEL.replace('/', '--'));
+      const partial = fs.readdirSync(where).filter((f) => f.endsWith('.partial'));
+      assert.ok(partial.length > 0, `node ${i} keeps its .partial files to resume`);
+    }
+  } finally {
+    hf.faults.bytesPerSec = 0;
+  }
+  const before = hf.totalSent(MODEL);
+  const { id, stages } = await placeTwo(a, MODEL);
+  assertOnlyStageFiles(stages, MODEL);
+  assert.deepEqual(chat(c, b, MODEL, HELLO).tokens, expected);
+  // the first test fetched the same files from scratch; a node given the same stage again
+  // fetches only what its .partial files lack
+  const fresh = hf.totalSent(FROM_HUB), again = hf.totalSent(MODEL) - before;
+  if (JSON.stringify(stageStarts(body(c.get(a, '/state').instances[id]))) === JSON.stringify(firstStages))
+    assert.ok(again <= fresh - before / 2, `placed again, the stages resumed (${again} bytes, ${fresh} from scratch, ${before} before)`);
   await remove(c, a, id);
 });
 

@@ -6,7 +6,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { exoBin } from './lib/exo.mjs';
+import { deviceArgs, exoBin } from './lib/exo.mjs';
 import { tinyModel } from './lib/models.mjs';
 import { FakeHF } from './lib/fake-hf.mjs';
 
@@ -36,7 +36,7 @@ test('exo run downloads a missing model with a progress bar, then runs it; --off
   assert.match(off.stderr, /no model 'test-org\/qwen3-tiny': not found/);
   assert.equal(hf.totalSent(ID), 0, '--offline fetched nothing');
 
-  const r = await exo(['run', ID, 'hi', '--max-tokens', '3', '--models-dir', models],
+  const r = await exo(['run', ID, 'hi', '--max-tokens', '3', '--models-dir', models, ...deviceArgs()],
     { HF_ENDPOINT: hf.url });
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stderr, /downloading/);
@@ -47,7 +47,7 @@ test('exo run downloads a missing model with a progress bar, then runs it; --off
   assert.ok(sent > 0);
 
   // Second run: the model is on disk now; nothing is fetched again.
-  const again = await exo(['run', ID, 'hi', '--max-tokens', '1', '--models-dir', models],
+  const again = await exo(['run', ID, 'hi', '--max-tokens', '1', '--models-dir', models, ...deviceArgs()],
     { HF_ENDPOINT: hf.url });
   assert.equal(again.status, 0, again.stderr);
   assert.equal(hf.totalSent(ID), sent);

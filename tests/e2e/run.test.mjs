@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { exoBin, repoRoot } from './lib/exo.mjs';
+import { deviceArgs, exoBin, repoRoot } from './lib/exo.mjs';
 import { tinyModel } from './lib/models.mjs';
 
 function fixture(name) {
@@ -15,7 +15,7 @@ function fixture(name) {
 }
 
 function exoRun(args, input) {
-  const r = spawnSync(exoBin(), ['run', ...args], { encoding: 'utf8', input, timeout: 120000 });
+  const r = spawnSync(exoBin(), ['run', ...args, ...deviceArgs()], { encoding: 'utf8', input, timeout: 120000 });
   assert.equal(r.status, 0, r.stderr);
   return r;
 }

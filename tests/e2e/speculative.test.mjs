@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { startNode } from './lib/node.mjs';
-import { exoBin } from './lib/exo.mjs';
+import { deviceArgs, exoBin } from './lib/exo.mjs';
 import { tinyModel } from './lib/models.mjs';
 
 const MODEL = 'qwen3-tiny-tied'; // greedy repeats itself: n-gram drafts land
@@ -100,7 +100,7 @@ test('spec_tokens in a request: 0 turns speculation off for it, out of range is 
 
 test('exo run --speculative prints the same text and the acceptance', () => {
   const run = (extra) => spawnSync(exoBin(), ['run', dir, QUESTIONS[0], '--raw', '--temperature', '0',
-    '--max-tokens', '32', ...extra], { encoding: 'utf8', timeout: 120000 });
+    '--max-tokens', '32', ...deviceArgs(), ...extra], { encoding: 'utf8', timeout: 120000 });
   const plain = run([]);
   const spec = run(['--speculative', 'ngram']);
   assert.equal(plain.status, 0, plain.stderr);

@@ -11,9 +11,9 @@
  *   attention over prefill runs of 64+ positions (tensor cores, Q and P in the cache's type):
  *   ATT_GEMM_TOL 1e-2 (f16 measured ~1e-3, bf16 ~5e-3); with EXO_CUDA_MATMUL=exact: 1e-5;
  *   embed, kv_write, gather, add, add_row, routing ids: exact.
- * matmul_fused and rope_kv_write take the tolerance of the ops they fuse; sample: the host
+ * matmul_fused, norm_matmul and rope_kv_write take the tolerance of the ops they fuse; sample: the host
  * sampler's very tokens and top ids, logprobs within 1e-5; the 4-bit tensor-core GEMM
- * (EXO_CUDA_QGEMM=1): GEMM_TOL, as the cuBLAS path it replaces. */
+ * (qgemm4): GEMM_TOL, as the cuBLAS path it replaces. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -524,16 +524,40 @@ static void test_moe(void **s) {
     free(logits);
 }
 
+/* One matmul_fused call on backend g against the plain ops on the CPU: silu_mul (with_up),
+ * matmul, add (accumulate). Returns the relative difference. */
+static double fused_diff(compute_backend *g, const weight_matrix *w, int64_t n, int with_up,
+                         int accumulate) {
+    size_t nx = (size_t)(n * w->cols), ny = (size_t)(n * w->rows);
+    float *x = rand_floats(nx, 2.0f), *up = rand_floats(nx, 1.0f);
+    float *y0 = rand_floats(ny, 1.0f), *ref = malloc(ny * sizeof *ref);
+    float *xr = malloc(nx * sizeof *xr);
+    memcpy(xr, x, nx * sizeof *xr);
+    if (with_up) cpu->silu_mul(cpu, xr, up, (int64_t)nx);
+    cpu->matmul(cpu, w, xr, ref, n);
+    if (accumulate) cpu->add(cpu, ref, y0, (int64_t)ny);
+    float *dx = to_gpu(g, x, nx * sizeof *x), *dup = to_gpu(g, up, nx * sizeof *up);
+    float *dy = to_gpu(g, y0, ny * sizeof *y0);
+    g->matmul_fused(g, w, dx, with_up ? dup : NULL, dy, n, accumulate);
+    float *y = from_gpu(g, dy, ny);
+    double d = rel_diff(y, ref, ny);
+    g->free(g, dx), g->free(g, dup), g->free(g, dy);
+    free(x), free(up), free(y0), free(ref), free(xr), free(y);
+    return d;
+}
+
 /* matmul_fused against the plain ops on the CPU: silu_mul (when up is given), matmul, add (when
  * accumulating), for every kind of GEMV kernel (the persistent one for 4-bit/bf16/f16/f32 at up
  * to 4 tokens, the older blocks for 8-bit and the per-element path, the GEMM path past 8
- * tokens). The first 4-bit matrix has more rows than one pass of the persistent grid covers
- * (264 blocks x 8 warps x 4 rows on an H200), so warps walk several tiles. */
+ * tokens; 4-bit group 64 at one token: the cp.async pipeline). The first 4-bit matrix has more
+ * rows than one pass of either grid covers (264 or 132 blocks x 8 warps x 4 rows on an H200), so
+ * warps walk several tiles; 2560 columns leave the pipeline's last round a partial one. */
 static void test_matmul_fused(void **s) {
     (void)s;
     SKIP_WITHOUT_GPU();
     static const format_case cases[] = {
         {"mlx4 g64 tall", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 9000, 1024},
+        {"mlx4 g64 f16", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_F16, 1030, 2560},
         {"mlx4 g32 f16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_F16, 130, 4096},
         {"bf16", WEIGHT_BF16, 0, 0, DTYPE_BF16, 600, 2048},
         {"f16", WEIGHT_F16, 0, 0, DTYPE_BF16, 70, 512},
@@ -549,28 +573,14 @@ static void test_matmul_fused(void **s) {
         make_matrix(&m, fc->f, fc->rows, fc->cols, fc->bits, fc->group, fc->sd);
         for (size_t k = 0; k < sizeof tokens / sizeof *tokens; k++) {
             int64_t n = tokens[k];
-            size_t nx = (size_t)(n * fc->cols), ny = (size_t)(n * fc->rows);
             for (int variant = 0; variant < 3; variant++) { /* up+acc, up alone, acc alone */
                 int with_up = variant < 2, accumulate = variant != 1;
-                float *x = rand_floats(nx, 2.0f), *up = rand_floats(nx, 1.0f);
-                float *y0 = rand_floats(ny, 1.0f), *ref = malloc(ny * sizeof *ref);
-                float *xr = malloc(nx * sizeof *xr);
-                memcpy(xr, x, nx * sizeof *xr);
-                if (with_up) cpu->silu_mul(cpu, xr, up, (int64_t)nx);
-                cpu->matmul(cpu, &m.w, xr, ref, n);
-                if (accumulate) cpu->add(cpu, ref, y0, (int64_t)ny);
-                float *dx = to_gpu(gpu, x, nx * sizeof *x), *dup = to_gpu(gpu, up, nx * sizeof *up);
-                float *dy = to_gpu(gpu, y0, ny * sizeof *y0);
-                gpu->matmul_fused(gpu, &m.w, dx, with_up ? dup : NULL, dy, n, accumulate);
-                float *y = from_gpu(gpu, dy, ny);
-                double d = rel_diff(y, ref, ny), tol = n > 8 ? GEMM_TOL : GEMV_TOL;
-                if (!(d <= tol)) {
+                double d = fused_diff(gpu, &m.w, n, with_up, accumulate);
+                if (!(d <= (n > 8 ? GEMM_TOL : GEMV_TOL))) {
                     printf("  matmul_fused %-14s %5d x %4d, %2d tokens, up %d acc %d: %.1e FAILED\n",
                            fc->name, (int)fc->rows, (int)fc->cols, (int)n, with_up, accumulate, d);
                     failures++;
                 }
-                gpu->free(gpu, dx), gpu->free(gpu, dup), gpu->free(gpu, dy);
-                free(x), free(up), free(y0), free(ref), free(xr), free(y);
             }
         }
         free_matrix(&m);
@@ -698,7 +708,8 @@ static void test_sample(void **s) {
     assert_int_equal(mismatches, 0);
 }
 
-/* The 4-bit tensor-core GEMM (EXO_CUDA_QGEMM=1: decode batches of 9..256 tokens) against the CPU:
+/* The 4-bit tensor-core GEMM (decode batches of 9..256 tokens; EXO_CUDA_QGEMM=0 turns it off, the
+ * backend below has it on explicitly) against the CPU:
  * one and several row blocks, split k, tokens past one 64-token tile, accumulating or not. */
 static void test_qgemm(void **s) {
     (void)s;
@@ -717,24 +728,68 @@ static void test_qgemm(void **s) {
         make_matrix(&m, fc->f, fc->rows, fc->cols, fc->bits, fc->group, fc->sd);
         for (size_t k = 0; k < sizeof tokens / sizeof *tokens; k++) {
             int64_t n = tokens[k];
-            size_t nx = (size_t)(n * fc->cols), ny = (size_t)(n * fc->rows);
-            for (int accumulate = 0; accumulate < 2; accumulate++) {
-                float *x = rand_floats(nx, 1.0f), *y0 = rand_floats(ny, 1.0f);
-                float *ref = malloc(ny * sizeof *ref);
-                cpu->matmul(cpu, &m.w, x, ref, n);
-                if (accumulate) cpu->add(cpu, ref, y0, (int64_t)ny);
-                float *dx = to_gpu(gpu_qgemm, x, nx * sizeof *x), *dy = to_gpu(gpu_qgemm, y0, ny * sizeof *y0);
-                gpu_qgemm->matmul_fused(gpu_qgemm, &m.w, dx, NULL, dy, n, accumulate);
-                float *y = from_gpu(gpu_qgemm, dy, ny);
-                double d = rel_diff(y, ref, ny);
-                printf("  qgemm %-14s %5d x %4d, %3d tokens, acc %d: %.1e\n", fc->name,
-                       (int)fc->rows, (int)fc->cols, (int)n, accumulate, d);
+            for (int variant = 0; variant < 2; variant++) { /* silu + accumulate, plain */
+                double d = fused_diff(gpu_qgemm, &m.w, n, !variant, !variant);
+                printf("  qgemm %-14s %5d x %4d, %3d tokens, %s: %.1e\n", fc->name, (int)fc->rows,
+                       (int)fc->cols, (int)n, variant ? "plain" : "silu+acc", d);
                 if (!(d <= GEMM_TOL)) failures++;
-                gpu_qgemm->free(gpu_qgemm, dx), gpu_qgemm->free(gpu_qgemm, dy);
-                free(x), free(y0), free(ref), free(y);
             }
         }
         free_matrix(&m);
+    }
+    assert_int_equal(failures, 0);
+}
+
+/* norm_matmul against rmsnorm then matmul on the CPU: q/k/v-like (3 matrices) and gate/up-like
+ * (2), fused into the persistent GEMV at 1-4 tokens, the plain ops past that. */
+static void test_norm_matmul(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    static const format_case cases[] = {
+        {"mlx4 g64", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 300, 1024},
+        {"bf16", WEIGHT_BF16, 0, 0, DTYPE_BF16, 260, 768},
+    };
+    static const int64_t tokens[] = {1, 2, 4, 5, 12};
+    int failures = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const format_case *fc = &cases[i];
+        test_matrix m[3];
+        const weight_matrix *w[3];
+        for (int j = 0; j < 3; j++) {
+            make_matrix(&m[j], fc->f, fc->rows / (j ? 2 : 1), fc->cols, fc->bits, fc->group, fc->sd);
+            w[j] = &m[j].w;
+        }
+        float *nw = rand_floats((size_t)fc->cols, 1.0f), *dnw = to_gpu(gpu, nw, sizeof(float) * (size_t)fc->cols);
+        for (size_t k = 0; k < sizeof tokens / sizeof *tokens; k++) {
+            int64_t n = tokens[k];
+            for (int nm = 2; nm <= 3; nm++) {
+                size_t nx = (size_t)(n * fc->cols);
+                float *x = rand_floats(nx, 3.0f), *xn = malloc(nx * sizeof *xn);
+                cpu->rmsnorm(cpu, x, nw, xn, n, fc->cols, 1e-5f);
+                float *dx = to_gpu(gpu, x, nx * sizeof *x), *dxn = gpu->alloc(gpu, nx * sizeof *x);
+                float *dys[3];
+                for (int j = 0; j < nm; j++) dys[j] = gpu->alloc(gpu, sizeof(float) * (size_t)(n * w[j]->rows));
+                gpu->norm_matmul(gpu, dx, dnw, 1e-5f, dxn, nm, w, dys, n);
+                for (int j = 0; j < nm; j++) {
+                    size_t ny = (size_t)(n * w[j]->rows);
+                    float *ref = malloc(ny * sizeof *ref);
+                    cpu->matmul(cpu, w[j], xn, ref, n);
+                    float *y = from_gpu(gpu, dys[j], ny);
+                    double d = rel_diff(y, ref, ny), tol = n > 8 ? GEMM_TOL : GEMV_TOL;
+                    if (!(d <= tol)) {
+                        printf("  norm_matmul %-8s %d of %d, %2d tokens: %.1e FAILED\n", fc->name, j, nm, (int)n, d);
+                        failures++;
+                    }
+                    free(ref), free(y);
+                    gpu->free(gpu, dys[j]);
+                }
+                gpu->free(gpu, dx), gpu->free(gpu, dxn);
+                free(x), free(xn);
+            }
+        }
+        gpu->free(gpu, dnw);
+        free(nw);
+        for (int j = 0; j < 3; j++) free_matrix(&m[j]);
     }
     assert_int_equal(failures, 0);
 }
@@ -776,6 +831,7 @@ int main(void) {
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_moe),
         cmocka_unit_test(test_matmul_fused),   cmocka_unit_test(test_rope_kv_write),
         cmocka_unit_test(test_sample),         cmocka_unit_test(test_qgemm),
+        cmocka_unit_test(test_norm_matmul),
         cmocka_unit_test(test_refuses_interleaved_layout),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

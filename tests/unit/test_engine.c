@@ -11,6 +11,8 @@
 #include "tiny_model.h"
 
 #include "infer/engine.h"
+#include "backend_sample.h"
+#include "infer/engine_internal.h" /* to give the CPU backend a sample op, as the GPU's */
 
 #include <math.h>
 #include <string.h>
@@ -615,6 +617,31 @@ static void test_constraint_released_on_cancel(void **s) {
     assert_int_equal(f.released, 1);
 }
 
+/* Backend sampling never bypasses a constraint's mask: with a sample op on the backend, the
+ * constrained sequence still gets exactly the tokens its mask allows, and the unconstrained
+ * batch still samples on the backend once the constrained one is done. */
+static void test_backend_sampling_keeps_constraints(void **s) {
+    (void)s;
+    engine *e = open_engine(16, 0);
+    e->be->sample = argmax_sample;
+    backend_samples = 0;
+    forced_tokens f = {0};
+    for (int i = 0; i < MAX_TOK; i++) f.want[i] = 5 + (i * 13) % 80;
+    engine_request constrained[N_REQ];
+    memcpy(constrained, reqs, sizeof constrained);
+    constrained[2].constraint = (engine_constraint){.mask = forced_mask, .accept = forced_accept,
+                                                    .release = forced_release, .ctx = &f};
+    stream got[N_REQ] = {0};
+    drive(e, got, NULL, -1, -1, constrained);
+    assert_int_equal(f.n_masks, MAX_TOK);
+    assert_memory_equal(got[2].tokens, f.want, sizeof f.want);
+    expect_same(got, 2);
+    assert_true(backend_samples > 0); /* the steps without it sampled on the backend */
+    e->be->sample = NULL;
+    expect_no_leak(e);
+    engine_close(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alone_streams_differ), cmocka_unit_test(test_batched_equals_alone),
@@ -628,6 +655,7 @@ int main(void) {
         cmocka_unit_test(test_random_soak),
         cmocka_unit_test(test_constraint_decides_tokens),
         cmocka_unit_test(test_constraint_released_on_cancel),
+        cmocka_unit_test(test_backend_sampling_keeps_constraints),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

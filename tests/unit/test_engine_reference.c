@@ -339,7 +339,6 @@ int main(void) {
                                                     ? "no CUDA GPU on this machine"
                                                     : "this build has no CUDA (make CUDA=1)");
         } else {
-            setenv("EXO_CUDA_GPT_OSS", "1", 1); /* gpt-oss's CUDA ops are opt-in until measured here */
             setenv("EXO_CUDA_MATMUL", "exact", 1);
             cur = (pass){"cuda", "cuda exact", GAP_MIN, 0};
             failed += cmocka_run_group_tests_name("cuda exact", tests, NULL, NULL);

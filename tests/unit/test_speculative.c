@@ -17,11 +17,13 @@
 
 #include "tiny_model.h"
 
+#include "backend_sample.h"
 #include "reference_models.h"
 
 #include "base/log.h"
 #include "infer/drafter.h"
 #include "infer/engine.h"
+#include "infer/engine_internal.h" /* to give the CPU backend a sample op, as the GPU's */
 #include "infer/kv_cache.h"
 
 #define MAX_PROMPTS 4 /* three of the fixture's prompts and a repetitive one */
@@ -455,6 +457,44 @@ static void test_request_override_and_bad_settings(void **s) {
     assert_non_null(strstr(err, "vocabulary"));
 }
 
+/* Drafts are verified on the host even where the backend samples (the CUDA backend: only ids
+ * come back): greedy tokens with an often-wrong drafter equal those without speculation, and
+ * no more tokens are accepted than drafted. The GPU once sampled each verify row as a plain
+ * row (found by the API e2e suite on --device cuda: accepted > drafted). */
+static void test_drafts_verified_where_backend_samples(void **s) {
+    (void)s;
+    drafter sometimes = {.name = "sometimes", .propose = often_wrong_propose,
+                         .destroy = wrong_destroy};
+    int32_t prompt[5] = {4, 9, 1, 7, 5};
+    output out[2];
+    char err[256];
+    for (int spec = 0; spec < 2; spec++) {
+        engine *e = open_with(small_dir, NULL, spec ? &sometimes : NULL, 0, 512);
+        e->be->sample = argmax_sample;
+        engine_request r = greedy_request(prompt, 5);
+        r.max_tokens = 30;
+        assert_int_equal(engine_submit(e, 1, &r, err, sizeof err), 0);
+        memset(&out[spec], 0, sizeof out[spec]);
+        engine_event ev[64];
+        while (engine_pending(e)) {
+            int n = engine_step(e, ev, 64);
+            assert_true(n >= 0);
+            for (int i = 0; i < n; i++)
+                if (ev[i].token >= 0 && out[spec].n < MAX_OUT) out[spec].tokens[out[spec].n++] = ev[i].token;
+        }
+        engine_stats st;
+        engine_get_stats(e, &st);
+        if (spec) {
+            assert_true(st.spec_drafted > 0);
+            assert_true(st.spec_accepted <= st.spec_drafted);
+        }
+        e->be->sample = NULL;
+        engine_close(e);
+    }
+    assert_int_equal(out[0].n, out[1].n);
+    assert_memory_equal(out[0].tokens, out[1].tokens, (size_t)out[0].n * sizeof(int32_t));
+}
+
 int main(void) {
     if (sodium_init() < 0) return 1; /* the fixtures' sha256 */
     log_set_level(LOG_LEVEL_WARN);   /* no per-request acceptance lines */
@@ -468,6 +508,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_moe_4bit_mlx),
         cmocka_unit_test(test_sampling_distribution_unchanged),
         cmocka_unit_test(test_request_override_and_bad_settings),
+        cmocka_unit_test(test_drafts_verified_where_backend_samples),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     tiny_cleanup();

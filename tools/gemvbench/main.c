@@ -1,8 +1,9 @@
 /* gemvbench — the GPU matmul kernels alone on the Llama-3.1-8B shapes: GB/s of weights read per
  * second against the device-to-device copy measured in the same run, per format (bf16, MLX 4-bit
  * group 64), token count (1, 2, 4, 8: the GEMV kernels; 64: the GEMM path) and kernel generation
- * (the persistent GEMV against EXO_CUDA_GEMV=old, the per-16-rows blocks it replaced; at 9+
- * tokens of 4-bit, the tensor-core GEMM qgemm4 against dequantizing to bf16 for cuBLAS).
+ * (the default kernels against EXO_CUDA_GEMV=old, the per-16-rows blocks the persistent and
+ * pipelined GEMVs replaced, with EXO_CUDA_QGEMM=0: at 9+ tokens of 4-bit, dequantizing to bf16
+ * for cuBLAS instead of the tensor-core GEMM qgemm4).
  *
  *   gemvbench [--reps N] [--tokens 1,2,4,8,64] [--formats bf16,q4]
  *
@@ -136,12 +137,12 @@ int main(int argc, char **argv) {
     }
     if (reps < 1) reps = 1;
     char err[256];
-    setenv("EXO_CUDA_QGEMM", "1", 0); /* the new side: 4-bit batches on qgemm4 (unless told) */
     compute_backend *fresh = compute_backend_open(COMPUTE_DEVICE_CUDA, 0, err, sizeof err);
-    unsetenv("EXO_CUDA_QGEMM");
     setenv("EXO_CUDA_GEMV", "old", 1);
+    setenv("EXO_CUDA_QGEMM", "0", 1);
     compute_backend *old = fresh ? compute_backend_open(COMPUTE_DEVICE_CUDA, 0, err, sizeof err) : NULL;
     unsetenv("EXO_CUDA_GEMV");
+    unsetenv("EXO_CUDA_QGEMM");
     if (!fresh || !old) {
         fprintf(stderr, "gemvbench: %s\n", err);
         return 2;

@@ -94,7 +94,9 @@ struct att_args {
     int64_t t_begin, t_end; /* the batch tokens this launch serves */
 };
 
-template <int T, bool VEC>
+/* DIMS: head dims per lane (head_dim <= 32 DIMS), so a 128-dim head's V loop holds 4 values a
+ * row, not 8 with half of them predicated off. */
+template <int T, bool VEC, int DIMS>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
     extern __shared__ float q_smem[]; /* [ATT_WARPS][ATT_GROUP][head_dim] */
     const attention_batch &ab = a.ab;
@@ -110,15 +112,27 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
     for (int h0 = 0; h0 < group; h0 += ATT_GROUP) {
         int gc = group - h0 < ATT_GROUP ? group - h0 : ATT_GROUP;
         const float *qt = a.q + (t * nh + (int64_t)kvh * group + h0) * hd;
-        for (int i = lane; i < gc * hd; i += 32) qs[i] = qt[i];
+        if (VEC) { /* 16-byte loads, several in flight (one float a lane in series was ~5 us) */
+#pragma unroll 4
+            for (int i = lane; i < gc * hd / 4; i += 32) ((float4 *)qs)[i] = ((const float4 *)qt)[i];
+        } else {
+            for (int i = lane; i < gc * hd; i += 32) qs[i] = qt[i];
+        }
         __syncwarp();
-        float m[ATT_GROUP], l[ATT_GROUP], acc[ATT_GROUP][ATT_DIMS];
+        /* VEC: the weighted sum of V takes rows in parallel -- lane l reads 16 bytes (dims
+         * (l % lpr) * 8 ..) of row l / lpr of each step, lpr = head_dim / 8 lanes a row, so a
+         * chunk's rows are all in flight at once (one row at a time, a lane reading its dims of
+         * each, was a chain of ~30 dependent loads: most of the 23 us a decode step's attention
+         * took); the lanes sharing dims are summed at the end. */
+        const int lpr = hd / 8, rpi = 32 / lpr, my_row = lane / lpr, my_dim0 = (lane % lpr) * 8;
+        constexpr int AD = VEC ? 8 : DIMS;
+        float m[ATT_GROUP], l[ATT_GROUP], acc[ATT_GROUP][AD];
 #pragma unroll
         for (int g = 0; g < ATT_GROUP; g++) {
             m[g] = -INFINITY;
             l[g] = 0;
 #pragma unroll
-            for (int i = 0; i < ATT_DIMS; i++) acc[g][i] = 0;
+            for (int i = 0; i < AD; i++) acc[g][i] = 0;
         }
         for (int base = first + split * 32; base < n_ctx; base += 32 * a.splits) {
             int p = base + lane;
@@ -129,7 +143,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
             for (int g = 0; g < ATT_GROUP; g++) s[g] = 0;
             if (valid) {
                 row = ((int64_t)table[p / bs] * bs + p % bs) * kv_dim + (int64_t)kvh * hd;
-                if (VEC) {
+                if (VEC) { /* unrolled: several rows' 16-byte loads in flight, not one at a time */
+#pragma unroll 16
                     for (int d = 0; d < hd; d += 8) {
                         float kv8[8];
                         kv_load8<T>(a.k, row + d, kv8);
@@ -165,24 +180,55 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
                 l[g] = l[g] * corr + ws;
                 m[g] = mn;
 #pragma unroll
-                for (int i = 0; i < ATT_DIMS; i++) acc[g][i] *= corr;
+                for (int i = 0; i < AD; i++) acc[g][i] *= corr;
                 s[g] = w;
             }
             int n_valid = n_ctx - base < 32 ? n_ctx - base : 32;
-            for (int j = 0; j < n_valid; j++) {
-                int64_t rj = __shfl_sync(0xffffffffu, row, j);
-                float vv[ATT_DIMS];
+            if (VEC) {
+#pragma unroll 16
+                for (int j0 = 0; j0 < n_valid; j0 += rpi) {
+                    int j = (j0 + my_row) & 31;
+                    bool ok = my_row < rpi && j0 + my_row < n_valid;
+                    int64_t rj = __shfl_sync(0xffffffffu, row, j);
+                    float vv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    if (ok) kv_load8<T>(a.v, rj + my_dim0, vv);
 #pragma unroll
-                for (int i = 0; i < ATT_DIMS; i++) {
-                    int d = lane + 32 * i;
-                    vv[i] = d < hd ? kv_load<T>(a.v, rj + d) : 0.0f;
+                    for (int g = 0; g < ATT_GROUP; g++) {
+                        if (g >= gc) break;
+                        float w = __shfl_sync(0xffffffffu, s[g], j);
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[g][i] = ok ? fmaf(w, vv[i], acc[g][i]) : acc[g][i];
+                    }
                 }
+            } else {
+#pragma unroll 8
+                for (int j = 0; j < n_valid; j++) { /* unrolled for the same reason: V loads in flight */
+                    int64_t rj = __shfl_sync(0xffffffffu, row, j);
+                    float vv[DIMS];
 #pragma unroll
-                for (int g = 0; g < ATT_GROUP; g++) {
-                    if (g >= gc) break;
-                    float w = __shfl_sync(0xffffffffu, s[g], j);
+                    for (int i = 0; i < DIMS; i++) {
+                        int d = lane + 32 * i;
+                        vv[i] = d < hd ? kv_load<T>(a.v, rj + d) : 0.0f;
+                    }
 #pragma unroll
-                    for (int i = 0; i < ATT_DIMS; i++) acc[g][i] = fmaf(w, vv[i], acc[g][i]);
+                    for (int g = 0; g < ATT_GROUP; g++) {
+                        if (g >= gc) break;
+                        float w = __shfl_sync(0xffffffffu, s[g], j);
+#pragma unroll
+                        for (int i = 0; i < DIMS && i < AD; i++) acc[g][i] = fmaf(w, vv[i], acc[g][i]);
+                    }
+                }
+            }
+        }
+        if (VEC) { /* sum the lanes sharing dims into lanes 0 .. lpr - 1 */
+#pragma unroll
+            for (int g = 0; g < ATT_GROUP; g++) {
+                if (g >= gc) break;
+#pragma unroll
+                for (int i = 0; i < AD; i++) {
+                    float v = acc[g][i];
+                    for (int r = 1; r < rpi; r++) v += __shfl_sync(0xffffffffu, acc[g][i], (lane + r * lpr) & 31);
+                    acc[g][i] = v;
                 }
             }
         }
@@ -190,50 +236,68 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
         for (int g = 0; g < ATT_GROUP; g++) {
             if (g >= gc) break;
             int64_t h = (int64_t)kvh * group + h0 + g;
-            if (a.splits == 1) {
-                float *o = a.out + (t * nh + h) * hd;
-                float inv = attention_sink_norm(ab.sinks, h, m[g], l[g]);
+            float *o = a.splits == 1 ? a.out + (t * nh + h) * hd
+                                     : a.partial + ((t * nh + h) * a.splits + split) * (hd + 2);
+            float scale = a.splits == 1 ? attention_sink_norm(ab.sinks, h, m[g], l[g]) : 1.0f;
+            if (VEC) {
+                if (lane < lpr) {
 #pragma unroll
-                for (int i = 0; i < ATT_DIMS; i++)
-                    if (lane + 32 * i < hd) o[lane + 32 * i] = acc[g][i] * inv;
+                    for (int i = 0; i < AD; i++) o[my_dim0 + i] = acc[g][i] * scale;
+                }
             } else {
-                float *o = a.partial + ((t * nh + h) * a.splits + split) * (hd + 2);
 #pragma unroll
-                for (int i = 0; i < ATT_DIMS; i++)
-                    if (lane + 32 * i < hd) o[lane + 32 * i] = acc[g][i];
-                if (lane == 0) o[hd] = m[g], o[hd + 1] = l[g];
+                for (int i = 0; i < AD; i++)
+                    if (lane + 32 * i < hd) o[lane + 32 * i] = acc[g][i] * scale;
             }
+            if (a.splits > 1 && lane == 0) o[hd] = m[g], o[hd + 1] = l[g];
         }
         __syncwarp();
     }
 }
 
 /* Merges the splits of one (token, head): weights e^(m_s - M), sums l_s e^(m_s - M). A split
- * that saw no position has m = -inf and weight 0. */
+ * that saw no position has m = -inf and weight 0. Each split's (m, l) is read once, by its own
+ * thread, into shared memory (a loop over the splits in every thread was 7 us a decode step). */
 __global__ void attention_merge_kernel(const float *partial, int splits, int hd, int64_t th0,
                                        const float *sinks, int n_heads, float *out) {
+    __shared__ float ms[ATT_MAX_SPLITS], ws[ATT_MAX_SPLITS], norm;
     int64_t th = th0 + blockIdx.x;
     const float *p = partial + th * splits * (hd + 2);
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; s++) mx = fmaxf(mx, p[s * (hd + 2) + hd]);
-    float l = 0;
-    for (int s = 0; s < splits; s++) l += p[s * (hd + 2) + hd + 1] * __expf(p[s * (hd + 2) + hd] - mx);
+    if (threadIdx.x < 32) {
+        int s = threadIdx.x;
+        float m = s < splits ? p[s * (hd + 2) + hd] : -INFINITY;
+        float l = s < splits ? p[s * (hd + 2) + hd + 1] : 0.0f;
+        float mx = m;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float w = m == -INFINITY ? 0.0f : __expf(m - mx), lw = l * w;
+        for (int o = 16; o > 0; o >>= 1) lw += __shfl_xor_sync(0xffffffffu, lw, o);
+        if (s < ATT_MAX_SPLITS) ms[s] = m, ws[s] = w;
+        if (s == 0) norm = attention_sink_norm(sinks, th % n_heads, mx, lw);
+    }
+    __syncthreads();
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0;
-        for (int s = 0; s < splits; s++) {
-            float ms = p[s * (hd + 2) + hd];
-            if (ms != -INFINITY) acc += p[s * (hd + 2) + d] * __expf(ms - mx);
-        }
-        out[th * hd + d] = acc * attention_sink_norm(sinks, th % n_heads, mx, l);
+#pragma unroll 8
+        for (int s = 0; s < splits; s++)
+            if (ms[s] != -INFINITY) acc += p[s * (hd + 2) + d] * ws[s];
+        out[th * hd + d] = acc * norm;
     }
+}
+
+template <int T, int DIMS>
+static void launch_attention_dims(cuda_ctx *c, const att_args &a, dim3 grid, size_t smem) {
+    if (a.ab.head_dim % 8 == 0)
+        attention_kernel<T, true, DIMS><<<grid, ATT_WARPS * 32, smem, c->stream>>>(a);
+    else
+        attention_kernel<T, false, DIMS><<<grid, ATT_WARPS * 32, smem, c->stream>>>(a);
 }
 
 template <int T>
 static void launch_attention(cuda_ctx *c, const att_args &a, dim3 grid, size_t smem) {
-    if (a.ab.head_dim % 8 == 0)
-        attention_kernel<T, true><<<grid, ATT_WARPS * 32, smem, c->stream>>>(a);
-    else
-        attention_kernel<T, false><<<grid, ATT_WARPS * 32, smem, c->stream>>>(a);
+    int hd = a.ab.head_dim;
+    if (hd <= 64) launch_attention_dims<T, 2>(c, a, grid, smem);
+    else if (hd <= 128) launch_attention_dims<T, 4>(c, a, grid, smem);
+    else launch_attention_dims<T, ATT_DIMS>(c, a, grid, smem);
 }
 
 /* The warp kernel over batch tokens [t0, t1). */
@@ -455,25 +519,43 @@ void cuda_kv_write(cuda_ctx *c, const kv_layer *kv, const float *k, const float 
     CUDA_LAUNCHED(c, "kv_write");
 }
 
-/* One block per token: its rotary pairs of every q and k head, then (after the block's barrier:
- * a pair's thread wrote only its two dims) the token's k and v rows into the cache. */
+/* One thread per item of a token (blockIdx.y): a rotary pair of a q head, a rotary pair of a k
+ * head (rotated, and both values stored into the cache), a k value past the rotary dims, or a v
+ * value; each thread computes its own cos and sin. Spread over many blocks: one block per token
+ * took 10 us a decode step on the H200 (its loops' loads and stores in series). */
+#define ROPE_MAX_PAIRS 128 /* head_dim <= 256 (attention refuses more) */
+#define ROPE_THREADS 256
 template <int T>
 __global__ void rope_kv_write_kernel(float *q, float *k, const float *v, const int32_t *pos,
-                                     int n_heads, int n_kv_heads, int head_dim, int half,
+                                     int64_t n, int n_heads, int n_kv_heads, int head_dim, int half,
                                      const float *inv_freq, float attn_factor, void *kc, void *vc,
                                      const int32_t *slots) {
-    int64_t t = blockIdx.x, kv_dim = (int64_t)n_kv_heads * head_dim;
-    for (int p = threadIdx.x; p < half; p += blockDim.x) {
+    const int64_t kv_dim = (int64_t)n_kv_heads * head_dim;
+    const int q_items = n_heads * half, k_rot = n_kv_heads * half, rest = head_dim - 2 * half,
+              k_rest = n_kv_heads * rest;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+        int64_t dst = (int64_t)slots[t] * kv_dim;
         float cs, sn;
-        rope_cos_sin(pos[t], inv_freq[p], attn_factor, &cs, &sn);
-        ops_rope_rotate_pair(q + t * n_heads * head_dim, n_heads, head_dim, p, half, cs, sn);
-        ops_rope_rotate_pair(k + t * kv_dim, n_kv_heads, head_dim, p, half, cs, sn);
-    }
-    __syncthreads();
-    int64_t dst = (int64_t)slots[t] * kv_dim;
-    for (int64_t d = threadIdx.x; d < kv_dim; d += blockDim.x) {
-        kv_store<T>(kc, dst + d, k[t * kv_dim + d]);
-        kv_store<T>(vc, dst + d, v[t * kv_dim + d]);
+        if (i < q_items) {
+            int h = i / half, p = i % half;
+            rope_cos_sin(pos[t], inv_freq[p], attn_factor, &cs, &sn);
+            ops_rope_rotate_pair(q + (t * n_heads + h) * head_dim, 1, head_dim, p, half, cs, sn);
+        } else if (i < q_items + k_rot) {
+            int j = i - q_items, h = j / half, p = j % half;
+            float *kh = k + t * kv_dim + (int64_t)h * head_dim;
+            rope_cos_sin(pos[t], inv_freq[p], attn_factor, &cs, &sn);
+            ops_rope_rotate_pair(kh, 1, head_dim, p, half, cs, sn);
+            kv_store<T>(kc, dst + (int64_t)h * head_dim + p, kh[p]);
+            kv_store<T>(kc, dst + (int64_t)h * head_dim + p + half, kh[p + half]);
+        } else if (i < q_items + k_rot + k_rest) {
+            int j = i - q_items - k_rot, h = j / rest;
+            int64_t d = (int64_t)h * head_dim + 2 * half + j % rest;
+            kv_store<T>(kc, dst + d, k[t * kv_dim + d]);
+        } else if (i < q_items + k_rot + k_rest + kv_dim) {
+            int64_t d = i - q_items - k_rot - k_rest;
+            kv_store<T>(vc, dst + d, v[t * kv_dim + d]);
+        }
     }
 }
 
@@ -483,11 +565,19 @@ void cuda_rope_kv_write(cuda_ctx *c, float *q, float *k, const float *v, const i
                         const int32_t *slots) {
     int half = rot_dims / 2;
     if (n <= 0) return;
+    if (half > ROPE_MAX_PAIRS) {
+        cuda_fail(c, "rope_kv_write", "more than 256 rotary dims");
+        return;
+    }
+    int64_t items = (int64_t)(n_heads + n_kv_heads) * half + (int64_t)n_kv_heads * (head_dim - 2 * half) +
+                    (int64_t)n_kv_heads * head_dim;
+    dim3 grid(cuda_blocks(items, ROPE_THREADS), (unsigned)(n < 65535 ? n : 65535));
     switch (kv->type) {
 #define LAUNCH(T)                                                                                \
-    rope_kv_write_kernel<T><<<(unsigned)n, 128, 0, c->stream>>>(q, k, v, pos, n_heads, n_kv_heads, \
-                                                                head_dim, half, inv_freq,        \
-                                                                attn_factor, kv->k, kv->v, slots)
+    rope_kv_write_kernel<T><<<grid, ROPE_THREADS, 0, c->stream>>>(q, k, v, pos, n, n_heads,       \
+                                                                  n_kv_heads, head_dim, half,      \
+                                                                  inv_freq, attn_factor, kv->k,    \
+                                                                  kv->v, slots)
     case DTYPE_F16: LAUNCH(DTYPE_F16); break;
     case DTYPE_BF16: LAUNCH(DTYPE_BF16); break;
     default: LAUNCH(DTYPE_F32); break;

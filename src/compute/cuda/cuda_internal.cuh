@@ -23,6 +23,8 @@ struct dev_matrix {
     int group_shift; /* log2(group_size) (MLX group sizes are powers of two) */
     int scale_dtype; /* dtype of scales and biases */
     int kind;        /* gemv_kind */
+    const uint32_t *sb; /* 4-bit group 64, 16-bit scales: [rows][groups] (scale | bias << 16), the
+                         * pipelined GEMV's one 4-byte copy per group; else NULL */
 };
 
 /* An MoE layer's experts as device descriptor tables ([n_experts] each), built on first use. */
@@ -46,9 +48,13 @@ struct cuda_ctx {
     void *blas_workspace; /* cuBLAS's workspace (cublasSetWorkspace): graphs can record GEMMs */
     int exact;             /* EXO_CUDA_MATMUL=exact: every matmul through the f32 GEMV kernels */
     int gemv_old;          /* EXO_CUDA_GEMV=old: the per-16-rows GEMV blocks (for A/B timing) */
-    int qgemm;             /* EXO_CUDA_QGEMM=1: 4-bit batches through qgemm4, not a bf16 copy */
+    int no_pipe;           /* EXO_CUDA_PIPE=0: 4-bit decode on the persistent kernel, not cp.async */
+    int pipe_rows;         /* EXO_CUDA_PIPE_ROWS=2: the cp.async GEMV's items of 2 rows, 16 warps */
+    int bf16_one;          /* one-token bf16 GEMV: 0 the per-16-rows blocks (fastest measured on the
+                            * H200: 190 tok/s on the 8B shape against 180 persistent and 100 cp.async),
+                            * EXO_CUDA_BF16_GEMV=persist: 1, =pipe: 2 (A/B) */
+    int qgemm;             /* 4-bit batches through qgemm4 (EXO_CUDA_QGEMM=0: a bf16 copy, cuBLAS) */
     int sm_count;          /* multiprocessors: the persistent kernels' grid */
-    int smem_optin;        /* shared memory a block may ask for (bytes) */
     char error[256];       /* first failure, reported by status */
     /* weights: hash of host pointer -> entry; bytes from a bump allocator of big chunks */
     weight_entry *entries;
@@ -126,9 +132,14 @@ __device__ __forceinline__ void rope_cos_sin(int pos, float inv_freq, float attn
 
 /* backend_cuda.cu */
 void cuda_silu_mul_launch(cuda_ctx *c, float *g, const float *u, int64_t n);
+void cuda_rmsnorm_launch(cuda_ctx *c, const float *x, const float *w, float *y, int64_t rows,
+                         int64_t dim, float eps);
 
 /* matmul_cuda.cu */
 void cuda_matmul(cuda_ctx *c, const weight_matrix *w, const float *x, float *y, int64_t n);
+/* ys[i] = W_i rmsnorm(x) (backend.h: norm_matmul); xn is scratch. */
+void cuda_norm_matmul(cuda_ctx *c, const float *x, const float *norm_w, float eps, float *xn, int n,
+                      const weight_matrix *const *w, float *const *ys, int64_t n_tokens);
 /* y = W x' (accumulate: y += W x'), x' = silu(x) * x_up when x_up (x may be overwritten). */
 void cuda_matmul_fused(cuda_ctx *c, const weight_matrix *w, float *x, const float *x_up, float *y,
                        int64_t n, int accumulate);

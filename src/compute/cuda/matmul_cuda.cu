@@ -111,6 +111,32 @@ __device__ __forceinline__ float warp_reduce(float v) {
     return v;
 }
 
+/* Chunks c0, c0 + 32, ... (U of them) of R rows into wv, with each chunk's group scale and bias
+ * for quantized kinds; chunks past the row load zeros. */
+template <int KIND, int U, int R>
+__device__ __forceinline__ void load_chunks(const dev_matrix &w, const int64_t *rows_at, int64_t c0,
+                                            int64_t n_chunks, uint4 (&wv)[U][R], float (&sc)[U][R],
+                                            float (&bi)[U][R]) {
+    const int V = chunk_values<KIND>::n;
+    const bool quant = KIND == GEMV_Q4 || KIND == GEMV_Q8;
+    const uint4 *base = (const uint4 *)w.data;
+    const int64_t groups = quant ? w.cols >> w.group_shift : 0;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int64_t c = c0 + 32 * u;
+        bool ok = c < n_chunks;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            wv[u][r] = ok ? __ldcs(base + rows_at[r] * n_chunks + c) : make_uint4(0, 0, 0, 0);
+            if (quant) {
+                int64_t g = rows_at[r] * groups + ((c * V) >> w.group_shift);
+                sc[u][r] = ok ? scale_value(w.scales, g, w.scale_dtype) : 0.0f;
+                bi[u][r] = ok ? scale_value(w.biases, g, w.scale_dtype) : 0.0f;
+            }
+        }
+    }
+}
+
 /* GEMV_ROWS rows of w from row0 against NT tokens of x, by one warp: lane l takes the 16-byte
  * chunks l, l + 32, ... of each row, U chunks of every row loaded before any is used (U * ROWS
  * independent 16-byte loads in flight per lane), then the warp sums by shuffles. */
@@ -158,8 +184,6 @@ __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, con
         const int U = NT <= 2 ? 4 : 2;
         const bool quant = KIND == GEMV_Q4 || KIND == GEMV_Q8;
         int64_t n_chunks = w.cols / V;
-        int64_t groups = quant ? w.cols / w.group_size : 1;
-        const uint4 *base = (const uint4 *)w.data;
         int64_t rows_at[GEMV_ROWS];
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) /* a tail row reads the last row, unused */
@@ -167,20 +191,7 @@ __device__ __forceinline__ void gemv_rows(const dev_matrix &w, int64_t row0, con
         for (int64_t c0 = lane; c0 < n_chunks; c0 += 32 * U) {
             uint4 wv[U][GEMV_ROWS];
             float sc[U][GEMV_ROWS], bi[U][GEMV_ROWS];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int64_t c = c0 + 32 * u;
-                bool ok = c < n_chunks;
-#pragma unroll
-                for (int r = 0; r < GEMV_ROWS; r++) {
-                    wv[u][r] = ok ? __ldcs(base + rows_at[r] * n_chunks + c) : make_uint4(0, 0, 0, 0);
-                    if (quant) {
-                        int64_t g = rows_at[r] * groups + ((c * V) >> w.group_shift);
-                        sc[u][r] = ok ? scale_value(w.scales, g, w.scale_dtype) : 0.0f;
-                        bi[u][r] = ok ? scale_value(w.biases, g, w.scale_dtype) : 0.0f;
-                    }
-                }
-            }
+            load_chunks<KIND, U, GEMV_ROWS>(w, rows_at, c0, n_chunks, wv, sc, bi);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int64_t c = c0 + 32 * u;
@@ -231,6 +242,8 @@ struct gemv_args {
     int n;
     const float *x;
     const float *x_up; /* persistent kernel: x' = silu(x) * x_up, else NULL */
+    const float *norm_w; /* persistent kernel: x' = rmsnorm(x) * norm_w (eps), else NULL */
+    float eps;
     int64_t x_stride;
     int accumulate;    /* y += W x' instead of y = W x' */
 };
@@ -259,18 +272,39 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_staged_kernel(gemv_args a) 
     gemv_rows<KIND, 1, true>(a.w[m], row0, a.x, a.x_stride, a.y[m], a.w[m].rows, xs, a.accumulate);
 }
 
+/* The dynamic shared memory kernel fn may be launched with: the device's opt-in limit less the
+ * kernel's own static arrays (dynamic + static must fit the limit: asking for the whole opt-in
+ * limit fails for a kernel with a static array, and every launch above 48 KB then failed with
+ * "invalid argument", call 5 on the H200), raised once per kernel. 48 KB when the raise is
+ * refused, so callers fall back to kernels that fit instead of failing. */
+static size_t dynamic_smem_limit(const void *fn) {
+    static const void *fns[64];
+    static size_t limits[64];
+    static int n_fns;
+    for (int i = 0; i < n_fns; i++)
+        if (fns[i] == fn) return limits[i];
+    int dev = 0, optin = 0;
+    cudaGetDevice(&dev);
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        optin = 48 * 1024;
+    cudaFuncAttributes fa;
+    size_t static_bytes = cudaFuncGetAttributes(&fa, fn) == cudaSuccess ? fa.sharedSizeBytes : 1024;
+    size_t limit = 48 * 1024;
+    if ((size_t)optin > static_bytes + limit &&
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(optin - static_bytes)) == cudaSuccess)
+        limit = optin - static_bytes;
+    cudaGetLastError();
+    if (n_fns < 64) {
+        fns[n_fns] = fn;
+        limits[n_fns++] = limit;
+    }
+    return limit;
+}
+
 /* Above the default 48 KB of shared memory a kernel must ask (x of 14336 columns: 57 KB). */
 template <int KIND> static int staged_fits(int64_t cols) {
-    static int limit = -1;
-    if (limit < 0) {
-        int dev = 0, optin = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        limit = optin > 48 * 1024 ? optin : 48 * 1024;
-        cudaFuncSetAttribute(gemv_staged_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
-        cudaGetLastError();
-    }
-    return staged_bytes<KIND>(cols) <= (size_t)limit;
+    return staged_bytes<KIND>(cols) <= dynamic_smem_limit((const void *)gemv_staged_kernel<KIND>);
 }
 
 /* ---- the decode GEMV: persistent blocks, x in shared memory ------------------------------- */
@@ -334,6 +368,52 @@ __device__ __forceinline__ float q4_chunk_dot_offset(const uint4 &w, const float
     return s0 + s1;
 }
 
+/* Stages NT tokens of x' -- x, silu(x) * x_up, or rmsnorm(x) * norm_w as rmsnorm_kernel computes
+ * it (the sum of squares in double) -- into shared memory, float4 f of token t at
+ * xs[t * slots + slot(f)]; ends with the block's barrier. Every thread of the block calls it. */
+template <int NT, class SLOT>
+__device__ __forceinline__ void stage_x(const gemv_args &a, float4 *xs, int64_t slots, SLOT slot) {
+    const int64_t cols = a.w[0].cols, n4 = cols / 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nthreads = blockDim.x;
+    for (int t = 0; t < NT; t++) {
+        const float4 *x4 = (const float4 *)(a.x + t * a.x_stride);
+        const float4 *up4 = (const float4 *)(a.x_up + t * a.x_stride);
+#pragma unroll 4
+        for (int64_t f = threadIdx.x; f < n4; f += nthreads) {
+            float4 v = __ldg(x4 + f);
+            if (a.x_up) {
+                float4 u = __ldg(up4 + f);
+                v = make_float4(silu_times(v.x, u.x), silu_times(v.y, u.y), silu_times(v.z, u.z),
+                                silu_times(v.w, u.w));
+            }
+            xs[t * slots + slot(f)] = v;
+        }
+    }
+    __syncthreads();
+    if (!a.norm_w) return;
+    __shared__ double part[32];
+    const float4 *w4 = (const float4 *)a.norm_w;
+    for (int t = 0; t < NT; t++) {
+        double ss = 0;
+        for (int64_t f = threadIdx.x; f < n4; f += nthreads) {
+            float4 v = xs[t * slots + slot(f)];
+            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        ss = 0;
+        for (int i = 0; i < nthreads / 32; i++) ss += part[i];
+        float inv = (float)(1.0 / sqrt(ss / (double)cols + (double)a.eps));
+        for (int64_t f = threadIdx.x; f < n4; f += nthreads) {
+            float4 *p = &xs[t * slots + slot(f)];
+            float4 v = *p, g = __ldg(w4 + f);
+            *p = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+        }
+        __syncthreads(); /* part is read before the next token's sums are stored */
+    }
+}
+
 template <int KIND, int NT>
 __global__ void __launch_bounds__(GEMV_PERSIST_THREADS, 2) gemv_persistent_kernel(gemv_args a) {
     extern __shared__ float4 xs[]; /* [NT][persist_x_slots], then for 4-bit [NT][cols / 32] */
@@ -361,47 +441,14 @@ __global__ void __launch_bounds__(GEMV_PERSIST_THREADS, 2) gemv_persistent_kerne
         for (int r = 0; r < R; r++) rows_at[r] = row0 + r < a.w[m].rows ? row0 + r : a.w[m].rows - 1;
         cb = 0;
     };
-    auto load = [&]() {
-        const dev_matrix &w = a.w[m];
-        const uint4 *base = (const uint4 *)w.data;
-        const int64_t groups = quant ? w.cols >> w.group_shift : 0;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int64_t c = cb + lane + 32 * u;
-            bool ok = c < n_chunks;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                wv[u][r] = ok ? __ldcs(base + rows_at[r] * n_chunks + c) : make_uint4(0, 0, 0, 0);
-                if (quant) {
-                    int64_t g = rows_at[r] * groups + ((c * V) >> w.group_shift);
-                    sc[u][r] = ok ? scale_value(w.scales, g, w.scale_dtype) : 0.0f;
-                    bi[u][r] = ok ? scale_value(w.biases, g, w.scale_dtype) : 0.0f;
-                }
-            }
-        }
-    };
+    auto load = [&]() { load_chunks<KIND, U, R>(a.w[m], rows_at, cb + lane, n_chunks, wv, sc, bi); };
     bool busy = tile < n_tiles;
     if (busy) {
         start_tile();
         load();
     }
     /* stage x (and the 4-bit chunk sums) while those loads are in flight */
-    const int64_t n4 = cols / 4;
-    for (int t = 0; t < NT; t++) {
-        const float4 *x4 = (const float4 *)(a.x + t * a.x_stride);
-        const float4 *up4 = (const float4 *)(a.x_up + t * a.x_stride);
-#pragma unroll 4
-        for (int64_t f = threadIdx.x; f < n4; f += GEMV_PERSIST_THREADS) {
-            float4 v = __ldg(x4 + f);
-            if (a.x_up) {
-                float4 u = __ldg(up4 + f);
-                v = make_float4(silu_times(v.x, u.x), silu_times(v.y, u.y), silu_times(v.z, u.z),
-                                silu_times(v.w, u.w));
-            }
-            xs[t * slots + staged_slot<KIND>(f / (V / 4), (int)(f % (V / 4)))] = v;
-        }
-    }
-    __syncthreads();
+    stage_x<NT>(a, xs, slots, [](int64_t f) { return staged_slot<KIND>(f / (V / 4), (int)(f % (V / 4))); });
     if (quant) {
         for (int64_t i = threadIdx.x; i < NT * n_chunks; i += GEMV_PERSIST_THREADS) {
             int64_t t = i / n_chunks, c = i % n_chunks;
@@ -473,19 +520,22 @@ __global__ void __launch_bounds__(GEMV_PERSIST_THREADS, 2) gemv_persistent_kerne
 
 /* Launches the persistent GEMV for nt tokens, or returns 0 when it does not apply (kind, token
  * count, or x too long for shared memory). */
+template <int KIND> static const void *persist_kernel(int nt) {
+    return nt == 1   ? (const void *)gemv_persistent_kernel<KIND, 1>
+           : nt == 2 ? (const void *)gemv_persistent_kernel<KIND, 2>
+           : nt == 3 ? (const void *)gemv_persistent_kernel<KIND, 3>
+                     : (const void *)gemv_persistent_kernel<KIND, 4>;
+}
+
+/* Whether the persistent kernel of nt tokens can stage x of cols columns. */
+template <int KIND> static int persist_fits(int64_t cols, int nt) {
+    return persist_smem_bytes<KIND>(cols, nt) <= dynamic_smem_limit(persist_kernel<KIND>(nt));
+}
+
 template <int KIND> static int persist_launch_nt(cuda_ctx *c, const gemv_args &a, int nt) {
-    static int raised[GEMV_PERSIST_MAX_TOKENS + 1];
     size_t smem = persist_smem_bytes<KIND>(a.w[0].cols, nt);
-    const void *fn = nt == 1   ? (const void *)gemv_persistent_kernel<KIND, 1>
-                     : nt == 2 ? (const void *)gemv_persistent_kernel<KIND, 2>
-                     : nt == 3 ? (const void *)gemv_persistent_kernel<KIND, 3>
-                               : (const void *)gemv_persistent_kernel<KIND, 4>;
-    if (smem > (size_t)c->smem_optin) return 0;
-    if (!raised[nt]) {
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, c->smem_optin);
-        cudaGetLastError();
-        raised[nt] = 1;
-    }
+    const void *fn = persist_kernel<KIND>(nt);
+    if (!persist_fits<KIND>(a.w[0].cols, nt)) return 0;
     int per_sm = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, GEMV_PERSIST_THREADS, smem) !=
             cudaSuccess ||
@@ -507,23 +557,256 @@ template <int KIND> static int persist_launch_nt(cuda_ctx *c, const gemv_args &a
     return 1;
 }
 
+/* ---- GEMV of one token through a cp.async pipeline (4-bit group 64, bf16) ------------------ */
+
+/* The persistent kernel above holds its weights in flight in registers: 8 loads per lane, then a
+ * wait, then the arithmetic, so at 16 warps per SM too few bytes are in flight and the 4-bit
+ * matrices ran at 10-23% of the bandwidth (ncu on the H200: warps stalled on global loads 62% of
+ * the time, DRAM 21% busy). Here each warp streams its rows through a ring of PIPE_STAGES stages
+ * in shared memory with cp.async (no registers held while in flight): while it computes stage k,
+ * stages k+1..k+3 are on their way, ~100 KB per SM. A warp item is one round of 4 rows x 2048
+ * columns: lane l takes group l of the round (2 chunks, 64 weights of each row) with that
+ * group's scale and bias, repacked at load as one 32-bit pair per group (dev_matrix.sb) so a
+ * single 4-byte copy brings both. x is staged as in the persistent kernel (lanes read
+ * consecutive float4s), with every group's sum of x for the 0.5 + q/32 trick. */
+#define PIPE_STAGES 4
+/* ROWS rows a warp item, 32 / ROWS warps a block: the ring's bytes are the same either way; 2 rows
+ * give twice the warps to hide latency (EXO_CUDA_PIPE_ROWS=2, A/B: at 4 rows and 8 warps an SM
+ * issued one instruction every 5.6 cycles per warp, 12% occupancy). */
+#define PIPE_ROWS 4
+
+template <int ROWS> struct pipe_stage { /* one warp's stage: lane l's data at [..][l] */
+    uint4 w[ROWS][2][32];
+    uint32_t sb[ROWS][32];
+};
+
+/* A lane's span of one round: 2 chunks of 16 bytes = 64 4-bit weights (one group) or 16 bf16. */
+template <int KIND> struct pipe_unit { static const int values = KIND == GEMV_Q4 ? 64 : 16; };
+
+/* x for the pipeline: float4 f of a round of 32 units (P float4s each) at round * 32P + (f % P) *
+ * 32 + unit % 32, so that lanes read consecutive float4s. */
+template <int KIND> __host__ __device__ __forceinline__ int64_t pipe_slot(int64_t f) {
+    const int P = pipe_unit<KIND>::values / 4;
+    return f / (32 * P) * (32 * P) + f % P * 32 + f / P % 32;
+}
+
+template <int KIND> __host__ __device__ __forceinline__ int64_t pipe_x_slots(int64_t cols) {
+    const int V = pipe_unit<KIND>::values;
+    return (cols / V + 31) / 32 * 32 * (V / 4);
+}
+
+template <int KIND, int ROWS = PIPE_ROWS> static size_t pipe_smem_bytes(int64_t cols) {
+    size_t sums = KIND == GEMV_Q4 ? (size_t)(cols / 64) * 4 : 0;
+    return (size_t)pipe_x_slots<KIND>(cols) * 16 + (sums + 15) / 16 * 16 +
+           (size_t)(32 / ROWS) * PIPE_STAGES * sizeof(pipe_stage<ROWS>);
+}
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* A scale/bias pair of 16-bit values (bf16 or f16) as floats. */
+template <int SD> __device__ __forceinline__ float2 unpack_sb(uint32_t p) {
+    if (SD == DTYPE_BF16) return make_float2(__uint_as_float(p << 16), __uint_as_float(p & 0xffff0000u));
+    __half2 h = *reinterpret_cast<const __half2 *>(&p);
+    return __half22float2(h);
+}
+
+template <int KIND, int SD, int ROWS>
+__global__ void __launch_bounds__(32 / ROWS * 32, 1) gemv_pipe_kernel(gemv_args a) {
+    constexpr int WARPS = 32 / ROWS;
+    extern __shared__ float4 xs[]; /* [pipe_x_slots] x, [groups] group sums (4-bit), the rings */
+    const bool quant = KIND == GEMV_Q4;
+    const int P = pipe_unit<KIND>::values / 4; /* float4s of x per unit */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t cols = a.w[0].cols, groups = cols / pipe_unit<KIND>::values;
+    const int64_t slots = pipe_x_slots<KIND>(cols), rounds = (groups + 31) / 32; /* items a tile */
+    float *group_sum = (float *)(xs + slots);
+    pipe_stage<ROWS> *ring = (pipe_stage<ROWS> *)(xs + slots + (quant ? (groups + 3) / 4 : 0)) + warp * PIPE_STAGES;
+    const int64_t n_tiles = a.tile_start[a.n], tile_step = (int64_t)gridDim.x * WARPS;
+    const int64_t first = (int64_t)blockIdx.x * WARPS + warp;
+    /* Items (a tile's rounds in order, then the warp's next tile) are walked by two cursors, the
+     * copies PIPE_STAGES - 1 items ahead of the arithmetic, each advanced by counting: a 64-bit
+     * division per item (item / rounds) cost as many instructions as the bf16 arithmetic. */
+    struct cursor {
+        int64_t tile;
+        int round, m, stage;
+    };
+    auto locate = [&](cursor &c) { /* the matrix of c.tile (tiles ascend: m only grows) */
+        while (c.m + 1 < a.n && c.tile >= a.tile_start[c.m + 1]) c.m++;
+    };
+    auto advance = [&](cursor &c) {
+        c.stage = (c.stage + 1) % PIPE_STAGES;
+        if (++c.round == rounds) {
+            c.round = 0;
+            c.tile += tile_step;
+            locate(c);
+        }
+    };
+    /* copies the weights and pairs of the item at c into its stage */
+    auto issue = [&](const cursor &c) {
+        const dev_matrix &w = a.w[c.m];
+        int64_t row0 = (c.tile - a.tile_start[c.m]) * ROWS, g = (int64_t)c.round * 32 + lane;
+        if (g < groups) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                int64_t row = row0 + r < w.rows ? row0 + r : w.rows - 1;
+                const uint4 *src = (const uint4 *)w.data + (row * groups + g) * 2;
+                cp_async16(&ring[c.stage].w[r][0][lane], src);
+                cp_async16(&ring[c.stage].w[r][1][lane], src + 1);
+                if (quant) cp_async4(&ring[c.stage].sb[r][lane], w.sb + row * groups + g);
+            }
+        }
+    };
+    cursor fetch = {first, 0, 0, 0}, work = {first, 0, 0, 0};
+    locate(fetch);
+    locate(work);
+    for (int s = 0; s < PIPE_STAGES - 1; s++) {
+        if (fetch.tile < n_tiles) {
+            issue(fetch);
+            advance(fetch);
+        }
+        cp_async_commit();
+    }
+    /* x and the group sums while the first stages load */
+    stage_x<1>(a, xs, slots, [](int64_t f) { return pipe_slot<KIND>(f); });
+    for (int64_t g = threadIdx.x; quant && g < groups; g += blockDim.x) {
+        float s = 0;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float4 f = xs[(g >> 5) * 512 + i * 32 + (g & 31)];
+            s += (f.x + f.y) + (f.z + f.w);
+        }
+        group_sum[g] = s;
+    }
+    __syncthreads();
+    float acc[ROWS] = {};
+    while (work.tile < n_tiles) {
+        cp_async_wait<PIPE_STAGES - 2>(); /* this lane's copies of the work stage are in */
+        if (fetch.tile < n_tiles) {
+            issue(fetch);
+            advance(fetch);
+        }
+        cp_async_commit();
+        const pipe_stage<ROWS> &st = ring[work.stage];
+        int64_t g = (int64_t)work.round * 32 + lane;
+        if (g < groups) {
+            float d[ROWS] = {};
+#pragma unroll
+            for (int h = 0; h < 2; h++) { /* the unit's two 16-byte chunks */
+                float xv[P * 2];
+#pragma unroll
+                for (int i = 0; i < P / 2; i++) {
+                    float4 f = xs[(int64_t)work.round * 32 * P + (P / 2 * h + i) * 32 + lane];
+                    xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+                }
+#pragma unroll
+                for (int r = 0; r < ROWS; r++)
+                    d[r] += quant ? q4_chunk_dot_offset(st.w[r][h][lane], xv)
+                                  : chunk_dot<GEMV_BF16>(st.w[r][h][lane], xv);
+            }
+            if (quant) {
+                float sx = group_sum[g];
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) { /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
+                    float2 sb = unpack_sb<SD>(st.sb[r][lane]);
+                    acc[r] = fmaf(32.0f * sb.x, d[r], fmaf(sb.y - 16.0f * sb.x, sx, acc[r]));
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) acc[r] += d[r];
+            }
+        }
+        if (work.round == rounds - 1) { /* the tile is done: sum across the warp and store */
+            int64_t row0 = (work.tile - a.tile_start[work.m]) * ROWS, rows = a.w[work.m].rows;
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                float v = warp_reduce(acc[r]);
+                acc[r] = 0;
+                if (lane == 0 && row0 + r < rows) {
+                    float *o = a.y[work.m] + row0 + r;
+                    *o = a.accumulate ? *o + v : v;
+                }
+            }
+        }
+        advance(work);
+    }
+    cp_async_wait<0>();
+}
+
+/* Which pipelined kernel takes these matrices at nt tokens: GEMV_Q4 (group 64, paired scales),
+ * GEMV_BF16 (columns a multiple of 16), or -1. */
+static int pipe_kind(const cuda_ctx *c, const gemv_args &a, int nt) {
+    if (nt != 1 || c->gemv_old || c->no_pipe) return -1;
+    int kind = a.w[0].kind;
+    if (kind == GEMV_BF16 && c->bf16_one != 2) return -1;
+    for (int i = 0; i < a.n; i++) {
+        const dev_matrix &w = a.w[i];
+        if (w.kind != kind) return -1;
+        if (kind == GEMV_Q4 && (!w.sb || w.group_size != 64 || w.scale_dtype != a.w[0].scale_dtype))
+            return -1;
+        if (kind == GEMV_BF16 && w.cols % 16) return -1;
+    }
+    return kind == GEMV_Q4 || kind == GEMV_BF16 ? kind : -1; /* and x fits: pipe_launch_kind */
+}
+
+template <int KIND, int SD, int ROWS> static int pipe_launch_rows(cuda_ctx *c, gemv_args &a) {
+    constexpr int WARPS = 32 / ROWS;
+    size_t smem = pipe_smem_bytes<KIND, ROWS>(a.w[0].cols);
+    if (smem > dynamic_smem_limit((const void *)gemv_pipe_kernel<KIND, SD, ROWS>)) return 0;
+    a.tile_start[0] = 0;
+    for (int i = 0; i < a.n; i++)
+        a.tile_start[i + 1] = a.tile_start[i] + (a.w[i].rows + ROWS - 1) / ROWS;
+    int64_t want = (a.tile_start[a.n] + WARPS - 1) / WARPS;
+    unsigned blocks = (unsigned)(want < c->sm_count ? want : c->sm_count);
+    gemv_pipe_kernel<KIND, SD, ROWS><<<blocks, WARPS * 32, smem, c->stream>>>(a);
+    CUDA_LAUNCHED(c, "gemv (pipelined)");
+    return 1;
+}
+
+template <int KIND, int SD> static int pipe_launch_kind(cuda_ctx *c, gemv_args &a) {
+    return c->pipe_rows == 2 ? pipe_launch_rows<KIND, SD, 2>(c, a) : pipe_launch_rows<KIND, SD, PIPE_ROWS>(c, a);
+}
+
+static int pipe_launch(cuda_ctx *c, gemv_args &a, int nt) {
+    switch (pipe_kind(c, a, nt)) {
+    case GEMV_Q4:
+        if (a.w[0].scale_dtype == DTYPE_BF16) return pipe_launch_kind<GEMV_Q4, DTYPE_BF16>(c, a);
+        return pipe_launch_kind<GEMV_Q4, DTYPE_F16>(c, a);
+    case GEMV_BF16: return pipe_launch_kind<GEMV_BF16, DTYPE_BF16>(c, a);
+    }
+    return 0;
+}
+
 /* Whether every launch of an n-token GEMV of m goes to the persistent kernel. */
 static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
     int nt = (int)(n < GEMV_MAX_TOKENS ? n : GEMV_MAX_TOKENS);
-    if (c->gemv_old || n > GEMV_PERSIST_MAX_TOKENS) return 0;
-    size_t smem;
+    if (c->gemv_old || n > GEMV_PERSIST_MAX_TOKENS || (m->kind == GEMV_BF16 && n == 1 && !c->bf16_one))
+        return 0;
     switch (m->kind) {
-    case GEMV_Q4: smem = persist_smem_bytes<GEMV_Q4>(m->cols, nt); break;
-    case GEMV_BF16: smem = persist_smem_bytes<GEMV_BF16>(m->cols, nt); break;
-    case GEMV_F16: smem = persist_smem_bytes<GEMV_F16>(m->cols, nt); break;
-    case GEMV_F32: smem = persist_smem_bytes<GEMV_F32>(m->cols, nt); break;
-    default: return 0;
+    case GEMV_Q4: return persist_fits<GEMV_Q4>(m->cols, nt);
+    case GEMV_BF16: return persist_fits<GEMV_BF16>(m->cols, nt);
+    case GEMV_F16: return persist_fits<GEMV_F16>(m->cols, nt);
+    case GEMV_F32: return persist_fits<GEMV_F32>(m->cols, nt);
     }
-    return smem <= (size_t)c->smem_optin;
+    return 0;
 }
 
 static int persist_launch(cuda_ctx *c, int kind, gemv_args &a, int nt) {
-    if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS) return 0;
+    if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS || (kind == GEMV_BF16 && nt == 1 && !c->bf16_one))
+        return 0;
+    if (pipe_launch(c, a, nt)) return 1;
     a.tile_start[0] = 0;
     const int rows = persist_tile_rows(kind, nt);
     for (int i = 0; i < a.n; i++)
@@ -586,11 +869,14 @@ static void launch_gemv(cuda_ctx *c, int kind, gemv_args &a, int blocks, int nt)
 /* n matrices of one kind sharing x, every token through the GEMV kernels, 8 tokens a launch;
  * x_up (x' = silu(x) * x_up) only where the persistent kernel takes every launch. */
 static void gemv_tiles(cuda_ctx *c, int n, const dev_matrix *const *m, const float *x,
-                       const float *x_up, float *const *ys, int64_t n_tokens, int accumulate) {
+                       const float *x_up, float *const *ys, int64_t n_tokens, int accumulate,
+                       const float *norm_w = NULL, float eps = 0) {
     gemv_args a;
     a.n = n;
     a.x_stride = m[0]->cols;
     a.accumulate = accumulate;
+    a.norm_w = norm_w;
+    a.eps = eps;
     a.block_start[0] = 0;
     for (int i = 0; i < n; i++) {
         a.w[i] = *m[i];
@@ -786,14 +1072,25 @@ __global__ void __launch_bounds__(256) qgemm4_kernel(dev_matrix w, const __nv_bf
     const int64_t my_row = bm + (t >> 1), my_tok = bn + (t >> 2);
     const int half = t & 1, quarter = t & 3;
     const int64_t row_words = cols / 8, groups = cols >> w.group_shift;
-    for (int64_t kc = k0; kc < k1; kc += QGEMM_BK) {
-        uint4 q = make_uint4(0, 0, 0, 0);
-        float s = 0, b = 0;
+    /* chunk kc's global loads into registers: issued one chunk ahead, so they fly while the
+     * tensor cores work on the chunk before (one block per half SM cannot hide them otherwise) */
+    uint4 q, xv[2];
+    float s, b;
+    auto fetch = [&](int64_t kc) {
+        q = make_uint4(0, 0, 0, 0), xv[0] = xv[1] = make_uint4(0, 0, 0, 0), s = 0, b = 0;
+        if (kc >= k1) return;
         if (my_row < rows) {
             q = __ldcs((const uint4 *)((const uint32_t *)w.data + my_row * row_words + kc / 8) + half);
             int64_t g = my_row * groups + ((kc + 32 * half) >> w.group_shift);
             s = scale_value(w.scales, g, w.scale_dtype), b = scale_value(w.biases, g, w.scale_dtype);
         }
+        if (my_tok < tokens) {
+            const uint4 *src = (const uint4 *)(xh + my_tok * cols + kc + 16 * quarter);
+            xv[0] = src[0], xv[1] = src[1];
+        }
+    };
+    fetch(k0);
+    for (int64_t kc = k0; kc < k1; kc += QGEMM_BK) {
         const uint32_t u[4] = {q.x, q.y, q.z, q.w};
         uint32_t packed[16];
 #pragma unroll
@@ -808,14 +1105,10 @@ __global__ void __launch_bounds__(256) qgemm4_kernel(dev_matrix w, const __nv_bf
 #pragma unroll
         for (int i = 0; i < 4; i++)
             wd[i] = make_uint4(packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]);
-        uint4 xv[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-        if (my_tok < tokens) {
-            const uint4 *src = (const uint4 *)(xh + my_tok * cols + kc + 16 * quarter);
-            xv[0] = src[0], xv[1] = src[1];
-        }
         uint4 *xd = (uint4 *)&sm.in.x[t >> 2][16 * quarter];
         xd[0] = xv[0], xd[1] = xv[1];
         __syncthreads();
+        fetch(kc + QGEMM_BK);
 #pragma unroll
         for (int kk = 0; kk < QGEMM_BK; kk += 16) {
             nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> fa[2];
@@ -1019,4 +1312,23 @@ double cuda_gemm_bf16_gflops(cuda_ctx *c, int n, int reps) {
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     return best;
+}
+
+/* ys[i] = W_i rmsnorm(x): the norm applied by the persistent GEMV while it stages x, where it
+ * takes every matrix; else rmsnorm into xn, then the matmuls. */
+void cuda_norm_matmul(cuda_ctx *c, const float *x, const float *norm_w, float eps, float *xn, int n,
+                      const weight_matrix *const *w, float *const *ys, int64_t n_tokens) {
+    const dev_matrix *m[4];
+    int fused = n <= 4 && use_gemv(c, n_tokens);
+    for (int i = 0; i < n && i < 4; i++) {
+        m[i] = cuda_weight(c, w[i]);
+        if (!m[i]) return;
+        fused = fused && m[i]->kind == m[0]->kind && persist_applies(c, m[i], n_tokens);
+    }
+    if (fused) {
+        gemv_tiles(c, n, m, x, NULL, ys, n_tokens, 0, norm_w, eps);
+        return;
+    }
+    cuda_rmsnorm_launch(c, x, norm_w, xn, n_tokens, w[0]->cols, eps);
+    cuda_matmul_multi(c, n, w, xn, ys, n_tokens);
 }

