@@ -356,15 +356,17 @@ typedef struct format_case {
     const char *name;
     weight_format format;
     int bits, group_size;
+    int exact; /* weight_matrix.exact_activations: run through cpu_matmul, as the engine does */
 } format_case;
 
 static const format_case bench_formats[] = {
-    {"f32", WEIGHT_F32, 0, 0},          {"f16", WEIGHT_F16, 0, 0},
-    {"bf16", WEIGHT_BF16, 0, 0},        {"mlx q8 g64", WEIGHT_MLX_AFFINE, 8, 64},
-    {"mlx q6 g64", WEIGHT_MLX_AFFINE, 6, 64}, {"mlx q5 g64", WEIGHT_MLX_AFFINE, 5, 64},
-    {"mlx q4 g32", WEIGHT_MLX_AFFINE, 4, 32}, {"mlx q4 g64", WEIGHT_MLX_AFFINE, 4, 64},
-    {"mlx q4 g128", WEIGHT_MLX_AFFINE, 4, 128}, {"mlx q3 g64", WEIGHT_MLX_AFFINE, 3, 64},
-    {"mlx q2 g64", WEIGHT_MLX_AFFINE, 2, 64},
+    {"f32", WEIGHT_F32, 0, 0, 0},          {"f16", WEIGHT_F16, 0, 0, 0},
+    {"bf16", WEIGHT_BF16, 0, 0, 0},        {"mlx q8 g64", WEIGHT_MLX_AFFINE, 8, 64, 0},
+    {"mlx q6 g64", WEIGHT_MLX_AFFINE, 6, 64, 0}, {"mlx q5 g64", WEIGHT_MLX_AFFINE, 5, 64, 0},
+    {"mlx q4 g32", WEIGHT_MLX_AFFINE, 4, 32, 0}, {"mlx q4 g64", WEIGHT_MLX_AFFINE, 4, 64, 0},
+    {"mlx q4 g128", WEIGHT_MLX_AFFINE, 4, 128, 0}, {"mlx q3 g64", WEIGHT_MLX_AFFINE, 3, 64, 0},
+    {"mlx q2 g64", WEIGHT_MLX_AFFINE, 2, 64, 0},
+    {"mlx q4 g64 exact", WEIGHT_MLX_AFFINE, 4, 64, 1}, /* the hybrids' GatedDeltaNet projections */
 };
 
 /* Many matrices of one shape laid out back to back: matrix i is rows [i*rows, (i+1)*rows). */
@@ -386,7 +388,7 @@ static int sweep_alloc(sweep *s, const format_case *f, int64_t rows, int64_t col
                        int64_t max_tokens, int repack) {
     memset(s, 0, sizeof *s);
     weight_matrix one = {.format = f->format, .rows = rows, .cols = cols, .bits = f->bits,
-                         .group_size = f->group_size, .scale_dtype = DTYPE_BF16};
+                         .group_size = f->group_size, .scale_dtype = DTYPE_BF16, .exact_activations = f->exact};
     size_t per = weight_matrix_bytes(&one);
     s->count = (int64_t)((min_bytes + per - 1) / per);
     s->rows = rows;
@@ -456,6 +458,10 @@ static void run_sweep(void *p) {
     sweep *s = p;
     for (int64_t i = 0; i < s->count; i++) {
         weight_matrix m = sweep_matrix(s, i);
+        if (m.exact_activations) { /* only cpu_matmul honours the flag */
+            cpu_matmul(&m, s->x, s->y, s->n_tokens);
+            continue;
+        }
         cpu_matmul_with(&m, s->x, s->y, s->n_tokens, cpu_level_supported(CPU_LEVEL_AVX512) ? CPU_LEVEL_AVX512
                                                    : cpu_level_supported(CPU_LEVEL_AVX2) ? CPU_LEVEL_AVX2
                                                                                           : CPU_LEVEL_GENERIC,
@@ -467,7 +473,7 @@ static void run_sweep(void *p) {
  * group_size times `tokens` tokens, best of 3 after a warm-up; 0 when memory is short. The model
  * bench's int-gemm ceiling (bench_model.c). */
 double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens) {
-    format_case f = {"mlx", WEIGHT_MLX_AFFINE, bits, group_size};
+    format_case f = {"mlx", WEIGHT_MLX_AFFINE, bits, group_size, 0};
     sweep s;
     if (sweep_alloc(&s, &f, n, n, 1, tokens, 1)) return 0;
     s.n_tokens = tokens;
@@ -596,7 +602,7 @@ static void run_batch_case(void *p) {
  * matvec passes (8 tokens per pass), the f32 gemm (dequantized panels) and the MLX int16 gemm,
  * reps interleaved, median GFLOP/s; "auto" is what cpu_matmul picks. */
 static void bench_batch(const bench_options *o) {
-    static const format_case q4 = {"mlx q4 g64", WEIGHT_MLX_AFFINE, 4, 64};
+    static const format_case q4 = {"mlx q4 g64", WEIGHT_MLX_AFFINE, 4, 64, 0};
     int64_t shapes[][2] = {{8192, 2048}, {2048, 8192}};
     int64_t counts[] = {8, 9, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
     struct { const char *name; cpu_gemm_engine gemm; int max_matvec; } regimes[] = {

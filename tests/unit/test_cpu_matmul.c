@@ -452,40 +452,6 @@ static void test_q4_planes_split_is_exact(void **state) {
     }
 }
 
-/* A 4-bit matrix flagged exact_activations is multiplied with its activations unrounded at every
- * level (the AVX-512 float-activation kernel up to CPU_EXACT_MAX_TOKENS tokens, a float level
- * beyond): within float summation error of a double reference, 100x under the int16 rounding
- * the unflagged AVX-512 kernels show on the same inputs (with their outliers). */
-static void test_exact_activations(void **state) {
-    (void)state;
-    int64_t shapes[][3] = {{48, 256, 64}, {37, 128, 32}, {16, 512, 128}};
-    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
-        for (int64_t n = 1; n <= 12; n += (n < 9 ? 1 : 3)) {
-            int64_t rows = shapes[si][0], cols = shapes[si][1];
-            test_weight t = make_weight(WEIGHT_MLX_AFFINE, rows, cols, 4, (int)shapes[si][2], DTYPE_BF16);
-            t.w.exact_activations = 1;
-            float *x = random_x(n, cols), *y = malloc((size_t)(n * rows) * sizeof *y);
-            float *row = malloc((size_t)cols * sizeof *row);
-            cpu_matmul(&t.w, x, y, n);
-            for (int64_t r = 0; r < rows; r++) {
-                weight_matrix_row_to_f32(&t.w, r, row);
-                for (int64_t k = 0; k < n; k++) {
-                    double ref = 0;
-                    for (int64_t c = 0; c < cols; c++) ref += (double)row[c] * x[k * cols + c];
-                    double tol = 1e-6 * tolerance_scale(&t.w, x, k, r);
-                    if (fabs(y[k * rows + r] - ref) > tol)
-                        fprintf(stderr, "%lldx%lld g%lld n %lld row %lld: %g vs %g\n", (long long)rows,
-                                (long long)cols, (long long)shapes[si][2], (long long)n, (long long)r,
-                                y[k * rows + r], ref);
-                    assert_true(fabs(y[k * rows + r] - ref) <= tol);
-                    checks_run++;
-                }
-            }
-            free(row), free(x), free(y);
-            free_weight(&t);
-        }
-}
-
 /* A copy of t's MLX matrix (same values, own memory), for repacking. */
 static test_weight copy_weight(const test_weight *t) {
     test_weight c = *t;
@@ -497,6 +463,66 @@ static test_weight copy_weight(const test_weight *t) {
     memcpy(c.biases, t->biases, sb);
     c.w.data = c.data, c.w.scales = c.scales, c.w.biases = c.biases;
     return c;
+}
+
+/* The largest |y - ref| / A (tolerance_scale) over y[n][rows] against a double reference. */
+static double max_scaled_error(const weight_matrix *w, const float *x, const float *y, int64_t n) {
+    float *row = malloc((size_t)w->cols * sizeof *row);
+    double worst = 0;
+    for (int64_t r = 0; r < w->rows; r++) {
+        weight_matrix_row_to_f32(w, r, row);
+        for (int64_t k = 0; k < n; k++) {
+            double ref = 0;
+            for (int64_t c = 0; c < w->cols; c++) ref += (double)row[c] * x[k * w->cols + c];
+            double e = fabs(y[k * w->rows + r] - ref) / tolerance_scale(w, x, k, r);
+            worst = e > worst ? e : worst;
+        }
+    }
+    free(row);
+    return worst;
+}
+
+/* A 4-bit matrix flagged exact_activations is multiplied with its activations unrounded at every
+ * level, in MLX order and (where the level interleaves it: AVX-512) in the 16-row layout: the
+ * AVX-512 residual-plane kernel (float-activation rows beside it), a float level elsewhere.
+ * Within float summation error of a double reference (1e-6 A), and where the matrix is
+ * interleaved, 30x under the error the same matrix shows unflagged (the int16 kernel) on the same
+ * inputs (with their outliers): the check would catch a kernel that rounds to int16. Shapes cover group sizes 32, 64
+ * and 128, rows past the last block of 16, and 1..12 and 40 tokens (passes and remainders). */
+static void test_exact_activations(void **state) {
+    (void)state;
+    int64_t shapes[][3] = {{48, 256, 64}, {37, 128, 32}, {16, 512, 128}, {64, 384, 64}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+        for (int64_t n = 1; n <= 40; n += (n < 9 ? 1 : n < 12 ? 3 : 28)) {
+            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            test_weight t = make_weight(WEIGHT_MLX_AFFINE, rows, cols, 4, (int)shapes[si][2], DTYPE_BF16);
+            test_weight il = copy_weight(&t); /* interleaved where this level reads it exactly */
+            t.w.exact_activations = il.w.exact_activations = 1;
+            int interleaved = cpu_weight_prefers_rows16(&il.w);
+            if (interleaved) assert_int_equal(cpu_weight_repack_rows16(&il.w), 0);
+            float *x = random_x(n, cols), *y = malloc((size_t)(n * rows) * sizeof *y);
+            const test_weight *views[2] = {&t, &il};
+            double exact_err = 0;
+            for (int v = 0; v < 1 + interleaved; v++) {
+                cpu_matmul(&views[v]->w, x, y, n);
+                double e = max_scaled_error(&views[v]->w, x, y, n);
+                if (e > 1e-6)
+                    fprintf(stderr, "%lldx%lld g%lld n %lld %s: error %.3g A\n", (long long)rows,
+                            (long long)cols, (long long)shapes[si][2], (long long)n,
+                            v ? "interleaved" : "mlx order", e);
+                assert_true(e <= 1e-6);
+                exact_err = e > exact_err ? e : exact_err;
+                checks_run++;
+            }
+            il.w.exact_activations = 0; /* the same matrix through the level's own kernels */
+            cpu_matmul(&il.w, x, y, n);
+            double rounded_err = max_scaled_error(&il.w, x, y, n);
+            if (interleaved && !(exact_err * 30 < rounded_err))
+                fail_msg("%lldx%lld n %lld: exact error %.3g A is not 30x under the int16 kernels' %.3g A",
+                         (long long)rows, (long long)cols, (long long)n, exact_err, rounded_err);
+            free(x), free(y);
+            free_weight(&t), free_weight(&il);
+        }
 }
 
 /* The 16-row interleaved layout (4- and 8-bit): the repack moves every word, scale and bias

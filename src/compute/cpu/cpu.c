@@ -846,18 +846,33 @@ static int wants_exact(const weight_matrix *w) {
            cpu_env_switch(&honour, "EXO_EXACT_ACTIVATIONS", "0");
 }
 
-/* A matrix that wants float activations: the AVX-512 float-activation kernel where it applies,
- * else the best level whose kernels keep MLX-order activations float (AVX-512 and NEON dotprod
- * round them to int16 per group for their integer dot products; AVX2 and NEON do not). */
+/* A matrix that wants float activations. At the AVX-512 level: its residual-plane kernel (4-bit),
+ * else the f32 gemm for an interleaved matrix (layout.c
+ * interleaves exact 4-bit matrices only at this level; the gemm dequantizes to f32). Else the
+ * best level whose kernels keep MLX-order activations float (AVX-512 and NEON dotprod round
+ * them to int16 per group for their integer dot products; AVX2 and NEON do not). */
 static void matmul_exact(const weight_matrix *w, const float *x, float *y, int64_t n_tokens) {
     cpu_level best = cpu_best_level();
     if (best == CPU_LEVEL_AVX512 && cpu_mlx4_exact_ok(w, n_tokens) &&
         cpu_mlx4_exact_matmul(w, x, y, n_tokens) == 0)
         return;
+    if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16 && best == CPU_LEVEL_AVX512 &&
+        cpu_matmul_with(w, x, y, n_tokens, best, CPU_GEMM_OWN, 0) == 0)
+        return;
     cpu_level level = best == CPU_LEVEL_AVX512         ? CPU_LEVEL_AVX2
                       : best == CPU_LEVEL_NEON_DOTPROD ? CPU_LEVEL_NEON
                                                        : best;
     cpu_matmul_with(w, x, y, n_tokens, level, CPU_GEMM_AUTO, -1);
+}
+
+/* The exact matrices of a cpu_matmul_multi call: one job where the residual kernel takes them
+ * all (the GatedDeltaNet projections q/k/v, z, b, a), else one by one. */
+static void matmul_exact_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                               int64_t n_tokens) {
+    int all = cpu_best_level() == CPU_LEVEL_AVX512;
+    for (int i = 0; i < n && all; i++) all = cpu_mlx4_exact_ok(ws[i], n_tokens) && ws[i]->cols == ws[0]->cols;
+    if (all && cpu_mlx4_exact_matmul_multi(n, ws, x, ys, n_tokens) == 0) return;
+    for (int i = 0; i < n; i++) matmul_exact(ws[i], x, ys[i], n_tokens);
 }
 
 void cpu_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_tokens) {
@@ -873,19 +888,22 @@ static int matmul_fuse(void) {
 
 void cpu_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
                       int64_t n_tokens) {
-    const weight_matrix *fused[CPU_MATMUL_MULTI_MAX];
-    float *fused_y[CPU_MATMUL_MULTI_MAX];
-    int n_fused = 0, any_exact = 0;
-    for (int i = 0; i < n && i < CPU_MATMUL_MULTI_MAX; i++) any_exact |= wants_exact(ws[i]);
-    if (any_exact && n <= CPU_MATMUL_MULTI_MAX) { /* those on their own, the rest still together */
+    const weight_matrix *fused[CPU_MATMUL_MULTI_MAX], *exact[CPU_MATMUL_MULTI_MAX];
+    float *fused_y[CPU_MATMUL_MULTI_MAX], *exact_y[CPU_MATMUL_MULTI_MAX];
+    int n_fused = 0, n_exact = 0;
+    for (int i = 0; i < n && i < CPU_MATMUL_MULTI_MAX; i++) n_exact += wants_exact(ws[i]);
+    if (n_exact && n <= CPU_MATMUL_MULTI_MAX) { /* those together, the rest together */
+        n_exact = 0;
         for (int i = 0; i < n; i++) {
             if (wants_exact(ws[i])) {
-                matmul_exact(ws[i], x, ys[i], n_tokens);
+                exact[n_exact] = ws[i];
+                exact_y[n_exact++] = ys[i];
                 continue;
             }
             fused[n_fused] = ws[i];
             fused_y[n_fused++] = ys[i];
         }
+        matmul_exact_multi(n_exact, exact, x, exact_y, n_tokens);
         if (n_fused) cpu_matmul_multi(n_fused, fused, x, fused_y, n_tokens);
         return;
     }

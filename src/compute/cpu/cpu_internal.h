@@ -121,12 +121,17 @@ static inline float cpu_dense_at(weight_format f, const void *row, int64_t i) {
 }
 
 /* Matrices flagged exact_activations (matmul_exact_avx512.c): at the AVX-512 level, 4-bit MLX
- * ones of at most CPU_EXACT_MAX_TOKENS tokens run a float-activation matvec (ok says whether
- * this matrix can, the caller checks the level; matmul returns -1 when out of memory); others
- * run at a level whose kernels keep activations float (cpu.c). */
-#define CPU_EXACT_MAX_TOKENS 8
+ * ones (up to CPU_EXACT_MAX_TOKENS tokens per call: memory for the split activations) run a
+ * kernel whose error is float rounding, not int16 rounding (ok says whether this matrix can, the caller checks the level; the matmuls
+ * return -1 when out of memory or refused). multi: up to CPU_MATMUL_MULTI_MAX matrices of the
+ * same column count that read the same x, as one job. layout.c puts 4-bit exact matrices in the
+ * 16-row interleaved layout at this level only (its int16 kernels at other levels would round).
+ * Other exact matrices run at a level whose kernels keep activations float (cpu.c). */
+#define CPU_EXACT_MAX_TOKENS 8192
 int cpu_mlx4_exact_ok(const weight_matrix *w, int64_t n_tokens);
 int cpu_mlx4_exact_matmul(const weight_matrix *w, const float *x, float *y, int64_t n_tokens);
+int cpu_mlx4_exact_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                                int64_t n_tokens);
 
 /* The kernel table of the level cpu_matmul uses (the best one EXO_CPU_SIMD allows). */
 const cpu_kernels *cpu_kernels_best(void);

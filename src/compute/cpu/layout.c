@@ -26,7 +26,10 @@ static int rows16_shape(const weight_matrix *w) {
 }
 
 int cpu_weight_prefers_rows16(const weight_matrix *w) {
-    if (w->exact_activations) return 0; /* the interleaved kernels round activations to int16 */
+    /* The interleaved kernels round activations to int16, except AVX-512's residual-plane kernel
+     * for 4-bit matrices flagged exact (matmul_exact_avx512.c). */
+    if (w->exact_activations && (w->bits != 4 || cpu_kernels_best() != cpu_kernels_for(CPU_LEVEL_AVX512)))
+        return 0;
     if (!rows16_shape(w) || !(cpu_kernels_best()->rows16_bits & (1u << w->bits))) return 0;
     return w->bits == 4 ? cpu_env_switch(&q4_layout_rows16, "EXO_Q4_LAYOUT", "mlx")
                         : cpu_env_switch(&q8_layout_rows16, "EXO_Q8_LAYOUT", "mlx");

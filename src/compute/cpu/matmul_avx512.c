@@ -348,20 +348,6 @@ T512 INLINE void mlx4_planes_rows(const weight_matrix *w, const matvec_input *in
     }
 }
 
-/* acc += u8 a . s8 b per int32 lane (vpdpbusd) with the accumulator tied to the destination:
- * written as the intrinsic, GCC 12 copies the accumulators of mlx_rows16 through other
- * registers and the stack around every instruction (twice the instructions of the loop). */
-T512 INLINE __m512i dpbusd_acc(__m512i acc, __m512i a, __m512i b) {
-    __asm__("vpdpbusd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
-    return acc;
-}
-
-/* The same with b the 4 bytes at p broadcast to every lane (embedded broadcast: one fused uop). */
-T512 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i a, const uint8_t *p) {
-    __asm__("vpdpbusd %[b]%{1to16%}, %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "m"(*(const uint8_t(*)[4])p));
-    return acc;
-}
-
 /* The end of group g of a 16-row interleaved block:
  * the nc int32 chains of each plane summed (exact), 256*hi + lo converted and scaled by
  * scale * activation step, and bias * sum(x), into the 16 row accumulators of each token. */

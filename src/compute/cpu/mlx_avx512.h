@@ -1,5 +1,6 @@
 /* Shared AVX-512 pieces of the MLX affine kernels (matmul_avx512.c: matvec and f32 dequantize;
- * gemm_mlx_avx512.c: the int16 gemm): unpacking 32 packed values of any width into uint16 lanes,
+ * gemm_mlx_avx512.c: the int16 gemm; matmul_exact_avx512.c: the residual-plane matvec): the
+ * VNNI byte dot products with a tied accumulator, unpacking 32 packed values of any width into uint16 lanes,
  * widening 16 scales or biases to f32, and the tail mask. Header-only: each includer compiles them with the
  * target attributes below. Refuses: nothing; x86-64 only. */
 #ifndef EXO_COMPUTE_CPU_MLX_AVX512_H
@@ -76,6 +77,20 @@ T512 INLINE void quantize_group_int16(const float *xs, int64_t gs, int16_t *q, f
         __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + c), inv));
         _mm256_storeu_si256((__m256i *)(q + c), _mm512_cvtsepi32_epi16(v));
     }
+}
+
+/* acc += u8 a . s8 b per int32 lane (vpdpbusd) with the accumulator tied to the destination:
+ * written as the intrinsic, GCC 12 copies the accumulators of mlx_rows16 through other
+ * registers and the stack around every instruction (twice the instructions of the loop). */
+T512 INLINE __m512i dpbusd_acc(__m512i acc, __m512i a, __m512i b) {
+    __asm__("vpdpbusd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
+    return acc;
+}
+
+/* The same with b the 4 bytes at p broadcast to every lane (embedded broadcast: one fused uop). */
+T512 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i a, const uint8_t *p) {
+    __asm__("vpdpbusd %[b]%{1to16%}, %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "m"(*(const uint8_t(*)[4])p));
+    return acc;
 }
 
 /* 4, 8 or 16 consecutive 32-bit words of one row of a WEIGHT_LAYOUT_MLX_ROWS16 block, starting
