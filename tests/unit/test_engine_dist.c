@@ -356,8 +356,11 @@ static shared *run_ranks(const char *what, const char *store_name, int model, in
 /* "<model> tensor x2", "<model> pipeline (serial) x3", ... */
 static void split_name(char *out, size_t n, const char *prefix, int model, int size,
                        engine_parallel mode, int serial) {
-    snprintf(out, n, "%s%s %s%s x%d", prefix, model_dirs[model],
-             mode == ENGINE_TENSOR ? "tensor" : "pipeline", serial ? " (serial)" : "", size);
+    /* The check keeps gcc -O2's format-truncation warning quiet: a long name is only cut. */
+    if (snprintf(out, n, "%s%s %s%s x%d", prefix, model_dirs[model],
+                 mode == ENGINE_TENSOR ? "tensor" : "pipeline", serial ? " (serial)" : "",
+                 size) >= (int)n)
+        out[n - 1] = '\0';
 }
 
 /* Constrained requests on a split: the one-process tokens, each keeping its constraint; the one
