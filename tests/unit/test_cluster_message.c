@@ -209,7 +209,7 @@ static void test_meminfo(void **unused) {
     assert_int_equal(m.swap_free, 2048);
     assert_int_equal(nodeinfo_parse_meminfo("MemTotal: 5 kB\n", &m), -1);
     assert_int_equal(nodeinfo_parse_meminfo("", &m), -1);
-    json_t *live = nodeinfo_memory_json();
+    json_t *live = nodeinfo_memory_json(0);
     assert_non_null(live);
     assert_true(json_integer_value(json_object_get(json_object_get(live, "ramTotal"), "inBytes")) > 0);
     json_decref(live);
