@@ -169,11 +169,24 @@ static void split_layers(const placement_model *m, const placement_node *nodes, 
 
 /* The split over nodes[chosen[0..n_nodes)] in rank order and whether it fits each node's free
  * memory (out->error says which does not). */
-static int place_on(const placement_model *m, const placement_node *nodes, const int *chosen,
+static int place_on(const placement_model *m, const placement_node *nodes, const int *chosen_in,
                     placement_sharding sharding, int n_nodes, placement_result *out) {
     memset(out, 0, sizeof *out);
     uint64_t kv = placement_kv_bytes(m);
     out->n_nodes = n_nodes;
+    int chosen[PLACEMENT_MAX_NODES];
+    memcpy(chosen, chosen_in, (size_t)n_nodes * sizeof *chosen);
+    if (sharding == PLACEMENT_PIPELINE && weigh_speed(nodes, chosen, n_nodes)) {
+        /* the fastest node takes the last stage: it also reads the lm_head every token (a
+         * fifth of a 1B model's weights) and samples */
+        int fastest = 0;
+        for (int i = 1; i < n_nodes; i++)
+            if (nodes[chosen[i]].bandwidth_gbs > nodes[chosen[fastest]].bandwidth_gbs) fastest = i;
+        int node = chosen[fastest];
+        memmove(chosen + fastest, chosen + fastest + 1,
+                (size_t)(n_nodes - 1 - fastest) * sizeof *chosen);
+        chosen[n_nodes - 1] = node;
+    }
     if (sharding == PLACEMENT_PIPELINE) {
         split_layers(m, nodes, chosen, n_nodes, out);
     } else {

@@ -14,9 +14,11 @@
  * layer; each further layer goes to the node whose stage would then be fastest (fewest layers
  * per GB/s after taking it; ties to the earlier rank) among those whose memory holds one more
  * layer (weights + KV cache per layer, after the headroom). An H200 next to a CPU thus takes
- * all but one layer when the model fits its memory, and as many as fit when it does not. A GPU
- * node's memory is its GPU's free memory; tensor parallelism and CPU-only models (gpu_usable
- * 0) run on the CPU everywhere, so they count host memory. Tensor: every node holds 1/N of
+ * all but one layer when the model fits its memory, and as many as fit when it does not. The
+ * fastest node takes the last stage: it also reads the lm_head every token (a fifth of a 1B
+ * model's weights) and samples. A GPU node's memory is its GPU's free memory; tensor
+ * parallelism and CPU-only models (cpu_only) run on the CPU everywhere, so there every node
+ * counts host memory. Tensor: every node holds 1/N of
  * every layer, which needs the attention heads and the KV heads to divide by N.
  *
  * Which nodes: those already holding the model's files first (no download before the instance

@@ -189,13 +189,17 @@ static int layers_of(const placement_result *r, const char *id) {
 static void test_gpu_node_takes_layers_by_bandwidth(void **state) {
     (void)state;
     placement_model m = llama_8b();
-    placement_node n[2] = {cpu_node("cpu", 256, 100), gpu_node("gpu", 141)};
+    placement_node n[2] = {cpu_node("cpu", 100, 100), gpu_node("gpu", 141)};
     placement_result r;
     assert_int_equal(placement_place(&m, n, 2, PLACEMENT_PIPELINE, 2, &r), 0);
     assert_int_equal(layers_of(&r, "gpu"), 31);
     assert_int_equal(layers_of(&r, "cpu"), 1);
-    assert_int_equal(r.layer_end[0] - r.layer_start[0] + r.layer_end[1] - r.layer_start[1], 32);
-    /* by host memory alone (the old rule) the CPU node would have taken 256:64 of them */
+    /* the GPU, though first by memory, takes the last stage (the lm_head, sampling) */
+    assert_string_equal(r.node_ids[1], "gpu");
+    assert_int_equal(r.layer_start[0], 0);
+    assert_int_equal(r.layer_end[0], 1);
+    assert_int_equal(r.layer_end[1], 32);
+    /* (by host memory, the old rule, the CPU node's 100 GiB against the GPU node's 64: 19) */
     /* a slower GPU against a faster CPU: 900 vs 300 GB/s -> 3:1, 24 and 8 */
     n[1].bandwidth_gbs = 900;
     n[0].bandwidth_gbs = 300;
