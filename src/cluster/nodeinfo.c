@@ -57,8 +57,8 @@ json_t *nodeinfo_memory_json(int gpu) {
     int rc = nodeinfo_parse_meminfo(text, &m);
     free(text);
     if (rc) return NULL;
-    /* EXO_NODE_MEMORY_BYTES: report this much memory (at most the real amount): a small machine
-     * for placement tests, or memory kept back for other programs. */
+    /* EXO_NODE_MEMORY_BYTES: report this much memory (at most the real amount; host and GPU
+     * alike): a small machine for placement tests, or memory kept back for other programs. */
     const char *cap = getenv("EXO_NODE_MEMORY_BYTES");
     uint64_t limit = cap && *cap ? strtoull(cap, NULL, 10) : 0;
     if (limit && limit < m.total) m.total = limit;
@@ -68,6 +68,8 @@ json_t *nodeinfo_memory_json(int gpu) {
                             bytes_json(m.swap_total), "swapAvailable", bytes_json(m.swap_free));
     nodeinfo_gpu g;
     if (gpu && nodeinfo_gpus(&g, 1) > 0) {
+        if (limit && limit < g.memory_total) g.memory_total = limit;
+        if (limit && limit < g.memory_free) g.memory_free = limit;
         json_object_set_new(out, "gpuTotal", bytes_json(g.memory_total));
         json_object_set_new(out, "gpuAvailable", bytes_json(g.memory_free));
     }
