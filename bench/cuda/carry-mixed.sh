@@ -9,6 +9,7 @@
 # qwen3-tiny (the reference fixture's model, 2 layers) and a random Llama-3.2-1B shape (bf16).
 #
 #   bench/cuda/carry-mixed.sh [DEST]    default /work/main/.devcarry-dist4
+# MODELS, TG and PIPE_ENVS set here become the payload's defaults (run.sh says what they mean).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/carry-lib.sh
@@ -31,13 +32,26 @@ for t in qwen3 llama3_1; do
   cp $tok/$t/tokenizer_config.json "$dest/tokenizers/$t/"
   xz -T2 -6 -c $tok/$t/tokenizer.json > "$dest/tokenizers/$t/tokenizer.json.xz"
 done
+{
+  [ -n "${MODELS:-}" ] && printf 'MODELS=${MODELS:-%q}\n' "$MODELS"
+  [ -n "${TG:-}" ] && printf 'TG=${TG:-%q}\n' "$TG"
+  [ -n "${PIPE_ENVS+set}" ] && printf 'PIPE_ENVS=${PIPE_ENVS-%q}\n' "$PIPE_ENVS"
+  true
+} > "$dest/defaults.env"
 cat > "$dest/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # bash .devcarry-dist4/run.sh (from the repository root): a pipeline over a GPU node and a CPU
 # node (bench/cuda/mixed_pipeline.py), results in $OUT/dist4 (summary.txt first)
 #   MODELS="qwen3-tiny llama-1b"  TG=128  GPU_DEVICE=cuda (cpu: a dry run where there is no GPU)
+#   PIPE_ENVS=";EXO_CUDA_MATMUL=exact": one pipeline run per ;-separated K=V,... list, those
+#     variables on the GPU node (EXO_NODE_MEMORY_BYTES=N there: a GPU that holds less)
 set -u
+. "$(dirname "$0")/defaults.env" # the defaults carry-mixed.sh was given
 MODELS=${MODELS:-qwen3-tiny llama-1b}
+IFS=';' read -ra pipe_envs <<< "${PIPE_ENVS-;EXO_CUDA_MATMUL=exact}"
+gpu_env_args=()
+for e in "${pipe_envs[@]}"; do gpu_env_args+=(--gpu-env "$e"); done
+[ ${#gpu_env_args[@]} -gt 0 ] || gpu_env_args=(--gpu-env "")
 start=$(date +%s)
 payload=$(cd "$(dirname "$0")" && pwd)
 repo=$PWD
@@ -78,10 +92,10 @@ if command -v nvidia-smi > /dev/null; then
   while sleep 2; do nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader; done > "$out/gpu-apps.log" 2>&1 &
   sampler=$!
 fi
-stamp "mixed_pipeline.py: default GPU kernels, then EXO_CUDA_MATMUL=exact on the GPU node" > "$out/mixed.log"
+stamp "mixed_pipeline.py $MODELS; pipeline runs with GPU node variables: ${gpu_env_args[*]}" > "$out/mixed.log"
 (cd "$root" && timeout -k 5 "${MIXED_TIMEOUT:-230}" python3 "$payload/mixed_pipeline.py" "$root/build/bin/exo" "$m" \
-  $MODELS --tg "${TG:-128}" --streams 4 --gpu-device "${GPU_DEVICE:-cuda}" --gpu-env "" \
-  --gpu-env EXO_CUDA_MATMUL=exact --logs "$out") >> "$out/mixed.log" 2>&1
+  $MODELS --tg "${TG:-128}" --streams 4 --gpu-device "${GPU_DEVICE:-cuda}" "${gpu_env_args[@]}" \
+  --logs "$out") >> "$out/mixed.log" 2>&1
 rc=$?
 [ -n "${sampler:-}" ] && kill "$sampler"
 stamp "exit $rc$( [ $rc = 124 ] && echo ' (timed out)')" >> "$out/mixed.log"
