@@ -22,6 +22,7 @@
 #include <cblas.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -166,8 +167,15 @@ static void fill_range(void *p, int64_t begin, int64_t end, int thread_index) {
 double bench_read_gbs(size_t bytes, int reps, double *median_gbs) {
     size_t n = bytes / sizeof(float);
     mem_job job = {.n = n};
-    job.a = malloc(n * sizeof(float));
+    /* On 2 MiB pages like the weights arena (model/weights.c): with 4 KiB pages a VM pays a
+     * nested page walk every 4 KiB, and the probe would read less than decode can. */
+    const size_t huge = (size_t)2 << 20, len = (n * sizeof(float) + huge - 1) & ~(huge - 1);
+    int huge_pages = !getenv("EXO_BENCH_SMALL_PAGES");
+    job.a = huge_pages ? aligned_alloc(huge, len) : malloc(n * sizeof(float));
     if (!job.a) return 0;
+#ifdef MADV_HUGEPAGE
+    if (huge_pages) madvise(job.a, len, MADV_HUGEPAGE);
+#endif
     threadpool_parallel_for(cpu_thread_pool(), (int64_t)n, fill_range, &job); /* first touch */
     double med, best = time_best(run_read, &job, reps, &med);
     free(job.a);
