@@ -167,6 +167,8 @@ static const format_case formats[] = {
     {"f16", WEIGHT_F16, 0, 0, DTYPE_BF16, 129, 256},
     {"f32", WEIGHT_F32, 0, 0, DTYPE_BF16, 67, 132},
     {"bf16 odd cols", WEIGHT_BF16, 0, 0, DTYPE_BF16, 33, 100},
+    {"bf16 wide", WEIGHT_BF16, 0, 0, DTYPE_BF16, 45, 2056},      /* 3 slices of x, one partial */
+    {"mlx4 g64 wide", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_F16, 67, 4160},
     {"mlx4 g64", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 301, 1024},
     {"mlx4 g32 f16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_F16, 64, 256},
     {"mlx4 g128 f32", WEIGHT_MLX_AFFINE, 4, 128, DTYPE_F32, 70, 512},
@@ -748,6 +750,9 @@ static void test_norm_matmul(void **s) {
     static const format_case cases[] = {
         {"mlx4 g64", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 300, 1024},
         {"bf16", WEIGHT_BF16, 0, 0, DTYPE_BF16, 260, 768},
+        /* several 1024-column slices, the last one partial (the one-token kernel's warps) */
+        {"mlx4 g64 wide", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_F16, 130, 4160},
+        {"bf16 wide", WEIGHT_BF16, 0, 0, DTYPE_BF16, 70, 2056},
     };
     static const int64_t tokens[] = {1, 2, 4, 5, 12};
     int failures = 0;

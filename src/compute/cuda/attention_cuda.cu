@@ -29,10 +29,10 @@
 #include <math.h>
 #include <stdio.h>
 
-#define ATT_WARPS 4
-#define ATT_GROUP 8  /* query heads per pass */
-#define ATT_DIMS 8   /* head dims per lane: head_dim <= 256 */
+#define ATT_TILE 32        /* cached positions a warp takes at a time */
+#define ATT_MAX_WARPS 4
 #define ATT_MAX_SPLITS 32
+#define ATT_SMEM_BUDGET (96 * 1024) /* a block's tile buffers: 4 warps of bf16 128-dim rows */
 
 template <int T> __device__ __forceinline__ float kv_load(const void *base, int64_t i);
 template <> __device__ __forceinline__ float kv_load<DTYPE_F32>(const void *base, int64_t i) {
@@ -43,28 +43,6 @@ template <> __device__ __forceinline__ float kv_load<DTYPE_F16>(const void *base
 }
 template <> __device__ __forceinline__ float kv_load<DTYPE_BF16>(const void *base, int64_t i) {
     return __uint_as_float((uint32_t)((const uint16_t *)base)[i] << 16);
-}
-
-/* 8 consecutive cached values from a 16-byte aligned offset. */
-template <int T> __device__ __forceinline__ void kv_load8(const void *base, int64_t i, float *v) {
-    if (T == DTYPE_F32) {
-        float4 a = *(const float4 *)((const float *)base + i);
-        float4 b = *(const float4 *)((const float *)base + i + 4);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    } else {
-        uint4 u = *(const uint4 *)((const uint16_t *)base + i);
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            if (T == DTYPE_BF16) {
-                v[2 * k] = __uint_as_float(w[k] << 16);
-                v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-            } else {
-                float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w[k]));
-                v[2 * k] = f.x, v[2 * k + 1] = f.y;
-            }
-        }
-    }
 }
 
 /* First cached position a token with n_ctx positions attends to (the window's start). */
@@ -90,254 +68,321 @@ struct att_args {
     attention_batch ab;
     float *out;     /* splits == 1: the output */
     float *partial; /* splits > 1: [n_tokens][n_heads][splits][head_dim + 2] */
-    int splits;
+    int *done;      /* splits > 1: [n_tokens][n_kv_heads][passes] blocks finished, back to 0 */
+    int splits, passes;
+    int pitch;      /* bytes of a cached row in shared memory (16-byte multiple + 16) */
+    int cp;         /* bytes a cp.async copies: 16, or 8 for 16-bit rows of 4k + 2 (mod 8) values */
     int64_t t_begin, t_end; /* the batch tokens this launch serves */
 };
 
-/* DIMS: head dims per lane (head_dim <= 32 DIMS), so a 128-dim head's V loop holds 4 values a
- * row, not 8 with half of them predicated off. */
-template <int T, bool VEC, int DIMS>
-__global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
-    extern __shared__ float q_smem[]; /* [ATT_WARPS][ATT_GROUP][head_dim] */
-    const attention_batch &ab = a.ab;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int64_t t = a.t_begin + (int64_t)blockIdx.x * ATT_WARPS + warp;
-    if (t >= a.t_end) return; /* no block-wide barrier below */
-    int kvh = blockIdx.y, split = blockIdx.z;
-    int hd = ab.head_dim, nh = ab.n_heads, group = nh / ab.n_kv_heads;
-    int64_t kv_dim = (int64_t)ab.n_kv_heads * hd;
-    float *qs = q_smem + warp * ATT_GROUP * hd;
-    const int32_t *table = ab.block_tables + ab.block_table_start[ab.seq_of_token[t]];
-    int n_ctx = ab.positions[t] + 1, bs = ab.block_size, first = att_first(ab, n_ctx);
-    for (int h0 = 0; h0 < group; h0 += ATT_GROUP) {
-        int gc = group - h0 < ATT_GROUP ? group - h0 : ATT_GROUP;
-        const float *qt = a.q + (t * nh + (int64_t)kvh * group + h0) * hd;
-        if (VEC) { /* 16-byte loads, several in flight (one float a lane in series was ~5 us) */
-#pragma unroll 4
-            for (int i = lane; i < gc * hd / 4; i += 32) ((float4 *)qs)[i] = ((const float4 *)qt)[i];
+template <int N> __device__ __forceinline__ void cp_async(void *smem, const void *gmem) {
+    if (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                     "l"(gmem) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                     "l"(gmem), "n"(N) : "memory");
+}
+
+/* 4 consecutive values of a row in shared memory (8- or 16-byte aligned). */
+template <int T> __device__ __forceinline__ void smem_load4(const char *p, float *v) {
+    if (T == DTYPE_F32) {
+        float4 f = *(const float4 *)p;
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+        uint2 u = *(const uint2 *)p;
+        if (T == DTYPE_BF16) {
+            v[0] = __uint_as_float(u.x << 16), v[1] = __uint_as_float(u.x & 0xffff0000u);
+            v[2] = __uint_as_float(u.y << 16), v[3] = __uint_as_float(u.y & 0xffff0000u);
         } else {
-            for (int i = lane; i < gc * hd; i += 32) qs[i] = qt[i];
+            float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
+            float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+            v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
         }
-        __syncwarp();
-        /* VEC: the weighted sum of V takes rows in parallel -- lane l reads 16 bytes (dims
-         * (l % lpr) * 8 ..) of row l / lpr of each step, lpr = head_dim / 8 lanes a row, so a
-         * chunk's rows are all in flight at once (one row at a time, a lane reading its dims of
-         * each, was a chain of ~30 dependent loads: most of the 23 us a decode step's attention
-         * took); the lanes sharing dims are summed at the end. */
-        const int lpr = hd / 8, rpi = 32 / lpr, my_row = lane / lpr, my_dim0 = (lane % lpr) * 8;
-        constexpr int AD = VEC ? 8 : DIMS;
-        float m[ATT_GROUP], l[ATT_GROUP], acc[ATT_GROUP][AD];
+    }
+}
+
+/* Decode (and short prefill chunks) over the paged cache: a block of up to 4 warps per (token,
+ * KV head, group pass, split), G query heads of the KV head together so each cached row is read
+ * once for all of them. A warp takes tiles of 32 cached positions -- tile split + splits (warp +
+ * warps i) of the token's window -- and for each copies the tile's K and V rows into shared memory
+ * with cp.async (a rolled loop issues every copy before any is waited for: one memory round trip
+ * a tile), then lane j scores position j against the G query heads (q in shared memory), an
+ * online softmax in float32 as the CPU reference (ops_attention.c), and each lane sums V over the
+ * tile for its DPL head dims. The warps' (max, sum, weighted V) are combined through shared
+ * memory at the end. The loops stay rolled: the previous kernel, fully unrolled, spent 61-67% of
+ * its time waiting on instruction fetch (ncu, H200) at one warp per scheduler.
+ *
+ * Flash-decoding split: with few (token, KV head) pairs a token's tiles are dealt to `splits`
+ * blocks (no host knowledge of the context length is needed). Each writes its partial (max, sum,
+ * weighted V); the last block of a (token, KV head, pass) to finish -- counted with an atomic --
+ * merges them in split order (deterministic) and resets the count, so no second kernel runs. */
+template <int T, int G, int DPL>
+__global__ void __launch_bounds__(ATT_MAX_WARPS * 32) attention_tile_kernel(att_args a) {
+    extern __shared__ float4 att_smem4[];
+    float *qs = (float *)att_smem4; /* [G][head_dim], then per warp: K tile, V tile, weights */
+    __shared__ int last_block;
+    const attention_batch &ab = a.ab;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int hd = ab.head_dim, nh = ab.n_heads, group = nh / ab.n_kv_heads;
+    const int kvh = blockIdx.x / a.passes, pass = blockIdx.x % a.passes, split = blockIdx.z;
+    const int h0 = kvh * group + pass * G, gc = group - pass * G < G ? group - pass * G : G;
+    const int64_t kv_dim = (int64_t)ab.n_kv_heads * hd;
+    const int es = T == DTYPE_F32 ? 4 : 2, row_bytes = hd * es, cpr = row_bytes / a.cp;
+    char *tiles = (char *)(qs + G * hd);
+    char *sk = tiles + (size_t)warp * (2 * ATT_TILE * a.pitch + G * ATT_TILE * 4);
+    char *sv = sk + ATT_TILE * a.pitch;
+    float *sw = (float *)(sv + ATT_TILE * a.pitch); /* [G][32] this tile's softmax weights */
+    for (int64_t t = a.t_begin + blockIdx.y; t < a.t_end; t += gridDim.y) {
+        for (int i = threadIdx.x; i < gc * hd; i += blockDim.x) qs[i] = a.q[(t * nh + h0) * hd + i];
+        __syncthreads();
+        const int32_t *table = ab.block_tables + ab.block_table_start[ab.seq_of_token[t]];
+        const int n_ctx = ab.positions[t] + 1, bs = ab.block_size, first = att_first(ab, n_ctx);
+        float m[G], l[G], acc[G][DPL];
 #pragma unroll
-        for (int g = 0; g < ATT_GROUP; g++) {
-            m[g] = -INFINITY;
-            l[g] = 0;
+        for (int g = 0; g < G; g++) {
+            m[g] = -INFINITY, l[g] = 0;
 #pragma unroll
-            for (int i = 0; i < AD; i++) acc[g][i] = 0;
+            for (int i = 0; i < DPL; i++) acc[g][i] = 0;
         }
-        for (int base = first + split * 32; base < n_ctx; base += 32 * a.splits) {
-            int p = base + lane;
-            bool valid = p < n_ctx;
-            int64_t row = 0;
-            float s[ATT_GROUP];
-#pragma unroll
-            for (int g = 0; g < ATT_GROUP; g++) s[g] = 0;
-            if (valid) {
-                row = ((int64_t)table[p / bs] * bs + p % bs) * kv_dim + (int64_t)kvh * hd;
-                if (VEC) { /* unrolled: several rows' 16-byte loads in flight, not one at a time */
-#pragma unroll 16
-                    for (int d = 0; d < hd; d += 8) {
-                        float kv8[8];
-                        kv_load8<T>(a.k, row + d, kv8);
-#pragma unroll
-                        for (int g = 0; g < ATT_GROUP; g++) {
-                            if (g >= gc) break;
-                            const float *qg = qs + g * hd + d;
-#pragma unroll
-                            for (int i = 0; i < 8; i++) s[g] = fmaf(qg[i], kv8[i], s[g]);
-                        }
-                    }
-                } else {
-                    for (int d = 0; d < hd; d++) {
-                        float kd = kv_load<T>(a.k, row + d);
-#pragma unroll
-                        for (int g = 0; g < ATT_GROUP; g++)
-                            if (g < gc) s[g] = fmaf(qs[g * hd + d], kd, s[g]);
+        for (int tile = split + a.splits * warp;; tile += a.splits * nw) {
+            const int base = first + tile * ATT_TILE;
+            if (base >= n_ctx) break;
+            const int n_valid = n_ctx - base < ATT_TILE ? n_ctx - base : ATT_TILE, p = base + lane;
+            /* byte offset of this lane's position's row (K and V alike) */
+            const int64_t row = p < n_ctx ? (((int64_t)table[p / bs] * bs + p % bs) * kv_dim + (int64_t)kvh * hd) * es : 0;
+            for (int i0 = 0; i0 < n_valid * cpr; i0 += 32) { /* uniform trip count: shuffles */
+                int i = i0 + lane, j = i / cpr;
+                int64_t rj = __shfl_sync(0xffffffffu, row, j < 32 ? j : 31);
+                if (i < n_valid * cpr) {
+                    int off = (i - j * cpr) * a.cp;
+                    if (a.cp == 16) {
+                        cp_async<16>(sk + j * a.pitch + off, (const char *)a.k + rj + off);
+                        cp_async<16>(sv + j * a.pitch + off, (const char *)a.v + rj + off);
+                    } else {
+                        cp_async<8>(sk + j * a.pitch + off, (const char *)a.k + rj + off);
+                        cp_async<8>(sv + j * a.pitch + off, (const char *)a.v + rj + off);
                     }
                 }
             }
-            /* softmax update per head; s[g] becomes this lane's weight */
+            asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+            __syncwarp();
+            float s[G];
 #pragma unroll
-            for (int g = 0; g < ATT_GROUP; g++) {
-                if (g >= gc) break;
+            for (int g = 0; g < G; g++) s[g] = 0;
+            if (lane < n_valid) {
+                const char *kr = sk + lane * a.pitch;
+#pragma unroll 2
+                for (int d = 0; d < hd; d += 4) {
+                    float kv4[4];
+                    smem_load4<T>(kr + d * es, kv4);
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        float4 qg = *(const float4 *)(qs + g * hd + d);
+                        s[g] = fmaf(qg.x, kv4[0], fmaf(qg.y, kv4[1], fmaf(qg.z, kv4[2], fmaf(qg.w, kv4[3], s[g]))));
+                    }
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < G; g++) { /* online softmax; sw[g][j] becomes position j's weight */
+                bool valid = lane < n_valid && g < gc;
                 float sc = valid ? s[g] * ab.scale : -INFINITY;
                 float cm = sc;
                 for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
                 float mn = fmaxf(m[g], cm);
-                float corr = __expf(m[g] - mn); /* m = -inf at first: 0 */
+                float corr = mn == -INFINITY ? 1.0f : __expf(m[g] - mn);
                 float w = valid ? __expf(sc - mn) : 0.0f;
                 float ws = w;
                 for (int o = 16; o > 0; o >>= 1) ws += __shfl_xor_sync(0xffffffffu, ws, o);
                 l[g] = l[g] * corr + ws;
                 m[g] = mn;
 #pragma unroll
-                for (int i = 0; i < AD; i++) acc[g][i] *= corr;
-                s[g] = w;
+                for (int i = 0; i < DPL; i++) acc[g][i] *= corr;
+                sw[g * ATT_TILE + lane] = w;
             }
-            int n_valid = n_ctx - base < 32 ? n_ctx - base : 32;
-            if (VEC) {
-#pragma unroll 16
-                for (int j0 = 0; j0 < n_valid; j0 += rpi) {
-                    int j = (j0 + my_row) & 31;
-                    bool ok = my_row < rpi && j0 + my_row < n_valid;
-                    int64_t rj = __shfl_sync(0xffffffffu, row, j);
-                    float vv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                    if (ok) kv_load8<T>(a.v, rj + my_dim0, vv);
+            __syncwarp();
+            const int d0 = lane * DPL;
+            if (d0 < hd) {
+#pragma unroll 2
+                for (int j = 0; j < n_valid; j++) {
+                    float vv[DPL];
+                    const char *vr = sv + j * a.pitch + d0 * es;
+                    if (DPL >= 4) {
 #pragma unroll
-                    for (int g = 0; g < ATT_GROUP; g++) {
-                        if (g >= gc) break;
-                        float w = __shfl_sync(0xffffffffu, s[g], j);
+                        for (int i = 0; i < DPL; i += 4) smem_load4<T>(vr + i * es, vv + i);
+                    } else {
 #pragma unroll
-                        for (int i = 0; i < 8; i++) acc[g][i] = ok ? fmaf(w, vv[i], acc[g][i]) : acc[g][i];
+                        for (int i = 0; i < DPL; i++) vv[i] = kv_load<T>(vr, i);
+                    }
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        float w = sw[g * ATT_TILE + j];
+#pragma unroll
+                        for (int i = 0; i < DPL; i++) acc[g][i] = fmaf(w, vv[i], acc[g][i]);
                     }
                 }
+            }
+            __syncwarp(); /* the tile's buffers are read before the next tile's copies land */
+        }
+        /* combine the warps: [warp][g][head_dim + 2] (acc, m, l) over the tile buffers */
+        __syncthreads();
+        float *cb = (float *)tiles;
+        const int cs = hd + 2;
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float *o = cb + (warp * G + g) * cs;
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (lane * DPL + i < hd) o[lane * DPL + i] = acc[g][i];
+            if (lane == 0) o[hd] = m[g], o[hd + 1] = l[g];
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < gc * hd; i += blockDim.x) {
+            const int g = i / hd, d = i % hd;
+            float mx = -INFINITY;
+            for (int w = 0; w < nw; w++) mx = fmaxf(mx, cb[(w * G + g) * cs + hd]);
+            float o = 0, sum = 0;
+            for (int w = 0; w < nw; w++) {
+                const float *c = cb + (w * G + g) * cs;
+                if (c[hd] == -INFINITY) continue; /* saw no position */
+                float e = __expf(c[hd] - mx);
+                o += c[d] * e;
+                sum += c[hd + 1] * e;
+            }
+            const int64_t h = h0 + g;
+            if (a.splits == 1) {
+                a.out[(t * nh + h) * hd + d] = o * attention_sink_norm(ab.sinks, h, mx, sum);
             } else {
-#pragma unroll 8
-                for (int j = 0; j < n_valid; j++) { /* unrolled for the same reason: V loads in flight */
-                    int64_t rj = __shfl_sync(0xffffffffu, row, j);
-                    float vv[DIMS];
-#pragma unroll
-                    for (int i = 0; i < DIMS; i++) {
-                        int d = lane + 32 * i;
-                        vv[i] = d < hd ? kv_load<T>(a.v, rj + d) : 0.0f;
-                    }
-#pragma unroll
-                    for (int g = 0; g < ATT_GROUP; g++) {
-                        if (g >= gc) break;
-                        float w = __shfl_sync(0xffffffffu, s[g], j);
-#pragma unroll
-                        for (int i = 0; i < DIMS && i < AD; i++) acc[g][i] = fmaf(w, vv[i], acc[g][i]);
-                    }
-                }
+                float *pp = a.partial + ((t * nh + h) * a.splits + split) * cs;
+                pp[d] = o;
+                if (d == 0) pp[hd] = mx, pp[hd + 1] = sum;
             }
         }
-        if (VEC) { /* sum the lanes sharing dims into lanes 0 .. lpr - 1 */
-#pragma unroll
-            for (int g = 0; g < ATT_GROUP; g++) {
-                if (g >= gc) break;
-#pragma unroll
-                for (int i = 0; i < AD; i++) {
-                    float v = acc[g][i];
-                    for (int r = 1; r < rpi; r++) v += __shfl_sync(0xffffffffu, acc[g][i], (lane + r * lpr) & 31);
-                    acc[g][i] = v;
+        if (a.splits > 1) { /* the last block of this (token, KV head, pass) merges the splits */
+            __threadfence();
+            __syncthreads();
+            int *done = a.done + (t * ab.n_kv_heads + kvh) * a.passes + pass;
+            if (threadIdx.x == 0) last_block = atomicAdd(done, 1) == a.splits - 1;
+            __syncthreads();
+            if (last_block) {
+                __threadfence();
+                /* per head: the splits' weights e^(m_s - M) into cb, then 1 / the denominator */
+                float *wts = cb; /* [G][splits + 1] */
+                for (int g = warp; g < gc; g += nw) {
+                    const int64_t h = h0 + g;
+                    const float *pp = a.partial + (t * nh + h) * a.splits * cs;
+                    float ms = lane < a.splits ? __ldcg(pp + lane * cs + hd) : -INFINITY;
+                    float ls = lane < a.splits ? __ldcg(pp + lane * cs + hd + 1) : 0.0f;
+                    float mx = ms;
+                    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                    float e = ms == -INFINITY ? 0.0f : __expf(ms - mx), le = ls * e;
+                    for (int o = 16; o > 0; o >>= 1) le += __shfl_xor_sync(0xffffffffu, le, o);
+                    if (lane < a.splits) wts[g * (ATT_MAX_SPLITS + 1) + lane] = e;
+                    if (lane == 0) wts[g * (ATT_MAX_SPLITS + 1) + ATT_MAX_SPLITS] = attention_sink_norm(ab.sinks, h, mx, le);
                 }
+                __syncthreads();
+                for (int i = threadIdx.x; i < gc * hd; i += blockDim.x) {
+                    const int g = i / hd, d = i % hd;
+                    const int64_t h = h0 + g;
+                    const float *pp = a.partial + (t * nh + h) * a.splits * cs;
+                    const float *wg = wts + g * (ATT_MAX_SPLITS + 1);
+                    float o = 0;
+                    for (int sp = 0; sp < a.splits; sp++)
+                        if (wg[sp] != 0.0f) o += __ldcg(pp + sp * cs + d) * wg[sp];
+                    a.out[(t * nh + h) * hd + d] = o * wg[ATT_MAX_SPLITS];
+                }
+                if (threadIdx.x == 0) *done = 0;
             }
         }
-#pragma unroll
-        for (int g = 0; g < ATT_GROUP; g++) {
-            if (g >= gc) break;
-            int64_t h = (int64_t)kvh * group + h0 + g;
-            float *o = a.splits == 1 ? a.out + (t * nh + h) * hd
-                                     : a.partial + ((t * nh + h) * a.splits + split) * (hd + 2);
-            float scale = a.splits == 1 ? attention_sink_norm(ab.sinks, h, m[g], l[g]) : 1.0f;
-            if (VEC) {
-                if (lane < lpr) {
-#pragma unroll
-                    for (int i = 0; i < AD; i++) o[my_dim0 + i] = acc[g][i] * scale;
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < AD; i++)
-                    if (lane + 32 * i < hd) o[lane + 32 * i] = acc[g][i] * scale;
-            }
-            if (a.splits > 1 && lane == 0) o[hd] = m[g], o[hd + 1] = l[g];
-        }
-        __syncwarp();
+        __syncthreads(); /* qs and the buffers are free for the next token */
     }
 }
 
-/* Merges the splits of one (token, head): weights e^(m_s - M), sums l_s e^(m_s - M). A split
- * that saw no position has m = -inf and weight 0. Each split's (m, l) is read once, by its own
- * thread, into shared memory (a loop over the splits in every thread was 7 us a decode step). */
-__global__ void attention_merge_kernel(const float *partial, int splits, int hd, int64_t th0,
-                                       const float *sinks, int n_heads, float *out) {
-    __shared__ float ms[ATT_MAX_SPLITS], ws[ATT_MAX_SPLITS], norm;
-    int64_t th = th0 + blockIdx.x;
-    const float *p = partial + th * splits * (hd + 2);
-    if (threadIdx.x < 32) {
-        int s = threadIdx.x;
-        float m = s < splits ? p[s * (hd + 2) + hd] : -INFINITY;
-        float l = s < splits ? p[s * (hd + 2) + hd + 1] : 0.0f;
-        float mx = m;
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        float w = m == -INFINITY ? 0.0f : __expf(m - mx), lw = l * w;
-        for (int o = 16; o > 0; o >>= 1) lw += __shfl_xor_sync(0xffffffffu, lw, o);
-        if (s < ATT_MAX_SPLITS) ms[s] = m, ws[s] = w;
-        if (s == 0) norm = attention_sink_norm(sinks, th % n_heads, mx, lw);
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0;
-#pragma unroll 8
-        for (int s = 0; s < splits; s++)
-            if (ms[s] != -INFINITY) acc += p[s * (hd + 2) + d] * ws[s];
-        out[th * hd + d] = acc * norm;
-    }
-}
-
-template <int T, int DIMS>
-static void launch_attention_dims(cuda_ctx *c, const att_args &a, dim3 grid, size_t smem) {
-    if (a.ab.head_dim % 8 == 0)
-        attention_kernel<T, true, DIMS><<<grid, ATT_WARPS * 32, smem, c->stream>>>(a);
-    else
-        attention_kernel<T, false, DIMS><<<grid, ATT_WARPS * 32, smem, c->stream>>>(a);
-}
-
-template <int T>
-static void launch_attention(cuda_ctx *c, const att_args &a, dim3 grid, size_t smem) {
+/* Dims per lane of the V sum: head_dim <= 32 DPL. */
+template <int T, int G>
+static void launch_attention_g(cuda_ctx *c, const att_args &a, dim3 grid, int warps, size_t smem) {
     int hd = a.ab.head_dim;
-    if (hd <= 64) launch_attention_dims<T, 2>(c, a, grid, smem);
-    else if (hd <= 128) launch_attention_dims<T, 4>(c, a, grid, smem);
-    else launch_attention_dims<T, ATT_DIMS>(c, a, grid, smem);
+    const void *fn;
+    if (hd <= 32) fn = (const void *)attention_tile_kernel<T, G, 1>;
+    else if (hd <= 64) fn = (const void *)attention_tile_kernel<T, G, 2>;
+    else if (hd <= 128) fn = (const void *)attention_tile_kernel<T, G, 4>;
+    else fn = (const void *)attention_tile_kernel<T, G, 8>;
+    /* above 48 KB a kernel must ask, once (the largest asked for so far, per kernel) */
+    static const void *fns[64];
+    static size_t raised[64];
+    int k = 0;
+    while (k < 64 && fns[k] && fns[k] != fn) k++;
+    if (smem > 48 * 1024 && (k == 64 || !fns[k] || raised[k] < smem)) {
+        if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+            cudaGetLastError();
+            cuda_fail(c, "attention", "cannot raise the kernel's shared memory");
+            return;
+        }
+        if (k < 64) fns[k] = fn, raised[k] = smem;
+    }
+    if (hd <= 32) attention_tile_kernel<T, G, 1><<<grid, warps * 32, smem, c->stream>>>(a);
+    else if (hd <= 64) attention_tile_kernel<T, G, 2><<<grid, warps * 32, smem, c->stream>>>(a);
+    else if (hd <= 128) attention_tile_kernel<T, G, 4><<<grid, warps * 32, smem, c->stream>>>(a);
+    else attention_tile_kernel<T, G, 8><<<grid, warps * 32, smem, c->stream>>>(a);
 }
 
-/* The warp kernel over batch tokens [t0, t1). */
+template <int T> static void launch_attention(cuda_ctx *c, const att_args &a, int G, dim3 grid, int warps, size_t smem) {
+    switch (G) {
+    case 1: launch_attention_g<T, 1>(c, a, grid, warps, smem); break;
+    case 2: launch_attention_g<T, 2>(c, a, grid, warps, smem); break;
+    case 4: launch_attention_g<T, 4>(c, a, grid, warps, smem); break;
+    default: launch_attention_g<T, 8>(c, a, grid, warps, smem); break;
+    }
+}
+
+/* The tile kernel over batch tokens [t0, t1). */
 static void attention_warps(cuda_ctx *c, const float *q, const kv_layer *kv,
                             const attention_batch *ab, float *out, int64_t t0, int64_t t1) {
-    int hd = ab->head_dim;
+    int hd = ab->head_dim, group = ab->n_heads / ab->n_kv_heads;
     if (t1 <= t0) return;
-    /* enough warps for every multiprocessor several times over: ~132 SMs x 16 warps */
-    int64_t pairs = (t1 - t0) * ab->n_kv_heads;
-    int splits = 1;
-    while (splits < ATT_MAX_SPLITS && pairs * splits < 2048) splits *= 2;
+    int G = group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? 2 : 1; /* heads a pass (a power of 2) */
+    if (G < group && G < 8) G *= 2;
+    int passes = (group + G - 1) / G, es = kv->type == DTYPE_F32 ? 4 : 2;
     att_args a;
     a.q = q;
     a.k = kv->k;
     a.v = kv->v;
     a.ab = *ab;
     a.out = out;
-    a.splits = splits;
     a.partial = NULL;
+    a.done = NULL;
+    a.passes = passes;
+    a.cp = hd * es % 16 == 0 ? 16 : 8;
+    a.pitch = (hd * es + 15) / 16 * 16 + 16; /* rows 16 bytes apart in banks: conflict-free */
     a.t_begin = t0;
     a.t_end = t1;
+    /* warps a block: up to 4, as the shared memory budget allows (f32 rows of 256 dims: 1) */
+    size_t per_warp = 2 * (size_t)ATT_TILE * a.pitch + (size_t)G * ATT_TILE * 4;
+    int warps = (int)(ATT_SMEM_BUDGET / per_warp);
+    warps = warps < 1 ? 1 : warps > ATT_MAX_WARPS ? ATT_MAX_WARPS : warps;
+    size_t comb = (size_t)warps * G * (hd + 2) * 4, merge = (size_t)G * (ATT_MAX_SPLITS + 1) * 4;
+    size_t tiles = (size_t)warps * per_warp;
+    if (tiles < comb) tiles = comb;
+    if (tiles < merge) tiles = merge;
+    size_t smem = (size_t)G * hd * 4 + tiles;
+    /* split the positions while the blocks would not fill the GPU twice over */
+    int64_t ntok = t1 - t0, blocks = ntok * ab->n_kv_heads * passes;
+    int splits = 1;
+    while (splits < ATT_MAX_SPLITS && blocks * splits < 2 * c->sm_count) splits *= 2;
+    a.splits = splits;
     if (splits > 1) {
-        size_t bytes = (size_t)ab->n_tokens * ab->n_heads * splits * (hd + 2) * sizeof(float);
-        a.partial = (float *)cuda_scratch(c, SCRATCH_ATTENTION, bytes);
-        if (!a.partial) return;
+        size_t pbytes = (size_t)ab->n_tokens * ab->n_heads * splits * (hd + 2) * sizeof(float);
+        a.partial = (float *)cuda_scratch(c, SCRATCH_ATTENTION, pbytes);
+        a.done = (int *)cuda_scratch(c, SCRATCH_ATT_DONE, (size_t)ab->n_tokens * ab->n_kv_heads * passes * sizeof(int));
+        if (!a.partial || !a.done) return;
     }
-    dim3 grid(cuda_blocks(t1 - t0, ATT_WARPS), ab->n_kv_heads, splits);
-    size_t smem = (size_t)ATT_WARPS * ATT_GROUP * hd * sizeof(float);
+    dim3 grid((unsigned)(ab->n_kv_heads * passes), (unsigned)(ntok < 65535 ? ntok : 65535), (unsigned)splits);
     switch (kv->type) {
-    case DTYPE_F16: launch_attention<DTYPE_F16>(c, a, grid, smem); break;
-    case DTYPE_BF16: launch_attention<DTYPE_BF16>(c, a, grid, smem); break;
-    default: launch_attention<DTYPE_F32>(c, a, grid, smem); break;
+    case DTYPE_F16: launch_attention<DTYPE_F16>(c, a, G, grid, warps, smem); break;
+    case DTYPE_BF16: launch_attention<DTYPE_BF16>(c, a, G, grid, warps, smem); break;
+    default: launch_attention<DTYPE_F32>(c, a, G, grid, warps, smem); break;
     }
     CUDA_LAUNCHED(c, "attention");
-    if (splits > 1) {
-        attention_merge_kernel<<<(unsigned)((t1 - t0) * ab->n_heads), hd < 128 ? 32 : 128, 0,
-                                 c->stream>>>(a.partial, splits, hd, t0 * ab->n_heads, ab->sinks,
-                                              ab->n_heads, out);
-        CUDA_LAUNCHED(c, "attention_merge");
-    }
 }
 
 /* ---- prefill runs on the tensor cores ---------------------------------------------------- */
@@ -464,8 +509,8 @@ void cuda_attention(cuda_ctx *c, const float *q, const kv_layer *kv, const atten
                     float *out) {
     int64_t n = ab->n_tokens;
     if (n <= 0) return;
-    if (ab->head_dim > 32 * ATT_DIMS || ab->n_heads % ab->n_kv_heads) {
-        cuda_fail(c, "attention", "head_dim over 256 or heads not a multiple of KV heads");
+    if (ab->head_dim > 256 || ab->head_dim % 4 || ab->n_heads % ab->n_kv_heads) {
+        cuda_fail(c, "attention", "head_dim over 256 or not a multiple of 4, or heads not a multiple of KV heads");
         return;
     }
     const int32_t *pos = ab->host_positions, *seq = ab->host_seq_of_token;

@@ -45,6 +45,7 @@ void *cuda_scratch(cuda_ctx *c, int which, size_t bytes) {
         return NULL;
     }
     c->scratch_bytes[which] = want;
+    if (which == SCRATCH_ATT_DONE) CUDA_OK(c, cudaMemsetAsync(c->scratch[which], 0, want, c->stream));
     return c->scratch[which];
 }
 
@@ -802,6 +803,8 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
     c->pipe_rows = pipe_rows && !strcmp(pipe_rows, "2") ? 2 : 4;
     const char *bf16_one = getenv("EXO_CUDA_BF16_GEMV");
     c->bf16_one = !bf16_one ? 0 : !strcmp(bf16_one, "persist") ? 1 : !strcmp(bf16_one, "pipe") ? 2 : 0;
+    const char *gemv1 = getenv("EXO_CUDA_GEMV1");
+    c->gemv1_prev = gemv1 && !strcmp(gemv1, "prev");
     const char *qgemm = getenv("EXO_CUDA_QGEMM"); /* 0: 4-bit batches dequantized for cuBLAS */
     c->qgemm = !qgemm || strcmp(qgemm, "0");
     if (cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||

@@ -53,6 +53,8 @@ struct cuda_ctx {
     int bf16_one;          /* one-token bf16 GEMV: 0 the per-16-rows blocks (fastest measured on the
                             * H200: 190 tok/s on the 8B shape against 180 persistent and 100 cp.async),
                             * EXO_CUDA_BF16_GEMV=persist: 1, =pipe: 2 (A/B) */
+    int gemv1_prev;        /* EXO_CUDA_GEMV1=prev: one-token 4-bit and bf16 GEMVs on the kernels
+                            * before the x-in-registers one (A/B) */
     int qgemm;             /* 4-bit batches through qgemm4 (EXO_CUDA_QGEMM=0: a bf16 copy, cuBLAS) */
     int sm_count;          /* multiprocessors: the persistent kernels' grid */
     char error[256];       /* first failure, reported by status */
@@ -69,8 +71,8 @@ struct cuda_ctx {
     dev_experts *experts;
     size_t n_experts_sets;
     /* scratch, grown on demand (GPU memory) */
-    void *scratch[8]; /* [SCRATCH_COUNT], below */
-    size_t scratch_bytes[8];
+    void *scratch[16]; /* [SCRATCH_COUNT], below */
+    size_t scratch_bytes[16];
     /* recorded decode steps (CUDA graphs), see step_begin in backend_cuda.cu */
     struct step_graph {
         uint64_t key;
@@ -94,6 +96,8 @@ enum {
     SCRATCH_SAMPLE,       /* the sampler's parameters in, results out */
     SCRATCH_SAMPLE_PROBS, /* [rows][vocab] candidate probabilities of non-greedy rows */
     SCRATCH_QGEMM,        /* the 4-bit GEMM's partial sums of split k */
+    SCRATCH_ATT_DONE,     /* split attention's per-(token, KV head) counts of finished blocks:
+                           * zeroed when allocated, each merge sets its count back to 0 */
     SCRATCH_COUNT
 };
 

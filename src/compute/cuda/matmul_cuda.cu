@@ -789,9 +789,200 @@ static int pipe_launch(cuda_ctx *c, gemv_args &a, int nt) {
     return 0;
 }
 
+/* ---- one-token GEMV with x in registers (4-bit group 64, bf16) ------------------------------ */
+
+/* The kernels above stage all of x in shared memory (57 KB for the 14336-column down projection)
+ * and read it back for every weight: the SM held one block (12% occupancy, ncu), and the 4-bit
+ * weights' 8 floats of x per byte made shared memory, not DRAM, the limit. Here a warp owns a
+ * slice of 1024 columns of x for the whole launch, in registers (32 floats a lane: for 4-bit one
+ * half group of 32 consecutive columns, for bf16 four runs of 8 columns 256 apart, so that each
+ * 16-byte weight load of the warp is 512 contiguous bytes), and a block is one warp per slice
+ * (cols / 1024 warps). The block walks tiles of R rows, grid-strided: each lane loads its 16 bytes
+ * (bf16: 4 x 16) of every row of the tile, dots them with its x, the warp reduces the R sums with
+ * a transposing butterfly (R values halve at each of the first log2 R steps: 9 shuffles for 8
+ * rows, not 40), and the slices' sums meet in shared memory, added in slice order by warp 0
+ * (deterministic). The next tile's loads are issued before that reduction. x' = silu(x) * x_up or
+ * rmsnorm(x) * norm_w is formed once, in registers, as x is loaded. 4-bit: the 0.5 + q/32 byte
+ * permute of the persistent kernel, with the lane's sum of x for s sum(q x) + b sum(x). */
+#define XR_SLICE 1024
+#define XR_MAX_WARPS 16 /* columns <= 16384 */
+
+template <int KIND> struct xr_rows { static const int r = KIND == GEMV_Q4 ? 8 : 2; }; /* bf16: 4 spilled */
+
+template <int KIND, int SD>
+__global__ void __launch_bounds__(XR_MAX_WARPS * 32) gemv_xreg_kernel(gemv_args a) {
+    constexpr int R = xr_rows<KIND>::r, U = KIND == GEMV_Q4 ? 1 : 4; /* 16-byte loads a row */
+    __shared__ float red[2][XR_MAX_WARPS][R];
+    __shared__ double part[XR_MAX_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t cols = a.w[0].cols, slice0 = (int64_t)warp * XR_SLICE;
+    /* column of this lane's run j (4-bit: one run of 32; bf16: runs of 8) */
+    auto col = [&](int j) -> int64_t { return KIND == GEMV_Q4 ? slice0 + lane * 32 : slice0 + j * 256 + lane * 8; };
+    const int64_t n_tiles = a.tile_start[a.n];
+    int64_t tile = blockIdx.x;
+    int m = 0;
+    uint4 wv[R][U];
+    uint32_t sbv[R];
+    auto load = [&](int64_t tl) {
+        m = 0;
+        while (m + 1 < a.n && tl >= a.tile_start[m + 1]) m++;
+        const dev_matrix &w = a.w[m];
+        const int64_t row0 = (tl - a.tile_start[m]) * R;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t row = row0 + r < w.rows ? row0 + r : w.rows - 1; /* tail: re-read, unused */
+#pragma unroll
+            for (int j = 0; j < U; j++) {
+                const int64_t c = col(j);
+                wv[r][j] = c < cols ? __ldcs((const uint4 *)w.data + (row * cols + c) / (KIND == GEMV_Q4 ? 32 : 8))
+                                    : make_uint4(0, 0, 0, 0);
+            }
+            if (KIND == GEMV_Q4) sbv[r] = col(0) < cols ? __ldg(w.sb + row * (cols / 64) + col(0) / 64) : 0u;
+        }
+    };
+    if (tile < n_tiles) load(tile); /* in flight while x is formed */
+    float xr[32];
+#pragma unroll
+    for (int j = 0; j < 32 / 8; j++) {
+        const int64_t c = KIND == GEMV_Q4 ? col(0) + 8 * j : col(j);
+        float4 f0 = make_float4(0, 0, 0, 0), f1 = f0;
+        if (c < cols) {
+            f0 = __ldg((const float4 *)(a.x + c)), f1 = __ldg((const float4 *)(a.x + c) + 1);
+            if (a.x_up) {
+                float4 u0 = __ldg((const float4 *)(a.x_up + c)), u1 = __ldg((const float4 *)(a.x_up + c) + 1);
+                f0 = make_float4(silu_times(f0.x, u0.x), silu_times(f0.y, u0.y), silu_times(f0.z, u0.z), silu_times(f0.w, u0.w));
+                f1 = make_float4(silu_times(f1.x, u1.x), silu_times(f1.y, u1.y), silu_times(f1.z, u1.z), silu_times(f1.w, u1.w));
+            }
+        }
+        xr[8 * j] = f0.x, xr[8 * j + 1] = f0.y, xr[8 * j + 2] = f0.z, xr[8 * j + 3] = f0.w;
+        xr[8 * j + 4] = f1.x, xr[8 * j + 5] = f1.y, xr[8 * j + 6] = f1.z, xr[8 * j + 7] = f1.w;
+    }
+    if (a.norm_w) { /* rmsnorm as rmsnorm_kernel: the sum of squares in double */
+        double ss = 0;
+#pragma unroll
+        for (int i = 0; i < 32; i++) ss += (double)xr[i] * xr[i];
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        ss = 0;
+        for (int i = 0; i < nw; i++) ss += part[i];
+        const float inv = (float)(1.0 / sqrt(ss / (double)cols + (double)a.eps));
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int64_t c = KIND == GEMV_Q4 ? col(0) + 8 * j : col(j);
+            if (c < cols) {
+                float4 g0 = __ldg((const float4 *)(a.norm_w + c)), g1 = __ldg((const float4 *)(a.norm_w + c) + 1);
+                const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+                for (int i = 0; i < 8; i++) xr[8 * j + i] = xr[8 * j + i] * inv * g[i];
+            }
+        }
+    }
+    float sx = 0;
+    if (KIND == GEMV_Q4) {
+#pragma unroll
+        for (int i = 0; i < 32; i++) sx += xr[i];
+    }
+    int buf = 0;
+    while (tile < n_tiles) {
+        float v[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (KIND == GEMV_Q4) { /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
+                float d = q4_chunk_dot_offset(wv[r][0], xr);
+                float2 sb = unpack_sb<SD>(sbv[r]);
+                v[r] = fmaf(32.0f * sb.x, d, (sb.y - 16.0f * sb.x) * sx);
+            } else {
+                float d = 0;
+#pragma unroll
+                for (int j = 0; j < U; j++) d += chunk_dot<GEMV_BF16>(wv[r][j], xr + 8 * j);
+                v[r] = d;
+            }
+        }
+        const int mt = m;
+        const int64_t row0 = (tile - a.tile_start[mt]) * R;
+        tile += gridDim.x;
+        if (tile < n_tiles) load(tile); /* the next tile's bytes fly during the reductions */
+        /* transposing butterfly: after it, lane l holds the warp's sum of row rl */
+        int rl = 0;
+#pragma unroll
+        for (int n = R, o = 16; n > 1; n >>= 1, o >>= 1) {
+            const bool up = lane & o;
+#pragma unroll
+            for (int i = 0; i < n / 2; i++) {
+                float send = up ? v[i] : v[i + n / 2], keep = up ? v[i + n / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+            if (up) rl += n / 2;
+        }
+#pragma unroll
+        for (int o = 16 / (R / 2 > 0 ? R / 2 : 1) / 2; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+        if ((lane & (32 / R - 1)) == 0) red[buf][warp][rl] = v[0];
+        __syncthreads();
+        if (warp == 0 && lane < R) {
+            float y = 0;
+            for (int w = 0; w < nw; w++) y += red[buf][w][lane];
+            const dev_matrix &w = a.w[mt];
+            if (row0 + lane < w.rows) {
+                float *o = a.y[mt] + row0 + lane;
+                *o = a.accumulate ? *o + y : y;
+            }
+        }
+        buf ^= 1; /* the other buffer: warp 0 reads this one before the next barrier */
+    }
+}
+
+/* The x-in-registers kind of these matrices for one token, or -1 (EXO_CUDA_GEMV1=prev: -1). */
+static int xreg_kind(const cuda_ctx *c, const dev_matrix *m) {
+    if (c->gemv_old || c->gemv1_prev || m->cols > (int64_t)XR_SLICE * XR_MAX_WARPS) return -1;
+    if (m->kind == GEMV_Q4 && m->sb && m->group_size == 64 && m->cols % 64 == 0) return GEMV_Q4;
+    if (m->kind == GEMV_BF16 && m->cols % 8 == 0) return GEMV_BF16;
+    return -1;
+}
+
+template <int KIND, int SD> static int xreg_launch_kind(cuda_ctx *c, gemv_args &a) {
+    constexpr int R = xr_rows<KIND>::r;
+    const void *fn = (const void *)gemv_xreg_kernel<KIND, SD>;
+    const int warps = (int)((a.w[0].cols + XR_SLICE - 1) / XR_SLICE);
+    a.tile_start[0] = 0;
+    for (int i = 0; i < a.n; i++) a.tile_start[i + 1] = a.tile_start[i] + (a.w[i].rows + R - 1) / R;
+    static const void *fns[8];
+    static int per_sm[8][XR_MAX_WARPS + 1];
+    int k = 0;
+    while (k < 8 && fns[k] && fns[k] != fn) k++;
+    int occ = k < 8 && fns[k] ? per_sm[k][warps] : 0;
+    if (!occ) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, warps * 32, 0) != cudaSuccess || occ < 1) {
+            cudaGetLastError();
+            occ = 1;
+        }
+        if (k < 8) fns[k] = fn, per_sm[k][warps] = occ;
+    }
+    /* as many blocks as fit at once, with every block the same number of tiles (+-1) */
+    int64_t n_tiles = a.tile_start[a.n], most = (int64_t)occ * c->sm_count;
+    int64_t per_block = (n_tiles + most - 1) / most;
+    unsigned blocks = (unsigned)((n_tiles + per_block - 1) / per_block);
+    gemv_xreg_kernel<KIND, SD><<<blocks, warps * 32, 0, c->stream>>>(a);
+    CUDA_LAUNCHED(c, "gemv (x in registers)");
+    return 1;
+}
+
+static int xreg_launch(cuda_ctx *c, gemv_args &a, int nt) {
+    if (nt != 1) return 0;
+    int kind = xreg_kind(c, &a.w[0]);
+    for (int i = 1; i < a.n; i++)
+        if (xreg_kind(c, &a.w[i]) != kind || a.w[i].scale_dtype != a.w[0].scale_dtype) return 0;
+    if (kind == GEMV_Q4)
+        return a.w[0].scale_dtype == DTYPE_BF16 ? xreg_launch_kind<GEMV_Q4, DTYPE_BF16>(c, a)
+                                                : xreg_launch_kind<GEMV_Q4, DTYPE_F16>(c, a);
+    if (kind == GEMV_BF16) return xreg_launch_kind<GEMV_BF16, DTYPE_BF16>(c, a);
+    return 0;
+}
+
 /* Whether every launch of an n-token GEMV of m goes to the persistent kernel. */
 static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
     int nt = (int)(n < GEMV_MAX_TOKENS ? n : GEMV_MAX_TOKENS);
+    if (n == 1 && xreg_kind(c, m) >= 0) return 1;
     if (c->gemv_old || n > GEMV_PERSIST_MAX_TOKENS || (m->kind == GEMV_BF16 && n == 1 && !c->bf16_one))
         return 0;
     switch (m->kind) {
@@ -804,6 +995,7 @@ static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
 }
 
 static int persist_launch(cuda_ctx *c, int kind, gemv_args &a, int nt) {
+    if (xreg_launch(c, a, nt)) return 1;
     if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS || (kind == GEMV_BF16 && nt == 1 && !c->bf16_one))
         return 0;
     if (pipe_launch(c, a, nt)) return 1;
@@ -1323,7 +1515,8 @@ void cuda_norm_matmul(cuda_ctx *c, const float *x, const float *norm_w, float ep
     for (int i = 0; i < n && i < 4; i++) {
         m[i] = cuda_weight(c, w[i]);
         if (!m[i]) return;
-        fused = fused && m[i]->kind == m[0]->kind && persist_applies(c, m[i], n_tokens);
+        fused = fused && m[i]->kind == m[0]->kind && m[i]->scale_dtype == m[0]->scale_dtype &&
+                persist_applies(c, m[i], n_tokens);
     }
     if (fused) {
         gemv_tiles(c, n, m, x, NULL, ys, n_tokens, 0, norm_w, eps);
