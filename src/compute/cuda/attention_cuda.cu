@@ -133,6 +133,8 @@ __global__ void __launch_bounds__(ATT_MAX_WARPS * 32) attention_tile_kernel(att_
     char *sk = tiles + (size_t)warp * (2 * ATT_TILE * a.pitch + G * ATT_TILE * 4);
     char *sv = sk + ATT_TILE * a.pitch;
     float *sw = (float *)(sv + ATT_TILE * a.pitch); /* [G][32] this tile's softmax weights */
+    pdl_trigger();
+    pdl_wait();
     for (int64_t t = a.t_begin + blockIdx.y; t < a.t_end; t += gridDim.y) {
         for (int i = threadIdx.x; i < gc * hd; i += blockDim.x) qs[i] = a.q[(t * nh + h0) * hd + i];
         __syncthreads();
@@ -320,10 +322,10 @@ static void launch_attention_g(cuda_ctx *c, const att_args &a, dim3 grid, int wa
         }
         if (k < 64) fns[k] = fn, raised[k] = smem;
     }
-    if (hd <= 32) attention_tile_kernel<T, G, 1><<<grid, warps * 32, smem, c->stream>>>(a);
-    else if (hd <= 64) attention_tile_kernel<T, G, 2><<<grid, warps * 32, smem, c->stream>>>(a);
-    else if (hd <= 128) attention_tile_kernel<T, G, 4><<<grid, warps * 32, smem, c->stream>>>(a);
-    else attention_tile_kernel<T, G, 8><<<grid, warps * 32, smem, c->stream>>>(a);
+    if (hd <= 32) launch_pdl(c, attention_tile_kernel<T, G, 1>, grid, dim3(warps * 32), smem, a);
+    else if (hd <= 64) launch_pdl(c, attention_tile_kernel<T, G, 2>, grid, dim3(warps * 32), smem, a);
+    else if (hd <= 128) launch_pdl(c, attention_tile_kernel<T, G, 4>, grid, dim3(warps * 32), smem, a);
+    else launch_pdl(c, attention_tile_kernel<T, G, 8>, grid, dim3(warps * 32), smem, a);
 }
 
 template <int T> static void launch_attention(cuda_ctx *c, const att_args &a, int G, dim3 grid, int warps, size_t smem) {
@@ -575,6 +577,8 @@ __global__ void rope_kv_write_kernel(float *q, float *k, const float *v, const i
                                      int64_t n, int n_heads, int n_kv_heads, int head_dim, int half,
                                      const float *inv_freq, float attn_factor, void *kc, void *vc,
                                      const int32_t *slots) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t kv_dim = (int64_t)n_kv_heads * head_dim;
     const int q_items = n_heads * half, k_rot = n_kv_heads * half, rest = head_dim - 2 * half,
               k_rest = n_kv_heads * rest;
@@ -619,10 +623,8 @@ void cuda_rope_kv_write(cuda_ctx *c, float *q, float *k, const float *v, const i
     dim3 grid(cuda_blocks(items, ROPE_THREADS), (unsigned)(n < 65535 ? n : 65535));
     switch (kv->type) {
 #define LAUNCH(T)                                                                                \
-    rope_kv_write_kernel<T><<<grid, ROPE_THREADS, 0, c->stream>>>(q, k, v, pos, n, n_heads,       \
-                                                                  n_kv_heads, head_dim, half,      \
-                                                                  inv_freq, attn_factor, kv->k,    \
-                                                                  kv->v, slots)
+    launch_pdl(c, rope_kv_write_kernel<T>, grid, dim3(ROPE_THREADS), 0, q, k, v, pos, n, n_heads,   \
+               n_kv_heads, head_dim, half, inv_freq, attn_factor, kv->k, kv->v, slots)
     case DTYPE_F16: LAUNCH(DTYPE_F16); break;
     case DTYPE_BF16: LAUNCH(DTYPE_BF16); break;
     default: LAUNCH(DTYPE_F32); break;

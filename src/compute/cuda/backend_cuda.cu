@@ -805,6 +805,8 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
     c->bf16_one = !bf16_one ? 0 : !strcmp(bf16_one, "persist") ? 1 : !strcmp(bf16_one, "pipe") ? 2 : 0;
     const char *gemv1 = getenv("EXO_CUDA_GEMV1");
     c->gemv1_prev = gemv1 && !strcmp(gemv1, "prev");
+    const char *pdl = getenv("EXO_CUDA_PDL");
+    c->pdl = !pdl || strcmp(pdl, "0");
     const char *qgemm = getenv("EXO_CUDA_QGEMM"); /* 0: 4-bit batches dequantized for cuBLAS */
     c->qgemm = !qgemm || strcmp(qgemm, "0");
     if (cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||

@@ -55,6 +55,8 @@ struct cuda_ctx {
                             * EXO_CUDA_BF16_GEMV=persist: 1, =pipe: 2 (A/B) */
     int gemv1_prev;        /* EXO_CUDA_GEMV1=prev: one-token 4-bit and bf16 GEMVs on the kernels
                             * before the x-in-registers one (A/B) */
+    int pdl;               /* programmatic dependent launch of the decode chain's kernels
+                            * (EXO_CUDA_PDL=0: plain launches, A/B) */
     int qgemm;             /* 4-bit batches through qgemm4 (EXO_CUDA_QGEMM=0: a bf16 copy, cuBLAS) */
     int sm_count;          /* multiprocessors: the persistent kernels' grid */
     char error[256];       /* first failure, reported by status */
@@ -172,6 +174,34 @@ void cuda_rope_kv_write(cuda_ctx *c, float *q, float *k, const float *v, const i
                         int64_t n, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
                         const float *inv_freq, float attn_factor, const kv_layer *kv,
                         const int32_t *slots);
+
+/* Programmatic dependent launch (Hopper): a kernel launched with launch_pdl may start while the
+ * kernel before it on the stream is still running -- its blocks are scheduled as that kernel's
+ * blocks leave -- and must call pdl_wait() before it reads anything that kernel wrote or writes
+ * anything at all (the wait returns once the previous grid has finished and its memory is
+ * visible). Work that reads only weights goes before the wait: a decode step is a chain of ~200
+ * short kernels, and each one's launch latency and first loads then overlap the tail of the one
+ * before. pdl_trigger() lets the next kernel's blocks be scheduled early (before this grid ends);
+ * without the launch attribute both are no-ops. */
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+template <typename... Params, typename... Args>
+static inline void launch_pdl(cuda_ctx *c, void (*kernel)(Params...), dim3 grid, dim3 block,
+                              size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = c->pdl;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+    if (e != cudaSuccess) cuda_fail(c, "cudaLaunchKernelEx", cudaGetErrorString(e));
+}
 
 /* Launch shape helpers. */
 static inline unsigned cuda_blocks(int64_t n, int per_block) {
