@@ -19,7 +19,9 @@ cat > "$dest/run.sh" <<'EOF'
 # bash .devcarry-cuda/run.sh (from the repository root): the CUDA payload, results in $OUT/cuda
 cd "$(dirname "$0")" || exit 1
 # the reference fixtures travel with the repository itself (not carried twice)
-[ -d tests/fixtures/reference ] || cp -r ../tests/fixtures/reference tests/fixtures/
+# (git carries no empty folder: tests/fixtures is made here)
+[ -d tests/fixtures/reference ] || { mkdir -p tests/fixtures && cp -r ../tests/fixtures/reference tests/fixtures/; } ||
+  echo "run.sh: the reference fixtures could not be copied: test_engine_reference will fail" >&2
 export OUT="${OUT:-/tmp/out}/@NAME@"; mkdir -p "$OUT"
 @RUN_ENV@ bash run_on_gpu.sh > "$OUT/console.log" 2>&1
 cd "$OUT" && tar czf /tmp/@NAME@-logs.tar.gz --exclude summary.txt . && mv /tmp/@NAME@-logs.tar.gz logs.tar.gz &&

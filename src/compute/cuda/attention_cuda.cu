@@ -29,10 +29,11 @@
 #include <math.h>
 #include <stdio.h>
 
-#define ATT_TILE 32        /* cached positions a warp takes at a time */
-#define ATT_MAX_WARPS 4
+#define ATT_TILE 32      /* cached positions a block copies and scores at a time */
+#define ATT_HEADS 8      /* query heads a block (one warp each) */
 #define ATT_MAX_SPLITS 32
-#define ATT_SMEM_BUDGET (96 * 1024) /* a block's tile buffers: 4 warps of bf16 128-dim rows */
+#define ATT_MIN_TILES 4  /* a split takes at least this many tiles: short contexts, one split */
+#define ATT_SMEM_BUDGET (96 * 1024) /* two tile buffers unless they would pass this */
 
 template <int T> __device__ __forceinline__ float kv_load(const void *base, int64_t i);
 template <> __device__ __forceinline__ float kv_load<DTYPE_F32>(const void *base, int64_t i) {
@@ -66,12 +67,13 @@ struct att_args {
     const float *q;
     const void *k, *v;
     attention_batch ab;
-    float *out;     /* splits == 1: the output */
+    float *out;     /* the output */
     float *partial; /* splits > 1: [n_tokens][n_heads][splits][head_dim + 2] */
     int *done;      /* splits > 1: [n_tokens][n_kv_heads][passes] blocks finished, back to 0 */
-    int splits, passes;
+    int splits, passes, heads; /* heads: query heads a block (its warps) */
     int pitch;      /* bytes of a cached row in shared memory (16-byte multiple + 16) */
     int cp;         /* bytes a cp.async copies: 16, or 8 for 16-bit rows of 4k + 2 (mod 8) values */
+    int nbuf;       /* tile buffers: 2 (the next tile's copies fly while this one is used) or 1 */
     int64_t t_begin, t_end; /* the batch tokens this launch serves */
 };
 
@@ -102,61 +104,62 @@ template <int T> __device__ __forceinline__ void smem_load4(const char *p, float
     }
 }
 
-/* Decode (and short prefill chunks) over the paged cache: a block of up to 4 warps per (token,
- * KV head, group pass, split), G query heads of the KV head together so each cached row is read
- * once for all of them. A warp takes tiles of 32 cached positions -- tile split + splits (warp +
- * warps i) of the token's window -- and for each copies the tile's K and V rows into shared memory
- * with cp.async (a rolled loop issues every copy before any is waited for: one memory round trip
- * a tile), then lane j scores position j against the G query heads (q in shared memory), an
- * online softmax in float32 as the CPU reference (ops_attention.c), and each lane sums V over the
- * tile for its DPL head dims. The warps' (max, sum, weighted V) are combined through shared
- * memory at the end. The loops stay rolled: the previous kernel, fully unrolled, spent 61-67% of
- * its time waiting on instruction fetch (ncu, H200) at one warp per scheduler.
+/* Decode (and short prefill chunks) over the paged cache. A block per (token, KV head, pass of up
+ * to 8 of its query heads, split), one warp per query head: the block copies tiles of 32 cached
+ * positions (K and V rows) into shared memory with cp.async -- the next tile's copies in flight
+ * while the warps use this one -- and each warp scores the tile for its head (lane j: position
+ * j, q in shared memory), updates its online softmax (float32, as the CPU reference,
+ * ops_attention.c) and sums V for its head_dim / 32 dims per lane. Rolled loops: the previous
+ * kernel, fully unrolled, spent 61-67% of its time waiting on instruction fetch (ncu, H200) at
+ * one warp per scheduler, and its successor with a warp per tile for all the heads still took
+ * 16 us a call at 50 positions (one warp's long dependent chains).
  *
  * Flash-decoding split: with few (token, KV head) pairs a token's tiles are dealt to `splits`
- * blocks (no host knowledge of the context length is needed). Each writes its partial (max, sum,
- * weighted V); the last block of a (token, KV head, pass) to finish -- counted with an atomic --
- * merges them in split order (deterministic) and resets the count, so no second kernel runs. */
-template <int T, int G, int DPL>
-__global__ void __launch_bounds__(ATT_MAX_WARPS * 32) attention_tile_kernel(att_args a) {
+ * blocks (the host does not know the context length), each taking at least ATT_MIN_TILES tiles:
+ * a short context is one block, which writes the output itself. Otherwise each block writes its
+ * partial (max, sum, weighted V) and the last of the token's blocks to finish -- counted with an
+ * atomic -- merges them in split order (deterministic) and resets the count, no second kernel.
+ * The block tables and positions are read before pdl_wait (written before the previous kernel). */
+template <int T, int DPL>
+__global__ void __launch_bounds__(ATT_HEADS * 32) attention_tile_kernel(att_args a) {
     extern __shared__ float4 att_smem4[];
-    float *qs = (float *)att_smem4; /* [G][head_dim], then per warp: K tile, V tile, weights */
     __shared__ int last_block;
     const attention_batch &ab = a.ab;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nt = blockDim.x;
     const int hd = ab.head_dim, nh = ab.n_heads, group = nh / ab.n_kv_heads;
     const int kvh = blockIdx.x / a.passes, pass = blockIdx.x % a.passes, split = blockIdx.z;
-    const int h0 = kvh * group + pass * G, gc = group - pass * G < G ? group - pass * G : G;
-    const int64_t kv_dim = (int64_t)ab.n_kv_heads * hd;
-    const int es = T == DTYPE_F32 ? 4 : 2, row_bytes = hd * es, cpr = row_bytes / a.cp;
-    char *tiles = (char *)(qs + G * hd);
-    char *sk = tiles + (size_t)warp * (2 * ATT_TILE * a.pitch + G * ATT_TILE * 4);
-    char *sv = sk + ATT_TILE * a.pitch;
-    float *sw = (float *)(sv + ATT_TILE * a.pitch); /* [G][32] this tile's softmax weights */
+    const int h0 = kvh * group + pass * a.heads;
+    const int gc = group - pass * a.heads < a.heads ? group - pass * a.heads : a.heads;
+    const bool head_on = warp < gc;
+    const int64_t h = h0 + warp, kv_dim = (int64_t)ab.n_kv_heads * hd;
+    const int es = T == DTYPE_F32 ? 4 : 2, cpr = hd * es / a.cp, tile_bytes = ATT_TILE * a.pitch;
+    float *qs = (float *)att_smem4;                 /* [heads][hd] */
+    float *sw = qs + a.heads * hd + warp * ATT_TILE; /* [heads][32]: this warp's weights */
+    char *bufs = (char *)(qs + a.heads * (hd + ATT_TILE)); /* [nbuf][K tile, V tile] */
     pdl_trigger();
-    pdl_wait();
     for (int64_t t = a.t_begin + blockIdx.y; t < a.t_end; t += gridDim.y) {
-        for (int i = threadIdx.x; i < gc * hd; i += blockDim.x) qs[i] = a.q[(t * nh + h0) * hd + i];
-        __syncthreads();
         const int32_t *table = ab.block_tables + ab.block_table_start[ab.seq_of_token[t]];
         const int n_ctx = ab.positions[t] + 1, bs = ab.block_size, first = att_first(ab, n_ctx);
-        float m[G], l[G], acc[G][DPL];
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-            m[g] = -INFINITY, l[g] = 0;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) acc[g][i] = 0;
-        }
-        for (int tile = split + a.splits * warp;; tile += a.splits * nw) {
+        const int n_tiles = (n_ctx - first + ATT_TILE - 1) / ATT_TILE;
+        int active = (n_tiles + ATT_MIN_TILES - 1) / ATT_MIN_TILES; /* splits with work */
+        active = active < a.splits ? active : a.splits;
+        if (split >= active) continue; /* block-uniform */
+        /* byte offset of the row of position base + lane (K and V alike) */
+        auto row_of = [&](int tile) -> int64_t {
+            int p = first + tile * ATT_TILE + lane;
+            if (p >= n_ctx) return 0;
+            return (((int64_t)table[p / bs] * bs + p % bs) * kv_dim + (int64_t)kvh * hd) * es;
+        };
+        /* the block's copies of a tile: warp w takes chunk indices w*32 + lane + i*blockDim */
+        auto copy = [&](int tile, int buf) {
             const int base = first + tile * ATT_TILE;
-            if (base >= n_ctx) break;
-            const int n_valid = n_ctx - base < ATT_TILE ? n_ctx - base : ATT_TILE, p = base + lane;
-            /* byte offset of this lane's position's row (K and V alike) */
-            const int64_t row = p < n_ctx ? (((int64_t)table[p / bs] * bs + p % bs) * kv_dim + (int64_t)kvh * hd) * es : 0;
-            for (int i0 = 0; i0 < n_valid * cpr; i0 += 32) { /* uniform trip count: shuffles */
+            const int n_valid = n_ctx - base < ATT_TILE ? n_ctx - base : ATT_TILE, total = n_valid * cpr;
+            const int64_t row = row_of(tile);
+            char *sk = bufs + buf * 2 * tile_bytes, *sv = sk + tile_bytes;
+            for (int i0 = warp * 32; i0 < total; i0 += nt) { /* uniform per warp: shuffles */
                 int i = i0 + lane, j = i / cpr;
                 int64_t rj = __shfl_sync(0xffffffffu, row, j < 32 ? j : 31);
-                if (i < n_valid * cpr) {
+                if (i < total) {
                     int off = (i - j * cpr) * a.cp;
                     if (a.cp == 16) {
                         cp_async<16>(sk + j * a.pitch + off, (const char *)a.k + rj + off);
@@ -167,174 +170,171 @@ __global__ void __launch_bounds__(ATT_MAX_WARPS * 32) attention_tile_kernel(att_
                     }
                 }
             }
-            asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-            __syncwarp();
-            float s[G];
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        };
+        pdl_wait(); /* q, K and V come from the kernels before */
+        copy(split, 0);
+        if (head_on)
+            for (int i = lane; i < hd; i += 32) qs[warp * hd + i] = a.q[(t * nh + h) * hd + i];
+        float m = -INFINITY, l = 0, acc[DPL];
 #pragma unroll
-            for (int g = 0; g < G; g++) s[g] = 0;
-            if (lane < n_valid) {
-                const char *kr = sk + lane * a.pitch;
-#pragma unroll 2
-                for (int d = 0; d < hd; d += 4) {
-                    float kv4[4];
-                    smem_load4<T>(kr + d * es, kv4);
-#pragma unroll
-                    for (int g = 0; g < G; g++) {
-                        float4 qg = *(const float4 *)(qs + g * hd + d);
-                        s[g] = fmaf(qg.x, kv4[0], fmaf(qg.y, kv4[1], fmaf(qg.z, kv4[2], fmaf(qg.w, kv4[3], s[g]))));
+        for (int i = 0; i < DPL; i++) acc[i] = 0;
+        for (int it = 0, tile = split; tile < n_tiles; it++, tile += active) {
+            const int buf = a.nbuf == 2 ? it & 1 : 0;
+            if (a.nbuf == 1 && it > 0) copy(tile, 0); /* the buffer is free since the last barrier */
+            if (a.nbuf == 2 && tile + active < n_tiles) {
+                copy(tile + active, buf ^ 1);
+                asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+            } else {
+                asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            }
+            __syncthreads(); /* every thread's copies of this tile (and q) have landed */
+            const int base = first + tile * ATT_TILE;
+            const int n_valid = n_ctx - base < ATT_TILE ? n_ctx - base : ATT_TILE;
+            const char *sk = bufs + buf * 2 * tile_bytes, *sv = sk + tile_bytes;
+            if (head_on) { /* warp-uniform */
+                const float *qh = qs + warp * hd;
+                float s4[4] = {0, 0, 0, 0}; /* four chains: the FMAs do not wait on each other */
+                if (lane < n_valid) {
+                    const char *kr = sk + lane * a.pitch;
+#pragma unroll 4
+                    for (int d = 0; d < hd; d += 4) {
+                        float k4[4];
+                        smem_load4<T>(kr + d * es, k4);
+                        float4 q4 = *(const float4 *)(qh + d);
+                        s4[0] = fmaf(q4.x, k4[0], s4[0]), s4[1] = fmaf(q4.y, k4[1], s4[1]);
+                        s4[2] = fmaf(q4.z, k4[2], s4[2]), s4[3] = fmaf(q4.w, k4[3], s4[3]);
                     }
                 }
-            }
-#pragma unroll
-            for (int g = 0; g < G; g++) { /* online softmax; sw[g][j] becomes position j's weight */
-                bool valid = lane < n_valid && g < gc;
-                float sc = valid ? s[g] * ab.scale : -INFINITY;
+                const bool valid = lane < n_valid;
+                float sc = valid ? ((s4[0] + s4[1]) + (s4[2] + s4[3])) * ab.scale : -INFINITY;
                 float cm = sc;
                 for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
-                float mn = fmaxf(m[g], cm);
-                float corr = mn == -INFINITY ? 1.0f : __expf(m[g] - mn);
-                float w = valid ? __expf(sc - mn) : 0.0f;
+                const float mn = fmaxf(m, cm), corr = __expf(m - mn); /* m = -inf at first: 0 */
+                const float w = valid ? __expf(sc - mn) : 0.0f;
                 float ws = w;
                 for (int o = 16; o > 0; o >>= 1) ws += __shfl_xor_sync(0xffffffffu, ws, o);
-                l[g] = l[g] * corr + ws;
-                m[g] = mn;
+                l = l * corr + ws;
+                m = mn;
+                sw[lane] = w;
+                __syncwarp();
+                const int d0 = lane * DPL;
+                float acc2[DPL]; /* even and odd rows in two chains */
 #pragma unroll
-                for (int i = 0; i < DPL; i++) acc[g][i] *= corr;
-                sw[g * ATT_TILE + lane] = w;
-            }
-            __syncwarp();
-            const int d0 = lane * DPL;
-            if (d0 < hd) {
-#pragma unroll 2
-                for (int j = 0; j < n_valid; j++) {
-                    float vv[DPL];
-                    const char *vr = sv + j * a.pitch + d0 * es;
-                    if (DPL >= 4) {
+                for (int i = 0; i < DPL; i++) acc[i] *= corr, acc2[i] = 0;
+                if (d0 < hd) {
+                    int j = 0;
+                    for (; j + 1 < n_valid; j += 2) {
+                        float v0[DPL], v1[DPL];
+                        const char *r0 = sv + j * a.pitch + d0 * es, *r1 = r0 + a.pitch;
+                        if (DPL >= 4) {
 #pragma unroll
-                        for (int i = 0; i < DPL; i += 4) smem_load4<T>(vr + i * es, vv + i);
-                    } else {
+                            for (int i = 0; i < DPL; i += 4) smem_load4<T>(r0 + i * es, v0 + i), smem_load4<T>(r1 + i * es, v1 + i);
+                        } else {
 #pragma unroll
-                        for (int i = 0; i < DPL; i++) vv[i] = kv_load<T>(vr, i);
+                            for (int i = 0; i < DPL; i++) v0[i] = kv_load<T>(r0, i), v1[i] = kv_load<T>(r1, i);
+                        }
+                        const float w0 = sw[j], w1 = sw[j + 1];
+#pragma unroll
+                        for (int i = 0; i < DPL; i++) acc[i] = fmaf(w0, v0[i], acc[i]), acc2[i] = fmaf(w1, v1[i], acc2[i]);
                     }
+                    if (j < n_valid) {
+                        float v0[DPL];
+                        const char *r0 = sv + j * a.pitch + d0 * es;
+                        if (DPL >= 4) {
 #pragma unroll
-                    for (int g = 0; g < G; g++) {
-                        float w = sw[g * ATT_TILE + j];
+                            for (int i = 0; i < DPL; i += 4) smem_load4<T>(r0 + i * es, v0 + i);
+                        } else {
 #pragma unroll
-                        for (int i = 0; i < DPL; i++) acc[g][i] = fmaf(w, vv[i], acc[g][i]);
+                            for (int i = 0; i < DPL; i++) v0[i] = kv_load<T>(r0, i);
+                        }
+#pragma unroll
+                        for (int i = 0; i < DPL; i++) acc[i] = fmaf(sw[j], v0[i], acc[i]);
                     }
                 }
-            }
-            __syncwarp(); /* the tile's buffers are read before the next tile's copies land */
-        }
-        /* combine the warps: [warp][g][head_dim + 2] (acc, m, l) over the tile buffers */
-        __syncthreads();
-        float *cb = (float *)tiles;
-        const int cs = hd + 2;
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-            float *o = cb + (warp * G + g) * cs;
+                for (int i = 0; i < DPL; i++) acc[i] += acc2[i];
+            }
+            __syncthreads(); /* the tile's buffer and weights are free for the copies after */
+        }
+        const int d0 = lane * DPL;
+        if (active == 1) {
+            if (head_on) {
+                const float norm = attention_sink_norm(ab.sinks, h, m, l);
+#pragma unroll
+                for (int i = 0; i < DPL; i++)
+                    if (d0 + i < hd) a.out[(t * nh + h) * hd + d0 + i] = acc[i] * norm;
+            }
+            continue;
+        }
+        const int cs = hd + 2;
+        if (head_on) {
+            float *pp = a.partial + ((t * nh + h) * a.splits + split) * cs;
 #pragma unroll
             for (int i = 0; i < DPL; i++)
-                if (lane * DPL + i < hd) o[lane * DPL + i] = acc[g][i];
-            if (lane == 0) o[hd] = m[g], o[hd + 1] = l[g];
+                if (d0 + i < hd) pp[d0 + i] = acc[i];
+            if (lane == 0) pp[hd] = m, pp[hd + 1] = l;
         }
+        __threadfence();
         __syncthreads();
-        for (int i = threadIdx.x; i < gc * hd; i += blockDim.x) {
-            const int g = i / hd, d = i % hd;
-            float mx = -INFINITY;
-            for (int w = 0; w < nw; w++) mx = fmaxf(mx, cb[(w * G + g) * cs + hd]);
-            float o = 0, sum = 0;
-            for (int w = 0; w < nw; w++) {
-                const float *c = cb + (w * G + g) * cs;
-                if (c[hd] == -INFINITY) continue; /* saw no position */
-                float e = __expf(c[hd] - mx);
-                o += c[d] * e;
-                sum += c[hd + 1] * e;
+        int *done = a.done + (t * ab.n_kv_heads + kvh) * a.passes + pass;
+        if (threadIdx.x == 0) last_block = atomicAdd(done, 1) == active - 1;
+        __syncthreads();
+        if (!last_block) continue;
+        __threadfence();
+        if (head_on) { /* this warp merges its head's splits: lane s holds split s's weight */
+            const float *pp = a.partial + (t * nh + h) * a.splits * cs;
+            float ms = lane < active ? __ldcg(pp + lane * cs + hd) : -INFINITY;
+            float ls = lane < active ? __ldcg(pp + lane * cs + hd + 1) : 0.0f;
+            float mx = ms;
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float e = ms == -INFINITY ? 0.0f : __expf(ms - mx), le = ls * e;
+            for (int o = 16; o > 0; o >>= 1) le += __shfl_xor_sync(0xffffffffu, le, o);
+            const float norm = attention_sink_norm(ab.sinks, h, mx, le);
+            float o[DPL];
+#pragma unroll
+            for (int i = 0; i < DPL; i++) o[i] = 0;
+            for (int sp = 0; sp < active; sp++) {
+                const float wsp = __shfl_sync(0xffffffffu, e, sp);
+#pragma unroll
+                for (int i = 0; i < DPL; i++)
+                    if (d0 + i < hd && wsp != 0.0f) o[i] = fmaf(__ldcg(pp + sp * cs + d0 + i), wsp, o[i]);
             }
-            const int64_t h = h0 + g;
-            if (a.splits == 1) {
-                a.out[(t * nh + h) * hd + d] = o * attention_sink_norm(ab.sinks, h, mx, sum);
-            } else {
-                float *pp = a.partial + ((t * nh + h) * a.splits + split) * cs;
-                pp[d] = o;
-                if (d == 0) pp[hd] = mx, pp[hd + 1] = sum;
-            }
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (d0 + i < hd) a.out[(t * nh + h) * hd + d0 + i] = o[i] * norm;
         }
-        if (a.splits > 1) { /* the last block of this (token, KV head, pass) merges the splits */
-            __threadfence();
-            __syncthreads();
-            int *done = a.done + (t * ab.n_kv_heads + kvh) * a.passes + pass;
-            if (threadIdx.x == 0) last_block = atomicAdd(done, 1) == a.splits - 1;
-            __syncthreads();
-            if (last_block) {
-                __threadfence();
-                /* per head: the splits' weights e^(m_s - M) into cb, then 1 / the denominator */
-                float *wts = cb; /* [G][splits + 1] */
-                for (int g = warp; g < gc; g += nw) {
-                    const int64_t h = h0 + g;
-                    const float *pp = a.partial + (t * nh + h) * a.splits * cs;
-                    float ms = lane < a.splits ? __ldcg(pp + lane * cs + hd) : -INFINITY;
-                    float ls = lane < a.splits ? __ldcg(pp + lane * cs + hd + 1) : 0.0f;
-                    float mx = ms;
-                    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-                    float e = ms == -INFINITY ? 0.0f : __expf(ms - mx), le = ls * e;
-                    for (int o = 16; o > 0; o >>= 1) le += __shfl_xor_sync(0xffffffffu, le, o);
-                    if (lane < a.splits) wts[g * (ATT_MAX_SPLITS + 1) + lane] = e;
-                    if (lane == 0) wts[g * (ATT_MAX_SPLITS + 1) + ATT_MAX_SPLITS] = attention_sink_norm(ab.sinks, h, mx, le);
-                }
-                __syncthreads();
-                for (int i = threadIdx.x; i < gc * hd; i += blockDim.x) {
-                    const int g = i / hd, d = i % hd;
-                    const int64_t h = h0 + g;
-                    const float *pp = a.partial + (t * nh + h) * a.splits * cs;
-                    const float *wg = wts + g * (ATT_MAX_SPLITS + 1);
-                    float o = 0;
-                    for (int sp = 0; sp < a.splits; sp++)
-                        if (wg[sp] != 0.0f) o += __ldcg(pp + sp * cs + d) * wg[sp];
-                    a.out[(t * nh + h) * hd + d] = o * wg[ATT_MAX_SPLITS];
-                }
-                if (threadIdx.x == 0) *done = 0;
-            }
-        }
-        __syncthreads(); /* qs and the buffers are free for the next token */
+        if (threadIdx.x == 0) *done = 0;
     }
 }
 
 /* Dims per lane of the V sum: head_dim <= 32 DPL. */
-template <int T, int G>
-static void launch_attention_g(cuda_ctx *c, const att_args &a, dim3 grid, int warps, size_t smem) {
+template <int T>
+static void launch_attention(cuda_ctx *c, const att_args &a, dim3 grid, size_t smem) {
     int hd = a.ab.head_dim;
     const void *fn;
-    if (hd <= 32) fn = (const void *)attention_tile_kernel<T, G, 1>;
-    else if (hd <= 64) fn = (const void *)attention_tile_kernel<T, G, 2>;
-    else if (hd <= 128) fn = (const void *)attention_tile_kernel<T, G, 4>;
-    else fn = (const void *)attention_tile_kernel<T, G, 8>;
+    if (hd <= 32) fn = (const void *)attention_tile_kernel<T, 1>;
+    else if (hd <= 64) fn = (const void *)attention_tile_kernel<T, 2>;
+    else if (hd <= 128) fn = (const void *)attention_tile_kernel<T, 4>;
+    else fn = (const void *)attention_tile_kernel<T, 8>;
     /* above 48 KB a kernel must ask, once (the largest asked for so far, per kernel) */
-    static const void *fns[64];
-    static size_t raised[64];
+    static const void *fns[16];
+    static size_t raised[16];
     int k = 0;
-    while (k < 64 && fns[k] && fns[k] != fn) k++;
-    if (smem > 48 * 1024 && (k == 64 || !fns[k] || raised[k] < smem)) {
+    while (k < 16 && fns[k] && fns[k] != fn) k++;
+    if (smem > 48 * 1024 && (k == 16 || !fns[k] || raised[k] < smem)) {
         if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
             cudaGetLastError();
             cuda_fail(c, "attention", "cannot raise the kernel's shared memory");
             return;
         }
-        if (k < 64) fns[k] = fn, raised[k] = smem;
+        if (k < 16) fns[k] = fn, raised[k] = smem;
     }
-    if (hd <= 32) launch_pdl(c, attention_tile_kernel<T, G, 1>, grid, dim3(warps * 32), smem, a);
-    else if (hd <= 64) launch_pdl(c, attention_tile_kernel<T, G, 2>, grid, dim3(warps * 32), smem, a);
-    else if (hd <= 128) launch_pdl(c, attention_tile_kernel<T, G, 4>, grid, dim3(warps * 32), smem, a);
-    else launch_pdl(c, attention_tile_kernel<T, G, 8>, grid, dim3(warps * 32), smem, a);
-}
-
-template <int T> static void launch_attention(cuda_ctx *c, const att_args &a, int G, dim3 grid, int warps, size_t smem) {
-    switch (G) {
-    case 1: launch_attention_g<T, 1>(c, a, grid, warps, smem); break;
-    case 2: launch_attention_g<T, 2>(c, a, grid, warps, smem); break;
-    case 4: launch_attention_g<T, 4>(c, a, grid, warps, smem); break;
-    default: launch_attention_g<T, 8>(c, a, grid, warps, smem); break;
-    }
+    dim3 block(a.heads * 32);
+    if (hd <= 32) launch_pdl(c, attention_tile_kernel<T, 1>, grid, block, smem, a);
+    else if (hd <= 64) launch_pdl(c, attention_tile_kernel<T, 2>, grid, block, smem, a);
+    else if (hd <= 128) launch_pdl(c, attention_tile_kernel<T, 4>, grid, block, smem, a);
+    else launch_pdl(c, attention_tile_kernel<T, 8>, grid, block, smem, a);
 }
 
 /* The tile kernel over batch tokens [t0, t1). */
@@ -342,9 +342,8 @@ static void attention_warps(cuda_ctx *c, const float *q, const kv_layer *kv,
                             const attention_batch *ab, float *out, int64_t t0, int64_t t1) {
     int hd = ab->head_dim, group = ab->n_heads / ab->n_kv_heads;
     if (t1 <= t0) return;
-    int G = group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? 2 : 1; /* heads a pass (a power of 2) */
-    if (G < group && G < 8) G *= 2;
-    int passes = (group + G - 1) / G, es = kv->type == DTYPE_F32 ? 4 : 2;
+    int heads = group < ATT_HEADS ? group : ATT_HEADS, passes = (group + heads - 1) / heads;
+    int es = kv->type == DTYPE_F32 ? 4 : 2;
     att_args a;
     a.q = q;
     a.k = kv->k;
@@ -354,19 +353,14 @@ static void attention_warps(cuda_ctx *c, const float *q, const kv_layer *kv,
     a.partial = NULL;
     a.done = NULL;
     a.passes = passes;
+    a.heads = heads;
     a.cp = hd * es % 16 == 0 ? 16 : 8;
     a.pitch = (hd * es + 15) / 16 * 16 + 16; /* rows 16 bytes apart in banks: conflict-free */
     a.t_begin = t0;
     a.t_end = t1;
-    /* warps a block: up to 4, as the shared memory budget allows (f32 rows of 256 dims: 1) */
-    size_t per_warp = 2 * (size_t)ATT_TILE * a.pitch + (size_t)G * ATT_TILE * 4;
-    int warps = (int)(ATT_SMEM_BUDGET / per_warp);
-    warps = warps < 1 ? 1 : warps > ATT_MAX_WARPS ? ATT_MAX_WARPS : warps;
-    size_t comb = (size_t)warps * G * (hd + 2) * 4, merge = (size_t)G * (ATT_MAX_SPLITS + 1) * 4;
-    size_t tiles = (size_t)warps * per_warp;
-    if (tiles < comb) tiles = comb;
-    if (tiles < merge) tiles = merge;
-    size_t smem = (size_t)G * hd * 4 + tiles;
+    size_t fixed = (size_t)heads * (hd + ATT_TILE) * 4, buf = 2 * (size_t)ATT_TILE * a.pitch;
+    a.nbuf = fixed + 2 * buf <= ATT_SMEM_BUDGET ? 2 : 1;
+    size_t smem = fixed + a.nbuf * buf;
     /* split the positions while the blocks would not fill the GPU twice over */
     int64_t ntok = t1 - t0, blocks = ntok * ab->n_kv_heads * passes;
     int splits = 1;
@@ -380,9 +374,9 @@ static void attention_warps(cuda_ctx *c, const float *q, const kv_layer *kv,
     }
     dim3 grid((unsigned)(ab->n_kv_heads * passes), (unsigned)(ntok < 65535 ? ntok : 65535), (unsigned)splits);
     switch (kv->type) {
-    case DTYPE_F16: launch_attention<DTYPE_F16>(c, a, G, grid, warps, smem); break;
-    case DTYPE_BF16: launch_attention<DTYPE_BF16>(c, a, G, grid, warps, smem); break;
-    default: launch_attention<DTYPE_F32>(c, a, G, grid, warps, smem); break;
+    case DTYPE_F16: launch_attention<DTYPE_F16>(c, a, grid, smem); break;
+    case DTYPE_BF16: launch_attention<DTYPE_BF16>(c, a, grid, smem); break;
+    default: launch_attention<DTYPE_F32>(c, a, grid, smem); break;
     }
     CUDA_LAUNCHED(c, "attention");
 }
