@@ -440,6 +440,7 @@ static void test_attention(void **s) {
     attention_case(DTYPE_F16, 16, 1, 32, 2, 5, 0, 0);    /* 16 query heads per KV head: two passes */
     attention_case(DTYPE_F32, 6, 3, 12, 3, 9, 0, 0);     /* head_dim not a multiple of 8 */
     attention_case(DTYPE_F16, 8, 4, 256, 1, 280, 0, 0);  /* head_dim 256, long prefill */
+    attention_case(DTYPE_F32, 4, 2, 256, 3, 9, 0, 0);    /* f32 rows of 1 KB: one tile buffer */
     /* gpt-oss: 64 heads / 8 KV heads of 64 dims, window 128, sinks; decode splits and prefill */
     attention_case(DTYPE_BF16, 64, 8, 64, 4, 100, 128, 1);
     attention_case(DTYPE_F32, 4, 2, 16, 3, 9, 4, 1);     /* the tiny gpt-oss model */
