@@ -823,21 +823,29 @@ __global__ void __launch_bounds__(XR_MAX_WARPS * 32) gemv_xreg_kernel(gemv_args 
     int m = 0;
     uint4 wv[R][U];
     uint32_t sbv[R];
+    /* 16-byte units a row, and this lane's first unit and scale pair in row 0 */
+    constexpr int V = KIND == GEMV_Q4 ? 32 : 8;
+    const int64_t stride = cols / V, sb_stride = cols / 64;
     auto load = [&](int64_t tl) {
         m = 0;
         while (m + 1 < a.n && tl >= a.tile_start[m + 1]) m++;
         const dev_matrix &w = a.w[m];
         const int64_t row0 = (tl - a.tile_start[m]) * R;
+        const int left = w.rows - row0 < R ? (int)(w.rows - row0) : R; /* a tail tile's rows */
+        /* one multiply a tile, then a row's stride per row (64-bit products per row cost as
+         * much as a fifth of the arithmetic) */
+        const uint4 *p = (const uint4 *)w.data + row0 * stride;
+        const uint32_t *ps = KIND == GEMV_Q4 ? w.sb + row0 * sb_stride + col(0) / 64 : nullptr;
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const int64_t row = row0 + r < w.rows ? row0 + r : w.rows - 1; /* tail: re-read, unused */
 #pragma unroll
             for (int j = 0; j < U; j++) {
                 const int64_t c = col(j);
-                wv[r][j] = c < cols ? __ldcs((const uint4 *)w.data + (row * cols + c) / (KIND == GEMV_Q4 ? 32 : 8))
-                                    : make_uint4(0, 0, 0, 0);
+                wv[r][j] = c < cols && r < left ? __ldcs(p + c / V) : make_uint4(0, 0, 0, 0);
             }
-            if (KIND == GEMV_Q4) sbv[r] = col(0) < cols ? __ldg(w.sb + row * (cols / 64) + col(0) / 64) : 0u;
+            if (KIND == GEMV_Q4) sbv[r] = col(0) < cols && r < left ? __ldg(ps) : 0u;
+            p += stride;
+            if (KIND == GEMV_Q4) ps += sb_stride;
         }
     };
     pdl_trigger();
