@@ -24,7 +24,7 @@ struct dev_matrix {
     int scale_dtype; /* dtype of scales and biases */
     int kind;        /* gemv_kind */
     const uint32_t *sb; /* 4-bit group 64, 16-bit scales: [rows][groups] (scale | bias << 16), the
-                         * pipelined GEMV's one 4-byte copy per group; else NULL */
+                         * one-token GEMV's one 4-byte load per group; else NULL */
 };
 
 /* An MoE layer's experts as device descriptor tables ([n_experts] each), built on first use. */
@@ -48,13 +48,9 @@ struct cuda_ctx {
     void *blas_workspace; /* cuBLAS's workspace (cublasSetWorkspace): graphs can record GEMMs */
     int exact;             /* EXO_CUDA_MATMUL=exact: every matmul through the f32 GEMV kernels */
     int gemv_old;          /* EXO_CUDA_GEMV=old: the per-16-rows GEMV blocks (for A/B timing) */
-    int no_pipe;           /* EXO_CUDA_PIPE=0: 4-bit decode on the persistent kernel, not cp.async */
-    int pipe_rows;         /* EXO_CUDA_PIPE_ROWS=2: the cp.async GEMV's items of 2 rows, 16 warps */
-    int bf16_one;          /* one-token bf16 GEMV: 0 the per-16-rows blocks (fastest measured on the
-                            * H200: 190 tok/s on the 8B shape against 180 persistent and 100 cp.async),
-                            * EXO_CUDA_BF16_GEMV=persist: 1, =pipe: 2 (A/B) */
     int gemv1_prev;        /* EXO_CUDA_GEMV1=prev: one-token 4-bit and bf16 GEMVs on the kernels
-                            * before the x-in-registers one (A/B) */
+                            * before the x-in-registers one (4-bit: the persistent kernel; bf16:
+                            * the per-16-rows blocks), for A/B */
     int pdl;               /* programmatic dependent launch of the decode chain's kernels
                             * (EXO_CUDA_PDL=0: plain launches, A/B) */
     int qgemm;             /* 4-bit batches through qgemm4 (EXO_CUDA_QGEMM=0: a bf16 copy, cuBLAS) */

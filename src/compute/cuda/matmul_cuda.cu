@@ -557,236 +557,11 @@ template <int KIND> static int persist_launch_nt(cuda_ctx *c, const gemv_args &a
     return 1;
 }
 
-/* ---- GEMV of one token through a cp.async pipeline (4-bit group 64, bf16) ------------------ */
-
-/* The persistent kernel above holds its weights in flight in registers: 8 loads per lane, then a
- * wait, then the arithmetic, so at 16 warps per SM too few bytes are in flight and the 4-bit
- * matrices ran at 10-23% of the bandwidth (ncu on the H200: warps stalled on global loads 62% of
- * the time, DRAM 21% busy). Here each warp streams its rows through a ring of PIPE_STAGES stages
- * in shared memory with cp.async (no registers held while in flight): while it computes stage k,
- * stages k+1..k+3 are on their way, ~100 KB per SM. A warp item is one round of 4 rows x 2048
- * columns: lane l takes group l of the round (2 chunks, 64 weights of each row) with that
- * group's scale and bias, repacked at load as one 32-bit pair per group (dev_matrix.sb) so a
- * single 4-byte copy brings both. x is staged as in the persistent kernel (lanes read
- * consecutive float4s), with every group's sum of x for the 0.5 + q/32 trick. */
-#define PIPE_STAGES 4
-/* ROWS rows a warp item, 32 / ROWS warps a block: the ring's bytes are the same either way; 2 rows
- * give twice the warps to hide latency (EXO_CUDA_PIPE_ROWS=2, A/B: at 4 rows and 8 warps an SM
- * issued one instruction every 5.6 cycles per warp, 12% occupancy). */
-#define PIPE_ROWS 4
-
-template <int ROWS> struct pipe_stage { /* one warp's stage: lane l's data at [..][l] */
-    uint4 w[ROWS][2][32];
-    uint32_t sb[ROWS][32];
-};
-
-/* A lane's span of one round: 2 chunks of 16 bytes = 64 4-bit weights (one group) or 16 bf16. */
-template <int KIND> struct pipe_unit { static const int values = KIND == GEMV_Q4 ? 64 : 16; };
-
-/* x for the pipeline: float4 f of a round of 32 units (P float4s each) at round * 32P + (f % P) *
- * 32 + unit % 32, so that lanes read consecutive float4s. */
-template <int KIND> __host__ __device__ __forceinline__ int64_t pipe_slot(int64_t f) {
-    const int P = pipe_unit<KIND>::values / 4;
-    return f / (32 * P) * (32 * P) + f % P * 32 + f / P % 32;
-}
-
-template <int KIND> __host__ __device__ __forceinline__ int64_t pipe_x_slots(int64_t cols) {
-    const int V = pipe_unit<KIND>::values;
-    return (cols / V + 31) / 32 * 32 * (V / 4);
-}
-
-template <int KIND, int ROWS = PIPE_ROWS> static size_t pipe_smem_bytes(int64_t cols) {
-    size_t sums = KIND == GEMV_Q4 ? (size_t)(cols / 64) * 4 : 0;
-    return (size_t)pipe_x_slots<KIND>(cols) * 16 + (sums + 15) / 16 * 16 +
-           (size_t)(32 / ROWS) * PIPE_STAGES * sizeof(pipe_stage<ROWS>);
-}
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
-                 "l"(gmem)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
-                 "l"(gmem)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /* A scale/bias pair of 16-bit values (bf16 or f16) as floats. */
 template <int SD> __device__ __forceinline__ float2 unpack_sb(uint32_t p) {
     if (SD == DTYPE_BF16) return make_float2(__uint_as_float(p << 16), __uint_as_float(p & 0xffff0000u));
     __half2 h = *reinterpret_cast<const __half2 *>(&p);
     return __half22float2(h);
-}
-
-template <int KIND, int SD, int ROWS>
-__global__ void __launch_bounds__(32 / ROWS * 32, 1) gemv_pipe_kernel(gemv_args a) {
-    constexpr int WARPS = 32 / ROWS;
-    extern __shared__ float4 xs[]; /* [pipe_x_slots] x, [groups] group sums (4-bit), the rings */
-    const bool quant = KIND == GEMV_Q4;
-    const int P = pipe_unit<KIND>::values / 4; /* float4s of x per unit */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t cols = a.w[0].cols, groups = cols / pipe_unit<KIND>::values;
-    const int64_t slots = pipe_x_slots<KIND>(cols), rounds = (groups + 31) / 32; /* items a tile */
-    float *group_sum = (float *)(xs + slots);
-    pipe_stage<ROWS> *ring = (pipe_stage<ROWS> *)(xs + slots + (quant ? (groups + 3) / 4 : 0)) + warp * PIPE_STAGES;
-    const int64_t n_tiles = a.tile_start[a.n], tile_step = (int64_t)gridDim.x * WARPS;
-    const int64_t first = (int64_t)blockIdx.x * WARPS + warp;
-    /* Items (a tile's rounds in order, then the warp's next tile) are walked by two cursors, the
-     * copies PIPE_STAGES - 1 items ahead of the arithmetic, each advanced by counting: a 64-bit
-     * division per item (item / rounds) cost as many instructions as the bf16 arithmetic. */
-    struct cursor {
-        int64_t tile;
-        int round, m, stage;
-    };
-    auto locate = [&](cursor &c) { /* the matrix of c.tile (tiles ascend: m only grows) */
-        while (c.m + 1 < a.n && c.tile >= a.tile_start[c.m + 1]) c.m++;
-    };
-    auto advance = [&](cursor &c) {
-        c.stage = (c.stage + 1) % PIPE_STAGES;
-        if (++c.round == rounds) {
-            c.round = 0;
-            c.tile += tile_step;
-            locate(c);
-        }
-    };
-    /* copies the weights and pairs of the item at c into its stage */
-    auto issue = [&](const cursor &c) {
-        const dev_matrix &w = a.w[c.m];
-        int64_t row0 = (c.tile - a.tile_start[c.m]) * ROWS, g = (int64_t)c.round * 32 + lane;
-        if (g < groups) {
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                int64_t row = row0 + r < w.rows ? row0 + r : w.rows - 1;
-                const uint4 *src = (const uint4 *)w.data + (row * groups + g) * 2;
-                cp_async16(&ring[c.stage].w[r][0][lane], src);
-                cp_async16(&ring[c.stage].w[r][1][lane], src + 1);
-                if (quant) cp_async4(&ring[c.stage].sb[r][lane], w.sb + row * groups + g);
-            }
-        }
-    };
-    cursor fetch = {first, 0, 0, 0}, work = {first, 0, 0, 0};
-    locate(fetch);
-    locate(work);
-    for (int s = 0; s < PIPE_STAGES - 1; s++) {
-        if (fetch.tile < n_tiles) {
-            issue(fetch);
-            advance(fetch);
-        }
-        cp_async_commit();
-    }
-    /* x and the group sums while the first stages load */
-    stage_x<1>(a, xs, slots, [](int64_t f) { return pipe_slot<KIND>(f); });
-    for (int64_t g = threadIdx.x; quant && g < groups; g += blockDim.x) {
-        float s = 0;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            float4 f = xs[(g >> 5) * 512 + i * 32 + (g & 31)];
-            s += (f.x + f.y) + (f.z + f.w);
-        }
-        group_sum[g] = s;
-    }
-    __syncthreads();
-    float acc[ROWS] = {};
-    while (work.tile < n_tiles) {
-        cp_async_wait<PIPE_STAGES - 2>(); /* this lane's copies of the work stage are in */
-        if (fetch.tile < n_tiles) {
-            issue(fetch);
-            advance(fetch);
-        }
-        cp_async_commit();
-        const pipe_stage<ROWS> &st = ring[work.stage];
-        int64_t g = (int64_t)work.round * 32 + lane;
-        if (g < groups) {
-            float d[ROWS] = {};
-#pragma unroll
-            for (int h = 0; h < 2; h++) { /* the unit's two 16-byte chunks */
-                float xv[P * 2];
-#pragma unroll
-                for (int i = 0; i < P / 2; i++) {
-                    float4 f = xs[(int64_t)work.round * 32 * P + (P / 2 * h + i) * 32 + lane];
-                    xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
-                }
-#pragma unroll
-                for (int r = 0; r < ROWS; r++)
-                    d[r] += quant ? q4_chunk_dot_offset(st.w[r][h][lane], xv)
-                                  : chunk_dot<GEMV_BF16>(st.w[r][h][lane], xv);
-            }
-            if (quant) {
-                float sx = group_sum[g];
-#pragma unroll
-                for (int r = 0; r < ROWS; r++) { /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
-                    float2 sb = unpack_sb<SD>(st.sb[r][lane]);
-                    acc[r] = fmaf(32.0f * sb.x, d[r], fmaf(sb.y - 16.0f * sb.x, sx, acc[r]));
-                }
-            } else {
-#pragma unroll
-                for (int r = 0; r < ROWS; r++) acc[r] += d[r];
-            }
-        }
-        if (work.round == rounds - 1) { /* the tile is done: sum across the warp and store */
-            int64_t row0 = (work.tile - a.tile_start[work.m]) * ROWS, rows = a.w[work.m].rows;
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                float v = warp_reduce(acc[r]);
-                acc[r] = 0;
-                if (lane == 0 && row0 + r < rows) {
-                    float *o = a.y[work.m] + row0 + r;
-                    *o = a.accumulate ? *o + v : v;
-                }
-            }
-        }
-        advance(work);
-    }
-    cp_async_wait<0>();
-}
-
-/* Which pipelined kernel takes these matrices at nt tokens: GEMV_Q4 (group 64, paired scales),
- * GEMV_BF16 (columns a multiple of 16), or -1. */
-static int pipe_kind(const cuda_ctx *c, const gemv_args &a, int nt) {
-    if (nt != 1 || c->gemv_old || c->no_pipe) return -1;
-    int kind = a.w[0].kind;
-    if (kind == GEMV_BF16 && c->bf16_one != 2) return -1;
-    for (int i = 0; i < a.n; i++) {
-        const dev_matrix &w = a.w[i];
-        if (w.kind != kind) return -1;
-        if (kind == GEMV_Q4 && (!w.sb || w.group_size != 64 || w.scale_dtype != a.w[0].scale_dtype))
-            return -1;
-        if (kind == GEMV_BF16 && w.cols % 16) return -1;
-    }
-    return kind == GEMV_Q4 || kind == GEMV_BF16 ? kind : -1; /* and x fits: pipe_launch_kind */
-}
-
-template <int KIND, int SD, int ROWS> static int pipe_launch_rows(cuda_ctx *c, gemv_args &a) {
-    constexpr int WARPS = 32 / ROWS;
-    size_t smem = pipe_smem_bytes<KIND, ROWS>(a.w[0].cols);
-    if (smem > dynamic_smem_limit((const void *)gemv_pipe_kernel<KIND, SD, ROWS>)) return 0;
-    a.tile_start[0] = 0;
-    for (int i = 0; i < a.n; i++)
-        a.tile_start[i + 1] = a.tile_start[i] + (a.w[i].rows + ROWS - 1) / ROWS;
-    int64_t want = (a.tile_start[a.n] + WARPS - 1) / WARPS;
-    unsigned blocks = (unsigned)(want < c->sm_count ? want : c->sm_count);
-    gemv_pipe_kernel<KIND, SD, ROWS><<<blocks, WARPS * 32, smem, c->stream>>>(a);
-    CUDA_LAUNCHED(c, "gemv (pipelined)");
-    return 1;
-}
-
-template <int KIND, int SD> static int pipe_launch_kind(cuda_ctx *c, gemv_args &a) {
-    return c->pipe_rows == 2 ? pipe_launch_rows<KIND, SD, 2>(c, a) : pipe_launch_rows<KIND, SD, PIPE_ROWS>(c, a);
-}
-
-static int pipe_launch(cuda_ctx *c, gemv_args &a, int nt) {
-    switch (pipe_kind(c, a, nt)) {
-    case GEMV_Q4:
-        if (a.w[0].scale_dtype == DTYPE_BF16) return pipe_launch_kind<GEMV_Q4, DTYPE_BF16>(c, a);
-        return pipe_launch_kind<GEMV_Q4, DTYPE_F16>(c, a);
-    case GEMV_BF16: return pipe_launch_kind<GEMV_BF16, DTYPE_BF16>(c, a);
-    }
-    return 0;
 }
 
 /* ---- one-token GEMV with x in registers (4-bit group 64, bf16) ------------------------------ */
@@ -993,7 +768,7 @@ static int xreg_launch(cuda_ctx *c, gemv_args &a, int nt) {
 static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
     int nt = (int)(n < GEMV_MAX_TOKENS ? n : GEMV_MAX_TOKENS);
     if (n == 1 && xreg_kind(c, m) >= 0) return 1;
-    if (c->gemv_old || n > GEMV_PERSIST_MAX_TOKENS || (m->kind == GEMV_BF16 && n == 1 && !c->bf16_one))
+    if (c->gemv_old || n > GEMV_PERSIST_MAX_TOKENS || (m->kind == GEMV_BF16 && n == 1))
         return 0;
     switch (m->kind) {
     case GEMV_Q4: return persist_fits<GEMV_Q4>(m->cols, nt);
@@ -1006,9 +781,8 @@ static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
 
 static int persist_launch(cuda_ctx *c, int kind, gemv_args &a, int nt) {
     if (xreg_launch(c, a, nt)) return 1;
-    if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS || (kind == GEMV_BF16 && nt == 1 && !c->bf16_one))
+    if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS || (kind == GEMV_BF16 && nt == 1))
         return 0;
-    if (pipe_launch(c, a, nt)) return 1;
     a.tile_start[0] = 0;
     const int rows = persist_tile_rows(kind, nt);
     for (int i = 0; i < a.n; i++)
