@@ -9,7 +9,7 @@
 # summary.txt (the lines worth reading) last.
 #   MODELS="bf16 4bit" (default both)   SANITIZE=1 (compute-sanitizer memcheck of the op tests)
 #   BATCH=1,64   PP=2048   REPS=2   PROFILE=1 (ncu, default on)   GEMVBENCH=1 (default on)
-#   ALT, GEMVBENCH_ARGS, NCU_SECTIONS: below
+#   ALT, GEMVBENCH_ARGS, NCU_SECTIONS: below   PROFILE_B64=1: ncu of a 4-bit b64 decode step
 set -uo pipefail
 export EXO_BUILD=build
 MODELS=${MODELS:-bf16 4bit} BATCH=${BATCH:-1,64} PP=${PP:-2048} REPS=${REPS:-2}
@@ -115,6 +115,37 @@ EOF
       > "$OUT/ncu-gemv4.log" 2>&1
     grep -E "$NCU_SECTIONS|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers|Stall|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" \
       "$OUT/ncu-gemv4.log" | head -80 | tee -a "$OUT/ncu-summary.log"
+  fi
+  if [ "${PROFILE_B64:-0}" = 1 ] && [ -d "$m/llama8b-4bit" ]; then
+    # a 4-bit b64 decode step: per-kernel times (qgemm4 and the rest), then qgemm4's sections
+    stamp "== ncu: b64 decode kernels, 4bit" | tee -a "$OUT/ncu-summary.log"
+    EXO_CUDA_GRAPHS=0 timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum \
+      --launch-skip 3000 --launch-count 400 --csv --print-units base \
+      ./exo-libs bench --model "$m/llama8b-4bit" --device cuda --pp 16 --tg 12 --batch 64 --reps 1 \
+      > "$OUT/ncu-b64.csv" 2> "$OUT/ncu-b64.err"
+    python3 - "$OUT/ncu-b64.csv" <<'EOF2' | tee -a "$OUT/ncu-summary.log"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows: print("  (no ncu rows)"); sys.exit()
+h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); gi = h.index("Grid Size")
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows[1:]:
+    try: v = float(r[vi].replace(",", ""))
+    except ValueError: continue
+    name = r[ki].split("(")[0].strip()[:40] + " " + r[gi]
+    tot[name] += v; cnt[name] += 1
+print("  %-58s %6s %9s %11s" % ("kernel (grid)", "count", "avg us", "total us"))
+for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:25]:
+    print("  %-58s %6d %9.2f %11.1f" % (k[:58], cnt[k], v / cnt[k] / 1e3, v / 1e3))
+print("  sum: %.1f us over %d launches" % (sum(tot.values()) / 1e3, sum(cnt.values())))
+EOF2
+    EXO_CUDA_GRAPHS=0 timeout 60 ncu --clock-control none --kernel-name regex:qgemm4 \
+      --launch-skip 500 --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
+      ./exo-libs bench --model "$m/llama8b-4bit" --device cuda --pp 16 --tg 12 --batch 64 --reps 1 \
+      > "$OUT/ncu-qgemm.log" 2>&1
+    grep -E "qgemm4|Duration|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Max Bandwidth|Issue Slots|Executed Ipc|stalled|Shared" \
+      "$OUT/ncu-qgemm.log" | head -80 | tee -a "$OUT/ncu-summary.log"
   fi
 fi
 {

@@ -136,7 +136,6 @@ __global__ void __launch_bounds__(ATT_HEADS * 32) attention_tile_kernel(att_args
     float *qs = (float *)att_smem4;                 /* [heads][hd] */
     float *sw = qs + a.heads * hd + warp * ATT_TILE; /* [heads][32]: this warp's weights */
     char *bufs = (char *)(qs + a.heads * (hd + ATT_TILE)); /* [nbuf][K tile, V tile] */
-    pdl_trigger();
     for (int64_t t = a.t_begin + blockIdx.y; t < a.t_end; t += gridDim.y) {
         const int32_t *table = ab.block_tables + ab.block_table_start[ab.seq_of_token[t]];
         const int n_ctx = ab.positions[t] + 1, bs = ab.block_size, first = att_first(ab, n_ctx);
@@ -257,6 +256,7 @@ __global__ void __launch_bounds__(ATT_HEADS * 32) attention_tile_kernel(att_args
             }
             __syncthreads(); /* the tile's buffer and weights are free for the copies after */
         }
+        pdl_trigger(); /* the cache is read: the next kernel may start */
         const int d0 = lane * DPL;
         if (active == 1) {
             if (head_on) {
@@ -571,7 +571,6 @@ __global__ void rope_kv_write_kernel(float *q, float *k, const float *v, const i
                                      int64_t n, int n_heads, int n_kv_heads, int head_dim, int half,
                                      const float *inv_freq, float attn_factor, void *kc, void *vc,
                                      const int32_t *slots) {
-    pdl_trigger();
     pdl_wait();
     const int64_t kv_dim = (int64_t)n_kv_heads * head_dim;
     const int q_items = n_heads * half, k_rot = n_kv_heads * half, rest = head_dim - 2 * half,

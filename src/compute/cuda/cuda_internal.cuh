@@ -177,8 +177,11 @@ void cuda_rope_kv_write(cuda_ctx *c, float *q, float *k, const float *v, const i
  * anything at all (the wait returns once the previous grid has finished and its memory is
  * visible). Work that reads only weights goes before the wait: a decode step is a chain of ~200
  * short kernels, and each one's launch latency and first loads then overlap the tail of the one
- * before. pdl_trigger() lets the next kernel's blocks be scheduled early (before this grid ends);
- * without the launch attribute both are no-ops. */
+ * before. pdl_trigger() lets the next kernel's blocks be scheduled before this grid ends: called
+ * once a block has issued its last loads, not at its start (kernels triggering at their start let
+ * a chain of several grids sit resident and waiting: the suspected cause of bf16 b1 falling from
+ * 224 to 193 tok/s with them, H200, while 4-bit gained 6%); a
+ * kernel that never calls it triggers as it exits. Without the launch attribute both are no-ops. */
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 

@@ -623,7 +623,6 @@ __global__ void __launch_bounds__(XR_MAX_WARPS * 32) gemv_xreg_kernel(gemv_args 
             if (KIND == GEMV_Q4) ps += sb_stride;
         }
     };
-    pdl_trigger();
     if (tile < n_tiles) load(tile); /* weights only: in flight while the previous kernel ends */
     pdl_wait();
     float xr[32];
@@ -688,6 +687,7 @@ __global__ void __launch_bounds__(XR_MAX_WARPS * 32) gemv_xreg_kernel(gemv_args 
         const int64_t row0 = (tile - a.tile_start[mt]) * R;
         tile += gridDim.x;
         if (tile < n_tiles) load(tile); /* the next tile's bytes fly during the reductions */
+        else pdl_trigger(); /* this block's last loads are out: the next kernel may start */
         /* transposing butterfly: after it, lane l holds the warp's sum of row rl */
         int rl = 0;
 #pragma unroll
