@@ -1053,6 +1053,7 @@ __global__ void __launch_bounds__(256, 2) qgemm4_kernel(dev_matrix w, const __nv
      * ahead, so several chunks' bytes are in flight while the tensor cores work (one chunk ahead
      * left every chunk waiting a full memory latency: gemvbench at 64 tokens read 4-bit weights
      * at 5-10% of the bandwidth) */
+    const bool bf16_scales = w.scale_dtype == DTYPE_BF16;
     uint4 q[QGEMM_AHEAD], xv[QGEMM_AHEAD][2];
     float s[QGEMM_AHEAD], b[QGEMM_AHEAD];
     auto fetch = [&](int i, int64_t kc) {
@@ -1077,14 +1078,35 @@ __global__ void __launch_bounds__(256, 2) qgemm4_kernel(dev_matrix w, const __nv
             if (kc >= k1) break; /* uniform across the block */
             const uint32_t u[4] = {q[i].x, q[i].y, q[i].z, q[i].w};
             uint32_t packed[16];
+            if (bf16_scales) { /* bf16 pairs: 2.5 instructions a weight, not 4.5 */
+                const __nv_bfloat162 s2 = __float2bfloat162_rn(s[i]), b2 = __float2bfloat162_rn(b[i]);
+                const __nv_bfloat162 k128 = __float2bfloat162_rn(128.0f);
 #pragma unroll
-            for (int ii = 0; ii < 4; ii++)
+                for (int ii = 0; ii < 4; ii++) {
+                    uint32_t pr[4]; /* pr[j] = (w of nibble j, w of nibble j + 4) */
 #pragma unroll
-                for (int j = 0; j < 8; j += 2) {
-                    __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(s[i], small_uint_to_float((u[ii] >> (4 * j)) & 15u), b[i]),
-                                                             fmaf(s[i], small_uint_to_float((u[ii] >> (4 * j + 4)) & 15u), b[i]));
-                    packed[4 * ii + j / 2] = *reinterpret_cast<uint32_t *>(&h);
+                    for (int j = 0; j < 4; j++) {
+                        /* 0x4300 | q is the bf16 128 + q, exactly; minus 128 is q, exactly; then one
+                         * rounding of q s + b, as the float path's fmaf then rounding to bf16 */
+                        uint32_t v = ((u[ii] >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+                        __nv_bfloat162 h = __hfma2(__hsub2(*reinterpret_cast<__nv_bfloat162 *>(&v), k128), s2, b2);
+                        pr[j] = *reinterpret_cast<uint32_t *>(&h);
+                    }
+                    packed[4 * ii] = __byte_perm(pr[0], pr[1], 0x5410);     /* columns 0, 1 */
+                    packed[4 * ii + 1] = __byte_perm(pr[2], pr[3], 0x5410); /* 2, 3 */
+                    packed[4 * ii + 2] = __byte_perm(pr[0], pr[1], 0x7632); /* 4, 5 */
+                    packed[4 * ii + 3] = __byte_perm(pr[2], pr[3], 0x7632); /* 6, 7 */
                 }
+            } else {
+#pragma unroll
+                for (int ii = 0; ii < 4; ii++)
+#pragma unroll
+                    for (int j = 0; j < 8; j += 2) {
+                        __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(s[i], small_uint_to_float((u[ii] >> (4 * j)) & 15u), b[i]),
+                                                                 fmaf(s[i], small_uint_to_float((u[ii] >> (4 * j + 4)) & 15u), b[i]));
+                        packed[4 * ii + j / 2] = *reinterpret_cast<uint32_t *>(&h);
+                    }
+            }
             uint4 *wd = (uint4 *)&sm.in.w[t >> 1][32 * half];
 #pragma unroll
             for (int ii = 0; ii < 4; ii++)
