@@ -1018,7 +1018,6 @@ static void gemm_half(cuda_ctx *c, const dev_matrix *m, const void *xh, float *y
 #define QGEMM_BN 64
 #define QGEMM_BK 64
 #define QGEMM_PAD 8 /* bf16 elements per shared row beyond BK: rows 144 bytes apart, no 2-way banks */
-#define QGEMM_AHEAD 4 /* k chunks in flight per thread (registers) */
 
 union qgemm_smem {
     struct {
@@ -1030,7 +1029,7 @@ union qgemm_smem {
 
 /* y (or partial[split]) [tokens][rows] for rows [bm, bm + 128), tokens [bn, bn + 64), columns
  * of k split blockIdx.z. xh: bf16 [tokens][cols]. */
-__global__ void __launch_bounds__(256, 2) qgemm4_kernel(dev_matrix w, const __nv_bfloat16 *xh,
+__global__ void __launch_bounds__(256) qgemm4_kernel(dev_matrix w, const __nv_bfloat16 *xh,
                                                      int64_t tokens, int k_per_split, float *y,
                                                      float *partial, int accumulate) {
     __shared__ __align__(128) qgemm_smem sm;
@@ -1049,89 +1048,59 @@ __global__ void __launch_bounds__(256, 2) qgemm4_kernel(dev_matrix w, const __nv
     const int64_t my_row = bm + (t >> 1), my_tok = bn + (t >> 2);
     const int half = t & 1, quarter = t & 3;
     const int64_t row_words = cols / 8, groups = cols >> w.group_shift;
-    /* chunk kc's global loads into a ring of QGEMM_AHEAD register slots: issued that many chunks
-     * ahead, so several chunks' bytes are in flight while the tensor cores work (one chunk ahead
-     * left every chunk waiting a full memory latency: gemvbench at 64 tokens read 4-bit weights
-     * at 5-10% of the bandwidth) */
-    const bool bf16_scales = w.scale_dtype == DTYPE_BF16;
-    uint4 q[QGEMM_AHEAD], xv[QGEMM_AHEAD][2];
-    float s[QGEMM_AHEAD], b[QGEMM_AHEAD];
-    auto fetch = [&](int i, int64_t kc) {
-        q[i] = make_uint4(0, 0, 0, 0), xv[i][0] = xv[i][1] = make_uint4(0, 0, 0, 0), s[i] = 0, b[i] = 0;
+    /* chunk kc's global loads into registers: issued one chunk ahead, so they fly while the
+     * tensor cores work on the chunk before (one block per half SM cannot hide them otherwise) */
+    uint4 q, xv[2];
+    float s, b;
+    auto fetch = [&](int64_t kc) {
+        q = make_uint4(0, 0, 0, 0), xv[0] = xv[1] = make_uint4(0, 0, 0, 0), s = 0, b = 0;
         if (kc >= k1) return;
         if (my_row < rows) {
-            q[i] = __ldcs((const uint4 *)((const uint32_t *)w.data + my_row * row_words + kc / 8) + half);
+            q = __ldcs((const uint4 *)((const uint32_t *)w.data + my_row * row_words + kc / 8) + half);
             int64_t g = my_row * groups + ((kc + 32 * half) >> w.group_shift);
-            s[i] = scale_value(w.scales, g, w.scale_dtype), b[i] = scale_value(w.biases, g, w.scale_dtype);
+            s = scale_value(w.scales, g, w.scale_dtype), b = scale_value(w.biases, g, w.scale_dtype);
         }
         if (my_tok < tokens) {
             const uint4 *src = (const uint4 *)(xh + my_tok * cols + kc + 16 * quarter);
-            xv[i][0] = src[0], xv[i][1] = src[1];
+            xv[0] = src[0], xv[1] = src[1];
         }
     };
+    fetch(k0);
+    for (int64_t kc = k0; kc < k1; kc += QGEMM_BK) {
+        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+        uint32_t packed[16];
 #pragma unroll
-    for (int i = 0; i < QGEMM_AHEAD; i++) fetch(i, k0 + i * QGEMM_BK);
-    for (int64_t kb = k0; kb < k1; kb += QGEMM_AHEAD * QGEMM_BK) {
+        for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int i = 0; i < QGEMM_AHEAD; i++) { /* slot i: chunk kc (static ring indices) */
-            const int64_t kc = kb + i * QGEMM_BK;
-            if (kc >= k1) break; /* uniform across the block */
-            const uint32_t u[4] = {q[i].x, q[i].y, q[i].z, q[i].w};
-            uint32_t packed[16];
-            if (bf16_scales) { /* bf16 pairs: 2.5 instructions a weight, not 4.5 */
-                const __nv_bfloat162 s2 = __float2bfloat162_rn(s[i]), b2 = __float2bfloat162_rn(b[i]);
-                const __nv_bfloat162 k128 = __float2bfloat162_rn(128.0f);
-#pragma unroll
-                for (int ii = 0; ii < 4; ii++) {
-                    uint32_t pr[4]; /* pr[j] = (w of nibble j, w of nibble j + 4) */
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        /* 0x4300 | q is the bf16 128 + q, exactly; minus 128 is q, exactly; then one
-                         * rounding of q s + b, as the float path's fmaf then rounding to bf16 */
-                        uint32_t v = ((u[ii] >> (4 * j)) & 0x000f000fu) | 0x43004300u;
-                        __nv_bfloat162 h = __hfma2(__hsub2(*reinterpret_cast<__nv_bfloat162 *>(&v), k128), s2, b2);
-                        pr[j] = *reinterpret_cast<uint32_t *>(&h);
-                    }
-                    packed[4 * ii] = __byte_perm(pr[0], pr[1], 0x5410);     /* columns 0, 1 */
-                    packed[4 * ii + 1] = __byte_perm(pr[2], pr[3], 0x5410); /* 2, 3 */
-                    packed[4 * ii + 2] = __byte_perm(pr[0], pr[1], 0x7632); /* 4, 5 */
-                    packed[4 * ii + 3] = __byte_perm(pr[2], pr[3], 0x7632); /* 6, 7 */
-                }
-            } else {
-#pragma unroll
-                for (int ii = 0; ii < 4; ii++)
-#pragma unroll
-                    for (int j = 0; j < 8; j += 2) {
-                        __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(s[i], small_uint_to_float((u[ii] >> (4 * j)) & 15u), b[i]),
-                                                                 fmaf(s[i], small_uint_to_float((u[ii] >> (4 * j + 4)) & 15u), b[i]));
-                        packed[4 * ii + j / 2] = *reinterpret_cast<uint32_t *>(&h);
-                    }
+            for (int j = 0; j < 8; j += 2) {
+                __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(s, small_uint_to_float((u[i] >> (4 * j)) & 15u), b),
+                                                         fmaf(s, small_uint_to_float((u[i] >> (4 * j + 4)) & 15u), b));
+                packed[4 * i + j / 2] = *reinterpret_cast<uint32_t *>(&h);
             }
-            uint4 *wd = (uint4 *)&sm.in.w[t >> 1][32 * half];
+        uint4 *wd = (uint4 *)&sm.in.w[t >> 1][32 * half];
 #pragma unroll
-            for (int ii = 0; ii < 4; ii++)
-                wd[ii] = make_uint4(packed[4 * ii], packed[4 * ii + 1], packed[4 * ii + 2], packed[4 * ii + 3]);
-            uint4 *xd = (uint4 *)&sm.in.x[t >> 2][16 * quarter];
-            xd[0] = xv[i][0], xd[1] = xv[i][1];
-            __syncthreads();
-            fetch(i, kc + QGEMM_AHEAD * QGEMM_BK);
+        for (int i = 0; i < 4; i++)
+            wd[i] = make_uint4(packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]);
+        uint4 *xd = (uint4 *)&sm.in.x[t >> 2][16 * quarter];
+        xd[0] = xv[0], xd[1] = xv[1];
+        __syncthreads();
+        fetch(kc + QGEMM_BK);
 #pragma unroll
-            for (int kk = 0; kk < QGEMM_BK; kk += 16) {
-                nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> fa[2];
-                nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::col_major> fb[2];
+        for (int kk = 0; kk < QGEMM_BK; kk += 16) {
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> fa[2];
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::col_major> fb[2];
 #pragma unroll
-                for (int ii = 0; ii < 2; ii++)
-                    nvcuda::wmma::load_matrix_sync(fa[ii], &sm.in.w[32 * wm + 16 * ii][kk], QGEMM_BK + QGEMM_PAD);
+            for (int i = 0; i < 2; i++)
+                nvcuda::wmma::load_matrix_sync(fa[i], &sm.in.w[32 * wm + 16 * i][kk], QGEMM_BK + QGEMM_PAD);
 #pragma unroll
-                for (int j = 0; j < 2; j++)
-                    nvcuda::wmma::load_matrix_sync(fb[j], &sm.in.x[32 * wn + 16 * j][kk], QGEMM_BK + QGEMM_PAD);
+            for (int j = 0; j < 2; j++)
+                nvcuda::wmma::load_matrix_sync(fb[j], &sm.in.x[32 * wn + 16 * j][kk], QGEMM_BK + QGEMM_PAD);
 #pragma unroll
-                for (int ii = 0; ii < 2; ii++)
+            for (int i = 0; i < 2; i++)
 #pragma unroll
-                    for (int j = 0; j < 2; j++) nvcuda::wmma::mma_sync(acc[ii][j], fa[ii], fb[j], acc[ii][j]);
-            }
-            __syncthreads();
+                for (int j = 0; j < 2; j++) nvcuda::wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
         }
+        __syncthreads();
     }
     /* [token][row] through shared memory, then out with the bounds */
 #pragma unroll
