@@ -68,6 +68,7 @@ typedef struct runner {
     pthread_mutex_t send_lock;        /* one writer on the socket at a time */
     _Atomic uint64_t step_started_ns; /* 0 between steps */
     _Atomic int heartbeat_stop;
+    _Atomic int loaded; /* load() has returned: watch_node_while_loading stops */
     engine_stats sent_stats; /* last kv_stats sent to the node */
     uint64_t t_stats;        /* when */
     dist_group *dist;        /* several ranks: this instance's data plane, else NULL */
@@ -683,13 +684,35 @@ static int follow(runner *r) {
     return 1;
 }
 
+/* While the ranks connect and the shard loads, nothing reads the node socket, and a peer that
+ * never comes can hold Gloo's pair connect past any timeout: a runner whose node died or gave up
+ * then lived on, orphaned, holding its ports and memory. This thread watches only for the node's
+ * end closing (POLLRDHUP: the node's messages stay unread for the main loop) and leaves at once. */
+static void *watch_node_while_loading(void *arg) {
+    runner *r = arg;
+    while (!atomic_load(&r->loaded)) {
+        struct pollfd p = {.fd = r->fd, .events = POLLRDHUP};
+        if (poll(&p, 1, 200) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+            log_warn("the node closed this runner's socket while it was connecting or loading: "
+                     "exiting");
+            _exit(0); /* like a follower whose node leaves: nothing is left to report to */
+        }
+    }
+    return NULL;
+}
+
 int runner_run(const runner_options *o) {
     runner r = {.fd = o->fd, .model_id = o->model_id};
     pthread_mutex_init(&r.send_lock, NULL);
     int rc = 1;
     pthread_t heartbeat;
     int heartbeat_started = 0;
-    if (load(&r, o)) goto out;
+    pthread_t load_watcher;
+    int load_watched = pthread_create(&load_watcher, NULL, watch_node_while_loading, &r) == 0;
+    int load_failed = load(&r, o);
+    atomic_store(&r.loaded, 1);
+    if (load_watched) pthread_join(load_watcher, NULL);
+    if (load_failed) goto out;
     heartbeat_started = pthread_create(&heartbeat, NULL, heartbeat_main, &r) == 0;
     if (o->dist.size > 1 && o->dist.rank != 0) {
         rc = follow(&r);

@@ -47,7 +47,8 @@ typedef struct rank_proc {
 } rank_proc;
 
 /* Starts `exo runner` for rank k of n (n = 1: the whole model, no data plane). */
-static rank_proc spawn_runner(int k, int n, const char *parallel, const char *store) {
+static rank_proc spawn_runner_timeout(int k, int n, const char *parallel, const char *store,
+                                      const char *timeout_ms) {
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     char fd[16], rank[16], ranks[16];
@@ -60,7 +61,7 @@ static rank_proc spawn_runner(int k, int n, const char *parallel, const char *st
     if (n > 1) {
         const char *more[] = {"--rank", rank, "--ranks", ranks, "--parallel", parallel,
                               "--dist-store", store, "--instance", "test-instance",
-                              "--dist-timeout-ms", "5000"};
+                              "--dist-timeout-ms", timeout_ms};
         for (size_t i = 0; i < sizeof more / sizeof *more; i++) argv[a++] = more[i];
     }
     argv[a] = NULL;
@@ -76,6 +77,10 @@ static rank_proc spawn_runner(int k, int n, const char *parallel, const char *st
     }
     close(sv[1]);
     return (rank_proc){pid, sv[0]};
+}
+
+static rank_proc spawn_runner(int k, int n, const char *parallel, const char *store) {
+    return spawn_runner_timeout(k, n, parallel, store, "5000");
 }
 
 /* The next message from fd within 30 s (NULL: none, or the runner closed the socket). */
@@ -292,12 +297,31 @@ static void test_follower_whose_node_leaves_exits(void **s) {
     close(ranks[0].fd);
 }
 
+static void test_runner_waiting_for_peers_exits_when_its_node_leaves(void **s) {
+    (void)s; /* rank 1 never comes and the data plane would wait 10 min (alarm(120) kills a
+              * runner that waits: exit 128 + SIGALRM); the node closing the socket ends it */
+    char store[256];
+    store_dir(store, sizeof store);
+    rank_proc r0 = spawn_runner_timeout(0, 2, "pipeline", store, "600000");
+    json_t *m;
+    int connecting = 0;
+    while (!connecting && (m = next_message(r0.fd))) {
+        const char *status = json_string_value(json_object_get(m, "status"));
+        connecting = status && !strcmp(status, "Connecting");
+        json_decref(m);
+    }
+    assert_true(connecting);
+    close(r0.fd);
+    assert_int_equal(exit_code(r0.pid), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pipeline_2), cmocka_unit_test(test_pipeline_3),
         cmocka_unit_test(test_tensor_2),   cmocka_unit_test(test_tensor_4),
         cmocka_unit_test(test_follower_killed_mid_stream),
         cmocka_unit_test(test_follower_whose_node_leaves_exits),
+        cmocka_unit_test(test_runner_waiting_for_peers_exits_when_its_node_leaves),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
