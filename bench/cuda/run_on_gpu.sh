@@ -9,9 +9,15 @@
 # summary.txt (the lines worth reading) last.
 #   MODELS="bf16 4bit" (default both)   SANITIZE=1 (compute-sanitizer memcheck of the op tests)
 #   BATCH=1,64   PP=2048   REPS=2   PROFILE=1 (ncu, default on)   GEMVBENCH=1 (default on)
+#   ALT, GEMVBENCH_ARGS, NCU_SECTIONS: below   PROFILE_B64=1: ncu of a 4-bit b64 decode step
 set -uo pipefail
 export EXO_BUILD=build
 MODELS=${MODELS:-bf16 4bit} BATCH=${BATCH:-1,64} PP=${PP:-2048} REPS=${REPS:-2}
+# ALT: environments for a b1 A/B run of each model (words VAR=VALUE, several: comma-free, one
+# run each); GEMVBENCH_ARGS: gemvbench's arguments; NCU_SECTIONS: the kernels ncu details
+ALT=${ALT:-EXO_CUDA_GEMV1=prev}
+GEMVBENCH_ARGS=${GEMVBENCH_ARGS:---reps 5 --tokens 1,2,4,8,64}
+NCU_SECTIONS=${NCU_SECTIONS:-gemv_xreg|attention_tile}
 start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - start )) s] $*"; }
 # the carried libraries only for exo's own binaries (system tools keep the image's)
@@ -39,7 +45,7 @@ done
 {
   stamp "== test_cuda_ops"; X timeout 150 ./build/tests/test_cuda_ops; echo "rc=$?"
   if [ "${GEMVBENCH:-1}" = 1 ]; then
-    stamp "== gemvbench"; X timeout 120 ./build/tools/gemvbench --reps 5 --tokens 1,2,4,8,64 | tee "$OUT/gemvbench.log"; echo "rc=$?"
+    stamp "== gemvbench $GEMVBENCH_ARGS"; eval X timeout 120 ./build/tools/gemvbench $GEMVBENCH_ARGS | tee "$OUT/gemvbench.log"; echo "rc=$?"
   fi
   stamp "== test_engine_reference (GPU passes)"; EXO_TEST_DEVICE=cuda X timeout 150 ./build/tests/test_engine_reference; echo "rc=$?"
   stamp "== exo run --device cuda"; X timeout 60 ./build/exo run .cache/reference-models/qwen3-tiny "Hello there" --max-tokens 12 --temperature 0 --raw --device cuda; echo "rc=$?"
@@ -57,14 +63,16 @@ for q in $MODELS; do
   stamp "== exo bench --model $m/llama8b-$q --device cuda --pp $PP --tg 128 --batch $BATCH --reps $REPS"
   X timeout 150 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp "$PP" --tg 128 --batch "$BATCH" --reps "$REPS" 2>&1 | grep -v "^mem "
   if [ "$q" = bf16 ]; then
-    for alt in EXO_CUDA_GEMV=old EXO_CUDA_PIPE=0; do
-      stamp "== bf16 b1 with $alt (old: the plain GEMV, no fused norm; PIPE=0: the persistent GEMV)"
+    for alt in $ALT; do
+      stamp "== bf16 b1 with $alt"
       env $alt LD_LIBRARY_PATH="$PWD/lib:$cudalib" timeout 60 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 128 --batch 1 --reps 1 2>&1 | grep -E "decode"
     done
   fi
   if [ "$q" = 4bit ]; then
-    stamp "== 4-bit on the previous kernels: b1 persistent GEMV (EXO_CUDA_PIPE=0), b64 dequantized for cuBLAS (EXO_CUDA_QGEMM=0)"
-    EXO_CUDA_PIPE=0 EXO_CUDA_QGEMM=0 X timeout 90 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 128 --batch 1,64 --reps 1 2>&1 | grep -E "decode"
+    for alt in $ALT; do
+      stamp "== 4-bit b1 with $alt"
+      env $alt LD_LIBRARY_PATH="$PWD/lib:$cudalib" timeout 60 ./build/exo bench --model "$m/llama8b-$q" --device cuda --pp 16 --tg 128 --batch 1 --reps 1 2>&1 | grep -E "decode"
+    done
   fi
 done 2>&1 | tee "$OUT/bench.log"
 if [ "${PROFILE:-1}" = 1 ]; then
@@ -99,14 +107,45 @@ print("  sum: %.1f us per 32 layers (%d layers profiled)" % (sum(tot.values()) /
 EOF
   done 2>&1 | tee "$OUT/ncu-summary.log"
   if [ -d "$m/llama8b-4bit" ] && [ $(( $(date +%s) - start )) -lt ${TIME_BUDGET:-200} ]; then
-    stamp "== ncu sections: the 4-bit persistent GEMV (qkv, o, gate/up, down of one layer)" | tee -a "$OUT/ncu-summary.log"
-    EXO_CUDA_GRAPHS=0 timeout 60 ncu --clock-control none --kernel-name regex:'gemv_pipe|gemv_persistent' \
-      --launch-skip 400 --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    stamp "== ncu sections: $NCU_SECTIONS, 4-bit (one layer)" | tee -a "$OUT/ncu-summary.log"
+    EXO_CUDA_GRAPHS=0 timeout 60 ncu --clock-control none --kernel-name regex:"$NCU_SECTIONS" \
+      --launch-skip 400 --launch-count 6 --section SpeedOfLight --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section Occupancy --section LaunchStats \
       ./exo-libs bench --model "$m/llama8b-4bit" --device cuda --pp 16 --tg 20 --batch 1 --reps 1 \
       > "$OUT/ncu-gemv4.log" 2>&1
-    grep -E "gemv_pipe|gemv_persistent|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers|Stall|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" \
+    grep -E "$NCU_SECTIONS|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers|Stall|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" \
       "$OUT/ncu-gemv4.log" | head -80 | tee -a "$OUT/ncu-summary.log"
+  fi
+  if [ "${PROFILE_B64:-0}" = 1 ] && [ -d "$m/llama8b-4bit" ]; then
+    # a 4-bit b64 decode step: per-kernel times (qgemm4 and the rest), then qgemm4's sections
+    stamp "== ncu: b64 decode kernels, 4bit" | tee -a "$OUT/ncu-summary.log"
+    EXO_CUDA_GRAPHS=0 timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum \
+      --launch-skip 3000 --launch-count 400 --csv --print-units base \
+      ./exo-libs bench --model "$m/llama8b-4bit" --device cuda --pp 16 --tg 12 --batch 64 --reps 1 \
+      > "$OUT/ncu-b64.csv" 2> "$OUT/ncu-b64.err"
+    python3 - "$OUT/ncu-b64.csv" <<'EOF2' | tee -a "$OUT/ncu-summary.log"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows: print("  (no ncu rows)"); sys.exit()
+h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); gi = h.index("Grid Size")
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows[1:]:
+    try: v = float(r[vi].replace(",", ""))
+    except ValueError: continue
+    name = r[ki].split("(")[0].strip()[:40] + " " + r[gi]
+    tot[name] += v; cnt[name] += 1
+print("  %-58s %6s %9s %11s" % ("kernel (grid)", "count", "avg us", "total us"))
+for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:25]:
+    print("  %-58s %6d %9.2f %11.1f" % (k[:58], cnt[k], v / cnt[k] / 1e3, v / 1e3))
+print("  sum: %.1f us over %d launches" % (sum(tot.values()) / 1e3, sum(cnt.values())))
+EOF2
+    EXO_CUDA_GRAPHS=0 timeout 60 ncu --clock-control none --kernel-name regex:qgemm4 \
+      --launch-skip 500 --launch-count 4 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
+      ./exo-libs bench --model "$m/llama8b-4bit" --device cuda --pp 16 --tg 12 --batch 64 --reps 1 \
+      > "$OUT/ncu-qgemm.log" 2>&1
+    grep -E "qgemm4|Duration|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Max Bandwidth|Issue Slots|Executed Ipc|stalled|Shared" \
+      "$OUT/ncu-qgemm.log" | head -80 | tee -a "$OUT/ncu-summary.log"
   fi
 fi
 {

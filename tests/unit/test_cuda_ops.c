@@ -167,6 +167,8 @@ static const format_case formats[] = {
     {"f16", WEIGHT_F16, 0, 0, DTYPE_BF16, 129, 256},
     {"f32", WEIGHT_F32, 0, 0, DTYPE_BF16, 67, 132},
     {"bf16 odd cols", WEIGHT_BF16, 0, 0, DTYPE_BF16, 33, 100},
+    {"bf16 wide", WEIGHT_BF16, 0, 0, DTYPE_BF16, 45, 2056},      /* 3 slices of x, one partial */
+    {"mlx4 g64 wide", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_F16, 67, 4160},
     {"mlx4 g64", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 301, 1024},
     {"mlx4 g32 f16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_F16, 64, 256},
     {"mlx4 g128 f32", WEIGHT_MLX_AFFINE, 4, 128, DTYPE_F32, 70, 512},
@@ -438,6 +440,7 @@ static void test_attention(void **s) {
     attention_case(DTYPE_F16, 16, 1, 32, 2, 5, 0, 0);    /* 16 query heads per KV head: two passes */
     attention_case(DTYPE_F32, 6, 3, 12, 3, 9, 0, 0);     /* head_dim not a multiple of 8 */
     attention_case(DTYPE_F16, 8, 4, 256, 1, 280, 0, 0);  /* head_dim 256, long prefill */
+    attention_case(DTYPE_F32, 4, 2, 256, 3, 9, 0, 0);    /* f32 rows of 1 KB: one tile buffer */
     /* gpt-oss: 64 heads / 8 KV heads of 64 dims, window 128, sinks; decode splits and prefill */
     attention_case(DTYPE_BF16, 64, 8, 64, 4, 100, 128, 1);
     attention_case(DTYPE_F32, 4, 2, 16, 3, 9, 4, 1);     /* the tiny gpt-oss model */
@@ -748,6 +751,9 @@ static void test_norm_matmul(void **s) {
     static const format_case cases[] = {
         {"mlx4 g64", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 300, 1024},
         {"bf16", WEIGHT_BF16, 0, 0, DTYPE_BF16, 260, 768},
+        /* several 1024-column slices, the last one partial (the one-token kernel's warps) */
+        {"mlx4 g64 wide", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_F16, 130, 4160},
+        {"bf16 wide", WEIGHT_BF16, 0, 0, DTYPE_BF16, 70, 2056},
     };
     static const int64_t tokens[] = {1, 2, 4, 5, 12};
     int failures = 0;

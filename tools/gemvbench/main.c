@@ -5,7 +5,10 @@
  * pipelined GEMVs replaced, with EXO_CUDA_QGEMM=0: at 9+ tokens of 4-bit, dequantizing to bf16
  * for cuBLAS instead of the tensor-core GEMM qgemm4).
  *
- *   gemvbench [--reps N] [--tokens 1,2,4,8,64] [--formats bf16,q4]
+ *   gemvbench [--reps N] [--tokens 1,2,4,8,64] [--formats bf16,q4] [--against 'VAR=VALUE ...']
+ *
+ * --against sets the environment of the "old" backend (default 'EXO_CUDA_GEMV=old
+ * EXO_CUDA_QGEMM=0'; e.g. 'EXO_CUDA_GEMV1=prev' for the one-token kernels before x in registers).
  *
  * Each case rotates over enough distinct matrices of its shape that the set is several times
  * the GPU's L2 (a repeat over one matrix would time the cache), issues them back to back, and
@@ -122,27 +125,43 @@ static int parse_list(const char *s, int64_t *out, int max) {
 
 int main(int argc, char **argv) {
     int reps = 7;
+    const char *against = "EXO_CUDA_GEMV=old EXO_CUDA_QGEMM=0";
     int64_t tokens[8] = {1, 2, 4, 8, 64};
     int n_tokens = 5, want_bf16 = 1, want_q4 = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) n_tokens = parse_list(argv[++i], tokens, 8);
+        else if (!strcmp(argv[i], "--against") && i + 1 < argc)
+            against = argv[++i];
         else if (!strcmp(argv[i], "--formats") && i + 1 < argc) {
             const char *f = argv[++i];
             want_bf16 = strstr(f, "bf16") != NULL, want_q4 = strstr(f, "q4") != NULL;
         } else {
-            fprintf(stderr, "usage: gemvbench [--reps N] [--tokens 1,2,4,8,64] [--formats bf16,q4]\n");
+            fprintf(stderr, "usage: gemvbench [--reps N] [--tokens 1,2,4,8,64] [--formats bf16,q4] [--against 'VAR=VALUE ...']\n");
             return 2;
         }
     }
     if (reps < 1) reps = 1;
     char err[256];
     compute_backend *fresh = compute_backend_open(COMPUTE_DEVICE_CUDA, 0, err, sizeof err);
-    setenv("EXO_CUDA_GEMV", "old", 1);
-    setenv("EXO_CUDA_QGEMM", "0", 1);
+    /* the "old" kernels: --against 'VAR=VALUE ...' (default: the per-16-rows GEMV, no qgemm4) */
+    char spec[256], *save = NULL;
+    snprintf(spec, sizeof spec, "%s", against);
+    for (char *kv = strtok_r(spec, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) {
+            fprintf(stderr, "gemvbench: --against wants VAR=VALUE words, not '%s'\n", kv);
+            return 2;
+        }
+        *eq = 0;
+        setenv(kv, eq + 1, 1);
+    }
     compute_backend *old = fresh ? compute_backend_open(COMPUTE_DEVICE_CUDA, 0, err, sizeof err) : NULL;
-    unsetenv("EXO_CUDA_GEMV");
-    unsetenv("EXO_CUDA_QGEMM");
+    snprintf(spec, sizeof spec, "%s", against);
+    for (char *kv = strtok_r(spec, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+        *strchr(kv, '=') = 0;
+        unsetenv(kv);
+    }
     if (!fresh || !old) {
         fprintf(stderr, "gemvbench: %s\n", err);
         return 2;

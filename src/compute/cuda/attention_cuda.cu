@@ -29,10 +29,11 @@
 #include <math.h>
 #include <stdio.h>
 
-#define ATT_WARPS 4
-#define ATT_GROUP 8  /* query heads per pass */
-#define ATT_DIMS 8   /* head dims per lane: head_dim <= 256 */
+#define ATT_TILE 32      /* cached positions a block copies and scores at a time */
+#define ATT_HEADS 8      /* query heads a block (one warp each) */
 #define ATT_MAX_SPLITS 32
+#define ATT_MIN_TILES 4  /* a split takes at least this many tiles: short contexts, one split */
+#define ATT_SMEM_BUDGET (96 * 1024) /* two tile buffers unless they would pass this */
 
 template <int T> __device__ __forceinline__ float kv_load(const void *base, int64_t i);
 template <> __device__ __forceinline__ float kv_load<DTYPE_F32>(const void *base, int64_t i) {
@@ -43,28 +44,6 @@ template <> __device__ __forceinline__ float kv_load<DTYPE_F16>(const void *base
 }
 template <> __device__ __forceinline__ float kv_load<DTYPE_BF16>(const void *base, int64_t i) {
     return __uint_as_float((uint32_t)((const uint16_t *)base)[i] << 16);
-}
-
-/* 8 consecutive cached values from a 16-byte aligned offset. */
-template <int T> __device__ __forceinline__ void kv_load8(const void *base, int64_t i, float *v) {
-    if (T == DTYPE_F32) {
-        float4 a = *(const float4 *)((const float *)base + i);
-        float4 b = *(const float4 *)((const float *)base + i + 4);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    } else {
-        uint4 u = *(const uint4 *)((const uint16_t *)base + i);
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            if (T == DTYPE_BF16) {
-                v[2 * k] = __uint_as_float(w[k] << 16);
-                v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-            } else {
-                float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w[k]));
-                v[2 * k] = f.x, v[2 * k + 1] = f.y;
-            }
-        }
-    }
 }
 
 /* First cached position a token with n_ctx positions attends to (the window's start). */
@@ -88,256 +67,318 @@ struct att_args {
     const float *q;
     const void *k, *v;
     attention_batch ab;
-    float *out;     /* splits == 1: the output */
+    float *out;     /* the output */
     float *partial; /* splits > 1: [n_tokens][n_heads][splits][head_dim + 2] */
-    int splits;
+    int *done;      /* splits > 1: [n_tokens][n_kv_heads][passes] blocks finished, back to 0 */
+    int splits, passes, heads; /* heads: query heads a block (its warps) */
+    int pitch;      /* bytes of a cached row in shared memory (16-byte multiple + 16) */
+    int cp;         /* bytes a cp.async copies: 16, or 8 for 16-bit rows of 4k + 2 (mod 8) values */
+    int nbuf;       /* tile buffers: 2 (the next tile's copies fly while this one is used) or 1 */
     int64_t t_begin, t_end; /* the batch tokens this launch serves */
 };
 
-/* DIMS: head dims per lane (head_dim <= 32 DIMS), so a 128-dim head's V loop holds 4 values a
- * row, not 8 with half of them predicated off. */
-template <int T, bool VEC, int DIMS>
-__global__ void __launch_bounds__(ATT_WARPS * 32) attention_kernel(att_args a) {
-    extern __shared__ float q_smem[]; /* [ATT_WARPS][ATT_GROUP][head_dim] */
-    const attention_batch &ab = a.ab;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int64_t t = a.t_begin + (int64_t)blockIdx.x * ATT_WARPS + warp;
-    if (t >= a.t_end) return; /* no block-wide barrier below */
-    int kvh = blockIdx.y, split = blockIdx.z;
-    int hd = ab.head_dim, nh = ab.n_heads, group = nh / ab.n_kv_heads;
-    int64_t kv_dim = (int64_t)ab.n_kv_heads * hd;
-    float *qs = q_smem + warp * ATT_GROUP * hd;
-    const int32_t *table = ab.block_tables + ab.block_table_start[ab.seq_of_token[t]];
-    int n_ctx = ab.positions[t] + 1, bs = ab.block_size, first = att_first(ab, n_ctx);
-    for (int h0 = 0; h0 < group; h0 += ATT_GROUP) {
-        int gc = group - h0 < ATT_GROUP ? group - h0 : ATT_GROUP;
-        const float *qt = a.q + (t * nh + (int64_t)kvh * group + h0) * hd;
-        if (VEC) { /* 16-byte loads, several in flight (one float a lane in series was ~5 us) */
-#pragma unroll 4
-            for (int i = lane; i < gc * hd / 4; i += 32) ((float4 *)qs)[i] = ((const float4 *)qt)[i];
+template <int N> __device__ __forceinline__ void cp_async(void *smem, const void *gmem) {
+    if (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                     "l"(gmem) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                     "l"(gmem), "n"(N) : "memory");
+}
+
+/* 4 consecutive values of a row in shared memory (8- or 16-byte aligned). */
+template <int T> __device__ __forceinline__ void smem_load4(const char *p, float *v) {
+    if (T == DTYPE_F32) {
+        float4 f = *(const float4 *)p;
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+        uint2 u = *(const uint2 *)p;
+        if (T == DTYPE_BF16) {
+            v[0] = __uint_as_float(u.x << 16), v[1] = __uint_as_float(u.x & 0xffff0000u);
+            v[2] = __uint_as_float(u.y << 16), v[3] = __uint_as_float(u.y & 0xffff0000u);
         } else {
-            for (int i = lane; i < gc * hd; i += 32) qs[i] = qt[i];
+            float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
+            float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+            v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
         }
-        __syncwarp();
-        /* VEC: the weighted sum of V takes rows in parallel -- lane l reads 16 bytes (dims
-         * (l % lpr) * 8 ..) of row l / lpr of each step, lpr = head_dim / 8 lanes a row, so a
-         * chunk's rows are all in flight at once (one row at a time, a lane reading its dims of
-         * each, was a chain of ~30 dependent loads: most of the 23 us a decode step's attention
-         * took); the lanes sharing dims are summed at the end. */
-        const int lpr = hd / 8, rpi = 32 / lpr, my_row = lane / lpr, my_dim0 = (lane % lpr) * 8;
-        constexpr int AD = VEC ? 8 : DIMS;
-        float m[ATT_GROUP], l[ATT_GROUP], acc[ATT_GROUP][AD];
-#pragma unroll
-        for (int g = 0; g < ATT_GROUP; g++) {
-            m[g] = -INFINITY;
-            l[g] = 0;
-#pragma unroll
-            for (int i = 0; i < AD; i++) acc[g][i] = 0;
-        }
-        for (int base = first + split * 32; base < n_ctx; base += 32 * a.splits) {
-            int p = base + lane;
-            bool valid = p < n_ctx;
-            int64_t row = 0;
-            float s[ATT_GROUP];
-#pragma unroll
-            for (int g = 0; g < ATT_GROUP; g++) s[g] = 0;
-            if (valid) {
-                row = ((int64_t)table[p / bs] * bs + p % bs) * kv_dim + (int64_t)kvh * hd;
-                if (VEC) { /* unrolled: several rows' 16-byte loads in flight, not one at a time */
-#pragma unroll 16
-                    for (int d = 0; d < hd; d += 8) {
-                        float kv8[8];
-                        kv_load8<T>(a.k, row + d, kv8);
-#pragma unroll
-                        for (int g = 0; g < ATT_GROUP; g++) {
-                            if (g >= gc) break;
-                            const float *qg = qs + g * hd + d;
-#pragma unroll
-                            for (int i = 0; i < 8; i++) s[g] = fmaf(qg[i], kv8[i], s[g]);
-                        }
-                    }
-                } else {
-                    for (int d = 0; d < hd; d++) {
-                        float kd = kv_load<T>(a.k, row + d);
-#pragma unroll
-                        for (int g = 0; g < ATT_GROUP; g++)
-                            if (g < gc) s[g] = fmaf(qs[g * hd + d], kd, s[g]);
+    }
+}
+
+/* Decode (and short prefill chunks) over the paged cache. A block per (token, KV head, pass of up
+ * to 8 of its query heads, split), one warp per query head: the block copies tiles of 32 cached
+ * positions (K and V rows) into shared memory with cp.async -- the next tile's copies in flight
+ * while the warps use this one -- and each warp scores the tile for its head (lane j: position
+ * j, q in shared memory), updates its online softmax (float32, as the CPU reference,
+ * ops_attention.c) and sums V for its head_dim / 32 dims per lane. Rolled loops: the previous
+ * kernel, fully unrolled, spent 61-67% of its time waiting on instruction fetch (ncu, H200) at
+ * one warp per scheduler, and its successor with a warp per tile for all the heads still took
+ * 16 us a call at 50 positions (one warp's long dependent chains).
+ *
+ * Flash-decoding split: with few (token, KV head) pairs a token's tiles are dealt to `splits`
+ * blocks (the host does not know the context length), each taking at least ATT_MIN_TILES tiles:
+ * a short context is one block, which writes the output itself. Otherwise each block writes its
+ * partial (max, sum, weighted V) and the last of the token's blocks to finish -- counted with an
+ * atomic -- merges them in split order (deterministic) and resets the count, no second kernel.
+ * The block tables and positions are read before pdl_wait (written before the previous kernel). */
+template <int T, int DPL>
+__global__ void __launch_bounds__(ATT_HEADS * 32) attention_tile_kernel(att_args a) {
+    extern __shared__ float4 att_smem4[];
+    __shared__ int last_block;
+    const attention_batch &ab = a.ab;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nt = blockDim.x;
+    const int hd = ab.head_dim, nh = ab.n_heads, group = nh / ab.n_kv_heads;
+    const int kvh = blockIdx.x / a.passes, pass = blockIdx.x % a.passes, split = blockIdx.z;
+    const int h0 = kvh * group + pass * a.heads;
+    const int gc = group - pass * a.heads < a.heads ? group - pass * a.heads : a.heads;
+    const bool head_on = warp < gc;
+    const int64_t h = h0 + warp, kv_dim = (int64_t)ab.n_kv_heads * hd;
+    const int es = T == DTYPE_F32 ? 4 : 2, cpr = hd * es / a.cp, tile_bytes = ATT_TILE * a.pitch;
+    float *qs = (float *)att_smem4;                 /* [heads][hd] */
+    float *sw = qs + a.heads * hd + warp * ATT_TILE; /* [heads][32]: this warp's weights */
+    char *bufs = (char *)(qs + a.heads * (hd + ATT_TILE)); /* [nbuf][K tile, V tile] */
+    for (int64_t t = a.t_begin + blockIdx.y; t < a.t_end; t += gridDim.y) {
+        const int32_t *table = ab.block_tables + ab.block_table_start[ab.seq_of_token[t]];
+        const int n_ctx = ab.positions[t] + 1, bs = ab.block_size, first = att_first(ab, n_ctx);
+        const int n_tiles = (n_ctx - first + ATT_TILE - 1) / ATT_TILE;
+        int active = (n_tiles + ATT_MIN_TILES - 1) / ATT_MIN_TILES; /* splits with work */
+        active = active < a.splits ? active : a.splits;
+        if (split >= active) continue; /* block-uniform */
+        /* byte offset of the row of position base + lane (K and V alike) */
+        auto row_of = [&](int tile) -> int64_t {
+            int p = first + tile * ATT_TILE + lane;
+            if (p >= n_ctx) return 0;
+            return (((int64_t)table[p / bs] * bs + p % bs) * kv_dim + (int64_t)kvh * hd) * es;
+        };
+        /* the block's copies of a tile: warp w takes chunk indices w*32 + lane + i*blockDim */
+        auto copy = [&](int tile, int buf) {
+            const int base = first + tile * ATT_TILE;
+            const int n_valid = n_ctx - base < ATT_TILE ? n_ctx - base : ATT_TILE, total = n_valid * cpr;
+            const int64_t row = row_of(tile);
+            char *sk = bufs + buf * 2 * tile_bytes, *sv = sk + tile_bytes;
+            for (int i0 = warp * 32; i0 < total; i0 += nt) { /* uniform per warp: shuffles */
+                int i = i0 + lane, j = i / cpr;
+                int64_t rj = __shfl_sync(0xffffffffu, row, j < 32 ? j : 31);
+                if (i < total) {
+                    int off = (i - j * cpr) * a.cp;
+                    if (a.cp == 16) {
+                        cp_async<16>(sk + j * a.pitch + off, (const char *)a.k + rj + off);
+                        cp_async<16>(sv + j * a.pitch + off, (const char *)a.v + rj + off);
+                    } else {
+                        cp_async<8>(sk + j * a.pitch + off, (const char *)a.k + rj + off);
+                        cp_async<8>(sv + j * a.pitch + off, (const char *)a.v + rj + off);
                     }
                 }
             }
-            /* softmax update per head; s[g] becomes this lane's weight */
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        };
+        pdl_wait(); /* q, K and V come from the kernels before */
+        copy(split, 0);
+        if (head_on)
+            for (int i = lane; i < hd; i += 32) qs[warp * hd + i] = a.q[(t * nh + h) * hd + i];
+        float m = -INFINITY, l = 0, acc[DPL];
 #pragma unroll
-            for (int g = 0; g < ATT_GROUP; g++) {
-                if (g >= gc) break;
-                float sc = valid ? s[g] * ab.scale : -INFINITY;
+        for (int i = 0; i < DPL; i++) acc[i] = 0;
+        for (int it = 0, tile = split; tile < n_tiles; it++, tile += active) {
+            const int buf = a.nbuf == 2 ? it & 1 : 0;
+            if (a.nbuf == 1 && it > 0) copy(tile, 0); /* the buffer is free since the last barrier */
+            if (a.nbuf == 2 && tile + active < n_tiles) {
+                copy(tile + active, buf ^ 1);
+                asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+            } else {
+                asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            }
+            __syncthreads(); /* every thread's copies of this tile (and q) have landed */
+            const int base = first + tile * ATT_TILE;
+            const int n_valid = n_ctx - base < ATT_TILE ? n_ctx - base : ATT_TILE;
+            const char *sk = bufs + buf * 2 * tile_bytes, *sv = sk + tile_bytes;
+            if (head_on) { /* warp-uniform */
+                const float *qh = qs + warp * hd;
+                float s4[4] = {0, 0, 0, 0}; /* four chains: the FMAs do not wait on each other */
+                if (lane < n_valid) {
+                    const char *kr = sk + lane * a.pitch;
+#pragma unroll 4
+                    for (int d = 0; d < hd; d += 4) {
+                        float k4[4];
+                        smem_load4<T>(kr + d * es, k4);
+                        float4 q4 = *(const float4 *)(qh + d);
+                        s4[0] = fmaf(q4.x, k4[0], s4[0]), s4[1] = fmaf(q4.y, k4[1], s4[1]);
+                        s4[2] = fmaf(q4.z, k4[2], s4[2]), s4[3] = fmaf(q4.w, k4[3], s4[3]);
+                    }
+                }
+                const bool valid = lane < n_valid;
+                float sc = valid ? ((s4[0] + s4[1]) + (s4[2] + s4[3])) * ab.scale : -INFINITY;
                 float cm = sc;
                 for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
-                float mn = fmaxf(m[g], cm);
-                float corr = __expf(m[g] - mn); /* m = -inf at first: 0 */
-                float w = valid ? __expf(sc - mn) : 0.0f;
+                const float mn = fmaxf(m, cm), corr = __expf(m - mn); /* m = -inf at first: 0 */
+                const float w = valid ? __expf(sc - mn) : 0.0f;
                 float ws = w;
                 for (int o = 16; o > 0; o >>= 1) ws += __shfl_xor_sync(0xffffffffu, ws, o);
-                l[g] = l[g] * corr + ws;
-                m[g] = mn;
+                l = l * corr + ws;
+                m = mn;
+                sw[lane] = w;
+                __syncwarp();
+                const int d0 = lane * DPL;
+                float acc2[DPL]; /* even and odd rows in two chains */
 #pragma unroll
-                for (int i = 0; i < AD; i++) acc[g][i] *= corr;
-                s[g] = w;
-            }
-            int n_valid = n_ctx - base < 32 ? n_ctx - base : 32;
-            if (VEC) {
-#pragma unroll 16
-                for (int j0 = 0; j0 < n_valid; j0 += rpi) {
-                    int j = (j0 + my_row) & 31;
-                    bool ok = my_row < rpi && j0 + my_row < n_valid;
-                    int64_t rj = __shfl_sync(0xffffffffu, row, j);
-                    float vv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                    if (ok) kv_load8<T>(a.v, rj + my_dim0, vv);
+                for (int i = 0; i < DPL; i++) acc[i] *= corr, acc2[i] = 0;
+                if (d0 < hd) {
+                    int j = 0;
+                    for (; j + 1 < n_valid; j += 2) {
+                        float v0[DPL], v1[DPL];
+                        const char *r0 = sv + j * a.pitch + d0 * es, *r1 = r0 + a.pitch;
+                        if (DPL >= 4) {
 #pragma unroll
-                    for (int g = 0; g < ATT_GROUP; g++) {
-                        if (g >= gc) break;
-                        float w = __shfl_sync(0xffffffffu, s[g], j);
+                            for (int i = 0; i < DPL; i += 4) smem_load4<T>(r0 + i * es, v0 + i), smem_load4<T>(r1 + i * es, v1 + i);
+                        } else {
 #pragma unroll
-                        for (int i = 0; i < 8; i++) acc[g][i] = ok ? fmaf(w, vv[i], acc[g][i]) : acc[g][i];
+                            for (int i = 0; i < DPL; i++) v0[i] = kv_load<T>(r0, i), v1[i] = kv_load<T>(r1, i);
+                        }
+                        const float w0 = sw[j], w1 = sw[j + 1];
+#pragma unroll
+                        for (int i = 0; i < DPL; i++) acc[i] = fmaf(w0, v0[i], acc[i]), acc2[i] = fmaf(w1, v1[i], acc2[i]);
+                    }
+                    if (j < n_valid) {
+                        float v0[DPL];
+                        const char *r0 = sv + j * a.pitch + d0 * es;
+                        if (DPL >= 4) {
+#pragma unroll
+                            for (int i = 0; i < DPL; i += 4) smem_load4<T>(r0 + i * es, v0 + i);
+                        } else {
+#pragma unroll
+                            for (int i = 0; i < DPL; i++) v0[i] = kv_load<T>(r0, i);
+                        }
+#pragma unroll
+                        for (int i = 0; i < DPL; i++) acc[i] = fmaf(sw[j], v0[i], acc[i]);
                     }
                 }
-            } else {
-#pragma unroll 8
-                for (int j = 0; j < n_valid; j++) { /* unrolled for the same reason: V loads in flight */
-                    int64_t rj = __shfl_sync(0xffffffffu, row, j);
-                    float vv[DIMS];
 #pragma unroll
-                    for (int i = 0; i < DIMS; i++) {
-                        int d = lane + 32 * i;
-                        vv[i] = d < hd ? kv_load<T>(a.v, rj + d) : 0.0f;
-                    }
-#pragma unroll
-                    for (int g = 0; g < ATT_GROUP; g++) {
-                        if (g >= gc) break;
-                        float w = __shfl_sync(0xffffffffu, s[g], j);
-#pragma unroll
-                        for (int i = 0; i < DIMS && i < AD; i++) acc[g][i] = fmaf(w, vv[i], acc[g][i]);
-                    }
-                }
+                for (int i = 0; i < DPL; i++) acc[i] += acc2[i];
             }
+            __syncthreads(); /* the tile's buffer and weights are free for the copies after */
         }
-        if (VEC) { /* sum the lanes sharing dims into lanes 0 .. lpr - 1 */
+        pdl_trigger(); /* the cache is read: the next kernel may start */
+        const int d0 = lane * DPL;
+        if (active == 1) {
+            if (head_on) {
+                const float norm = attention_sink_norm(ab.sinks, h, m, l);
 #pragma unroll
-            for (int g = 0; g < ATT_GROUP; g++) {
-                if (g >= gc) break;
-#pragma unroll
-                for (int i = 0; i < AD; i++) {
-                    float v = acc[g][i];
-                    for (int r = 1; r < rpi; r++) v += __shfl_sync(0xffffffffu, acc[g][i], (lane + r * lpr) & 31);
-                    acc[g][i] = v;
-                }
+                for (int i = 0; i < DPL; i++)
+                    if (d0 + i < hd) a.out[(t * nh + h) * hd + d0 + i] = acc[i] * norm;
             }
+            continue;
         }
+        const int cs = hd + 2;
+        if (head_on) {
+            float *pp = a.partial + ((t * nh + h) * a.splits + split) * cs;
 #pragma unroll
-        for (int g = 0; g < ATT_GROUP; g++) {
-            if (g >= gc) break;
-            int64_t h = (int64_t)kvh * group + h0 + g;
-            float *o = a.splits == 1 ? a.out + (t * nh + h) * hd
-                                     : a.partial + ((t * nh + h) * a.splits + split) * (hd + 2);
-            float scale = a.splits == 1 ? attention_sink_norm(ab.sinks, h, m[g], l[g]) : 1.0f;
-            if (VEC) {
-                if (lane < lpr) {
+            for (int i = 0; i < DPL; i++)
+                if (d0 + i < hd) pp[d0 + i] = acc[i];
+            if (lane == 0) pp[hd] = m, pp[hd + 1] = l;
+        }
+        __threadfence();
+        __syncthreads();
+        int *done = a.done + (t * ab.n_kv_heads + kvh) * a.passes + pass;
+        if (threadIdx.x == 0) last_block = atomicAdd(done, 1) == active - 1;
+        __syncthreads();
+        if (!last_block) continue;
+        __threadfence();
+        if (head_on) { /* this warp merges its head's splits: lane s holds split s's weight */
+            const float *pp = a.partial + (t * nh + h) * a.splits * cs;
+            float ms = lane < active ? __ldcg(pp + lane * cs + hd) : -INFINITY;
+            float ls = lane < active ? __ldcg(pp + lane * cs + hd + 1) : 0.0f;
+            float mx = ms;
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float e = ms == -INFINITY ? 0.0f : __expf(ms - mx), le = ls * e;
+            for (int o = 16; o > 0; o >>= 1) le += __shfl_xor_sync(0xffffffffu, le, o);
+            const float norm = attention_sink_norm(ab.sinks, h, mx, le);
+            float o[DPL];
 #pragma unroll
-                    for (int i = 0; i < AD; i++) o[my_dim0 + i] = acc[g][i] * scale;
-                }
-            } else {
+            for (int i = 0; i < DPL; i++) o[i] = 0;
+            for (int sp = 0; sp < active; sp++) {
+                const float wsp = __shfl_sync(0xffffffffu, e, sp);
 #pragma unroll
-                for (int i = 0; i < AD; i++)
-                    if (lane + 32 * i < hd) o[lane + 32 * i] = acc[g][i] * scale;
+                for (int i = 0; i < DPL; i++)
+                    if (d0 + i < hd && wsp != 0.0f) o[i] = fmaf(__ldcg(pp + sp * cs + d0 + i), wsp, o[i]);
             }
-            if (a.splits > 1 && lane == 0) o[hd] = m[g], o[hd + 1] = l[g];
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (d0 + i < hd) a.out[(t * nh + h) * hd + d0 + i] = o[i] * norm;
         }
-        __syncwarp();
+        if (threadIdx.x == 0) *done = 0;
     }
 }
 
-/* Merges the splits of one (token, head): weights e^(m_s - M), sums l_s e^(m_s - M). A split
- * that saw no position has m = -inf and weight 0. Each split's (m, l) is read once, by its own
- * thread, into shared memory (a loop over the splits in every thread was 7 us a decode step). */
-__global__ void attention_merge_kernel(const float *partial, int splits, int hd, int64_t th0,
-                                       const float *sinks, int n_heads, float *out) {
-    __shared__ float ms[ATT_MAX_SPLITS], ws[ATT_MAX_SPLITS], norm;
-    int64_t th = th0 + blockIdx.x;
-    const float *p = partial + th * splits * (hd + 2);
-    if (threadIdx.x < 32) {
-        int s = threadIdx.x;
-        float m = s < splits ? p[s * (hd + 2) + hd] : -INFINITY;
-        float l = s < splits ? p[s * (hd + 2) + hd + 1] : 0.0f;
-        float mx = m;
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        float w = m == -INFINITY ? 0.0f : __expf(m - mx), lw = l * w;
-        for (int o = 16; o > 0; o >>= 1) lw += __shfl_xor_sync(0xffffffffu, lw, o);
-        if (s < ATT_MAX_SPLITS) ms[s] = m, ws[s] = w;
-        if (s == 0) norm = attention_sink_norm(sinks, th % n_heads, mx, lw);
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0;
-#pragma unroll 8
-        for (int s = 0; s < splits; s++)
-            if (ms[s] != -INFINITY) acc += p[s * (hd + 2) + d] * ws[s];
-        out[th * hd + d] = acc * norm;
-    }
-}
-
-template <int T, int DIMS>
-static void launch_attention_dims(cuda_ctx *c, const att_args &a, dim3 grid, size_t smem) {
-    if (a.ab.head_dim % 8 == 0)
-        attention_kernel<T, true, DIMS><<<grid, ATT_WARPS * 32, smem, c->stream>>>(a);
-    else
-        attention_kernel<T, false, DIMS><<<grid, ATT_WARPS * 32, smem, c->stream>>>(a);
-}
-
+/* Dims per lane of the V sum: head_dim <= 32 DPL. */
 template <int T>
 static void launch_attention(cuda_ctx *c, const att_args &a, dim3 grid, size_t smem) {
     int hd = a.ab.head_dim;
-    if (hd <= 64) launch_attention_dims<T, 2>(c, a, grid, smem);
-    else if (hd <= 128) launch_attention_dims<T, 4>(c, a, grid, smem);
-    else launch_attention_dims<T, ATT_DIMS>(c, a, grid, smem);
+    const void *fn;
+    if (hd <= 32) fn = (const void *)attention_tile_kernel<T, 1>;
+    else if (hd <= 64) fn = (const void *)attention_tile_kernel<T, 2>;
+    else if (hd <= 128) fn = (const void *)attention_tile_kernel<T, 4>;
+    else fn = (const void *)attention_tile_kernel<T, 8>;
+    /* above 48 KB a kernel must ask, once (the largest asked for so far, per kernel) */
+    static const void *fns[16];
+    static size_t raised[16];
+    int k = 0;
+    while (k < 16 && fns[k] && fns[k] != fn) k++;
+    if (smem > 48 * 1024 && (k == 16 || !fns[k] || raised[k] < smem)) {
+        if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+            cudaGetLastError();
+            cuda_fail(c, "attention", "cannot raise the kernel's shared memory");
+            return;
+        }
+        if (k < 16) fns[k] = fn, raised[k] = smem;
+    }
+    dim3 block(a.heads * 32);
+    if (hd <= 32) launch_pdl(c, attention_tile_kernel<T, 1>, grid, block, smem, a);
+    else if (hd <= 64) launch_pdl(c, attention_tile_kernel<T, 2>, grid, block, smem, a);
+    else if (hd <= 128) launch_pdl(c, attention_tile_kernel<T, 4>, grid, block, smem, a);
+    else launch_pdl(c, attention_tile_kernel<T, 8>, grid, block, smem, a);
 }
 
-/* The warp kernel over batch tokens [t0, t1). */
+/* The tile kernel over batch tokens [t0, t1). */
 static void attention_warps(cuda_ctx *c, const float *q, const kv_layer *kv,
                             const attention_batch *ab, float *out, int64_t t0, int64_t t1) {
-    int hd = ab->head_dim;
+    int hd = ab->head_dim, group = ab->n_heads / ab->n_kv_heads;
     if (t1 <= t0) return;
-    /* enough warps for every multiprocessor several times over: ~132 SMs x 16 warps */
-    int64_t pairs = (t1 - t0) * ab->n_kv_heads;
-    int splits = 1;
-    while (splits < ATT_MAX_SPLITS && pairs * splits < 2048) splits *= 2;
+    int heads = group < ATT_HEADS ? group : ATT_HEADS, passes = (group + heads - 1) / heads;
+    int es = kv->type == DTYPE_F32 ? 4 : 2;
     att_args a;
     a.q = q;
     a.k = kv->k;
     a.v = kv->v;
     a.ab = *ab;
     a.out = out;
-    a.splits = splits;
     a.partial = NULL;
+    a.done = NULL;
+    a.passes = passes;
+    a.heads = heads;
+    a.cp = hd * es % 16 == 0 ? 16 : 8;
+    a.pitch = (hd * es + 15) / 16 * 16 + 16; /* rows 16 bytes apart in banks: conflict-free */
     a.t_begin = t0;
     a.t_end = t1;
+    size_t fixed = (size_t)heads * (hd + ATT_TILE) * 4, buf = 2 * (size_t)ATT_TILE * a.pitch;
+    a.nbuf = fixed + 2 * buf <= ATT_SMEM_BUDGET ? 2 : 1;
+    size_t smem = fixed + a.nbuf * buf;
+    /* split the positions while the blocks would not fill the GPU twice over */
+    int64_t ntok = t1 - t0, blocks = ntok * ab->n_kv_heads * passes;
+    int splits = 1;
+    while (splits < ATT_MAX_SPLITS && blocks * splits < 2 * c->sm_count) splits *= 2;
+    a.splits = splits;
     if (splits > 1) {
-        size_t bytes = (size_t)ab->n_tokens * ab->n_heads * splits * (hd + 2) * sizeof(float);
-        a.partial = (float *)cuda_scratch(c, SCRATCH_ATTENTION, bytes);
-        if (!a.partial) return;
+        size_t pbytes = (size_t)ab->n_tokens * ab->n_heads * splits * (hd + 2) * sizeof(float);
+        a.partial = (float *)cuda_scratch(c, SCRATCH_ATTENTION, pbytes);
+        a.done = (int *)cuda_scratch(c, SCRATCH_ATT_DONE, (size_t)ab->n_tokens * ab->n_kv_heads * passes * sizeof(int));
+        if (!a.partial || !a.done) return;
     }
-    dim3 grid(cuda_blocks(t1 - t0, ATT_WARPS), ab->n_kv_heads, splits);
-    size_t smem = (size_t)ATT_WARPS * ATT_GROUP * hd * sizeof(float);
+    dim3 grid((unsigned)(ab->n_kv_heads * passes), (unsigned)(ntok < 65535 ? ntok : 65535), (unsigned)splits);
     switch (kv->type) {
     case DTYPE_F16: launch_attention<DTYPE_F16>(c, a, grid, smem); break;
     case DTYPE_BF16: launch_attention<DTYPE_BF16>(c, a, grid, smem); break;
     default: launch_attention<DTYPE_F32>(c, a, grid, smem); break;
     }
     CUDA_LAUNCHED(c, "attention");
-    if (splits > 1) {
-        attention_merge_kernel<<<(unsigned)((t1 - t0) * ab->n_heads), hd < 128 ? 32 : 128, 0,
-                                 c->stream>>>(a.partial, splits, hd, t0 * ab->n_heads, ab->sinks,
-                                              ab->n_heads, out);
-        CUDA_LAUNCHED(c, "attention_merge");
-    }
 }
 
 /* ---- prefill runs on the tensor cores ---------------------------------------------------- */
@@ -464,8 +505,8 @@ void cuda_attention(cuda_ctx *c, const float *q, const kv_layer *kv, const atten
                     float *out) {
     int64_t n = ab->n_tokens;
     if (n <= 0) return;
-    if (ab->head_dim > 32 * ATT_DIMS || ab->n_heads % ab->n_kv_heads) {
-        cuda_fail(c, "attention", "head_dim over 256 or heads not a multiple of KV heads");
+    if (ab->head_dim > 256 || ab->head_dim % 4 || ab->n_heads % ab->n_kv_heads) {
+        cuda_fail(c, "attention", "head_dim over 256 or not a multiple of 4, or heads not a multiple of KV heads");
         return;
     }
     const int32_t *pos = ab->host_positions, *seq = ab->host_seq_of_token;
@@ -530,6 +571,7 @@ __global__ void rope_kv_write_kernel(float *q, float *k, const float *v, const i
                                      int64_t n, int n_heads, int n_kv_heads, int head_dim, int half,
                                      const float *inv_freq, float attn_factor, void *kc, void *vc,
                                      const int32_t *slots) {
+    pdl_wait();
     const int64_t kv_dim = (int64_t)n_kv_heads * head_dim;
     const int q_items = n_heads * half, k_rot = n_kv_heads * half, rest = head_dim - 2 * half,
               k_rest = n_kv_heads * rest;
@@ -574,10 +616,8 @@ void cuda_rope_kv_write(cuda_ctx *c, float *q, float *k, const float *v, const i
     dim3 grid(cuda_blocks(items, ROPE_THREADS), (unsigned)(n < 65535 ? n : 65535));
     switch (kv->type) {
 #define LAUNCH(T)                                                                                \
-    rope_kv_write_kernel<T><<<grid, ROPE_THREADS, 0, c->stream>>>(q, k, v, pos, n, n_heads,       \
-                                                                  n_kv_heads, head_dim, half,      \
-                                                                  inv_freq, attn_factor, kv->k,    \
-                                                                  kv->v, slots)
+    launch_pdl(c, rope_kv_write_kernel<T>, grid, dim3(ROPE_THREADS), 0, q, k, v, pos, n, n_heads,   \
+               n_kv_heads, head_dim, half, inv_freq, attn_factor, kv->k, kv->v, slots)
     case DTYPE_F16: LAUNCH(DTYPE_F16); break;
     case DTYPE_BF16: LAUNCH(DTYPE_BF16); break;
     default: LAUNCH(DTYPE_F32); break;

@@ -45,6 +45,7 @@ void *cuda_scratch(cuda_ctx *c, int which, size_t bytes) {
         return NULL;
     }
     c->scratch_bytes[which] = want;
+    if (which == SCRATCH_ATT_DONE) CUDA_OK(c, cudaMemsetAsync(c->scratch[which], 0, want, c->stream));
     return c->scratch[which];
 }
 
@@ -161,7 +162,7 @@ __global__ void pair_scales_kernel(const uint16_t *s, const uint16_t *b, int64_t
     if (i < n) sb[i] = (uint32_t)s[i] | (uint32_t)b[i] << 16;
 }
 
-/* The pipelined 4-bit GEMV's (scale, bias) pairs beside a 4-bit group-64 matrix with 16-bit
+/* The one-token 4-bit GEMV's (scale, bias) pairs beside a 4-bit group-64 matrix with 16-bit
  * scales (6% more memory than its packed weights); NULL for other matrices, or with err. */
 static const uint32_t *pair_scales(cuda_ctx *c, const dev_matrix *m, char *err, size_t errlen) {
     if (m->kind != GEMV_Q4 || m->group_size != 64 || (m->scale_dtype != DTYPE_BF16 && m->scale_dtype != DTYPE_F16))
@@ -796,12 +797,10 @@ static cuda_ctx *ctx_open(int device, char *err, size_t errlen) {
     c->exact = mode && !strcmp(mode, "exact");
     const char *gemv = getenv("EXO_CUDA_GEMV");
     c->gemv_old = gemv && !strcmp(gemv, "old");
-    const char *pipe = getenv("EXO_CUDA_PIPE");
-    c->no_pipe = pipe && !strcmp(pipe, "0");
-    const char *pipe_rows = getenv("EXO_CUDA_PIPE_ROWS");
-    c->pipe_rows = pipe_rows && !strcmp(pipe_rows, "2") ? 2 : 4;
-    const char *bf16_one = getenv("EXO_CUDA_BF16_GEMV");
-    c->bf16_one = !bf16_one ? 0 : !strcmp(bf16_one, "persist") ? 1 : !strcmp(bf16_one, "pipe") ? 2 : 0;
+    const char *gemv1 = getenv("EXO_CUDA_GEMV1");
+    c->gemv1_prev = gemv1 && !strcmp(gemv1, "prev");
+    const char *pdl = getenv("EXO_CUDA_PDL");
+    c->pdl = !pdl || strcmp(pdl, "0");
     const char *qgemm = getenv("EXO_CUDA_QGEMM"); /* 0: 4-bit batches dequantized for cuBLAS */
     c->qgemm = !qgemm || strcmp(qgemm, "0");
     if (cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||

@@ -24,7 +24,7 @@ struct dev_matrix {
     int scale_dtype; /* dtype of scales and biases */
     int kind;        /* gemv_kind */
     const uint32_t *sb; /* 4-bit group 64, 16-bit scales: [rows][groups] (scale | bias << 16), the
-                         * pipelined GEMV's one 4-byte copy per group; else NULL */
+                         * one-token GEMV's one 4-byte load per group; else NULL */
 };
 
 /* An MoE layer's experts as device descriptor tables ([n_experts] each), built on first use. */
@@ -48,11 +48,11 @@ struct cuda_ctx {
     void *blas_workspace; /* cuBLAS's workspace (cublasSetWorkspace): graphs can record GEMMs */
     int exact;             /* EXO_CUDA_MATMUL=exact: every matmul through the f32 GEMV kernels */
     int gemv_old;          /* EXO_CUDA_GEMV=old: the per-16-rows GEMV blocks (for A/B timing) */
-    int no_pipe;           /* EXO_CUDA_PIPE=0: 4-bit decode on the persistent kernel, not cp.async */
-    int pipe_rows;         /* EXO_CUDA_PIPE_ROWS=2: the cp.async GEMV's items of 2 rows, 16 warps */
-    int bf16_one;          /* one-token bf16 GEMV: 0 the per-16-rows blocks (fastest measured on the
-                            * H200: 190 tok/s on the 8B shape against 180 persistent and 100 cp.async),
-                            * EXO_CUDA_BF16_GEMV=persist: 1, =pipe: 2 (A/B) */
+    int gemv1_prev;        /* EXO_CUDA_GEMV1=prev: one-token 4-bit and bf16 GEMVs on the kernels
+                            * before the x-in-registers one (4-bit: the persistent kernel; bf16:
+                            * the per-16-rows blocks), for A/B */
+    int pdl;               /* programmatic dependent launch of the decode chain's kernels
+                            * (EXO_CUDA_PDL=0: plain launches, A/B) */
     int qgemm;             /* 4-bit batches through qgemm4 (EXO_CUDA_QGEMM=0: a bf16 copy, cuBLAS) */
     int sm_count;          /* multiprocessors: the persistent kernels' grid */
     char error[256];       /* first failure, reported by status */
@@ -69,8 +69,8 @@ struct cuda_ctx {
     dev_experts *experts;
     size_t n_experts_sets;
     /* scratch, grown on demand (GPU memory) */
-    void *scratch[8]; /* [SCRATCH_COUNT], below */
-    size_t scratch_bytes[8];
+    void *scratch[16]; /* [SCRATCH_COUNT], below */
+    size_t scratch_bytes[16];
     /* recorded decode steps (CUDA graphs), see step_begin in backend_cuda.cu */
     struct step_graph {
         uint64_t key;
@@ -94,6 +94,8 @@ enum {
     SCRATCH_SAMPLE,       /* the sampler's parameters in, results out */
     SCRATCH_SAMPLE_PROBS, /* [rows][vocab] candidate probabilities of non-greedy rows */
     SCRATCH_QGEMM,        /* the 4-bit GEMM's partial sums of split k */
+    SCRATCH_ATT_DONE,     /* split attention's per-(token, KV head) counts of finished blocks:
+                           * zeroed when allocated, each merge sets its count back to 0 */
     SCRATCH_COUNT
 };
 
@@ -168,6 +170,37 @@ void cuda_rope_kv_write(cuda_ctx *c, float *q, float *k, const float *v, const i
                         int64_t n, int n_heads, int n_kv_heads, int head_dim, int rot_dims,
                         const float *inv_freq, float attn_factor, const kv_layer *kv,
                         const int32_t *slots);
+
+/* Programmatic dependent launch (Hopper): a kernel launched with launch_pdl may start while the
+ * kernel before it on the stream is still running -- its blocks are scheduled as that kernel's
+ * blocks leave -- and must call pdl_wait() before it reads anything that kernel wrote or writes
+ * anything at all (the wait returns once the previous grid has finished and its memory is
+ * visible). Work that reads only weights goes before the wait: a decode step is a chain of ~200
+ * short kernels, and each one's launch latency and first loads then overlap the tail of the one
+ * before. pdl_trigger() lets the next kernel's blocks be scheduled before this grid ends: called
+ * once a block has issued its last loads, not at its start (kernels triggering at their start let
+ * a chain of several grids sit resident and waiting: the suspected cause of bf16 b1 falling from
+ * 224 to 193 tok/s with them, H200, while 4-bit gained 6%); a
+ * kernel that never calls it triggers as it exits. Without the launch attribute both are no-ops. */
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+template <typename... Params, typename... Args>
+static inline void launch_pdl(cuda_ctx *c, void (*kernel)(Params...), dim3 grid, dim3 block,
+                              size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = c->pdl;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+    if (e != cudaSuccess) cuda_fail(c, "cudaLaunchKernelEx", cudaGetErrorString(e));
+}
 
 /* Launch shape helpers. */
 static inline unsigned cuda_blocks(int64_t n, int per_block) {

@@ -557,65 +557,6 @@ template <int KIND> static int persist_launch_nt(cuda_ctx *c, const gemv_args &a
     return 1;
 }
 
-/* ---- GEMV of one token through a cp.async pipeline (4-bit group 64, bf16) ------------------ */
-
-/* The persistent kernel above holds its weights in flight in registers: 8 loads per lane, then a
- * wait, then the arithmetic, so at 16 warps per SM too few bytes are in flight and the 4-bit
- * matrices ran at 10-23% of the bandwidth (ncu on the H200: warps stalled on global loads 62% of
- * the time, DRAM 21% busy). Here each warp streams its rows through a ring of PIPE_STAGES stages
- * in shared memory with cp.async (no registers held while in flight): while it computes stage k,
- * stages k+1..k+3 are on their way, ~100 KB per SM. A warp item is one round of 4 rows x 2048
- * columns: lane l takes group l of the round (2 chunks, 64 weights of each row) with that
- * group's scale and bias, repacked at load as one 32-bit pair per group (dev_matrix.sb) so a
- * single 4-byte copy brings both. x is staged as in the persistent kernel (lanes read
- * consecutive float4s), with every group's sum of x for the 0.5 + q/32 trick. */
-#define PIPE_STAGES 4
-/* ROWS rows a warp item, 32 / ROWS warps a block: the ring's bytes are the same either way; 2 rows
- * give twice the warps to hide latency (EXO_CUDA_PIPE_ROWS=2, A/B: at 4 rows and 8 warps an SM
- * issued one instruction every 5.6 cycles per warp, 12% occupancy). */
-#define PIPE_ROWS 4
-
-template <int ROWS> struct pipe_stage { /* one warp's stage: lane l's data at [..][l] */
-    uint4 w[ROWS][2][32];
-    uint32_t sb[ROWS][32];
-};
-
-/* A lane's span of one round: 2 chunks of 16 bytes = 64 4-bit weights (one group) or 16 bf16. */
-template <int KIND> struct pipe_unit { static const int values = KIND == GEMV_Q4 ? 64 : 16; };
-
-/* x for the pipeline: float4 f of a round of 32 units (P float4s each) at round * 32P + (f % P) *
- * 32 + unit % 32, so that lanes read consecutive float4s. */
-template <int KIND> __host__ __device__ __forceinline__ int64_t pipe_slot(int64_t f) {
-    const int P = pipe_unit<KIND>::values / 4;
-    return f / (32 * P) * (32 * P) + f % P * 32 + f / P % 32;
-}
-
-template <int KIND> __host__ __device__ __forceinline__ int64_t pipe_x_slots(int64_t cols) {
-    const int V = pipe_unit<KIND>::values;
-    return (cols / V + 31) / 32 * 32 * (V / 4);
-}
-
-template <int KIND, int ROWS = PIPE_ROWS> static size_t pipe_smem_bytes(int64_t cols) {
-    size_t sums = KIND == GEMV_Q4 ? (size_t)(cols / 64) * 4 : 0;
-    return (size_t)pipe_x_slots<KIND>(cols) * 16 + (sums + 15) / 16 * 16 +
-           (size_t)(32 / ROWS) * PIPE_STAGES * sizeof(pipe_stage<ROWS>);
-}
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
-                 "l"(gmem)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
-                 "l"(gmem)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /* A scale/bias pair of 16-bit values (bf16 or f16) as floats. */
 template <int SD> __device__ __forceinline__ float2 unpack_sb(uint32_t p) {
     if (SD == DTYPE_BF16) return make_float2(__uint_as_float(p << 16), __uint_as_float(p & 0xffff0000u));
@@ -623,176 +564,211 @@ template <int SD> __device__ __forceinline__ float2 unpack_sb(uint32_t p) {
     return __half22float2(h);
 }
 
-template <int KIND, int SD, int ROWS>
-__global__ void __launch_bounds__(32 / ROWS * 32, 1) gemv_pipe_kernel(gemv_args a) {
-    constexpr int WARPS = 32 / ROWS;
-    extern __shared__ float4 xs[]; /* [pipe_x_slots] x, [groups] group sums (4-bit), the rings */
-    const bool quant = KIND == GEMV_Q4;
-    const int P = pipe_unit<KIND>::values / 4; /* float4s of x per unit */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t cols = a.w[0].cols, groups = cols / pipe_unit<KIND>::values;
-    const int64_t slots = pipe_x_slots<KIND>(cols), rounds = (groups + 31) / 32; /* items a tile */
-    float *group_sum = (float *)(xs + slots);
-    pipe_stage<ROWS> *ring = (pipe_stage<ROWS> *)(xs + slots + (quant ? (groups + 3) / 4 : 0)) + warp * PIPE_STAGES;
-    const int64_t n_tiles = a.tile_start[a.n], tile_step = (int64_t)gridDim.x * WARPS;
-    const int64_t first = (int64_t)blockIdx.x * WARPS + warp;
-    /* Items (a tile's rounds in order, then the warp's next tile) are walked by two cursors, the
-     * copies PIPE_STAGES - 1 items ahead of the arithmetic, each advanced by counting: a 64-bit
-     * division per item (item / rounds) cost as many instructions as the bf16 arithmetic. */
-    struct cursor {
-        int64_t tile;
-        int round, m, stage;
-    };
-    auto locate = [&](cursor &c) { /* the matrix of c.tile (tiles ascend: m only grows) */
-        while (c.m + 1 < a.n && c.tile >= a.tile_start[c.m + 1]) c.m++;
-    };
-    auto advance = [&](cursor &c) {
-        c.stage = (c.stage + 1) % PIPE_STAGES;
-        if (++c.round == rounds) {
-            c.round = 0;
-            c.tile += tile_step;
-            locate(c);
+/* ---- one-token GEMV with x in registers (4-bit group 64, bf16) ------------------------------ */
+
+/* The kernels above stage all of x in shared memory (57 KB for the 14336-column down projection)
+ * and read it back for every weight: the SM held one block (12% occupancy, ncu), and the 4-bit
+ * weights' 8 floats of x per byte made shared memory, not DRAM, the limit. Here a warp owns a
+ * slice of 1024 columns of x for the whole launch, in registers (32 floats a lane: for 4-bit one
+ * half group of 32 consecutive columns, for bf16 four runs of 8 columns 256 apart, so that each
+ * 16-byte weight load of the warp is 512 contiguous bytes), and a block is one warp per slice
+ * (cols / 1024 warps). The block walks tiles of R rows, grid-strided: each lane loads its 16 bytes
+ * (bf16: 4 x 16) of every row of the tile, dots them with its x, the warp reduces the R sums with
+ * a transposing butterfly (R values halve at each of the first log2 R steps: 9 shuffles for 8
+ * rows, not 40), and the slices' sums meet in shared memory, added in slice order by warp 0
+ * (deterministic). The next tile's loads are issued before that reduction. x' = silu(x) * x_up or
+ * rmsnorm(x) * norm_w is formed once, in registers, as x is loaded. 4-bit: the 0.5 + q/32 byte
+ * permute of the persistent kernel, with the lane's sum of x for s sum(q x) + b sum(x). */
+#define XR_SLICE 1024
+#define XR_MAX_WARPS 16 /* columns <= 16384 */
+
+template <int KIND> struct xr_rows { static const int r = KIND == GEMV_Q4 ? 8 : 2; }; /* bf16: 4 spilled */
+
+template <int KIND, int SD>
+__global__ void __launch_bounds__(XR_MAX_WARPS * 32) gemv_xreg_kernel(gemv_args a) {
+    constexpr int R = xr_rows<KIND>::r, U = KIND == GEMV_Q4 ? 1 : 4; /* 16-byte loads a row */
+    __shared__ float red[2][XR_MAX_WARPS][R];
+    __shared__ double part[XR_MAX_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t cols = a.w[0].cols, slice0 = (int64_t)warp * XR_SLICE;
+    /* column of this lane's run j (4-bit: one run of 32; bf16: runs of 8) */
+    auto col = [&](int j) -> int64_t { return KIND == GEMV_Q4 ? slice0 + lane * 32 : slice0 + j * 256 + lane * 8; };
+    const int64_t n_tiles = a.tile_start[a.n];
+    int64_t tile = blockIdx.x;
+    int m = 0;
+    uint4 wv[R][U];
+    uint32_t sbv[R];
+    /* 16-byte units a row, and this lane's first unit and scale pair in row 0 */
+    constexpr int V = KIND == GEMV_Q4 ? 32 : 8;
+    const int64_t stride = cols / V, sb_stride = cols / 64;
+    auto load = [&](int64_t tl) {
+        m = 0;
+        while (m + 1 < a.n && tl >= a.tile_start[m + 1]) m++;
+        const dev_matrix &w = a.w[m];
+        const int64_t row0 = (tl - a.tile_start[m]) * R;
+        const int left = w.rows - row0 < R ? (int)(w.rows - row0) : R; /* a tail tile's rows */
+        /* one multiply a tile, then a row's stride per row (64-bit products per row cost as
+         * much as a fifth of the arithmetic) */
+        const uint4 *p = (const uint4 *)w.data + row0 * stride;
+        const uint32_t *ps = KIND == GEMV_Q4 ? w.sb + row0 * sb_stride + col(0) / 64 : nullptr;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int j = 0; j < U; j++) {
+                const int64_t c = col(j);
+                wv[r][j] = c < cols && r < left ? __ldcs(p + c / V) : make_uint4(0, 0, 0, 0);
+            }
+            if (KIND == GEMV_Q4) sbv[r] = col(0) < cols && r < left ? __ldg(ps) : 0u;
+            p += stride;
+            if (KIND == GEMV_Q4) ps += sb_stride;
         }
     };
-    /* copies the weights and pairs of the item at c into its stage */
-    auto issue = [&](const cursor &c) {
-        const dev_matrix &w = a.w[c.m];
-        int64_t row0 = (c.tile - a.tile_start[c.m]) * ROWS, g = (int64_t)c.round * 32 + lane;
-        if (g < groups) {
+    if (tile < n_tiles) load(tile); /* weights only: in flight while the previous kernel ends */
+    pdl_wait();
+    float xr[32];
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                int64_t row = row0 + r < w.rows ? row0 + r : w.rows - 1;
-                const uint4 *src = (const uint4 *)w.data + (row * groups + g) * 2;
-                cp_async16(&ring[c.stage].w[r][0][lane], src);
-                cp_async16(&ring[c.stage].w[r][1][lane], src + 1);
-                if (quant) cp_async4(&ring[c.stage].sb[r][lane], w.sb + row * groups + g);
+    for (int j = 0; j < 32 / 8; j++) {
+        const int64_t c = KIND == GEMV_Q4 ? col(0) + 8 * j : col(j);
+        float4 f0 = make_float4(0, 0, 0, 0), f1 = f0;
+        if (c < cols) {
+            f0 = __ldg((const float4 *)(a.x + c)), f1 = __ldg((const float4 *)(a.x + c) + 1);
+            if (a.x_up) {
+                float4 u0 = __ldg((const float4 *)(a.x_up + c)), u1 = __ldg((const float4 *)(a.x_up + c) + 1);
+                f0 = make_float4(silu_times(f0.x, u0.x), silu_times(f0.y, u0.y), silu_times(f0.z, u0.z), silu_times(f0.w, u0.w));
+                f1 = make_float4(silu_times(f1.x, u1.x), silu_times(f1.y, u1.y), silu_times(f1.z, u1.z), silu_times(f1.w, u1.w));
             }
         }
-    };
-    cursor fetch = {first, 0, 0, 0}, work = {first, 0, 0, 0};
-    locate(fetch);
-    locate(work);
-    for (int s = 0; s < PIPE_STAGES - 1; s++) {
-        if (fetch.tile < n_tiles) {
-            issue(fetch);
-            advance(fetch);
-        }
-        cp_async_commit();
+        xr[8 * j] = f0.x, xr[8 * j + 1] = f0.y, xr[8 * j + 2] = f0.z, xr[8 * j + 3] = f0.w;
+        xr[8 * j + 4] = f1.x, xr[8 * j + 5] = f1.y, xr[8 * j + 6] = f1.z, xr[8 * j + 7] = f1.w;
     }
-    /* x and the group sums while the first stages load */
-    stage_x<1>(a, xs, slots, [](int64_t f) { return pipe_slot<KIND>(f); });
-    for (int64_t g = threadIdx.x; quant && g < groups; g += blockDim.x) {
-        float s = 0;
+    if (a.norm_w) { /* rmsnorm as rmsnorm_kernel: the sum of squares in double */
+        double ss = 0;
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            float4 f = xs[(g >> 5) * 512 + i * 32 + (g & 31)];
-            s += (f.x + f.y) + (f.z + f.w);
-        }
-        group_sum[g] = s;
-    }
-    __syncthreads();
-    float acc[ROWS] = {};
-    while (work.tile < n_tiles) {
-        cp_async_wait<PIPE_STAGES - 2>(); /* this lane's copies of the work stage are in */
-        if (fetch.tile < n_tiles) {
-            issue(fetch);
-            advance(fetch);
-        }
-        cp_async_commit();
-        const pipe_stage<ROWS> &st = ring[work.stage];
-        int64_t g = (int64_t)work.round * 32 + lane;
-        if (g < groups) {
-            float d[ROWS] = {};
+        for (int i = 0; i < 32; i++) ss += (double)xr[i] * xr[i];
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        ss = 0;
+        for (int i = 0; i < nw; i++) ss += part[i];
+        const float inv = (float)(1.0 / sqrt(ss / (double)cols + (double)a.eps));
 #pragma unroll
-            for (int h = 0; h < 2; h++) { /* the unit's two 16-byte chunks */
-                float xv[P * 2];
+        for (int j = 0; j < 4; j++) {
+            const int64_t c = KIND == GEMV_Q4 ? col(0) + 8 * j : col(j);
+            if (c < cols) {
+                float4 g0 = __ldg((const float4 *)(a.norm_w + c)), g1 = __ldg((const float4 *)(a.norm_w + c) + 1);
+                const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
 #pragma unroll
-                for (int i = 0; i < P / 2; i++) {
-                    float4 f = xs[(int64_t)work.round * 32 * P + (P / 2 * h + i) * 32 + lane];
-                    xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
-                }
-#pragma unroll
-                for (int r = 0; r < ROWS; r++)
-                    d[r] += quant ? q4_chunk_dot_offset(st.w[r][h][lane], xv)
-                                  : chunk_dot<GEMV_BF16>(st.w[r][h][lane], xv);
+                for (int i = 0; i < 8; i++) xr[8 * j + i] = xr[8 * j + i] * inv * g[i];
             }
-            if (quant) {
-                float sx = group_sum[g];
+        }
+    }
+    float sx = 0;
+    if (KIND == GEMV_Q4) {
 #pragma unroll
-                for (int r = 0; r < ROWS; r++) { /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
-                    float2 sb = unpack_sb<SD>(st.sb[r][lane]);
-                    acc[r] = fmaf(32.0f * sb.x, d[r], fmaf(sb.y - 16.0f * sb.x, sx, acc[r]));
-                }
+        for (int i = 0; i < 32; i++) sx += xr[i];
+    }
+    int buf = 0;
+    while (tile < n_tiles) {
+        float v[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (KIND == GEMV_Q4) { /* s sum(q x) + b sum(x), sum(q x) = 32 d - 16 sx */
+                float d = q4_chunk_dot_offset(wv[r][0], xr);
+                float2 sb = unpack_sb<SD>(sbv[r]);
+                v[r] = fmaf(32.0f * sb.x, d, (sb.y - 16.0f * sb.x) * sx);
             } else {
+                float d = 0;
 #pragma unroll
-                for (int r = 0; r < ROWS; r++) acc[r] += d[r];
+                for (int j = 0; j < U; j++) d += chunk_dot<GEMV_BF16>(wv[r][j], xr + 8 * j);
+                v[r] = d;
             }
         }
-        if (work.round == rounds - 1) { /* the tile is done: sum across the warp and store */
-            int64_t row0 = (work.tile - a.tile_start[work.m]) * ROWS, rows = a.w[work.m].rows;
+        const int mt = m;
+        const int64_t row0 = (tile - a.tile_start[mt]) * R;
+        tile += gridDim.x;
+        if (tile < n_tiles) load(tile); /* the next tile's bytes fly during the reductions */
+        else pdl_trigger(); /* this block's last loads are out: the next kernel may start */
+        /* transposing butterfly: after it, lane l holds the warp's sum of row rl */
+        int rl = 0;
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                float v = warp_reduce(acc[r]);
-                acc[r] = 0;
-                if (lane == 0 && row0 + r < rows) {
-                    float *o = a.y[work.m] + row0 + r;
-                    *o = a.accumulate ? *o + v : v;
-                }
+        for (int n = R, o = 16; n > 1; n >>= 1, o >>= 1) {
+            const bool up = lane & o;
+#pragma unroll
+            for (int i = 0; i < n / 2; i++) {
+                float send = up ? v[i] : v[i + n / 2], keep = up ? v[i + n / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+            if (up) rl += n / 2;
+        }
+#pragma unroll
+        for (int o = 16 / (R / 2 > 0 ? R / 2 : 1) / 2; o > 0; o >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+        if ((lane & (32 / R - 1)) == 0) red[buf][warp][rl] = v[0];
+        __syncthreads();
+        if (warp == 0 && lane < R) {
+            float y = 0;
+            for (int w = 0; w < nw; w++) y += red[buf][w][lane];
+            const dev_matrix &w = a.w[mt];
+            if (row0 + lane < w.rows) {
+                float *o = a.y[mt] + row0 + lane;
+                *o = a.accumulate ? *o + y : y;
             }
         }
-        advance(work);
+        buf ^= 1; /* the other buffer: warp 0 reads this one before the next barrier */
     }
-    cp_async_wait<0>();
 }
 
-/* Which pipelined kernel takes these matrices at nt tokens: GEMV_Q4 (group 64, paired scales),
- * GEMV_BF16 (columns a multiple of 16), or -1. */
-static int pipe_kind(const cuda_ctx *c, const gemv_args &a, int nt) {
-    if (nt != 1 || c->gemv_old || c->no_pipe) return -1;
-    int kind = a.w[0].kind;
-    if (kind == GEMV_BF16 && c->bf16_one != 2) return -1;
-    for (int i = 0; i < a.n; i++) {
-        const dev_matrix &w = a.w[i];
-        if (w.kind != kind) return -1;
-        if (kind == GEMV_Q4 && (!w.sb || w.group_size != 64 || w.scale_dtype != a.w[0].scale_dtype))
-            return -1;
-        if (kind == GEMV_BF16 && w.cols % 16) return -1;
-    }
-    return kind == GEMV_Q4 || kind == GEMV_BF16 ? kind : -1; /* and x fits: pipe_launch_kind */
+/* The x-in-registers kind of these matrices for one token, or -1 (EXO_CUDA_GEMV1=prev: -1). */
+static int xreg_kind(const cuda_ctx *c, const dev_matrix *m) {
+    if (c->gemv_old || c->gemv1_prev || m->cols > (int64_t)XR_SLICE * XR_MAX_WARPS) return -1;
+    if (m->kind == GEMV_Q4 && m->sb && m->group_size == 64 && m->cols % 64 == 0) return GEMV_Q4;
+    if (m->kind == GEMV_BF16 && m->cols % 8 == 0) return GEMV_BF16;
+    return -1;
 }
 
-template <int KIND, int SD, int ROWS> static int pipe_launch_rows(cuda_ctx *c, gemv_args &a) {
-    constexpr int WARPS = 32 / ROWS;
-    size_t smem = pipe_smem_bytes<KIND, ROWS>(a.w[0].cols);
-    if (smem > dynamic_smem_limit((const void *)gemv_pipe_kernel<KIND, SD, ROWS>)) return 0;
+template <int KIND, int SD> static int xreg_launch_kind(cuda_ctx *c, gemv_args &a) {
+    constexpr int R = xr_rows<KIND>::r;
+    const void *fn = (const void *)gemv_xreg_kernel<KIND, SD>;
+    const int warps = (int)((a.w[0].cols + XR_SLICE - 1) / XR_SLICE);
     a.tile_start[0] = 0;
-    for (int i = 0; i < a.n; i++)
-        a.tile_start[i + 1] = a.tile_start[i] + (a.w[i].rows + ROWS - 1) / ROWS;
-    int64_t want = (a.tile_start[a.n] + WARPS - 1) / WARPS;
-    unsigned blocks = (unsigned)(want < c->sm_count ? want : c->sm_count);
-    gemv_pipe_kernel<KIND, SD, ROWS><<<blocks, WARPS * 32, smem, c->stream>>>(a);
-    CUDA_LAUNCHED(c, "gemv (pipelined)");
+    for (int i = 0; i < a.n; i++) a.tile_start[i + 1] = a.tile_start[i] + (a.w[i].rows + R - 1) / R;
+    static const void *fns[8];
+    static int per_sm[8][XR_MAX_WARPS + 1];
+    int k = 0;
+    while (k < 8 && fns[k] && fns[k] != fn) k++;
+    int occ = k < 8 && fns[k] ? per_sm[k][warps] : 0;
+    if (!occ) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, warps * 32, 0) != cudaSuccess || occ < 1) {
+            cudaGetLastError();
+            occ = 1;
+        }
+        if (k < 8) fns[k] = fn, per_sm[k][warps] = occ;
+    }
+    /* as many blocks as fit at once, with every block the same number of tiles (+-1) */
+    int64_t n_tiles = a.tile_start[a.n], most = (int64_t)occ * c->sm_count;
+    int64_t per_block = (n_tiles + most - 1) / most;
+    unsigned blocks = (unsigned)((n_tiles + per_block - 1) / per_block);
+    launch_pdl(c, gemv_xreg_kernel<KIND, SD>, dim3(blocks), dim3(warps * 32), 0, a);
+    CUDA_LAUNCHED(c, "gemv (x in registers)");
     return 1;
 }
 
-template <int KIND, int SD> static int pipe_launch_kind(cuda_ctx *c, gemv_args &a) {
-    return c->pipe_rows == 2 ? pipe_launch_rows<KIND, SD, 2>(c, a) : pipe_launch_rows<KIND, SD, PIPE_ROWS>(c, a);
-}
-
-static int pipe_launch(cuda_ctx *c, gemv_args &a, int nt) {
-    switch (pipe_kind(c, a, nt)) {
-    case GEMV_Q4:
-        if (a.w[0].scale_dtype == DTYPE_BF16) return pipe_launch_kind<GEMV_Q4, DTYPE_BF16>(c, a);
-        return pipe_launch_kind<GEMV_Q4, DTYPE_F16>(c, a);
-    case GEMV_BF16: return pipe_launch_kind<GEMV_BF16, DTYPE_BF16>(c, a);
-    }
+static int xreg_launch(cuda_ctx *c, gemv_args &a, int nt) {
+    if (nt != 1) return 0;
+    int kind = xreg_kind(c, &a.w[0]);
+    for (int i = 1; i < a.n; i++)
+        if (xreg_kind(c, &a.w[i]) != kind || a.w[i].scale_dtype != a.w[0].scale_dtype) return 0;
+    if (kind == GEMV_Q4)
+        return a.w[0].scale_dtype == DTYPE_BF16 ? xreg_launch_kind<GEMV_Q4, DTYPE_BF16>(c, a)
+                                                : xreg_launch_kind<GEMV_Q4, DTYPE_F16>(c, a);
+    if (kind == GEMV_BF16) return xreg_launch_kind<GEMV_BF16, DTYPE_BF16>(c, a);
     return 0;
 }
 
 /* Whether every launch of an n-token GEMV of m goes to the persistent kernel. */
 static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
     int nt = (int)(n < GEMV_MAX_TOKENS ? n : GEMV_MAX_TOKENS);
-    if (c->gemv_old || n > GEMV_PERSIST_MAX_TOKENS || (m->kind == GEMV_BF16 && n == 1 && !c->bf16_one))
+    if (n == 1 && xreg_kind(c, m) >= 0) return 1;
+    if (c->gemv_old || n > GEMV_PERSIST_MAX_TOKENS || (m->kind == GEMV_BF16 && n == 1))
         return 0;
     switch (m->kind) {
     case GEMV_Q4: return persist_fits<GEMV_Q4>(m->cols, nt);
@@ -804,9 +780,9 @@ static int persist_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
 }
 
 static int persist_launch(cuda_ctx *c, int kind, gemv_args &a, int nt) {
-    if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS || (kind == GEMV_BF16 && nt == 1 && !c->bf16_one))
+    if (xreg_launch(c, a, nt)) return 1;
+    if (c->gemv_old || nt > GEMV_PERSIST_MAX_TOKENS || (kind == GEMV_BF16 && nt == 1))
         return 0;
-    if (pipe_launch(c, a, nt)) return 1;
     a.tile_start[0] = 0;
     const int rows = persist_tile_rows(kind, nt);
     for (int i = 0; i < a.n; i++)
@@ -1323,7 +1299,8 @@ void cuda_norm_matmul(cuda_ctx *c, const float *x, const float *norm_w, float ep
     for (int i = 0; i < n && i < 4; i++) {
         m[i] = cuda_weight(c, w[i]);
         if (!m[i]) return;
-        fused = fused && m[i]->kind == m[0]->kind && persist_applies(c, m[i], n_tokens);
+        fused = fused && m[i]->kind == m[0]->kind && m[i]->scale_dtype == m[0]->scale_dtype &&
+                persist_applies(c, m[i], n_tokens);
     }
     if (fused) {
         gemv_tiles(c, n, m, x, NULL, ys, n_tokens, 0, norm_w, eps);
