@@ -45,6 +45,17 @@ void cpu_matvec_set_q4_planes(int on);
 int cpu_avx2_vnni(void);
 void cpu_avx2_set_vnni(int on);
 
+/* Whether the AVX-512 interleaved kernels (mlx_rows16) prefetch weight lines, scales and biases
+ * into L2 only (prefetcht1, cpu_rows16_block.to_l2) instead of L1 (prefetcht0). Default from
+ * EXO_MATVEC_PREFETCH_L2=0|1, read once, else 1 on Intel CPUs (CPUID vendor GenuineIntel) and 0
+ * elsewhere. On Emerald Rapids (one core streaming the 1B shape from DRAM) prefetcht1 read the
+ * 8-bit layout 5-7% faster and the 4-bit one 1.5-2.6%; the AVX2 kernels, slower consumers of the
+ * same lines, lost 1-5% with it and keep prefetcht0; AMD Zen 4/5 put prefetcht1 into L2 too but
+ * were not measured, so they keep prefetcht0 (bench/RESULTS.md, issue 25, cpu26). The setter is
+ * for tests and benchmarks. */
+int cpu_matvec_prefetch_l2(void);
+void cpu_matvec_set_prefetch_l2(int on);
+
 /* Rewrites a row of int16 activations (natural order, cols a multiple of 128) into the byte-plane
  * layout the AVX-512 4-bit kernel reads, in place: per chunk of 128 values x = 256*hi + lo, the hi
  * bytes (s8) of the 64 even values, of the odd values, then the lo bytes (u8) of the even values,

@@ -34,7 +34,7 @@
 T512 INLINE void prefetch_span(const void *p, size_t len, size_t ahead) {
     if (!ahead) return;
     const char *a = (const char *)p + ahead;
-    for (size_t o = 0; o < len; o += 64) _mm_prefetch(a + o, _MM_HINT_T0);
+    for (size_t o = 0; o < len; o += 64) cpu_prefetch_l1(a + o);
 }
 
 /* 16 weights of a dense row starting at element i, widened to f32; lanes outside m read as 0. */
@@ -411,11 +411,13 @@ T512 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, floa
      * feeds two, its even and its odd nibbles), else 1; 8-bit one per chain. */
     const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1, step = bits == 4 ? (nc == 4 ? 2 : 1) : nc;
     size_t ahead = cpu_matvec_prefetch();
+    const int to_l2 = cpu_matvec_prefetch_l2();
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
     for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows16; b++) {
         cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
+        blk.to_l2 = to_l2;
         __m512 acc[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
