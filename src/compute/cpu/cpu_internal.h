@@ -97,8 +97,8 @@ static inline cpu_rows16_block cpu_rows16_block_at(const weight_matrix *w, int64
  * (prefetcht1). Inline asm on x86-64 because GCC 12 deletes loops of __builtin_prefetch (and
  * _mm_prefetch, the same builtin) as code without effect: the AVX-512 interleaved kernels carried
  * no prefetch at all until issue 25's cpu26 session (their objdump had none; the AVX2 ones kept
- * theirs by chance of the surrounding code). A prefetch never faults, so p may lie past the end of
- * the data. */
+ * theirs by chance of the surrounding code; scripts/check-prefetch.sh). A prefetch never faults,
+ * so p may lie past the end of the data. */
 static inline void cpu_prefetch_l1(const void *p) {
 #if defined(__x86_64__)
     __asm__ volatile("prefetcht0 (%0)" : : "r"(p));

@@ -34,7 +34,7 @@
 T512 INLINE void prefetch_span(const void *p, size_t len, size_t ahead) {
     if (!ahead) return;
     const char *a = (const char *)p + ahead;
-    for (size_t o = 0; o < len; o += 64) cpu_prefetch_l1(a + o);
+    for (size_t o = 0; o < len; o += 64) _mm_prefetch(a + o, _MM_HINT_T0);
 }
 
 /* 16 weights of a dense row starting at element i, widened to f32; lanes outside m read as 0. */
@@ -409,7 +409,10 @@ T512 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, floa
      * tokens, 2 at 3-4, 1 above (register budget). Vectors per step: 4-bit 2 at 4 chains (each
      * feeds two, its even and its odd nibbles), else 1; 8-bit one per chain. */
     const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1, step = bits == 4 ? (nc == 4 ? 2 : 1) : nc;
-    size_t ahead = cpu_matvec_prefetch();
+    /* Software prefetch at 1-2 tokens only: there the kernel waits on DRAM (the 1B shape at 2
+     * threads: 8-bit 29.0 -> 32.8 GB/s); from 3 tokens it is compute-bound and the prefetches cost
+     * 5-17% per core in cache (b4, b8, pp512 passes; bench/RESULTS.md, cpu26). */
+    size_t ahead = nt <= 2 ? cpu_matvec_prefetch() : 0;
     const int to_l2 = cpu_matvec_prefetch_l2();
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8

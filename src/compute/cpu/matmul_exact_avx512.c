@@ -143,7 +143,7 @@ T512 INLINE void rows16_residual_block(const weight_matrix *w, const exact_x *in
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *wg = wb + (size_t)(g * kpg) * 64;
         if (ahead)
-            for (int64_t k = 0; k < kpg; k++) cpu_prefetch_l1(wg + ahead + 64 * k);
+            for (int64_t k = 0; k < kpg; k++) _mm_prefetch((const char *)wg + ahead + 64 * k, _MM_HINT_T0);
         int64_t v0 = g * gs, xoff = EXACT_PLANE_CHUNK * (v0 >> 7) + ((v0 & 127) >> 1);
         __m512i ah[EXACT_PASS_TOKENS][4], al[EXACT_PASS_TOKENS][4], ar[EXACT_PASS_TOKENS][4];
 #pragma GCC unroll 4
