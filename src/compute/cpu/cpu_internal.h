@@ -222,9 +222,8 @@ extern const cpu_kernels cpu_kernels_neon;
 extern const cpu_kernels cpu_kernels_neon_dotprod;
 
 /* Bytes ahead of the current row that matvec kernels prefetch (0 = none): EXO_MATVEC_PREFETCH,
- * read once, else CPU_MATVEC_PREFETCH_DEFAULT. The setter (benchmarks) rounds down to 64. */
+ * read once, else CPU_MATVEC_PREFETCH_DEFAULT (the setter: cpu_levels.h). */
 size_t cpu_matvec_prefetch(void);
-void cpu_matvec_set_prefetch(size_t bytes);
 
 /* Thread-local scratch memory, 64-byte aligned, grown on demand and kept for the thread's life
  * (slot 0..3; a slot's previous contents are lost when it grows). NULL when out of memory. */
