@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every C unit test binary in $1/tests, then the source layout check (scripts/check-layout.sh)
-# and its self-test, and prints "unit: N passed, N failed". Each binary is a cmocka group; its own
+# and its self-test and the prefetch check (scripts/check-prefetch.sh), and prints "unit: N passed,
+# N failed". Each binary is a cmocka group; its own
 # exit code says whether it passed.
 # Unit tests run from the repository root (they read tests/fixtures/ and .cache/).
 # UNIT_EXEC: a command each test binary runs under (qemu-aarch64 for a cross build, see
@@ -37,5 +38,7 @@ done
 mkdir -p "$build/tests"
 run_one check-layout bash scripts/check-layout.sh
 run_one check-layout-self-test bash scripts/check-layout.sh --self-test
+# The matvec kernels' software prefetch is in the compiled code (GCC deletes __builtin_prefetch loops).
+run_one check-prefetch bash scripts/check-prefetch.sh "$build"
 echo "unit: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

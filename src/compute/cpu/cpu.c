@@ -399,6 +399,27 @@ void cpu_matvec_set_q4_planes(int on) {
     atomic_store(&matvec_q4_planes, on ? 1 : 0);
 }
 
+static _Atomic int matvec_prefetch_l2 = -1;
+
+int cpu_matvec_prefetch_l2(void) {
+    int v = atomic_load_explicit(&matvec_prefetch_l2, memory_order_relaxed);
+    if (v < 0) {
+        v = 0;
+#if defined(__x86_64__)
+        unsigned a, b, c, d; /* vendor "GenuineIntel" in ebx, edx, ecx */
+        if (__get_cpuid(0, &a, &b, &c, &d)) v = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;
+#endif
+        const char *e = getenv("EXO_MATVEC_PREFETCH_L2");
+        if (e && (!strcmp(e, "0") || !strcmp(e, "1"))) v = e[0] == '1';
+        atomic_store(&matvec_prefetch_l2, v);
+    }
+    return v;
+}
+
+void cpu_matvec_set_prefetch_l2(int on) {
+    atomic_store(&matvec_prefetch_l2, on ? 1 : 0);
+}
+
 static _Atomic long matvec_prefetch = -1;
 
 size_t cpu_matvec_prefetch(void) {
@@ -411,6 +432,10 @@ size_t cpu_matvec_prefetch(void) {
         atomic_store(&matvec_prefetch, v);
     }
     return (size_t)v;
+}
+
+void cpu_matvec_set_prefetch(size_t bytes) {
+    atomic_store(&matvec_prefetch, (long)(bytes > (1u << 20) ? CPU_MATVEC_PREFETCH_DEFAULT : bytes & ~(size_t)63));
 }
 
 static void matvec_static_share(void *p, int i, int nth) {

@@ -72,6 +72,8 @@ typedef struct cpu_rows16_block {
     size_t esize;                   /* bytes per scale */
     size_t ahead, sahead;           /* software prefetch distance in the lines and in the scales */
     int biases_streamed;            /* 0: a zero_point matrix, whose biases come from its scales */
+    int to_l2;                      /* prefetch into L2 only (prefetcht1); 0 from cpu_rows16_block_at:
+                                       the kernel sets it from cpu_matvec_prefetch_l2() */
 } cpu_rows16_block;
 
 static inline cpu_rows16_block cpu_rows16_block_at(const weight_matrix *w, int64_t b, size_t ahead) {
@@ -91,14 +93,44 @@ static inline cpu_rows16_block cpu_rows16_block_at(const weight_matrix *w, int64
     return k;
 }
 
-/* Prefetches (into L1) group g's lines and its scales and biases k->ahead / k->sahead bytes on:
- * the hardware prefetchers alone leave the core stalled at page boundaries (cpu_matvec_prefetch). */
+/* Software prefetch of the 64-byte line holding p into L1 (prefetcht0) or into L2 only
+ * (prefetcht1). Inline asm on x86-64 because GCC 12 deletes loops of __builtin_prefetch (and
+ * _mm_prefetch, the same builtin) as code without effect: the AVX-512 interleaved kernels carried
+ * no prefetch at all until issue 25's cpu26 session (their objdump had none; the AVX2 ones kept
+ * theirs by chance of the surrounding code; scripts/check-prefetch.sh). A prefetch never faults,
+ * so p may lie past the end of the data. */
+static inline void cpu_prefetch_l1(const void *p) {
+#if defined(__x86_64__)
+    __asm__ volatile("prefetcht0 (%0)" : : "r"(p));
+#else
+    __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+static inline void cpu_prefetch_l2(const void *p) {
+#if defined(__x86_64__)
+    __asm__ volatile("prefetcht1 (%0)" : : "r"(p));
+#else
+    __builtin_prefetch(p, 0, 2);
+#endif
+}
+
+/* Prefetches group g's lines and its scales and biases k->ahead / k->sahead bytes on, into L1
+ * (prefetcht0) or, with k->to_l2, into L2 (prefetcht1): the hardware prefetchers alone leave the
+ * core stalled at page boundaries (cpu_matvec_prefetch). */
 static inline void cpu_rows16_prefetch(const cpu_rows16_block *k, int64_t g) {
     if (!k->ahead) return;
     const uint8_t *p = k->lines + (size_t)g * k->group_bytes + k->ahead;
-    for (size_t o = 0; o < k->group_bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
-    __builtin_prefetch(k->scales + (size_t)g * 16 * k->esize + k->sahead, 0, 3);
-    if (k->biases_streamed) __builtin_prefetch(k->biases + (size_t)g * 16 * k->esize + k->sahead, 0, 3);
+    size_t so = (size_t)g * 16 * k->esize + k->sahead; /* biases: NULL when not streamed */
+    if (k->to_l2) {
+        for (size_t o = 0; o < k->group_bytes; o += 64) cpu_prefetch_l2(p + o);
+        cpu_prefetch_l2(k->scales + so);
+        if (k->biases_streamed) cpu_prefetch_l2(k->biases + so);
+        return;
+    }
+    for (size_t o = 0; o < k->group_bytes; o += 64) cpu_prefetch_l1(p + o);
+    cpu_prefetch_l1(k->scales + so);
+    if (k->biases_streamed) cpu_prefetch_l1(k->biases + so);
 }
 
 /* The largest |xq| of the int16 activations of w for level k's kernels (see matvec_input). */
@@ -190,7 +222,7 @@ extern const cpu_kernels cpu_kernels_neon;
 extern const cpu_kernels cpu_kernels_neon_dotprod;
 
 /* Bytes ahead of the current row that matvec kernels prefetch (0 = none): EXO_MATVEC_PREFETCH,
- * read once, else CPU_MATVEC_PREFETCH_DEFAULT. */
+ * read once, else CPU_MATVEC_PREFETCH_DEFAULT (the setter: cpu_levels.h). */
 size_t cpu_matvec_prefetch(void);
 
 /* Thread-local scratch memory, 64-byte aligned, grown on demand and kept for the thread's life

@@ -45,6 +45,21 @@ void cpu_matvec_set_q4_planes(int on);
 int cpu_avx2_vnni(void);
 void cpu_avx2_set_vnni(int on);
 
+/* Whether the AVX-512 interleaved kernels (mlx_rows16) prefetch weight lines, scales and biases
+ * into L2 only (prefetcht1, cpu_rows16_block.to_l2) instead of L1 (prefetcht0). Default from
+ * EXO_MATVEC_PREFETCH_L2=0|1, read once, else 1 on Intel CPUs (CPUID vendor GenuineIntel) and 0
+ * elsewhere. On Emerald Rapids (the dev VM, the 1B shape streamed from DRAM in a huge-page arena)
+ * prefetcht1 read 2.4-3.4% more per core than prefetcht0 and 2.9% more with both cores at its
+ * quiet moments (8-bit 32.8 against 31.8 GB/s); the AVX2 kernels, slower consumers of the same
+ * lines, lost 1-5% with it and keep prefetcht0; AMD Zen 4/5 put prefetcht1 into L2 too but were
+ * not measured, so they keep prefetcht0 (bench/RESULTS.md, issue 25, cpu26). The setter is for
+ * tests and benchmarks. */
+int cpu_matvec_prefetch_l2(void);
+void cpu_matvec_set_prefetch_l2(int on);
+/* Sets the matvec kernels' software prefetch distance (EXO_MATVEC_PREFETCH's bytes, rounded down
+ * to 64; 0 = none; above 1 MiB: the default), for benchmarks that compare distances in one process. */
+void cpu_matvec_set_prefetch(size_t bytes);
+
 /* Rewrites a row of int16 activations (natural order, cols a multiple of 128) into the byte-plane
  * layout the AVX-512 4-bit kernel reads, in place: per chunk of 128 values x = 256*hi + lo, the hi
  * bytes (s8) of the 64 even values, of the odd values, then the lo bytes (u8) of the even values,

@@ -220,87 +220,71 @@ T256 INLINE void rows16_store(float *y, int64_t rows, int64_t b, int h, int64_t 
  * Once per group 256*hi + lo is each row's exact int16 dot product: the same integer products
  * as the AVX-512 kernel, so the same error bound. Both halves of a line per step at 1-2 tokens;
  * from 3 tokens the accumulators of both would exceed the 16 ymm registers, so the halves take
- * turns within each group (the group's 64-byte lines are then in L1 for the second half). Rows
- * past the last whole block: mlx_rows (MLX order). */
-T256 INLINE void mlx4_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                             int64_t r1, const int vnni, const int nt) {
-    int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
-    int64_t kpg = gs / 8, rows16 = rows & ~(int64_t)15; /* kpg: 4, 8, 16 lines per group */
+ * turns within each group (the group's 64-byte lines are then in L1 for the second half). One
+ * group g of a block into its row accumulators (mlx_rows16 walks the blocks). */
+T256 INLINE void mlx4_group(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk, int64_t g,
+                            __m256 acc[2][CPU_MATVEC_MAX_TOKENS], const int vnni, const int nt) {
+    int64_t cols = w->cols, gs = w->group_size;
+    int64_t kpg = gs / 8; /* 4, 8, 16 lines per group */
     const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const int hp = nt <= 2 ? 2 : 1, nc = vnni && nt == 1 ? 2 : 1; /* halves per step, chains */
-    size_t ahead = cpu_matvec_prefetch();
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
-    for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows16; b++) {
-        cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
-        __m256 acc[2][CPU_MATVEC_MAX_TOKENS];
+    const uint8_t *wg = blk->lines + (size_t)g * blk->group_bytes;
+    int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
+    for (int h0 = 0; h0 < 2; h0 += hp) {
+        __m256i ah[2][CPU_MATVEC_MAX_TOKENS][2], al[2][CPU_MATVEC_MAX_TOKENS][2];
+#pragma GCC unroll 2
+        for (int h = 0; h < hp; h++)
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-        for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *wg = blk.lines + (size_t)g * blk.group_bytes;
-            cpu_rows16_prefetch(&blk, g);
-            int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
-            for (int h0 = 0; h0 < 2; h0 += hp) {
-                __m256i ah[2][CPU_MATVEC_MAX_TOKENS][2], al[2][CPU_MATVEC_MAX_TOKENS][2];
+            for (int t = 0; t < nt; t++)
 #pragma GCC unroll 2
-                for (int h = 0; h < hp; h++)
+                for (int j = 0; j < nc; j++) ah[h][t][j] = al[h][t][j] = _mm256_setzero_si256();
+        for (int64_t k = 0; k < kpg; k++) {
+            __m256i we[2], wo[2];
+#pragma GCC unroll 2
+            for (int h = 0; h < hp; h++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(wg + 64 * k + 32 * (h0 + h)));
+                we[h] = _mm256_and_si256(v, m0f);
+                wo[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+            }
 #pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++)
-#pragma GCC unroll 2
-                        for (int j = 0; j < nc; j++) ah[h][t][j] = al[h][t][j] = _mm256_setzero_si256();
-                for (int64_t k = 0; k < kpg; k++) {
-                    __m256i we[2], wo[2];
-#pragma GCC unroll 2
-                    for (int h = 0; h < hp; h++) {
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(wg + 64 * k + 32 * (h0 + h)));
-                        we[h] = _mm256_and_si256(v, m0f);
-                        wo[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-                    }
-#pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++) {
-                        const uint8_t *xb = xq[t] + xoff + 4 * k;
-                        int32_t he, ho, le, lo;
-                        memcpy(&he, xb, 4), memcpy(&ho, xb + 64, 4), memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
-                        __m256i bhe = _mm256_set1_epi32(he), bho = _mm256_set1_epi32(ho);
-                        __m256i ble = _mm256_set1_epi32(le), blo = _mm256_set1_epi32(lo);
-#pragma GCC unroll 2
-                        for (int h = 0; h < hp; h++) {
-                            if (vnni) {
-                                ah[h][t][0] = dpbusd_vex(ah[h][t][0], we[h], bhe);
-                                ah[h][t][nc - 1] = dpbusd_vex(ah[h][t][nc - 1], wo[h], bho);
-                                al[h][t][0] = dpbusd_vex(al[h][t][0], ble, we[h]);
-                                al[h][t][nc - 1] = dpbusd_vex(al[h][t][nc - 1], blo, wo[h]);
-                            } else {
-                                __m256i hi16 = _mm256_add_epi16(_mm256_maddubs_epi16(we[h], bhe),
-                                                                _mm256_maddubs_epi16(wo[h], bho));
-                                __m256i lo16 = _mm256_add_epi16(_mm256_maddubs_epi16(ble, we[h]),
-                                                                _mm256_maddubs_epi16(blo, wo[h]));
-                                ah[h][t][0] = add32_acc(ah[h][t][0], _mm256_madd_epi16(hi16, ones));
-                                al[h][t][0] = add32_acc(al[h][t][0], _mm256_madd_epi16(lo16, ones));
-                            }
-                        }
-                    }
-                }
+            for (int t = 0; t < nt; t++) {
+                const uint8_t *xb = xq[t] + xoff + 4 * k;
+                int32_t he, ho, le, lo;
+                memcpy(&he, xb, 4), memcpy(&ho, xb + 64, 4), memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
+                __m256i bhe = _mm256_set1_epi32(he), bho = _mm256_set1_epi32(ho);
+                __m256i ble = _mm256_set1_epi32(le), blo = _mm256_set1_epi32(lo);
 #pragma GCC unroll 2
                 for (int h = 0; h < hp; h++) {
-                    __m256i dot[CPU_MATVEC_MAX_TOKENS];
-#pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++) {
-                        __m256i sh = nc == 2 ? _mm256_add_epi32(ah[h][t][0], ah[h][t][1]) : ah[h][t][0];
-                        __m256i sl = nc == 2 ? _mm256_add_epi32(al[h][t][0], al[h][t][1]) : al[h][t][0];
-                        dot[t] = _mm256_add_epi32(_mm256_slli_epi32(sh, 8), sl);
+                    if (vnni) {
+                        ah[h][t][0] = dpbusd_vex(ah[h][t][0], we[h], bhe);
+                        ah[h][t][nc - 1] = dpbusd_vex(ah[h][t][nc - 1], wo[h], bho);
+                        al[h][t][0] = dpbusd_vex(al[h][t][0], ble, we[h]);
+                        al[h][t][nc - 1] = dpbusd_vex(al[h][t][nc - 1], blo, wo[h]);
+                    } else {
+                        __m256i hi16 = _mm256_add_epi16(_mm256_maddubs_epi16(we[h], bhe),
+                                                        _mm256_maddubs_epi16(wo[h], bho));
+                        __m256i lo16 = _mm256_add_epi16(_mm256_maddubs_epi16(ble, we[h]),
+                                                        _mm256_maddubs_epi16(blo, wo[h]));
+                        ah[h][t][0] = add32_acc(ah[h][t][0], _mm256_madd_epi16(hi16, ones));
+                        al[h][t][0] = add32_acc(al[h][t][0], _mm256_madd_epi16(lo16, ones));
                     }
-                    rows16_group_end(w, in, &blk, g, h0 + h, dot, acc[h0 + h], nt);
                 }
             }
         }
-        rows16_store(y, rows, b, 0, r0, r1, acc[0], nt);
-        rows16_store(y, rows, b, 1, r0, r1, acc[1], nt);
-    }
-    if (r1 > rows16) {
-        int64_t from = r0 > rows16 ? r0 : rows16;
-        mlx_rows(w, in, y, from, r1, nt);
+#pragma GCC unroll 2
+        for (int h = 0; h < hp; h++) {
+            __m256i dot[CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                __m256i sh = nc == 2 ? _mm256_add_epi32(ah[h][t][0], ah[h][t][1]) : ah[h][t][0];
+                __m256i sl = nc == 2 ? _mm256_add_epi32(al[h][t][0], al[h][t][1]) : al[h][t][0];
+                dot[t] = _mm256_add_epi32(_mm256_slli_epi32(sh, 8), sl);
+            }
+            rows16_group_end(w, in, blk, g, h0 + h, dot, acc[h0 + h], nt);
+        }
     }
 }
 
@@ -324,64 +308,77 @@ T256 INLINE __m256i dot2_s16(__m256i acc, __m256i a, __m256i b, const int vnni) 
  * turns them into each row's dot product in row order once per group. At most 255 * 32767 *
  * gs per lane (1.07e9 at gs 128): exact in int32. The products are the same as every int16
  * path's, so the error bound is the same (activations quantized to 32767, not 32639). Quarters
- * per step: the whole line at 1-2 tokens, half of it from 3 tokens (registers). */
-T256 INLINE void mlx8_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                             int64_t r1, const int vnni, const int nt) {
-    int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
+ * per step: the whole line at 1-2 tokens, half of it from 3 tokens (registers). One group g of a
+ * block into its row accumulators (mlx_rows16 walks the blocks). */
+T256 INLINE void mlx8_group(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk, int64_t g,
+                            __m256 acc[2][CPU_MATVEC_MAX_TOKENS], const int vnni, const int nt) {
+    int64_t cols = w->cols, gs = w->group_size;
     int64_t kpg = gs / 4; /* lines per group: 8, 16, 32 */
     const int qp = nt <= 2 ? 4 : 2, nc = vnni && nt == 1 ? 2 : 1; /* quarters per step, chains */
+    const uint8_t *wg = blk->lines + (size_t)g * blk->group_bytes;
+    for (int q0 = 0; q0 < 4; q0 += qp) {
+        __m256i a[4][CPU_MATVEC_MAX_TOKENS][2];
+#pragma GCC unroll 4
+        for (int q = 0; q < qp; q++)
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++)
+#pragma GCC unroll 2
+                for (int j = 0; j < nc; j++) a[q][t][j] = _mm256_setzero_si256();
+        for (int64_t k = 0; k < kpg; k += nc) {
+#pragma GCC unroll 2
+            for (int j = 0; j < nc; j++) {
+                __m256i v[4];
+#pragma GCC unroll 4
+                for (int q = 0; q < qp; q++)
+                    v[q] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wg + 64 * (k + j) + 16 * (q0 + q))));
+#pragma GCC unroll 8
+                for (int t = 0; t < nt; t++) {
+                    int64_t x4;
+                    memcpy(&x4, in->xq + t * cols + g * gs + 4 * (k + j), 8);
+                    __m256i xb = _mm256_set1_epi64x(x4);
+#pragma GCC unroll 4
+                    for (int q = 0; q < qp; q++) a[q][t][j] = dot2_s16(a[q][t][j], v[q], xb, vnni);
+                }
+            }
+        }
+#pragma GCC unroll 2
+        for (int p = 0; p < qp; p += 2) { /* quarters q0+p, q0+p+1 = rows 8h .. 8h+7 */
+            int h = (q0 + p) >> 1;
+            __m256i dot[CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) {
+                __m256i s0 = nc == 2 ? _mm256_add_epi32(a[p][t][0], a[p][t][1]) : a[p][t][0];
+                __m256i s1 = nc == 2 ? _mm256_add_epi32(a[p + 1][t][0], a[p + 1][t][1]) : a[p + 1][t][0];
+                /* hadd: rows 0 1 4 5 | 2 3 6 7 of the eight; the qword permute puts them in order */
+                dot[t] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s0, s1), 0xd8);
+            }
+            rows16_group_end(w, in, blk, g, h, dot, acc[h], nt);
+        }
+    }
+}
+
+/* The block walk both widths share (the AVX-512 kernel's, mlx_rows16): per block of 16 rows its
+ * 2 x nt row accumulators (rows 0-7, 8-15), per group the prefetch and the group's dot products
+ * (mlx4_group, mlx8_group), then the rows of [r0, r1). 4-bit rows past the last whole block (MLX
+ * order): mlx_rows; 8-bit matrices have none (the repack requires rows % 16 == 0). */
+T256 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1,
+                            const int bits, const int vnni, const int nt) {
+    int64_t rows = w->rows, groups = w->cols / w->group_size, rows16 = rows & ~(int64_t)15;
     size_t ahead = cpu_matvec_prefetch();
-    for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows; b++) {
+    for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows16; b++) {
         cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
         __m256 acc[2][CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
         for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *wg = blk.lines + (size_t)g * blk.group_bytes;
             cpu_rows16_prefetch(&blk, g);
-            for (int q0 = 0; q0 < 4; q0 += qp) {
-                __m256i a[4][CPU_MATVEC_MAX_TOKENS][2];
-#pragma GCC unroll 4
-                for (int q = 0; q < qp; q++)
-#pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++)
-#pragma GCC unroll 2
-                        for (int j = 0; j < nc; j++) a[q][t][j] = _mm256_setzero_si256();
-                for (int64_t k = 0; k < kpg; k += nc) {
-#pragma GCC unroll 2
-                    for (int j = 0; j < nc; j++) {
-                        __m256i v[4];
-#pragma GCC unroll 4
-                        for (int q = 0; q < qp; q++)
-                            v[q] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wg + 64 * (k + j) + 16 * (q0 + q))));
-#pragma GCC unroll 8
-                        for (int t = 0; t < nt; t++) {
-                            int64_t x4;
-                            memcpy(&x4, in->xq + t * cols + g * gs + 4 * (k + j), 8);
-                            __m256i xb = _mm256_set1_epi64x(x4);
-#pragma GCC unroll 4
-                            for (int q = 0; q < qp; q++) a[q][t][j] = dot2_s16(a[q][t][j], v[q], xb, vnni);
-                        }
-                    }
-                }
-#pragma GCC unroll 2
-                for (int p = 0; p < qp; p += 2) { /* quarters q0+p, q0+p+1 = rows 8h .. 8h+7 */
-                    int h = (q0 + p) >> 1;
-                    __m256i dot[CPU_MATVEC_MAX_TOKENS];
-#pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++) {
-                        __m256i s0 = nc == 2 ? _mm256_add_epi32(a[p][t][0], a[p][t][1]) : a[p][t][0];
-                        __m256i s1 = nc == 2 ? _mm256_add_epi32(a[p + 1][t][0], a[p + 1][t][1]) : a[p + 1][t][0];
-                        /* hadd: rows 0 1 4 5 | 2 3 6 7 of the eight; the qword permute puts them in order */
-                        dot[t] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(s0, s1), 0xd8);
-                    }
-                    rows16_group_end(w, in, &blk, g, h, dot, acc[h], nt);
-                }
-            }
+            if (bits == 4) mlx4_group(w, in, &blk, g, acc, vnni, nt);
+            else mlx8_group(w, in, &blk, g, acc, vnni, nt);
         }
         rows16_store(y, rows, b, 0, r0, r1, acc[0], nt);
         rows16_store(y, rows, b, 1, r0, r1, acc[1], nt);
     }
+    if (bits == 4 && r1 > rows16) mlx_rows(w, in, y, r0 > rows16 ? r0 : rows16, r1, nt);
 }
 
 /* AVX-VNNI (Alder Lake, Sapphire Rapids, Zen 5 and later): CPUID leaf 7 subleaf 1, EAX bit 4,
@@ -411,19 +408,19 @@ void cpu_avx2_set_vnni(int on) {
 }
 
 T256 static void mlx4_rows16_vnni(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx4_rows16, w, in, y, r0, r1, 1)
+    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 4, 1)
 }
 
 T256 static void mlx4_rows16_maddubs(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx4_rows16, w, in, y, r0, r1, 0)
+    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 4, 0)
 }
 
 T256 static void mlx8_rows16_vnni(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx8_rows16, w, in, y, r0, r1, 1)
+    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 8, 1)
 }
 
 T256 static void mlx8_rows16_madd(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx8_rows16, w, in, y, r0, r1, 0)
+    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 8, 0)
 }
 
 T256 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {

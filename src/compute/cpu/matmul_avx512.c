@@ -295,7 +295,7 @@ T512 INLINE void mlx4_planes_rows(const weight_matrix *w, const matvec_input *in
     int32_t lane_group[16];
     for (int i = 0; i < 16; i++) lane_group[i] = (int32_t)((8 * i) / gs);
     const __m512i lane_idx = _mm512_loadu_si512(lane_group), idx_step = _mm512_set1_epi32((int)gpc);
-    const __m512i m0f = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+    const __m512i zero = _mm512_setzero_si512();
     size_t ahead = cpu_matvec_prefetch(), sbytes = (size_t)groups * dtype_size(w->scale_dtype);
     size_t ahead_rows = ahead ? ahead / row_bytes + 1 : 0;
     const int two = nt <= 2;
@@ -325,8 +325,8 @@ T512 INLINE void mlx4_planes_rows(const weight_matrix *w, const matvec_input *in
             __m512i idx = lane_idx;
             for (; c < c_end; c++) {
                 __m512i v = _mm512_loadu_si512(q + 64 * c);
-                __m512i we = _mm512_and_si512(v, m0f);
-                __m512i wo = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+                __m512i we, wo;
+                split_nibbles(v, &we, &wo);
                 const int odd = two && (c & 1);
 #pragma GCC unroll 8
                 for (int t = 0; t < nt; t++) {
@@ -405,17 +405,21 @@ T512 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, floa
                             int64_t r1, const int bits, const int nt) {
     int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
     int64_t lines = gs * bits / 32, rows16 = rows & ~(int64_t)15; /* vectors per group: even */
-    const __m512i m0f = _mm512_set1_epi8(0x0f);
     /* Independent int32 accumulator chains per plane and token (vpdpbusd latency): 4 at 1-2
      * tokens, 2 at 3-4, 1 above (register budget). Vectors per step: 4-bit 2 at 4 chains (each
      * feeds two, its even and its odd nibbles), else 1; 8-bit one per chain. */
     const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1, step = bits == 4 ? (nc == 4 ? 2 : 1) : nc;
-    size_t ahead = cpu_matvec_prefetch();
+    /* Software prefetch at 1-2 tokens only: there the kernel waits on DRAM (the 1B shape at 2
+     * threads: 8-bit 29.0 -> 32.8 GB/s); from 3 tokens it is compute-bound and the prefetches cost
+     * 5-17% per core in cache (b4, b8, pp512 passes; bench/RESULTS.md, cpu26). */
+    size_t ahead = nt <= 2 ? cpu_matvec_prefetch() : 0;
+    const int to_l2 = cpu_matvec_prefetch_l2();
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
     for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows16; b++) {
         cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
+        blk.to_l2 = to_l2;
         __m512 acc[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
         for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
@@ -441,19 +445,11 @@ T512 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, floa
                         }
                         continue;
                     }
-                    __m512i we = _mm512_and_si512(v, m0f);
-                    __m512i wo = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+                    __m512i we, wo;
+                    split_nibbles(v, &we, &wo);
                     const int je = nc == 4 ? 2 * u : 0, jo = nc == 1 ? 0 : je + 1;
 #pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++) {
-                        const uint8_t *xb = xq[t] + xoff + 4 * (k + u);
-                        int32_t le, lo;
-                        memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
-                        ah[t][je] = dpbusd_bcast(ah[t][je], we, xb);
-                        ah[t][jo] = dpbusd_bcast(ah[t][jo], wo, xb + 64);
-                        al[t][je] = dpbusd_acc(al[t][je], _mm512_set1_epi32(le), we);
-                        al[t][jo] = dpbusd_acc(al[t][jo], _mm512_set1_epi32(lo), wo);
-                    }
+                    for (int t = 0; t < nt; t++) rows16_q4_planes(ah[t], al[t], je, jo, we, wo, xq[t] + xoff + 4 * (k + u));
                 }
             }
             rows16_group_end(w, in, &blk, g, ah, al, nc, acc, nt);

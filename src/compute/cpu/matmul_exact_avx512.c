@@ -129,7 +129,6 @@ T512 INLINE void rows16_residual_block(const weight_matrix *w, const exact_x *in
                                        int64_t b, const int nt) {
     int64_t cols = w->cols, gs = w->group_size, groups = cols / gs, kpg = gs / 8;
     const int nc = nt == 1 ? 4 : nt == 2 ? 2 : 1;
-    const __m512i m0f = _mm512_set1_epi8(0x0f);
     const __m512 res_unit = _mm512_set1_ps(1.0f / 256.0f);
     size_t esize = dtype_size(w->scale_dtype), ahead = cpu_matvec_prefetch();
     const uint8_t *wb = (const uint8_t *)w->data + (size_t)b * 8 * (size_t)cols;
@@ -154,19 +153,13 @@ T512 INLINE void rows16_residual_block(const weight_matrix *w, const exact_x *in
         for (int64_t k = 0; k < kpg; k += 2) { /* kpg is even: gs is a multiple of 32 */
 #pragma GCC unroll 2
             for (int u = 0; u < 2; u++) {
-                __m512i v = _mm512_loadu_si512(wg + 64 * (k + u));
-                __m512i we = _mm512_and_si512(v, m0f);
-                __m512i wo = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+                __m512i we, wo;
+                split_nibbles(_mm512_loadu_si512(wg + 64 * (k + u)), &we, &wo);
                 const int je = nc == 4 ? 2 * u : 0, jo = nc == 1 ? 0 : je + 1;
 #pragma GCC unroll 4
                 for (int t = 0; t < nt; t++) {
                     const uint8_t *xb = xp[t] + xoff + 4 * (k + u);
-                    int32_t le, lo;
-                    memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
-                    ah[t][je] = dpbusd_bcast(ah[t][je], we, xb);
-                    ah[t][jo] = dpbusd_bcast(ah[t][jo], wo, xb + 64);
-                    al[t][je] = dpbusd_acc(al[t][je], _mm512_set1_epi32(le), we);
-                    al[t][jo] = dpbusd_acc(al[t][jo], _mm512_set1_epi32(lo), wo);
+                    rows16_q4_planes(ah[t], al[t], je, jo, we, wo, xb); /* the int16 planes, as mlx_rows16 */
                     ar[t][je] = dpbusd_bcast(ar[t][je], we, xb + 256);
                     ar[t][jo] = dpbusd_bcast(ar[t][jo], wo, xb + 320);
                 }

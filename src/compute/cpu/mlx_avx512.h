@@ -12,6 +12,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -91,6 +92,29 @@ T512 INLINE __m512i dpbusd_acc(__m512i acc, __m512i a, __m512i b) {
 T512 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i a, const uint8_t *p) {
     __asm__("vpdpbusd %[b]%{1to16%}, %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "m"(*(const uint8_t(*)[4])p));
     return acc;
+}
+
+/* The nibbles of 64 packed 4-bit bytes (a 16-row interleaved line, or an MLX-order chunk) as
+ * bytes: *we the low ones (even values), *wo the high ones (odd values). */
+T512 INLINE void split_nibbles(__m512i v, __m512i *we, __m512i *wo) {
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    *we = _mm512_and_si512(v, m0f);
+    *wo = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+}
+
+/* One token's int16 byte-plane products with the nibbles of one such line (mlx_rows16 and the
+ * exact kernel's rows16_residual_block): xb is the token's 4 bytes of this line in the hi plane
+ * of the even values (cpu_mlx_x_planes: hi odd at +64, lo even at +128, lo odd at +192), each read
+ * by broadcast. The hi planes (s8) against the nibbles (u8) into ah[je] and ah[jo], the nibbles
+ * (as s8, 0..15) against the lo planes (u8) into al[je] and al[jo] (je == jo: one chain). */
+T512 INLINE void rows16_q4_planes(__m512i *ah, __m512i *al, const int je, const int jo, __m512i we, __m512i wo,
+                                  const uint8_t *xb) {
+    int32_t le, lo;
+    memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
+    ah[je] = dpbusd_bcast(ah[je], we, xb);
+    ah[jo] = dpbusd_bcast(ah[jo], wo, xb + 64);
+    al[je] = dpbusd_acc(al[je], _mm512_set1_epi32(le), we);
+    al[jo] = dpbusd_acc(al[jo], _mm512_set1_epi32(lo), wo);
 }
 
 /* 4, 8 or 16 consecutive 32-bit words of one row of a WEIGHT_LAYOUT_MLX_ROWS16 block, starting
