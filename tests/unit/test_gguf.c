@@ -297,9 +297,12 @@ static float *forward_logits(const char *dir, const int32_t *ids, int n, int *vo
     return logits;
 }
 
-/* Max |logit difference| between two models over a fixed prompt, relative to the logits' spread. */
+/* Max |logit difference| between two models over a fixed prompt, relative to the logits' spread.
+ * 16 tokens: a prompt of 16 or more runs the prefill matmuls on the AMX tiles where the CPU has
+ * them (compute/cpu/matmul_amx.h), fewer on the VNNI passes. */
 static double logit_gap(const char *a, const char *b) {
-    static const int32_t ids[] = {1, 17, 300, 4000, 55, 901, 12, 7, 2048, 3};
+    static const int32_t ids[] = {1, 17, 300, 4000, 55, 901, 12, 7, 2048, 3,
+                                  4999, 256, 88, 1024, 9, 777};
     int n = (int)(sizeof ids / sizeof *ids), va, vb;
     float *la = forward_logits(a, ids, n, &va), *lb = forward_logits(b, ids, n, &vb);
     assert_int_equal(va, vb);
@@ -575,7 +578,8 @@ static int argmax(const float *x, int n) {
  * the largest logit difference relative to the logits' spread; greedy tokens must agree until
  * the first step whose top-2 gap (exo's) is within twice the measured logit difference. */
 static double vs_llamacpp(const char *ref, const char *model_dir, int *agreed) {
-    static const int32_t prompt[] = {1, 17, 300, 4000, 55, 901, 12, 7, 2048, 3};
+    static const int32_t prompt[] = {1, 17, 300, 4000, 55, 901, 12, 7, 2048, 3, /* 16+: AMX prefill */
+                                     4999, 256, 88, 1024, 9, 777};
     enum { NP = sizeof prompt / sizeof *prompt, NG = 8 };
     char cmd[1024], ids[256] = "";
     for (int i = 0; i < NP; i++) snprintf(ids + strlen(ids), sizeof ids - strlen(ids), i ? ",%d" : "%d", prompt[i]);

@@ -414,6 +414,18 @@ size_t cpu_matvec_prefetch(void) {
     return (size_t)v;
 }
 
+static _Atomic int matvec_prefetch_locality = -1;
+
+int cpu_matvec_prefetch_locality(void) {
+    int v = atomic_load_explicit(&matvec_prefetch_locality, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("EXO_MATVEC_PREFETCH_HINT");
+        v = !e || !strcmp(e, "t0") ? 3 : !strcmp(e, "t1") ? 2 : !strcmp(e, "t2") ? 1 : !strcmp(e, "nta") ? 0 : 3;
+        atomic_store(&matvec_prefetch_locality, v);
+    }
+    return v;
+}
+
 static void matvec_static_share(void *p, int i, int nth) {
     matvec_job *job = p;
     size_t b0 = job->total_bytes / (size_t)nth * (size_t)i, b1 = job->total_bytes / (size_t)nth * (size_t)(i + 1);

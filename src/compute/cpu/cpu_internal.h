@@ -72,7 +72,14 @@ typedef struct cpu_rows16_block {
     size_t esize;                   /* bytes per scale */
     size_t ahead, sahead;           /* software prefetch distance in the lines and in the scales */
     int biases_streamed;            /* 0: a zero_point matrix, whose biases come from its scales */
+    int locality;                   /* the prefetch instruction (cpu_matvec_prefetch_locality) */
 } cpu_rows16_block;
+
+/* The prefetch instruction of the interleaved matvec kernels, as __builtin_prefetch's locality:
+ * EXO_MATVEC_PREFETCH_HINT = t0 (3, the default: into L1), t1 (2: into L2), t2 (1), nta (0); read
+ * once. An A/B knob: an L1 prefetch holds one of the core's few L1 fill buffers for a whole DRAM
+ * latency, an L2 prefetch may not (bench/RESULTS.md, gguf3). */
+int cpu_matvec_prefetch_locality(void);
 
 static inline cpu_rows16_block cpu_rows16_block_at(const weight_matrix *w, int64_t b, size_t ahead) {
     int64_t groups = w->cols / w->group_size;
@@ -87,18 +94,28 @@ static inline cpu_rows16_block cpu_rows16_block_at(const weight_matrix *w, int64
         /* the scales and biases stream at 16 * esize bytes per group_bytes of lines */
         .sahead = ahead ? ((ahead * 16 * esize / group_bytes + 63) & ~(size_t)63) : 0,
         .biases_streamed = !w->zero_point,
+        .locality = cpu_matvec_prefetch_locality(),
     };
     return k;
 }
 
 /* Prefetches (into L1) group g's lines and its scales and biases k->ahead / k->sahead bytes on:
  * the hardware prefetchers alone leave the core stalled at page boundaries (cpu_matvec_prefetch). */
+static inline void cpu_prefetch_at(const void *p, int locality) {
+    switch (locality) { /* the locality must be a constant */
+    case 3: __builtin_prefetch(p, 0, 3); break;
+    case 2: __builtin_prefetch(p, 0, 2); break;
+    case 1: __builtin_prefetch(p, 0, 1); break;
+    default: __builtin_prefetch(p, 0, 0); break;
+    }
+}
+
 static inline void cpu_rows16_prefetch(const cpu_rows16_block *k, int64_t g) {
     if (!k->ahead) return;
     const uint8_t *p = k->lines + (size_t)g * k->group_bytes + k->ahead;
-    for (size_t o = 0; o < k->group_bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
-    __builtin_prefetch(k->scales + (size_t)g * 16 * k->esize + k->sahead, 0, 3);
-    if (k->biases_streamed) __builtin_prefetch(k->biases + (size_t)g * 16 * k->esize + k->sahead, 0, 3);
+    for (size_t o = 0; o < k->group_bytes; o += 64) cpu_prefetch_at(p + o, k->locality);
+    cpu_prefetch_at(k->scales + (size_t)g * 16 * k->esize + k->sahead, k->locality);
+    if (k->biases_streamed) cpu_prefetch_at(k->biases + (size_t)g * 16 * k->esize + k->sahead, k->locality);
 }
 
 /* The largest |xq| of the int16 activations of w for level k's kernels (see matvec_input). */
