@@ -144,7 +144,7 @@ static void test_amx_matches_reference(void **state) {
     int groups[] = {32, 64, 128};
     dtype sdts[] = {DTYPE_F16, DTYPE_BF16, DTYPE_F32};
     int64_t shapes[][2] = {{32, 128}, {48, 384}, {16, 640}}; /* 48: a unit of one block; 640: two K chunks */
-    int64_t tokens[] = {16, 17, 40};
+    int64_t tokens[] = {CPU_AMX_MIN_TOKENS, CPU_AMX_MIN_TOKENS + 1, 67}; /* whole and partial 16-token tiles */
     int k = 0;
     for (int bits = 4; bits <= 8; bits += 4)
         for (size_t sh = 0; sh < 3; sh++)
@@ -164,7 +164,7 @@ static void test_amx_multi_mixed(void **state) {
     (void)state;
     weight_matrix ws[3] = {make_rows16(64, 256, 4, 32, DTYPE_F16, 0), make_rows16(32, 256, 8, 32, DTYPE_F16, 0),
                            make_rows16(16, 256, 4, 32, DTYPE_F16, 8)};
-    check(3, ws, 33);
+    check(3, ws, CPU_AMX_MIN_TOKENS + 9);
     for (int i = 0; i < 3; i++) free_matrix(&ws[i]);
 }
 

@@ -12,8 +12,11 @@
 
 #include <stdint.h>
 
-/* From this many tokens on the tiles beat the 8-token VNNI matvec passes (bench/RESULTS.md, gguf3). */
-#define CPU_AMX_MIN_TOKENS 16
+/* From this many tokens on the tiles beat the 8-token VNNI matvec passes: the weights are
+ * dequantized to bf16 once per call, which fewer tokens do not repay (one core, 2048x8192 g32:
+ * at 16 tokens 143-153 GFLOP/s against 232-253, at 32 even, at 40 1.03-1.16x, at 64 1.5-1.6x;
+ * bench/RESULTS.md, gguf3). */
+#define CPU_AMX_MIN_TOKENS 40
 
 /* Whether this process may run tiles: the CPU has AMX-TILE and AMX-INT8, AVX-512 is the level in
  * use, EXO_AMX is not 0, and Linux granted the tile data state (asked once per process). */
