@@ -17,6 +17,7 @@
 #include "base/threadpool.h"
 #include "cmd/cmd.h"
 #include "compute/cpu/cpu_levels.h"
+#include "compute/cpu/matmul_amx.h"
 #include "dist/dist_bench.h"
 
 #include <cblas.h>
@@ -765,8 +766,8 @@ int cmd_bench_main(int argc, char **argv) {
         fprintf(stderr, "exo bench: unknown section '%s' (mem, pool, gemm, matvec, batch)\n", sec);
         return 2;
     }
-    printf("exo bench: %d threads, SIMD %s%s\n", threadpool_size(cpu_thread_pool()), cpu_simd_level(),
-           o.quick ? " (quick: small sweeps, numbers not meaningful)" : "");
+    printf("exo bench: %d threads, SIMD %s, AMX tiles %s%s\n", threadpool_size(cpu_thread_pool()), cpu_simd_level(),
+           cpu_amx_status(), o.quick ? " (quick: small sweeps, numbers not meaningful)" : "");
     fflush(stdout);
     double read_gbs = 0, peak = 0;
     if (o.model_dir || !sec || !strcmp(sec, "mem") || !strcmp(sec, "matvec")) read_gbs = bench_memory(&o);

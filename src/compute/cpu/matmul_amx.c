@@ -69,22 +69,35 @@ void cpu_amx_set_enabled(int on) {
 static _Atomic int amx_hw = -1;  /* CPUID + OS + permission, asked once */
 static _Atomic int amx_env = -1; /* EXO_AMX */
 
+static const char *amx_why = "not asked yet"; /* cpu_amx_status */
+
 static int amx_detect(void) {
     unsigned a, b, c, d;
+    amx_why = "no AMX-TILE/AMX-BF16 in CPUID";
     if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return 0; /* OSXSAVE */
     if (__get_cpuid_max(0, NULL) < 7) return 0;
     __cpuid_count(7, 0, a, b, c, d);
     if (!((d >> 22) & 1) || !((d >> 24) & 1)) return 0; /* AMX-BF16, AMX-TILE */
-    unsigned avx512_bf16 = 0;
-    if (__get_cpuid_max(0, NULL) >= 7) {
-        __cpuid_count(7, 1, a, b, c, d);
-        avx512_bf16 = (a >> 5) & 1;
-    }
-    if (!avx512_bf16) return 0;
+    __cpuid_count(7, 1, a, b, c, d);
+    amx_why = "no AVX512-BF16 in CPUID";
+    if (!((a >> 5) & 1)) return 0;
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & (3u << 17)) != (3u << 17)) return 0; /* XTILECFG and XTILEDATA enabled by the OS */
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    amx_why = "the OS did not enable the tile state (XCR0)";
+    if ((lo & (3u << 17)) != (3u << 17)) return 0; /* XTILECFG and XTILEDATA */
+    amx_why = "Linux refused the tile state (arch_prctl ARCH_REQ_XCOMP_PERM)";
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return 0;
+    amx_why = "on";
+    return 1;
+}
+
+const char *cpu_amx_status(void) {
+    int forced = atomic_load(&amx_forced);
+    cpu_amx_set_enabled(1);
+    int hw = cpu_amx_available();
+    cpu_amx_set_enabled(forced);
+    if (!hw) return amx_why;
+    return cpu_amx_available() ? "on" : "off (EXO_AMX=0)";
 }
 
 int cpu_amx_available(void) {
@@ -336,6 +349,10 @@ int cpu_amx_matmul_multi(int n, const weight_matrix *const *ws, const float *x, 
 }
 
 #else /* no AMX outside x86-64 Linux */
+
+const char *cpu_amx_status(void) {
+    return "not on this platform";
+}
 
 int cpu_amx_available(void) {
     return 0;

@@ -29,6 +29,8 @@ int cpu_amx_ok(const weight_matrix *w, int64_t n_tokens);
 int cpu_amx_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
                          int64_t n_tokens);
 
+/* "on", "off (EXO_AMX=0)", or why the tiles cannot run here (for exo bench's header). */
+const char *cpu_amx_status(void);
 /* For tests and benches: 1 runs the tiles wherever the hardware allows, 0 never, -1 as EXO_AMX says. */
 void cpu_amx_set_enabled(int on);
 
