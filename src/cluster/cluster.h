@@ -30,6 +30,10 @@ typedef struct cluster_config {
     int discovery_port;          /* UDP beacons */
     const char *peers[CLUSTER_MAX_PEERS]; /* HOST:PORT of peers beyond broadcast (borrowed) */
     int n_peers;
+    /* What this node's runners compute on, "cpu" or "cuda" ("" = no runners: not published).
+     * Published in nodeSystem with that device's memory bandwidth, and for "cuda" GPU 0's
+     * memory in nodeMemory: placement splits a pipeline by them (cluster/placement.h). */
+    char device[8];
 } cluster_config;
 
 /* Starts the member. Returns 0, or -1 after logging an error a user can act on (data dir not
@@ -37,6 +41,10 @@ typedef struct cluster_config {
 int cluster_start(const cluster_config *config);
 /* Stops the thread, closes sockets and the log. Safe to call when not started. */
 void cluster_stop(void);
+
+/* This node's measured CPU memory read bandwidth (GB/s), published in nodeSystem (again, when
+ * it arrives after the node joined). Callable from any thread, before or after cluster_start. */
+void cluster_set_memory_bandwidth(double gbs);
 
 /* This node's id (stable across restarts), or "" before cluster_start. */
 const char *cluster_node_id(void);

@@ -137,6 +137,8 @@ typedef struct cluster {
     json_t *published_edges, *published_network, *seen_edges;
     uint64_t edges_settled_ns;
     uint64_t published_mem_avail, published_swap_free, published_disk_avail, mem_total;
+    uint64_t published_gpu_avail;
+    double published_bandwidth_gbs; /* in the last SystemInfo */
     int gossip_pending;
     int gossip_now; /* a member joined: introduce it to the others (and them to it) at once */
     int gossip_off; /* EXO_CLUSTER_NO_GOSSIP=1 (tests of the State-driven dialing) */

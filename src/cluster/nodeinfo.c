@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <ifaddrs.h>
+#include <math.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -49,22 +50,30 @@ int nodeinfo_parse_meminfo(const char *text, nodeinfo_memory *out) {
     return have_total && have_avail ? 0 : -1;
 }
 
-json_t *nodeinfo_memory_json(void) {
+json_t *nodeinfo_memory_json(int gpu) {
     char *text = read_proc("/proc/meminfo", 64 << 10);
     if (!text) return NULL;
     nodeinfo_memory m;
     int rc = nodeinfo_parse_meminfo(text, &m);
     free(text);
     if (rc) return NULL;
-    /* EXO_NODE_MEMORY_BYTES: report this much memory (at most the real amount): a small machine
-     * for placement tests, or memory kept back for other programs. */
+    /* EXO_NODE_MEMORY_BYTES: report this much memory (at most the real amount; host and GPU
+     * alike): a small machine for placement tests, or memory kept back for other programs. */
     const char *cap = getenv("EXO_NODE_MEMORY_BYTES");
     uint64_t limit = cap && *cap ? strtoull(cap, NULL, 10) : 0;
     if (limit && limit < m.total) m.total = limit;
     if (limit && limit < m.available) m.available = limit;
-    return json_pack("{s:o, s:o, s:o, s:o}", "ramTotal", bytes_json(m.total), "ramAvailable",
-                     bytes_json(m.available), "swapTotal", bytes_json(m.swap_total),
-                     "swapAvailable", bytes_json(m.swap_free));
+    json_t *out = json_pack("{s:o, s:o, s:o, s:o}", "ramTotal", bytes_json(m.total),
+                            "ramAvailable", bytes_json(m.available), "swapTotal",
+                            bytes_json(m.swap_total), "swapAvailable", bytes_json(m.swap_free));
+    nodeinfo_gpu g;
+    if (gpu && nodeinfo_gpus(&g, 1) > 0) {
+        if (limit && limit < g.memory_total) g.memory_total = limit;
+        if (limit && limit < g.memory_free) g.memory_free = limit;
+        json_object_set_new(out, "gpuTotal", bytes_json(g.memory_total));
+        json_object_set_new(out, "gpuAvailable", bytes_json(g.memory_free));
+    }
+    return out;
 }
 
 json_t *nodeinfo_disk_json(const char *path) {
@@ -113,10 +122,11 @@ typedef struct {
     unsigned long long total, free, used;
 } nvml_memory;
 
-static json_t *gpus_json(void) {
-    json_t *gpus = json_array();
+enum { NVML_CLOCK_MEM = 2 };
+
+int nodeinfo_gpus(nodeinfo_gpu *out, int max) {
     void *lib = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
-    if (!lib) return gpus;
+    if (!lib) return 0;
     int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
     int (*shutdown)(void) = (int (*)(void))dlsym(lib, "nvmlShutdown");
     int (*count)(unsigned *) = (int (*)(unsigned *))dlsym(lib, "nvmlDeviceGetCount_v2");
@@ -126,28 +136,57 @@ static json_t *gpus_json(void) {
         (int (*)(void *, char *, unsigned))dlsym(lib, "nvmlDeviceGetName");
     int (*memory)(void *, nvml_memory *) =
         (int (*)(void *, nvml_memory *))dlsym(lib, "nvmlDeviceGetMemoryInfo");
+    /* optional: the memory bus, for the bandwidth placement weighs a GPU stage by */
+    int (*bus_width)(void *, unsigned *) =
+        (int (*)(void *, unsigned *))dlsym(lib, "nvmlDeviceGetMemoryBusWidth");
+    int (*max_clock)(void *, int, unsigned *) =
+        (int (*)(void *, int, unsigned *))dlsym(lib, "nvmlDeviceGetMaxClockInfo");
     unsigned n = 0;
+    int listed = 0;
     if (init && shutdown && count && handle && name && memory && init() == 0) {
         if (count(&n) == 0) {
             for (unsigned i = 0; i < n && i < 64; i++) {
                 void *dev;
-                char gpu_name[96] = "";
+                nodeinfo_gpu g;
+                memset(&g, 0, sizeof g);
+                if (handle(i, &dev) || name(dev, g.name, sizeof g.name)) continue;
+                g.name[sizeof g.name - 1] = 0;
+                g.index = (int)i;
                 nvml_memory mem = {0, 0, 0};
-                if (handle(i, &dev) || name(dev, gpu_name, sizeof gpu_name)) continue;
-                gpu_name[sizeof gpu_name - 1] = 0;
                 memory(dev, &mem);
-                json_array_append_new(gpus, json_pack("{s:i, s:s, s:o}", "index", (int)i, "name",
-                                                      gpu_name, "memoryTotal",
-                                                      bytes_json(mem.total)));
+                g.memory_total = mem.total;
+                g.memory_free = mem.free;
+                unsigned bits = 0, mhz = 0;
+                /* DDR: two transfers per memory clock (H100 SXM: 5120 bits x 2619 MHz ->
+                 * 3.35 TB/s, its data sheet's figure) */
+                if (bus_width && max_clock && bus_width(dev, &bits) == 0 &&
+                    max_clock(dev, NVML_CLOCK_MEM, &mhz) == 0)
+                    g.bandwidth_gbs = (double)bits / 8.0 * (double)mhz * 1e6 * 2.0 / 1e9;
+                if (out && listed < max) out[listed] = g;
+                listed++;
             }
         }
         shutdown();
     }
     dlclose(lib);
+    return listed;
+}
+
+static json_t *gpus_json(void) {
+    json_t *gpus = json_array();
+    nodeinfo_gpu g[16];
+    int n = nodeinfo_gpus(g, 16);
+    for (int i = 0; i < n && i < 16; i++) {
+        json_t *o = json_pack("{s:i, s:s, s:o}", "index", g[i].index, "name", g[i].name,
+                              "memoryTotal", bytes_json(g[i].memory_total));
+        if (g[i].bandwidth_gbs > 0)
+            json_object_set_new(o, "memoryBandwidthGBs", json_real(round(g[i].bandwidth_gbs)));
+        json_array_append_new(gpus, o);
+    }
     return gpus;
 }
 
-json_t *nodeinfo_system_json(void) {
+json_t *nodeinfo_system_json(const char *device, double cpu_bandwidth_gbs) {
     char model[256];
     cpu_model(model, sizeof model);
     struct utsname u;
@@ -161,9 +200,20 @@ json_t *nodeinfo_system_json(void) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     char os[200];
     snprintf(os, sizeof os, "%s %s", u.sysname, u.release);
-    return json_pack("{s:s, s:i, s:s, s:o, s:o, s:s, s:s}", "cpuModel", model, "cpuCores",
-                     (int)(cores > 0 ? cores : 1), "simd", nodeinfo_simd_level(), "gpus", gpus,
-                     "backends", backends, "os", os, "arch", u.machine);
+    json_t *out = json_pack("{s:s, s:i, s:s, s:o, s:o, s:s, s:s}", "cpuModel", model, "cpuCores",
+                            (int)(cores > 0 ? cores : 1), "simd", nodeinfo_simd_level(), "gpus",
+                            gpus, "backends", backends, "os", os, "arch", u.machine);
+    if (device && device[0]) {
+        /* what the runners compute on, and that device's memory bandwidth (placement) */
+        int gpu = !strcmp(device, "cuda");
+        json_object_set_new(out, "device", json_string(gpu ? "cuda" : "cpu"));
+        double gbs = cpu_bandwidth_gbs;
+        if (gpu)
+            gbs = json_number_value(
+                json_object_get(json_array_get(gpus, 0), "memoryBandwidthGBs"));
+        if (gbs > 0) json_object_set_new(out, "memoryBandwidthGBs", json_real(round(gbs * 10) / 10));
+    }
+    return out;
 }
 
 const char *nodeinfo_reachable_ipv4(const json_t *interfaces) {

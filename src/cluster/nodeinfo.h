@@ -16,9 +16,25 @@ typedef struct nodeinfo_memory {
 /* Parses /proc/meminfo text. Returns 0, or -1 when MemTotal or MemAvailable is missing. */
 int nodeinfo_parse_meminfo(const char *text, nodeinfo_memory *out);
 
-json_t *nodeinfo_memory_json(void); /* {ramTotal:{inBytes}, ramAvailable, swapTotal, swapAvailable} */
+/* {ramTotal:{inBytes}, ramAvailable, swapTotal, swapAvailable}; with gpu (a node whose runners
+ * compute on GPU 0) also gpuTotal and gpuAvailable, GPU 0's memory (placement's limit there). */
+json_t *nodeinfo_memory_json(int gpu);
 json_t *nodeinfo_disk_json(const char *path); /* {path, total:{inBytes}, available:{inBytes}} */
-json_t *nodeinfo_system_json(void); /* {cpuModel, cpuCores, simd, gpus[], backends[], os, arch} */
+/* {cpuModel, cpuCores, simd, gpus[{index, name, memoryTotal, memoryBandwidthGBs}], backends[],
+ * os, arch}; with device ("cpu" or "cuda": what this node's runners compute on) also device and
+ * memoryBandwidthGBs, that device's read bandwidth: GPU 0's from NVML (bus width x memory
+ * clock), else cpu_bandwidth_gbs when > 0 (measured by the node). */
+json_t *nodeinfo_system_json(const char *device, double cpu_bandwidth_gbs);
+
+typedef struct nodeinfo_gpu {
+    int index;
+    char name[96];
+    uint64_t memory_total, memory_free; /* bytes */
+    double bandwidth_gbs;               /* bus width x max memory clock x 2; 0 = not reported */
+} nodeinfo_gpu;
+/* The GPUs NVML lists (loaded with dlopen; 0 without the driver), the first max into out
+ * (NULL: count only). */
+int nodeinfo_gpus(nodeinfo_gpu *out, int max);
 json_t *nodeinfo_network_json(void); /* {interfaces:[{name, ipAddress, isLoopback}]} */
 /* The IPv4 address other nodes reach a node at, from its interfaces list (as published in
  * nodeNetwork): the first non-loopback one, else loopback (every node on one host); NULL when

@@ -83,38 +83,81 @@ static void fmt_gb(char *out, size_t n, uint64_t bytes) {
     snprintf(out, n, "%.2f GB", (double)bytes / 1e9);
 }
 
-/* Splits n_layers over the chosen nodes proportionally to their free memory. */
+/* The speed rule of placement.h: one layer each, then each next layer to the node whose stage
+ * would be fastest with it, among those whose memory holds it; when none does, among all (the
+ * fit check then says which node is short). */
+static void split_by_speed(const placement_model *m, const placement_node *nodes,
+                           const int *chosen, int n, int *layers) {
+    double per_layer = (double)(m->weight_bytes + placement_kv_bytes(m)) / m->n_layers;
+    int cap[PLACEMENT_MAX_NODES];
+    for (int i = 0; i < n; i++) {
+        uint64_t mem = nodes[chosen[i]].memory_available;
+        double room = mem > PLACEMENT_HEADROOM_BYTES ? (double)(mem - PLACEMENT_HEADROOM_BYTES) : 0;
+        cap[i] = per_layer > 0 ? (int)(room / per_layer < m->n_layers ? room / per_layer
+                                                                       : m->n_layers)
+                               : m->n_layers;
+        layers[i] = 1;
+    }
+    for (int assigned = n; assigned < m->n_layers; assigned++) {
+        int best = -1;
+        double best_time = 0;
+        for (int pass = 0; pass < 2 && best < 0; pass++)
+            for (int i = 0; i < n; i++) {
+                if (pass == 0 && layers[i] >= cap[i]) continue;
+                double t = (layers[i] + 1) / nodes[chosen[i]].bandwidth_gbs;
+                if (best < 0 || t < best_time) best = i, best_time = t;
+            }
+        layers[best]++;
+    }
+}
+
+/* Whether the speed rule applies: a GPU node among the chosen, every bandwidth known. */
+static int weigh_speed(const placement_node *nodes, const int *chosen, int n) {
+    int gpu = 0;
+    for (int i = 0; i < n; i++) {
+        if (nodes[chosen[i]].bandwidth_gbs <= 0) return 0;
+        gpu |= nodes[chosen[i]].gpu_memory_available > 0;
+    }
+    return gpu;
+}
+
+/* Splits n_layers over the chosen nodes: by speed with a GPU node among them, else
+ * proportionally to their free memory. */
 static void split_layers(const placement_model *m, const placement_node *nodes, const int *chosen,
                          int n, placement_result *out) {
-    uint64_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += nodes[chosen[i]].memory_available;
     int layers[PLACEMENT_MAX_NODES];
-    double frac[PLACEMENT_MAX_NODES];
-    int assigned = 0;
-    for (int i = 0; i < n; i++) {
-        double share =
-            total ? (double)m->n_layers * (double)nodes[chosen[i]].memory_available / (double)total
-                  : (double)m->n_layers / n;
-        layers[i] = (int)share;
-        if (layers[i] < 1) layers[i] = 1;
-        frac[i] = share - (int)share;
-        assigned += layers[i];
-    }
-    while (assigned < m->n_layers) { /* remainder to the largest fractions */
-        int best = 0;
-        for (int i = 1; i < n; i++)
-            if (frac[i] > frac[best]) best = i;
-        layers[best]++;
-        frac[best] = -1;
-        assigned++;
-    }
-    while (assigned > m->n_layers) { /* minimum-one rule overshot: take from the largest */
-        int best = 0;
-        for (int i = 1; i < n; i++)
-            if (layers[i] > layers[best]) best = i;
-        layers[best]--;
-        assigned--;
+    if (weigh_speed(nodes, chosen, n)) {
+        split_by_speed(m, nodes, chosen, n, layers);
+    } else {
+        uint64_t total = 0;
+        for (int i = 0; i < n; i++)
+            total += nodes[chosen[i]].memory_available;
+        double frac[PLACEMENT_MAX_NODES];
+        int assigned = 0;
+        for (int i = 0; i < n; i++) {
+            double share = total ? (double)m->n_layers *
+                                       (double)nodes[chosen[i]].memory_available / (double)total
+                                 : (double)m->n_layers / n;
+            layers[i] = (int)share;
+            if (layers[i] < 1) layers[i] = 1;
+            frac[i] = share - (int)share;
+            assigned += layers[i];
+        }
+        while (assigned < m->n_layers) { /* remainder to the largest fractions */
+            int best = 0;
+            for (int i = 1; i < n; i++)
+                if (frac[i] > frac[best]) best = i;
+            layers[best]++;
+            frac[best] = -1;
+            assigned++;
+        }
+        while (assigned > m->n_layers) { /* minimum-one rule overshot: take from the largest */
+            int best = 0;
+            for (int i = 1; i < n; i++)
+                if (layers[i] > layers[best]) best = i;
+            layers[best]--;
+            assigned--;
+        }
     }
     int start = 0;
     for (int i = 0; i < n; i++) {
@@ -126,11 +169,24 @@ static void split_layers(const placement_model *m, const placement_node *nodes, 
 
 /* The split over nodes[chosen[0..n_nodes)] in rank order and whether it fits each node's free
  * memory (out->error says which does not). */
-static int place_on(const placement_model *m, const placement_node *nodes, const int *chosen,
+static int place_on(const placement_model *m, const placement_node *nodes, const int *chosen_in,
                     placement_sharding sharding, int n_nodes, placement_result *out) {
     memset(out, 0, sizeof *out);
     uint64_t kv = placement_kv_bytes(m);
     out->n_nodes = n_nodes;
+    int chosen[PLACEMENT_MAX_NODES];
+    memcpy(chosen, chosen_in, (size_t)n_nodes * sizeof *chosen);
+    if (sharding == PLACEMENT_PIPELINE && weigh_speed(nodes, chosen, n_nodes)) {
+        /* the fastest node takes the last stage: it also reads the lm_head every token (a
+         * fifth of a 1B model's weights) and samples */
+        int fastest = 0;
+        for (int i = 1; i < n_nodes; i++)
+            if (nodes[chosen[i]].bandwidth_gbs > nodes[chosen[fastest]].bandwidth_gbs) fastest = i;
+        int node = chosen[fastest];
+        memmove(chosen + fastest, chosen + fastest + 1,
+                (size_t)(n_nodes - 1 - fastest) * sizeof *chosen);
+        chosen[n_nodes - 1] = node;
+    }
     if (sharding == PLACEMENT_PIPELINE) {
         split_layers(m, nodes, chosen, n_nodes, out);
     } else {
@@ -155,8 +211,9 @@ static int place_on(const placement_model *m, const placement_node *nodes, const
             fmt_gb(b, sizeof b, node->memory_available);
             snprintf(out->error, sizeof out->error,
                      "does not fit: node %.8s needs %s (weights + KV cache for %d tokens), has %s "
-                     "free",
-                     node->id, a, m->context_length, b);
+                     "free%s",
+                     node->id, a, m->context_length, b,
+                     node->gpu_memory_available ? " on its GPU" : "");
             ok = 0;
         }
     }
@@ -197,6 +254,18 @@ int placement_place(const placement_model *m, const placement_node *nodes, int n
     }
     int order[PLACEMENT_MAX_NODES], chosen[PLACEMENT_MAX_NODES];
     if (n_available > PLACEMENT_MAX_NODES) n_available = PLACEMENT_MAX_NODES;
+    /* Where the model runs on GPUs, a GPU node's memory is its GPU's; elsewhere every node
+     * computes on its CPU (gpu_memory_available cleared: no GPU node). */
+    placement_node eff[PLACEMENT_MAX_NODES];
+    int on_gpus = sharding == PLACEMENT_PIPELINE && !m->cpu_only;
+    for (int i = 0; i < n_available; i++) {
+        eff[i] = nodes[i];
+        if (on_gpus && nodes[i].gpu_memory_available)
+            eff[i].memory_available = nodes[i].gpu_memory_available;
+        else
+            eff[i].gpu_memory_available = 0;
+    }
+    nodes = eff;
     order_nodes(nodes, n_available, order);
     if (choose_by_links(nodes, n_available, order, n_nodes, chosen) &&
         place_on(m, nodes, chosen, sharding, n_nodes, out) == 0)

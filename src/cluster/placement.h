@@ -7,8 +7,19 @@
  * requested context length (exo ignores the KV cache; a placement that fits the weights but not
  * the cache fails at the first long prompt), and a fixed activation/runtime headroom.
  * Pipeline: layers split proportionally to free memory (floor, remainder to the largest
- * fractions, at least one layer per node). Tensor: every node holds 1/N of every layer, which
- * needs the attention heads and the KV heads to divide by N.
+ * fractions, at least one layer per node) while every chosen node computes on its CPU. With a
+ * GPU node among them (and every node's memory bandwidth known), layers go by speed instead: a
+ * decode step reads each stage's weights once, so a stage's time is its layers over its
+ * bandwidth, and the overlapped pipeline runs at its slowest stage. Each node starts with one
+ * layer; each further layer goes to the node whose stage would then be fastest (fewest layers
+ * per GB/s after taking it; ties to the earlier rank) among those whose memory holds one more
+ * layer (weights + KV cache per layer, after the headroom). An H200 next to a CPU thus takes
+ * all but one layer when the model fits its memory, and as many as fit when it does not. The
+ * fastest node takes the last stage: it also reads the lm_head every token (a fifth of a 1B
+ * model's weights) and samples. A GPU node's memory is its GPU's free memory; tensor
+ * parallelism and CPU-only models (cpu_only) run on the CPU everywhere, so there every node
+ * counts host memory. Tensor: every node holds 1/N of
+ * every layer, which needs the attention heads and the KV heads to divide by N.
  *
  * Which nodes: those already holding the model's files first (no download before the instance
  * can start), then the most free memory. Tensor splits beyond heads and KV heads (FFN and expert
@@ -42,12 +53,19 @@ typedef struct placement_model {
      * -1 with err saying which dimension does not divide. */
     int (*tensor_check)(const void *ctx, int n, char *err, size_t errlen);
     const void *tensor_check_ctx;
+    int cpu_only; /* runs on CPUs only (hybrid linear attention): a GPU node computes on its CPU */
 } placement_model;
 
 typedef struct placement_node {
     char id[64];
-    uint64_t memory_available;
+    uint64_t memory_available; /* host memory (RAM) */
     int has_files; /* the model is on this node's disk already: preferred */
+    /* The node computes on a GPU (its runners' --device): that GPU's free memory, 0 = a CPU
+     * node. Used where the model runs on GPUs (pipeline, not cpu_only). */
+    uint64_t gpu_memory_available;
+    /* Memory read bandwidth of what the node computes on (its GPU, else its CPU) in GB/s;
+     * 0 = unknown. Weighed only where a GPU node takes part in a pipeline. */
+    double bandwidth_gbs;
     /* Measured latency to the node at index i of the same array, in ms (0 = not measured). */
     float link_ms[PLACEMENT_MAX_NODES];
 } placement_node;

@@ -9,6 +9,7 @@
 #include "cluster/state.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,18 +29,22 @@ static uint64_t json_bytes(json_t *o, const char *key) {
     return (uint64_t)json_integer_value(json_object_get(json_object_get(o, key), "inBytes"));
 }
 
+static uint64_t distance(uint64_t a, uint64_t b) {
+    return a > b ? a - b : b - a;
+}
+
 static void publish_memory(cluster *c, int force) {
-    json_t *m = nodeinfo_memory_json();
+    json_t *m = nodeinfo_memory_json(!strcmp(c->options.device, "cuda"));
     if (!m) return;
     uint64_t total = json_bytes(m, "ramTotal"), avail = json_bytes(m, "ramAvailable");
     uint64_t swap = json_bytes(m, "swapAvailable");
-    uint64_t d1 = avail > c->published_mem_avail ? avail - c->published_mem_avail
-                                                 : c->published_mem_avail - avail;
-    uint64_t d2 = swap > c->published_swap_free ? swap - c->published_swap_free
-                                                : c->published_swap_free - swap;
+    uint64_t gpu_total = json_bytes(m, "gpuTotal"), gpu = json_bytes(m, "gpuAvailable");
+    uint64_t d1 = distance(avail, c->published_mem_avail);
+    uint64_t d2 = distance(swap, c->published_swap_free);
+    uint64_t d3 = distance(gpu, c->published_gpu_avail);
     /* Placement needs the rough picture; a busy host moves by a few percent all the time. */
     int stale = clock_now_ns() - c->memory_published_ns > MEMORY_REFRESH_NS;
-    if (!force && !stale && d1 * 20 < total && d2 * 20 < total) {
+    if (!force && !stale && d1 * 20 < total && d2 * 20 < total && d3 * 20 <= gpu_total) {
         json_decref(m);
         return;
     }
@@ -47,6 +52,7 @@ static void publish_memory(cluster *c, int force) {
     c->memory_published_ns = clock_now_ns();
     c->published_mem_avail = avail;
     c->published_swap_free = swap;
+    c->published_gpu_avail = gpu;
     publish_info(c, "MemoryUsage", m);
 }
 
@@ -74,6 +80,19 @@ static void publish_network(cluster *c, int force) {
     json_decref(c->published_network);
     c->published_network = json_deep_copy(n);
     publish_info(c, "NetworkInterfaces", n);
+}
+
+/* The node's CPU bandwidth (cluster_set_memory_bandwidth), in MB/s: a word, so any thread. */
+static _Atomic uint64_t bandwidth_mbs;
+
+void cluster_set_memory_bandwidth(double gbs) {
+    atomic_store(&bandwidth_mbs, gbs > 0 ? (uint64_t)(gbs * 1000) : 0);
+}
+
+static void publish_system(cluster *c) {
+    double gbs = (double)atomic_load(&bandwidth_mbs) / 1000;
+    c->published_bandwidth_gbs = gbs;
+    publish_info(c, "SystemInfo", nodeinfo_system_json(c->options.device, gbs));
 }
 
 static void publish_identity(cluster *c) {
@@ -156,7 +175,7 @@ void publish_node_info_tick(cluster *c, uint64_t now) {
         publish_identity(c);
         publish_memory(c, 1);
         publish_disk(c, 1);
-        publish_info(c, "SystemInfo", nodeinfo_system_json());
+        publish_system(c);
         publish_network(c, 1);
         json_decref(c->published_edges);
         c->published_edges = NULL;
@@ -166,6 +185,9 @@ void publish_node_info_tick(cluster *c, uint64_t now) {
         c->next_network_ns = now + NETWORK_CHECK_NS;
         return;
     }
+    /* the CPU's bandwidth is measured while the node starts: published once it is known */
+    if ((double)atomic_load(&bandwidth_mbs) / 1000 != c->published_bandwidth_gbs)
+        publish_system(c);
     if (now >= c->next_memory_ns) {
         publish_memory(c, 0);
         c->next_memory_ns = now + MEMORY_CHECK_NS;

@@ -12,6 +12,8 @@
 #include "base/log.h"
 #include "base/paths.h"
 #include "cluster/cluster.h"
+#include "cluster/nodeinfo.h"
+#include "compute/device.h"
 #include "download/models_api.h"
 #include "worker/worker.h"
 
@@ -139,6 +141,38 @@ static int services_start(node_services *n, const exo_options *o, const char *no
     return 0;
 }
 
+double bench_read_gbs(size_t bytes, int reps, double *median_gbs); /* bench.c */
+
+/* What this node's runners compute on, as engine_open resolves --device for a model the GPU
+ * runs: `auto` is the GPU when this binary has CUDA and NVML lists one (NVML, so that the node
+ * itself never starts CUDA and takes GPU memory). */
+static const char *runner_device(const exo_options *o) {
+    if (!strcmp(o->device, "cuda")) return "cuda";
+    if (!strcmp(o->device, "cpu")) return "cpu";
+    return compute_cuda_built() && nodeinfo_gpus(NULL, 0) > 0 ? "cuda" : "cpu";
+}
+
+/* The CPU's read bandwidth, all cores over 256 MiB (bench_read_gbs, ~0.2 s once at start, in
+ * the background), for placement (cluster_set_memory_bandwidth). */
+static void *measure_bandwidth(void *arg) {
+    (void)arg;
+    double gbs = bench_read_gbs((size_t)256 << 20, 3, NULL);
+    log_info("memory read bandwidth: %.1f GB/s (published for placement)", gbs);
+    cluster_set_memory_bandwidth(gbs);
+    return NULL;
+}
+
+/* EXO_NODE_MEMORY_BANDWIDTH_GBS=X publishes X instead of measuring (tests, or a known figure). */
+static void start_bandwidth_probe(void) {
+    const char *env = getenv("EXO_NODE_MEMORY_BANDWIDTH_GBS");
+    if (env && *env) {
+        cluster_set_memory_bandwidth(atof(env));
+        return;
+    }
+    pthread_t t;
+    if (pthread_create(&t, NULL, measure_bandwidth, NULL) == 0) pthread_detach(t);
+}
+
 void node_block_stop_signals(sigset_t *stop) {
     sigemptyset(stop);
     sigaddset(stop, SIGINT);
@@ -154,6 +188,10 @@ int node_main(const exo_options *options) {
 
     cluster_config cc;
     node_cluster_config(options, &cc);
+    if (!options->no_api) { /* a node with runners: placement weighs its device */
+        snprintf(cc.device, sizeof cc.device, "%s", runner_device(options));
+        if (!strcmp(cc.device, "cpu")) start_bandwidth_probe();
+    }
     /* A node is a cluster member with its stored identity (--data-dir), or nothing: running
      * without the member would mean serving under an id of no cluster's (a random one), which
      * peers and the dashboard would take for another node. */

@@ -813,21 +813,28 @@ static int sample_on_backend(engine *e, int n_members, int n_logits) {
     return 0;
 }
 
+int engine_forward_local(engine *e, int n_members, const transformer_batch *b, float *hidden,
+                         char *err, size_t errlen) {
+    if (!e->w.has_head) /* a pipeline stage before the last: its hidden states to the host */
+        return transformer_forward(e->tf, e->kv->layers, e->block_size, b, hidden, err, errlen);
+    int on_backend = b->n_logits > 0 && samples_on_backend(e, n_members);
+    if (transformer_forward(e->tf, e->kv->layers, e->block_size, b, on_backend ? NULL : e->logits,
+                            err, errlen) != 0)
+        return -1;
+    if (on_backend) return sample_on_backend(e, n_members, b->n_logits) ? 1 : 0;
+    engine_sample_all(e, n_members);
+    return 0;
+}
+
 /* The model's part of a step: forward, then every batch member with logits gets its token in
  * e->samples (sampled here -- on the backend where it can, so the logits stay there -- or by the
  * sampling rank and received). */
 static int forward_and_sample(engine *e, int n_members, const transformer_batch *b) {
     if (e->dist) return engine_dist_forward(e, n_members, b);
     char err[256];
-    int on_backend = b->n_logits > 0 && samples_on_backend(e, n_members);
-    if (transformer_forward(e->tf, e->kv->layers, e->block_size, b, on_backend ? NULL : e->logits,
-                            err, sizeof err) != 0) {
-        engine_set_error(e, "forward pass: %s", err);
-        return -1;
-    }
-    if (on_backend) return sample_on_backend(e, n_members, b->n_logits);
-    engine_sample_all(e, n_members);
-    return 0;
+    int rc = engine_forward_local(e, n_members, b, NULL, err, sizeof err);
+    if (rc < 0) engine_set_error(e, "forward pass: %s", err);
+    return rc ? -1 : 0;
 }
 
 int engine_idle_step_ms(const engine *e) {

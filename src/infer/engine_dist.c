@@ -481,7 +481,6 @@ int engine_dist_forward(engine *e, int n_members, const transformer_batch *b) {
     char err[256] = "";
     size_t hidden_bytes = (size_t)b->n_tokens * (size_t)e->cfg.hidden_size * sizeof(float);
     transformer_batch stage = *b;
-    float *out = e->w.has_head ? e->logits : NULL;
     if (d->parallel == ENGINE_TENSOR && d->size > 1) {
         if (transformer_forward(e->tf, e->kv->layers, e->block_size, &stage, d->part_logits, err,
                                 sizeof err))
@@ -499,16 +498,14 @@ int engine_dist_forward(engine *e, int n_members, const transformer_batch *b) {
             if (comm_done(e, t0, rc, "receiving hidden states", err)) return -1;
             stage.hidden_in = d->hidden;
         }
-        if (!e->w.has_head) out = d->hidden;
     }
-    if (transformer_forward(e->tf, e->kv->layers, e->block_size, &stage, out, err, sizeof err))
-        return forward_failed(e, err);
+    int rc = engine_forward_local(e, n_members, &stage, d->hidden, err, sizeof err);
+    if (rc) return rc < 0 ? forward_failed(e, err) : (e->failed = 1, -1);
     if (d->parallel == ENGINE_PIPELINE && d->rank + 1 < d->size) {
         uint64_t t0 = clock_now_ns();
-        int rc = dist_send(e->dist, d->rank + 1, d->hidden, hidden_bytes, err, sizeof err);
+        rc = dist_send(e->dist, d->rank + 1, d->hidden, hidden_bytes, err, sizeof err);
         if (comm_done(e, t0, rc, "sending hidden states", err)) return -1;
     }
-    if (e->w.has_head) engine_sample_all(e, n_members);
     if (b->n_logits == 0) return 0;
     return bcast(e, d->head_rank, e->samples, (size_t)b->n_logits * sizeof *e->samples,
                  "sharing the sampled tokens");
@@ -614,12 +611,10 @@ static int forward_step(engine *e, step_record *r, const transformer_batch *b) {
     char err[256] = "";
     transformer_batch stage = *b;
     if (d->rank > 0) stage.hidden_in = d->hidden_in;
-    float *out = e->w.has_head ? e->logits : d->hidden;
-    if (transformer_forward(e->tf, e->kv->layers, e->block_size, &stage, out, err, sizeof err))
-        return forward_failed(e, err);
+    int rc = engine_forward_local(e, r->n_members, &stage, d->hidden, err, sizeof err);
+    if (rc) return rc < 0 ? forward_failed(e, err) : (e->failed = 1, -1);
     e->steps++;
     if (e->w.has_head) {
-        engine_sample_all(e, r->n_members);
         memcpy(r->samples, e->samples, (size_t)r->n_logits * sizeof *r->samples);
         return 0;
     }

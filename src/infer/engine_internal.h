@@ -192,6 +192,12 @@ sequence *engine_find_serial(engine *e, uint64_t serial);
 sampler_input engine_sampler_input(const sequence *s, int n_history);
 /* Samples the next token of every batch member that has logits into e->samples. */
 void engine_sample_all(engine *e, int n_members);
+/* This process's forward of b (every layer, or a pipeline stage's); holding the head, then
+ * every member's token into e->samples, sampled on the backend where it can (a GPU: only the
+ * ids come back, not the logits), else on the host. A stage without the head puts its hidden
+ * states in hidden. 0; -1 with err (the forward failed); 1 when sampling failed (e's error set). */
+int engine_forward_local(engine *e, int n_members, const transformer_batch *b, float *hidden,
+                         char *err, size_t errlen);
 
 /* Frees a sequence and its blocks (it must be off the live list). */
 void engine_free_sequence(engine *e, sequence *s);

@@ -59,6 +59,7 @@ static int facts_from_disk(const placer_dirs *d, const char *model_id, placer_mo
     if (out->config && model_config_load(dir, out->config, err, sizeof err) == 0) {
         m->tensor_check = tensor_check;
         m->tensor_check_ctx = out->config;
+        m->cpu_only = model_config_is_hybrid(out->config); /* engine_open's rule */
     } else {
         free(out->config);
         out->config = NULL;
@@ -154,9 +155,21 @@ static void add_links(placement_node *nodes, int n) {
     json_decref(topology);
 }
 
+/* What the node computes on (State's nodeSystem: its device, that device's bandwidth) and, for
+ * a GPU node, its GPU's free memory (nodeMemory's gpuAvailable). */
+static void add_device(placement_node *node, json_t *system, json_t *memory) {
+    node->bandwidth_gbs = json_number_value(json_object_get(system, "memoryBandwidthGBs"));
+    json_t *gpu = json_object_get(json_object_get(memory, "gpuAvailable"), "inBytes");
+    if (json_is_string(json_object_get(system, "device")) &&
+        !strcmp(json_string_value(json_object_get(system, "device")), "cuda") &&
+        json_is_integer(gpu))
+        node->gpu_memory_available = (uint64_t)json_integer_value(gpu);
+}
+
 int placer_nodes(const placer_dirs *d, const char *model_id, placement_node *nodes, int max) {
     int n = 0;
     json_t *mem = state_get("nodeMemory"), *downloads = state_get("downloads");
+    json_t *systems = state_get("nodeSystem");
     char *status_text = cluster_status_json();
     json_t *status = status_text ? json_loads(status_text, 0, NULL) : NULL;
     free(status_text);
@@ -170,9 +183,11 @@ int placer_nodes(const placer_dirs *d, const char *model_id, placement_node *nod
         snprintf(nodes[n].id, sizeof nodes[n].id, "%s", id);
         nodes[n].memory_available = (uint64_t)json_integer_value(avail);
         nodes[n].has_files = node_has_files(d, downloads, id, model_id);
+        add_device(&nodes[n], json_object_get(systems, id), v);
         n++;
     }
     json_decref(mem);
+    json_decref(systems);
     json_decref(downloads);
     json_decref(status);
     add_links(nodes, n);

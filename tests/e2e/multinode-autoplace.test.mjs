@@ -1,6 +1,7 @@
 // Auto-placement across nodes: a chat for a model with no instance that does not fit one node
-// (each node reports less memory than the model needs: EXO_NODE_MEMORY_BYTES) places it on two
-// nodes by itself, answers, and /state shows one 2-rank pipeline instance.
+// (each node reports less memory than the model needs: EXO_NODE_MEMORY_BYTES, its GPU's too on
+// --device cuda) places it on two nodes by itself, answers, and /state shows one 2-rank pipeline
+// instance. First, every node's device and memory bandwidth are in State (placement reads them).
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -21,6 +22,18 @@ test('a chat for a model too big for one node places it on two and answers', asy
   const memory = headroom + Math.floor(0.75 * (weights + kv));
   c = await startCluster(2, path.dirname(dir), { EXO_NODE_MEMORY_BYTES: String(memory) });
   const [a, b] = c.nodes;
+  // every node says what its runners compute on and that device's bandwidth (a CPU's measured
+  // at start), which placement weighs beside a GPU node; a GPU node's memory is capped as well
+  const { value: sys } = await c.until(() => {
+    const s = c.get(a, '/state');
+    return s && c.nodes.every((x) => s.nodeSystem[x.id]?.memoryBandwidthGBs > 0) ? s : false;
+  }, 15000, 'every node\'s device and memory bandwidth in State');
+  const asked = process.env.EXO_TEST_DEVICE; // auto (or unset): either, as the machine has
+  for (const x of c.nodes) {
+    const device = sys.nodeSystem[x.id].device;
+    assert.ok(['cpu', 'cuda'].includes(asked) ? device === asked : ['cpu', 'cuda'].includes(device), device);
+    if (device === 'cuda') assert.ok(sys.nodeMemory[x.id].gpuAvailable.inBytes <= memory, 'GPU memory capped');
+  }
   const first = chat(c, b, MODEL, [{ role: 'user', content: 'Hello' }]);
   assert.ok(first.tokens.length > 0);
   const st = c.get(a, '/state');

@@ -209,14 +209,43 @@ static void test_meminfo(void **unused) {
     assert_int_equal(m.swap_free, 2048);
     assert_int_equal(nodeinfo_parse_meminfo("MemTotal: 5 kB\n", &m), -1);
     assert_int_equal(nodeinfo_parse_meminfo("", &m), -1);
-    json_t *live = nodeinfo_memory_json();
+    json_t *live = nodeinfo_memory_json(0);
     assert_non_null(live);
     assert_true(json_integer_value(json_object_get(json_object_get(live, "ramTotal"), "inBytes")) > 0);
     json_decref(live);
 }
 
+/* What a node says it computes on: a CPU node publishes its device and its measured bandwidth
+ * (placement weighs it beside a GPU node); without a device (a member without runners) neither;
+ * a GPU node's bandwidth is its GPU's (none here: not published rather than the CPU's). */
+static void test_system_device(void **unused) {
+    (void)unused;
+    json_t *cpu = nodeinfo_system_json("cpu", 12.34);
+    assert_string_equal(json_string_value(json_object_get(cpu, "device")), "cpu");
+    assert_true(json_number_value(json_object_get(cpu, "memoryBandwidthGBs")) == 12.3);
+    assert_true(json_integer_value(json_object_get(cpu, "cpuCores")) >= 1);
+    json_decref(cpu);
+    json_t *none = nodeinfo_system_json(NULL, 12.34);
+    assert_null(json_object_get(none, "device"));
+    assert_null(json_object_get(none, "memoryBandwidthGBs"));
+    json_decref(none);
+    json_t *unmeasured = nodeinfo_system_json("cpu", 0);
+    assert_null(json_object_get(unmeasured, "memoryBandwidthGBs"));
+    json_decref(unmeasured);
+    if (nodeinfo_gpus(NULL, 0) == 0) {
+        json_t *gpu = nodeinfo_system_json("cuda", 12.34);
+        assert_string_equal(json_string_value(json_object_get(gpu, "device")), "cuda");
+        assert_null(json_object_get(gpu, "memoryBandwidthGBs"));
+        json_decref(gpu);
+        json_t *mem = nodeinfo_memory_json(1);
+        assert_null(json_object_get(mem, "gpuAvailable"));
+        json_decref(mem);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_system_device),
         cmocka_unit_test(test_heartbeat_round_trip),
         cmocka_unit_test(test_rejections),
         cmocka_unit_test(test_entries_must_follow_prev),
