@@ -4,8 +4,8 @@
  * (model/gguf_quant.h, layout.c).
  *
  * Why: the VNNI matvec passes (matmul_avx512.c) run every prompt on AVX-512 at ~32 multiply-adds
- * per instruction; one tile product is 16x16x32. llama.cpp's AMX build prefills 1.5-1.8x faster
- * than those passes on the GPU host's Xeon (bench/RESULTS.md, GGUF sections).
+ * per instruction; one tile product is 16x16x32. On the GPU host's Xeon the tiles prefill the 1B
+ * shape (512 tokens, 8 threads) ~1.4x faster than the passes (bench/RESULTS.md, gguf3).
  *
  * Why bf16 and not int8: an int8 tile product per 32-value group needs its int32 tile stored and
  * scaled by that group's weight scales before the next group (4.3 ns per tile store, plus the
