@@ -17,6 +17,7 @@
 #include "base/threadpool.h"
 #include "cmd/cmd.h"
 #include "compute/cpu/cpu_levels.h"
+#include "compute/cpu/matmul_amx.h"
 #include "dist/dist_bench.h"
 
 #include <cblas.h>
@@ -365,16 +366,18 @@ typedef struct format_case {
     weight_format format;
     int bits, group_size;
     int exact; /* weight_matrix.exact_activations: run through cpu_matmul, as the engine does */
+    int zero_point; /* weight_matrix.zero_point, F16 scales: what a GGUF Q4_0 / Q8_0 file becomes */
 } format_case;
 
 static const format_case bench_formats[] = {
-    {"f32", WEIGHT_F32, 0, 0, 0},          {"f16", WEIGHT_F16, 0, 0, 0},
-    {"bf16", WEIGHT_BF16, 0, 0, 0},        {"mlx q8 g64", WEIGHT_MLX_AFFINE, 8, 64, 0},
-    {"mlx q6 g64", WEIGHT_MLX_AFFINE, 6, 64, 0}, {"mlx q5 g64", WEIGHT_MLX_AFFINE, 5, 64, 0},
-    {"mlx q4 g32", WEIGHT_MLX_AFFINE, 4, 32, 0}, {"mlx q4 g64", WEIGHT_MLX_AFFINE, 4, 64, 0},
-    {"mlx q4 g128", WEIGHT_MLX_AFFINE, 4, 128, 0}, {"mlx q3 g64", WEIGHT_MLX_AFFINE, 3, 64, 0},
-    {"mlx q2 g64", WEIGHT_MLX_AFFINE, 2, 64, 0},
-    {"mlx q4 g64 exact", WEIGHT_MLX_AFFINE, 4, 64, 1}, /* the hybrids' GatedDeltaNet projections */
+    {"f32", WEIGHT_F32, 0, 0, 0, 0},          {"f16", WEIGHT_F16, 0, 0, 0, 0},
+    {"bf16", WEIGHT_BF16, 0, 0, 0, 0},        {"mlx q8 g64", WEIGHT_MLX_AFFINE, 8, 64, 0, 0},
+    {"mlx q6 g64", WEIGHT_MLX_AFFINE, 6, 64, 0, 0}, {"mlx q5 g64", WEIGHT_MLX_AFFINE, 5, 64, 0, 0},
+    {"mlx q4 g32", WEIGHT_MLX_AFFINE, 4, 32, 0, 0}, {"mlx q4 g64", WEIGHT_MLX_AFFINE, 4, 64, 0, 0},
+    {"mlx q4 g128", WEIGHT_MLX_AFFINE, 4, 128, 0, 0}, {"mlx q3 g64", WEIGHT_MLX_AFFINE, 3, 64, 0, 0},
+    {"mlx q2 g64", WEIGHT_MLX_AFFINE, 2, 64, 0, 0},
+    {"mlx q4 g64 exact", WEIGHT_MLX_AFFINE, 4, 64, 1, 0}, /* the hybrids' GatedDeltaNet projections */
+    {"gguf q4_0", WEIGHT_MLX_AFFINE, 4, 32, 0, 8},     {"gguf q8_0", WEIGHT_MLX_AFFINE, 8, 32, 0, 128},
 };
 
 /* Many matrices of one shape laid out back to back: matrix i is rows [i*rows, (i+1)*rows). */
@@ -396,7 +399,8 @@ static int sweep_alloc(sweep *s, const format_case *f, int64_t rows, int64_t col
                        int64_t max_tokens, int repack) {
     memset(s, 0, sizeof *s);
     weight_matrix one = {.format = f->format, .rows = rows, .cols = cols, .bits = f->bits,
-                         .group_size = f->group_size, .scale_dtype = DTYPE_BF16, .exact_activations = f->exact};
+                         .group_size = f->group_size, .scale_dtype = f->zero_point ? DTYPE_F16 : DTYPE_BF16,
+                         .exact_activations = f->exact, .zero_point = f->zero_point};
     size_t per = weight_matrix_bytes(&one);
     s->count = (int64_t)((min_bytes + per - 1) / per);
     s->rows = rows;
@@ -412,8 +416,14 @@ static int sweep_alloc(sweep *s, const format_case *f, int64_t rows, int64_t col
         biases = malloc(sbytes);
         if (!data || !scales || !biases) goto fail;
         fill_words(data, qbytes, 0xffffffffu, 0);
-        fill_words(scales, sbytes, 0x007f007fu, 0x3c003c00u); /* bf16 pairs in [0.0078, 0.0156) */
-        fill_words(biases, sbytes, 0x807f807fu, 0x3c003c00u);
+        if (f->zero_point) { /* f16 scales in [2^-7, 2^-6), biases -zero_point * scale (exact in f16) */
+            fill_words(scales, sbytes, 0x03ff03ffu, 0x20002000u);
+            for (size_t i = 0; i < sbytes / 2; i++)
+                ((uint16_t *)biases)[i] = f32_to_f16(-(float)f->zero_point * f16_to_f32(((uint16_t *)scales)[i]));
+        } else {
+            fill_words(scales, sbytes, 0x007f007fu, 0x3c003c00u); /* bf16 pairs in [0.0078, 0.0156) */
+            fill_words(biases, sbytes, 0x807f807fu, 0x3c003c00u);
+        }
     } else {
         size_t esize = f->format == WEIGHT_F32 ? 4 : 2;
         size_t bytes = (size_t)(total_rows * cols) * esize;
@@ -481,7 +491,7 @@ static void run_sweep(void *p) {
  * group_size times `tokens` tokens, best of 3 after a warm-up; 0 when memory is short. The model
  * bench's int-gemm ceiling (bench_model.c). */
 double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens) {
-    format_case f = {"mlx", WEIGHT_MLX_AFFINE, bits, group_size, 0};
+    format_case f = {"mlx", WEIGHT_MLX_AFFINE, bits, group_size, 0, 0};
     sweep s;
     if (sweep_alloc(&s, &f, n, n, 1, tokens, 1)) return 0;
     s.n_tokens = tokens;
@@ -529,7 +539,7 @@ static void bench_matvec(const bench_options *o, double read_gbs, double gemm_pe
             int64_t rows = shapes[sh][0], cols = shapes[sh][1];
             weight_matrix probe = {.format = bench_formats[f].format, .rows = rows, .cols = cols,
                                    .bits = bench_formats[f].bits, .group_size = bench_formats[f].group_size,
-                                   .scale_dtype = DTYPE_BF16};
+                                   .scale_dtype = DTYPE_BF16, .zero_point = bench_formats[f].zero_point};
             size_t mbytes = weight_matrix_bytes(&probe);
             if (mbytes > min_bytes) { /* a cache-resident sweep: fewer rows, same row length */
                 rows = (int64_t)((double)rows * (double)min_bytes / (double)mbytes) & ~(int64_t)15;
@@ -610,7 +620,7 @@ static void run_batch_case(void *p) {
  * matvec passes (8 tokens per pass), the f32 gemm (dequantized panels) and the MLX int16 gemm,
  * reps interleaved, median GFLOP/s; "auto" is what cpu_matmul picks. */
 static void bench_batch(const bench_options *o) {
-    static const format_case q4 = {"mlx q4 g64", WEIGHT_MLX_AFFINE, 4, 64, 0};
+    static const format_case q4 = {"mlx q4 g64", WEIGHT_MLX_AFFINE, 4, 64, 0, 0};
     int64_t shapes[][2] = {{8192, 2048}, {2048, 8192}};
     int64_t counts[] = {8, 9, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
     struct { const char *name; cpu_gemm_engine gemm; int max_matvec; } regimes[] = {
@@ -764,8 +774,8 @@ int cmd_bench_main(int argc, char **argv) {
         fprintf(stderr, "exo bench: unknown section '%s' (mem, pool, gemm, matvec, batch)\n", sec);
         return 2;
     }
-    printf("exo bench: %d threads, SIMD %s%s\n", threadpool_size(cpu_thread_pool()), cpu_simd_level(),
-           o.quick ? " (quick: small sweeps, numbers not meaningful)" : "");
+    printf("exo bench: %d threads, SIMD %s, AMX tiles %s%s\n", threadpool_size(cpu_thread_pool()), cpu_simd_level(),
+           cpu_amx_status(), o.quick ? " (quick: small sweeps, numbers not meaningful)" : "");
     fflush(stdout);
     double read_gbs = 0, peak = 0;
     if (o.model_dir || !sec || !strcmp(sec, "mem") || !strcmp(sec, "matvec")) read_gbs = bench_memory(&o);

@@ -14,6 +14,7 @@
 #include "tiny_model.h"
 
 #include "compute/backend.h"
+#include "compute/cpu/matmul_amx.h"
 #include "compute/device.h"
 #include "infer/kv_cache.h"
 #include "model/gguf.h"
@@ -258,6 +259,15 @@ static int teardown(void **s) {
     return system(cmd);
 }
 
+/* Whether forward_logits lets the backend rewrite the weights as the engine does
+ * (prepare_weight: the CPU's 16-row interleaved layout, which the AMX tiles read). */
+static int prepare_like_engine;
+
+static int prepare_weight(weight_matrix *m, void *backend) {
+    compute_backend *b = backend;
+    return b->prepare_weight(b, m);
+}
+
 /* Teacher-forced logits of every position of ids through the model at dir (malloc'd). */
 static float *forward_logits(const char *dir, const int32_t *ids, int n, int *vocab) {
     char path[512], err[512];
@@ -275,6 +285,7 @@ static float *forward_logits(const char *dir, const int32_t *ids, int n, int *vo
     assert_int_equal(rc, 0);
     compute_backend *be = compute_backend_open(COMPUTE_DEVICE_CPU, 1, err, sizeof err);
     assert_non_null(be);
+    if (prepare_like_engine && be->prepare_weight) model_weights_rewrite(&w, prepare_weight, be);
     transformer *t = transformer_create(&c, &w, be, 64, 64, err, sizeof err);
     assert_non_null(t);
     float *logits = malloc(sizeof(float) * (size_t)n * (size_t)c.vocab_size);
@@ -297,9 +308,12 @@ static float *forward_logits(const char *dir, const int32_t *ids, int n, int *vo
     return logits;
 }
 
-/* Max |logit difference| between two models over a fixed prompt, relative to the logits' spread. */
+/* Max |logit difference| between two models over a fixed prompt, relative to the logits' spread.
+ * 16 tokens: a prompt of 16 or more runs the prefill matmuls on the AMX tiles where the CPU has
+ * them (compute/cpu/matmul_amx.h), fewer on the VNNI passes. */
 static double logit_gap(const char *a, const char *b) {
-    static const int32_t ids[] = {1, 17, 300, 4000, 55, 901, 12, 7, 2048, 3};
+    static const int32_t ids[] = {1, 17, 300, 4000, 55, 901, 12, 7, 2048, 3,
+                                  4999, 256, 88, 1024, 9, 777};
     int n = (int)(sizeof ids / sizeof *ids), va, vb;
     float *la = forward_logits(a, ids, n, &va), *lb = forward_logits(b, ids, n, &vb);
     assert_int_equal(va, vb);
@@ -417,6 +431,61 @@ static void check_family(const char *arch, const char *extra, const char *only) 
         if (requantized) assert_true(moe || exact <= 0.03);
         else assert_true(exact <= 5e-3);
         assert_true(gap <= types[i].tol);
+    }
+}
+
+/* A prompt of 48 tokens through weights laid out as the engine lays them out (the prefill then runs
+ * on the AMX tiles, CPU_AMX_MIN_TOKENS, where the CPU has them): the logits of every position
+ * within the bounds the 10-token test holds of the copy dequantized to F32, and within 1e-3 of
+ * the logits' spread of the AVX-512 passes (whose int16 activations put them ~2e-4 from that
+ * copy; the tiles' bf16 hi+lo split ~5e-5). Skipped without AMX (the passes are what runs). */
+static void test_amx_prefill_matches_passes(void **s) {
+    (void)s;
+    cpu_amx_set_enabled(1);
+    int amx = cpu_amx_available();
+    cpu_amx_set_enabled(-1);
+    if (!amx) {
+        printf("no AMX on this CPU: nothing to compare\n");
+        skip();
+    }
+    int32_t ids[48];
+    for (int i = 0; i < 48; i++) ids[i] = (int32_t)((i * 7919 + 13) % 5000);
+    const char *types[] = {"Q4_0", "Q8_0", "Q4_K_M"};
+    for (size_t i = 0; i < 3; i++) {
+        char g[64], args[512], dq[80], src[256], dst[256];
+        snprintf(g, sizeof g, "amx-%s", types[i]);
+        snprintf(args, sizeof args, "--arch llama --gguf %s --tokenizer none " SHAPE, types[i]);
+        assert_int_equal(mkmodel(g, args), 0);
+        snprintf(dq, sizeof dq, "%s-dq", g);
+        snprintf(src, sizeof src, "%s/%s/model.gguf", tmp_root, g);
+        snprintf(dst, sizeof dst, "%s/%s", tmp_root, dq);
+        assert_int_equal(mkdir(dst, 0755), 0);
+        strcat(dst, "/model.gguf");
+        write_dequantized(src, dst);
+        int v[3];
+        prepare_like_engine = 1;
+        cpu_amx_set_enabled(1);
+        float *on = forward_logits(g, ids, 48, &v[0]);
+        cpu_amx_set_enabled(0);
+        float *off = forward_logits(g, ids, 48, &v[1]);
+        cpu_amx_set_enabled(-1);
+        prepare_like_engine = 0;
+        float *ref = forward_logits(dq, ids, 48, &v[2]);
+        assert_int_equal(v[0], v[1]);
+        assert_int_equal(v[0], v[2]);
+        double spread = 0, d_off = 0, d_ref = 0, d_off_ref = 0;
+        for (size_t k = 0; k < (size_t)48 * (size_t)v[0]; k++) {
+            spread = fmax(spread, fabs(off[k]));
+            d_off = fmax(d_off, fabs(on[k] - off[k]));
+            d_ref = fmax(d_ref, fabs(on[k] - ref[k]));
+            d_off_ref = fmax(d_off_ref, fabs(off[k] - ref[k]));
+        }
+        printf("%-7s 48-token prefill: AMX tiles within %.1e of the dequantized copy (AVX-512 passes: %.1e), "
+               "%.1e of the passes\n", types[i], d_ref / spread, d_off_ref / spread, d_off / spread);
+        assert_true(d_off > 0); /* the tiles did run */
+        assert_true(d_off <= 1e-3 * spread);
+        assert_true(d_ref <= (strcmp(types[i], "Q4_K_M") ? 5e-3 : 0.03) * spread);
+        free(on), free(off), free(ref);
     }
 }
 
@@ -575,7 +644,8 @@ static int argmax(const float *x, int n) {
  * the largest logit difference relative to the logits' spread; greedy tokens must agree until
  * the first step whose top-2 gap (exo's) is within twice the measured logit difference. */
 static double vs_llamacpp(const char *ref, const char *model_dir, int *agreed) {
-    static const int32_t prompt[] = {1, 17, 300, 4000, 55, 901, 12, 7, 2048, 3};
+    static const int32_t prompt[] = {1, 17, 300, 4000, 55, 901, 12, 7, 2048, 3, /* 16+: AMX prefill */
+                                     4999, 256, 88, 1024, 9, 777};
     enum { NP = sizeof prompt / sizeof *prompt, NG = 8 };
     char cmd[1024], ids[256] = "";
     for (int i = 0; i < NP; i++) snprintf(ids + strlen(ids), sizeof ids - strlen(ids), i ? ",%d" : "%d", prompt[i]);
@@ -745,6 +815,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_matches_safetensors),
         cmocka_unit_test(test_qwen3_moe_matches_safetensors),
         cmocka_unit_test(test_llama3_rope_table),
+        cmocka_unit_test(test_amx_prefill_matches_passes),
         cmocka_unit_test(test_tokenizer_llama3),
         cmocka_unit_test(test_tokenizer_qwen3),
         cmocka_unit_test(test_tokenizer_llama2),

@@ -8,6 +8,7 @@
  * Refuses: weight views the kernels cannot trust (bad bits/group size, missing pointers): the
  * output is zeroed and the error logged once (the loader validates views; this is a bug guard). */
 #include "compute/cpu/cpu_internal.h"
+#include "compute/cpu/matmul_amx.h"
 
 #include "base/log.h"
 
@@ -772,6 +773,13 @@ static int use_mlx_gemm(const cpu_kernels *k, int n, const weight_matrix *const 
            n_tokens >= CPU_MLX_GEMM_MIN_TOKENS &&
            n_tokens <= CPU_MLX_GEMM_MAX_TOKENS;
 }
+
+/* Whether every matrix of a cpu_matmul_multi_with call runs on the AMX tiles (matmul_amx.h). */
+static int amx_takes(int n, const weight_matrix *const *ws, int64_t n_tokens) {
+    for (int i = 0; i < n; i++)
+        if (!cpu_amx_ok(ws[i], n_tokens)) return 0;
+    return 1;
+}
 #endif
 
 /* ---- entry points -------------------------------------------------------------------------- */
@@ -829,6 +837,9 @@ int cpu_matmul_multi_with(int n, const weight_matrix *const *ws, const float *x,
     }
     if (bad) return -1;
 #if defined(__x86_64__)
+    if (k == &cpu_kernels_avx512 && gemm == CPU_GEMM_AUTO && max_matvec_tokens < 0 && amx_takes(n, ws, n_tokens) &&
+        cpu_amx_matmul_multi(n, ws, x, ys, n_tokens) == 0)
+        return 0;
     if (use_mlx_gemm(k, n, ws, n_tokens, gemm, max_matvec_tokens) &&
         mlx_gemm_run(n, ws, x, ys, n_tokens) == 0)
         return 0;

@@ -1,0 +1,372 @@
+/* matmul_amx — MLX affine 4- and 8-bit matrices in the 16-row interleaved layout times 16 or more
+ * tokens on Intel AMX (AMX-BF16 tiles: Sapphire Rapids and later Xeons): prefill and large
+ * batches. What GGUF Q4_0/Q4_K/Q6_K/Q8_0 files and MLX 4/8-bit checkpoints become on the CPU
+ * (model/gguf_quant.h, layout.c).
+ *
+ * Why: the VNNI matvec passes (matmul_avx512.c) run every prompt on AVX-512 at ~32 multiply-adds
+ * per instruction; one tile product is 16x16x32. On the GPU host's Xeon the tiles prefill the 1B
+ * shape (512 tokens, 8 threads) ~1.4x faster than the passes (bench/RESULTS.md, gguf3).
+ *
+ * Why bf16 and not int8: an int8 tile product per 32-value group needs its int32 tile stored and
+ * scaled by that group's weight scales before the next group (4.3 ns per tile store, plus the
+ * vector epilogue: 46 ns per group and 16x16 tile measured, against 4.4 ns per product). With
+ * the weights dequantized to bf16 (scale and bias applied), the f32 tile accumulates across every
+ * group and is stored once per K chunk. Precision: each weight and each activation is split into
+ * two bf16 numbers, v = hi + lo (hi = bf16(v), lo = bf16(v - hi): 16 significant bits, exact for
+ * a GGUF Q4_0 weight, an f16 scale times a 4-bit value); the three products hi*hi + hi*lo + lo*hi
+ * leave an error of ~2^-16 of |w||x| per term, as small as the AVX-512 kernels' int16 activations
+ * (not llama.cpp's 8-bit ones): the results agree with them to that bound.
+ *
+ * How, per pair of 16-row blocks (one C tile each, 16 tokens x 16 rows, f32) and token tile:
+ *   A tiles: 16 tokens x 32 values (bf16 hi and lo), 1 KiB each, prepared once per call, tile by
+ *     tile (contiguous: tiles of rows `cols` apart would share L1 sets).
+ *   B tiles: 16 rows of 64 bytes, row k holding values 2k, 2k+1 of each of the 16 weight rows
+ *     (the pair order TDPBF16PS reads), hi and lo: dequantized from the interleaved layout once
+ *     per K chunk into thread scratch (4-bit: nibbles j of each row's word, 8-bit: bytes).
+ *   Per 32 values: 2 A loads, 4 B loads, 6 products. The K dimension is cut in chunks whose
+ *   activations (all tokens) stay in L2 while a thread walks its blocks; the C tiles are loaded
+ *   from and stored to y between chunks.
+ * Linux gives a process the tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM), asked
+ * once; each job loads its tile configuration and releases the tiles at its end. */
+#include "compute/cpu/matmul_amx.h"
+
+#include "compute/cpu/cpu_internal.h"
+
+#include <stdatomic.h>
+
+static _Atomic int amx_forced = -1; /* cpu_amx_set_enabled: -1 = EXO_AMX decides */
+
+void cpu_amx_set_enabled(int on) {
+    atomic_store(&amx_forced, on < 0 ? -1 : on ? 1 : 0);
+}
+
+#if defined(__x86_64__) && defined(__linux__)
+
+#include "base/threadpool.h"
+#include "compute/cpu/mlx_avx512.h"
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define TAMX                                                                                       \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,avx512bf16,"   \
+                          "avx2,fma,f16c,amx-tile,amx-bf16")))
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Steps of 32 values per K chunk: a unit's B tiles for one chunk (2 blocks x 2 KiB per step,
+ * 24 KiB) stay in L1 (48 KiB on Sapphire Rapids) beside the activation and sum tiles passing
+ * through, while its token tiles pass; the chunk's activations (512 tokens: 384 KiB) stay in L2
+ * while the thread walks its units. Per core, 4-bit 2048x2048 x 512 tokens: 4 steps 533-560
+ * GFLOP/s, 6: 574-594, 8: 549-562, 12: 514-516. */
+#define CPU_AMX_CHUNK_STEPS 6
+
+static _Atomic int amx_hw = -1;  /* CPUID + OS + permission, asked once */
+static _Atomic int amx_env = -1; /* EXO_AMX */
+
+static const char *amx_why = "not asked yet"; /* cpu_amx_status */
+
+static int amx_detect(void) {
+    unsigned a, b, c, d;
+    amx_why = "no AMX-TILE/AMX-BF16 in CPUID";
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return 0; /* OSXSAVE */
+    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((d >> 22) & 1) || !((d >> 24) & 1)) return 0; /* AMX-BF16, AMX-TILE */
+    __cpuid_count(7, 1, a, b, c, d);
+    amx_why = "no AVX512-BF16 in CPUID";
+    if (!((a >> 5) & 1)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    amx_why = "the OS did not enable the tile state (XCR0)";
+    if ((lo & (3u << 17)) != (3u << 17)) return 0; /* XTILECFG and XTILEDATA */
+    amx_why = "Linux refused the tile state (arch_prctl ARCH_REQ_XCOMP_PERM)";
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return 0;
+    amx_why = "on";
+    return 1;
+}
+
+const char *cpu_amx_status(void) {
+    int forced = atomic_load(&amx_forced);
+    cpu_amx_set_enabled(1);
+    int hw = cpu_amx_available();
+    cpu_amx_set_enabled(forced);
+    if (!hw) return amx_why;
+    return cpu_amx_available() ? "on" : "off (EXO_AMX=0)";
+}
+
+int cpu_amx_available(void) {
+    int forced = atomic_load_explicit(&amx_forced, memory_order_relaxed);
+    if (forced == 0) return 0;
+    int v = atomic_load_explicit(&amx_hw, memory_order_relaxed);
+    if (v < 0) {
+        v = amx_detect();
+        atomic_store(&amx_hw, v);
+    }
+    if (!v) return 0;
+    return forced == 1 || cpu_env_switch(&amx_env, "EXO_AMX", "0");
+}
+
+int cpu_amx_ok(const weight_matrix *w, int64_t n_tokens) {
+    return n_tokens >= CPU_AMX_MIN_TOKENS && w->format == WEIGHT_MLX_AFFINE &&
+           w->layout == WEIGHT_LAYOUT_MLX_ROWS16 && (w->bits == 4 || w->bits == 8) &&
+           w->rows % 16 == 0 && w->cols % 128 == 0 &&
+           (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) && cpu_amx_available();
+}
+
+/* The activations: tokens padded to tpad (a multiple of 16; the padding zero), for token tile tt
+ * and step s (values 32s..32s+31) the hi tile then the lo tile, 16 tokens x 32 bf16 each,
+ * chunk by chunk of chunk_steps steps, within a chunk token tile by token tile (amx_a_at): what
+ * a thread reads for one chunk is contiguous (tiles of one token tile a power of two apart would
+ * share L2 sets and evict each other). */
+typedef struct amx_x {
+    int64_t n_tokens, tpad, cols, steps, chunk_steps;
+    const float *x;
+    uint16_t *planes;
+} amx_x;
+
+static inline uint16_t *amx_a_at(const amx_x *px, int64_t tt, int64_t s) {
+    int64_t s0 = s - s % px->chunk_steps, ns = px->steps - s0 < px->chunk_steps ? px->steps - s0 : px->chunk_steps;
+    return px->planes + (s0 * (px->tpad / 16) + tt * ns + (s - s0)) * 1024;
+}
+
+/* Tokens [t0, t1) of px. */
+TAMX static void amx_x_prepare(void *p, int64_t t0, int64_t t1, int thread_index) {
+    (void)thread_index;
+    amx_x *px = p;
+    for (int64_t t = t0; t < t1; t++) {
+        for (int64_t s = 0; s < px->steps; s++) {
+            uint16_t *row = amx_a_at(px, t >> 4, s) + (t & 15) * 32;
+            if (t >= px->n_tokens) {
+                memset(row, 0, 64), memset(row + 512, 0, 64);
+                continue;
+            }
+            const float *xs = px->x + t * px->cols + 32 * s;
+            __m512 a = _mm512_loadu_ps(xs), b = _mm512_loadu_ps(xs + 16);
+            __m512i h = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* values 0..15, then 16..31 */
+            __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+            __m512 hb = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+            __m512i l = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
+            _mm512_storeu_si512(row, h);
+            _mm512_storeu_si512(row + 512, l);
+        }
+    }
+}
+
+/* All eight tiles 16 rows x 64 bytes (palette 1): tmm0/1 activations hi/lo, tmm2/3 block 0's
+ * weights hi/lo, tmm4/5 block 1's, tmm6/7 the two blocks' f32 sums. */
+typedef struct __attribute__((aligned(64))) amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+TAMX static void amx_configure(void) {
+    amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+/* One B row pair: values v (low halves) and v' (high halves) of 16 weight rows as f32 ->
+ * dword n = bf16(v[n]) | bf16(v'[n]) << 16, hi and residual lo. */
+TAMX INLINE void amx_b_row(__m512 f0, __m512 f1, __m512i pair, uint16_t *bh, uint16_t *bl) {
+    __m512i h = (__m512i)_mm512_cvtne2ps_pbh(f1, f0);
+    __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+    __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+    __m512i l = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(f1, h1), _mm512_sub_ps(f0, h0));
+    _mm512_store_si512(bh, _mm512_permutexvar_epi16(pair, h));
+    _mm512_store_si512(bl, _mm512_permutexvar_epi16(pair, l));
+}
+
+/* Step s (values 32s..32s+31) of 16-row block b as the B tiles: hi at bh, lo at bh + 512. */
+TAMX static void amx_b_step(const weight_matrix *w, const cpu_rows16_block *blk, int64_t s, uint16_t *bh,
+                            __m512i pair) {
+    int64_t g = 32 * s / w->group_size;
+    __m512 sc = scales_load16(w->scale_dtype, blk->scales, g * 16, 0xffff);
+    __m512 bi = w->zero_point ? _mm512_mul_ps(sc, _mm512_set1_ps(-(float)w->zero_point))
+                              : scales_load16(w->scale_dtype, blk->biases, g * 16, 0xffff);
+    uint16_t *bl = bh + 512;
+    if (w->bits == 4) { /* vector i: values 8i..8i+7 of each row; byte j: values 2j, 2j+1 */
+        const __m512i m = _mm512_set1_epi32(0xf);
+        for (int i = 0; i < 4; i++) {
+            __m512i v = _mm512_loadu_si512(blk->lines + 64 * (4 * s + i));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m512 f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), m)), sc, bi);
+                __m512 f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4), m)), sc, bi);
+                amx_b_row(f0, f1, pair, bh + 32 * (4 * i + j), bl + 32 * (4 * i + j));
+            }
+        }
+        return;
+    }
+    const __m512i m = _mm512_set1_epi32(0xff); /* 8-bit: vector i: values 4i..4i+3 of each row */
+    for (int i = 0; i < 8; i++) {
+        __m512i v = _mm512_loadu_si512(blk->lines + 64 * (8 * s + i));
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++) {
+            __m512 f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 16 * j), m)), sc, bi);
+            __m512 f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 16 * j + 8), m)), sc, bi);
+            amx_b_row(f0, f1, pair, bh + 32 * (2 * i + j), bl + 32 * (2 * i + j));
+        }
+    }
+}
+
+/* Blocks b0 (and b0 + 1 when two) of a matrix, steps [s0, s0 + ns) with their B tiles at bb
+ * (step i, block k: hi at bb + (2 * i + k) * 1024, lo 512 further), every token tile: the sums
+ * of token tile tt live at cb + 512 * tt (block 0's 16 x 16, then block 1's), from zero in the
+ * first chunk (contiguous, not in y: 16 rows of y are 16 pages apart, and storing a tile there
+ * cost more than its products). */
+TAMX static void amx_pair(const amx_x *px, float *cb, int two, const uint16_t *bb, int64_t s0, int64_t ns,
+                          int first) {
+    for (int64_t tt = 0; tt < px->tpad / 16; tt++) {
+        float *c = cb + 512 * tt;
+        if (first) {
+            _tile_zero(6);
+            _tile_zero(7);
+        } else {
+            _tile_loadd(6, c, 64);
+            _tile_loadd(7, c + 256, 64);
+        }
+        const uint16_t *a = px->planes + (s0 * (px->tpad / 16) + tt * ns) * 1024; /* amx_a_at(px, tt, s0) */
+        const char *cn = (const char *)(c + 512); /* the next token tile's sums, 2 KiB: into L1 meanwhile */
+        for (int64_t i = 0; i < ns; i++, a += 1024) {
+            const uint16_t *b = bb + 2 * i * 1024;
+            if (!first && tt + 1 < px->tpad / 16)
+                for (int64_t o = 64 * (i * 32 / ns); o < 64 * ((i + 1) * 32 / ns); o += 64) _mm_prefetch(cn + o, _MM_HINT_T0);
+            _tile_loadd(0, a, 64);
+            _tile_loadd(1, a + 512, 64);
+            _tile_loadd(2, b, 64);
+            _tile_loadd(3, b + 512, 64);
+            _tile_dpbf16ps(6, 0, 2);
+            _tile_dpbf16ps(6, 0, 3);
+            _tile_dpbf16ps(6, 1, 2);
+            if (two) {
+                _tile_loadd(4, b + 1024, 64);
+                _tile_loadd(5, b + 1536, 64);
+                _tile_dpbf16ps(7, 0, 4);
+                _tile_dpbf16ps(7, 0, 5);
+                _tile_dpbf16ps(7, 1, 4);
+            }
+        }
+        _tile_stored(6, c, 64);
+        _tile_stored(7, c + 256, 64);
+    }
+}
+
+typedef struct amx_job {
+    int n;
+    const weight_matrix *ws[CPU_MATMUL_MULTI_MAX];
+    float *ys[CPU_MATMUL_MULTI_MAX];
+    int64_t first_unit[CPU_MATMUL_MULTI_MAX + 1]; /* units: pairs of 16-row blocks */
+    const amx_x *px;
+    _Atomic int failed;
+} amx_job;
+
+/* Units [u0, u1) of the job's matrices (pairs of blocks; a matrix's last unit may be one block),
+ * K chunk by K chunk (the chunk's activations, all tokens, stay in L2 while the thread walks its
+ * units; a unit's B tiles for the chunk, in L1 while it walks the token tiles), the sums in
+ * thread scratch until the last chunk, then into y. */
+TAMX static void amx_units(void *p, int64_t u0, int64_t u1, int thread_index) {
+    (void)thread_index;
+    amx_job *job = p;
+    const amx_x *px = job->px;
+    int64_t cs = px->chunk_steps, ntt = px->tpad / 16;
+    uint16_t *bb = cpu_scratch(2, (size_t)cs * 2 * 2048);
+    float *cbuf = cpu_scratch(1, (size_t)(u1 - u0) * (size_t)ntt * 512 * sizeof(float));
+    if (!bb || !cbuf) {
+        atomic_store(&job->failed, 1);
+        return;
+    }
+    int16_t pidx[32];
+    for (int n = 0; n < 16; n++) pidx[2 * n] = (int16_t)n, pidx[2 * n + 1] = (int16_t)(16 + n);
+    const __m512i pair = _mm512_loadu_si512(pidx);
+    amx_configure();
+    for (int64_t s0 = 0; s0 < px->steps; s0 += cs) {
+        int64_t ns = px->steps - s0 < cs ? px->steps - s0 : cs;
+        for (int i = 0; i < job->n; i++) {
+            int64_t lo = job->first_unit[i] > u0 ? job->first_unit[i] : u0;
+            int64_t hi = job->first_unit[i + 1] < u1 ? job->first_unit[i + 1] : u1;
+            const weight_matrix *w = job->ws[i];
+            for (int64_t u = lo; u < hi; u++) {
+                int64_t b0 = 2 * (u - job->first_unit[i]);
+                int two = 16 * (b0 + 1) < w->rows;
+                for (int k = 0; k < 1 + two; k++) {
+                    cpu_rows16_block blk = cpu_rows16_block_at(w, b0 + k, 0);
+                    for (int64_t st = 0; st < ns; st++) amx_b_step(w, &blk, s0 + st, bb + (2 * st + k) * 1024, pair);
+                }
+                amx_pair(px, cbuf + (u - u0) * ntt * 512, two, bb, s0, ns, s0 == 0);
+            }
+        }
+    }
+    _tile_release();
+    for (int i = 0; i < job->n; i++) { /* the sums into y, token by token */
+        int64_t lo = job->first_unit[i] > u0 ? job->first_unit[i] : u0;
+        int64_t hi = job->first_unit[i + 1] < u1 ? job->first_unit[i + 1] : u1;
+        const weight_matrix *w = job->ws[i];
+        for (int64_t u = lo; u < hi; u++) {
+            int64_t b0 = 2 * (u - job->first_unit[i]);
+            int two = 16 * (b0 + 1) < w->rows;
+            const float *c = cbuf + (u - u0) * ntt * 512;
+            for (int64_t t = 0; t < px->n_tokens; t++) {
+                float *yt = job->ys[i] + t * w->rows + 16 * b0;
+                const float *ct = c + 512 * (t >> 4) + 16 * (t & 15);
+                _mm512_storeu_ps(yt, _mm512_load_ps(ct));
+                if (two) _mm512_storeu_ps(yt + 16, _mm512_load_ps(ct + 256));
+            }
+        }
+    }
+}
+
+int cpu_amx_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                         int64_t n_tokens) {
+    if (n < 1 || n > CPU_MATMUL_MULTI_MAX) return -1;
+    int64_t cols = ws[0]->cols;
+    amx_job job = {.n = n};
+    for (int i = 0; i < n; i++) {
+        if (!cpu_amx_ok(ws[i], n_tokens) || ws[i]->cols != cols) return -1;
+        job.ws[i] = ws[i];
+        job.ys[i] = ys[i];
+        job.first_unit[i + 1] = job.first_unit[i] + (ws[i]->rows / 16 + 1) / 2;
+    }
+    int64_t tpad = (n_tokens + 15) & ~(int64_t)15;
+    amx_x px = {.n_tokens = n_tokens, .tpad = tpad, .cols = cols, .steps = cols / 32, .x = x};
+    px.chunk_steps = CPU_AMX_CHUNK_STEPS;
+    px.planes = cpu_scratch(0, (size_t)(tpad * cols) * 4);
+    if (!px.planes) return -1;
+    threadpool *pool = cpu_thread_pool();
+    threadpool_parallel_for(pool, tpad, amx_x_prepare, &px);
+    job.px = &px;
+    atomic_init(&job.failed, 0);
+    threadpool_parallel_for(pool, job.first_unit[n], amx_units, &job);
+    return atomic_load(&job.failed) ? -1 : 0;
+}
+
+#else /* no AMX outside x86-64 Linux */
+
+const char *cpu_amx_status(void) {
+    return "not on this platform";
+}
+
+int cpu_amx_available(void) {
+    return 0;
+}
+
+int cpu_amx_ok(const weight_matrix *w, int64_t n_tokens) {
+    (void)w, (void)n_tokens;
+    return 0;
+}
+
+int cpu_amx_matmul_multi(int n, const weight_matrix *const *ws, const float *x, float *const *ys,
+                         int64_t n_tokens) {
+    (void)n, (void)ws, (void)x, (void)ys, (void)n_tokens;
+    return -1;
+}
+
+#endif

@@ -1,0 +1,195 @@
+/* The AMX tiles (compute/cpu/matmul_amx.c) against cpu_matmul_reference on random 4- and 8-bit
+ * MLX matrices in the 16-row interleaved layout: g32/g64/g128, f16/bf16/f32 scales, zero-point
+ * (GGUF Q4_0/Q8_0) and real biases, token counts that are not whole 16-token tiles, K longer than
+ * one chunk, an odd number of 16-row blocks (a unit of one block), several matrices of mixed
+ * widths in one call; and the fallback: with the tiles off (or on a CPU without AMX), the same
+ * calls give the same results through the AVX-512 kernels.
+ *
+ * Tolerance, per output y[t][r]: |y - ref| <= 4e-5 * A + 1e-6, A = max_c |x[t][c]| *
+ * sum_c (|W[r][c]| + |bias|), test_cpu_matmul's bound. The tiles split every weight and
+ * activation into two bf16 numbers (16 significant bits: 2^-17 relative each) and drop the
+ * lo x lo product (2^-18): ~3 * 2^-17 = 2.3e-5 of A at worst, plus f32 accumulation, far under
+ * 4e-5 in practice (the largest ratio seen is printed); a wrong index, step or scale is an error
+ * of order A. The test also asserts the tiles did run where AMX is available (cpu_amx_ok), so it
+ * cannot pass by falling back. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "compute/cpu/cpu.h"
+#include "compute/cpu/matmul_amx.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+static float rng_uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)(rng_u32() & 0xffffff) / (float)0x1000000;
+}
+
+static uint16_t to_scale_bits(dtype t, float v) {
+    return t == DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+
+static float scale_value(dtype t, const void *p, int64_t i) {
+    if (t == DTYPE_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return t == DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+/* A random MLX matrix, repacked into the 16-row layout (memory owned by the view). */
+static weight_matrix make_rows16(int64_t rows, int64_t cols, int bits, int gs, dtype sdt, int zero_point) {
+    weight_matrix w = {.format = WEIGHT_MLX_AFFINE, .rows = rows, .cols = cols, .bits = bits,
+                       .group_size = gs, .scale_dtype = sdt, .zero_point = zero_point};
+    size_t words = (size_t)(rows * cols * bits / 32), groups = (size_t)(rows * cols / gs);
+    uint32_t *q = malloc(words * 4);
+    for (size_t i = 0; i < words; i++) q[i] = rng_u32() ^ (rng_u32() << 16);
+    size_t es = sdt == DTYPE_F32 ? 4 : 2;
+    void *s = malloc(groups * es), *b = malloc(groups * es);
+    for (size_t g = 0; g < groups; g++) {
+        float sc = rng_uniform(0.001f, 0.03f);
+        if (es == 2) ((uint16_t *)s)[g] = to_scale_bits(sdt, sc);
+        else ((float *)s)[g] = sc;
+        sc = scale_value(sdt, s, (int64_t)g);
+        float bias = zero_point ? -(float)zero_point * sc : rng_uniform(-0.2f, 0.2f);
+        if (es == 2) ((uint16_t *)b)[g] = to_scale_bits(sdt, bias);
+        else ((float *)b)[g] = bias;
+    }
+    w.data = q, w.scales = s, w.biases = b;
+    assert_int_equal(cpu_weight_repack_rows16(&w), 0);
+    return w;
+}
+
+static void free_matrix(weight_matrix *w) {
+    free((void *)w->data), free((void *)w->scales), free((void *)w->biases);
+}
+
+static float *random_x(int64_t n, int64_t cols) {
+    float *x = malloc((size_t)(n * cols) * sizeof *x);
+    for (int64_t i = 0; i < n * cols; i++) x[i] = rng_uniform(-2, 2);
+    for (int64_t t = 0; t < n; t++) x[t * cols + (rng_u32() % cols)] *= 20.0f; /* outliers */
+    return x;
+}
+
+/* The largest |y - ref| / (A + 1e-6 / 4e-5) over the outputs: <= 4e-5 passes. */
+static double max_ratio(const weight_matrix *w, const float *x, const float *y, int64_t n) {
+    float *ref = malloc((size_t)(n * w->rows) * sizeof *ref), *row = malloc((size_t)w->cols * sizeof *row);
+    cpu_matmul_reference(w, x, ref, n);
+    double worst = 0;
+    for (int64_t r = 0; r < w->rows; r++) {
+        weight_matrix_row_to_f32(w, r, row);
+        double wsum = 0;
+        for (int64_t c = 0; c < w->cols; c++)
+            wsum += fabs(row[c]) + fabs(scale_value(w->scale_dtype, w->biases, weight_mlx_group(w, r, c / w->group_size)));
+        for (int64_t t = 0; t < n; t++) {
+            double xmax = 0;
+            for (int64_t c = 0; c < w->cols; c++) xmax = fmax(xmax, fabs(x[t * w->cols + c]));
+            double e = fabs((double)y[t * w->rows + r] - ref[t * w->rows + r]) / (xmax * wsum + 1e-6 / 4e-5);
+            if (!(e <= worst)) worst = e; /* NaN becomes the worst */
+        }
+    }
+    free(ref), free(row);
+    return worst;
+}
+
+static double worst_seen;
+
+/* ws through the tiles (when AMX is here) and through cpu_matmul_multi with the tiles off: both
+ * within the bound of the reference. */
+static void check(int n, weight_matrix *ws, int64_t n_tokens) {
+    int64_t cols = ws[0].cols;
+    float *x = random_x(n_tokens, cols), *ys[CPU_MATMUL_MULTI_MAX];
+    const weight_matrix *wp[CPU_MATMUL_MULTI_MAX];
+    for (int i = 0; i < n; i++) {
+        wp[i] = &ws[i];
+        ys[i] = malloc((size_t)(n_tokens * ws[i].rows) * sizeof(float));
+    }
+    cpu_amx_set_enabled(1);
+    if (cpu_amx_available()) {
+        for (int i = 0; i < n; i++) assert_true(cpu_amx_ok(&ws[i], n_tokens));
+        for (int i = 0; i < n; i++) memset(ys[i], 0xff, (size_t)(n_tokens * ws[i].rows) * sizeof(float)); /* NaN */
+        assert_int_equal(cpu_amx_matmul_multi(n, wp, x, ys, n_tokens), 0);
+        for (int i = 0; i < n; i++) {
+            double e = max_ratio(&ws[i], x, ys[i], n_tokens);
+            if (!(e <= 4e-5))
+                fail_msg("amx %d-bit g%d %s zp %d %lldx%lld n %lld: error %.3g A", ws[i].bits, ws[i].group_size,
+                         dtype_name(ws[i].scale_dtype), ws[i].zero_point, (long long)ws[i].rows,
+                         (long long)cols, (long long)n_tokens, e);
+            worst_seen = fmax(worst_seen, e);
+        }
+    }
+    cpu_amx_set_enabled(0); /* the fallback: what a CPU without AMX runs */
+    assert_false(cpu_amx_ok(&ws[0], n_tokens));
+    cpu_matmul_multi(n, wp, x, ys, n_tokens);
+    for (int i = 0; i < n; i++) assert_true(max_ratio(&ws[i], x, ys[i], n_tokens) <= 4e-5);
+    cpu_amx_set_enabled(-1);
+    for (int i = 0; i < n; i++) free(ys[i]);
+    free(x);
+}
+
+static void test_amx_matches_reference(void **state) {
+    (void)state;
+    int groups[] = {32, 64, 128};
+    dtype sdts[] = {DTYPE_F16, DTYPE_BF16, DTYPE_F32};
+    int64_t shapes[][2] = {{32, 128}, {48, 384}, {16, 640}}; /* 48: a unit of one block; 640: two K chunks */
+    int64_t tokens[] = {CPU_AMX_MIN_TOKENS, CPU_AMX_MIN_TOKENS + 1, 67}; /* whole and partial 16-token tiles */
+    int k = 0;
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (size_t sh = 0; sh < 3; sh++)
+            for (size_t g = 0; g < 3; g++, k++) {
+                int zp = g == 0 && sh != 1 ? (bits == 4 ? 8 : 128) : 0; /* GGUF Q4_0 / Q8_0 */
+                weight_matrix w = make_rows16(shapes[sh][0], shapes[sh][1], bits, groups[g], sdts[k % 3], zp);
+                check(1, &w, tokens[k % 3]);
+                free_matrix(&w);
+            }
+    if (cpu_amx_available()) printf("largest error seen: %.3g A (bound 4e-5 A)\n", worst_seen);
+    else printf("no AMX on this CPU: only the fallback was checked\n");
+}
+
+/* q/k/v-like: three matrices of one column count, 4- and 8-bit (a Q4_K_M layer's attn_v is Q6_K,
+ * read as 8-bit), one call. */
+static void test_amx_multi_mixed(void **state) {
+    (void)state;
+    weight_matrix ws[3] = {make_rows16(64, 256, 4, 32, DTYPE_F16, 0), make_rows16(32, 256, 8, 32, DTYPE_F16, 0),
+                           make_rows16(16, 256, 4, 32, DTYPE_F16, 8)};
+    check(3, ws, CPU_AMX_MIN_TOKENS + 9);
+    for (int i = 0; i < 3; i++) free_matrix(&ws[i]);
+}
+
+/* What the tiles refuse: too few tokens, MLX order, other widths. */
+static void test_amx_refuses(void **state) {
+    (void)state;
+    cpu_amx_set_enabled(1);
+    weight_matrix w = make_rows16(32, 128, 4, 32, DTYPE_F16, 0);
+    assert_false(cpu_amx_ok(&w, CPU_AMX_MIN_TOKENS - 1));
+    weight_matrix mlx = w;
+    mlx.layout = WEIGHT_LAYOUT_MLX;
+    assert_false(cpu_amx_ok(&mlx, 64));
+    mlx = w;
+    mlx.bits = 5;
+    assert_false(cpu_amx_ok(&mlx, 64));
+    assert_int_equal(cpu_amx_ok(&w, 64), cpu_amx_available());
+    cpu_amx_set_enabled(-1);
+    free_matrix(&w);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_amx_matches_reference),
+        cmocka_unit_test(test_amx_multi_mixed),
+        cmocka_unit_test(test_amx_refuses),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
