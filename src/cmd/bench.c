@@ -96,6 +96,7 @@ static uint64_t rng_next(void) {
 typedef struct mem_job {
     float *a, *b, *c;
     size_t n;
+    int plain_loop; /* the compiler's own vectorization of the sum, not the AVX-512 intrinsics */
     double sums[64];
 } mem_job;
 
@@ -127,7 +128,7 @@ static float sum_scalar(const float *p, size_t n) {
 static void read_range(void *p, int64_t begin, int64_t end, int thread_index) {
     mem_job *job = p;
 #if defined(__x86_64__)
-    if (cpu_level_supported(CPU_LEVEL_AVX512)) {
+    if (!job->plain_loop && cpu_level_supported(CPU_LEVEL_AVX512)) {
         job->sums[thread_index] += sum_avx512(job->a + begin, (size_t)(end - begin));
         return;
     }
@@ -179,6 +180,12 @@ double bench_read_gbs(size_t bytes, int reps, double *median_gbs) {
 #endif
     threadpool_parallel_for(cpu_thread_pool(), (int64_t)n, fill_range, &job); /* first touch */
     double med, best = time_best(run_read, &job, reps, &med);
+    /* The roofline is what the memory gives, so the faster of two loops counts: on this
+     * session's Xeon VM the zmm loop read 32.0-32.6 GB/s and the compiler's (ymm) loop
+     * 36.2-36.5 on 2 threads, alternated 3 times. */
+    job.plain_loop = 1;
+    double med2, best2 = time_best(run_read, &job, reps, &med2);
+    if (best2 < best) best = best2, med = med2;
     free(job.a);
     if (median_gbs) *median_gbs = (double)(n * sizeof(float)) / med * 1e-9;
     return (double)(n * sizeof(float)) / best * 1e-9;
