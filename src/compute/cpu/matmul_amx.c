@@ -66,6 +66,12 @@ void cpu_amx_set_enabled(int on) {
  * GFLOP/s, 6: 574-594, 8: 549-562, 12: 514-516. */
 #define CPU_AMX_CHUNK_STEPS 6
 
+/* EXO_AMX_PREFETCH=0: no prefetch of the next unit's weights (A/B runs; amx_pf_unit). */
+static _Atomic int amx_pf_env = -1;
+static int amx_prefetch_on(void) {
+    return cpu_env_switch(&amx_pf_env, "EXO_AMX_PREFETCH", "0");
+}
+
 static _Atomic int amx_hw = -1;  /* CPUID + OS + permission, asked once */
 static _Atomic int amx_env = -1; /* EXO_AMX */
 
@@ -223,8 +229,31 @@ TAMX static void amx_b_step(const weight_matrix *w, const cpu_rows16_block *blk,
  * of token tile tt live at cb + 512 * tt (block 0's 16 x 16, then block 1's), from zero in the
  * first chunk (contiguous, not in y: 16 rows of y are 16 pages apart, and storing a tile there
  * cost more than its products). */
+/* Lines to prefetch into L2 while a unit's products run: the next unit's weights, scales and
+ * biases for this chunk, a few per (token tile, step). Why: per chunk a unit reads only
+ * ns * 64 * bits bytes of each block, and the blocks are 16 * cols * bits / 8 bytes apart: pieces
+ * of 1.5-3 KiB at strides of 32-114 KiB on the 8B shapes, which the hardware prefetchers do not
+ * follow, so every piece began with misses the tiles waited for. One core of the dev VM, 128
+ * tokens: 4-bit 14336x4096 336-367 -> 435-447 GFLOP/s, 4096x14336 365 -> 454, 8-bit 279-310 ->
+ * 435-446; the 1B shapes at 512 tokens 523-556 -> 546-583 (bench/RESULTS.md, gguf4). */
+typedef struct amx_pf {
+    const uint8_t *p[6];
+    size_t len[6];
+    int n, i;   /* ranges, current range */
+    size_t off; /* within it */
+    int per;    /* lines per (token tile, step) */
+} amx_pf;
+
+static inline void amx_pf_some(amx_pf *pf) {
+    for (int k = 0; k < pf->per && pf->i < pf->n; k++) {
+        cpu_prefetch_l2(pf->p[pf->i] + pf->off);
+        pf->off += 64;
+        if (pf->off >= pf->len[pf->i]) pf->i++, pf->off = 0;
+    }
+}
+
 TAMX static void amx_pair(const amx_x *px, float *cb, int two, const uint16_t *bb, int64_t s0, int64_t ns,
-                          int first) {
+                          int first, amx_pf *pf) {
     for (int64_t tt = 0; tt < px->tpad / 16; tt++) {
         float *c = cb + 512 * tt;
         if (first) {
@@ -238,6 +267,7 @@ TAMX static void amx_pair(const amx_x *px, float *cb, int two, const uint16_t *b
         const char *cn = (const char *)(c + 512); /* the next token tile's sums, 2 KiB: into L1 meanwhile */
         for (int64_t i = 0; i < ns; i++, a += 1024) {
             const uint16_t *b = bb + 2 * i * 1024;
+            amx_pf_some(pf);
             if (!first && tt + 1 < px->tpad / 16)
                 for (int64_t o = 64 * (i * 32 / ns); o < 64 * ((i + 1) * 32 / ns); o += 64) _mm_prefetch(cn + o, _MM_HINT_T0);
             _tile_loadd(0, a, 64);
@@ -268,6 +298,31 @@ typedef struct amx_job {
     const amx_x *px;
     _Atomic int failed;
 } amx_job;
+
+/* The ranges of unit u's weights, scales and biases that chunk [s0, s0 + ns) reads, into pf
+ * (nothing when u is past u1), spread over the ntt * ns (token tile, step) iterations of a unit. */
+static void amx_pf_unit(const amx_job *job, int64_t u, int64_t u1, int64_t s0, int64_t ns, int64_t ntt,
+                        amx_pf *pf) {
+    pf->n = pf->i = 0, pf->off = 0, pf->per = 0;
+    if (u >= u1 || !amx_prefetch_on()) return;
+    int i = 0;
+    while (u >= job->first_unit[i + 1]) i++;
+    const weight_matrix *w = job->ws[i];
+    int64_t b0 = 2 * (u - job->first_unit[i]);
+    int two = 16 * (b0 + 1) < w->rows;
+    size_t lines = 0;
+    for (int k = 0; k < 1 + two; k++) {
+        cpu_rows16_block blk = cpu_rows16_block_at(w, b0 + k, 0);
+        size_t step_bytes = 64 * (size_t)w->bits;
+        int64_t g0 = 32 * s0 / w->group_size, g1 = (32 * (s0 + ns) + w->group_size - 1) / w->group_size;
+        pf->p[pf->n] = blk.lines + (size_t)s0 * step_bytes, pf->len[pf->n++] = (size_t)ns * step_bytes;
+        pf->p[pf->n] = blk.scales + (size_t)g0 * 16 * blk.esize, pf->len[pf->n++] = (size_t)(g1 - g0) * 16 * blk.esize;
+        if (blk.biases_streamed)
+            pf->p[pf->n] = blk.biases + (size_t)g0 * 16 * blk.esize, pf->len[pf->n++] = (size_t)(g1 - g0) * 16 * blk.esize;
+        lines += (size_t)ns * step_bytes / 64 + 2 * ((size_t)(g1 - g0) * 16 * blk.esize / 64 + 1);
+    }
+    pf->per = (int)((lines + (size_t)(ntt * ns) - 1) / (size_t)(ntt * ns));
+}
 
 /* Units [u0, u1) of the job's matrices (pairs of blocks; a matrix's last unit may be one block),
  * K chunk by K chunk (the chunk's activations, all tokens, stay in L2 while the thread walks its
@@ -301,7 +356,9 @@ TAMX static void amx_units(void *p, int64_t u0, int64_t u1, int thread_index) {
                     cpu_rows16_block blk = cpu_rows16_block_at(w, b0 + k, 0);
                     for (int64_t st = 0; st < ns; st++) amx_b_step(w, &blk, s0 + st, bb + (2 * st + k) * 1024, pair);
                 }
-                amx_pair(px, cbuf + (u - u0) * ntt * 512, two, bb, s0, ns, s0 == 0);
+                amx_pf pf;
+                amx_pf_unit(job, u + 1, u1, s0, ns, ntt, &pf);
+                amx_pair(px, cbuf + (u - u0) * ntt * 512, two, bb, s0, ns, s0 == 0, &pf);
             }
         }
     }
