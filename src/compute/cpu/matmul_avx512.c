@@ -401,14 +401,66 @@ T512 INLINE void rows16_store(float *y, int64_t rows, int64_t b, int64_t r0, int
  * Rows outside [r0, r1) of a block that straddles the range are computed and not stored (the
  * driver cuts ranges at multiples of 16); 4-bit rows past the last whole block are in MLX order
  * and go to mlx4_planes_rows. */
+/* Group g of block blk: its lines against every token's planes, into the block's 16 row
+ * accumulators acc (see mlx_rows16; nc int32 chains per plane and token). */
+T512 INLINE void rows16_group(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk,
+                              int64_t g, const uint8_t *const *xq, __m512 *acc, const int bits, const int nc,
+                              const int nt) {
+    int64_t gs = w->group_size, lines = gs * bits / 32; /* vectors per group: even */
+    /* Vectors per step: 4-bit 2 at 4 chains (each feeds two, its even and its odd nibbles), else
+     * 1; 8-bit one per chain. */
+    const int step = bits == 4 ? (nc == 4 ? 2 : 1) : nc;
+    const uint8_t *wg = blk->lines + (size_t)g * blk->group_bytes;
+    cpu_rows16_prefetch(blk, g);
+    int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + (v0 & 127) * bits / 8;
+    __m512i ah[CPU_MATVEC_MAX_TOKENS][4], al[CPU_MATVEC_MAX_TOKENS][4];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++)
+#pragma GCC unroll 4
+        for (int j = 0; j < nc; j++) ah[t][j] = al[t][j] = _mm512_setzero_si512();
+    for (int64_t k = 0; k < lines; k += step) {
+#pragma GCC unroll 4
+        for (int u = 0; u < step; u++) {
+            __m512i v = _mm512_loadu_si512(wg + 64 * (k + u));
+            if (bits == 8) {
+#pragma GCC unroll 8
+                for (int t = 0; t < nt; t++) {
+                    const uint8_t *xb = xq[t] + xoff + 4 * (k + u);
+                    ah[t][u] = dpbusd_bcast(ah[t][u], v, xb);
+                    al[t][u] = dpbusd_bcast(al[t][u], v, xb + 128);
+                }
+                continue;
+            }
+            __m512i we, wo;
+            split_nibbles(v, &we, &wo);
+            const int je = nc == 4 ? 2 * u : 0, jo = nc == 1 ? 0 : je + 1;
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) rows16_q4_planes(ah[t], al[t], je, jo, we, wo, xq[t] + xoff + 4 * (k + u));
+        }
+    }
+    rows16_group_end(w, in, blk, g, ah, al, nc, acc, nt);
+}
+
+/* EXO_MATVEC_STREAMS=1|2|4: blocks in flight per thread at 1-2 tokens (mlx_rows16), read once;
+ * default 2. */
+static _Atomic int rows16_streams_env = -1;
+
+static int rows16_streams(void) {
+    int v = atomic_load_explicit(&rows16_streams_env, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("EXO_MATVEC_STREAMS");
+        v = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : 2;
+        atomic_store(&rows16_streams_env, v);
+    }
+    return v;
+}
+
 T512 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
-                            int64_t r1, const int bits, const int nt) {
-    int64_t cols = w->cols, rows = w->rows, gs = w->group_size, groups = cols / gs;
-    int64_t lines = gs * bits / 32, rows16 = rows & ~(int64_t)15; /* vectors per group: even */
+                            int64_t r1, const int bits, const int S, const int nt) {
+    int64_t cols = w->cols, rows = w->rows, groups = cols / w->group_size, rows16 = rows & ~(int64_t)15;
     /* Independent int32 accumulator chains per plane and token (vpdpbusd latency): 4 at 1-2
-     * tokens, 2 at 3-4, 1 above (register budget). Vectors per step: 4-bit 2 at 4 chains (each
-     * feeds two, its even and its odd nibbles), else 1; 8-bit one per chain. */
-    const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1, step = bits == 4 ? (nc == 4 ? 2 : 1) : nc;
+     * tokens, 2 at 3-4, 1 above (register budget). */
+    const int nc = nt <= 2 ? 4 : nt <= 4 ? 2 : 1;
     /* Software prefetch at 1-2 tokens only: there the kernel waits on DRAM (the 1B shape at 2
      * threads: 8-bit 29.0 -> 32.8 GB/s); from 3 tokens it is compute-bound and the prefetches cost
      * 5-17% per core in cache (b4, b8, pp512 passes; bench/RESULTS.md, cpu26). */
@@ -417,55 +469,46 @@ T512 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, floa
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
-    for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows16; b++) {
-        cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
-        blk.to_l2 = to_l2;
-        __m512 acc[CPU_MATVEC_MAX_TOKENS];
-#pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-        for (int64_t g = 0; g < groups; g++) {
-            const uint8_t *wg = blk.lines + (size_t)g * blk.group_bytes;
-            cpu_rows16_prefetch(&blk, g);
-            int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + (v0 & 127) * bits / 8;
-            __m512i ah[CPU_MATVEC_MAX_TOKENS][4], al[CPU_MATVEC_MAX_TOKENS][4];
-#pragma GCC unroll 8
-            for (int t = 0; t < nt; t++)
+    int64_t b0 = r0 >> 4, b1 = (r1 + 15) >> 4;
+    if (b1 > rows16 >> 4) b1 = rows16 >> 4;
+    /* S streams: stream k walks blocks [b0 + k*per, b0 + (k+1)*per), the S side by side, group
+     * by group (the last streams may run out a block early). */
+    const int64_t per = (b1 - b0 + S - 1) / S;
+    for (int64_t i = 0; i < per; i++) {
+        cpu_rows16_block blk[4];
+        __m512 acc[4][CPU_MATVEC_MAX_TOKENS];
+        int on[4];
 #pragma GCC unroll 4
-                for (int j = 0; j < nc; j++) ah[t][j] = al[t][j] = _mm512_setzero_si512();
-            for (int64_t k = 0; k < lines; k += step) {
-#pragma GCC unroll 4
-                for (int u = 0; u < step; u++) {
-                    __m512i v = _mm512_loadu_si512(wg + 64 * (k + u));
-                    if (bits == 8) {
+        for (int k = 0; k < S; k++) {
+            on[k] = b0 + k * per + i < b1;
+            blk[k] = cpu_rows16_block_at(w, b0 + k * per + i, ahead);
+            blk[k].to_l2 = to_l2;
 #pragma GCC unroll 8
-                        for (int t = 0; t < nt; t++) {
-                            const uint8_t *xb = xq[t] + xoff + 4 * (k + u);
-                            ah[t][u] = dpbusd_bcast(ah[t][u], v, xb);
-                            al[t][u] = dpbusd_bcast(al[t][u], v, xb + 128);
-                        }
-                        continue;
-                    }
-                    __m512i we, wo;
-                    split_nibbles(v, &we, &wo);
-                    const int je = nc == 4 ? 2 * u : 0, jo = nc == 1 ? 0 : je + 1;
-#pragma GCC unroll 8
-                    for (int t = 0; t < nt; t++) rows16_q4_planes(ah[t], al[t], je, jo, we, wo, xq[t] + xoff + 4 * (k + u));
-                }
-            }
-            rows16_group_end(w, in, &blk, g, ah, al, nc, acc, nt);
+            for (int t = 0; t < nt; t++) acc[k][t] = _mm512_setzero_ps();
         }
-        rows16_store(y, rows, b, r0, r1, acc, nt);
+        for (int64_t g = 0; g < groups; g++)
+#pragma GCC unroll 4
+            for (int k = 0; k < S; k++)
+                if (k == 0 || on[k]) rows16_group(w, in, &blk[k], g, xq, acc[k], bits, nc, nt);
+#pragma GCC unroll 4
+        for (int k = 0; k < S; k++)
+            if (on[k]) rows16_store(y, rows, b0 + k * per + i, r0, r1, acc[k], nt);
     }
     if (bits == 4 && r1 > rows16) mlx4_planes_rows(w, in, y, r0 > rows16 ? r0 : rows16, r1, nt);
 }
 
 T512 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-    if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16 && w->bits == 8) {
-        CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 8)
-        return;
-    }
     if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16) {
-        CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 4)
+        if (in->n_tokens <= 2) { /* decode: S streams (rows16_streams) */
+            int S = rows16_streams(), two = in->n_tokens == 2;
+#define ROWS16_S(bits, S) (two ? mlx_rows16(w, in, y, r0, r1, bits, S, 2) : mlx_rows16(w, in, y, r0, r1, bits, S, 1))
+            if (w->bits == 8) S == 1 ? ROWS16_S(8, 1) : S == 2 ? ROWS16_S(8, 2) : ROWS16_S(8, 4);
+            else S == 1 ? ROWS16_S(4, 1) : S == 2 ? ROWS16_S(4, 2) : ROWS16_S(4, 4);
+#undef ROWS16_S
+            return;
+        }
+        if (w->bits == 8) CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 8, 1)
+        else CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 4, 1)
         return;
     }
     if (cpu_mlx_x_planes(w)) { /* scales in registers: no sd array */
