@@ -177,7 +177,11 @@ TAMX static void amx_configure(void) {
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
-    _tile_loadconfig(&cfg);
+    /* Not _tile_loadconfig: GCC's intrinsic tells the compiler it reads 8 bytes of the config
+     * (an "m" operand of pointer type), so the stores of rows and colsb may be dropped as dead
+     * stores. They were, once amx_units grew (a trial of gguf4): ldtilecfg read palette 1 with
+     * zero rows and the first tile instruction raised SIGILL. The asm reads the whole struct. */
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 }
 
 /* One B row pair: values v (low halves) and v' (high halves) of 16 weight rows as f32 ->
