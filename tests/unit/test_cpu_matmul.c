@@ -26,18 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rng_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-
-static float rng_uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)(rng_u32() & 0xffffff) / (float)0x1000000;
-}
+#include "test_random.h"
 
 typedef struct test_weight {
     weight_matrix w;
@@ -86,14 +75,6 @@ static void free_weight(test_weight *t) {
     free(t->data);
     free(t->scales);
     free(t->biases);
-}
-
-static float *random_x(int64_t n, int64_t cols) {
-    float *x = malloc((size_t)(n * cols) * sizeof *x);
-    for (int64_t i = 0; i < n * cols; i++) x[i] = rng_uniform(-2, 2);
-    /* A few outliers, as real activations have: stresses per-group activation scaling. */
-    for (int64_t t = 0; t < n; t++) x[t * cols + (rng_u32() % cols)] *= 20.0f;
-    return x;
 }
 
 /* A[t][r] of the tolerance formula. */
