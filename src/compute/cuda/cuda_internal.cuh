@@ -157,6 +157,10 @@ double cuda_gemm_bf16_gflops(cuda_ctx *c, int n, int reps);
 /* Fills bytes (a multiple of 4) of GPU memory with bf16 values of modest size, never NaN. */
 void cuda_fill_random(cuda_ctx *c, void *p, size_t bytes, uint32_t seed);
 
+/* linear_attention_cuda.cu: the hybrid models' ops (conv1d_causal, gated_delta_rule,
+ * rmsnorm_gated, mul_sigmoid, mul_sigmoid_rows, copy) set on b. */
+void cuda_bind_linear_attention(compute_backend *b);
+
 /* sample_cuda.cu: the backend's sample op (backend.h); waits for the results. */
 int cuda_sample(cuda_ctx *c, float *logits, int64_t n_rows, int64_t vocab,
                 const sample_params *params, sample_result *out);
