@@ -713,18 +713,28 @@ static void test_sample(void **s) {
 }
 
 /* The 4-bit tensor-core GEMM (decode batches of 9..256 tokens; EXO_CUDA_QGEMM=0 turns it off, the
- * backend below has it on explicitly) against the CPU:
- * one and several row blocks, split k, tokens past one 64-token tile, accumulating or not. */
+ * backend below has it on explicitly) against the CPU: group sizes 32/64/128 with bf16, f16 and
+ * f32 scales, row counts that are not a multiple of its 128-row blocks, one and several row
+ * blocks, k split across blocks (partial sums) or not, 9..256 tokens (the 16-, 32- and 64-token
+ * tiles, a partial last tile, several tiles), accumulating or not. Matrices are at least 2^22
+ * weights (smaller ones take SGEMM, not the tensor cores). The 4160-column case is not a
+ * multiple of the kernel's 128-column stages: it must fall back to the cuBLAS copy path; the
+ * f16 and bf16 ones check the x conversion cuBLAS reads (f16, and a size not a multiple of 8). */
 static void test_qgemm(void **s) {
     (void)s;
     SKIP_WITHOUT_GPU();
     static const format_case cases[] = {
         {"mlx4 g64", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 4096, 1024},
         {"mlx4 g64 tall", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 9000, 512},
-        {"mlx4 g32 f16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_F16, 200, 2048},
-        {"mlx4 g128 f32", WEIGHT_MLX_AFFINE, 4, 128, DTYPE_F32, 130, 256},
+        {"mlx4 g32 bf16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_BF16, 1100, 4096},
+        {"mlx4 g128 bf16", WEIGHT_MLX_AFFINE, 4, 128, DTYPE_BF16, 1030, 4096},
+        {"mlx4 g32 f16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_F16, 2100, 2048},
+        {"mlx4 g128 f32", WEIGHT_MLX_AFFINE, 4, 128, DTYPE_F32, 1037, 4096},
+        {"mlx4 g64 f16 4160", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_F16, 1030, 4160},
+        {"f16", WEIGHT_F16, 0, 0, DTYPE_BF16, 1100, 4096},
+        {"bf16 4099 cols", WEIGHT_BF16, 0, 0, DTYPE_BF16, 1031, 4099},
     };
-    static const int64_t tokens[] = {9, 40, 64, 100};
+    static const int64_t tokens[] = {9, 17, 40, 64, 100, 256};
     int failures = 0;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const format_case *fc = &cases[i];
@@ -734,13 +744,60 @@ static void test_qgemm(void **s) {
             int64_t n = tokens[k];
             for (int variant = 0; variant < 2; variant++) { /* silu + accumulate, plain */
                 double d = fused_diff(gpu_qgemm, &m.w, n, !variant, !variant);
-                printf("  qgemm %-14s %5d x %4d, %3d tokens, %s: %.1e\n", fc->name, (int)fc->rows,
+                printf("  qgemm %-17s %5d x %4d, %3d tokens, %s: %.1e\n", fc->name, (int)fc->rows,
                        (int)fc->cols, (int)n, variant ? "plain" : "silu+acc", d);
                 if (!(d <= GEMM_TOL)) failures++;
             }
         }
         free_matrix(&m);
     }
+    assert_int_equal(failures, 0);
+}
+
+/* Several 4-bit matrices in one qgemm4 launch (q/k/v: row blocks of different matrices, split k)
+ * equal each matrix on the CPU, and a second identical call gives the very same bits; a bf16
+ * matrix among them takes cuBLAS beside the launch. */
+static void test_qgemm_multi(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    enum { COLS = 4096 };
+    static const int64_t rows[4] = {1152, 1030, 1030, 1100};
+    test_matrix m[4];
+    const weight_matrix *w[4];
+    for (int i = 0; i < 4; i++) {
+        make_matrix(&m[i], i == 3 ? WEIGHT_BF16 : WEIGHT_MLX_AFFINE, rows[i], COLS, 4, 64, DTYPE_BF16);
+        w[i] = &m[i].w;
+    }
+    int failures = 0;
+    for (int n = 17; n <= 100; n += 83) {
+        for (int nm = 3; nm <= 4; nm++) {
+            float *x = rand_floats((size_t)n * COLS, 1.0f);
+            float *dx = to_gpu(gpu_qgemm, x, sizeof(float) * (size_t)n * COLS);
+            float *dy[4];
+            for (int i = 0; i < nm; i++) dy[i] = gpu_qgemm->alloc(gpu_qgemm, sizeof(float) * (size_t)n * (size_t)rows[i]);
+            gpu_qgemm->matmul_multi(gpu_qgemm, nm, w, dx, dy, n);
+            float *first[4];
+            for (int i = 0; i < nm; i++) first[i] = from_gpu(gpu_qgemm, dy[i], (size_t)n * (size_t)rows[i]);
+            /* again: split k's partial sums are added in split order whichever block ends last */
+            gpu_qgemm->matmul_multi(gpu_qgemm, nm, w, dx, dy, n);
+            for (int i = 0; i < nm; i++) {
+                size_t cnt = (size_t)n * (size_t)rows[i];
+                float *ref = malloc(cnt * sizeof *ref);
+                cpu->matmul(cpu, w[i], x, ref, n);
+                float *y = from_gpu(gpu_qgemm, dy[i], cnt);
+                double d = rel_diff(y, ref, cnt);
+                int same = !memcmp(y, first[i], cnt * sizeof *y);
+                printf("  qgemm multi %d of %d, %3d tokens: %.1e%s\n", i, nm, n, d,
+                       same ? "" : " (differs from the same call before: not deterministic)");
+                if (!(d <= GEMM_TOL) || !same) failures++;
+                free(ref), free(y), free(first[i]);
+                gpu_qgemm->free(gpu_qgemm, dy[i]);
+            }
+            gpu_qgemm->free(gpu_qgemm, dx);
+            free(x);
+        }
+    }
+    for (int i = 0; i < 4; i++) free_matrix(&m[i]);
     assert_int_equal(failures, 0);
 }
 
@@ -971,7 +1028,8 @@ int main(void) {
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_moe),
         cmocka_unit_test(test_matmul_fused),   cmocka_unit_test(test_rope_kv_write),
         cmocka_unit_test(test_sample),         cmocka_unit_test(test_qgemm),
-        cmocka_unit_test(test_norm_matmul),    cmocka_unit_test(test_linear_attention),
+        cmocka_unit_test(test_qgemm_multi),    cmocka_unit_test(test_norm_matmul),
+        cmocka_unit_test(test_linear_attention),
         cmocka_unit_test(test_refuses_interleaved_layout),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
