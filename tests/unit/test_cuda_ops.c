@@ -755,8 +755,7 @@ static void test_qgemm(void **s) {
 }
 
 /* Several 4-bit matrices in one qgemm4 launch (q/k/v: row blocks of different matrices, split k)
- * equal each matrix on the CPU, and a second identical call gives the very same bits; a bf16
- * matrix among them takes cuBLAS beside the launch. */
+ * equal each matrix on the CPU; a bf16 matrix among them takes cuBLAS beside the launch. */
 static void test_qgemm_multi(void **s) {
     (void)s;
     SKIP_WITHOUT_GPU();
@@ -776,21 +775,15 @@ static void test_qgemm_multi(void **s) {
             float *dy[4];
             for (int i = 0; i < nm; i++) dy[i] = gpu_qgemm->alloc(gpu_qgemm, sizeof(float) * (size_t)n * (size_t)rows[i]);
             gpu_qgemm->matmul_multi(gpu_qgemm, nm, w, dx, dy, n);
-            float *first[4];
-            for (int i = 0; i < nm; i++) first[i] = from_gpu(gpu_qgemm, dy[i], (size_t)n * (size_t)rows[i]);
-            /* again: split k's partial sums are added in split order whichever block ends last */
-            gpu_qgemm->matmul_multi(gpu_qgemm, nm, w, dx, dy, n);
             for (int i = 0; i < nm; i++) {
                 size_t cnt = (size_t)n * (size_t)rows[i];
                 float *ref = malloc(cnt * sizeof *ref);
                 cpu->matmul(cpu, w[i], x, ref, n);
                 float *y = from_gpu(gpu_qgemm, dy[i], cnt);
                 double d = rel_diff(y, ref, cnt);
-                int same = !memcmp(y, first[i], cnt * sizeof *y);
-                printf("  qgemm multi %d of %d, %3d tokens: %.1e%s\n", i, nm, n, d,
-                       same ? "" : " (differs from the same call before: not deterministic)");
-                if (!(d <= GEMM_TOL) || !same) failures++;
-                free(ref), free(y), free(first[i]);
+                printf("  qgemm multi %d of %d, %3d tokens: %.1e\n", i, nm, n, d);
+                if (!(d <= GEMM_TOL)) failures++;
+                free(ref), free(y);
                 gpu_qgemm->free(gpu_qgemm, dy[i]);
             }
             gpu_qgemm->free(gpu_qgemm, dx);
