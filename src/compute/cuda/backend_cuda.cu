@@ -45,7 +45,7 @@ void *cuda_scratch(cuda_ctx *c, int which, size_t bytes) {
         return NULL;
     }
     c->scratch_bytes[which] = want;
-    if (which == SCRATCH_ATT_DONE || which == SCRATCH_QGEMM_DONE) CUDA_OK(c, cudaMemsetAsync(c->scratch[which], 0, want, c->stream));
+    if (which == SCRATCH_ATT_DONE) CUDA_OK(c, cudaMemsetAsync(c->scratch[which], 0, want, c->stream));
     return c->scratch[which];
 }
 

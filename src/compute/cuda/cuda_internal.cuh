@@ -95,8 +95,6 @@ enum {
     SCRATCH_SAMPLE_PROBS, /* [rows][vocab] candidate probabilities of non-greedy rows */
     SCRATCH_QGEMM,        /* the 4-bit GEMM's partial sums of split k */
     SCRATCH_QGEMM_X,      /* the 4-bit GEMM's x: bf16 in its column order */
-    SCRATCH_QGEMM_DONE,   /* the 4-bit GEMM's per-tile counts of finished split blocks: zeroed
-                           * when allocated, the last block of a tile sets its count back to 0 */
     SCRATCH_ATT_DONE,     /* split attention's per-(token, KV head) counts of finished blocks:
                            * zeroed when allocated, each merge sets its count back to 0 */
     SCRATCH_COUNT

@@ -883,36 +883,17 @@ void cuda_gemv_experts(cuda_ctx *c, const dev_matrix *table, int kind, int64_t r
 
 /* ---- GEMM path -------------------------------------------------------------------------- */
 
-/* x (or silu(x) * up) rounded to bf16 or f16 for the tensor cores, 8 values a thread (one
- * 16-byte store); perm: each 8 columns stored in the order 0,4,1,5,2,6,3,7 (qgemm4's k order;
- * only for rows of a multiple of 8 values). */
+/* x (or silu(x) * up) rounded to bf16 or f16 for the tensor cores; perm: each 8 columns stored
+ * in the order 0,4,1,5,2,6,3,7 (qgemm4's k order). */
 __global__ void to_half_kernel(const float *x, const float *up, int64_t n, int bf16, int perm, void *out) {
-    int64_t i0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    if (i0 >= n) return;
-    float v[8];
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        int64_t i = i0 + k < n ? i0 + k : n - 1;
-        v[k] = up ? silu_times(x[i], up[i]) : x[i];
-    }
-    uint32_t h[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float lo = perm ? v[k] : v[2 * k], hi = perm ? v[k + 4] : v[2 * k + 1];
-        if (bf16) {
-            __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-            h[k] = *reinterpret_cast<uint32_t *>(&p);
-        } else {
-            __half2 p = __floats2half2_rn(lo, hi);
-            h[k] = *reinterpret_cast<uint32_t *>(&p);
-        }
-    }
-    uint16_t *o = (uint16_t *)out + i0;
-    if (i0 + 8 <= n) {
-        *(uint4 *)o = make_uint4(h[0], h[1], h[2], h[3]);
-    } else { /* the tail of a size not a multiple of 8 (never permuted) */
-        for (int k = 0; i0 + k < n; k++) o[k] = (uint16_t)(h[k / 2] >> (16 * (k & 1)));
-    }
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = up ? silu_times(x[i], up[i]) : x[i];
+    int64_t o = perm ? (i & ~(int64_t)7) | ((i & 3) << 1) | ((i >> 2) & 1) : i;
+    if (bf16)
+        ((__nv_bfloat16 *)out)[o] = __float2bfloat16_rn(v);
+    else
+        ((__half *)out)[o] = __float2half_rn(v);
 }
 
 /* A 4- or 8-bit matrix to bf16: one thread per 32-bit word (its values share a group), written
@@ -994,7 +975,7 @@ static const void *half_x(cuda_ctx *c, const float *x, const float *up, int64_t 
                           int bf16, int perm) {
     void *xh = cuda_scratch(c, perm ? SCRATCH_QGEMM_X : SCRATCH_GEMM_X, (size_t)(n * cols) * 2);
     if (!xh) return NULL;
-    to_half_kernel<<<cuda_blocks((n * cols + 7) / 8, 256), 256, 0, c->stream>>>(x, up, n * cols, bf16, perm, xh);
+    to_half_kernel<<<cuda_blocks(n * cols, 256), 256, 0, c->stream>>>(x, up, n * cols, bf16, perm, xh);
     CUDA_LAUNCHED(c, "to_half");
     return xh;
 }
@@ -1048,9 +1029,7 @@ static void gemm_half(cuda_ctx *c, const dev_matrix *m, const void *xh, float *y
  * Numerics: w = s * n + b rounded once to bf16 (bf16 scales: (128 + n) - 128 exactly, then one
  * fused bf16x2 fma; f16/f32 scales: fmaf in float32, then rounded), x rounded to bf16, float32
  * accumulation -- the cuBLAS path's numbers up to summation order. Matrices with few row blocks
- * split k across blocks: each block writes its partial sums, and the last of a tile's blocks to
- * finish (an atomic count per tile) adds them up in split order -- deterministic, whichever
- * block is last -- and resets the count; no second kernel. */
+ * split k across blocks; a second kernel adds the partial sums in split order (deterministic). */
 #define QGEMM_MAX_TOKENS 256
 #define QGEMM_BM 128
 #define QGEMM_BK 128
@@ -1064,7 +1043,6 @@ struct qgemm_args {
     const void *scales[4], *biases[4];
     float *y[4];
     float *partial[4];      /* [splits][tokens][rows] of each matrix when split, else NULL */
-    int *done;              /* split: finished blocks per (row block, token block), zero between launches */
     int rows[4];
     int block_start[5];
     int n;
@@ -1094,11 +1072,9 @@ __device__ __forceinline__ void qg_cp16(void *smem, const void *gmem, bool ok) {
  * lanes of a shared-load phase (g in 0..1, t in 0..3) then hit 8 different bank groups. */
 __device__ __forceinline__ int qg_swz(int tok, int c) { return (tok & 1) | (((c >> 3) & 1) << 1); }
 
-/* Not volatile: the compiler may interleave the mma with other work (the loop below already
- * orders them so that no mma waits on the one just issued). */
 __device__ __forceinline__ void qg_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -1171,29 +1147,26 @@ __global__ void __launch_bounds__(QGEMM_THREADS, 2) qgemm4_kernel(qgemm_args a) 
     int n_chunks = cols / QGEMM_BK - c0;
     if (n_chunks > a.chunks_per_split) n_chunks = a.chunks_per_split;
 
-    /* one stage's copies: 16-byte pieces of rows tid / 4 + 32 j (piece tid % 4) and of tokens
-     * tid / 16 + 8 j (piece tid % 16); pieces past the rows or tokens are zeros, read from row
-     * or token 0 */
-    const unsigned char *w_first = (const unsigned char *)wdata + 16 * (tid & 3);
-    const unsigned char *w_mine = w_first + (int64_t)(bm + (tid >> 2)) * (cols / 2);
-    const __nv_bfloat16 *x_first = a.x + 8 * (tid & 15);
-    const __nv_bfloat16 *x_mine = x_first + (int64_t)(bn + (tid >> 4)) * cols;
+    /* one stage's copies: 4 16-byte pieces of weights and NT of x per thread */
     auto issue = [&](int i) {
         if (i < n_chunks) {
             unsigned char *sa = qg_smem + (i % QGEMM_STAGES) * S::STAGE, *sx = sa + S::A_BYTES;
             const int64_t k0 = (int64_t)(c0 + i) * QGEMM_BK;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                int r = (tid >> 2) + 32 * j, part = tid & 3;
-                bool ok = bm + r < rows;
-                const unsigned char *src = (ok ? w_mine + (int64_t)(32 * j) * (cols / 2) : w_first) + k0 / 2;
+                int p = tid + QGEMM_THREADS * j, r = p >> 2, part = p & 3;
+                int row = bm + r;
+                bool ok = row < rows;
+                const unsigned char *src = (const unsigned char *)wdata +
+                                           ((int64_t)(ok ? row : 0) * cols + k0) / 2 + 16 * part;
                 qg_cp16(sa + r * 64 + 16 * part, src, ok);
             }
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                int tk = (tid >> 4) + 8 * j, c = tid & 15;
-                bool ok = bn + tk < tokens;
-                const __nv_bfloat16 *src = (ok ? x_mine + (int64_t)(8 * j) * cols : x_first) + k0;
+                int p = tid + QGEMM_THREADS * j, tk = p >> 4, c = p & 15;
+                int tok = bn + tk;
+                bool ok = tok < tokens;
+                const __nv_bfloat16 *src = a.x + (int64_t)(ok ? tok : 0) * cols + k0 + 8 * c;
                 qg_cp16(sx + tk * 256 + 16 * (c ^ qg_swz(tk, c)), src, ok);
             }
         }
@@ -1246,26 +1219,18 @@ __global__ void __launch_bounds__(QGEMM_THREADS, 2) qgemm4_kernel(qgemm_args a) 
                 for (int p = 0; p < 4; p++) av[r][p] = qg_dequant_pair<SD>(u, p, sc0[r]);
             }
             const int c = 4 * t + s;
-            uint4 xb[NT];
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const int tk = 8 * j + g;
-                xb[j] = *(const uint4 *)(sx + tk * 256 + 16 * (c ^ qg_swz(tk, c)));
-            }
-            /* the step's first k16 half for every tile, then the second: an accumulator's two
-             * mma are 2 NT apart, not back to back */
+                uint4 xb = *(const uint4 *)(sx + tk * 256 + 16 * (c ^ qg_swz(tk, c)));
 #pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
+                for (int mt = 0; mt < 2; mt++) {
                     qg_mma(acc[mt][j], av[2 * mt][0], av[2 * mt + 1][0], av[2 * mt][1],
-                           av[2 * mt + 1][1], xb[j].x, xb[j].y);
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
+                           av[2 * mt + 1][1], xb.x, xb.y);
                     qg_mma(acc[mt][j], av[2 * mt][2], av[2 * mt + 1][2], av[2 * mt][3],
-                           av[2 * mt + 1][3], xb[j].z, xb[j].w);
+                           av[2 * mt + 1][3], xb.z, xb.w);
+                }
+            }
         }
 #pragma unroll
         for (int r = 0; r < 4; r++) sc0[r] = sc1[r], sc1[r] = sc2[r];
@@ -1283,31 +1248,22 @@ __global__ void __launch_bounds__(QGEMM_THREADS, 2) qgemm4_kernel(qgemm_args a) 
                 if (row >= rows || tok >= tokens) continue;
                 float v = acc[mt][j][e];
                 if (partial) {
-                    __stcg(partial + ((int64_t)blockIdx.z * tokens + tok) * rows + row, v);
+                    partial[((int64_t)blockIdx.z * tokens + tok) * rows + row] = v;
                 } else {
                     float *o = y + (int64_t)tok * rows + row;
                     *o = a.accumulate ? *o + v : v;
                 }
             }
-    if (!partial) return;
-    /* split k: the tile's last block to finish adds the splits' partial sums in split order */
-    __shared__ int last_block;
-    __threadfence();
-    __syncthreads();
-    int *done = a.done + blockIdx.x * gridDim.y + blockIdx.y;
-    if (tid == 0) last_block = atomicAdd(done, 1) == (int)gridDim.z - 1;
-    __syncthreads();
-    if (!last_block) return;
-    __threadfence();
-    for (int i = tid; i < QGEMM_BM * S::BN; i += QGEMM_THREADS) {
-        int row = bm + i % QGEMM_BM, tok = bn + i / QGEMM_BM;
-        if (row >= rows || tok >= tokens) continue;
-        float v = 0;
-        for (int z = 0; z < (int)gridDim.z; z++) v += __ldcg(partial + ((int64_t)z * tokens + tok) * rows + row);
-        float *o = y + (int64_t)tok * rows + row;
-        *o = a.accumulate ? *o + v : v;
-    }
-    if (tid == 0) *done = 0; /* for the next launch (graphs replay the same counts) */
+}
+
+/* y (+)= the sum of the splits' partial sums, in split order. */
+__global__ void qgemm_reduce_kernel(const float *partial, int splits, int64_t n, float *y,
+                                    int accumulate) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = 0;
+    for (int s = 0; s < splits; s++) v += partial[s * n + i];
+    y[i] = accumulate ? y[i] + v : v;
 }
 
 typedef void (*qgemm_fn)(qgemm_args);
@@ -1375,12 +1331,17 @@ static void qgemm4(cuda_ctx *c, int n, const dev_matrix *const *m, const void *x
             a.partial[i] = p;
             p += (size_t)splits * (size_t)tokens * (size_t)m[i]->rows;
         }
-        a.done = (int *)cuda_scratch(c, SCRATCH_QGEMM_DONE, (size_t)row_blocks * tok_blocks * sizeof(int));
-        if (!a.done) return;
     }
     dim3 grid((unsigned)row_blocks, (unsigned)tok_blocks, (unsigned)splits);
     qgemm_kernel(m[0]->scale_dtype, nt)<<<grid, QGEMM_THREADS, qgemm_smem(nt), c->stream>>>(a);
     CUDA_LAUNCHED(c, "qgemm4");
+    if (splits > 1)
+        for (int i = 0; i < n; i++) {
+            int64_t cnt = tokens * m[i]->rows;
+            qgemm_reduce_kernel<<<cuda_blocks(cnt, 256), 256, 0, c->stream>>>(a.partial[i], splits,
+                                                                              cnt, ys[i], accumulate);
+            CUDA_LAUNCHED(c, "qgemm_reduce");
+        }
 }
 
 /* n matrices sharing x (x' = silu(x) * up when up), each y[i] (+)= W_i x': x rounded to 16 bits
