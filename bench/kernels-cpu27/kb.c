@@ -31,8 +31,9 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < s / 2; i++) sc[i] = 0x3c00 | (rnd() & 0x7f), bi[i] = 0xbc00 | (rnd() & 0x7f);
     w.data = d, w.scales = sc, w.biases = bi;
     if (cpu_weight_repack_rows16(&w)) { fprintf(stderr, "repack failed\n"); return 1; }
-    float *x = malloc(cols * 4), *y = malloc(rows * 4);
-    for (int64_t i = 0; i < cols; i++) x[i] = (float)(rnd() % 2001) * 0.001f - 1.0f;
+    int64_t nt = getenv("TOKENS") ? atoll(getenv("TOKENS")) : 1; /* TOKENS=n: n tokens per call */
+    float *x = malloc((size_t)(nt * cols) * 4), *y = malloc((size_t)(nt * rows) * 4);
+    for (int64_t i = 0; i < nt * cols; i++) x[i] = (float)(rnd() % 2001) * 0.001f - 1.0f;
     cpu_level lv[16]; int vnni[16], dist[16];
     for (int c = 0; c < ncfg; c++) {
         lv[c] = !strncmp(argv[5 + c], "avx2", 4) ? CPU_LEVEL_AVX2 : CPU_LEVEL_AVX512;
@@ -45,11 +46,11 @@ int main(int argc, char **argv) {
         for (int c = 0; c < ncfg; c++) {
             cpu_avx2_set_vnni(vnni[c]); cpu_matvec_set_prefetch((size_t)dist[c]);
             double t0 = now();
-            for (int i = 0; i < inner; i++) cpu_matmul_with(&w, x, y, 1, lv[c], CPU_GEMM_AUTO, -1);
+            for (int i = 0; i < inner; i++) cpu_matmul_with(&w, x, y, nt, lv[c], CPU_GEMM_AUTO, -1);
             double t = now() - t0;
             if (r >= 0) gbs[c * reps + r] = (double)(q + 2 * s) * inner / t * 1e-9;
         }
-    printf("%d-bit %lldx%lld (%.0f KiB), 1 thread CPU clock, %d reps x %d calls\n", bits, (long long)rows, (long long)cols, (q + 2 * s) / 1024.0, reps, inner);
+    printf("%d-bit %lldx%lld (%.0f KiB), %lld token(s), 1 thread CPU clock, %d reps x %d calls (GB/s of weights)\n", bits, (long long)rows, (long long)cols, (q + 2 * s) / 1024.0, (long long)nt, reps, inner);
     for (int c = 0; c < ncfg; c++) {
         qsort(gbs + c * reps, reps, sizeof(double), cmpd);
         printf("  %-14s median %6.2f GB/s (best %6.2f)\n", argv[5 + c], gbs[c * reps + reps / 2], gbs[c * reps + reps - 1]);
