@@ -20,19 +20,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/carry-lib.sh
 final=${1:-/work/main/.devcarry-cudae2e}
-dest=$final.tmp # laid out beside it, then swapped in: the folder is never half written
 b=${BUILD:-build/cuda}
 modules=tests/e2e/node_modules
 tokenizers=(qwen3 llama3_1 gptoss)
-# sonames an Ubuntu 24.04 image with python3 (ssl, ffi, lzma, uuid) and apt (gnutls, gcrypt,
-# systemd, zstd, lz4; pcre2 through grep) always holds; and OpenBLAS with its Fortran runtime
-BASE_LIBS='libz|liblzma|libzstd|liblz4|libssl|libcrypto|libffi|libuuid|libgnutls|libnettle|libhogweed'
-BASE_LIBS+='|libgmp|libtasn1|libp11-kit|libidn2|libgcrypt|libgpg-error|libsystemd|libcap|libpcre2-8'
-BASE_LIBS+='|libopenblas|libgfortran|libquadmath'
+# the sonames the image holds (carry-lib.sh), and OpenBLAS with its Fortran runtime
+BASE_LIBS="$CARRY_IMAGE_LIBS|libopenblas|libgfortran|libquadmath"
 for f in "$b/exo" "$b/tools/mkmodel" "$modules/openai/package.json"; do
   [ -e "$f" ] || { echo "carry-e2e-device: $f missing (build it / run scripts/deps.sh)" >&2; exit 1; }
 done
-rm -rf "$dest"; mkdir -p "$dest"
+dest=$(carry_begin "$final")
 cp scripts/e2e-device-run.sh "$dest/run.sh"
 cp scripts/carry-lib.sh "$dest/"
 carry_pack "$b/exo" "$dest/exo"
@@ -102,6 +98,4 @@ gcc -std=c17 -O2 -Wall -Wextra -Werror -shared -fPIC -Wl,-soname,libopenblas.so.
 gcc -std=c17 -O2 -Wall -Wextra -Werror scripts/openblas-shim-check.c -o "$tree/shim-check" -lopenblas -ldl -lm
 "$tree/shim-check" "$tree/libopenblas.so.0"
 xz -6 -c "$tree/libopenblas.so.0" > "$dest/lib/libopenblas.so.0.xz"
-rm -rf "$final.old"; [ -d "$final" ] && mv "$final" "$final.old"
-mv "$dest" "$final" && rm -rf "$final.old"
-du -sh "$final"
+carry_finish "$final"

@@ -1,9 +1,37 @@
 # Functions for payloads that the device tool carries to the GPU machine (an Ubuntu image with
 # glibc, libstdc++, python3 and CUDA, but none of the Debian libraries exo links, and no network).
 # Sourced, not run: the packing half by the scripts that lay a payload out here
-# (scripts/carry-e2e-device.sh), the unpacking half by the payload's run.sh there.
+# (scripts/carry-e2e-device.sh, bench/cuda/carry.sh, bench/cuda/carry-mixed.sh), the unpacking
+# half by the payload's run.sh there.
 # Binaries and libraries travel xz-compressed with the x86 filter; they are unpacked with python3's
 # lzma (the image may lack the xz command).
+
+# The sonames any Ubuntu 24.04 image with python3 (ssl, ffi, lzma, uuid) and apt (gnutls, gcrypt,
+# systemd, zstd, lz4; pcre2 through grep) holds: a CARRY_SKIP_LIBS for payloads that trust it.
+CARRY_IMAGE_LIBS='libz|liblzma|libzstd|liblz4|libssl|libcrypto|libffi|libuuid|libgnutls|libnettle|libhogweed'
+CARRY_IMAGE_LIBS+='|libgmp|libtasn1|libp11-kit|libidn2|libgcrypt|libgpg-error|libsystemd|libcap|libpcre2-8'
+
+# carry_begin FINAL: a fresh FINAL.tmp to lay a payload out in (printed); carry_finish FINAL then
+# swaps it in for FINAL, so a payload folder is never half written.
+carry_begin() {
+  rm -rf "$1.tmp" && mkdir -p "$1.tmp" && echo "$1.tmp"
+}
+carry_finish() {
+  rm -rf "$1.old"; if [ -d "$1" ]; then mv "$1" "$1.old"; fi
+  mv "$1.tmp" "$1" && rm -rf "$1.old" && du -sh "$1"
+}
+
+# carry_tokenizers DEST NAME...: the tokenizers NAME (from scripts/tokenizers.sh's .cache, this
+# checkout's or main's) as DEST/NAME/tokenizer_config.json and DEST/NAME/tokenizer.json.xz.
+carry_tokenizers() {
+  local dest=$1 tok=.cache/tokenizers t; shift
+  [ -d $tok ] || tok=/work/main/.cache/tokenizers
+  for t in "$@"; do
+    mkdir -p "$dest/$t"
+    cp "$tok/$t/tokenizer_config.json" "$dest/$t/" &&
+      xz -T2 -6 -c "$tok/$t/tokenizer.json" > "$dest/$t/tokenizer.json.xz" || return 1
+  done
+}
 
 # carry_pack BIN DEST: BIN stripped and compressed into DEST.xz.
 carry_pack() {

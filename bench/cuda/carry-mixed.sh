@@ -14,24 +14,17 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/carry-lib.sh
 final=${1:-/work/main/.devcarry-dist4}
-dest=$final.tmp # laid out beside it, then swapped in: the folder is never half written
 b=${BUILD:-build/cuda}
-BASE_LIBS='libz|liblzma|libzstd|liblz4|libssl|libcrypto|libffi|libuuid|libgnutls|libnettle|libhogweed'
-BASE_LIBS+='|libgmp|libtasn1|libp11-kit|libidn2|libgcrypt|libgpg-error|libsystemd|libcap|libpcre2-8'
 for f in "$b/exo" "$b/tools/mkmodel"; do
   [ -e "$f" ] || { echo "carry-mixed: $f missing (make CUDA=1 $f)" >&2; exit 1; }
 done
-rm -rf "$dest"; mkdir -p "$dest/lib" "$dest/tokenizers"
+dest=$(carry_begin "$final")
+mkdir -p "$dest/lib"
 cp scripts/carry-lib.sh bench/cuda/mixed_pipeline.py "$dest/"
 carry_pack "$b/exo" "$dest/exo"
 carry_pack "$b/tools/mkmodel" "$dest/mkmodel"
-CARRY_SKIP_LIBS=$BASE_LIBS carry_shared_libs "$dest/lib" "$b/exo" "$b/tools/mkmodel"
-tok=.cache/tokenizers; [ -d $tok ] || tok=/work/main/.cache/tokenizers # scripts/tokenizers.sh
-for t in qwen3 llama3_1; do
-  mkdir -p "$dest/tokenizers/$t"
-  cp $tok/$t/tokenizer_config.json "$dest/tokenizers/$t/"
-  xz -T2 -6 -c $tok/$t/tokenizer.json > "$dest/tokenizers/$t/tokenizer.json.xz"
-done
+CARRY_SKIP_LIBS=$CARRY_IMAGE_LIBS carry_shared_libs "$dest/lib" "$b/exo" "$b/tools/mkmodel"
+carry_tokenizers "$dest/tokenizers" qwen3 llama3_1
 {
   [ -n "${MODELS:-}" ] && printf 'MODELS=${MODELS:-%q}\n' "$MODELS"
   [ -n "${TG:-}" ] && printf 'TG=${TG:-%q}\n' "$TG"
@@ -112,6 +105,4 @@ cat "$out/summary.txt"
 rm -rf "$m"
 EOF
 chmod +x "$dest/run.sh"
-rm -rf "$final.old"; [ -d "$final" ] && mv "$final" "$final.old"
-mv "$dest" "$final" && rm -rf "$final.old"
-du -sh "$final"
+carry_finish "$final"

@@ -10,9 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/carry-lib.sh # carry_pack, carry_shared_libs (shared with scripts/carry-e2e-device.sh)
 final=${1:-/work/main/.devcarry-cuda}
-dest=$final.tmp # laid out beside it, then swapped in: the folder is never half written
+dest=$(carry_begin "$final")
 b=${BUILD:-build/cuda}
-rm -rf "$dest"; mkdir -p "$dest"/{build/tools,build/tests,lib,tests/fixtures,.cache/tokenizers}
+mkdir -p "$dest"/{build/tools,build/tests,lib,tests/fixtures}
 cp bench/cuda/run_on_gpu.sh bench/cuda/api_smoke.py "$dest/"
 cat > "$dest/run.sh" <<'EOF'
 #!/usr/bin/env bash
@@ -33,13 +33,6 @@ sed -i "s|@NAME@|$name|g; s|@RUN_ENV@|${RUN_ENV:-}|" "$dest/run.sh"
 carry_pack $b/exo "$dest/build/exo"
 for t in mkmodel nodeinfo gemvbench; do carry_pack $b/tools/$t "$dest/build/tools/$t"; done
 for t in test_cuda_ops test_engine_reference; do carry_pack $b/tests/$t "$dest/build/tests/$t"; done
-tok=.cache/tokenizers; [ -d $tok ] || tok=/work/main/.cache/tokenizers # scripts/tokenizers.sh
-for t in qwen3 llama3_1 gptoss; do
-  mkdir -p "$dest/.cache/tokenizers/$t"
-  cp $tok/$t/tokenizer_config.json "$dest/.cache/tokenizers/$t/"
-  xz -T1 -6 -c $tok/$t/tokenizer.json > "$dest/.cache/tokenizers/$t/tokenizer.json.xz"
-done
+carry_tokenizers "$dest/.cache/tokenizers" qwen3 llama3_1 gptoss
 carry_shared_libs "$dest/lib" $b/exo $b/tests/test_cuda_ops $b/tests/test_engine_reference
-rm -rf "$final.old"; [ -d "$final" ] && mv "$final" "$final.old"
-mv "$dest" "$final" && rm -rf "$final.old"
-du -sh "$final"
+carry_finish "$final"

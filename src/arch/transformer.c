@@ -45,8 +45,9 @@ struct transformer {
     moe_experts *experts; /* per local layer (MoE layers only) */
     linear_attention_layer *lin; /* per local layer (GatedDeltaNet layers only), with its states */
     int hybrid, n_state_slots;
+    int state_generation; /* bumped when the state buffers move (a recorded step holds them) */
     int64_t conv_dim, lin_value_dim, shared_inter;
-    int32_t *identity_slots; /* host [max_logits]: slot i for sequence i */
+    int32_t *identity_slots; /* host [max_tokens]: slot i for sequence i */
     /* run state: backend memory, sized for max_tokens */
     float *x;        /* [max_tokens][dim] residual stream */
     float *xn;       /* [max_tokens][dim] normed input / projection output */
@@ -66,6 +67,7 @@ struct transformer {
     int32_t *route_ids; /* [max_tokens][k] */
     float *route_w;     /* [max_tokens][k] */
     int32_t *tokens, *positions, *seq_of_token, *slots, *table_start; /* [max_tokens] */
+    int32_t *state_slots; /* [max_tokens] each sequence's recurrent-state slot (hybrids) */
     int32_t *logit_rows; /* [max_logits] */
     float *head_in;      /* [max_logits][dim] */
     float *logits;       /* [max_logits][vocab] */
@@ -228,9 +230,9 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
     t->vec = calloc((size_t)t->n_local, sizeof *t->vec);
     t->experts = calloc((size_t)t->n_local, sizeof *t->experts);
     t->lin = calloc((size_t)t->n_local, sizeof *t->lin);
-    t->identity_slots = malloc((size_t)max_logits * sizeof *t->identity_slots);
+    t->identity_slots = malloc((size_t)max_tokens * sizeof *t->identity_slots);
     int fail = !t->vec || !t->experts || !t->lin || !t->identity_slots;
-    for (int i = 0; !fail && i < max_logits; i++) t->identity_slots[i] = i;
+    for (int i = 0; !fail && i < max_tokens; i++) t->identity_slots[i] = i;
     if (!fail) create_vectors(t, &fail);
     size_t T = (size_t)max_tokens, F = sizeof(float);
     int64_t inter = t->inter > t->shared_inter ? t->inter : t->shared_inter;
@@ -265,6 +267,7 @@ transformer *transformer_create(const model_config *c, const model_weights *w,
     t->seq_of_token = balloc(t, T * 4, &fail);
     t->slots = balloc(t, T * 4, &fail);
     t->table_start = balloc(t, T * 4, &fail);
+    if (t->hybrid) t->state_slots = balloc(t, T * 4, &fail);
     if (t->last) {
         t->logit_rows = balloc(t, (size_t)max_logits * 4, &fail);
         t->head_in = balloc(t, (size_t)max_logits * (size_t)t->dim * F, &fail);
@@ -308,7 +311,7 @@ void transformer_destroy(transformer *t) {
     BFREE(t->x); BFREE(t->xn); BFREE(t->ffn_out); BFREE(t->q); BFREE(t->att); BFREE(t->k);
     BFREE(t->v); BFREE(t->gate); BFREE(t->up); BFREE(t->router); BFREE(t->route_ids);
     BFREE(t->route_w); BFREE(t->tokens); BFREE(t->positions); BFREE(t->seq_of_token);
-    BFREE(t->slots); BFREE(t->table_start); BFREE(t->logit_rows); BFREE(t->head_in);
+    BFREE(t->slots); BFREE(t->table_start); BFREE(t->state_slots); BFREE(t->logit_rows); BFREE(t->head_in);
     BFREE(t->logits); BFREE(t->tables);
 #undef BFREE
     free(t->vec);
@@ -381,6 +384,9 @@ static int upload_batch(transformer *t, const transformer_batch *b, char *err, s
     be->upload(be, t->table_start, b->block_table_start, (size_t)b->n_seqs * 4);
     be->upload(be, t->tables, b->block_tables, (size_t)b->n_block_entries * 4);
     if (t->last && b->n_logits) be->upload(be, t->logit_rows, b->logit_rows, (size_t)b->n_logits * 4);
+    if (t->hybrid)
+        be->upload(be, t->state_slots, b->state_slots ? b->state_slots : t->identity_slots,
+                   (size_t)b->n_seqs * 4);
     return 0;
 }
 
@@ -420,6 +426,7 @@ int transformer_reserve_state_slots(transformer *t, int n, char *err, size_t err
         }
     }
     t->n_state_slots = n;
+    t->state_generation++;
     return 0;
 }
 
@@ -589,9 +596,8 @@ static int run_layers(transformer *t, const kv_layer *kv, const attention_batch 
                       const transformer_batch *b, char *err, size_t errlen) {
     compute_backend *be = t->be;
     int64_t n = b->n_tokens;
-    linear_attention_batch lb = {.n_tokens = n, .positions = b->positions,
-                                 .seq_of_token = b->seq_of_token,
-                                 .state_slots = b->state_slots ? b->state_slots : t->identity_slots};
+    linear_attention_batch lb = {.n_tokens = n, .positions = t->positions,
+                                 .seq_of_token = t->seq_of_token, .state_slots = t->state_slots};
     if (t->first) be->embed(be, &t->w->embed, t->tokens, n, t->x);
     for (int li = 0; li < t->n_local; li++) {
         if (t->w->layers[li].is_linear) linear_attention_block(t, li, &lb, n);
@@ -607,12 +613,14 @@ static int run_layers(transformer *t, const kv_layer *kv, const attention_batch 
 }
 
 /* What a step's ops and their arguments depend on besides memory contents (backend.h,
- * step_begin): sizes, and the buffers that can move between steps (block tables, the cache). */
+ * step_begin): sizes, and the buffers that can move between steps (block tables, the cache, a
+ * hybrid's recurrent states). */
 static uint64_t step_key(const transformer *t, const kv_layer *kv, int block_size,
                          const transformer_batch *b) {
     uint64_t v[] = {(uint64_t)b->n_tokens, (uint64_t)b->n_logits, (uint64_t)block_size,
                     (uint64_t)(uintptr_t)t->tables, (uint64_t)(uintptr_t)kv,
-                    (uint64_t)(uintptr_t)kv[0].k, (uint64_t)(uintptr_t)kv[0].v};
+                    (uint64_t)(uintptr_t)kv[0].k, (uint64_t)(uintptr_t)kv[0].v,
+                    (uint64_t)t->state_generation};
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < sizeof v / sizeof *v; i++) h = (h ^ v[i]) * 0x100000001b3ull;
     return h;

@@ -257,7 +257,7 @@ int placement_place(const placement_model *m, const placement_node *nodes, int n
     /* Where the model runs on GPUs, a GPU node's memory is its GPU's; elsewhere every node
      * computes on its CPU (gpu_memory_available cleared: no GPU node). */
     placement_node eff[PLACEMENT_MAX_NODES];
-    int on_gpus = sharding == PLACEMENT_PIPELINE && !m->cpu_only;
+    int on_gpus = sharding == PLACEMENT_PIPELINE;
     for (int i = 0; i < n_available; i++) {
         eff[i] = nodes[i];
         if (on_gpus && nodes[i].gpu_memory_available)

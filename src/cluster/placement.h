@@ -17,8 +17,7 @@
  * all but one layer when the model fits its memory, and as many as fit when it does not. The
  * fastest node takes the last stage: it also reads the lm_head every token (a fifth of a 1B
  * model's weights) and samples. A GPU node's memory is its GPU's free memory; tensor
- * parallelism and CPU-only models (cpu_only) run on the CPU everywhere, so there every node
- * counts host memory. Tensor: every node holds 1/N of
+ * parallelism runs on the CPU everywhere, so there every node counts host memory. Tensor: every node holds 1/N of
  * every layer, which needs the attention heads and the KV heads to divide by N.
  *
  * Which nodes: those already holding the model's files first (no download before the instance
@@ -53,7 +52,6 @@ typedef struct placement_model {
      * -1 with err saying which dimension does not divide. */
     int (*tensor_check)(const void *ctx, int n, char *err, size_t errlen);
     const void *tensor_check_ctx;
-    int cpu_only; /* runs on CPUs only (hybrid linear attention): a GPU node computes on its CPU */
 } placement_model;
 
 typedef struct placement_node {
@@ -61,7 +59,7 @@ typedef struct placement_node {
     uint64_t memory_available; /* host memory (RAM) */
     int has_files; /* the model is on this node's disk already: preferred */
     /* The node computes on a GPU (its runners' --device): that GPU's free memory, 0 = a CPU
-     * node. Used where the model runs on GPUs (pipeline, not cpu_only). */
+     * node. Used where the model runs on GPUs (pipeline). */
     uint64_t gpu_memory_available;
     /* Memory read bandwidth of what the node computes on (its GPU, else its CPU) in GB/s;
      * 0 = unknown. Weighed only where a GPU node takes part in a pipeline. */

@@ -88,8 +88,9 @@ typedef struct linear_attention_layer {
 
 /* Which state slot each token continues. The tokens of one sequence are consecutive in the batch
  * and in position order; a sequence whose first token here has position 0 starts from a zero
- * state (a new or recomputed sequence), any other continues from its slot's state. Host memory:
- * the recurrences run per sequence. */
+ * state (a new or recomputed sequence), any other continues from its slot's state. Backend
+ * memory, like the rest of a step's inputs: a backend finds the runs of sequences itself (on a
+ * GPU, without a trip to the host, and a recorded step replays with the next step's batch). */
 typedef struct linear_attention_batch {
     int64_t n_tokens;
     const int32_t *positions;    /* [n_tokens] */
@@ -199,7 +200,8 @@ struct compute_backend {
     /* out[t] = sum_j weights[t][j] * expert_{ids[t][j]}(x[t]) */
     void (*moe_ffn)(compute_backend *b, const moe_experts *ex, const float *x, int64_t n_tokens,
                     const int32_t *ids, const float *weights, int k, float *out);
-    /* Hybrid models (NULL where a backend has none: such models are refused on it). */
+    /* Hybrid models (NULL where a backend has none: such models are refused on it; the CPU and
+     * CUDA backends have them). */
     /* qkv [n_tokens][conv_dim] in place: silu of the causal depthwise convolution over each
      * sequence's inputs (its conv state, then these tokens), whose last conv_kernel - 1 inputs
      * become the new conv state. */

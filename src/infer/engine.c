@@ -142,9 +142,8 @@ static void load_weight(weight_matrix *m, void *ctx) {
 
 /* The backend for o->device, described in info->device. Some work runs on the CPU only
  * (cpu_only names it, else NULL): a tensor-parallel rank, whose all-reduce (dist/) sums host
- * memory between backend ops, which a GPU backend's buffers and recorded steps are not; a hybrid
- * linear-attention model, whose ops only the CPU backend has. There `auto` picks the CPU and an
- * explicit `cuda` is refused. */
+ * memory between backend ops, which a GPU backend's buffers and recorded steps are not. There
+ * `auto` picks the CPU and an explicit `cuda` is refused. */
 static int open_backend(engine *e, const engine_options *o, const char *cpu_only, char *err,
                         size_t errlen) {
     compute_device asked, d;
@@ -192,9 +191,7 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     e->st = safetensors_set_open_stage(o->model_dir, c->n_layers, c->tie_word_embeddings,
                                        shard.layer_start, shard.layer_end, err, errlen);
     if (!e->st) goto fail;
-    const char *cpu_only = shard.tp_size > 1           ? "tensor parallel"
-                           : model_config_is_hybrid(c) ? "a hybrid linear-attention model"
-                                                       : NULL;
+    const char *cpu_only = shard.tp_size > 1 ? "tensor parallel" : NULL;
     if (open_backend(e, o, cpu_only, err, errlen) != 0) goto fail;
     /* a backend with memory of its own copies the weights there: no host copy first */
     shard.memory = e->be->load_weight ? WEIGHTS_MEM_MMAP : WEIGHTS_MEM_AUTO;

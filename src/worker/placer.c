@@ -59,7 +59,6 @@ static int facts_from_disk(const placer_dirs *d, const char *model_id, placer_mo
     if (out->config && model_config_load(dir, out->config, err, sizeof err) == 0) {
         m->tensor_check = tensor_check;
         m->tensor_check_ctx = out->config;
-        m->cpu_only = model_config_is_hybrid(out->config); /* engine_open's rule */
     } else {
         free(out->config);
         out->config = NULL;

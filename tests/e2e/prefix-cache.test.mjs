@@ -11,9 +11,6 @@ import { tinyModel } from './lib/models.mjs';
 const MODEL = 'qwen3-tiny';
 const HYBRID = 'qwen3.5-tiny'; // GatedDeltaNet layers: a cached prefix restores their state too
 let node;
-// The GPU backend has no linear-attention ops: on --device cuda a hybrid is refused at load
-// (engine.c), so there the hybrid's cache test gives way to one of that refusal.
-const ON_CUDA = process.env.EXO_TEST_DEVICE === 'cuda';
 const long = Array.from({ length: 150 }, (_, i) => `word${i % 37}`).join(' ');
 
 before(async () => {
@@ -60,8 +57,7 @@ test('a repeated prompt is served from the prefix cache and says so in usage', a
 // A hybrid reuses a prefix only up to a block boundary where it kept the recurrent state: the
 // prompt's last one (and the boundaries its prefill chunks or its decode ended on), not
 // arbitrary earlier ones.
-test('a hybrid model serves a repeated prompt from the prefix cache with the same answer',
-  { skip: ON_CUDA && 'a hybrid runs on the CPU only: --device cuda refuses it (next test)' }, async () => {
+test('a hybrid model serves a repeated prompt from the prefix cache with the same answer', async () => {
   const q = [{ role: 'system', content: long }, { role: 'user', content: 'hybrid question' }];
   const cold = await openai(q, HYBRID);
   assert.equal(cold.usage.prompt_tokens_details.cached_tokens, 0);
@@ -70,14 +66,6 @@ test('a hybrid model serves a repeated prompt from the prefix cache with the sam
   assert.ok(cached > 0 && warm.usage.prompt_tokens - cached <= 16, `cached ${cached}`);
   assert.equal(cached % 16, 0, 'whole KV blocks');
   assert.equal(warm.choices[0].message.content, cold.choices[0].message.content);
-});
-
-test('on --device cuda a hybrid model is refused with the reason, in the OpenAI error shape',
-  { skip: !ON_CUDA && 'only --device cuda refuses hybrids' }, async () => {
-  const r = await post([{ role: 'user', content: 'hybrid question' }], HYBRID);
-  const body = await r.json();
-  assert.equal(r.status, 503, JSON.stringify(body));
-  assert.match(body.error.message, /hybrid linear-attention model runs on the CPU only \(use --device cpu\)/);
 });
 
 test('Claude Messages reports cache_read_input_tokens', async () => {

@@ -26,18 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint32_t rng_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-
-static float rng_uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)(rng_u32() & 0xffffff) / (float)0x1000000;
-}
+#define TEST_RNG_SEED 0x2545f4914f6cdd1dull
+#include "test_random.h"
 
 static uint16_t to_scale_bits(dtype t, float v) {
     return t == DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
@@ -74,13 +64,6 @@ static weight_matrix make_rows16(int64_t rows, int64_t cols, int bits, int gs, d
 
 static void free_matrix(weight_matrix *w) {
     free((void *)w->data), free((void *)w->scales), free((void *)w->biases);
-}
-
-static float *random_x(int64_t n, int64_t cols) {
-    float *x = malloc((size_t)(n * cols) * sizeof *x);
-    for (int64_t i = 0; i < n * cols; i++) x[i] = rng_uniform(-2, 2);
-    for (int64_t t = 0; t < n; t++) x[t * cols + (rng_u32() % cols)] *= 20.0f; /* outliers */
-    return x;
 }
 
 /* The largest |y - ref| / (A + 1e-6 / 4e-5) over the outputs: <= 4e-5 passes. */

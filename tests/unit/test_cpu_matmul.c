@@ -26,18 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rng_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-
-static float rng_uniform(float lo, float hi) {
-    return lo + (hi - lo) * (float)(rng_u32() & 0xffffff) / (float)0x1000000;
-}
+#include "test_random.h"
 
 typedef struct test_weight {
     weight_matrix w;
@@ -86,14 +75,6 @@ static void free_weight(test_weight *t) {
     free(t->data);
     free(t->scales);
     free(t->biases);
-}
-
-static float *random_x(int64_t n, int64_t cols) {
-    float *x = malloc((size_t)(n * cols) * sizeof *x);
-    for (int64_t i = 0; i < n * cols; i++) x[i] = rng_uniform(-2, 2);
-    /* A few outliers, as real activations have: stresses per-group activation scaling. */
-    for (int64_t t = 0; t < n; t++) x[t * cols + (rng_u32() % cols)] *= 20.0f;
-    return x;
 }
 
 /* A[t][r] of the tolerance formula. */
@@ -702,6 +683,65 @@ static void test_q4_rows16_splits_and_levels(void **state) {
     for (int i = 0; i < 3; i++) free_weight(&t[i]);
 }
 
+/* A level's own activation preparation (cpu_kernels.prepare_mlx: AVX-512, AVX2) gives the int16
+ * activations, steps and layouts of the portable rule (cpu_levels.h, matvec_input): xq =
+ * lrintf(x * xmax / max|x|) bit for bit, in byte planes (4-bit, columns % 128), permuted (2-bit,
+ * 4-bit MLX order otherwise) or natural order; the group sums within float rounding. Shapes cover
+ * every group size, a 4-bit row that only permutes (192 columns), 3-, 8- and 2-bit, 1..3 tokens and a
+ * group of zeros (step 0). The AVX2 one replaced an lrintf call per value (cpu27). */
+static void test_prepare_mlx_levels(void **state) {
+    (void)state;
+    struct { int bits; int64_t cols, gs; } cases[] = {{4, 256, 32}, {4, 256, 64}, {4, 384, 128}, {4, 192, 64},
+                                                      {8, 256, 64}, {2, 256, 32}, {3, 128, 128}};
+    for (int level = CPU_LEVEL_AVX2; level <= CPU_LEVEL_AVX512; level++) {
+        const cpu_kernels *k = cpu_kernels_for((cpu_level)level);
+        if (!k || !k->prepare_mlx) continue;
+        for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
+            for (int64_t n = 1; n <= 3; n++) {
+                weight_matrix w = {.format = WEIGHT_MLX_AFFINE, .rows = 16, .cols = cases[ci].cols,
+                                   .bits = cases[ci].bits, .group_size = cases[ci].gs, .scale_dtype = DTYPE_BF16};
+                if (w.bits == 8 && k->rows16_x8_planes) continue; /* its planes8 layout: the rows16 tests */
+                int64_t cols = w.cols, gs = w.group_size, groups = cols / gs;
+                float *x = random_x(n, cols), *xsum = malloc((size_t)(n * groups) * sizeof(float));
+                float *xscale = malloc((size_t)(n * groups) * sizeof(float));
+                for (int64_t c = 0; c < gs; c++) x[c] = 0.0f; /* token 0, group 0: all zero */
+                int16_t *xq = malloc((size_t)(n * cols) * sizeof(int16_t)), *want = malloc((size_t)cols * sizeof(int16_t));
+                k->prepare_mlx(&w, x, n, xsum, xscale, xq);
+                for (int64_t t = 0; t < n; t++) {
+                    for (int64_t g = 0; g < groups; g++) {
+                        const float *xs = x + t * cols + g * gs;
+                        float amax = 0;
+                        double sum = 0, sabs = 0;
+                        for (int64_t c = 0; c < gs; c++) {
+                            amax = fabsf(xs[c]) > amax ? fabsf(xs[c]) : amax;
+                            sum += xs[c], sabs += fabs(xs[c]);
+                        }
+                        float inv = amax > 0 ? 32767.0f / amax : 0.0f;
+                        for (int64_t c = 0; c < gs; c++) want[g * gs + c] = (int16_t)lrintf(xs[c] * inv);
+                        assert_true(xscale[t * groups + g] == amax / 32767.0f);
+                        assert_true(fabs(xsum[t * groups + g] - sum) <= 1e-5 * sabs + 1e-30);
+                    }
+                    int per_byte = w.bits == 2 ? 4 : w.bits == 4 ? 2 : 0;
+                    if (w.bits == 4 && cols % 128 == 0) {
+                        cpu_mlx_x_to_planes(want, cols);
+                    } else if (per_byte) {
+                        int16_t tmp[128];
+                        for (int64_t c0 = 0; c0 < cols; c0 += 32 * per_byte) {
+                            for (int kk = 0; kk < per_byte; kk++)
+                                for (int j = 0; j < 32; j++) tmp[kk * 32 + j] = want[c0 + j * per_byte + kk];
+                            memcpy(want + c0, tmp, (size_t)(32 * per_byte) * sizeof *want);
+                        }
+                    }
+                    if (memcmp(want, xq + t * cols, (size_t)cols * sizeof *want))
+                        fail_msg("%s prepare_mlx: %d-bit %lld cols group %lld token %lld differs from the portable rule",
+                                 k->name, w.bits, (long long)cols, (long long)gs, (long long)t);
+                }
+                checks_run++;
+                free(x), free(xsum), free(xscale), free(xq), free(want);
+            }
+    }
+}
+
 static int report_checks(void **state) {
     (void)state;
     print_message("matmul comparisons run: %d\n", checks_run);
@@ -757,6 +797,7 @@ int main(void) {
         cmocka_unit_test(test_q4_rows16),
         cmocka_unit_test(test_q4_rows16_splits_and_levels),
         cmocka_unit_test(test_zero_point),
+        cmocka_unit_test(test_prepare_mlx_levels),
     };
     return cmocka_run_group_tests(tests, NULL, report_checks);
 }

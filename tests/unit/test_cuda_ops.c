@@ -13,7 +13,8 @@
  *   embed, kv_write, gather, add, add_row, routing ids: exact.
  * matmul_fused, norm_matmul and rope_kv_write take the tolerance of the ops they fuse; sample: the host
  * sampler's very tokens and top ids, logprobs within 1e-5; the 4-bit tensor-core GEMM
- * (qgemm4): GEMM_TOL, as the cuBLAS path it replaces. */
+ * (qgemm4): GEMM_TOL, as the cuBLAS path it replaces; the GatedDeltaNet ops (conv1d_causal,
+ * gated_delta_rule with both states, rmsnorm_gated, the sigmoid gates): 1e-5, copy: exact. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -712,18 +713,25 @@ static void test_sample(void **s) {
 }
 
 /* The 4-bit tensor-core GEMM (decode batches of 9..256 tokens; EXO_CUDA_QGEMM=0 turns it off, the
- * backend below has it on explicitly) against the CPU:
- * one and several row blocks, split k, tokens past one 64-token tile, accumulating or not. */
+ * backend below has it on explicitly) against the CPU: group sizes 32/64/128 with bf16, f16 and
+ * f32 scales, row counts that are not a multiple of its 128-row blocks, one and several row
+ * blocks, k split across blocks (partial sums) or not, 9..256 tokens (the 16-, 32- and 64-token
+ * tiles, a partial last tile, several tiles), accumulating or not. Matrices are at least 2^22
+ * weights (smaller ones take SGEMM, not the tensor cores). The last case has 4160 columns, not
+ * a multiple of the kernel's 128-column stages: it must fall back to the cuBLAS copy path. */
 static void test_qgemm(void **s) {
     (void)s;
     SKIP_WITHOUT_GPU();
     static const format_case cases[] = {
         {"mlx4 g64", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 4096, 1024},
         {"mlx4 g64 tall", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_BF16, 9000, 512},
-        {"mlx4 g32 f16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_F16, 200, 2048},
-        {"mlx4 g128 f32", WEIGHT_MLX_AFFINE, 4, 128, DTYPE_F32, 130, 256},
+        {"mlx4 g32 bf16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_BF16, 1100, 4096},
+        {"mlx4 g128 bf16", WEIGHT_MLX_AFFINE, 4, 128, DTYPE_BF16, 1030, 4096},
+        {"mlx4 g32 f16", WEIGHT_MLX_AFFINE, 4, 32, DTYPE_F16, 2100, 2048},
+        {"mlx4 g128 f32", WEIGHT_MLX_AFFINE, 4, 128, DTYPE_F32, 1037, 4096},
+        {"mlx4 g64 f16 4160", WEIGHT_MLX_AFFINE, 4, 64, DTYPE_F16, 1030, 4160},
     };
-    static const int64_t tokens[] = {9, 40, 64, 100};
+    static const int64_t tokens[] = {9, 17, 40, 64, 100, 256};
     int failures = 0;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const format_case *fc = &cases[i];
@@ -733,13 +741,53 @@ static void test_qgemm(void **s) {
             int64_t n = tokens[k];
             for (int variant = 0; variant < 2; variant++) { /* silu + accumulate, plain */
                 double d = fused_diff(gpu_qgemm, &m.w, n, !variant, !variant);
-                printf("  qgemm %-14s %5d x %4d, %3d tokens, %s: %.1e\n", fc->name, (int)fc->rows,
+                printf("  qgemm %-17s %5d x %4d, %3d tokens, %s: %.1e\n", fc->name, (int)fc->rows,
                        (int)fc->cols, (int)n, variant ? "plain" : "silu+acc", d);
                 if (!(d <= GEMM_TOL)) failures++;
             }
         }
         free_matrix(&m);
     }
+    assert_int_equal(failures, 0);
+}
+
+/* Several 4-bit matrices in one qgemm4 launch (q/k/v: row blocks of different matrices, split k)
+ * equal each matrix on the CPU; a bf16 matrix among them takes cuBLAS beside the launch. */
+static void test_qgemm_multi(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    enum { COLS = 4096 };
+    static const int64_t rows[4] = {1152, 1030, 1030, 1100};
+    test_matrix m[4];
+    const weight_matrix *w[4];
+    for (int i = 0; i < 4; i++) {
+        make_matrix(&m[i], i == 3 ? WEIGHT_BF16 : WEIGHT_MLX_AFFINE, rows[i], COLS, 4, 64, DTYPE_BF16);
+        w[i] = &m[i].w;
+    }
+    int failures = 0;
+    for (int n = 17; n <= 100; n += 83) {
+        for (int nm = 3; nm <= 4; nm++) {
+            float *x = rand_floats((size_t)n * COLS, 1.0f);
+            float *dx = to_gpu(gpu_qgemm, x, sizeof(float) * (size_t)n * COLS);
+            float *dy[4];
+            for (int i = 0; i < nm; i++) dy[i] = gpu_qgemm->alloc(gpu_qgemm, sizeof(float) * (size_t)n * (size_t)rows[i]);
+            gpu_qgemm->matmul_multi(gpu_qgemm, nm, w, dx, dy, n);
+            for (int i = 0; i < nm; i++) {
+                size_t cnt = (size_t)n * (size_t)rows[i];
+                float *ref = malloc(cnt * sizeof *ref);
+                cpu->matmul(cpu, w[i], x, ref, n);
+                float *y = from_gpu(gpu_qgemm, dy[i], cnt);
+                double d = rel_diff(y, ref, cnt);
+                printf("  qgemm multi %d of %d, %3d tokens: %.1e\n", i, nm, n, d);
+                if (!(d <= GEMM_TOL)) failures++;
+                free(ref), free(y);
+                gpu_qgemm->free(gpu_qgemm, dy[i]);
+            }
+            gpu_qgemm->free(gpu_qgemm, dx);
+            free(x);
+        }
+    }
+    for (int i = 0; i < 4; i++) free_matrix(&m[i]);
     assert_int_equal(failures, 0);
 }
 
@@ -813,6 +861,139 @@ static void test_refuses_interleaved_layout(void **s) {
     free_matrix(&m);
 }
 
+/* ---- hybrid models: the GatedDeltaNet ops ---------------------------------------------------- */
+
+/* Host and GPU copies of one linear-attention layer with the same random weights and states. */
+typedef struct lin_pair {
+    linear_attention_layer h, d;
+    size_t conv_state_n, rec_state_n;
+} lin_pair;
+
+static void lin_pair_make(lin_pair *p, int nk, int nv, int dk, int dv, int taps, int slots) {
+    linear_attention_layer l = {.n_k_heads = nk, .n_v_heads = nv, .key_dim = dk, .value_dim = dv,
+                                .conv_kernel = taps};
+    l.conv_dim = 2 * (int64_t)nk * dk + (int64_t)nv * dv;
+    p->conv_state_n = (size_t)slots * (size_t)(taps - 1) * (size_t)l.conv_dim;
+    p->rec_state_n = (size_t)slots * (size_t)nv * (size_t)dk * (size_t)dv;
+    float *conv_w = rand_floats((size_t)l.conv_dim * (size_t)taps, 0.5f);
+    float *a_log = rand_floats((size_t)nv, 1.0f), *dt_bias = rand_floats((size_t)nv, 1.0f);
+    float *conv_state = rand_floats(p->conv_state_n, 1.0f), *rec = rand_floats(p->rec_state_n, 0.3f);
+    p->h = l, p->d = l;
+    p->h.conv_weight = conv_w, p->h.a_log = a_log, p->h.dt_bias = dt_bias;
+    p->h.conv_state = conv_state, p->h.recurrent_state = rec;
+    p->d.conv_weight = to_gpu(gpu, conv_w, (size_t)l.conv_dim * (size_t)taps * sizeof(float));
+    p->d.a_log = to_gpu(gpu, a_log, (size_t)nv * sizeof(float));
+    p->d.dt_bias = to_gpu(gpu, dt_bias, (size_t)nv * sizeof(float));
+    p->d.conv_state = to_gpu(gpu, conv_state, p->conv_state_n * sizeof(float));
+    p->d.recurrent_state = to_gpu(gpu, rec, p->rec_state_n * sizeof(float));
+}
+
+static void lin_pair_free(lin_pair *p) {
+    free((void *)p->h.conv_weight), free((void *)p->h.a_log), free((void *)p->h.dt_bias);
+    free(p->h.conv_state), free(p->h.recurrent_state);
+    gpu->free(gpu, (void *)p->d.conv_weight), gpu->free(gpu, (void *)p->d.a_log);
+    gpu->free(gpu, (void *)p->d.dt_bias), gpu->free(gpu, p->d.conv_state);
+    gpu->free(gpu, p->d.recurrent_state);
+}
+
+/* |gpu - cpu| of n floats at dev against host, within tol (printed under name) */
+static void expect_close(const char *name, const void *dev, const float *host, size_t n, double tol) {
+    float *got = from_gpu(gpu, dev, n);
+    double d = rel_diff(got, host, n);
+    printf("  %s: %.1e\n", name, d);
+    assert_true(d <= tol);
+    free(got);
+}
+
+/* One step of a batch of runs through conv1d_causal and gated_delta_rule on both backends:
+ * outputs and both states compared. The runs: lens[i] tokens from position pos0[i] (0: a fresh
+ * state) continuing slot slots[i]. */
+static void lin_step(lin_pair *p, int n_seqs, const int *lens, const int *pos0, const int32_t *slots) {
+    int64_t n = 0;
+    for (int i = 0; i < n_seqs; i++) n += lens[i];
+    int32_t *pos = malloc((size_t)n * 4), *seq = malloc((size_t)n * 4);
+    for (int i = 0, t = 0; i < n_seqs; i++)
+        for (int j = 0; j < lens[i]; j++, t++) pos[t] = pos0[i] + j, seq[t] = i;
+    linear_attention_batch hb = {.n_tokens = n, .positions = pos, .seq_of_token = seq, .state_slots = slots};
+    linear_attention_batch db = {.n_tokens = n, .positions = to_gpu(gpu, pos, (size_t)n * 4),
+                                 .seq_of_token = to_gpu(gpu, seq, (size_t)n * 4),
+                                 .state_slots = to_gpu(gpu, slots, (size_t)n_seqs * 4)};
+    int64_t C = p->h.conv_dim, nv = p->h.n_v_heads, outw = nv * p->h.value_dim;
+    float *qkv = rand_floats((size_t)(n * C), 2.0f), *beta = rand_floats((size_t)(n * nv), 3.0f);
+    float *a = rand_floats((size_t)(n * nv), 3.0f), *out = malloc((size_t)(n * outw) * sizeof(float));
+    float *dqkv = to_gpu(gpu, qkv, (size_t)(n * C) * sizeof(float));
+    float *dbeta = to_gpu(gpu, beta, (size_t)(n * nv) * sizeof(float));
+    float *da = to_gpu(gpu, a, (size_t)(n * nv) * sizeof(float));
+    float *dout = gpu->alloc(gpu, (size_t)(n * outw) * sizeof(float));
+
+    cpu->conv1d_causal(cpu, &p->h, &hb, qkv);
+    gpu->conv1d_causal(gpu, &p->d, &db, dqkv);
+    expect_close("conv1d_causal", dqkv, qkv, (size_t)(n * C), GEMV_TOL);
+    expect_close("conv state", p->d.conv_state, p->h.conv_state, p->conv_state_n, GEMV_TOL);
+    gpu->upload(gpu, dqkv, qkv, (size_t)(n * C) * sizeof(float)); /* the same input for both */
+    cpu->gated_delta_rule(cpu, &p->h, &hb, qkv, beta, a, out);
+    gpu->gated_delta_rule(gpu, &p->d, &db, dqkv, dbeta, da, dout);
+    expect_close("gated_delta_rule", dout, out, (size_t)(n * outw), GEMV_TOL);
+    expect_close("recurrent state", p->d.recurrent_state, p->h.recurrent_state, p->rec_state_n, GEMV_TOL);
+    /* the CPU's states carry on into the next step on both sides */
+    gpu->upload(gpu, p->d.conv_state, p->h.conv_state, p->conv_state_n * sizeof(float));
+    gpu->upload(gpu, p->d.recurrent_state, p->h.recurrent_state, p->rec_state_n * sizeof(float));
+
+    void *bufs[] = {(void *)db.positions, (void *)db.seq_of_token, (void *)db.state_slots, dqkv, dbeta, da, dout};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->free(gpu, bufs[i]);
+    free(pos), free(seq), free(qkv), free(beta), free(a), free(out);
+}
+
+static void test_linear_attention(void **s) {
+    (void)s;
+    SKIP_WITHOUT_GPU();
+    /* value heads sharing key heads (4 over 2), value_dim under and over the block's 128
+     * threads, a 4-tap conv and a 1-tap one (no state) */
+    const int shapes[][5] = {{2, 4, 32, 48, 4}, {1, 2, 64, 160, 4}, {2, 2, 16, 16, 1}};
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        const int *sh = shapes[k];
+        printf(" %d key heads, %d value heads, key_dim %d, value_dim %d, %d taps\n", sh[0], sh[1],
+               sh[2], sh[3], sh[4]);
+        lin_pair p;
+        lin_pair_make(&p, sh[0], sh[1], sh[2], sh[3], sh[4], 6);
+        /* a prefill mix: fresh runs and continued ones, slots out of order */
+        const int lens[] = {3, 1, 5, 1}, pos0[] = {0, 7, 4, 0};
+        const int32_t slots[] = {3, 0, 5, 1};
+        lin_step(&p, 4, lens, pos0, slots);
+        /* then a decode step of the same sequences: one token each */
+        const int lens1[] = {1, 1, 1, 1}, pos1[] = {3, 8, 9, 1};
+        lin_step(&p, 4, lens1, pos1, slots);
+        lin_pair_free(&p);
+    }
+
+    /* the gated RMSNorm (in place, as the forward pass calls it) and the sigmoid gates */
+    int64_t rows = 13, dim = 96, n = rows * dim;
+    float *x = rand_floats((size_t)n, 3.0f), *z = rand_floats((size_t)n, 3.0f);
+    float *w = rand_floats((size_t)dim, 1.0f), *g = rand_floats((size_t)rows, 4.0f);
+    float *dx = to_gpu(gpu, x, (size_t)n * 4), *dz = to_gpu(gpu, z, (size_t)n * 4);
+    float *dw = to_gpu(gpu, w, (size_t)dim * 4), *dg = to_gpu(gpu, g, (size_t)rows * 4);
+    float *ref = malloc((size_t)n * 4);
+    memcpy(ref, x, (size_t)n * 4);
+    cpu->rmsnorm_gated(cpu, ref, w, z, ref, rows, dim, 1e-6f);
+    gpu->rmsnorm_gated(gpu, dx, dw, dz, dx, rows, dim, 1e-6f);
+    expect_close("rmsnorm_gated", dx, ref, (size_t)n, GEMV_TOL);
+    memcpy(ref, x, (size_t)n * 4);
+    cpu->mul_sigmoid(cpu, ref, z, n);
+    gpu->upload(gpu, dx, x, (size_t)n * 4);
+    gpu->mul_sigmoid(gpu, dx, dz, n);
+    expect_close("mul_sigmoid", dx, ref, (size_t)n, GEMV_TOL);
+    memcpy(ref, x, (size_t)n * 4);
+    cpu->mul_sigmoid_rows(cpu, ref, g, rows, dim);
+    gpu->upload(gpu, dx, x, (size_t)n * 4);
+    gpu->mul_sigmoid_rows(gpu, dx, dg, rows, dim);
+    expect_close("mul_sigmoid_rows", dx, ref, (size_t)n, GEMV_TOL);
+    gpu->copy(gpu, dx, dz, (size_t)n * 4);
+    expect_close("copy", dx, z, (size_t)n, 0);
+    void *bufs[] = {dx, dz, dw, dg};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) gpu->free(gpu, bufs[i]);
+    free(x), free(z), free(w), free(g), free(ref);
+}
+
 int main(void) {
     setenv("EXO_CPU_SIMD", "avx2", 0); /* the exact CPU kernels are the reference */
     cpu = compute_backend_cpu(0);
@@ -837,7 +1018,8 @@ int main(void) {
         cmocka_unit_test(test_attention),      cmocka_unit_test(test_moe),
         cmocka_unit_test(test_matmul_fused),   cmocka_unit_test(test_rope_kv_write),
         cmocka_unit_test(test_sample),         cmocka_unit_test(test_qgemm),
-        cmocka_unit_test(test_norm_matmul),
+        cmocka_unit_test(test_qgemm_multi),    cmocka_unit_test(test_norm_matmul),
+        cmocka_unit_test(test_linear_attention),
         cmocka_unit_test(test_refuses_interleaved_layout),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

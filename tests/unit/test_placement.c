@@ -236,18 +236,14 @@ static void test_gpu_memory_too_small(void **state) {
     assert_non_null(strstr(r.error, "does not fit"));
 }
 
-/* Where the model runs on CPUs anyway, a GPU node counts its host memory: tensor parallelism,
- * a CPU-only (hybrid) model; and without every bandwidth known, memory decides as before. */
+/* Where the model runs on CPUs anyway (tensor parallelism), a GPU node counts its host memory;
+ * and without every bandwidth known, memory decides as before. */
 static void test_gpu_ignored_where_cpus_compute(void **state) {
     (void)state;
     placement_model m = llama_8b();
     placement_node n[2] = {gpu_node("gpu", 8), cpu_node("cpu", 64, 100)};
     placement_result r;
     assert_int_equal(placement_place(&m, n, 2, PLACEMENT_TENSOR, 2, &r), 0); /* 64 GiB hosts */
-    m.cpu_only = 1;
-    assert_int_equal(placement_place(&m, n, 2, PLACEMENT_PIPELINE, 2, &r), 0);
-    assert_int_equal(layers_of(&r, "gpu"), 16); /* 64:64 GiB of host memory */
-    m.cpu_only = 0;
     n[1].bandwidth_gbs = 0; /* the CPU's bandwidth not measured (yet) */
     n[0].gpu_memory_available = 64ull << 30;
     assert_int_equal(placement_place(&m, n, 2, PLACEMENT_PIPELINE, 2, &r), 0);

@@ -74,9 +74,11 @@ static x86_features x86_detect(void) {
     __cpuid_count(7, 0, a, b, c, d);
     f.avx2 = fma && f16c && ((b >> 5) & 1);
     int avx512f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
-    int vbmi = (c >> 1) & 1, vnni = (c >> 11) & 1;
+    int vbmi = (c >> 1) & 1, gfni = (c >> 8) & 1, vnni = (c >> 11) & 1;
     int zmm_state = (xcr0_lo & 0xe6u) == 0xe6u; /* opmask, upper ZMM0-15, ZMM16-31 */
-    f.avx512 = f.avx2 && zmm_state && avx512f && dq && bw && vl && vbmi && vnni;
+    /* GFNI: split_nibbles (mlx_avx512.h); every CPU with VBMI and VNNI has it (Ice Lake and
+     * later, Zen 4 and later) */
+    f.avx512 = f.avx2 && zmm_state && avx512f && dq && bw && vl && vbmi && vnni && gfni;
     return f;
 }
 

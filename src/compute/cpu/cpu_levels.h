@@ -24,7 +24,7 @@
 typedef enum cpu_level {
     CPU_LEVEL_GENERIC = 0,
     CPU_LEVEL_AVX2,   /* AVX2 + FMA + F16C */
-    CPU_LEVEL_AVX512, /* AVX-512 F/BW/VL/VBMI/VNNI (Ice Lake, Sapphire Rapids, Zen 4 and later) */
+    CPU_LEVEL_AVX512, /* AVX-512 F/BW/VL/VBMI/VNNI + GFNI (Ice Lake, Sapphire Rapids, Zen 4 and later) */
     CPU_LEVEL_NEON,   /* aarch64 Advanced SIMD (every aarch64 CPU: Cortex-A53/A72, Pi 3/4) */
     CPU_LEVEL_NEON_DOTPROD, /* + SDOT/UDOT (ARMv8.2 dotprod: Cortex-A76/Pi 5, Graviton 2+, Ampere) */
     CPU_LEVEL_COUNT

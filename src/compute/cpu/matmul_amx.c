@@ -53,7 +53,7 @@ void cpu_amx_set_enabled(int on) {
 #include <unistd.h>
 
 #define TAMX                                                                                       \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,avx512bf16,"   \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,gfni,avx512bf16,"   \
                           "avx2,fma,f16c,amx-tile,amx-bf16")))
 
 #define ARCH_REQ_XCOMP_PERM 0x1023

@@ -475,11 +475,88 @@ T256 static void avx2_dequant(const weight_matrix *w, int64_t r, int64_t c0, int
     }
 }
 
+/* Activation preparation for the MLX matvec (matvec_input; the portable loop in cpu.c does the
+ * same): per group the float sum, the int16 step max|x|/32767 and x rounded to it, then the
+ * layout the kernels read. Vectorized because it runs on the calling thread while the others
+ * wait: the portable loop (a serial float sum and an lrintf call per value) took ~20 us per
+ * 8192 activations here, 2% of a 1B 4-bit decode step at 2 threads (bench/RESULTS.md, cpu27).
+ * cvtps rounds to nearest even like lrintf, so xq is the same; only the sum's order differs. */
+T256 INLINE float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* The byte planes of cpu_mlx_x_to_planes for one row of int16 activations, in place: per 16
+ * values one vpshufb sorts each dword's bytes (lo even, lo odd, hi even, hi odd: x = 256*hi + lo
+ * is the int16's low and high byte) and one vpermd gathers them into 8-byte runs. */
+T256 INLINE void x_to_planes(int16_t *q, int64_t cols) {
+    const __m256i idx = _mm256_setr_epi8(0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15,
+                                         0, 4, 8, 12, 2, 6, 10, 14, 1, 5, 9, 13, 3, 7, 11, 15);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t c0 = 0; c0 < cols; c0 += 128) {
+        uint8_t *out = (uint8_t *)(q + c0);
+        __m256i v[8];
+        for (int i = 0; i < 8; i++)
+            v[i] = _mm256_permutevar8x32_epi32(
+                _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(q + c0 + 16 * i)), idx), perm);
+        for (int i = 0; i < 8; i++) { /* qwords: lo even, lo odd, hi even, hi odd of values 16i.. */
+            __m128i lo = _mm256_castsi256_si128(v[i]), hi = _mm256_extracti128_si256(v[i], 1);
+            _mm_storel_epi64((__m128i *)(out + 128 + 8 * i), lo);
+            _mm_storeh_pd((double *)(out + 192 + 8 * i), _mm_castsi128_pd(lo));
+            _mm_storel_epi64((__m128i *)(out + 8 * i), hi);
+            _mm_storeh_pd((double *)(out + 64 + 8 * i), _mm_castsi128_pd(hi));
+        }
+    }
+}
+
+T256 static void avx2_prepare_mlx(const weight_matrix *w, const float *x, int64_t n, float *xsum,
+                                  float *xscale, int16_t *xq) {
+    int64_t cols = w->cols, gs = w->group_size, groups = cols / gs;
+    const float xmax = (float)cpu_mlx_x_max(&cpu_kernels_avx2, w);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t t = 0; t < n; t++) {
+        int16_t *qt = xq + t * cols;
+        for (int64_t g = 0; g < groups; g++) {
+            const float *xs = x + t * cols + g * gs;
+            __m256 s = _mm256_setzero_ps(), amax = _mm256_setzero_ps();
+            for (int64_t c = 0; c < gs; c += 8) {
+                __m256 v = _mm256_loadu_ps(xs + c);
+                s = _mm256_add_ps(s, v);
+                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v));
+            }
+            float m = hmax8(amax);
+            xsum[t * groups + g] = hsum8(s);
+            xscale[t * groups + g] = m / xmax;
+            __m256 inv = _mm256_set1_ps(m > 0 ? xmax / m : 0.0f);
+            for (int64_t c = 0; c < gs; c += 16) { /* packs interleaves the 128-bit halves; the permute undoes it */
+                __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + c), inv));
+                __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + c + 8), inv));
+                _mm256_storeu_si256((__m256i *)(qt + g * gs + c), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
+            }
+        }
+        int per_byte = cpu_mlx_x_permuted(w);
+        if (cpu_mlx_x_planes(w)) {
+            x_to_planes(qt, cols);
+        } else if (per_byte) { /* MLX order (the kernels here read x): as the portable loop */
+            int64_t V = 32 * per_byte;
+            int16_t tmp[128];
+            for (int64_t c0 = 0; c0 < cols; c0 += V) {
+                for (int k = 0; k < per_byte; k++)
+                    for (int j = 0; j < 32; j++) tmp[k * 32 + j] = qt[c0 + j * per_byte + k];
+                memcpy(qt + c0, tmp, (size_t)V * sizeof *qt);
+            }
+        }
+    }
+}
+
 const cpu_kernels cpu_kernels_avx2 = {
     .name = "avx2",
     .needs_int16_x = 1, /* for the interleaved kernels; the MLX-order kernels read x */
     .rows16_bits = 1u << 4 | 1u << 8,
     .rows16_x8_planes = 0, /* mlx8_rows16 reads natural-order int16 */
+    .prepare_mlx = avx2_prepare_mlx,
     .matvec = avx2_matvec,
     .dequant = avx2_dequant,
     .gemm_tile = NULL,

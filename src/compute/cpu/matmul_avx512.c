@@ -1,4 +1,4 @@
-/* AVX-512 kernels (F/BW/VL/DQ + VBMI + VNNI: Ice Lake, Sapphire Rapids, Zen 4 and later).
+/* AVX-512 kernels (F/BW/VL/DQ + VBMI + VNNI + GFNI: Ice Lake, Sapphire Rapids, Zen 4 and later).
  * Compiled with per-function target attributes so the default build runs on any x86-64; cpu.c
  * calls them only after CPUID said yes.
  *

@@ -864,6 +864,7 @@ extern "C" compute_backend *compute_backend_cuda(int device, char *err, size_t e
     b->matmul_fused = cuda_matmul_fused_op;
     b->rope_kv_write = cuda_rope_kv_write_op;
     b->norm_matmul = cuda_norm_matmul_op;
+    cuda_bind_linear_attention(b);
     const char *sample = getenv("EXO_CUDA_SAMPLE"); /* 0: logits go to the host sampler (A/B) */
     if (!sample || strcmp(sample, "0")) b->sample = cuda_sample_op;
     b->destroy = cuda_destroy;

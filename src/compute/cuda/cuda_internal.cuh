@@ -94,6 +94,7 @@ enum {
     SCRATCH_SAMPLE,       /* the sampler's parameters in, results out */
     SCRATCH_SAMPLE_PROBS, /* [rows][vocab] candidate probabilities of non-greedy rows */
     SCRATCH_QGEMM,        /* the 4-bit GEMM's partial sums of split k */
+    SCRATCH_QGEMM_X,      /* the 4-bit GEMM's x: bf16 in its column order */
     SCRATCH_ATT_DONE,     /* split attention's per-(token, KV head) counts of finished blocks:
                            * zeroed when allocated, each merge sets its count back to 0 */
     SCRATCH_COUNT
@@ -156,6 +157,10 @@ void cuda_embed(cuda_ctx *c, const dev_matrix *w, const int32_t *ids, int64_t n,
 double cuda_gemm_bf16_gflops(cuda_ctx *c, int n, int reps);
 /* Fills bytes (a multiple of 4) of GPU memory with bf16 values of modest size, never NaN. */
 void cuda_fill_random(cuda_ctx *c, void *p, size_t bytes, uint32_t seed);
+
+/* linear_attention_cuda.cu: the hybrid models' ops (conv1d_causal, gated_delta_rule,
+ * rmsnorm_gated, mul_sigmoid, mul_sigmoid_rows, copy) set on b. */
+void cuda_bind_linear_attention(compute_backend *b);
 
 /* sample_cuda.cu: the backend's sample op (backend.h); waits for the results. */
 int cuda_sample(cuda_ctx *c, float *logits, int64_t n_rows, int64_t vocab,

@@ -883,15 +883,17 @@ void cuda_gemv_experts(cuda_ctx *c, const dev_matrix *table, int kind, int64_t r
 
 /* ---- GEMM path -------------------------------------------------------------------------- */
 
-/* x (or silu(x) * up) rounded to bf16 or f16 for the tensor cores. */
-__global__ void to_half_kernel(const float *x, const float *up, int64_t n, int bf16, void *out) {
+/* x (or silu(x) * up) rounded to bf16 or f16 for the tensor cores; perm: each 8 columns stored
+ * in the order 0,4,1,5,2,6,3,7 (qgemm4's k order). */
+__global__ void to_half_kernel(const float *x, const float *up, int64_t n, int bf16, int perm, void *out) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = up ? silu_times(x[i], up[i]) : x[i];
+    int64_t o = perm ? (i & ~(int64_t)7) | ((i & 3) << 1) | ((i >> 2) & 1) : i;
     if (bf16)
-        ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(v);
+        ((__nv_bfloat16 *)out)[o] = __float2bfloat16_rn(v);
     else
-        ((__half *)out)[i] = __float2half_rn(v);
+        ((__half *)out)[o] = __float2half_rn(v);
 }
 
 /* A 4- or 8-bit matrix to bf16: one thread per 32-bit word (its values share a group), written
@@ -967,12 +969,13 @@ static void gemm_f32(cuda_ctx *c, const dev_matrix *m, const float *x, float *y,
                               x, cols, accumulate ? &one : &zero, y, rows));
 }
 
-/* x (x' = silu(x) * up when up) as n rows of 16-bit values in scratch, for half-width GEMMs. */
+/* x (x' = silu(x) * up when up) as n rows of 16-bit values in scratch, for half-width GEMMs
+ * (perm: in qgemm4's column order, in a scratch of its own). */
 static const void *half_x(cuda_ctx *c, const float *x, const float *up, int64_t n, int64_t cols,
-                          int bf16) {
-    void *xh = cuda_scratch(c, SCRATCH_GEMM_X, (size_t)(n * cols) * 2);
+                          int bf16, int perm) {
+    void *xh = cuda_scratch(c, perm ? SCRATCH_QGEMM_X : SCRATCH_GEMM_X, (size_t)(n * cols) * 2);
     if (!xh) return NULL;
-    to_half_kernel<<<cuda_blocks(n * cols, 256), 256, 0, c->stream>>>(x, up, n * cols, bf16, xh);
+    to_half_kernel<<<cuda_blocks(n * cols, 256), 256, 0, c->stream>>>(x, up, n * cols, bf16, perm, xh);
     CUDA_LAUNCHED(c, "to_half");
     return xh;
 }
@@ -1006,122 +1009,251 @@ static void gemm_half(cuda_ctx *c, const dev_matrix *m, const void *xh, float *y
 /* ---- 4-bit GEMM on the tensor cores, dequantizing as it goes (9..QGEMM_MAX_TOKENS tokens) --- */
 
 /* The GEMM path above dequantizes a whole matrix to a bf16 copy and hands it to cuBLAS: for a
- * decode batch that writes and reads 4x the bytes of the 4-bit weights, every step. Here a block
- * of 8 warps takes 128 rows x 64 tokens: per 64 columns (one k chunk) each thread dequantizes 32
- * weights of one row (one 16-byte load, its group's scale and bias) into a bf16 tile in shared
- * memory, x (already bf16) is copied beside it, and the warps multiply through WMMA 16x16x16
- * bf16 fragments with float32 accumulators (warp tile 32 rows x 32 tokens). Matrices with few
- * row blocks split k across blocks (partial sums in scratch, summed by a second kernel in a fixed
- * order: deterministic). Numerics as the cuBLAS path: bf16 weights and x, float32 sums. */
+ * decode batch that writes and reads 4x the bytes of the 4-bit weights, every step. qgemm4 reads
+ * the MLX 4-bit words as they are (the layout the one-token GEMV reads; no second copy) and
+ * multiplies on the tensor cores with mma.sync m16n8k16 (bf16 in, float32 accumulators).
+ *
+ * A block of 4 warps takes 128 rows x BN tokens (BN = 16, 32 or 64: 8 x NT), each warp 32 rows x
+ * BN tokens. Per stage of 128 columns, cp.async copies the raw 4-bit tile (64 contiguous bytes
+ * per row) and x (bf16, BN x 256 bytes) into shared memory, QGEMM_STAGES stages in flight, one
+ * barrier per stage. Scales and biases go to registers two stages ahead.
+ *
+ * The k order inside the mma is free as long as weights and x agree, so each lane takes whole
+ * 32-bit words: in a 32-column step, lane (g = lane / 4, t = lane % 4) owns the columns
+ * 32t + 8s .. +7 of the stage (s = step), i.e. word 4t + s of its rows -- one 16-byte shared load
+ * gives a row's words for all four steps. A word's nibbles (n0..n7, column order) become bf16
+ * pairs (128 + n_i, 128 + n_{i+4}) with one mask-or each (0x4300 | n is 128 + n exactly), so x is
+ * stored with each 8 columns in the order 0,4,1,5,2,6,3,7 (to_half_kernel, perm): one 16-byte
+ * shared load of x is then the B fragments of both k16 halves of the step.
+ *
+ * Numerics: w = s * n + b rounded once to bf16 (bf16 scales: (128 + n) - 128 exactly, then one
+ * fused bf16x2 fma; f16/f32 scales: fmaf in float32, then rounded), x rounded to bf16, float32
+ * accumulation -- the cuBLAS path's numbers up to summation order. Matrices with few row blocks
+ * split k across blocks; a second kernel adds the partial sums in split order (deterministic). */
 #define QGEMM_MAX_TOKENS 256
 #define QGEMM_BM 128
-#define QGEMM_BN 64
-#define QGEMM_BK 64
-#define QGEMM_PAD 8 /* bf16 elements per shared row beyond BK: rows 144 bytes apart, no 2-way banks */
+#define QGEMM_BK 128
+#define QGEMM_STAGES 4
+#define QGEMM_THREADS 128
 
-union qgemm_smem {
-    struct {
-        __nv_bfloat16 w[QGEMM_BM][QGEMM_BK + QGEMM_PAD];
-        __nv_bfloat16 x[QGEMM_BN][QGEMM_BK + QGEMM_PAD];
-    } in;
-    float c[QGEMM_BN][QGEMM_BM + 4]; /* [token][row] */
+/* Up to 4 matrices sharing x and column count (q/k/v, gate/up): block b belongs to matrix m when
+ * block_start[m] <= b < block_start[m + 1] (row blocks of 128). */
+struct qgemm_args {
+    const uint32_t *data[4];
+    const void *scales[4], *biases[4];
+    float *y[4];
+    float *partial[4];      /* [splits][tokens][rows] of each matrix when split, else NULL */
+    int rows[4];
+    int block_start[5];
+    int n;
+    int cols, group_shift;
+    int tokens;
+    int chunks_per_split;   /* stages of QGEMM_BK columns per block */
+    int accumulate;
+    const __nv_bfloat16 *x; /* [tokens][cols], each 8 columns in the order 0,4,1,5,2,6,3,7 */
 };
 
-/* y (or partial[split]) [tokens][rows] for rows [bm, bm + 128), tokens [bn, bn + 64), columns
- * of k split blockIdx.z. xh: bf16 [tokens][cols]. */
-__global__ void __launch_bounds__(256) qgemm4_kernel(dev_matrix w, const __nv_bfloat16 *xh,
-                                                     int64_t tokens, int k_per_split, float *y,
-                                                     float *partial, int accumulate) {
-    __shared__ __align__(128) qgemm_smem sm;
-    const int t = threadIdx.x, warp = t >> 5;
-    const int64_t rows = w.rows, cols = w.cols, bm = (int64_t)blockIdx.x * QGEMM_BM,
-                  bn = (int64_t)blockIdx.y * QGEMM_BN;
-    const int64_t k0 = (int64_t)blockIdx.z * k_per_split,
-                  k1 = k0 + k_per_split < cols ? k0 + k_per_split : cols;
-    const int wm = warp & 3, wn = warp >> 2; /* warp tile: rows 32 wm.., tokens 32 wn.. */
-    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
-    /* this thread's share of each chunk: 32 weights of row bm + t/2, 16 x values of token bn + t/4 */
-    const int64_t my_row = bm + (t >> 1), my_tok = bn + (t >> 2);
-    const int half = t & 1, quarter = t & 3;
-    const int64_t row_words = cols / 8, groups = cols >> w.group_shift;
-    /* chunk kc's global loads into registers: issued one chunk ahead, so they fly while the
-     * tensor cores work on the chunk before (one block per half SM cannot hide them otherwise) */
-    uint4 q, xv[2];
+template <int NT> struct qgemm_shape {
+    static const int BN = 8 * NT;
+    static const int A_BYTES = QGEMM_BM * QGEMM_BK / 2; /* 64 bytes a row */
+    static const int X_BYTES = BN * QGEMM_BK * 2;       /* 256 bytes a token */
+    static const int STAGE = A_BYTES + X_BYTES;
+    static const int SMEM = QGEMM_STAGES * STAGE;
+};
+
+__device__ __forceinline__ void qg_cp16(void *smem, const void *gmem, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem), "r"(ok ? 16 : 0)
+                 : "memory");
+}
+
+/* x's 16-byte chunk c (of 16 in a token's 256 bytes) is stored at c ^ qg_swz(token, c): the 8
+ * lanes of a shared-load phase (g in 0..1, t in 0..3) then hit 8 different bank groups. */
+__device__ __forceinline__ int qg_swz(int tok, int c) { return (tok & 1) | (((c >> 3) & 1) << 1); }
+
+__device__ __forceinline__ void qg_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* A group's scale and bias as the dequantization takes them: bf16 scales as a pair of bf16x2
+ * words {s, s}, {b, b}; others as float32. */
+template <int SD> struct qg_scale {
     float s, b;
-    auto fetch = [&](int64_t kc) {
-        q = make_uint4(0, 0, 0, 0), xv[0] = xv[1] = make_uint4(0, 0, 0, 0), s = 0, b = 0;
-        if (kc >= k1) return;
-        if (my_row < rows) {
-            q = __ldcs((const uint4 *)((const uint32_t *)w.data + my_row * row_words + kc / 8) + half);
-            int64_t g = my_row * groups + ((kc + 32 * half) >> w.group_shift);
-            s = scale_value(w.scales, g, w.scale_dtype), b = scale_value(w.biases, g, w.scale_dtype);
-        }
-        if (my_tok < tokens) {
-            const uint4 *src = (const uint4 *)(xh + my_tok * cols + kc + 16 * quarter);
-            xv[0] = src[0], xv[1] = src[1];
-        }
-    };
-    fetch(k0);
-    for (int64_t kc = k0; kc < k1; kc += QGEMM_BK) {
-        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
-        uint32_t packed[16];
+};
+template <> struct qg_scale<DTYPE_BF16> {
+    uint32_t s2, b2;
+};
+
+template <int SD>
+__device__ __forceinline__ qg_scale<SD> qg_load_scale(const void *scales, const void *biases, int64_t i) {
+    qg_scale<SD> r;
+    if constexpr (SD == DTYPE_BF16) {
+        uint32_t s = __ldg((const unsigned short *)scales + i), b = __ldg((const unsigned short *)biases + i);
+        r.s2 = s | s << 16, r.b2 = b | b << 16;
+    } else if constexpr (SD == DTYPE_F16) {
+        r.s = __half2float(__ldg((const __half *)scales + i));
+        r.b = __half2float(__ldg((const __half *)biases + i));
+    } else {
+        r.s = __ldg((const float *)scales + i), r.b = __ldg((const float *)biases + i);
+    }
+    return r;
+}
+
+/* Nibbles i and i + 4 of word u, dequantized: a bf16 pair (low half: nibble i). */
+template <int SD>
+__device__ __forceinline__ uint32_t qg_dequant_pair(uint32_t u, int i, const qg_scale<SD> &sc) {
+    uint32_t p = ((u >> (4 * i)) & 0x000f000fu) | 0x43004300u; /* 128 + n, exactly */
+    if constexpr (SD == DTYPE_BF16) {
+        __nv_bfloat162 q = __hsub2(*reinterpret_cast<__nv_bfloat162 *>(&p),
+                                   __floats2bfloat162_rn(128.0f, 128.0f));
+        __nv_bfloat162 v = __hfma2(q, *reinterpret_cast<const __nv_bfloat162 *>(&sc.s2),
+                                   *reinterpret_cast<const __nv_bfloat162 *>(&sc.b2));
+        return *reinterpret_cast<uint32_t *>(&v);
+    } else {
+        float lo = __uint_as_float(p << 16) - 128.0f, hi = __uint_as_float(p & 0xffff0000u) - 128.0f;
+        __nv_bfloat162 v = __floats2bfloat162_rn(fmaf(sc.s, lo, sc.b), fmaf(sc.s, hi, sc.b));
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+}
+
+template <int SD, int NT>
+__global__ void __launch_bounds__(QGEMM_THREADS, 2) qgemm4_kernel(qgemm_args a) {
+    typedef qgemm_shape<NT> S;
+    extern __shared__ __align__(16) unsigned char qg_smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    /* this block's matrix (selected with constant indices: no local copy of the arguments) */
+    int b = blockIdx.x, m = 0;
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+    for (int i = 1; i < 4; i++)
+        if (i < a.n && b >= a.block_start[i]) m = i;
+    const uint32_t *wdata = a.data[0];
+    const void *wsc = a.scales[0], *wbi = a.biases[0];
+    float *y = a.y[0], *partial = a.partial[0];
+    int rows = a.rows[0], bstart = a.block_start[0];
 #pragma unroll
-            for (int j = 0; j < 8; j += 2) {
-                __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(s, small_uint_to_float((u[i] >> (4 * j)) & 15u), b),
-                                                         fmaf(s, small_uint_to_float((u[i] >> (4 * j + 4)) & 15u), b));
-                packed[4 * i + j / 2] = *reinterpret_cast<uint32_t *>(&h);
+    for (int i = 1; i < 4; i++)
+        if (m == i) {
+            wdata = a.data[i], wsc = a.scales[i], wbi = a.biases[i], y = a.y[i];
+            partial = a.partial[i], rows = a.rows[i], bstart = a.block_start[i];
+        }
+    const int bm = (b - bstart) * QGEMM_BM, bn = blockIdx.y * S::BN;
+    const int cols = a.cols, tokens = a.tokens, groups = cols >> a.group_shift;
+    const int c0 = blockIdx.z * a.chunks_per_split;
+    int n_chunks = cols / QGEMM_BK - c0;
+    if (n_chunks > a.chunks_per_split) n_chunks = a.chunks_per_split;
+
+    /* one stage's copies: 4 16-byte pieces of weights and NT of x per thread */
+    auto issue = [&](int i) {
+        if (i < n_chunks) {
+            unsigned char *sa = qg_smem + (i % QGEMM_STAGES) * S::STAGE, *sx = sa + S::A_BYTES;
+            const int64_t k0 = (int64_t)(c0 + i) * QGEMM_BK;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int p = tid + QGEMM_THREADS * j, r = p >> 2, part = p & 3;
+                int row = bm + r;
+                bool ok = row < rows;
+                const unsigned char *src = (const unsigned char *)wdata +
+                                           ((int64_t)(ok ? row : 0) * cols + k0) / 2 + 16 * part;
+                qg_cp16(sa + r * 64 + 16 * part, src, ok);
             }
-        uint4 *wd = (uint4 *)&sm.in.w[t >> 1][32 * half];
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            wd[i] = make_uint4(packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]);
-        uint4 *xd = (uint4 *)&sm.in.x[t >> 2][16 * quarter];
-        xd[0] = xv[0], xd[1] = xv[1];
-        __syncthreads();
-        fetch(kc + QGEMM_BK);
-#pragma unroll
-        for (int kk = 0; kk < QGEMM_BK; kk += 16) {
-            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> fa[2];
-            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::col_major> fb[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                nvcuda::wmma::load_matrix_sync(fa[i], &sm.in.w[32 * wm + 16 * i][kk], QGEMM_BK + QGEMM_PAD);
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-                nvcuda::wmma::load_matrix_sync(fb[j], &sm.in.x[32 * wn + 16 * j][kk], QGEMM_BK + QGEMM_PAD);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) nvcuda::wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+            for (int j = 0; j < NT; j++) {
+                int p = tid + QGEMM_THREADS * j, tk = p >> 4, c = p & 15;
+                int tok = bn + tk;
+                bool ok = tok < tokens;
+                const __nv_bfloat16 *src = a.x + (int64_t)(ok ? tok : 0) * cols + k0 + 8 * c;
+                qg_cp16(sx + tk * 256 + 16 * (c ^ qg_swz(tk, c)), src, ok);
+            }
         }
-        __syncthreads();
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    /* this thread's 4 rows (r = 2 mt + h: row 32 warp + 16 mt + 8 h + g) and their scales */
+    int64_t sidx[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        int row = bm + 32 * warp + 8 * r + g;
+        sidx[r] = (int64_t)(row < rows ? row : 0) * groups;
     }
-    /* [token][row] through shared memory, then out with the bounds */
+    auto load_scales = [&](int i, qg_scale<SD>(&sc)[4]) {
+        if (i >= n_chunks) i = n_chunks - 1; /* past the end: a harmless re-read */
+        int grp = (int)((((int64_t)(c0 + i) * QGEMM_BK) + 32 * t) >> a.group_shift);
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+        for (int r = 0; r < 4; r++) sc[r] = qg_load_scale<SD>(wsc, wbi, sidx[r] + grp);
+    };
+
+    float acc[2][NT][4];
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            nvcuda::wmma::store_matrix_sync(&sm.c[32 * wn + 16 * j][32 * wm + 16 * i], acc[i][j],
-                                            QGEMM_BM + 4, nvcuda::wmma::mem_col_major);
-    __syncthreads();
-    for (int i = t; i < QGEMM_BN * QGEMM_BM; i += 256) {
-        int n = i / QGEMM_BM, r = i % QGEMM_BM;
-        int64_t tok = bn + n, row = bm + r;
-        if (tok >= tokens || row >= rows) continue;
-        float v = sm.c[n][r];
-        if (partial) {
-            partial[((int64_t)blockIdx.z * tokens + tok) * rows + row] = v;
-        } else {
-            float *o = y + tok * rows + row;
-            *o = accumulate ? *o + v : v;
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
+
+    qg_scale<SD> sc0[4], sc1[4], sc2[4];
+    load_scales(0, sc0);
+    load_scales(1, sc1);
+#pragma unroll
+    for (int i = 0; i < QGEMM_STAGES - 1; i++) issue(i);
+
+    for (int i = 0; i < n_chunks; i++) {
+        load_scales(i + 2, sc2);
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(QGEMM_STAGES - 2) : "memory");
+        __syncthreads(); /* stage i is in; every warp is done with stage i - 1's slot */
+        issue(i + QGEMM_STAGES - 1);
+        const unsigned char *sa = qg_smem + (i % QGEMM_STAGES) * S::STAGE, *sx = sa + S::A_BYTES;
+        uint4 wq[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) wq[r] = *(const uint4 *)(sa + (32 * warp + 8 * r + g) * 64 + 16 * t);
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            uint32_t av[4][4]; /* [row r][pair p]: nibbles p, p + 4 of word s */
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                uint32_t u = s == 0 ? wq[r].x : s == 1 ? wq[r].y : s == 2 ? wq[r].z : wq[r].w;
+#pragma unroll
+                for (int p = 0; p < 4; p++) av[r][p] = qg_dequant_pair<SD>(u, p, sc0[r]);
+            }
+            const int c = 4 * t + s;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const int tk = 8 * j + g;
+                uint4 xb = *(const uint4 *)(sx + tk * 256 + 16 * (c ^ qg_swz(tk, c)));
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    qg_mma(acc[mt][j], av[2 * mt][0], av[2 * mt + 1][0], av[2 * mt][1],
+                           av[2 * mt + 1][1], xb.x, xb.y);
+                    qg_mma(acc[mt][j], av[2 * mt][2], av[2 * mt + 1][2], av[2 * mt][3],
+                           av[2 * mt + 1][3], xb.z, xb.w);
+                }
+            }
         }
+#pragma unroll
+        for (int r = 0; r < 4; r++) sc0[r] = sc1[r], sc1[r] = sc2[r];
     }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+
+    /* accumulator (mt, j): e = 0, 1 row g, tokens 2t, 2t + 1; e = 2, 3 row g + 8 */
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int row = bm + 32 * warp + 16 * mt + 8 * (e >> 1) + g, tok = bn + 8 * j + 2 * t + (e & 1);
+                if (row >= rows || tok >= tokens) continue;
+                float v = acc[mt][j][e];
+                if (partial) {
+                    partial[((int64_t)blockIdx.z * tokens + tok) * rows + row] = v;
+                } else {
+                    float *o = y + (int64_t)tok * rows + row;
+                    *o = a.accumulate ? *o + v : v;
+                }
+            }
 }
 
 /* y (+)= the sum of the splits' partial sums, in split order. */
@@ -1134,35 +1266,82 @@ __global__ void qgemm_reduce_kernel(const float *partial, int splits, int64_t n,
     y[i] = accumulate ? y[i] + v : v;
 }
 
-/* Whether qgemm4 takes this matrix at this token count. */
-static int qgemm_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
-    return c->qgemm && m->kind == GEMV_Q4 && m->group_size >= 32 && m->cols % QGEMM_BK == 0 &&
-           n > GEMV_MAX_TOKENS && n <= QGEMM_MAX_TOKENS;
+typedef void (*qgemm_fn)(qgemm_args);
+
+template <int SD> static qgemm_fn qgemm_kernel_for(int nt) {
+    return nt == 2 ? qgemm4_kernel<SD, 2> : nt == 4 ? qgemm4_kernel<SD, 4> : qgemm4_kernel<SD, 8>;
 }
 
-static void qgemm4(cuda_ctx *c, const dev_matrix *m, const void *xh, float *y, int64_t n,
-                   int accumulate) {
-    int64_t row_blocks = (m->rows + QGEMM_BM - 1) / QGEMM_BM, tok_blocks = (n + QGEMM_BN - 1) / QGEMM_BN;
-    int64_t chunks = m->cols / QGEMM_BK, blocks = row_blocks * tok_blocks;
-    /* enough blocks for two waves of the GPU, each split at least 4 chunks long */
-    int64_t splits = 1;
-    while (blocks * splits < 2 * c->sm_count && chunks / (splits * 2) >= 4) splits *= 2;
-    int k_per_split = (int)(((chunks + splits - 1) / splits) * QGEMM_BK);
-    splits = (m->cols + k_per_split - 1) / k_per_split;
-    float *partial = NULL;
+static int qgemm_tile_tokens(int64_t n) { return n <= 16 ? 2 : n <= 32 ? 4 : 8; }
+
+static qgemm_fn qgemm_kernel(int sd, int nt) {
+    return sd == DTYPE_BF16 ? qgemm_kernel_for<DTYPE_BF16>(nt)
+           : sd == DTYPE_F16 ? qgemm_kernel_for<DTYPE_F16>(nt)
+                             : qgemm_kernel_for<DTYPE_F32>(nt);
+}
+
+static size_t qgemm_smem(int nt) {
+    return nt == 2 ? qgemm_shape<2>::SMEM : nt == 4 ? qgemm_shape<4>::SMEM : qgemm_shape<8>::SMEM;
+}
+
+/* Whether qgemm4 takes this matrix at this token count (others take the cuBLAS copy path). */
+static int qgemm_applies(const cuda_ctx *c, const dev_matrix *m, int64_t n) {
+    if (!c->qgemm || m->format != WEIGHT_MLX_AFFINE || m->bits != 4 || n <= GEMV_MAX_TOKENS ||
+        n > QGEMM_MAX_TOKENS)
+        return 0;
+    if (m->group_size != 32 && m->group_size != 64 && m->group_size != 128) return 0;
+    if (m->scale_dtype != DTYPE_BF16 && m->scale_dtype != DTYPE_F16 && m->scale_dtype != DTYPE_F32)
+        return 0;
+    if (m->cols % QGEMM_BK || m->cols > INT32_MAX / QGEMM_MAX_TOKENS || m->rows > INT32_MAX / 2 ||
+        m->rows * m->cols / m->group_size > INT32_MAX)
+        return 0;
+    int nt = qgemm_tile_tokens(n);
+    return dynamic_smem_limit((const void *)qgemm_kernel(m->scale_dtype, nt)) >= qgemm_smem(nt);
+}
+
+/* ys[i] (+)= W_i x for n (<= 4) matrices qgemm_applies takes, of one column count and scale
+ * type; xq: x as qgemm_args.x says. */
+static void qgemm4(cuda_ctx *c, int n, const dev_matrix *const *m, const void *xq,
+                   float *const *ys, int64_t tokens, int accumulate) {
+    qgemm_args a = {};
+    int row_blocks = 0;
+    for (int i = 0; i < n; i++) {
+        a.data[i] = (const uint32_t *)m[i]->data, a.scales[i] = m[i]->scales;
+        a.biases[i] = m[i]->biases, a.y[i] = ys[i], a.rows[i] = (int)m[i]->rows;
+        a.block_start[i] = row_blocks;
+        row_blocks += (int)((m[i]->rows + QGEMM_BM - 1) / QGEMM_BM);
+    }
+    a.block_start[n] = row_blocks;
+    a.n = n, a.cols = (int)m[0]->cols, a.group_shift = m[0]->group_shift, a.tokens = (int)tokens;
+    a.accumulate = accumulate, a.x = (const __nv_bfloat16 *)xq;
+    int nt = qgemm_tile_tokens(tokens), bn = 8 * nt;
+    int tok_blocks = (int)((tokens + bn - 1) / bn), chunks = a.cols / QGEMM_BK;
+    /* split k while the grid is under one wave of 2 blocks an SM, each split >= 4 stages */
+    int blocks = row_blocks * tok_blocks, splits = (2 * c->sm_count) / blocks;
+    if (splits > chunks / 4) splits = chunks / 4;
+    if (splits < 1) splits = 1;
+    a.chunks_per_split = (chunks + splits - 1) / splits;
+    splits = (chunks + a.chunks_per_split - 1) / a.chunks_per_split;
     if (splits > 1) {
-        partial = (float *)cuda_scratch(c, SCRATCH_QGEMM, (size_t)(splits * n * m->rows) * sizeof(float));
-        if (!partial) return;
+        size_t total = 0;
+        for (int i = 0; i < n; i++) total += (size_t)splits * (size_t)tokens * (size_t)m[i]->rows;
+        float *p = (float *)cuda_scratch(c, SCRATCH_QGEMM, total * sizeof(float));
+        if (!p) return;
+        for (int i = 0; i < n; i++) {
+            a.partial[i] = p;
+            p += (size_t)splits * (size_t)tokens * (size_t)m[i]->rows;
+        }
     }
     dim3 grid((unsigned)row_blocks, (unsigned)tok_blocks, (unsigned)splits);
-    qgemm4_kernel<<<grid, 256, 0, c->stream>>>(*m, (const __nv_bfloat16 *)xh, n, k_per_split, y,
-                                               partial, accumulate);
+    qgemm_kernel(m[0]->scale_dtype, nt)<<<grid, QGEMM_THREADS, qgemm_smem(nt), c->stream>>>(a);
     CUDA_LAUNCHED(c, "qgemm4");
-    if (partial) {
-        qgemm_reduce_kernel<<<cuda_blocks(n * m->rows, 256), 256, 0, c->stream>>>(
-            partial, (int)splits, n * m->rows, y, accumulate);
-        CUDA_LAUNCHED(c, "qgemm_reduce");
-    }
+    if (splits > 1)
+        for (int i = 0; i < n; i++) {
+            int64_t cnt = tokens * m[i]->rows;
+            qgemm_reduce_kernel<<<cuda_blocks(cnt, 256), 256, 0, c->stream>>>(a.partial[i], splits,
+                                                                              cnt, ys[i], accumulate);
+            CUDA_LAUNCHED(c, "qgemm_reduce");
+        }
 }
 
 /* n matrices sharing x (x' = silu(x) * up when up), each y[i] (+)= W_i x': x rounded to 16 bits
@@ -1178,16 +1357,34 @@ static void gemm_path_multi(cuda_ctx *c, int n, const dev_matrix *const *m, floa
         cuda_silu_mul_launch(c, x, up, tokens * m[0]->cols);
         up = NULL;
     }
+    /* 4-bit matrices for qgemm4: x in its column order, one launch per scale type */
+    int q[4] = {0, 0, 0, 0}, n_q = 0;
+    for (int i = 0; i < n && i < 4; i++)
+        if (!gemm_in_f32(m[i]) && m[i]->cols == m[0]->cols && qgemm_applies(c, m[i], tokens))
+            q[i] = 1, n_q++;
+    if (n_q) {
+        const void *xq = half_x(c, x, up, tokens, m[0]->cols, 1, 1);
+        if (!xq) return;
+        const int sds[3] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+        for (int k = 0; k < 3; k++) {
+            const dev_matrix *mq[4];
+            float *yq[4];
+            int nq = 0;
+            for (int i = 0; i < n && i < 4; i++)
+                if (q[i] && m[i]->scale_dtype == sds[k]) mq[nq] = m[i], yq[nq++] = ys[i];
+            if (nq) qgemm4(c, nq, mq, xq, yq, tokens, accumulate);
+        }
+        half_kinds = 0;
+        for (int i = 0; i < n; i++)
+            if (!gemm_in_f32(m[i]) && !(i < 4 && q[i])) half_kinds |= m[i]->format == WEIGHT_F16 ? 2 : 1;
+    }
     for (int bf16 = 1; bf16 >= 0; bf16--) {
         if (!(half_kinds & (bf16 ? 1 : 2))) continue;
-        const void *xh = half_x(c, x, up, tokens, m[0]->cols, bf16);
+        const void *xh = half_x(c, x, up, tokens, m[0]->cols, bf16, 0);
         if (!xh) return;
         for (int i = 0; i < n; i++) {
-            if (gemm_in_f32(m[i]) || (m[i]->format != WEIGHT_F16) != bf16) continue;
-            if (qgemm_applies(c, m[i], tokens))
-                qgemm4(c, m[i], xh, ys[i], tokens, accumulate);
-            else
-                gemm_half(c, m[i], xh, ys[i], tokens, accumulate);
+            if (gemm_in_f32(m[i]) || (m[i]->format != WEIGHT_F16) != bf16 || (i < 4 && q[i])) continue;
+            gemm_half(c, m[i], xh, ys[i], tokens, accumulate);
         }
     }
     for (int i = 0; i < n; i++)
