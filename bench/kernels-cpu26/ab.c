@@ -1,4 +1,7 @@
-/* ab (bench/kernels-cpu26, issue 25): a synthetic batch-1 decode step of the Llama-3.2-1B shape
+/* ab (bench/kernels-cpu26, issue 25; cpu27 added: the configurations' order rotated round by
+ * round (the first one after the idle wait ran slower), LOCK=file (the shared bench lock, held per
+ * WATCH round), FILL=byte (every weight, scale and bias byte that value: layout experiments that
+ * read scales from elsewhere stay on normal floats)): a synthetic batch-1 decode step of the Llama-3.2-1B shape
  * (16 layers: q/k/v and gate/up as one job each, o, down; the tied 128256-row lm_head), MLX `bits`
  * g64 weights in one 2 MiB-aligned MADV_HUGEPAGE arena as the model loader places them,
  * repacked to the 16-row interleave; configurations timed in turn step by step (2+ threads: wall
@@ -16,6 +19,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <sys/file.h>
+#include <fcntl.h>
+#include <unistd.h>
 static int use_cpu;
 static double now(void) { struct timespec t; clock_gettime(use_cpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 static uint64_t rs = 88172645463325252ull;
@@ -29,6 +35,10 @@ static weight_matrix mk(int64_t rows, int64_t cols, int bits) {
     uint32_t *d = take(q); uint16_t *sc = take(s), *bi = take(s);
     for (size_t i = 0; i < q / 4; i++) d[i] = rnd();
     for (size_t i = 0; i < s / 2; i++) sc[i] = 0x3c00 | (rnd() & 0x7f), bi[i] = 0xbc00 | (rnd() & 0x7f);
+    if (getenv("FILL")) { /* every byte one value whose bf16 pairs are normal numbers: the fused-layout experiment reads scales from anywhere */
+        int f = (int)strtol(getenv("FILL"), NULL, 0);
+        memset(d, f, q), memset(sc, f, s), memset(bi, f, s);
+    }
     w.data = d, w.scales = sc, w.biases = bi;
     if (cpu_weight_repack_rows16(&w)) { fprintf(stderr, "repack failed\n"); exit(1); }
     return w;
@@ -79,6 +89,7 @@ int main(int argc, char **argv) {
     double watch = getenv("WATCH") ? atof(getenv("WATCH")) : 0, w0 = 0;
     { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); w0 = t.tv_sec; }
     int quiet_rounds = 0;
+    int lockfd = getenv("LOCK") ? open(getenv("LOCK"), O_RDONLY) : -1; /* WATCH: the shared bench lock, held per round */
     for (int r = -2; r < reps; r++) {
         if (watch > 0 && r >= 0) {
             struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
@@ -86,9 +97,11 @@ int main(int argc, char **argv) {
             double id = idle_frac(1.0);
             if (id < 0.9) { r--; continue; }
             quiet_rounds++;
+            if (lockfd >= 0) flock(lockfd, LOCK_EX);
             printf("quiet round %d idle %.2f\n", r, id); fflush(stdout);
         }
-        for (int c = 0; c < ncfg; c++) {
+        for (int ci = 0; ci < ncfg; ci++) {
+            int c = (ci + (r > 0 ? r : 0)) % ncfg; /* rotating order: no configuration always runs first after the idle wait */
             cpu_matvec_set_prefetch_l2(var[c] == 1); cpu_matvec_set_prefetch((size_t)dist[c]);
             double t0 = now();
             for (int l = 0; l < L; l++) {
@@ -104,6 +117,7 @@ int main(int argc, char **argv) {
             if (r >= 0) gbs[c * cap + r] = bytes / t * 1e-9;
             if (watch > 0 && r >= 0) { printf("  %s %.2f\n", argv[4 + c], bytes / t * 1e-9); fflush(stdout); }
         }
+        if (lockfd >= 0 && watch > 0 && r >= 0) flock(lockfd, LOCK_UN);
     }
     if (reps <= 0) { printf("no quiet round\n"); return 0; }
     for (int c = 0; c < ncfg; c++)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# decode_watch.sh — batch-1 decode A/B taken only at a shared machine's quiet moments: whenever
+# decode_watch.sh (cpu26; cpu27 added the bench lock held per set (LOCK=file), the order of the
+# configurations rotated set by set, and the read probe printed) — batch-1 decode A/B taken only at a shared machine's quiet moments: whenever
 # the machine was >= IDLE% (default 90) idle for a second, runs every configuration once back to back
 # (exo bench --threads 2 --model MODEL --pp 16 --tg 64 --batch 1 --reps 1) and prints the decode
 # lines and the idle share after them (keep the sets still >= 90% idle after; bench/RESULTS.md,
@@ -19,11 +20,14 @@ n=0
 while [ "$(date +%s)" -lt $end ]; do
   i=$(idle)
   if [ "$i" -lt "${IDLE:-90}" ]; then sleep 2; continue; fi
-  n=$((n+1)); echo "#### set $n idle-before $i $(date +%T)"
-  for cfg in "$@"; do
+  n=$((n+1)); echo "#### set $n idle-before $i $(date +%T) load $(cut -d' ' -f1 /proc/loadavg)"
+  [ -n "${LOCK:-}" ] && exec 9<"$LOCK" && flock 9
+  cfgs=("$@"); k=$(( (n - 1) % ${#cfgs[@]} ))
+  for cfg in "${cfgs[@]:$k}" "${cfgs[@]:0:$k}"; do
     exo=${cfg%%:*}; envs=; [ "$exo" != "$cfg" ] && envs=${cfg#*:}
     echo -n "$cfg: "
     env ${envs//,/ } X=1 "$exo" bench --threads 2 --model "$model" --pp 16 --tg 64 --batch 1 --reps 1 2>&1 | grep -E '^decode'
   done
+  [ -n "${LOCK:-}" ] && exec 9<&-
   echo "idle-after $(idle)"
 done
