@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Lays out the GPU-host payload of bench/gguf4-xeon/run.sh in DEST (default
-# /work/main/.devcarry-gguf4): DEST/run.sh beside gguf4.tar.xz = a portable exo and mkmodel of
+# /work/main/.devcarry-gguf4): DEST/run.sh (and run2.sh, the optional second run; setup.sh, which
+# both source) beside gguf4.tar.xz = a portable exo and mkmodel of
 # this branch (make RELEASE=1 OPT=-O3 BUILD=build/portable), llama.cpp's Xeon build
 # (LLAMACPP_TARGET=xeon bash scripts/llamacpp.sh, or LLAMACPP_REF=path to an existing one),
 # their Debian libraries, bench/gguf.sh.
@@ -21,5 +22,5 @@ for bin in "$stage"/build/exo "$stage"/build/tools/mkmodel "$stage"/build/llamac
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 echo "exo $(git rev-parse --short HEAD) (branch gguf4), llama.cpp cui-llama.rn 1.12.2 LLAMACPP_TARGET=xeon" > "$stage/COMMIT"
 tar cJf "$dest/gguf4.tar.xz" -C "$stage" .
-cp bench/gguf4-xeon/run.sh "$dest/run.sh"
+cp bench/gguf4-xeon/run.sh bench/gguf4-xeon/run2.sh bench/gguf4-xeon/setup.sh "$dest/"
 du -sh "$dest"/*

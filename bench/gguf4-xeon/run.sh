@@ -13,16 +13,7 @@
 #     Q4_0 and Q4_K_M, and EXO_AMX=0 (the VNNI passes) once each.
 # Every step has a deadline so the whole stays under ~330 s. Results: $OUT/gguf4/bench.log.
 set -u
-here=$(cd "$(dirname "$0")" && pwd)
-out=${OUT:-/tmp/gguf4-out}/gguf4
-mkdir -p "$out"
-work=$(mktemp -d /dev/shm/gguf4.XXXXXX)
-trap 'rm -rf "$work" /dev/shm/gguf4-models' EXIT
-tar xJf "$here/gguf4.tar.xz" -C "$work"
-export LD_LIBRARY_PATH=$work/lib
-start=$(date +%s)
-elapsed() { echo $(( $(date +%s) - start )); }
-left() { local v=$(( $1 - $(elapsed) )); [ "$v" -ge 1 ] || v=1; echo "$v"; } # seconds until $1 (at least 1)
+. "$(dirname "$0")/setup.sh" # here, out, work, start, elapsed, left
 {
   echo "== host"; nproc; lscpu | grep -E 'Model name|L3|NUMA node0|Thread'; free -g | head -2
   echo "load: $(cat /proc/loadavg)"; cat "$work/COMMIT"

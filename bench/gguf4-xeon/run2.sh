@@ -7,15 +7,7 @@
 #  B. 8B Q4_K_M pp128: exo (prefetch on) / llama.cpp, x2 (the one prefill bar still under 1x).
 # Results: $OUT/gguf4/bench2.log
 set -u
-here=$(cd "$(dirname "$0")" && pwd)
-out=${OUT:-/tmp/gguf4-out}/gguf4
-mkdir -p "$out"
-work=$(mktemp -d /dev/shm/gguf4.XXXXXX)
-trap 'rm -rf "$work" /dev/shm/gguf4-models' EXIT
-tar xJf "$here/gguf4.tar.xz" -C "$work"
-export LD_LIBRARY_PATH=$work/lib
-start=$(date +%s)
-elapsed() { echo $(( $(date +%s) - start )); }
+. "$(dirname "$0")/setup.sh" # here, out, work, start, elapsed, left
 {
   echo "load: $(cat /proc/loadavg)"; cat "$work/COMMIT"
   cd "$work"
