@@ -195,37 +195,35 @@ TAMX INLINE void amx_b_row(__m512 f0, __m512 f1, __m512i pair, uint16_t *bh, uin
     _mm512_store_si512(bl, _mm512_permutexvar_epi16(pair, l));
 }
 
-/* Step s (values 32s..32s+31) of 16-row block b as the B tiles: hi at bh, lo at bh + 512. */
-TAMX static void amx_b_step(const weight_matrix *w, const cpu_rows16_block *blk, int64_t s, uint16_t *bh,
-                            __m512i pair) {
+/* Step s (values 32s..32s+31) of 16-row block b as the B tiles: hi at bh, lo at bh + 512. A
+ * step is `bits` vectors of the block's lines; vector i holds, in each row's 32-bit lane, the
+ * values of 16 / bits byte pairs (4-bit: values 8i..8i+7, byte j = values 2j, 2j + 1; 8-bit:
+ * values 4i..4i+3, pair j = values 2j, 2j + 1). bits is a constant at each call (unrolled). */
+TAMX INLINE void amx_b_step_bits(const weight_matrix *w, const cpu_rows16_block *blk, int64_t s,
+                                 uint16_t *bh, __m512i pair, const int bits) {
     int64_t g = 32 * s / w->group_size;
     __m512 sc = scales_load16(w->scale_dtype, blk->scales, g * 16, 0xffff);
     __m512 bi = w->zero_point ? _mm512_mul_ps(sc, _mm512_set1_ps(-(float)w->zero_point))
                               : scales_load16(w->scale_dtype, blk->biases, g * 16, 0xffff);
     uint16_t *bl = bh + 512;
-    if (w->bits == 4) { /* vector i: values 8i..8i+7 of each row; byte j: values 2j, 2j+1 */
-        const __m512i m = _mm512_set1_epi32(0xf);
-        for (int i = 0; i < 4; i++) {
-            __m512i v = _mm512_loadu_si512(blk->lines + 64 * (4 * s + i));
+    const int pairs = 16 / bits;
+    const __m512i m = _mm512_set1_epi32((1 << bits) - 1);
+#pragma GCC unroll 8
+    for (int i = 0; i < bits; i++) {
+        __m512i v = _mm512_loadu_si512(blk->lines + 64 * (bits * s + i));
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                __m512 f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), m)), sc, bi);
-                __m512 f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j + 4), m)), sc, bi);
-                amx_b_row(f0, f1, pair, bh + 32 * (4 * i + j), bl + 32 * (4 * i + j));
-            }
-        }
-        return;
-    }
-    const __m512i m = _mm512_set1_epi32(0xff); /* 8-bit: vector i: values 4i..4i+3 of each row */
-    for (int i = 0; i < 8; i++) {
-        __m512i v = _mm512_loadu_si512(blk->lines + 64 * (8 * s + i));
-#pragma GCC unroll 2
-        for (int j = 0; j < 2; j++) {
-            __m512 f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 16 * j), m)), sc, bi);
-            __m512 f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 16 * j + 8), m)), sc, bi);
-            amx_b_row(f0, f1, pair, bh + 32 * (2 * i + j), bl + 32 * (2 * i + j));
+        for (int j = 0; j < pairs; j++) {
+            __m512 f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 2 * bits * j), m)), sc, bi);
+            __m512 f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 2 * bits * j + bits), m)), sc, bi);
+            amx_b_row(f0, f1, pair, bh + 32 * (pairs * i + j), bl + 32 * (pairs * i + j));
         }
     }
+}
+
+TAMX static void amx_b_step(const weight_matrix *w, const cpu_rows16_block *blk, int64_t s, uint16_t *bh,
+                            __m512i pair) {
+    if (w->bits == 4) amx_b_step_bits(w, blk, s, bh, pair, 4);
+    else amx_b_step_bits(w, blk, s, bh, pair, 8);
 }
 
 /* Blocks b0 (and b0 + 1 when two) of a matrix, steps [s0, s0 + ns) with their B tiles at bb
