@@ -151,6 +151,17 @@ export async function soak({ duration = 600, concurrency = 12, kvCacheMem = '384
     });
   }
 
+  // The KV gauge between the 1-2 s samples: a tiny model's runner is busy only in short bursts
+  // (most samples find it idle), so the peak comes from polling /metrics every 25 ms.
+  let usedPeak = 0, polling = true;
+  const poller = (async () => {
+    while (polling) {
+      try {
+        usedPeak = Math.max(usedPeak, metric(await (await fetch(`${node.url}/metrics`)).text(), 'exo_kv_blocks_used') ?? 0);
+      } catch { /* the node is checked by the requests */ }
+      await sleep(25);
+    }
+  })();
   const tasks = new Set();
   const t0 = Date.now();
   let nextSample = 0, failures = [];
@@ -171,6 +182,8 @@ export async function soak({ duration = 600, concurrency = 12, kvCacheMem = '384
       tasks.add(p);
     }
     await Promise.all(tasks);
+    polling = false;
+    await poller;
     // idle: the runner's last kv_stats says what it holds
     let last;
     for (let k = 0; k < 50; k++) {
@@ -197,7 +210,7 @@ export async function soak({ duration = 600, concurrency = 12, kvCacheMem = '384
     if (runnerPids.size !== 1) failures.push(`runner processes seen: ${runnerPids.size} (a runner died and was replaced?)`);
     const summary = {
       duration_s: (Date.now() - t0) / 1000, ...c, kvBlocksTotal: last.total, kvBlocksUsedEnd: last.used,
-      kvBlocksCachedEnd: last.cached, kvBlocksUsedPeak: peak(samples, (s) => s.used ?? 0),
+      kvBlocksCachedEnd: last.cached, kvBlocksUsedPeak: Math.max(usedPeak, peak(samples, (s) => s.used ?? 0)),
       preemptions: last.preemptions, samples: samples.length, rss,
       // RSS (MiB, node / runner) and KV blocks used, about ten points over the run
       timeline: samples.filter((s, i) => i % Math.max(1, Math.floor(samples.length / 10)) === 0 ||
@@ -208,7 +221,8 @@ export async function soak({ duration = 600, concurrency = 12, kvCacheMem = '384
     log(JSON.stringify(summary));
     return summary;
   } finally {
-    await Promise.allSettled(tasks);
+    polling = false;
+    await Promise.allSettled([...tasks, poller]);
     await node.stop();
   }
 }

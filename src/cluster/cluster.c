@@ -354,6 +354,15 @@ char *cluster_state_json(const char *subpath) {
     return text;
 }
 
+int cluster_state_has(const char *subpath) {
+    cluster *c = self;
+    if (!c) return 0;
+    pthread_mutex_lock(&c->lock);
+    int found = cluster_state_lookup(c->state, subpath) != NULL;
+    pthread_mutex_unlock(&c->lock);
+    return found;
+}
+
 char *cluster_events_json(uint64_t since) {
     cluster *c = self;
     if (!c) return NULL;

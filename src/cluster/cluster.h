@@ -53,6 +53,8 @@ int cluster_is_master(void);
 /* The State, or the value at a '/'-separated sub-path of it ("nodeMemory/<id>"), as JSON text
  * (malloc'd; free it). NULL when the path does not exist or the cluster is not running. */
 char *cluster_state_json(const char *subpath);
+/* 1 when the State has a value at the sub-path ("instances/<id>"), 0 when not or not running. */
+int cluster_state_has(const char *subpath);
 /* The log entries with index > since, as a JSON array (malloc'd). NULL if not running. */
 char *cluster_events_json(uint64_t since);
 /* One page of the log for streaming: the entries with index in (since, since + max], joined

@@ -585,6 +585,13 @@ static instance *spawn_locked(instances *m, const char *model_id, const char *di
     return in;
 }
 
+/* 0 for a State-placed rank whose instance State no longer holds (deleted through another node;
+ * the cluster sync stops it on its next tick). */
+static int still_placed_locked(const instances *m, const instance *in) {
+    return !in->state_instance || !m->rendezvous.held ||
+           m->rendezvous.held(m->rendezvous.ctx, in->id);
+}
+
 /* This node's serving instance of the model: its own, or rank 0 of a multi-node one (the least
  * busy when there are several). */
 static instance *find_model_locked(instances *m, const char *model_id) {
@@ -592,7 +599,7 @@ static instance *find_model_locked(instances *m, const char *model_id) {
     for (instance *in = m->list; in; in = in->next)
         if (!strcmp(in->model_id, model_id) && in->status != RUNNER_FAILED &&
             in->status != RUNNER_SHUTTING_DOWN && in->rank == 0 &&
-            (!best || in->n_calls < best->n_calls))
+            (!best || in->n_calls < best->n_calls) && still_placed_locked(m, in))
             best = in;
     return best;
 }

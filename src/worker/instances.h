@@ -61,13 +61,17 @@ typedef struct instances_options {
 
 instances *instances_new(const instances_options *options);
 
-/* Where a rank's rendezvous keys go (runner/store_node.h): set publishes instance_id's key (hex
- * text) to every node; get returns it (malloc'd) or NULL while it is not there yet. Called from a
- * runner's reader thread. */
+/* The cluster State's side of State-placed ranks. Where a rank's rendezvous keys go
+ * (runner/store_node.h): set publishes instance_id's key (hex text) to every node; get returns it
+ * (malloc'd) or NULL while it is not there yet; both are called from a runner's reader thread.
+ * held says whether State still holds the instance: a rank whose instance was deleted lives on
+ * until the cluster sync stops it, and in that time it must not serve a request or be handed out
+ * by a placement (called with the instances lock held). */
 typedef struct instances_rendezvous {
     void *ctx;
     void (*set)(void *ctx, const char *instance_id, const char *key, const char *value);
     char *(*get)(void *ctx, const char *instance_id, const char *key);
+    int (*held)(void *ctx, const char *instance_id);
 } instances_rendezvous;
 
 /* Generations this node does not serve itself. generate is asked first for every request, with

@@ -100,8 +100,16 @@ static char *rendezvous_get(void *ctx, const char *instance_id, const char *key)
     return out;
 }
 
+static int state_holds(void *ctx, const char *instance_id) {
+    (void)ctx;
+    char path[128];
+    snprintf(path, sizeof path, "instances/%s", instance_id);
+    return cluster_state_has(path);
+}
+
 instances_rendezvous shards_rendezvous(shards *s) {
-    return (instances_rendezvous){.ctx = s, .set = rendezvous_set, .get = rendezvous_get};
+    return (instances_rendezvous){
+        .ctx = s, .set = rendezvous_set, .get = rendezvous_get, .held = state_holds};
 }
 
 /* ------------------------------------------------------------------ following State */
