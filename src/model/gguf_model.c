@@ -2,6 +2,7 @@
  * gguf_model.h. */
 #include "model/gguf_model.h"
 
+#include "base/cpus.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "base/threadpool.h"
@@ -391,8 +392,9 @@ static int build_mlx(gguf_set *s, conversion *c, int bits) {
     char *buf = c->buf = malloc(wbytes + 2 * gbytes);
     if (!buf) return -1;
     if (!s->pool) { /* converting a model's tensors is as parallel as the machine */
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        s->pool = threadpool_create(n > 0 ? (int)n : 1, 0);
+        cpus m;
+        cpus_detect(&m);
+        s->pool = threadpool_create(m.n_usable, 0);
     }
     mlx_job job = {.c = c, .cols = cols, .rows = rows, .words = words, .groups = groups,
                    .row_bytes = g->nbytes / (size_t)rows, .packed = (uint32_t *)buf,

@@ -10,6 +10,7 @@
 #include "compute/cpu/cpu_internal.h"
 #include "compute/cpu/matmul_amx.h"
 
+#include "base/cpus.h"
 #include "base/log.h"
 
 #include <cblas.h>
@@ -28,6 +29,10 @@
 #include <unistd.h>
 
 static int thread_count;
+static cpus machine_cpus;
+static pthread_once_t machine_cpus_once = PTHREAD_ONCE_INIT;
+
+static void machine_cpus_detect(void) { cpus_detect(&machine_cpus); }
 
 void cpu_set_threads(int n) {
     thread_count = n;
@@ -35,8 +40,8 @@ void cpu_set_threads(int n) {
 
 int cpu_threads(void) {
     if (thread_count <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        thread_count = n > 0 ? (int)n : 1;
+        pthread_once(&machine_cpus_once, machine_cpus_detect);
+        thread_count = machine_cpus.n_fast;
     }
     return thread_count;
 }
@@ -44,8 +49,29 @@ int cpu_threads(void) {
 static threadpool *shared_pool;
 static pthread_once_t shared_pool_once = PTHREAD_ONCE_INIT;
 
+/* A pool job: each thread keeps to the fast cores from now on. */
+static void pin_to_fast(void *ctx, int thread_index, int n_threads) {
+    (void)thread_index, (void)n_threads;
+    pthread_setaffinity_np(pthread_self(), sizeof(cpu_set_t), (const cpu_set_t *)ctx);
+}
+
 static void shared_pool_create(void) {
     shared_pool = threadpool_create(cpu_threads(), -1); /* NULL on failure: ops run inline */
+    pthread_once(&machine_cpus_once, machine_cpus_detect);
+    const cpus *m = &machine_cpus;
+    if (!m->mixed) return;
+    char list[256];
+    cpus_format_list(&m->fast, list, sizeof list);
+    /* On cores of two speeds a step waits for its slowest thread: as many threads as fast cores
+     * or fewer keep to those (the scheduler would otherwise move them onto little ones). */
+    if (cpu_threads() <= m->n_fast) {
+        threadpool_run(shared_pool, 0, pin_to_fast, (void *)&m->fast);
+        log_info("cpu: %d thread%s on the fast cores %s (of %d usable CPUs)", cpu_threads(),
+                 cpu_threads() == 1 ? "" : "s", list, m->n_usable);
+    } else {
+        log_info("cpu: %d threads, more than the %d fast cores (%s): not pinned", cpu_threads(),
+                 m->n_fast, list);
+    }
 }
 
 threadpool *cpu_thread_pool(void) {

@@ -10,7 +10,9 @@
 
 #include <stdint.h>
 
-/* Threads used by CPU kernels; default: the number of online cores. Call before first use. */
+/* Threads used by CPU kernels. Default: the CPUs this process may run on (its affinity mask:
+ * taskset, cgroup cpusets), and on a CPU with cores of two speeds only the fast ones, to which the
+ * pool's threads are then pinned (base/cpus.h). Call before first use. */
 void cpu_set_threads(int n);
 int cpu_threads(void);
 /* The persistent pool every CPU op splits its work over (cpu_threads() threads, created on first
