@@ -53,7 +53,7 @@ CROSS_DIRS := base model text compute arch infer dist
 CROSS_EXTRA := tests/cross/dist_absent.c
 CROSS_TESTS := test_cpu_matmul test_ops test_engine_reference test_forward test_engine \
                test_kv_cache test_sampler test_threadpool test_safetensors test_model_config \
-               test_toml
+               test_toml test_cpus
 ifneq ($(CROSS),)
 CC := $(CROSS)gcc
 BUILD := build/$(patsubst %-linux-gnu-,%,$(CROSS))
