@@ -1,6 +1,8 @@
 /* cluster/nodeinfo — gathering node facts from /proc, statvfs, getifaddrs and NVML. */
 #include "cluster/nodeinfo.h"
 
+#include "base/cpus.h"
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <dlfcn.h>
@@ -197,7 +199,9 @@ json_t *nodeinfo_system_json(const char *device, double cpu_bandwidth_gbs) {
 #ifdef EXO_CUDA
     if (json_array_size(gpus) > 0) json_array_append_new(backends, json_string("cuda"));
 #endif
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    cpus usable; /* the CPUs this node may compute on (taskset, cgroup cpusets) */
+    cpus_detect(&usable);
+    long cores = usable.n_usable;
     char os[200];
     snprintf(os, sizeof os, "%s %s", u.sysname, u.release);
     json_t *out = json_pack("{s:s, s:i, s:s, s:o, s:o, s:s, s:s}", "cpuModel", model, "cpuCores",
