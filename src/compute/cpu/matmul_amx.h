@@ -33,5 +33,8 @@ int cpu_amx_matmul_multi(int n, const weight_matrix *const *ws, const float *x, 
 const char *cpu_amx_status(void);
 /* For tests and benches: 1 runs the tiles wherever the hardware allows, 0 never, -1 as EXO_AMX says. */
 void cpu_amx_set_enabled(int on);
+/* For tests and benches: tile products per block and 32 values, 2 (the activations rounded to one
+ * bf16, the weights exact) or 3 (both exact to 16 bits); -1 as EXO_AMX_PRODUCTS says (default 2). */
+void cpu_amx_set_products(int n);
 
 #endif
