@@ -63,22 +63,21 @@ int main(int argc, char **argv) {
     float *x = malloc((size_t)(n * cols) * 4), *y = malloc((size_t)(n * rows) * 4), *ref = malloc((size_t)(n * rows) * 4);
     for (int64_t i = 0; i < n * cols; i++) x[i] = unif(-1, 1) * (rnd() % 16 == 0 ? 8 : 1);
     cpu_matmul_reference(&w, x, ref, n);
-    extern int amx_nodeq_dbg, amx_olddeq_dbg;
-    enum { K = 5 };
-    double flop = 2.0 * rows * cols * n, best[K] = {1e9, 1e9, 1e9, 1e9, 1e9}, e[K] = {0};
-    const char *name[K] = {"2 products", "2 olddeq", "3 products", "3 olddeq", "VNNI passes"};
+    enum { K = 3 };
+    double flop = 2.0 * rows * cols * n, best[K] = {1e9, 1e9, 1e9}, e[K] = {0};
+    const char *name[K] = {"2 products", "3 products", "VNNI passes"};
     for (int r = 0; r < reps; r++)
         for (int k = 0; k < K; k++) {
             if (k == K - 1 && r > 0 && r < reps - 1) continue; /* the passes: first and last rep */
             cpu_amx_set_enabled(k < K - 1);
-            cpu_amx_set_products(k >= 2 ? 3 : 2);
-            amx_olddeq_dbg = k == 1 || k == 3;
+            cpu_amx_set_products(k == 0 ? 2 : 3);
             double t0 = now();
             cpu_matmul(&w, x, y, n);
             double t = now() - t0;
             if (t < best[k]) best[k] = t;
             if (r == 0) e[k] = err(&w, x, y, ref, n);
         }
+    cpu_amx_set_enabled(-1);
     printf("%lldx%lld %d-bit %s, %lld tokens (AMX %s):", (long long)rows, (long long)cols, bits, zp ? "zp" : "bias",
            (long long)n, cpu_amx_status());
     for (int k = 0; k < K; k++) printf("  %s %.0f GFLOP/s (err %.2g A)", name[k], flop / best[k] * 1e-9, e[k]);
