@@ -93,6 +93,10 @@ static int amx_products(void) {
     return cpu_env_switch(&amx_products_env, "EXO_AMX_PRODUCTS", "3") ? 2 : 3;
 }
 
+int cpu_amx_products(void) {
+    return amx_products();
+}
+
 static _Atomic int amx_hw = -1;  /* CPUID + OS + permission, asked once */
 static _Atomic int amx_env = -1; /* EXO_AMX */
 
@@ -457,6 +461,10 @@ int cpu_amx_matmul_multi(int n, const weight_matrix *const *ws, const float *x, 
 }
 
 #else /* no AMX outside x86-64 Linux */
+
+int cpu_amx_products(void) {
+    return 3;
+}
 
 const char *cpu_amx_status(void) {
     return "not on this platform";

@@ -36,5 +36,7 @@ void cpu_amx_set_enabled(int on);
 /* For tests and benches: tile products per block and 32 values, 2 (the activations rounded to one
  * bf16, the weights exact) or 3 (both exact to 16 bits); -1 as EXO_AMX_PRODUCTS says (default 2). */
 void cpu_amx_set_products(int n);
+/* The tile products the next call runs: 2 or 3 (cpu_amx_set_products, EXO_AMX_PRODUCTS). */
+int cpu_amx_products(void);
 
 #endif
