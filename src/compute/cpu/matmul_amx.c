@@ -19,7 +19,7 @@
  * them, the activations rounded per value -- finer than llama.cpp's, which quantizes each block
  * of 32 (Q8_0) or 256 (Q8_K) activations to int8 against the block's largest. EXO_AMX_PRODUCTS=3
  * also splits the activations (x = hi + lo) and adds lo(x)*hi(w): ~2^-16 of |w||x| per term, as
- * small as the AVX-512 kernels' int16 activations, 1.2-1.45x slower per core (bench/RESULTS.md,
+ * small as the AVX-512 kernels' int16 activations, 1.27-1.44x slower per core (bench/RESULTS.md,
  * gguf5). What the 2-product default changes is measured by test_cpu_amx (exact against the
  * reference on bf16-rounded activations; against f32 ones ~2e-5 of max|x| * sum|w|) and
  * tests/e2e/gguf_llamacpp.test.mjs (against llama.cpp itself).

@@ -1,7 +1,8 @@
 /* matmul_amx — 4- and 8-bit MLX matrices in the 16-row interleaved layout times many tokens
- * (prefill, large batches) on Intel AMX (AMX-INT8 tiles: Sapphire Rapids and later Xeons), with
- * the int16 activations of the AVX-512 kernels, so the results are theirs up to float summation
- * order. Private to compute/cpu/ (cpu.c calls it; see matmul_amx.c for how it works).
+ * (prefill, large batches) on Intel AMX (AMX-BF16 tiles: Sapphire Rapids and later Xeons), the
+ * weights split into two bf16 numbers and the activations rounded to one bf16 (or, with
+ * EXO_AMX_PRODUCTS=3, split too: the precision of the AVX-512 kernels' int16 activations).
+ * Private to compute/cpu/ (cpu.c calls it; see matmul_amx.c for how it works).
  * Refuses (cpu_amx_ok answers 0): no AMX or the kernel did not grant the tile state, a level other
  * than AVX-512, other layouts and widths, row counts that are not whole 16-row blocks, fewer than
  * CPU_AMX_MIN_TOKENS tokens, and EXO_AMX=0 (A/B runs). */
