@@ -21,6 +21,11 @@
 #   GGUF_PP_8B, GGUF_TG_8B    the same for 8b (default 128, 32)
 #   GGUF_DEADLINE  seconds: no run starts later than this after the script began (default: none)
 #   GGUF_ENGINES   "exo llama" (default), or one of them (e.g. a second llama.cpp build alone)
+#   GGUF_LOCK      a file: every timed run (one engine, one model) holds `flock` on it, so runs of
+#                  others that take the same lock (a shared machine's bench lock) never overlap them
+#   GGUF_QUIET     seconds: before each timed run, wait up to this long for a second in which the
+#                  machine was >= 90% idle (a shared machine's builds and tests come and go; one
+#                  busy core halves llama.cpp's spinning threads). The wait is printed
 #   EXO_LLAMACPP_REF  the llama.cpp driver (default build/llamacpp/llamacpp-ref, made by
 #                  scripts/llamacpp.sh; LLAMACPP_TARGET=xeon for the GPU host)
 # exo: `exo bench --model` prefill ppN and decode tgN at batch 1; its decode line carries the memory
@@ -43,6 +48,23 @@ reps=${GGUF_REPS:-2}
 deadline=${GGUF_DEADLINE:-0}
 start=$(date +%s)
 engines=${GGUF_ENGINES:-exo llama}
+# wait_quiet: up to GGUF_QUIET seconds for a second with the CPUs >= 90% idle (/proc/stat).
+wait_quiet() {
+  local until=$(( $(date +%s) + ${GGUF_QUIET:-0} )) a b
+  while [ "$(date +%s)" -lt "$until" ]; do
+    a=$(head -1 /proc/stat); sleep 1; b=$(head -1 /proc/stat)
+    awk -v a="$a" -v b="$b" 'BEGIN { n = split(a, x); split(b, y); t = 0
+      for (i = 2; i <= n; i++) t += y[i] - x[i]
+      exit !(t > 0 && (y[5] - x[5] + y[6] - x[6]) / t >= 0.9) }' && return 0
+  done
+  echo "# not quiet after ${GGUF_QUIET:-0} s (load $(cut -d' ' -f1 /proc/loadavg)): timed anyway" >&3
+}
+exec 3>&1 # wait_quiet's note, past the engines' filtered output
+export -f wait_quiet
+export GGUF_QUIET
+lock=()
+[ -n "${GGUF_LOCK:-}" ] && lock=(flock "$GGUF_LOCK")
+[ "${GGUF_QUIET:-0}" -gt 0 ] && lock+=(bash -c 'wait_quiet; exec "$@"' _)
 want() { case " $engines " in *" $1 "*) return 0 ;; esac; return 1; }
 [ -x "$exo" ] || { echo "gguf bench: $exo not built (make RELEASE=1)" >&2; exit 1; }
 [ -x "$ref" ] || { echo "gguf bench: $ref not built (bash scripts/llamacpp.sh)" >&2; exit 1; }
@@ -87,7 +109,7 @@ for run in $runs; do
     best=(0 0 0 0 "" "")  # exo pp, exo tg, llama pp, llama tg, exo % roofline, % file roofline
     for r in $(seq "$run_reps"); do
       out=""
-      want exo && out=$(taskset -c "$cores" "$exo" bench --threads "$threads" --model "$m" --pp "$pp" --tg "$tg" \
+      want exo && out=$("${lock[@]}" taskset -c "$cores" "$exo" bench --threads "$threads" --model "$m" --pp "$pp" --tg "$tg" \
               --batch 1 --reps 1 2>&1 | grep -E '^(mem   read|model|prefill|decode)')
       [ -n "$out" ] && echo "$out" | sed 's/^/exo       /'
       ep=$(echo "$out" | sed -n 's/^prefill[^:]*: *\([0-9.]*\) tok\/s.*/\1/p')
@@ -99,7 +121,7 @@ for run in $runs; do
       awk "BEGIN{exit !(${ep:-0} > ${best[0]})}" && best[0]=$ep
       awk "BEGIN{exit !(${ed:-0} > ${best[1]})}" && best[1]=$ed
       want llama || continue
-      lo=$(taskset -c "$cores" "$ref" bench "$f" "$threads" "$pp" "$tg" 2>/dev/null | tail -1)
+      lo=$("${lock[@]}" taskset -c "$cores" "$ref" bench "$f" "$threads" "$pp" "$tg" 2>/dev/null | tail -1)
       echo "llama.cpp $lo"
       lp=$(echo "$lo" | sed -n 's/.*"prefill_tok_s": *\([0-9.]*\).*/\1/p')
       ld=$(echo "$lo" | sed -n 's/.*"decode_tok_s": *\([0-9.]*\).*/\1/p')

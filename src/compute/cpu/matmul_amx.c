@@ -11,19 +11,26 @@
  * scaled by that group's weight scales before the next group (4.3 ns per tile store, plus the
  * vector epilogue: 46 ns per group and 16x16 tile measured, against 4.4 ns per product). With
  * the weights dequantized to bf16 (scale and bias applied), the f32 tile accumulates across every
- * group and is stored once per K chunk. Precision: each weight and each activation is split into
- * two bf16 numbers, v = hi + lo (hi = bf16(v), lo = bf16(v - hi): 16 significant bits, exact for
- * a GGUF Q4_0 weight, an f16 scale times a 4-bit value); the three products hi*hi + hi*lo + lo*hi
- * leave an error of ~2^-16 of |w||x| per term, as small as the AVX-512 kernels' int16 activations
- * (not llama.cpp's 8-bit ones): the results agree with them to that bound.
+ * group and is stored once per K chunk.
+ * Precision, a choice (EXO_AMX_PRODUCTS): each weight is split into two bf16 numbers, w = hi + lo
+ * (16 significant bits: exact for a GGUF Q4_0 weight, an f16 scale times a 4-bit value;
+ * amx_b_split). By default each activation is rounded to one bf16 (8 significant bits, an error
+ * of at most 2^-8 of |x|) and two products run, hi(w)*x + lo(w)*x: the weights as the file has
+ * them, the activations rounded per value -- finer than llama.cpp's, which quantizes each block
+ * of 32 (Q8_0) or 256 (Q8_K) activations to int8 against the block's largest. EXO_AMX_PRODUCTS=3
+ * also splits the activations (x = hi + lo) and adds lo(x)*hi(w): ~2^-16 of |w||x| per term, as
+ * small as the AVX-512 kernels' int16 activations, 1.27-1.44x slower per core (bench/RESULTS.md,
+ * gguf5). What the 2-product default changes is measured by test_cpu_amx (exact against the
+ * reference on bf16-rounded activations; against f32 ones ~2e-5 of max|x| * sum|w|) and
+ * tests/e2e/gguf_llamacpp.test.mjs (against llama.cpp itself).
  *
  * How, per pair of 16-row blocks (one C tile each, 16 tokens x 16 rows, f32) and token tile:
- *   A tiles: 16 tokens x 32 values (bf16 hi and lo), 1 KiB each, prepared once per call, tile by
+ *   A tiles: 16 tokens x 32 values (bf16 hi, and lo with 3 products), 1 KiB each, prepared once per call, tile by
  *     tile (contiguous: tiles of rows `cols` apart would share L1 sets).
  *   B tiles: 16 rows of 64 bytes, row k holding values 2k, 2k+1 of each of the 16 weight rows
  *     (the pair order TDPBF16PS reads), hi and lo: dequantized from the interleaved layout once
  *     per K chunk into thread scratch (4-bit: nibbles j of each row's word, 8-bit: bytes).
- *   Per 32 values: 2 A loads, 4 B loads, 6 products. The K dimension is cut in chunks whose
+ *   Per 32 values: 1 (2) A loads, 4 B loads, 4 (6) products. The K dimension is cut in chunks whose
  *   activations (all tokens) stay in L2 while a thread walks its blocks; the C tiles are loaded
  *   from and stored to y between chunks.
  * Linux gives a process the tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM), asked
@@ -38,6 +45,12 @@ static _Atomic int amx_forced = -1; /* cpu_amx_set_enabled: -1 = EXO_AMX decides
 
 void cpu_amx_set_enabled(int on) {
     atomic_store(&amx_forced, on < 0 ? -1 : on ? 1 : 0);
+}
+
+static _Atomic int amx_products_forced = -1; /* cpu_amx_set_products: -1 = EXO_AMX_PRODUCTS decides */
+
+void cpu_amx_set_products(int n) {
+    atomic_store(&amx_products_forced, n == 2 || n == 3 ? n : -1);
 }
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -70,6 +83,18 @@ void cpu_amx_set_enabled(int on) {
 static _Atomic int amx_pf_env = -1;
 static int amx_prefetch_on(void) {
     return cpu_env_switch(&amx_pf_env, "EXO_AMX_PREFETCH", "0");
+}
+
+/* Tile products per 32 values and block: 2 (activations one bf16) unless EXO_AMX_PRODUCTS=3. */
+static _Atomic int amx_products_env = -1;
+static int amx_products(void) {
+    int forced = atomic_load_explicit(&amx_products_forced, memory_order_relaxed);
+    if (forced > 0) return forced;
+    return cpu_env_switch(&amx_products_env, "EXO_AMX_PRODUCTS", "3") ? 2 : 3;
+}
+
+int cpu_amx_products(void) {
+    return amx_products();
 }
 
 static _Atomic int amx_hw = -1;  /* CPUID + OS + permission, asked once */
@@ -132,13 +157,14 @@ int cpu_amx_ok(const weight_matrix *w, int64_t n_tokens) {
  * share L2 sets and evict each other). */
 typedef struct amx_x {
     int64_t n_tokens, tpad, cols, steps, chunk_steps;
+    int64_t tile_elems; /* per (token tile, step): 512 (hi only: amx_products 2) or 1024 (hi, lo) */
     const float *x;
     uint16_t *planes;
 } amx_x;
 
 static inline uint16_t *amx_a_at(const amx_x *px, int64_t tt, int64_t s) {
     int64_t s0 = s - s % px->chunk_steps, ns = px->steps - s0 < px->chunk_steps ? px->steps - s0 : px->chunk_steps;
-    return px->planes + (s0 * (px->tpad / 16) + tt * ns + (s - s0)) * 1024;
+    return px->planes + (s0 * (px->tpad / 16) + tt * ns + (s - s0)) * px->tile_elems;
 }
 
 /* Tokens [t0, t1) of px. */
@@ -148,17 +174,20 @@ TAMX static void amx_x_prepare(void *p, int64_t t0, int64_t t1, int thread_index
     for (int64_t t = t0; t < t1; t++) {
         for (int64_t s = 0; s < px->steps; s++) {
             uint16_t *row = amx_a_at(px, t >> 4, s) + (t & 15) * 32;
+            int lo = px->tile_elems == 1024;
             if (t >= px->n_tokens) {
-                memset(row, 0, 64), memset(row + 512, 0, 64);
+                memset(row, 0, 64);
+                if (lo) memset(row + 512, 0, 64);
                 continue;
             }
             const float *xs = px->x + t * px->cols + 32 * s;
             __m512 a = _mm512_loadu_ps(xs), b = _mm512_loadu_ps(xs + 16);
             __m512i h = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* values 0..15, then 16..31 */
+            _mm512_storeu_si512(row, h);
+            if (!lo) continue;
             __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
             __m512 hb = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
             __m512i l = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
-            _mm512_storeu_si512(row, h);
             _mm512_storeu_si512(row + 512, l);
         }
     }
@@ -184,21 +213,28 @@ TAMX static void amx_configure(void) {
     __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 }
 
-/* One B row pair: values v (low halves) and v' (high halves) of 16 weight rows as f32 ->
- * dword n = bf16(v[n]) | bf16(v'[n]) << 16, hi and residual lo. */
-TAMX INLINE void amx_b_row(__m512 f0, __m512 f1, __m512i pair, uint16_t *bh, uint16_t *bl) {
-    __m512i h = (__m512i)_mm512_cvtne2ps_pbh(f1, f0);
-    __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
-    __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
-    __m512i l = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(f1, h1), _mm512_sub_ps(f0, h0));
-    _mm512_store_si512(bh, _mm512_permutexvar_epi16(pair, h));
-    _mm512_store_si512(bl, _mm512_permutexvar_epi16(pair, l));
+/* One B row pair from the values v (f0) and v' (f1) of 16 weight rows: dword n = hi(v[n]) |
+ * hi(v'[n]) << 16 at bh, the residuals' at bl. hi is f truncated to its upper 16 bits (a bf16: no
+ * conversion, and the pair order is one shift and one bit select); lo = f - hi exactly, rounded
+ * to bf16. Precision: |lo| < 2^-7 |f|, rounded to within 2^-8 of itself: hi + lo is within 2^-15
+ * of f, and exact for 4-bit GGUF weights (an f16 scale times q - 8: 15 significant bits). */
+TAMX INLINE void amx_b_split(__m512 f0, __m512 f1, __m512i pair, uint16_t *bh, uint16_t *bl) {
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
+    __m512i i0 = _mm512_castps_si512(f0), i1 = _mm512_castps_si512(f1);
+    /* 0xE4 = (a & c) | (b & ~c) with a = i1, b = i0 >> 16, c = top */
+    _mm512_store_si512(bh, _mm512_ternarylogic_epi32(i1, _mm512_srli_epi32(i0, 16), top, 0xE4));
+    __m512 l0 = _mm512_sub_ps(f0, _mm512_castsi512_ps(_mm512_and_si512(i0, top)));
+    __m512 l1 = _mm512_sub_ps(f1, _mm512_castsi512_ps(_mm512_and_si512(i1, top)));
+    _mm512_store_si512(bl, _mm512_permutexvar_epi16(pair, (__m512i)_mm512_cvtne2ps_pbh(l1, l0)));
 }
 
 /* Step s (values 32s..32s+31) of 16-row block b as the B tiles: hi at bh, lo at bh + 512. A
  * step is `bits` vectors of the block's lines; vector i holds, in each row's 32-bit lane, the
  * values of 16 / bits byte pairs (4-bit: values 8i..8i+7, byte j = values 2j, 2j + 1; 8-bit:
- * values 4i..4i+3, pair j = values 2j, 2j + 1). bits is a constant at each call (unrolled). */
+ * values 4i..4i+3, pair j = values 2j, 2j + 1). Value p of a lane (bits p*bits..) is taken by a
+ * mask alone and converted as an unsigned number q * 2^(p*bits) (exact: at most 8 significant
+ * bits), its scale multiplied by 2^-(p*bits) beforehand (exact: a power of two), so q * scale +
+ * bias costs an and, a conversion and an fma. bits is a constant at each call (unrolled). */
 TAMX INLINE void amx_b_step_bits(const weight_matrix *w, const cpu_rows16_block *blk, int64_t s,
                                  uint16_t *bh, __m512i pair, const int bits) {
     int64_t g = 32 * s / w->group_size;
@@ -206,16 +242,20 @@ TAMX INLINE void amx_b_step_bits(const weight_matrix *w, const cpu_rows16_block 
     __m512 bi = w->zero_point ? _mm512_mul_ps(sc, _mm512_set1_ps(-(float)w->zero_point))
                               : scales_load16(w->scale_dtype, blk->biases, g * 16, 0xffff);
     uint16_t *bl = bh + 512;
-    const int pairs = 16 / bits;
-    const __m512i m = _mm512_set1_epi32((1 << bits) - 1);
+    const int per = 32 / bits, pairs = 16 / bits;
+    __m512 scp[8];
+#pragma GCC unroll 8
+    for (int p = 0; p < per; p++) scp[p] = _mm512_mul_ps(sc, _mm512_set1_ps(1.0f / (float)(1u << (p * bits))));
 #pragma GCC unroll 8
     for (int i = 0; i < bits; i++) {
         __m512i v = _mm512_loadu_si512(blk->lines + 64 * (bits * s + i));
 #pragma GCC unroll 4
         for (int j = 0; j < pairs; j++) {
-            __m512 f0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 2 * bits * j), m)), sc, bi);
-            __m512 f1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 2 * bits * j + bits), m)), sc, bi);
-            amx_b_row(f0, f1, pair, bh + 32 * (pairs * i + j), bl + 32 * (pairs * i + j));
+            const __m512i m0 = _mm512_set1_epi32((int)(((1u << bits) - 1) << (2 * bits * j)));
+            const __m512i m1 = _mm512_set1_epi32((int)(((1u << bits) - 1) << (2 * bits * j + bits)));
+            __m512 f0 = _mm512_fmadd_ps(_mm512_cvtepu32_ps(_mm512_and_si512(v, m0)), scp[2 * j], bi);
+            __m512 f1 = _mm512_fmadd_ps(_mm512_cvtepu32_ps(_mm512_and_si512(v, m1)), scp[2 * j + 1], bi);
+            amx_b_split(f0, f1, pair, bh + 32 * (pairs * i + j), bl + 32 * (pairs * i + j));
         }
     }
 }
@@ -254,8 +294,10 @@ static inline void amx_pf_some(amx_pf *pf) {
     }
 }
 
-TAMX static void amx_pair(const amx_x *px, float *cb, int two, const uint16_t *bb, int64_t s0, int64_t ns,
-                          int first, amx_pf *pf) {
+/* a_lo (a constant at each call): the activations' lo tiles are there and multiplied (3 products
+ * per block and step: hi*hi + lo*hi + hi*lo), or not (2: hi*hi + hi*lo; amx_products). */
+TAMX INLINE void amx_pair_with(const amx_x *px, float *cb, int two, const uint16_t *bb, int64_t s0, int64_t ns,
+                               int first, amx_pf *pf, const int a_lo) {
     for (int64_t tt = 0; tt < px->tpad / 16; tt++) {
         float *c = cb + 512 * tt;
         if (first) {
@@ -265,31 +307,41 @@ TAMX static void amx_pair(const amx_x *px, float *cb, int two, const uint16_t *b
             _tile_loadd(6, c, 64);
             _tile_loadd(7, c + 256, 64);
         }
-        const uint16_t *a = px->planes + (s0 * (px->tpad / 16) + tt * ns) * 1024; /* amx_a_at(px, tt, s0) */
+        const uint16_t *a = px->planes + (s0 * (px->tpad / 16) + tt * ns) * px->tile_elems; /* amx_a_at(px, tt, s0) */
         const char *cn = (const char *)(c + 512); /* the next token tile's sums, 2 KiB: into L1 meanwhile */
-        for (int64_t i = 0; i < ns; i++, a += 1024) {
+        for (int64_t i = 0; i < ns; i++, a += px->tile_elems) {
             const uint16_t *b = bb + 2 * i * 1024;
             amx_pf_some(pf);
             if (!first && tt + 1 < px->tpad / 16)
                 for (int64_t o = 64 * (i * 32 / ns); o < 64 * ((i + 1) * 32 / ns); o += 64) _mm_prefetch(cn + o, _MM_HINT_T0);
             _tile_loadd(0, a, 64);
-            _tile_loadd(1, a + 512, 64);
+            if (a_lo) _tile_loadd(1, a + 512, 64);
             _tile_loadd(2, b, 64);
             _tile_loadd(3, b + 512, 64);
             _tile_dpbf16ps(6, 0, 2);
             _tile_dpbf16ps(6, 0, 3);
-            _tile_dpbf16ps(6, 1, 2);
+            if (a_lo) _tile_dpbf16ps(6, 1, 2);
             if (two) {
                 _tile_loadd(4, b + 1024, 64);
                 _tile_loadd(5, b + 1536, 64);
                 _tile_dpbf16ps(7, 0, 4);
                 _tile_dpbf16ps(7, 0, 5);
-                _tile_dpbf16ps(7, 1, 4);
+                if (a_lo) _tile_dpbf16ps(7, 1, 4);
             }
         }
         _tile_stored(6, c, 64);
         _tile_stored(7, c + 256, 64);
     }
+}
+
+/* Why not more sum tiles: a trial of gguf5 walked one block and two token tiles at a time with 4
+ * sums (token tile x hi/lo weights, one product each per step), against the latency of the
+ * products into one sum: 1.3-1.5x slower (4096x4096 4-bit, 128 tokens: 361-367 against 513 GFLOP/s)
+ * as each block read the activations again. */
+TAMX static void amx_pair(const amx_x *px, float *cb, int two, const uint16_t *bb, int64_t s0, int64_t ns,
+                          int first, amx_pf *pf) {
+    if (px->tile_elems == 1024) amx_pair_with(px, cb, two, bb, s0, ns, first, pf, 1);
+    else amx_pair_with(px, cb, two, bb, s0, ns, first, pf, 0);
 }
 
 typedef struct amx_job {
@@ -397,7 +449,8 @@ int cpu_amx_matmul_multi(int n, const weight_matrix *const *ws, const float *x, 
     int64_t tpad = (n_tokens + 15) & ~(int64_t)15;
     amx_x px = {.n_tokens = n_tokens, .tpad = tpad, .cols = cols, .steps = cols / 32, .x = x};
     px.chunk_steps = CPU_AMX_CHUNK_STEPS;
-    px.planes = cpu_scratch(0, (size_t)(tpad * cols) * 4);
+    px.tile_elems = amx_products() == 3 ? 1024 : 512;
+    px.planes = cpu_scratch(0, (size_t)(tpad * cols) * (size_t)px.tile_elems / 256);
     if (!px.planes) return -1;
     threadpool *pool = cpu_thread_pool();
     threadpool_parallel_for(pool, tpad, amx_x_prepare, &px);
@@ -408,6 +461,10 @@ int cpu_amx_matmul_multi(int n, const weight_matrix *const *ws, const float *x, 
 }
 
 #else /* no AMX outside x86-64 Linux */
+
+int cpu_amx_products(void) {
+    return 3;
+}
 
 const char *cpu_amx_status(void) {
     return "not on this platform";

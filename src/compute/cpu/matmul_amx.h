@@ -1,7 +1,8 @@
 /* matmul_amx — 4- and 8-bit MLX matrices in the 16-row interleaved layout times many tokens
- * (prefill, large batches) on Intel AMX (AMX-INT8 tiles: Sapphire Rapids and later Xeons), with
- * the int16 activations of the AVX-512 kernels, so the results are theirs up to float summation
- * order. Private to compute/cpu/ (cpu.c calls it; see matmul_amx.c for how it works).
+ * (prefill, large batches) on Intel AMX (AMX-BF16 tiles: Sapphire Rapids and later Xeons), the
+ * weights split into two bf16 numbers and the activations rounded to one bf16 (or, with
+ * EXO_AMX_PRODUCTS=3, split too: the precision of the AVX-512 kernels' int16 activations).
+ * Private to compute/cpu/ (cpu.c calls it; see matmul_amx.c for how it works).
  * Refuses (cpu_amx_ok answers 0): no AMX or the kernel did not grant the tile state, a level other
  * than AVX-512, other layouts and widths, row counts that are not whole 16-row blocks, fewer than
  * CPU_AMX_MIN_TOKENS tokens, and EXO_AMX=0 (A/B runs). */
@@ -33,5 +34,10 @@ int cpu_amx_matmul_multi(int n, const weight_matrix *const *ws, const float *x, 
 const char *cpu_amx_status(void);
 /* For tests and benches: 1 runs the tiles wherever the hardware allows, 0 never, -1 as EXO_AMX says. */
 void cpu_amx_set_enabled(int on);
+/* For tests and benches: tile products per block and 32 values, 2 (the activations rounded to one
+ * bf16, the weights exact) or 3 (both exact to 16 bits); -1 as EXO_AMX_PRODUCTS says (default 2). */
+void cpu_amx_set_products(int n);
+/* The tile products the next call runs: 2 or 3 (cpu_amx_set_products, EXO_AMX_PRODUCTS). */
+int cpu_amx_products(void);
 
 #endif
