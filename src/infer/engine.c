@@ -196,6 +196,8 @@ engine *engine_open(const engine_options *o, char *err, size_t errlen) {
     /* a backend with memory of its own copies the weights there: no host copy first */
     shard.memory = e->be->load_weight ? WEIGHTS_MEM_MMAP : WEIGHTS_MEM_AUTO;
     if (model_weights_load_shard(e->st, c, &shard, &e->w, err, errlen)) goto fail;
+    /* the views now read the arena's copy: a GGUF file's converted tensors are garbage */
+    if (e->w.arena) safetensors_set_drop_built(e->st);
     if (e->be->load_weight) {
         weight_loading wl = {.be = e->be, .err = err, .errlen = errlen};
         model_weights_for_each(&e->w, load_weight, &wl);

@@ -291,6 +291,7 @@ typedef struct conversion {
     int unpermute_heads; /* llama q/k: heads whose rows llama.cpp interleaved; 0 = none */
     int built;           /* 0 not yet, 1 done, -1 failed */
     void *buf;           /* owned bytes (quantized or row-permuted tensors) */
+    size_t buf_bytes;
     float zero_point;    /* part 3's value */
     safetensors_tensor part[4];
 } conversion;
@@ -343,6 +344,7 @@ static int build_dense(gguf_set *s, conversion *c) {
     int64_t rows = g->ne[1] * g->ne[2] * g->ne[3];
     size_t row_bytes = g->nbytes / (size_t)rows;
     if (!(c->buf = malloc(g->nbytes))) return -1;
+    c->buf_bytes = g->nbytes;
     for (int64_t r = 0; r < rows; r++)
         memcpy((char *)c->buf + (size_t)r * row_bytes,
                (const char *)g->data + (size_t)source_row(c, r, rows) * row_bytes, row_bytes);
@@ -391,6 +393,7 @@ static int build_mlx(gguf_set *s, conversion *c, int bits) {
     size_t wbytes = (size_t)(rows * words) * 4, gbytes = (size_t)(rows * groups) * 2;
     char *buf = c->buf = malloc(wbytes + 2 * gbytes);
     if (!buf) return -1;
+    c->buf_bytes = wbytes + 2 * gbytes;
     if (!s->pool) { /* converting a model's tensors is as parallel as the machine */
         cpus m;
         cpus_detect(&m);
@@ -449,6 +452,27 @@ static const safetensors_tensor *set_find(void *ctx, const char *name) {
 }
 
 static int set_count(void *ctx) { return ((gguf_set *)ctx)->n_names; }
+
+static size_t set_built_bytes(void *ctx) {
+    gguf_set *s = ctx;
+    size_t n = 0;
+    for (int i = 0; i < s->n_convs; i++) n += s->convs[i].buf ? s->convs[i].buf_bytes : 0;
+    return n;
+}
+
+/* The converted tensors' bytes, once copied into the weights' arena: built again if asked for
+ * (an MTP head loaded later finds its own tensors). */
+static void set_drop_built(void *ctx) {
+    gguf_set *s = ctx;
+    for (int i = 0; i < s->n_convs; i++) {
+        conversion *c = &s->convs[i];
+        if (!c->buf) continue;
+        free(c->buf);
+        c->buf = NULL;
+        c->buf_bytes = 0;
+        c->built = 0;
+    }
+}
 
 static void set_close(void *ctx) {
     gguf_set *s = ctx;
@@ -544,6 +568,7 @@ safetensors_set *gguf_tensor_set_open(const char *path, char *err, size_t errlen
         set_close(s);
         return NULL;
     }
-    safetensors_provider p = {.find = set_find, .count = set_count, .close = set_close, .ctx = s};
+    safetensors_provider p = {.find = set_find, .count = set_count, .close = set_close,
+                              .built_bytes = set_built_bytes, .drop_built = set_drop_built, .ctx = s};
     return safetensors_set_from_provider(&p, err, errlen);
 }

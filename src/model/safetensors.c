@@ -557,6 +557,14 @@ void safetensors_set_close(safetensors_set *s) {
     free(s);
 }
 
+size_t safetensors_set_built_bytes(const safetensors_set *s) {
+    return s->provider.built_bytes ? s->provider.built_bytes(s->provider.ctx) : 0;
+}
+
+void safetensors_set_drop_built(safetensors_set *s) {
+    if (s->provider.drop_built) s->provider.drop_built(s->provider.ctx);
+}
+
 const safetensors_tensor *safetensors_set_find(const safetensors_set *s, const char *name) {
     if (s->provider.find) return s->provider.find(s->provider.ctx, name);
     int i = name_index_get(&s->index, name, strlen(name), set_tensor_name, s);

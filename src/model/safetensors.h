@@ -95,9 +95,17 @@ typedef struct safetensors_provider {
     const safetensors_tensor *(*find)(void *ctx, const char *name);
     int (*count)(void *ctx);
     void (*close)(void *ctx);
+    size_t (*built_bytes)(void *ctx); /* may be NULL: see safetensors_set_built_bytes */
+    void (*drop_built)(void *ctx);
     void *ctx;
 } safetensors_provider;
 safetensors_set *safetensors_set_from_provider(const safetensors_provider *p, char *err,
                                                size_t errlen);
+/* Bytes the set built in memory for the tensors found so far (a GGUF file's quantized tensors
+ * converted to MLX form): 0 for safetensors files, whose tensors are views of the mapping. */
+size_t safetensors_set_built_bytes(const safetensors_set *s);
+/* Frees those bytes once their copies live elsewhere (model_weights_place's arena): every
+ * tensor found before is then invalid; finding it again builds it again. */
+void safetensors_set_drop_built(safetensors_set *s);
 
 #endif

@@ -997,10 +997,11 @@ static weights_memory weights_memory_from_env(weights_memory unset_default) {
 #define HUGE_PAGE ((size_t)2 << 20)
 
 int model_weights_place(model_weights *w, weights_memory how) {
-    return model_weights_place_within(w, how, how == WEIGHTS_MEM_AUTO ? mem_available() : 0);
+    return model_weights_place_within(w, how, how == WEIGHTS_MEM_AUTO ? mem_available() : 0, 0);
 }
 
-int model_weights_place_within(model_weights *w, weights_memory how, size_t avail) {
+int model_weights_place_within(model_weights *w, weights_memory how, size_t avail,
+                               size_t freed_after) {
     if (w->arena || how == WEIGHTS_MEM_MMAP) return w->arena != NULL;
     range_list l = {0};
     for_each_view(w, view_ranges, &l);
@@ -1027,9 +1028,10 @@ int model_weights_place_within(model_weights *w, weights_memory how, size_t avai
         total = l.r[i].dst + l.r[i].len;
         copied += l.r[i].len;
     }
-    if (how == WEIGHTS_MEM_AUTO && (avail == 0 || total > avail / 2)) {
-        log_info("weights: %.0f MB stay on the file mapping (more than half of the %.0f MB "
-                 "available)", (double)total / 1e6, (double)avail / 1e6);
+    size_t added = total > freed_after ? total - freed_after : 0;
+    if (how == WEIGHTS_MEM_AUTO && (avail == 0 || total > avail || added > avail / 2)) {
+        log_info("weights: %.0f MB stay where they were read (%.0f MB more than half of the %.0f "
+                 "MB available)", (double)total / 1e6, (double)added / 1e6, (double)avail / 1e6);
         free(l.r);
         return 0;
     }
@@ -1147,8 +1149,12 @@ int model_weights_load_shard(const safetensors_set *st, const model_config *c,
     }
     for (int i = layer_start; i < layer_end; i++)
         out->bytes_per_token += layer_bytes(c, &out->layers[i - layer_start]);
-    /* once the slices are copied into the arena, their gathered buffers are not needed */
-    if (model_weights_place(out, weights_memory_from_env(shard->memory))) free_owned(out);
+    /* once the slices are copied into the arena, their gathered buffers are not needed; nor
+     * are a GGUF file's converted tensors (the caller drops them: safetensors_set_drop_built) */
+    weights_memory how = weights_memory_from_env(shard->memory);
+    if (model_weights_place_within(out, how, how == WEIGHTS_MEM_AUTO ? mem_available() : 0,
+                                   safetensors_set_built_bytes(st)))
+        free_owned(out);
     return 0;
 fail:
     model_weights_free(out);

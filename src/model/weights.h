@@ -152,9 +152,13 @@ int model_weights_place(model_weights *w, weights_memory how);
  * are in the arena: on the mmap fallback the weights stay as published. Returns the bytes
  * rewritten. */
 size_t model_weights_rewrite(model_weights *w, int (*rewrite)(weight_matrix *m, void *ctx), void *ctx);
-/* The same with MemAvailable given (bytes; AUTO copies only when the copy needs at most half of
- * it, 0 = unknown: never). For tests of the fallback. */
-int model_weights_place_within(model_weights *w, weights_memory how, size_t mem_available);
+/* The same with MemAvailable given (bytes, 0 = unknown: never copy) and the bytes of the views'
+ * sources the caller frees once they are copied (a GGUF file's converted tensors,
+ * safetensors_set_built_bytes; 0 for file mappings): AUTO copies only when the copy fits in
+ * MemAvailable and what it adds for good (the copy less those sources) needs at most half of
+ * it. For tests of the fallback. */
+int model_weights_place_within(model_weights *w, weights_memory how, size_t mem_available,
+                               size_t freed_after);
 void model_weights_free(model_weights *w);
 
 /* Whether the checkpoint carries a multi-token-prediction head (Qwen3-Next / Qwen3.5: mtp.*). */

@@ -542,6 +542,49 @@ static void test_zero_point_of_symmetric_types(void **s) {
     }
 }
 
+/* A GGUF file's quantized tensors are converted in memory; once the weights are copied into
+ * their arena (as the engine does) those conversions are freed (safetensors_set_drop_built), the
+ * views keep reading the same bytes from the arena, and a tensor asked for again is rebuilt. */
+static void test_converted_tensors_dropped_after_copy(void **s) {
+    (void)s;
+    char path[512], err[512];
+    assert_int_equal(mkmodel("drop-Q4_0", "--arch llama --gguf Q4_0 --tokenizer none " SHAPE), 0);
+    snprintf(path, sizeof path, "%s/drop-Q4_0", tmp_root);
+    model_config c;
+    assert_int_equal(model_config_load(path, &c, err, sizeof err), 0);
+    safetensors_set *set = safetensors_set_open(path, err, sizeof err);
+    assert_non_null(set);
+    assert_int_equal(safetensors_set_built_bytes(set), 0);
+    const char *name = "model.layers.0.self_attn.q_proj.weight";
+    const safetensors_tensor *t = safetensors_set_find(set, name);
+    assert_non_null(t);
+    size_t n = t->nbytes;
+    unsigned char *before = malloc(n);
+    assert_non_null(before);
+    memcpy(before, t->data, n);
+    setenv("EXO_WEIGHTS_MEM", "copy", 1);
+    model_weights w;
+    assert_int_equal(model_weights_load(set, &c, 0, 0, &w, err, sizeof err), 0);
+    unsetenv("EXO_WEIGHTS_MEM");
+    assert_non_null(w.arena);
+    size_t built = safetensors_set_built_bytes(set);
+    assert_true(built >= n);
+    safetensors_set_drop_built(set);
+    assert_int_equal(safetensors_set_built_bytes(set), 0);
+    const unsigned char *in_arena = w.layers[0].wq.data;
+    assert_true(in_arena >= (const unsigned char *)w.arena &&
+                in_arena + n <= (const unsigned char *)w.arena + w.arena_len);
+    assert_memory_equal(in_arena, before, n);
+    t = safetensors_set_find(set, name);
+    assert_non_null(t);
+    assert_int_equal(t->nbytes, n);
+    assert_memory_equal(t->data, before, n);
+    assert_true(safetensors_set_built_bytes(set) > 0);
+    free(before);
+    model_weights_free(&w);
+    safetensors_set_close(set);
+}
+
 static void test_llama_matches_safetensors(void **s) { (void)s, check_family("llama", "", NULL); }
 static void test_qwen2_matches_safetensors(void **s) {
     (void)s, check_family("qwen2", "", " F32 Q8_0 Q4_K_M ");
@@ -835,6 +878,7 @@ int main(void) {
         cmocka_unit_test(test_blocks_round_trip),
         cmocka_unit_test(test_unsupported_refused),
         cmocka_unit_test(test_zero_point_of_symmetric_types),
+        cmocka_unit_test(test_converted_tensors_dropped_after_copy),
         cmocka_unit_test(test_llama_matches_safetensors),
         cmocka_unit_test(test_qwen2_matches_safetensors),
         cmocka_unit_test(test_qwen3_matches_safetensors),

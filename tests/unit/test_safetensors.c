@@ -340,16 +340,27 @@ static void check_placement(const tiny_spec *spec, const char *name, int ls, int
     assert_int_equal(mapped.copied_bytes, 0);
     assert_int_equal(model_weights_load(set, &c, ls, le, &placed, err, sizeof err), 0);
     /* AUTO with too little memory available: the views stay on the mmap. */
-    assert_int_equal(model_weights_place_within(&placed, WEIGHTS_MEM_AUTO, 1000), 0);
+    assert_int_equal(model_weights_place_within(&placed, WEIGHTS_MEM_AUTO, 1000, 0), 0);
     assert_null(placed.arena);
     int moved = 0;
     int views = compare_weights(&mapped, &placed, c.n_experts, &moved);
     assert_true(views > 0);
     assert_int_equal(moved, 0);
     /* AUTO with room: copied, every view moved, bytes identical. */
-    assert_int_equal(model_weights_place_within(&placed, WEIGHTS_MEM_AUTO, (size_t)1 << 34), 1);
+    assert_int_equal(model_weights_place_within(&placed, WEIGHTS_MEM_AUTO, (size_t)1 << 34, 0), 1);
     assert_non_null(placed.arena);
     assert_true(placed.copied_bytes > 0);
+    /* Sources freed after the copy (a GGUF file's converted tensors): a copy that needs more than
+     * half of MemAvailable but replaces as many bytes the caller then frees is made, as long as
+     * it fits at all. */
+    size_t t = placed.copied_bytes, room = t + t / 4 + 4096; /* more than the copy, under 2x */
+    model_weights again;
+    assert_int_equal(model_weights_load(set, &c, ls, le, &again, err, sizeof err), 0);
+    assert_int_equal(model_weights_place_within(&again, WEIGHTS_MEM_AUTO, room, 0), 0);
+    assert_int_equal(model_weights_place_within(&again, WEIGHTS_MEM_AUTO, t / 2, t), 0); /* no fit */
+    assert_int_equal(model_weights_place_within(&again, WEIGHTS_MEM_AUTO, room, t), 1);
+    assert_int_equal(again.copied_bytes, t);
+    model_weights_free(&again);
     assert_int_equal(model_weights_place(&placed, WEIGHTS_MEM_COPY), 1); /* idempotent */
     compute_backend *be = compute_backend_cpu(0);
     assert_non_null(be);
