@@ -637,9 +637,15 @@ static void test_q4_rows16_splits_and_levels(void **state) {
         cpu_matvec_set_split(CPU_SPLIT_STEAL);
     }
     /* The kernel itself on ranges that cut blocks anywhere (the driver never does): each range
-     * writes exactly its own rows. */
-    const cpu_kernels *k = cpu_kernels_for(CPU_LEVEL_AVX512);
-    for (int64_t n = 1; k && n <= CPU_MATVEC_MAX_TOKENS; n += 7) {
+     * writes exactly its own rows; AVX-512 and AVX2 (with and without AVX-VNNI where the CPU has
+     * it), 1, 2 and 4 blocks in flight at 1-2 tokens (cpu_matvec_set_streams). */
+    for (int kv = 0; kv < 3 * 3; kv++) {
+    int variant = kv / 3, streams = 1 << (kv % 3);
+    const cpu_kernels *k = cpu_kernels_for(variant == 0 ? CPU_LEVEL_AVX512 : CPU_LEVEL_AVX2);
+    if (variant > 0) cpu_avx2_set_vnni(variant == 2);
+    if (variant == 2 && !cpu_avx2_vnni()) continue; /* the CPU lacks AVX-VNNI */
+    cpu_matvec_set_streams(streams);
+    for (int64_t n = 1; k && n <= CPU_MATVEC_MAX_TOKENS; n += n < 2 ? 1 : 6) {
         const weight_matrix *w = &t[0].w;
         int64_t groups = w->cols / w->group_size, cuts[] = {0, 5, 16, 37, 38, 100, 193, 200};
         float *x = random_x(n, w->cols), *ref = malloc((size_t)(n * w->rows) * sizeof(float));
@@ -665,12 +671,15 @@ static void test_q4_rows16_splits_and_levels(void **state) {
         for (int64_t j = 0; j < n * w->rows; j++) {
             double tol = 4e-5 * tolerance_scale(w, x, j / w->rows, j % w->rows) + 1e-6;
             if (!(fabs((double)y[j] - (double)ref[j]) <= tol))
-                fail_msg("rows16 cut ranges n=%lld element %lld: got %.7g, reference %.7g", (long long)n,
-                         (long long)j, y[j], ref[j]);
+                fail_msg("rows16 cut ranges %s (variant %d) streams %d n=%lld element %lld: got %.7g, reference %.7g",
+                         k->name, variant, streams, (long long)n, (long long)j, y[j], ref[j]);
         }
         checks_run++;
         free(x), free(ref), free(y), free(xsum), free(xscale), free(xq);
     }
+    }
+    cpu_avx2_set_vnni(1);
+    cpu_matvec_set_streams(2);
     for (int level = CPU_LEVEL_GENERIC; level < CPU_LEVEL_COUNT; level++) {
         const cpu_kernels *kl = cpu_kernels_for((cpu_level)level);
         if (!kl || (kl->rows16_bits & (1u << 4))) continue;
@@ -681,6 +690,62 @@ static void test_q4_rows16_splits_and_levels(void **state) {
         free(x), free(y);
     }
     for (int i = 0; i < 3; i++) free_weight(&t[i]);
+}
+
+/* The AVX2 4-bit interleaved kernels (vpmaddubsw with int16 sums carried over lines, and
+ * AVX-VNNI) compute the AVX-512 kernel's integer dot products and scale them in the same order:
+ * on the same prepared activations their outputs equal the AVX-512 ones bit for bit, at 1..8
+ * tokens, 1, 2 and 4 blocks in flight, every group size and scale type, random data and the
+ * extremes of the int16 sums (every nibble 15 against activations of +-max|x|: hi bytes -128 or
+ * 127, lo bytes 1 or 255; a saturating or wrapping int16 sum would differ). Rows of whole blocks
+ * only: rows past the last block take each level's MLX-order kernel. */
+static void test_rows16_avx2_exact(void **state) {
+    (void)state;
+    const cpu_kernels *k512 = cpu_kernels_for(CPU_LEVEL_AVX512), *k2 = cpu_kernels_for(CPU_LEVEL_AVX2);
+    if (!k512 || !k2) {
+        print_message("no AVX-512 and AVX2 here: the AVX2 kernels are checked against the reference only\n");
+        return;
+    }
+    int groups[] = {32, 64, 128};
+    dtype sdts[] = {DTYPE_F16, DTYPE_BF16, DTYPE_F32};
+    for (int fill = 0; fill < 4; fill++) /* 0: random; 1-3: nibbles 15, x = -1, +1, alternating */
+        for (int gi = 0; gi < 3; gi++) {
+            int64_t rows = 80, cols = 512, gs = groups[gi], ng = cols / gs;
+            test_weight t = make_weight(WEIGHT_MLX_AFFINE, rows, cols, 4, (int)gs, sdts[(fill + gi) % 3]);
+            if (fill) memset(t.data, 0xff, (size_t)(rows * cols / 2));
+            assert_int_equal(cpu_weight_repack_rows16(&t.w), 0);
+            for (int64_t n = 1; n <= CPU_MATVEC_MAX_TOKENS; n++) {
+                float *x = random_x(n, cols);
+                for (int64_t i = 0; fill && i < n * cols; i++) x[i] = fill == 1 ? -1.0f : fill == 2 ? 1.0f : (i & 1 ? 1.0f : -1.0f);
+                float *xsum = malloc((size_t)(n * ng) * sizeof(float)), *xscale = malloc((size_t)(n * ng) * sizeof(float));
+                int16_t *xq = malloc((size_t)(n * cols) * sizeof(int16_t));
+                k2->prepare_mlx(&t.w, x, n, xsum, xscale, xq);
+                matvec_input in = {.x = x, .n_tokens = n, .xq = xq, .xscale = xscale, .xsum = xsum};
+                float *y512 = malloc((size_t)(n * rows) * sizeof(float)), *y2 = malloc((size_t)(n * rows) * sizeof(float));
+                cpu_matvec_set_streams(2);
+                k512->matvec(&t.w, &in, y512, 0, rows);
+                for (int v = 0; v < 2; v++) {
+                    cpu_avx2_set_vnni(v);
+                    if (v == 1 && !cpu_avx2_vnni()) break; /* the CPU lacks AVX-VNNI */
+                    for (int streams = 1; streams <= 4; streams *= 2) {
+                        cpu_matvec_set_streams(streams);
+                        memset(y2, 0, (size_t)(n * rows) * sizeof(float));
+                        /* two ranges: the second thread's share starts mid-matrix */
+                        k2->matvec(&t.w, &in, y2, 0, 32);
+                        k2->matvec(&t.w, &in, y2, 32, rows);
+                        for (int64_t j = 0; j < n * rows; j++)
+                            if (memcmp(&y2[j], &y512[j], sizeof(float)))
+                                fail_msg("avx2 (vnni %d) fill %d g%lld streams %d n=%lld element %lld: %.9g, AVX-512 %.9g",
+                                         v, fill, (long long)gs, streams, (long long)n, (long long)j, y2[j], y512[j]);
+                        checks_run++;
+                    }
+                }
+                cpu_avx2_set_vnni(1);
+                cpu_matvec_set_streams(2);
+                free(x), free(xsum), free(xscale), free(xq), free(y512), free(y2);
+            }
+            free_weight(&t);
+        }
 }
 
 /* A level's own activation preparation (cpu_kernels.prepare_mlx: AVX-512, AVX2) gives the int16
@@ -802,6 +867,7 @@ int main(void) {
         cmocka_unit_test(test_q4_rows16_splits_and_levels),
         cmocka_unit_test(test_zero_point),
         cmocka_unit_test(test_prepare_mlx_levels),
+        cmocka_unit_test(test_rows16_avx2_exact),
     };
     return cmocka_run_group_tests(tests, NULL, report_checks);
 }

@@ -463,6 +463,22 @@ size_t cpu_matvec_prefetch(void) {
     return (size_t)v;
 }
 
+static _Atomic int matvec_streams = -1;
+
+int cpu_matvec_streams(void) {
+    int v = atomic_load_explicit(&matvec_streams, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("EXO_MATVEC_STREAMS");
+        v = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : 2;
+        atomic_store(&matvec_streams, v);
+    }
+    return v;
+}
+
+void cpu_matvec_set_streams(int streams) {
+    atomic_store(&matvec_streams, streams == 1 || streams == 4 ? streams : 2);
+}
+
 void cpu_matvec_set_prefetch(size_t bytes) {
     atomic_store(&matvec_prefetch, (long)(bytes > (1u << 20) ? CPU_MATVEC_PREFETCH_DEFAULT : bytes & ~(size_t)63));
 }

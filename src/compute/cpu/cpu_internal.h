@@ -225,6 +225,11 @@ extern const cpu_kernels cpu_kernels_neon_dotprod;
  * read once, else CPU_MATVEC_PREFETCH_DEFAULT (the setter: cpu_levels.h). */
 size_t cpu_matvec_prefetch(void);
 
+/* 16-row blocks in flight per thread in the interleaved kernels at 1-2 tokens (mlx_rows16 of the
+ * AVX-512 and AVX2 levels): EXO_MATVEC_STREAMS=1|2|4, read once, default 2. One core follows
+ * two streams of lines further ahead than one (docs/kernels.md). */
+int cpu_matvec_streams(void);
+
 /* Thread-local scratch memory, 64-byte aligned, grown on demand and kept for the thread's life
  * (slot 0..3; a slot's previous contents are lost when it grows). NULL when out of memory. */
 void *cpu_scratch(int slot, size_t bytes);

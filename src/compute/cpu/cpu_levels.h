@@ -59,6 +59,9 @@ void cpu_matvec_set_prefetch_l2(int on);
 /* Sets the matvec kernels' software prefetch distance (EXO_MATVEC_PREFETCH's bytes, rounded down
  * to 64; 0 = none; above 1 MiB: the default), for benchmarks that compare distances in one process. */
 void cpu_matvec_set_prefetch(size_t bytes);
+/* Sets the interleaved kernels' blocks in flight per thread at 1-2 tokens (EXO_MATVEC_STREAMS:
+ * 1, 2 or 4; anything else: the default 2), for tests and benchmarks. */
+void cpu_matvec_set_streams(int streams);
 
 /* Rewrites a row of int16 activations (natural order, cols a multiple of 128) into the byte-plane
  * layout the AVX-512 4-bit kernel reads, in place: per chunk of 128 values x = 256*hi + lo, the hi

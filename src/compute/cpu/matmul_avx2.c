@@ -210,24 +210,77 @@ T256 INLINE void rows16_store(float *y, int64_t rows, int64_t b, int h, int64_t 
 
 /* 4-bit (layout: 8 values of a row per lane; activations: the byte planes of cpu_mlx_x_planes).
  * Per half line, the low nibbles (one AND) and high nibbles (shift + AND) stay bytes, and per
- * token the 4 plane bytes of word k are broadcast. Without AVX-VNNI, vpmaddubsw multiplies the
- * weights (u8) with the hi bytes (s8) and the lo bytes (u8) with the weights (s8, 0..15); the
- * int16 results of the even and odd nibbles are added before one vpmaddwd widens them (per
- * int16 lane at most 2 * 2*15*128 = 7680 for hi and 2 * 2*15*255 = 15300 for lo: no
- * saturation, so exact), into one int32 accumulator per plane whose add chain has 1-cycle
- * latency. With AVX-VNNI (vnni = 1) vpdpbusd does each product-and-accumulate; its 5-cycle
- * latency wants independent chains, so even and odd nibbles then accumulate apart at 1 token.
- * Once per group 256*hi + lo is each row's exact int16 dot product: the same integer products
- * as the AVX-512 kernel, so the same error bound. Both halves of a line per step at 1-2 tokens;
- * from 3 tokens the accumulators of both would exceed the 16 ymm registers, so the halves take
- * turns within each group (the group's 64-byte lines are then in L1 for the second half). One
- * group g of a block into its row accumulators (mlx_rows16 walks the blocks). */
-T256 INLINE void mlx4_group(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk, int64_t g,
-                            __m256 acc[2][CPU_MATVEC_MAX_TOKENS], const int vnni, const int nt) {
+ * token the 4 plane bytes of word k are broadcast. Once per group each row's int32 sum is its
+ * exact dot product 256*hi + lo: the same integer products as the AVX-512 kernel, so the same
+ * error bound (test_rows16_avx2_exact: bit for bit the AVX-512 results).
+ *   Without AVX-VNNI (mlx4_group_maddubs), vpmaddubsw multiplies the weights (u8) with the hi
+ *   bytes (s8) and the lo bytes (u8) with the weights (s8, 0..15). Per int16 lane and line the hi
+ *   products of the even and odd nibbles sum to at most 2*2*15*128 = 7680, so at 1-2 tokens the
+ *   hi sums of two lines (15360) run on in int16 before one vpmaddwd by 256 widens them; the lo
+ *   sums (15300 per line) are widened by a vpmaddwd by 1 every line. Both go into one int32
+ *   accumulator per half and token (256*hi + lo as it goes: no shift and add per group, half the
+ *   int32 registers). Per 64-byte line: 8 vpmaddubsw, 3 vpmaddwd (was 4), 8 adds. A small
+ *   gain per core (bench/RESULTS.md, cpu28); vpmaddubsw and vpmaddwd issue on two ports (Intel)
+ *   or one (Zen 2/3), where it should count more.
+ *   Sums of 4 hi lines (30720) would fit as well but measured no faster and spill with 16 ymm
+ *   registers. From 3 tokens the hi sums are widened every line too (registers).
+ *   With AVX-VNNI (mlx4_group_vnni) vpdpbusd does each product-and-accumulate; its 5-cycle
+ *   latency wants independent chains, so even and odd nibbles then accumulate apart at 1 token.
+ * Both halves of a line per step at 1 token (maddubs) or 1-2 tokens (VNNI); with more tokens the
+ * accumulators of both would exceed the 16 ymm registers, so the halves take turns within each
+ * group (the group's 64-byte lines are then in L1 for the second half). One group g of a block
+ * into its row accumulators (mlx_rows16 walks the blocks). */
+T256 INLINE void mlx4_group_maddubs(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk,
+                                    int64_t g, __m256 acc[2][CPU_MATVEC_MAX_TOKENS], const int nt) {
+    int64_t cols = w->cols, gs = w->group_size;
+    int64_t kpg = gs / 8; /* 4, 8, 16 lines per group: even */
+    const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), by256 = _mm256_set1_epi16(256);
+    const int nh = nt <= 2 ? 2 : 1, hp = nt == 1 ? 2 : 1; /* lines per hi widening, halves per step */
+    const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
+    const uint8_t *wg = blk->lines + (size_t)g * blk->group_bytes;
+    int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
+    for (int h0 = 0; h0 < 2; h0 += hp) {
+        __m256i a32[2][CPU_MATVEC_MAX_TOKENS]; /* 256*hi + lo so far */
+#pragma GCC unroll 2
+        for (int h = 0; h < hp; h++)
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; t++) a32[h][t] = _mm256_setzero_si256();
+        for (int64_t k = 0; k < kpg; k += nh) {
+            __m256i h16[2][CPU_MATVEC_MAX_TOKENS];
+#pragma GCC unroll 2
+            for (int u = 0; u < nh; u++)
+#pragma GCC unroll 2
+                for (int h = 0; h < hp; h++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(wg + 64 * (k + u) + 32 * (h0 + h)));
+                    __m256i we = _mm256_and_si256(v, m0f), wo = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+#pragma GCC unroll 8
+                    for (int t = 0; t < nt; t++) {
+                        const uint8_t *xb = xq[t] + xoff + 4 * (k + u);
+                        int32_t he, ho, le, lo;
+                        memcpy(&he, xb, 4), memcpy(&ho, xb + 64, 4), memcpy(&le, xb + 128, 4), memcpy(&lo, xb + 192, 4);
+                        __m256i hs = _mm256_add_epi16(_mm256_maddubs_epi16(we, _mm256_set1_epi32(he)),
+                                                      _mm256_maddubs_epi16(wo, _mm256_set1_epi32(ho)));
+                        __m256i ls = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(le), we),
+                                                      _mm256_maddubs_epi16(_mm256_set1_epi32(lo), wo));
+                        h16[h][t] = u == 0 ? hs : _mm256_add_epi16(h16[h][t], hs);
+                        a32[h][t] = add32_acc(a32[h][t], _mm256_madd_epi16(ls, ones));
+                        if (u == nh - 1) a32[h][t] = add32_acc(a32[h][t], _mm256_madd_epi16(h16[h][t], by256));
+                    }
+                }
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < hp; h++) rows16_group_end(w, in, blk, g, h0 + h, a32[h], acc[h0 + h], nt);
+    }
+}
+
+T256 INLINE void mlx4_group_vnni(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk,
+                                 int64_t g, __m256 acc[2][CPU_MATVEC_MAX_TOKENS], const int nt) {
     int64_t cols = w->cols, gs = w->group_size;
     int64_t kpg = gs / 8; /* 4, 8, 16 lines per group */
-    const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    const int hp = nt <= 2 ? 2 : 1, nc = vnni && nt == 1 ? 2 : 1; /* halves per step, chains */
+    const __m256i m0f = _mm256_set1_epi8(0x0f);
+    const int hp = nt <= 2 ? 2 : 1, nc = nt == 1 ? 2 : 1; /* halves per step, chains */
     const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
@@ -258,19 +311,10 @@ T256 INLINE void mlx4_group(const weight_matrix *w, const matvec_input *in, cons
                 __m256i ble = _mm256_set1_epi32(le), blo = _mm256_set1_epi32(lo);
 #pragma GCC unroll 2
                 for (int h = 0; h < hp; h++) {
-                    if (vnni) {
-                        ah[h][t][0] = dpbusd_vex(ah[h][t][0], we[h], bhe);
-                        ah[h][t][nc - 1] = dpbusd_vex(ah[h][t][nc - 1], wo[h], bho);
-                        al[h][t][0] = dpbusd_vex(al[h][t][0], ble, we[h]);
-                        al[h][t][nc - 1] = dpbusd_vex(al[h][t][nc - 1], blo, wo[h]);
-                    } else {
-                        __m256i hi16 = _mm256_add_epi16(_mm256_maddubs_epi16(we[h], bhe),
-                                                        _mm256_maddubs_epi16(wo[h], bho));
-                        __m256i lo16 = _mm256_add_epi16(_mm256_maddubs_epi16(ble, we[h]),
-                                                        _mm256_maddubs_epi16(blo, wo[h]));
-                        ah[h][t][0] = add32_acc(ah[h][t][0], _mm256_madd_epi16(hi16, ones));
-                        al[h][t][0] = add32_acc(al[h][t][0], _mm256_madd_epi16(lo16, ones));
-                    }
+                    ah[h][t][0] = dpbusd_vex(ah[h][t][0], we[h], bhe);
+                    ah[h][t][nc - 1] = dpbusd_vex(ah[h][t][nc - 1], wo[h], bho);
+                    al[h][t][0] = dpbusd_vex(al[h][t][0], ble, we[h]);
+                    al[h][t][nc - 1] = dpbusd_vex(al[h][t][nc - 1], blo, wo[h]);
                 }
             }
         }
@@ -359,24 +403,43 @@ T256 INLINE void mlx8_group(const weight_matrix *w, const matvec_input *in, cons
 
 /* The block walk both widths share (the AVX-512 kernel's, mlx_rows16): per block of 16 rows its
  * 2 x nt row accumulators (rows 0-7, 8-15), per group the prefetch and the group's dot products
- * (mlx4_group, mlx8_group), then the rows of [r0, r1). 4-bit rows past the last whole block (MLX
- * order): mlx_rows; 8-bit matrices have none (the repack requires rows % 16 == 0). */
+ * (mlx4_group_*, mlx8_group), then the rows of [r0, r1). At 1-2 tokens S blocks are in flight
+ * (cpu_matvec_streams): stream k walks blocks [b0 + k*per, b0 + (k+1)*per), the S side by side,
+ * group by group, as the AVX-512 kernel does. 4-bit rows past the last whole block (MLX order):
+ * mlx_rows; 8-bit matrices have none (the repack requires rows % 16 == 0). */
 T256 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1,
-                            const int bits, const int vnni, const int nt) {
+                            const int bits, const int vnni, const int S, const int nt) {
     int64_t rows = w->rows, groups = w->cols / w->group_size, rows16 = rows & ~(int64_t)15;
     size_t ahead = cpu_matvec_prefetch();
-    for (int64_t b = r0 >> 4; 16 * b < r1 && 16 * b < rows16; b++) {
-        cpu_rows16_block blk = cpu_rows16_block_at(w, b, ahead);
-        __m256 acc[2][CPU_MATVEC_MAX_TOKENS];
+    int64_t b0 = r0 >> 4, b1 = (r1 + 15) >> 4;
+    if (b1 > rows16 >> 4) b1 = rows16 >> 4;
+    const int64_t per = (b1 - b0 + S - 1) / S;
+    for (int64_t i = 0; i < per; i++) {
+        cpu_rows16_block blk[4];
+        __m256 acc[4][2][CPU_MATVEC_MAX_TOKENS];
+        int on[4];
+#pragma GCC unroll 4
+        for (int s = 0; s < S; s++) {
+            on[s] = b0 + s * per + i < b1;
+            blk[s] = cpu_rows16_block_at(w, b0 + s * per + i, ahead);
 #pragma GCC unroll 8
-        for (int t = 0; t < nt; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-        for (int64_t g = 0; g < groups; g++) {
-            cpu_rows16_prefetch(&blk, g);
-            if (bits == 4) mlx4_group(w, in, &blk, g, acc, vnni, nt);
-            else mlx8_group(w, in, &blk, g, acc, vnni, nt);
+            for (int t = 0; t < nt; t++) acc[s][0][t] = acc[s][1][t] = _mm256_setzero_ps();
         }
-        rows16_store(y, rows, b, 0, r0, r1, acc[0], nt);
-        rows16_store(y, rows, b, 1, r0, r1, acc[1], nt);
+        for (int64_t g = 0; g < groups; g++)
+#pragma GCC unroll 4
+            for (int s = 0; s < S; s++) {
+                if (s > 0 && !on[s]) continue;
+                cpu_rows16_prefetch(&blk[s], g);
+                if (bits == 8) mlx8_group(w, in, &blk[s], g, acc[s], vnni, nt);
+                else if (vnni) mlx4_group_vnni(w, in, &blk[s], g, acc[s], nt);
+                else mlx4_group_maddubs(w, in, &blk[s], g, acc[s], nt);
+            }
+#pragma GCC unroll 4
+        for (int s = 0; s < S; s++) {
+            if (!on[s]) continue;
+            rows16_store(y, rows, b0 + s * per + i, 0, r0, r1, acc[s][0], nt);
+            rows16_store(y, rows, b0 + s * per + i, 1, r0, r1, acc[s][1], nt);
+        }
     }
     if (bits == 4 && r1 > rows16) mlx_rows(w, in, y, r0 > rows16 ? r0 : rows16, r1, nt);
 }
@@ -407,21 +470,24 @@ void cpu_avx2_set_vnni(int on) {
     atomic_store(&avx2_vnni, on && avx2_vnni_detect());
 }
 
-T256 static void mlx4_rows16_vnni(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 4, 1)
-}
-
-T256 static void mlx4_rows16_maddubs(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 4, 0)
-}
-
-T256 static void mlx8_rows16_vnni(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 8, 1)
-}
-
-T256 static void mlx8_rows16_madd(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
-    CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, 8, 0)
-}
+/* One interleaved kernel per width and AVX-VNNI choice: 1-2 tokens with cpu_matvec_streams()
+ * blocks in flight, more tokens one block at a time (the passes are compute-bound there). */
+#define AVX2_ROWS16(name, bits, vnni)                                                              \
+    T256 static void name(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) { \
+        if (in->n_tokens <= 2) {                                                                   \
+            int S = cpu_matvec_streams(), two = in->n_tokens == 2;                                 \
+            if (S == 1) two ? mlx_rows16(w, in, y, r0, r1, bits, vnni, 1, 2) : mlx_rows16(w, in, y, r0, r1, bits, vnni, 1, 1); \
+            else if (S == 2) two ? mlx_rows16(w, in, y, r0, r1, bits, vnni, 2, 2) : mlx_rows16(w, in, y, r0, r1, bits, vnni, 2, 1); \
+            else two ? mlx_rows16(w, in, y, r0, r1, bits, vnni, 4, 2) : mlx_rows16(w, in, y, r0, r1, bits, vnni, 4, 1); \
+            return;                                                                                \
+        }                                                                                          \
+        CPU_MATVEC_CALL_WITH_NT(in->n_tokens, mlx_rows16, w, in, y, r0, r1, bits, vnni, 1)         \
+    }
+AVX2_ROWS16(mlx4_rows16_vnni, 4, 1)
+AVX2_ROWS16(mlx4_rows16_maddubs, 4, 0)
+AVX2_ROWS16(mlx8_rows16_vnni, 8, 1)
+AVX2_ROWS16(mlx8_rows16_madd, 8, 0)
+#undef AVX2_ROWS16
 
 T256 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
     if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16 && w->bits == 8) {

@@ -441,20 +441,6 @@ T512 INLINE void rows16_group(const weight_matrix *w, const matvec_input *in, co
     rows16_group_end(w, in, blk, g, ah, al, nc, acc, nt);
 }
 
-/* EXO_MATVEC_STREAMS=1|2|4: blocks in flight per thread at 1-2 tokens (mlx_rows16), read once;
- * default 2. */
-static _Atomic int rows16_streams_env = -1;
-
-static int rows16_streams(void) {
-    int v = atomic_load_explicit(&rows16_streams_env, memory_order_relaxed);
-    if (v < 0) {
-        const char *e = getenv("EXO_MATVEC_STREAMS");
-        v = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : 2;
-        atomic_store(&rows16_streams_env, v);
-    }
-    return v;
-}
-
 T512 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0,
                             int64_t r1, const int bits, const int S, const int nt) {
     int64_t cols = w->cols, rows = w->rows, groups = cols / w->group_size, rows16 = rows & ~(int64_t)15;
@@ -499,8 +485,8 @@ T512 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, floa
 
 T512 static void matvec_mlx(const weight_matrix *w, const matvec_input *in, float *y, int64_t r0, int64_t r1) {
     if (w->layout == WEIGHT_LAYOUT_MLX_ROWS16) {
-        if (in->n_tokens <= 2) { /* decode: S streams (rows16_streams) */
-            int S = rows16_streams(), two = in->n_tokens == 2;
+        if (in->n_tokens <= 2) { /* decode: S streams (cpu_matvec_streams) */
+            int S = cpu_matvec_streams(), two = in->n_tokens == 2;
 #define ROWS16_S(bits, S) (two ? mlx_rows16(w, in, y, r0, r1, bits, S, 2) : mlx_rows16(w, in, y, r0, r1, bits, S, 1))
             if (w->bits == 8) S == 1 ? ROWS16_S(8, 1) : S == 2 ? ROWS16_S(8, 2) : ROWS16_S(8, 4);
             else S == 1 ? ROWS16_S(4, 1) : S == 2 ? ROWS16_S(4, 2) : ROWS16_S(4, 4);
