@@ -3,6 +3,14 @@
 set -u
 build=${1:-build}
 cd "$(dirname "$0")/.."
+# llama.cpp itself, compiled from its public source (scripts/llamacpp.sh: ~6-10 min of 2 cores the
+# first time, nothing after), for test_gguf's differential test; EXO_LLAMACPP_REQUIRED makes that
+# test fail, not skip, when the build did not succeed. EXO_TEST_LLAMACPP=0 leaves both out.
+if [ "${EXO_TEST_LLAMACPP:-1}" != 0 ]; then
+  echo "building llama.cpp for the GGUF differential test (log: $build/llamacpp-build.out)"
+  JOBS=$(nproc) bash scripts/llamacpp.sh >"$build/llamacpp-build.out" 2>&1 || tail -20 "$build/llamacpp-build.out"
+  export EXO_LLAMACPP_REQUIRED=1
+fi
 bash tests/run-unit.sh "$build" | tee "$build/unit.out"; unit_rc=${PIPESTATUS[0]}
 bash tests/run-e2e.sh "$build" | tee "$build/e2e.out"; e2e_rc=${PIPESTATUS[0]}
 # The kernel and engine tests again as on an AVX2-only CPU (EXO_CPU_SIMD=avx2: no AVX-512 kernel,
