@@ -521,7 +521,7 @@ static int register_tensors(gguf_set *s, const char *arch, char *err, size_t err
         int bits = gguf_mlx_bits(t->type);
         if (bits < 0) {
             error_set(err, errlen, "%s: tensor '%s' has type %s, which exo does not run (F32, F16, "
-                      "BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)", gguf_path(s->f),
+                      "BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)", gguf_path(s->f),
                       t->name, ggml_type_name(t->type));
             return -1;
         }

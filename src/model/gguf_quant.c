@@ -26,13 +26,50 @@ int gguf_mlx_bits(uint32_t type) {
     case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: return 0;
     case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q4_K: return 4;
     case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q5_K: return 5;
-    case GGML_TYPE_Q8_0: case GGML_TYPE_Q6_K: return 8;
+    case GGML_TYPE_Q8_0: case GGML_TYPE_Q6_K: case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: return 8;
     default: return -1;
     }
 }
 
 int gguf_mlx_zero_point(uint32_t type) {
-    return type == GGML_TYPE_Q4_0 ? 8 : type == GGML_TYPE_Q5_0 ? 16 : type == GGML_TYPE_Q8_0 ? 128 : 0;
+    switch (type) {
+    case GGML_TYPE_Q4_0: return 8;
+    case GGML_TYPE_Q5_0: return 16;
+    case GGML_TYPE_Q8_0: case GGML_TYPE_Q3_K: return 128;
+    default: return 0;
+    }
+}
+
+/* ---- Q2_K and Q3_K: 16 sub-blocks of 16 values per block of 256 ----
+ * Both keep value i's 2 low bits at bit 2*((i%128)/32) of byte (i/128)*32 + i%32 of their 64
+ * packed bytes; Q3_K keeps its third bit at bit i/32 of byte i%32 of its 32-byte high mask. */
+
+static int k_low2(const uint8_t *qs, int i) { return qs[(i / 128) * 32 + i % 32] >> (2 * ((i % 128) / 32)) & 3; }
+
+static void k_put_low2(uint8_t *qs, int i, int v) { qs[(i / 128) * 32 + i % 32] |= (uint8_t)((v & 3) << (2 * ((i % 128) / 32))); }
+
+/* Q3_K (110 bytes: high mask 32, low bits 64, 12 bytes of sixteen 6-bit scales, F16 d): value i is
+ * d * v[i] with v[i] = (scale_{i/16} - 32) * (q3 - 4), q3 in 0..7; v spans [-124, 128]. */
+static float q3_k_ints(const uint8_t *b, int16_t *v) {
+    const uint8_t *hmask = b, *qs = b + 32, *sc = b + 96;
+    for (int k = 0; k < 16; k++) {
+        /* low nibble of byte k%8 (the high one for k >= 8), top 2 bits from byte 8 + k%4 */
+        int scale = ((sc[k % 8] >> (4 * (k / 8))) & 0xF) | ((sc[8 + k % 4] >> (2 * (k / 4))) & 3) << 4;
+        for (int l = 0; l < 16; l++) {
+            int i = 16 * k + l, q3 = k_low2(qs, i) | ((hmask[i % 32] >> (i / 32)) & 1) << 2;
+            v[i] = (int16_t)((scale - 32) * (q3 - 4));
+        }
+    }
+    return half_at(b + 108);
+}
+
+/* Q2_K (84 bytes: 16 bytes of scale | min << 4, low bits 64, F16 d, F16 dmin): value i is
+ * d * scale_{i/16} * q2 - dmin * min_{i/16}. */
+static void dequantize_q2_k(const uint8_t *b, float *y) {
+    const uint8_t *sc = b, *qs = b + 16;
+    float d = half_at(b + 80), dmin = half_at(b + 82);
+    for (int i = 0; i < QK_K; i++)
+        y[i] = d * (float)(sc[i / 16] & 0xF) * (float)k_low2(qs, i) - dmin * (float)(sc[i / 16] >> 4);
 }
 
 /* ---- block decoders: the values of one block as q (unsigned) with one scale/bias per 32 ---- */
@@ -146,6 +183,16 @@ int gguf_dequantize_row(uint32_t type, const void *src, int64_t n, float *out) {
     case GGML_TYPE_Q6_K:
         for (int64_t i = 0; i < n / QK_K; i++) dequantize_q6_k(p + i * 210, out + i * QK_K);
         return 0;
+    case GGML_TYPE_Q2_K:
+        for (int64_t i = 0; i < n / QK_K; i++) dequantize_q2_k(p + i * 84, out + i * QK_K);
+        return 0;
+    case GGML_TYPE_Q3_K:
+        for (int64_t i = 0; i < n / QK_K; i++) {
+            int16_t v[QK_K];
+            float d = q3_k_ints(p + i * 110, v);
+            for (int j = 0; j < QK_K; j++) out[i * QK_K + j] = d * (float)v[j];
+        }
+        return 0;
     default: break;
     }
     int64_t be = ggml_type_block_elems(type);
@@ -209,10 +256,18 @@ int gguf_row_to_mlx(uint32_t type, const void *src, int64_t n, uint32_t *packed,
     uint8_t q[QK_K];
     for (int64_t blk = 0; blk < n / be; blk++) {
         float *sc = scales + blk * (be / QK), *bi = biases + blk * (be / QK);
-        if (type == GGML_TYPE_Q6_K) {
+        if (type == GGML_TYPE_Q6_K || type == GGML_TYPE_Q2_K) {
             float x[QK_K];
-            dequantize_q6_k(p + blk * bb, x);
+            if (type == GGML_TYPE_Q6_K) dequantize_q6_k(p + blk * bb, x);
+            else dequantize_q2_k(p + blk * bb, x);
             for (int g = 0; g < QK_K / QK; g++) requantize_group8(x + g * QK, q + g * QK, &sc[g], &bi[g]);
+        } else if (type == GGML_TYPE_Q3_K) {
+            /* exact: d * v = (-d) * (128 - v) + 128 * d, 128 - v in [0, 252], and both -d and
+             * 128 * d are F16 values (d is one): the zero point 128 of Q8_0 */
+            int16_t v[QK_K];
+            float d = q3_k_ints(p + blk * bb, v);
+            for (int j = 0; j < QK_K; j++) q[j] = (uint8_t)(128 - v[j]);
+            for (int g = 0; g < QK_K / QK; g++) sc[g] = -d, bi[g] = 128.0f * d;
         } else if (decode_block(type, p + blk * bb, q, sc, bi)) {
             return -1;
         }
@@ -327,6 +382,60 @@ static void quantize_k45(const float *x, uint8_t *b, int five) {
     }
 }
 
+/* Q2_K: per 16 a 4-bit scale and min relative to the block's d and dmin; values 0..3. */
+static void quantize_q2_k(const float *x, uint8_t *b) {
+    float sub_scale[16], sub_min[16], max_scale = 0, max_min = 0;
+    for (int k = 0; k < 16; k++) {
+        float lo, hi;
+        minmax(x + 16 * k, 16, &lo, &hi);
+        lo = lo > 0 ? 0 : lo;
+        sub_scale[k] = (hi - lo) / 3.0f;
+        sub_min[k] = -lo;
+        max_scale = sub_scale[k] > max_scale ? sub_scale[k] : max_scale;
+        max_min = sub_min[k] > max_min ? sub_min[k] : max_min;
+    }
+    float d = round_f16(max_scale / 15.0f), dmin = round_f16(max_min / 15.0f);
+    memset(b, 0, 80);
+    for (int k = 0; k < 16; k++) {
+        int sc = d ? clampi(sub_scale[k] / d, 0, 15) : 0, m = dmin ? clampi(sub_min[k] / dmin, 0, 15) : 0;
+        b[k] = (uint8_t)(sc | m << 4);
+        float step = d * (float)sc, off = dmin * (float)m;
+        for (int l = 0; l < 16; l++)
+            k_put_low2(b + 16, 16 * k + l, step > 0 ? clampi((x[16 * k + l] + off) / step, 0, 3) : 0);
+    }
+    put_half(b + 80, d);
+    put_half(b + 82, dmin);
+}
+
+/* Q3_K: per 16 a signed 6-bit scale (stored + 32) relative to the block's d; values q3 - 4 in
+ * [-4, 3]. As ggml does, the sub-block of largest magnitude gets scale -32 (so its extreme value
+ * lands on -4 * -32 = 128, the end of the range exo's conversion must hold). */
+static void quantize_q3_k(const float *x, uint8_t *b) {
+    float sub[16], smax = 0;
+    for (int k = 0; k < 16; k++) {
+        float amax = 0, mx = 0;
+        for (int l = 0; l < 16; l++)
+            if (fabsf(x[16 * k + l]) > amax) amax = fabsf(x[16 * k + l]), mx = x[16 * k + l];
+        sub[k] = mx / -4.0f;
+        smax = fabsf(sub[k]) > fabsf(smax) ? sub[k] : smax;
+    }
+    float d = round_f16(smax / -32.0f);
+    uint8_t *hmask = b, *qs = b + 32, *sc = b + 96;
+    memset(b, 0, 108);
+    for (int k = 0; k < 16; k++) {
+        int s = d ? clampi(sub[k] / d, -32, 31) : 0, u = s + 32;
+        sc[k % 8] |= (uint8_t)((u & 0xF) << (4 * (k / 8)));
+        sc[8 + k % 4] |= (uint8_t)((u >> 4) << (2 * (k / 4)));
+        float step = d * (float)s;
+        for (int l = 0; l < 16; l++) {
+            int i = 16 * k + l, q3 = step != 0 ? clampi(x[i] / step, -4, 3) + 4 : 4;
+            k_put_low2(qs, i, q3);
+            hmask[i % 32] |= (uint8_t)((q3 >> 2) << (i / 32));
+        }
+    }
+    put_half(b + 108, d);
+}
+
 /* Q6_K: per 16 an int8 scale relative to the block's d; values q - 32 in [-32, 31]. */
 static void quantize_q6_k(const float *x, uint8_t *b) {
     float sub[16], amax_sub = 0;
@@ -385,6 +494,8 @@ int gguf_quantize_row(uint32_t type, const float *x, int64_t n, void *dst) {
         case GGML_TYPE_Q4_K: quantize_k45(v, o, 0); break;
         case GGML_TYPE_Q5_K: quantize_k45(v, o, 1); break;
         case GGML_TYPE_Q6_K: quantize_q6_k(v, o); break;
+        case GGML_TYPE_Q2_K: quantize_q2_k(v, o); break;
+        case GGML_TYPE_Q3_K: quantize_q3_k(v, o); break;
         default: return -1;
         }
     }

@@ -175,13 +175,16 @@ static void test_duplicates_rejected(void **s) {
 /* ---- block formats ---- */
 
 static const uint32_t all_types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1,
-                                     GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
-                                     GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_F32};
+                                     GGML_TYPE_Q8_0, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K,
+                                     GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_F16,  GGML_TYPE_BF16,
+                                     GGML_TYPE_F32};
 
 /* The worst error of each format relative to a row's largest magnitude (steps of ~2/15, 2/31,
  * 2/255 of the range, plus the 6-bit sub-scales of the K formats). */
 static double tolerance(uint32_t t) {
     switch (t) {
+    case GGML_TYPE_Q2_K: return 0.45; /* 4 levels per 16 values, 4-bit sub-scales and mins */
+    case GGML_TYPE_Q3_K: return 0.3;  /* 8 levels, clamped like Q4_0 opposite the largest value */
     case GGML_TYPE_Q4_0: return 0.13; /* ggml's Q4_0 clamps the side opposite the largest value */
     case GGML_TYPE_Q4_1: case GGML_TYPE_Q4_K: return 0.12;
     case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: return 0.06;
@@ -212,7 +215,8 @@ static void test_blocks_round_trip(void **s) {
         }
         int bits = gguf_mlx_bits(t);
         if (bits <= 0) continue;
-        /* the MLX view of the row holds the block's values (Q6_K: requantized at 8 bits) */
+        /* the MLX view of the row holds the block's values (Q6_K, Q2_K: requantized at 8 bits;
+         * Q3_K exactly, at 8 bits with the zero point) */
         uint32_t words[N];
         float sb[2 * N / 32];
         uint16_t sc16[N / 32], bi16[N / 32];
@@ -224,14 +228,14 @@ static void test_blocks_round_trip(void **s) {
         weight_matrix_row_to_f32(&w, 0, z);
         for (int i = 0; i < N; i++) {
             double amax = i < 256 ? 1.0 : 0.01;
-            double tol = t == GGML_TYPE_Q6_K ? 0.01 : 2e-3;
+            double tol = t == GGML_TYPE_Q6_K || t == GGML_TYPE_Q2_K ? 0.01 : 2e-3;
             if (fabs(z[i] - y[i]) > tol * amax)
                 fprintf(stderr, "%s value %d: mlx %g, gguf %g\n", ggml_type_name(t), i, z[i], y[i]);
             assert_true(fabs(z[i] - y[i]) <= tol * amax);
         }
     }
-    assert_int_equal(gguf_mlx_bits(GGML_TYPE_Q2_K), -1);
-    assert_int_equal(gguf_dequantize_row(GGML_TYPE_Q2_K, block_buf, 256, y), -1);
+    assert_int_equal(gguf_mlx_bits(GGML_TYPE_Q8_K), -1);
+    assert_int_equal(gguf_dequantize_row(GGML_TYPE_Q8_K, block_buf, 256, y), -1);
 }
 
 /* ---- whole models: GGUF vs its safetensors twin ---- */
@@ -401,7 +405,7 @@ static void check_family(const char *arch, const char *extra, const char *only) 
         double tol; /* of the logits' largest magnitude: ~0.02 at 8 bits, x2 per bit less */
     } types[] = {{"F32", 1e-5}, {"F16", 5e-3}, {"BF16", 5e-2}, {"Q8_0", 4e-2}, {"Q6_K", 0.15},
                  {"Q5_K", 0.3}, {"Q5_0", 0.3}, {"Q4_K", 0.6}, {"Q4_0", 0.6}, {"Q4_1", 0.6},
-                 {"Q4_K_M", 0.6}};
+                 {"Q4_K_M", 0.6}, {"Q3_K", 1.2}, {"Q2_K", 2.4}};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
         char padded[16];
         snprintf(padded, sizeof padded, " %s ", types[i].type);
@@ -427,7 +431,8 @@ static void check_family(const char *arch, const char *extra, const char *only) 
         printf("\n");
         /* F16 scales of the MLX groups (2^-11); Q6_K's 8-bit requantization (up to 1/8 of a Q6_K
          * step per value: enough to flip a random MoE router's top-k, so not held to it there) */
-        int requantized = !strcmp(types[i].type, "Q6_K") || !strcmp(types[i].type, "Q4_K_M");
+        int requantized = !strcmp(types[i].type, "Q6_K") || !strcmp(types[i].type, "Q4_K_M") ||
+                          !strcmp(types[i].type, "Q2_K");
         if (requantized) assert_true(moe || exact <= 0.03);
         else assert_true(exact <= 5e-3);
         assert_true(gap <= types[i].tol);
@@ -777,11 +782,14 @@ static void test_llamacpp_logits(void **s) {
                        F16 / 8-bit quantized activations, exo against F32 ones (measured
                        2026-12-02 on 16 tokens: F32 4e-6, F16 6e-4, BF16 5e-3, quantized
                        1.5-2.6e-2; on 48, gguf5: F32 4e-6, F16 9e-4, BF16 6e-3, quantized
-                       1.8-3.4e-2, the same with or without the AMX tiles) */
+                       1.8-3.4e-2, the same with or without the AMX tiles; Q2_K 3.9e-2: exo
+                       requantizes its 16-value sub-blocks at 8 bits, 1.4e-2 apart from its own
+                       dequantized copy in check_family, so its tolerance adds that) */
     } cases[] = {{"llama", "F32", 1e-4},  {"llama", "F16", 1e-2},  {"llama", "BF16", 1e-2},
                  {"llama", "Q8_0", 4e-2}, {"llama", "Q4_0", 4e-2}, {"llama", "Q4_1", 4e-2},
                  {"llama", "Q5_0", 4e-2}, {"llama", "Q5_1", 4e-2}, {"llama", "Q4_K", 4e-2},
                  {"llama", "Q5_K", 4e-2}, {"llama", "Q6_K", 4e-2}, {"llama", "Q4_K_M", 4e-2},
+                 {"llama", "Q2_K", 6e-2}, {"llama", "Q3_K", 4e-2},
                  {"qwen2", "Q8_0", 4e-2}, {"qwen3", "F32", 1e-4},  {"qwen3", "Q4_K_M", 4e-2},
                  {"qwen3_moe", "F32", 1e-4}, {"qwen3_moe", "Q8_0", 4e-2}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -854,9 +862,9 @@ static void test_unsupported_refused(void **s) {
     img m = {0};
     put(&m, "GGUF", 4), u32(&m, 3), u64(&m, 1), u64(&m, 1);
     str(&m, "general.architecture"), u32(&m, GGUF_STRING), str(&m, "mamba");
-    str(&m, "token_embd.weight"), u32(&m, 2), u64(&m, 256), u64(&m, 2), u32(&m, GGML_TYPE_Q2_K), u64(&m, 0);
+    str(&m, "token_embd.weight"), u32(&m, 2), u64(&m, 256), u64(&m, 2), u32(&m, GGML_TYPE_Q8_K), u64(&m, 0);
     while (m.n % 32) put(&m, "", 1);
-    uint8_t zero[168] = {0};
+    uint8_t zero[2 * 292] = {0};
     put(&m, zero, sizeof zero);
     char err[256] = "", path[256];
     gguf_file *f = gguf_parse(m.b, m.n, "m.gguf", err, sizeof err);
@@ -869,12 +877,12 @@ static void test_unsupported_refused(void **s) {
     gguf_close(f);
     /* the same bytes as a file: the tensor set names the type it cannot run */
     memcpy(m.b + 24 + 8 + 20 + 4 + 8, "llama", 5);
-    snprintf(path, sizeof path, "%s/q2k.gguf", tmp_root);
+    snprintf(path, sizeof path, "%s/q8k.gguf", tmp_root);
     FILE *fp = fopen(path, "wb");
     fwrite(m.b, 1, m.n, fp);
     fclose(fp);
     assert_null(gguf_tensor_set_open(path, err, sizeof err));
-    assert_non_null(strstr(err, "type Q2_K, which exo does not run"));
+    assert_non_null(strstr(err, "type Q8_K, which exo does not run"));
     free(m.b);
 }
 

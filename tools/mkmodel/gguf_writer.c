@@ -331,8 +331,8 @@ static int write_all(out *o, const mk_config *c, const mk_plan *plan, vocab *v, 
     int q4_k_m = !strcasecmp(type, "Q4_K_M");
     int base = q4_k_m ? GGML_TYPE_Q4_K : ggml_type_from_name(type);
     if (base < 0 || (gguf_mlx_bits((uint32_t)base) < 0)) {
-        snprintf(err, errlen, "unknown GGUF type '%s' (F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K "
-                 "Q6_K Q4_K_M)", type);
+        snprintf(err, errlen, "unknown GGUF type '%s' (F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K "
+                 "Q4_K Q5_K Q6_K Q4_K_M)", type);
         return -1;
     }
     if (c->arch != MK_LLAMA && c->arch != MK_QWEN2 && c->arch != MK_QWEN3 && c->arch != MK_QWEN3_MOE) {
