@@ -239,7 +239,7 @@ static void requantize_group8(const float *x, uint8_t *q, float *scale, float *b
     float s = round_f16((hi - lo) / 255.0f), b = round_f16(lo);
     for (int j = 0; j < QK; j++) {
         float v = s > 0 ? rintf((x[j] - b) / s) : 0;
-        q[j] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        q[j] = (uint8_t)(v > 0 ? (v < 255 ? v : 255) : 0); /* a NaN (a file's NaN scale) -> 0 */
     }
     *scale = s;
     *bias = b;
