@@ -18,7 +18,8 @@ static const char *const eog_texts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
     "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "[e~["};
+    "<\xEF\xBD\234end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", /* \234 = 0x9C: a hex escape would eat "e" */
+    "[e~["};
 
 /* The type a token has under llama.cpp: the file's, or CONTROL for the texts above. */
 static int64_t token_type(const gguf_kv *types, uint64_t i, gguf_str s) {
