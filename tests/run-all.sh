@@ -3,7 +3,7 @@
 set -u
 build=${1:-build}
 cd "$(dirname "$0")/.."
-# llama.cpp itself, compiled from its public source (scripts/llamacpp.sh: ~6-10 min of 2 cores the
+# llama.cpp itself, compiled from its public source (scripts/llamacpp.sh: ~2 min of 2 cores the
 # first time, nothing after), for test_gguf's differential test; EXO_LLAMACPP_REQUIRED makes that
 # test fail, not skip, when the build did not succeed. EXO_TEST_LLAMACPP=0 leaves both out.
 if [ "${EXO_TEST_LLAMACPP:-1}" != 0 ]; then
