@@ -231,14 +231,12 @@ T256 INLINE void rows16_store(float *y, int64_t rows, int64_t b, int h, int64_t 
  * group (the group's 64-byte lines are then in L1 for the second half). One group g of a block
  * into its row accumulators (mlx_rows16 walks the blocks). */
 T256 INLINE void mlx4_group_maddubs(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk,
-                                    int64_t g, __m256 acc[2][CPU_MATVEC_MAX_TOKENS], const int nt) {
-    int64_t cols = w->cols, gs = w->group_size;
+                                    int64_t g, const uint8_t *const *xq, __m256 acc[2][CPU_MATVEC_MAX_TOKENS],
+                                    const int nt) {
+    int64_t gs = w->group_size;
     int64_t kpg = gs / 8; /* 4, 8, 16 lines per group: even */
     const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), by256 = _mm256_set1_epi16(256);
     const int nh = nt <= 2 ? 2 : 1, hp = nt == 1 ? 2 : 1; /* lines per hi widening, halves per step */
-    const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
     const uint8_t *wg = blk->lines + (size_t)g * blk->group_bytes;
     int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
     for (int h0 = 0; h0 < 2; h0 += hp) {
@@ -276,14 +274,12 @@ T256 INLINE void mlx4_group_maddubs(const weight_matrix *w, const matvec_input *
 }
 
 T256 INLINE void mlx4_group_vnni(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk,
-                                 int64_t g, __m256 acc[2][CPU_MATVEC_MAX_TOKENS], const int nt) {
-    int64_t cols = w->cols, gs = w->group_size;
+                                 int64_t g, const uint8_t *const *xq, __m256 acc[2][CPU_MATVEC_MAX_TOKENS],
+                                 const int nt) {
+    int64_t gs = w->group_size;
     int64_t kpg = gs / 8; /* 4, 8, 16 lines per group */
     const __m256i m0f = _mm256_set1_epi8(0x0f);
     const int hp = nt <= 2 ? 2 : 1, nc = nt == 1 ? 2 : 1; /* halves per step, chains */
-    const uint8_t *xq[CPU_MATVEC_MAX_TOKENS];
-#pragma GCC unroll 8
-    for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * cols);
     const uint8_t *wg = blk->lines + (size_t)g * blk->group_bytes;
     int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
     for (int h0 = 0; h0 < 2; h0 += hp) {
@@ -411,6 +407,9 @@ T256 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, floa
                             const int bits, const int vnni, const int S, const int nt) {
     int64_t rows = w->rows, groups = w->cols / w->group_size, rows16 = rows & ~(int64_t)15;
     size_t ahead = cpu_matvec_prefetch();
+    const uint8_t *xq[CPU_MATVEC_MAX_TOKENS]; /* each token's activation planes (4-bit) */
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) xq[t] = (const uint8_t *)(in->xq + t * w->cols);
     int64_t b0 = r0 >> 4, b1 = (r1 + 15) >> 4;
     if (b1 > rows16 >> 4) b1 = rows16 >> 4;
     const int64_t per = (b1 - b0 + S - 1) / S;
@@ -431,8 +430,8 @@ T256 INLINE void mlx_rows16(const weight_matrix *w, const matvec_input *in, floa
                 if (s > 0 && !on[s]) continue;
                 cpu_rows16_prefetch(&blk[s], g);
                 if (bits == 8) mlx8_group(w, in, &blk[s], g, acc[s], vnni, nt);
-                else if (vnni) mlx4_group_vnni(w, in, &blk[s], g, acc[s], nt);
-                else mlx4_group_maddubs(w, in, &blk[s], g, acc[s], nt);
+                else if (vnni) mlx4_group_vnni(w, in, &blk[s], g, xq, acc[s], nt);
+                else mlx4_group_maddubs(w, in, &blk[s], g, xq, acc[s], nt);
             }
 #pragma GCC unroll 4
         for (int s = 0; s < S; s++) {
