@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lays out the GPU-host payload of bench/gguf6-xeon/run.sh in DEST (default /work/main/.devcarry-gguf6):
-# DEST/run.sh beside gguf6.tar.xz = a portable exo and mkmodel of this commit
+# DEST/run.sh (and scale.sh) beside gguf6.tar.xz = a portable exo and mkmodel of this commit
 # (make RELEASE=1 OPT=-O3 BUILD=build/portable), llama.cpp's Xeon build (LLAMACPP_REF, default
 # build/llamacpp-xeon/llamacpp-ref from LLAMACPP_TARGET=xeon bash scripts/llamacpp.sh), their
 # Debian libraries and bench/gguf.sh.
@@ -21,5 +21,5 @@ for bin in "$stage"/build/exo "$stage"/build/tools/mkmodel "$stage"/build/llamac
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 echo "exo $(git rev-parse --short HEAD), llama.cpp cui-llama.rn 1.12.2 LLAMACPP_TARGET=xeon" > "$stage/COMMIT"
 tar cJf "$dest/gguf6.tar.xz" -C "$stage" .
-cp bench/gguf6-xeon/run.sh "$dest/"
+cp bench/gguf6-xeon/run.sh bench/gguf6-xeon/scale.sh "$dest/"
 du -sh "$dest"/*
