@@ -220,14 +220,25 @@ GEN_ROUTE(h_ollama_generate, gen_adapter_ollama_generate, 0)
 
 /* ------------------------------------------------------------------ ollama model info */
 
-static json_t *ollama_details(void) {
-    return json_pack("{s:s,s:s,s:s,s:[],s:s,s:s}", "parent_model", "", "format", "safetensors",
-                     "family", "", "families", "parameter_size", "", "quantization_level", "");
+/* Ollama's "details" of a model, from its files (model_details_read); *size gets their bytes. */
+static json_t *ollama_details(const char *dir, json_int_t *size) {
+    model_details d;
+    if (!dir || model_details_read(dir, &d)) memset(&d, 0, sizeof d);
+    if (size) *size = (json_int_t)d.size;
+    json_t *families = json_array();
+    if (d.family[0]) json_array_append_new(families, json_string(d.family));
+    return json_pack("{s:s,s:s,s:s,s:o,s:s,s:s}", "parent_model", "", "format",
+                     d.format[0] ? d.format : "safetensors", "family", d.family, "families", families,
+                     "parameter_size", d.parameter_size, "quantization_level", d.quantization);
 }
 
-static json_t *ollama_model(const char *id) {
-    return json_pack("{s:s,s:s,s:s,s:i,s:s,s:o}", "name", id, "model", id, "modified_at",
-                     "1970-01-01T00:00:00Z", "size", 0, "digest", "", "details", ollama_details());
+static json_t *ollama_model(api_service *s, const char *id) {
+    char dir[1024];
+    int found = instances_resolve_model(s->instances, id, dir, sizeof dir) == 0;
+    json_int_t size = 0;
+    json_t *details = ollama_details(found ? dir : NULL, &size);
+    return json_pack("{s:s,s:s,s:s,s:I,s:s,s:o}", "name", id, "model", id, "modified_at",
+                     "1970-01-01T00:00:00Z", "size", size, "digest", "", "details", details);
 }
 
 static void h_ollama_root(api_request *r, void *ctx) {
@@ -242,12 +253,12 @@ static void h_ollama_version(api_request *r, void *ctx) {
 
 /* {"models": [...]} for /api/tags (on disk) and /api/ps (loaded: with Ollama's residency fields,
  * a model stays loaded until its instance is deleted). Takes the reference to ids. */
-static void respond_ollama_models(api_request *r, json_t *ids, int loaded) {
+static void respond_ollama_models(api_request *r, api_service *s, json_t *ids, int loaded) {
     json_t *models = json_array();
     size_t i;
     json_t *v;
     json_array_foreach(ids, i, v) {
-        json_t *m = ollama_model(json_string_value(v));
+        json_t *m = ollama_model(s, json_string_value(v));
         if (loaded) {
             json_object_set_new(m, "expires_at", json_string("2999-01-01T00:00:00Z"));
             json_object_set_new(m, "size_vram", json_integer(0));
@@ -260,12 +271,12 @@ static void respond_ollama_models(api_request *r, json_t *ids, int loaded) {
 
 static void h_ollama_tags(api_request *r, void *ctx) {
     api_service *s = ctx;
-    respond_ollama_models(r, instances_local_models(s->instances), 0);
+    respond_ollama_models(r, s, instances_local_models(s->instances), 0);
 }
 
 static void h_ollama_ps(api_request *r, void *ctx) {
     api_service *s = ctx;
-    respond_ollama_models(r, instances_running_models(s->instances), 1);
+    respond_ollama_models(r, s, instances_running_models(s->instances), 1);
 }
 
 static void h_ollama_show(api_request *r, void *ctx) {
@@ -285,7 +296,7 @@ static void h_ollama_show(api_request *r, void *ctx) {
         free(text);
         api_respond_json(r, 200, json_pack("{s:s,s:s,s:s,s:o,s:o,s:[s]}", "modelfile", "",
                                            "parameters", "", "template", "", "details",
-                                           ollama_details(), "model_info",
+                                           ollama_details(dir, NULL), "model_info",
                                            config ? config : json_object(), "capabilities",
                                            "completion"));
     }

@@ -56,6 +56,28 @@ int ggml_type_from_name(const char *name) {
     return -1;
 }
 
+/* llama.cpp's file types (general.file_type, its llama_ftype): what `llama-quantize` names a file. */
+static const char *const file_type_names[] = {
+    [0] = "F32",     [1] = "F16",     [2] = "Q4_0",    [3] = "Q4_1",    [7] = "Q8_0",
+    [8] = "Q5_0",    [9] = "Q5_1",    [10] = "Q2_K",   [11] = "Q3_K_S", [12] = "Q3_K_M",
+    [13] = "Q3_K_L", [14] = "Q4_K_S", [15] = "Q4_K_M", [16] = "Q5_K_S", [17] = "Q5_K_M",
+    [18] = "Q6_K",   [19] = "IQ2_XXS", [20] = "IQ2_XS", [21] = "Q2_K_S", [22] = "IQ3_XS",
+    [23] = "IQ3_XXS", [24] = "IQ1_S", [25] = "IQ4_NL", [26] = "IQ3_S",  [27] = "IQ3_M",
+    [28] = "IQ2_S",  [29] = "IQ2_M",  [30] = "IQ4_XS", [31] = "IQ1_M",  [32] = "BF16",
+};
+
+const char *gguf_file_type_name(int64_t ftype) {
+    ftype &= ~(int64_t)1024; /* LLAMA_FTYPE_GUESSED: the same type, guessed by llama.cpp */
+    if (ftype < 0 || ftype >= (int64_t)(sizeof file_type_names / sizeof *file_type_names)) return NULL;
+    return file_type_names[ftype];
+}
+
+int gguf_file_type_from_name(const char *name) {
+    for (size_t i = 0; i < sizeof file_type_names / sizeof *file_type_names; i++)
+        if (file_type_names[i] && !strcasecmp(file_type_names[i], name)) return (int)i;
+    return -1;
+}
+
 /* Size of one scalar of a value type; 0 for STRING/ARRAY or an unknown type. */
 static size_t value_size(uint32_t t) {
     switch (t) {

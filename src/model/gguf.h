@@ -71,6 +71,10 @@ size_t ggml_type_block_bytes(uint32_t type);
 const char *ggml_type_name(uint32_t type);
 /* A type by its name ("q4_k", "Q8_0", "f16", case-insensitive); -1 if unknown. */
 int ggml_type_from_name(const char *name);
+/* llama.cpp's name of a file type (general.file_type: 15 -> "Q4_K_M", 32 -> "BF16"); NULL if
+ * unknown. And the number of a name (case-insensitive), -1 if unknown. */
+const char *gguf_file_type_name(int64_t ftype);
+int gguf_file_type_from_name(const char *name);
 
 /* A string inside the mapping (not NUL-terminated). */
 typedef struct gguf_str {

@@ -6,8 +6,10 @@
 #include "model/gguf_model.h"
 #include "base/paths.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -557,6 +559,78 @@ char *model_config_read_json(const char *dir, size_t *len, char *err, size_t err
     char *text = paths_read_file(path, 16u << 20, len);
     if (!text) error_set(err, errlen, "%s: %s", path, strerror(errno));
     return text;
+}
+
+static void details_gguf(const char *path, model_details *d) {
+    snprintf(d->format, sizeof d->format, "gguf");
+    struct stat st;
+    if (stat(path, &st) == 0) d->size = (int64_t)st.st_size;
+    char err[256];
+    gguf_file *f = gguf_open(path, err, sizeof err);
+    if (!f) return;
+    if (gguf_get_string(f, "general.architecture", d->family, sizeof d->family, err, sizeof err)) d->family[0] = 0;
+    double params = 0, elems_of[64] = {0};
+    for (int i = 0; i < gguf_tensor_count(f); i++) {
+        const gguf_tensor *t = gguf_tensor_at(f, i);
+        double n = (double)t->ne[0] * (double)t->ne[1] * (double)t->ne[2] * (double)t->ne[3];
+        params += n;
+        if (t->n_dims >= 2 && t->type < 64) elems_of[t->type] += n;
+    }
+    int64_t ftype;
+    const char *q = gguf_get_int(f, "general.file_type", &ftype, err, sizeof err) ? NULL : gguf_file_type_name(ftype);
+    if (!q) { /* no (known) file type: the type most matrix elements have */
+        int best = -1;
+        for (int t = 0; t < 64; t++) best = elems_of[t] > 0 && (best < 0 || elems_of[t] > elems_of[best]) ? t : best;
+        if (best >= 0) q = ggml_type_name((uint32_t)best);
+    }
+    if (q) snprintf(d->quantization, sizeof d->quantization, "%s", q);
+    if (params >= 1e9) snprintf(d->parameter_size, sizeof d->parameter_size, "%.1fB", params / 1e9);
+    else if (params >= 1e6) snprintf(d->parameter_size, sizeof d->parameter_size, "%.0fM", params / 1e6);
+    else if (params > 0) snprintf(d->parameter_size, sizeof d->parameter_size, "%.0fK", params / 1e3);
+    gguf_close(f);
+}
+
+int model_details_read(const char *dir, model_details *d) {
+    memset(d, 0, sizeof *d);
+    char path[4096];
+    if (gguf_model_file(dir, path, sizeof path)) {
+        details_gguf(path, d);
+        return 0;
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len;
+    char *text = paths_read_file(path, 16u << 20, &len);
+    json_t *cfg = text ? json_loadb(text, len, 0, NULL) : NULL;
+    free(text);
+    if (!json_is_object(cfg)) {
+        json_decref(cfg);
+        return -1;
+    }
+    snprintf(d->format, sizeof d->format, "safetensors");
+    const char *family = json_string_value(json_object_get(cfg, "model_type"));
+    snprintf(d->family, sizeof d->family, "%s", family ? family : "");
+    json_t *quant = json_object_get(cfg, "quantization");
+    if (!quant) quant = json_object_get(cfg, "quantization_config");
+    json_int_t bits = json_integer_value(json_object_get(quant, "bits"));
+    const char *dtype = json_string_value(json_object_get(cfg, "torch_dtype"));
+    if (!dtype) dtype = json_string_value(json_object_get(cfg, "dtype"));
+    if (bits > 0) snprintf(d->quantization, sizeof d->quantization, "Q%d", (int)bits);
+    else if (dtype)
+        snprintf(d->quantization, sizeof d->quantization, "%s",
+                 !strcmp(dtype, "bfloat16") ? "BF16" : !strcmp(dtype, "float16") ? "F16"
+                 : !strcmp(dtype, "float32") ? "F32" : "");
+    json_decref(cfg);
+    DIR *dh = opendir(dir);
+    struct dirent *e;
+    while (dh && (e = readdir(dh))) {
+        size_t n = strlen(e->d_name);
+        struct stat st;
+        if (n <= 12 || strcmp(e->d_name + n - 12, ".safetensors")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) d->size += (int64_t)st.st_size;
+    }
+    if (dh) closedir(dh);
+    return 0;
 }
 
 int model_config_load(const char *dir, model_config *out, char *err, size_t errlen) {

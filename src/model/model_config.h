@@ -104,6 +104,22 @@ int model_config_parse(const char *json, size_t len, model_config *out, char *er
  * or, when dir is a GGUF model (a .gguf file or a directory holding one, see gguf.h), the
  * config.json its metadata amounts to. NULL with err. */
 char *model_config_read_json(const char *dir, size_t *len, char *err, size_t errlen);
+/* What Ollama's clients show of a model ("details" of /api/tags and /api/show), from its files:
+ * format "gguf" or "safetensors"; family: general.architecture or config.json's model_type;
+ * quantization: a GGUF's file type as llama.cpp names it (general.file_type, else the type of
+ * most of its matrix elements), an MLX checkpoint's "Q<bits>", else its dtype ("BF16", "F16",
+ * "F32"); parameter_size ("8.0B", "494M"): a GGUF's tensors' elements (safetensors: ""); size:
+ * the bytes of the weight files. Fields it cannot tell stay "" / 0. Returns 0, or -1 when dir is
+ * no model (neither a GGUF nor a directory with a config.json). */
+typedef struct model_details {
+    char format[16];
+    char family[48];
+    char quantization[16];
+    char parameter_size[16];
+    int64_t size;
+} model_details;
+int model_details_read(const char *dir, model_details *out);
+
 /* Reads <dir>/config.json (or a GGUF model's metadata: model_config_read_json). */
 int model_config_load(const char *dir, model_config *out, char *err, size_t errlen);
 /* The attention window of layer i: 0 = full (causal) attention, else the number of most recent

@@ -68,10 +68,17 @@ test('a node serves a GGUF model: chat equals the transformers reference, Ollama
   const got = body.choices[0].message.content;
   assert.ok(got.length > 0 && p.greedy.text.startsWith(got), `${JSON.stringify(got)} vs ${JSON.stringify(p.greedy.text)}`);
   const tags = await (await fetch(`${node.url}/ollama/api/tags`)).json();
-  assert.ok(tags.models.some((m) => m.name.startsWith(id) || m.model.startsWith(id)), JSON.stringify(tags));
+  const listed = tags.models.find((m) => m.name.startsWith(id) || m.model.startsWith(id));
+  assert.ok(listed, JSON.stringify(tags));
+  // what Ollama clients show: the file's format, family, llama.cpp's name of its type, its size
+  assert.equal(listed.details.format, 'gguf', JSON.stringify(listed));
+  assert.equal(listed.details.family, 'qwen3');
+  assert.equal(listed.details.quantization_level, 'BF16');
+  assert.equal(listed.size, fs.statSync(path.join(dir, 'model.gguf')).size);
   const show = await (await fetch(`${node.url}/ollama/api/show`, {
     method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: id }),
   })).json();
   assert.equal(show.model_info.architectures[0], 'Qwen3ForCausalLM', JSON.stringify(show));
+  assert.equal(show.details.quantization_level, 'BF16');
   assert.equal(show.model_info.num_hidden_layers, 2);
 });

@@ -21,6 +21,7 @@
 #include "model/gguf_model.h"
 #include "model/gguf_quant.h"
 #include "model/gguf_tokenizer.h"
+#include "model/model_config.h"
 #include "runner/model_text.h"
 #include "text/tokenizer.h"
 
@@ -897,8 +898,56 @@ static void test_unsupported_refused(void **s) {
     free(m.b);
 }
 
+/* What Ollama's /api/tags and /api/show report of a model (model_details_read): a GGUF's file
+ * type under llama.cpp's name, its family, parameter count and file size; an MLX checkpoint's
+ * bits; nothing for a directory that is no model. */
+static void test_model_details(void **s) {
+    (void)s;
+    assert_string_equal(gguf_file_type_name(15), "Q4_K_M");
+    assert_string_equal(gguf_file_type_name(32), "BF16");
+    assert_string_equal(gguf_file_type_name(7 | 1024), "Q8_0"); /* LLAMA_FTYPE_GUESSED */
+    assert_null(gguf_file_type_name(4));                          /* removed from llama.cpp */
+    assert_null(gguf_file_type_name(-1));
+    assert_int_equal(gguf_file_type_from_name("q3_k_m"), 12);
+    static const struct { const char *type, *level; } cases[] = {
+        {"Q4_K_M", "Q4_K_M"}, {"Q3_K", "Q3_K_S"}, {"Q8_0", "Q8_0"}, {"BF16", "BF16"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char name[64], args[256], dir[256], file[300];
+        snprintf(name, sizeof name, "details-%s", cases[i].type);
+        snprintf(args, sizeof args, "--arch llama --gguf %s --tokenizer none " SHAPE, cases[i].type);
+        assert_int_equal(mkmodel(name, args), 0);
+        snprintf(dir, sizeof dir, "%s/%s", tmp_root, name);
+        snprintf(file, sizeof file, "%s/model.gguf", dir);
+        struct stat st;
+        assert_int_equal(stat(file, &st), 0);
+        model_details d;
+        assert_int_equal(model_details_read(dir, &d), 0);
+        assert_string_equal(d.format, "gguf");
+        assert_string_equal(d.family, "llama");
+        assert_string_equal(d.quantization, cases[i].level);
+        assert_string_equal(d.parameter_size, "4M"); /* 2 layers of 256 wide, a 5000-token vocabulary */
+        assert_int_equal(d.size, (int64_t)st.st_size);
+        assert_int_equal(model_details_read(file, &d), 0); /* the file itself is the model too */
+        assert_string_equal(d.quantization, cases[i].level);
+    }
+    assert_int_equal(mkmodel("details-mlx8", "--arch qwen3 --quant-bits 8 --tokenizer none " SHAPE), 0);
+    char dir[256], file[300];
+    snprintf(dir, sizeof dir, "%s/details-mlx8", tmp_root);
+    snprintf(file, sizeof file, "%s/model.safetensors", dir);
+    struct stat st;
+    assert_int_equal(stat(file, &st), 0);
+    model_details d;
+    assert_int_equal(model_details_read(dir, &d), 0);
+    assert_string_equal(d.format, "safetensors");
+    assert_string_equal(d.family, "qwen3");
+    assert_string_equal(d.quantization, "Q8");
+    assert_int_equal(d.size, (int64_t)st.st_size);
+    assert_int_equal(model_details_read(tmp_root, &d), -1); /* no config.json, no .gguf */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_details),
         cmocka_unit_test(test_valid_parse),
         cmocka_unit_test(test_truncation_everywhere),
         cmocka_unit_test(test_corrupt_headers),

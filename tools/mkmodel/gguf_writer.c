@@ -376,7 +376,7 @@ static int write_all(out *o, const mk_config *c, const mk_plan *plan, vocab *v, 
         off += (t->bytes + ALIGN - 1) / ALIGN * ALIGN;
     }
     int moe = c->arch == MK_QWEN3_MOE;
-    int n_kv = 13 + (moe ? 3 : 0) + (v ? count_tokenizer_kvs(v, c->bos_id, c->eos_id) : 2) +
+    int n_kv = 14 + (moe ? 3 : 0) + (v ? count_tokenizer_kvs(v, c->bos_id, c->eos_id) : 2) +
                (c->rope_scaling == MK_ROPE_LINEAR || c->rope_scaling == MK_ROPE_YARN ? 3 : 0) +
                rope_freqs;
     put(o, "GGUF", 4);
@@ -386,6 +386,14 @@ static int write_all(out *o, const mk_config *c, const mk_plan *plan, vocab *v, 
     kv_str(o, "general.architecture", arch);
     kv_str(o, "general.name", "mkmodel random weights");
     kv_u32(o, "general.alignment", ALIGN);
+    /* what llama-quantize records: the mix's name, or the pure type's (Q3_K/Q4_K/Q5_K alone are
+     * its _S mixes' nearest names) */
+    static const struct { const char *type, *file_type; } pure[] = {
+        {"Q3_K", "Q3_K_S"}, {"Q4_K", "Q4_K_S"}, {"Q5_K", "Q5_K_S"}};
+    const char *ftname = type;
+    for (size_t i = 0; i < sizeof pure / sizeof *pure; i++)
+        if (!strcasecmp(type, pure[i].type)) ftname = pure[i].file_type;
+    kv_u32(o, "general.file_type", (uint32_t)gguf_file_type_from_name(ftname));
     kv_arch_u32(o, arch, "block_count", (uint32_t)c->layers);
     kv_arch_u32(o, arch, "context_length", (uint32_t)c->max_pos);
     kv_arch_u32(o, arch, "embedding_length", (uint32_t)c->hidden);
