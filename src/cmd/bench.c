@@ -390,6 +390,8 @@ static const format_case bench_formats[] = {
 /* Many matrices of one shape laid out back to back: matrix i is rows [i*rows, (i+1)*rows). */
 typedef struct sweep {
     weight_matrix all; /* the whole tall matrix */
+    void *mem;         /* its one allocation: MLX data, scales and biases side by side, as placed
+                          weights are (so 8-bit scales go inline as in a model, layout.c) */
     int64_t rows, count;
     float *x, *y;
     int64_t n_tokens;
@@ -418,10 +420,9 @@ static int sweep_alloc(sweep *s, const format_case *f, int64_t rows, int64_t col
     if (f->format == WEIGHT_MLX_AFFINE) {
         size_t qbytes = (size_t)(total_rows * cols * f->bits / 8);
         size_t sbytes = (size_t)(total_rows * (cols / f->group_size)) * 2;
-        data = malloc(qbytes);
-        scales = malloc(sbytes);
-        biases = malloc(sbytes);
-        if (!data || !scales || !biases) goto fail;
+        s->mem = data = malloc(qbytes + 2 * sbytes);
+        if (!data) goto fail;
+        scales = (uint8_t *)data + qbytes, biases = (uint8_t *)scales + sbytes;
         fill_words(data, qbytes, 0xffffffffu, 0);
         if (f->zero_point) { /* f16 scales in [2^-7, 2^-6), biases -zero_point * scale (exact in f16) */
             fill_words(scales, sbytes, 0x03ff03ffu, 0x20002000u);
@@ -434,7 +435,7 @@ static int sweep_alloc(sweep *s, const format_case *f, int64_t rows, int64_t col
     } else {
         size_t esize = f->format == WEIGHT_F32 ? 4 : 2;
         size_t bytes = (size_t)(total_rows * cols) * esize;
-        data = malloc(bytes);
+        s->mem = data = malloc(bytes);
         if (!data) goto fail;
         if (f->format == WEIGHT_F32) fill_words(data, bytes, 0x807fffffu, 0x3f000000u);
         else if (f->format == WEIGHT_F16) fill_words(data, bytes, 0x83ff83ffu, 0x38003800u);
@@ -451,15 +452,13 @@ static int sweep_alloc(sweep *s, const format_case *f, int64_t rows, int64_t col
     for (int64_t i = 0; i < max_tokens * cols; i++) s->x[i] = (float)(rng_next() % 2001) * 0.001f - 1.0f;
     return 0;
 fail:
-    free(data), free(scales), free(biases), free(s->x), free(s->y);
+    free(s->mem), free(s->x), free(s->y);
     memset(s, 0, sizeof *s);
     return -1;
 }
 
 static void sweep_free(sweep *s) {
-    free((void *)s->all.data);
-    free((void *)s->all.scales);
-    free((void *)s->all.biases);
+    free(s->mem);
     free(s->x);
     free(s->y);
 }
@@ -468,7 +467,12 @@ static weight_matrix sweep_matrix(const sweep *s, int64_t i) {
     weight_matrix m = s->all;
     m.rows = s->rows;
     int64_t cols = m.cols;
-    if (m.format == WEIGHT_MLX_AFFINE) {
+    if (m.format == WEIGHT_MLX_AFFINE && m.group_stride) { /* whole blocks, each one stream */
+        size_t off = (size_t)(i * s->rows / 16 * (cols / m.group_size)) * m.group_stride;
+        m.data = (const uint8_t *)m.data + off;
+        m.scales = (const uint8_t *)m.scales + off;
+        m.biases = (const uint8_t *)m.biases + off;
+    } else if (m.format == WEIGHT_MLX_AFFINE) {
         m.data = (const uint8_t *)m.data + (size_t)(i * s->rows * cols * m.bits / 8);
         size_t soff = (size_t)(i * s->rows * (cols / m.group_size)) * 2;
         m.scales = (const uint8_t *)m.scales + soff;

@@ -50,7 +50,11 @@ typedef enum weight_format {
  *     whole block (rows % 16 of them) stay in MLX order where MLX has them. Set only by
  *     cpu_weight_repack_rows16 (4- and 8-bit MLX; compute/cpu/layout.c); every reader of
  *     w->data, scales and biases goes through weight_mlx_word / weight_mlx_group below or knows
- *     the layout. */
+ *     the layout.
+ *     With group_stride set, each group's 16 scales and 16 biases follow its lines instead (one
+ *     stream per block): group g of block b is 2*group_size*bits bytes of lines, then its 16
+ *     scales, then its 16 biases, at data + (b*groups + g) * group_stride; scales = data +
+ *     2*group_size*bits and biases = scales + 16 scales, so all three index with one stride. */
 typedef enum weight_layout { WEIGHT_LAYOUT_MLX = 0, WEIGHT_LAYOUT_MLX_ROWS16 } weight_layout;
 
 /* A read-only weight matrix view [rows][cols]. Does not own its memory. */
@@ -73,20 +77,28 @@ typedef struct weight_matrix {
                            instead of reading them: the bytes a matvec streams drop to the GGUF
                            block's (4.5 bits per weight for Q4_0, not 5). biases stay valid for
                            every reader that does not (see weight_matrix_bytes) */
+    size_t group_stride; /* MLX_ROWS16 only: 0 when data, scales and biases are three arrays;
+                            else the bytes from one 16-row group to the next, the same for data,
+                            scales and biases because each group's scales and biases follow its
+                            lines (layout.c says which matrices and why) */
 } weight_matrix;
 
 /* Index of 32-bit word d of row r in an MLX matrix's data, in either layout. */
 static inline int64_t weight_mlx_word(const weight_matrix *w, int64_t r, int64_t d) {
     int64_t words = w->cols * w->bits / 32;
     if (w->layout != WEIGHT_LAYOUT_MLX_ROWS16 || r >= (w->rows & ~(int64_t)15)) return r * words + d;
-    return (r & ~(int64_t)15) * words + d * 16 + (r & 15);
+    if (!w->group_stride) return (r & ~(int64_t)15) * words + d * 16 + (r & 15);
+    int64_t per_group = w->group_size * w->bits / 32, g = d / per_group; /* words per row and group */
+    return ((r >> 4) * (w->cols / w->group_size) + g) * (int64_t)(w->group_stride / 4) + (d - g * per_group) * 16 +
+           (r & 15);
 }
 
 /* Index of group g of row r in an MLX matrix's scales and biases, in either layout. */
 static inline int64_t weight_mlx_group(const weight_matrix *w, int64_t r, int64_t g) {
     int64_t groups = w->cols / w->group_size;
     if (w->layout != WEIGHT_LAYOUT_MLX_ROWS16 || r >= (w->rows & ~(int64_t)15)) return r * groups + g;
-    return (r & ~(int64_t)15) * groups + g * 16 + (r & 15);
+    if (!w->group_stride) return (r & ~(int64_t)15) * groups + g * 16 + (r & 15);
+    return ((r >> 4) * groups + g) * (int64_t)(w->group_stride / dtype_size(w->scale_dtype)) + (r & 15);
 }
 
 /* Bytes of weight data a matvec reads (for rooflines): without the biases of a zero_point matrix,

@@ -1061,10 +1061,15 @@ size_t model_weights_rewrite(model_weights *w, int (*rewrite)(weight_matrix *m, 
     if (!w->arena || !rewrite) return 0; /* views on the read-only mmap: used as published */
     uint64_t t0 = clock_now_ns();
     rewrite_walk rw = {.embed = &w->embed, .rewrite = rewrite, .ctx = ctx};
+    int tied = w->has_embed && w->has_head && w->embed.data == w->lm_head.data;
     for_each_view(w, view_rewrite, &rw);
     /* A tied lm_head is the embedding's bytes: the matmul's layout wins, and the embedding's row
-     * lookups (weight_matrix_row_to_f32) read it the same way. */
-    if (w->has_embed && w->has_head && w->embed.data == w->lm_head.data) w->embed.layout = w->lm_head.layout;
+     * lookups (weight_matrix_row_to_f32) read it the same way (the rewrite may have moved where
+     * the data, scales and biases start). */
+    if (tied) {
+        w->embed.layout = w->lm_head.layout, w->embed.group_stride = w->lm_head.group_stride;
+        w->embed.data = w->lm_head.data, w->embed.scales = w->lm_head.scales, w->embed.biases = w->lm_head.biases;
+    }
     w->rewritten_bytes += rw.bytes;
     if (rw.bytes)
         log_info("weights: %.0f MB rewritten into the backend's layout in %.2f s", (double)rw.bytes / 1e6,

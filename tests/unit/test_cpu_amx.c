@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string.h>
 
 #define TEST_RNG_SEED 0x2545f4914f6cdd1dull
 #include "test_random.h"
@@ -44,7 +45,11 @@ static float scale_value(dtype t, const void *p, int64_t i) {
     return t == DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
-/* A random MLX matrix, repacked into the 16-row layout (memory owned by the view). */
+/* A random MLX matrix, repacked into the 16-row layout (memory owned by the view). Every other
+ * one has its biases, scales and data side by side in one allocation, as a placed checkpoint has
+ * them: 8-bit MLX ones then take their scales and biases inline (weight_matrix.group_stride). */
+static int next_side_by_side;
+
 static weight_matrix make_rows16(int64_t rows, int64_t cols, int bits, int gs, dtype sdt, int zero_point) {
     weight_matrix w = {.format = WEIGHT_MLX_AFFINE, .rows = rows, .cols = cols, .bits = bits,
                        .group_size = gs, .scale_dtype = sdt, .zero_point = zero_point};
@@ -52,7 +57,15 @@ static weight_matrix make_rows16(int64_t rows, int64_t cols, int bits, int gs, d
     uint32_t *q = malloc(words * 4);
     for (size_t i = 0; i < words; i++) q[i] = rng_u32() ^ (rng_u32() << 16);
     size_t es = sdt == DTYPE_F32 ? 4 : 2;
-    void *s = malloc(groups * es), *b = malloc(groups * es);
+    void *s, *b;
+    if (next_side_by_side++ % 2) {
+        b = malloc(2 * groups * es + words * 4), s = (char *)b + groups * es;
+        uint32_t *d = (uint32_t *)((char *)s + groups * es);
+        memcpy(d, q, words * 4);
+        free(q), q = d;
+    } else {
+        s = malloc(groups * es), b = malloc(groups * es);
+    }
     for (size_t g = 0; g < groups; g++) {
         float sc = rng_uniform(0.001f, 0.03f);
         if (es == 2) ((uint16_t *)s)[g] = to_scale_bits(sdt, sc);
@@ -68,7 +81,10 @@ static weight_matrix make_rows16(int64_t rows, int64_t cols, int bits, int gs, d
 }
 
 static void free_matrix(weight_matrix *w) {
-    free((void *)w->data), free((void *)w->scales), free((void *)w->biases);
+    size_t sb = (size_t)(w->rows * (w->cols / w->group_size)) * dtype_size(w->scale_dtype);
+    if (w->group_stride) free((void *)w->data); /* moved inline: the allocation starts with the data */
+    else if ((const char *)w->biases + sb == (const char *)w->scales) free((void *)w->biases); /* one allocation */
+    else free((void *)w->data), free((void *)w->scales), free((void *)w->biases);
 }
 
 /* The largest |y - ref| / (A + 1e-6 / 4e-5) over the outputs: <= 4e-5 passes. */

@@ -31,7 +31,35 @@
 typedef struct test_weight {
     weight_matrix w;
     void *data, *scales, *biases;
+    void *span;   /* MLX: one allocation holding data, scales and biases side by side, or NULL */
 } test_weight;
+
+/* Where the next MLX matrix's data, scales and biases go: 0-5 side by side in one allocation, in
+ * each of their 6 orders (as a placed checkpoint has them: what cpu_weight_repack_rows16 moves
+ * 8-bit scales inline from), 6 in three allocations (as slices of stacked experts: it must not). */
+static int next_placement;
+
+/* Fills t's data, scales and biases with copies of the given bytes, placed by next_placement
+ * (side by side only when every part keeps 64-byte alignment). */
+static void place_mlx(test_weight *t, const void *data, size_t db, const void *scales, const void *biases, size_t sb) {
+    int p = next_placement++ % 7;
+    t->span = NULL;
+    if (p == 6 || db % 64 || sb % 64) {
+        t->data = malloc(db), t->scales = malloc(sb + 64), t->biases = malloc(sb + 64);
+    } else {
+        static const char orders[6][3] = {"dsb", "dbs", "sdb", "bds", "sbd", "bsd"};
+        t->span = aligned_alloc(64, db + 2 * sb + 64);
+        size_t off = 0;
+        for (int i = 0; i < 3; i++) {
+            char c = orders[p][i];
+            void **part = c == 'd' ? &t->data : c == 's' ? &t->scales : &t->biases;
+            *part = (char *)t->span + off;
+            off += c == 'd' ? db : sb;
+        }
+    }
+    memcpy(t->data, data, db), memcpy(t->scales, scales, sb), memcpy(t->biases, biases, sb);
+    t->w.data = t->data, t->w.scales = t->scales, t->w.biases = t->biases;
+}
 
 static void store_scalar(dtype t, void *p, int64_t i, float v) {
     if (t == DTYPE_BF16) ((uint16_t *)p)[i] = f32_to_bf16(v);
@@ -49,18 +77,17 @@ static test_weight make_weight(weight_format f, int64_t rows, int64_t cols, int 
         uint32_t *q = malloc(words * 4);
         for (size_t i = 0; i < words; i++) q[i] = rng_u32() ^ (rng_u32() << 16);
         int64_t groups = rows * cols / gs;
-        t.scales = malloc((size_t)groups * 4);
-        t.biases = malloc((size_t)groups * 4);
+        void *scales = malloc((size_t)groups * 4), *biases = malloc((size_t)groups * 4);
         for (int64_t g = 0; g < groups; g++) {
-            store_scalar(sdt, t.scales, g, rng_uniform(0.001f, 0.03f));
-            store_scalar(sdt, t.biases, g, rng_uniform(-0.2f, 0.2f));
+            store_scalar(sdt, scales, g, rng_uniform(0.001f, 0.03f));
+            store_scalar(sdt, biases, g, rng_uniform(-0.2f, 0.2f));
         }
-        t.data = q;
         t.w.bits = bits;
         t.w.group_size = gs;
         t.w.scale_dtype = sdt;
-        t.w.scales = t.scales;
-        t.w.biases = t.biases;
+        place_mlx(&t, q, words * 4, scales, biases, (size_t)groups * dtype_size(sdt));
+        free(q), free(scales), free(biases);
+        return t;
     } else {
         size_t n = (size_t)(rows * cols);
         dtype dt = f == WEIGHT_F32 ? DTYPE_F32 : f == WEIGHT_F16 ? DTYPE_F16 : DTYPE_BF16;
@@ -72,6 +99,10 @@ static test_weight make_weight(weight_format f, int64_t rows, int64_t cols, int 
 }
 
 static void free_weight(test_weight *t) {
+    if (t->span) {
+        free(t->span);
+        return;
+    }
     free(t->data);
     free(t->scales);
     free(t->biases);
@@ -439,11 +470,7 @@ static test_weight copy_weight(const test_weight *t) {
     test_weight c = *t;
     size_t words = (size_t)(t->w.rows * t->w.cols * t->w.bits / 32);
     size_t sb = (size_t)(t->w.rows * (t->w.cols / t->w.group_size)) * dtype_size(t->w.scale_dtype);
-    c.data = malloc(words * 4), c.scales = malloc(sb), c.biases = malloc(sb);
-    memcpy(c.data, t->data, words * 4);
-    memcpy(c.scales, t->scales, sb);
-    memcpy(c.biases, t->biases, sb);
-    c.w.data = c.data, c.w.scales = c.scales, c.w.biases = c.biases;
+    place_mlx(&c, t->data, words * 4, t->scales, t->biases, sb);
     return c;
 }
 
@@ -522,6 +549,7 @@ static void test_q4_rows16(void **state) {
     dtype sdts[] = {DTYPE_F16, DTYPE_BF16, DTYPE_F32};
     int64_t shapes[][2] = {{16, 128}, {33, 256}, {47, 384}, {64, 1024}, {100, 128}, {48, 256}};
     int64_t tokens[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 48, 130, 300};
+    int inline8 = 0, apart8 = 0; /* 8-bit matrices repacked with scales inline, and in 3 arrays */
     for (int bits = 4; bits <= 8; bits += 4)
     for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++)
         for (size_t g = 0; g < 3; g++) {
@@ -533,20 +561,31 @@ static void test_q4_rows16(void **state) {
             assert_int_equal(rp.w.layout, WEIGHT_LAYOUT_MLX_ROWS16);
             int64_t words = cols * bits / 32, ng = cols / gs;
             size_t es = dtype_size(rp.w.scale_dtype);
+            /* 8-bit scales and biases move inline exactly when the three parts filled one span */
+            size_t inline_stride = bits == 8 && rp.span ? 2 * (size_t)gs * 8 + 32 * es : 0;
+            assert_int_equal(rp.w.group_stride, inline_stride);
+            inline8 += bits == 8 && inline_stride, apart8 += bits == 8 && !inline_stride;
+            if (inline_stride) { /* within the span, the scales and biases right after the lines */
+                assert_ptr_equal(rp.w.scales, (const char *)rp.w.data + 16 * gs);
+                assert_ptr_equal(rp.w.biases, (const char *)rp.w.scales + 16 * es);
+                assert_true((char *)rp.w.data >= (char *)rp.span &&
+                            (char *)rp.w.data + (size_t)(rows / 16 * ng) * inline_stride <=
+                                (char *)rp.span + (size_t)(rows * cols) + 2 * (size_t)(rows * ng) * es);
+            }
             int moved = 0;
             for (int64_t r = 0; r < rows; r++) {
                 for (int64_t d = 0; d < words; d++) {
                     int64_t i = weight_mlx_word(&rp.w, r, d);
-                    assert_int_equal(((const uint32_t *)rp.data)[i], ((const uint32_t *)orig.data)[r * words + d]);
+                    assert_int_equal(((const uint32_t *)rp.w.data)[i], ((const uint32_t *)orig.data)[r * words + d]);
                     moved += i != r * words + d;
                 }
                 for (int64_t k = 0; k < ng; k++) {
                     int64_t i = weight_mlx_group(&rp.w, r, k);
-                    assert_memory_equal((const char *)rp.scales + i * (int64_t)es, (const char *)orig.scales + (r * ng + k) * (int64_t)es, es);
-                    assert_memory_equal((const char *)rp.biases + i * (int64_t)es, (const char *)orig.biases + (r * ng + k) * (int64_t)es, es);
+                    assert_memory_equal((const char *)rp.w.scales + i * (int64_t)es, (const char *)orig.scales + (r * ng + k) * (int64_t)es, es);
+                    assert_memory_equal((const char *)rp.w.biases + i * (int64_t)es, (const char *)orig.biases + (r * ng + k) * (int64_t)es, es);
                 }
                 if (r >= (rows & ~15)) /* the tail rows keep MLX order */
-                    assert_memory_equal((const uint32_t *)rp.data + r * words, (const uint32_t *)orig.data + r * words, (size_t)words * 4);
+                    assert_memory_equal((const uint32_t *)rp.w.data + r * words, (const uint32_t *)orig.data + r * words, (size_t)words * 4);
             }
             assert_true(moved > 0);
             float *a = malloc((size_t)cols * sizeof *a), *b = malloc((size_t)cols * sizeof *b);
@@ -563,6 +602,7 @@ static void test_q4_rows16(void **state) {
             free_weight(&orig);
             free_weight(&rp);
         }
+    assert_true(inline8 >= 3 && apart8 >= 1);
     /* The AVX2 level's kernels without AVX-VNNI (4-bit: vpmaddubsw, 8-bit: vpmaddwd), where the
      * CPU has it. */
     if (cpu_kernels_for(CPU_LEVEL_AVX2) && cpu_avx2_vnni()) {

@@ -378,6 +378,9 @@ static void check_placement(const tiny_spec *spec, const char *name, int ls, int
     if (spec->tie && placed.has_head) {
         assert_ptr_equal(placed.lm_head.data, placed.embed.data);
         assert_int_equal(placed.lm_head.layout, placed.embed.layout); /* one matrix, one layout */
+        assert_ptr_equal(placed.lm_head.scales, placed.embed.scales);
+        assert_ptr_equal(placed.lm_head.biases, placed.embed.biases);
+        assert_int_equal(placed.lm_head.group_stride, placed.embed.group_stride);
     }
     /* Which 4-bit matrices were interleaved: those the AVX-512 kernels prefer (128-multiple
      * columns, >= 16 rows), the untied embedding (row lookups only) never. */
@@ -385,9 +388,15 @@ static void check_placement(const tiny_spec *spec, const char *name, int ls, int
         const layer_weights *l = &placed.layers[i], *m = &mapped.layers[i];
         if (!l->is_moe)
             assert_int_equal(l->w_down.layout == WEIGHT_LAYOUT_MLX_ROWS16, cpu_weight_prefers_rows16(&m->w_down));
-        for (int e = 0; l->is_moe && e < c.n_experts; e++)
+        /* 8-bit: scales and biases inline where a checkpoint's three tensors lay side by side (a
+         * dense matrix), apart in a slice of stacked experts (layout.c) */
+        if (!l->is_moe && l->w_down.layout == WEIGHT_LAYOUT_MLX_ROWS16)
+            assert_int_equal(l->w_down.group_stride != 0, l->w_down.bits == 8);
+        for (int e = 0; l->is_moe && e < c.n_experts; e++) {
             assert_int_equal(l->expert_down[e].layout == WEIGHT_LAYOUT_MLX_ROWS16,
                              cpu_weight_prefers_rows16(&m->expert_down[e]));
+            assert_int_equal(l->expert_down[e].group_stride, 0);
+        }
     }
     if (!spec->tie && placed.has_embed) assert_int_equal(placed.embed.layout, WEIGHT_LAYOUT_MLX);
     if (placed.has_head)
@@ -435,6 +444,15 @@ static void test_weights_placement(void **s) {
     tiny_spec q4moe = moe;
     q4moe.dim = 128, q4moe.moe_inter = 128, q4moe.inter = 128, q4moe.experts = 3;
     check_placement(&q4moe, "place_q4_moe", 0, 0);
+    /* 8-bit (48 rows of vocab: whole blocks): scales inline, the tied embedding looking its rows
+     * up in the moved bytes; stacked experts keep them apart. */
+    tiny_spec q8 = q4;
+    q8.quant_bits = 8, q8.vocab = 48, q8.tie = 1;
+    check_placement(&q8, "place_q8_tied", 0, 0);
+    check_placement(&q8, "place_q8_tied_stage", 1, 2);
+    tiny_spec q8moe = q4moe;
+    q8moe.quant_bits = 8;
+    check_placement(&q8moe, "place_q8_moe", 0, 0);
 }
 
 int main(void) {

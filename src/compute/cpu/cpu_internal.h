@@ -64,14 +64,18 @@ static inline int cpu_mlx_x_planes8(const cpu_kernels *k, const weight_matrix *w
 
 /* Where block b (rows 16b..16b+15) of a 16-row interleaved matrix (WEIGHT_LAYOUT_MLX_ROWS16,
  * layout.c) keeps its weight lines, scales and biases, for the kernels of every level that reads
- * the layout (they walk blocks and groups the same way and differ only in the dot products). */
+ * the layout (they walk blocks and groups the same way and differ only in the dot products).
+ * Read them through cpu_rows16_lines / _scales / _biases: with the matrix's group_stride the
+ * scales and biases of each group follow its lines, and the three walk with one stride. */
 typedef struct cpu_rows16_block {
-    const uint8_t *lines;           /* group g's 64-byte lines at g * group_bytes */
-    const uint8_t *scales, *biases; /* group g of row 16b+l: element 16g + l */
+    const uint8_t *lines;           /* group g's 64-byte lines at g * stride */
+    const uint8_t *scales, *biases; /* group g's 16 (one per row of the block) at g * sstride */
     size_t group_bytes;             /* 16 rows x group_size values: 2 * group_size * bits */
+    size_t stride, sstride;         /* bytes from group g to g + 1 in the lines and in the scales */
     size_t esize;                   /* bytes per scale */
     size_t ahead, sahead;           /* software prefetch distance in the lines and in the scales */
     int biases_streamed;            /* 0: a zero_point matrix, whose biases come from its scales */
+    int side_inline;                /* the scales and biases lie inside the lines' stream */
     int to_l2;                      /* prefetch into L2 only (prefetcht1); 0 from cpu_rows16_block_at:
                                        the kernel sets it from cpu_matvec_prefetch_l2() */
 } cpu_rows16_block;
@@ -79,18 +83,33 @@ typedef struct cpu_rows16_block {
 static inline cpu_rows16_block cpu_rows16_block_at(const weight_matrix *w, int64_t b, size_t ahead) {
     int64_t groups = w->cols / w->group_size;
     size_t esize = dtype_size(w->scale_dtype), group_bytes = 2 * (size_t)w->group_size * (size_t)w->bits;
+    size_t stride = w->group_stride ? w->group_stride : group_bytes;
+    size_t sstride = w->group_stride ? w->group_stride : 16 * esize;
     cpu_rows16_block k = {
-        .lines = (const uint8_t *)w->data + (size_t)(b * groups) * group_bytes,
-        .scales = (const uint8_t *)w->scales + (size_t)(b * 16 * groups) * esize,
-        .biases = (const uint8_t *)w->biases + (size_t)(b * 16 * groups) * esize,
+        .lines = (const uint8_t *)w->data + (size_t)(b * groups) * stride,
+        .scales = (const uint8_t *)w->scales + (size_t)(b * groups) * sstride,
+        .biases = (const uint8_t *)w->biases + (size_t)(b * groups) * sstride,
         .group_bytes = group_bytes,
+        .stride = stride,
+        .sstride = sstride,
         .esize = esize,
         .ahead = ahead,
-        /* the scales and biases stream at 16 * esize bytes per group_bytes of lines */
-        .sahead = ahead ? ((ahead * 16 * esize / group_bytes + 63) & ~(size_t)63) : 0,
+        /* separate scales and biases stream at 16 * esize bytes per group_bytes of lines */
+        .sahead = ahead && !w->group_stride ? ((ahead * 16 * esize / group_bytes + 63) & ~(size_t)63) : 0,
         .biases_streamed = !w->zero_point,
+        .side_inline = w->group_stride != 0,
     };
     return k;
+}
+
+static inline const uint8_t *cpu_rows16_lines(const cpu_rows16_block *k, int64_t g) {
+    return k->lines + (size_t)g * k->stride;
+}
+static inline const uint8_t *cpu_rows16_scales(const cpu_rows16_block *k, int64_t g) {
+    return k->scales + (size_t)g * k->sstride;
+}
+static inline const uint8_t *cpu_rows16_biases(const cpu_rows16_block *k, int64_t g) {
+    return k->biases + (size_t)g * k->sstride;
 }
 
 /* Software prefetch of the 64-byte line holding p into L1 (prefetcht0) or into L2 only
@@ -117,20 +136,22 @@ static inline void cpu_prefetch_l2(const void *p) {
 
 /* Prefetches group g's lines and its scales and biases k->ahead / k->sahead bytes on, into L1
  * (prefetcht0) or, with k->to_l2, into L2 (prefetcht1): the hardware prefetchers alone leave the
- * core stalled at page boundaries (cpu_matvec_prefetch). */
+ * core stalled at page boundaries (cpu_matvec_prefetch). Inline scales and biases come with the
+ * group's whole stride. */
 static inline void cpu_rows16_prefetch(const cpu_rows16_block *k, int64_t g) {
     if (!k->ahead) return;
-    const uint8_t *p = k->lines + (size_t)g * k->group_bytes + k->ahead;
-    size_t so = (size_t)g * 16 * k->esize + k->sahead; /* biases: NULL when not streamed */
+    const uint8_t *p = cpu_rows16_lines(k, g) + k->ahead;
     if (k->to_l2) {
-        for (size_t o = 0; o < k->group_bytes; o += 64) cpu_prefetch_l2(p + o);
-        cpu_prefetch_l2(k->scales + so);
-        if (k->biases_streamed) cpu_prefetch_l2(k->biases + so);
+        for (size_t o = 0; o < k->stride; o += 64) cpu_prefetch_l2(p + o);
+        if (k->side_inline) return;
+        cpu_prefetch_l2(cpu_rows16_scales(k, g) + k->sahead);
+        if (k->biases_streamed) cpu_prefetch_l2(cpu_rows16_biases(k, g) + k->sahead);
         return;
     }
-    for (size_t o = 0; o < k->group_bytes; o += 64) cpu_prefetch_l1(p + o);
-    cpu_prefetch_l1(k->scales + so);
-    if (k->biases_streamed) cpu_prefetch_l1(k->biases + so);
+    for (size_t o = 0; o < k->stride; o += 64) cpu_prefetch_l1(p + o);
+    if (k->side_inline) return;
+    cpu_prefetch_l1(cpu_rows16_scales(k, g) + k->sahead);
+    if (k->biases_streamed) cpu_prefetch_l1(cpu_rows16_biases(k, g) + k->sahead);
 }
 
 /* The largest |xq| of the int16 activations of w for level k's kernels (see matvec_input). */

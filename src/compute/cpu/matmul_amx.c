@@ -237,10 +237,11 @@ TAMX INLINE void amx_b_split(__m512 f0, __m512 f1, __m512i pair, uint16_t *bh, u
  * bias costs an and, a conversion and an fma. bits is a constant at each call (unrolled). */
 TAMX INLINE void amx_b_step_bits(const weight_matrix *w, const cpu_rows16_block *blk, int64_t s,
                                  uint16_t *bh, __m512i pair, const int bits) {
-    int64_t g = 32 * s / w->group_size;
-    __m512 sc = scales_load16(w->scale_dtype, blk->scales, g * 16, 0xffff);
+    int64_t g = 32 * s / w->group_size, sg = s - g * (w->group_size / 32); /* step sg of group g */
+    __m512 sc = scales_load16(w->scale_dtype, cpu_rows16_scales(blk, g), 0, 0xffff);
     __m512 bi = w->zero_point ? _mm512_mul_ps(sc, _mm512_set1_ps(-(float)w->zero_point))
-                              : scales_load16(w->scale_dtype, blk->biases, g * 16, 0xffff);
+                              : scales_load16(w->scale_dtype, cpu_rows16_biases(blk, g), 0, 0xffff);
+    const uint8_t *lines = cpu_rows16_lines(blk, g) + 64 * (size_t)(bits * sg);
     uint16_t *bl = bh + 512;
     const int per = 32 / bits, pairs = 16 / bits;
     __m512 scp[8];
@@ -248,7 +249,7 @@ TAMX INLINE void amx_b_step_bits(const weight_matrix *w, const cpu_rows16_block 
     for (int p = 0; p < per; p++) scp[p] = _mm512_mul_ps(sc, _mm512_set1_ps(1.0f / (float)(1u << (p * bits))));
 #pragma GCC unroll 8
     for (int i = 0; i < bits; i++) {
-        __m512i v = _mm512_loadu_si512(blk->lines + 64 * (bits * s + i));
+        __m512i v = _mm512_loadu_si512(lines + 64 * i);
 #pragma GCC unroll 4
         for (int j = 0; j < pairs; j++) {
             const __m512i m0 = _mm512_set1_epi32((int)(((1u << bits) - 1) << (2 * bits * j)));
@@ -369,11 +370,16 @@ static void amx_pf_unit(const amx_job *job, int64_t u, int64_t u1, int64_t s0, i
         cpu_rows16_block blk = cpu_rows16_block_at(w, b0 + k, 0);
         size_t step_bytes = 64 * (size_t)w->bits;
         int64_t g0 = 32 * s0 / w->group_size, g1 = (32 * (s0 + ns) + w->group_size - 1) / w->group_size;
+        if (blk.side_inline) { /* whole groups: their lines, scales and biases are one range */
+            pf->p[pf->n] = cpu_rows16_lines(&blk, g0), pf->len[pf->n++] = (size_t)(g1 - g0) * blk.stride;
+            lines += (size_t)(g1 - g0) * blk.stride / 64;
+            continue;
+        }
         pf->p[pf->n] = blk.lines + (size_t)s0 * step_bytes, pf->len[pf->n++] = (size_t)ns * step_bytes;
-        pf->p[pf->n] = blk.scales + (size_t)g0 * 16 * blk.esize, pf->len[pf->n++] = (size_t)(g1 - g0) * 16 * blk.esize;
+        pf->p[pf->n] = cpu_rows16_scales(&blk, g0), pf->len[pf->n++] = (size_t)(g1 - g0) * blk.sstride;
         if (blk.biases_streamed)
-            pf->p[pf->n] = blk.biases + (size_t)g0 * 16 * blk.esize, pf->len[pf->n++] = (size_t)(g1 - g0) * 16 * blk.esize;
-        lines += (size_t)ns * step_bytes / 64 + 2 * ((size_t)(g1 - g0) * 16 * blk.esize / 64 + 1);
+            pf->p[pf->n] = cpu_rows16_biases(&blk, g0), pf->len[pf->n++] = (size_t)(g1 - g0) * blk.sstride;
+        lines += (size_t)ns * step_bytes / 64 + 2 * ((size_t)(g1 - g0) * blk.sstride / 64 + 1);
     }
     pf->per = (int)((lines + (size_t)(ntt * ns) - 1) / (size_t)(ntt * ns));
 }

@@ -181,8 +181,8 @@ T256 INLINE __m256 scales_load8(dtype t, const void *p, int64_t i) {
 T256 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in, const cpu_rows16_block *blk,
                                   int64_t g, int h, const __m256i *dot, __m256 *acc, const int nt) {
     int64_t groups = w->cols / w->group_size;
-    __m256 sc = scales_load8(w->scale_dtype, blk->scales, g * 16 + 8 * h);
-    __m256 bi = scales_load8(w->scale_dtype, blk->biases, g * 16 + 8 * h);
+    __m256 sc = scales_load8(w->scale_dtype, cpu_rows16_scales(blk, g), 8 * h);
+    __m256 bi = scales_load8(w->scale_dtype, cpu_rows16_biases(blk, g), 8 * h);
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) {
         __m256 sv = _mm256_mul_ps(sc, _mm256_set1_ps(in->xscale[t * groups + g]));
@@ -237,7 +237,7 @@ T256 INLINE void mlx4_group_maddubs(const weight_matrix *w, const matvec_input *
     int64_t kpg = gs / 8; /* 4, 8, 16 lines per group: even */
     const __m256i m0f = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), by256 = _mm256_set1_epi16(256);
     const int nh = nt <= 2 ? 2 : 1, hp = nt == 1 ? 2 : 1; /* lines per hi widening, halves per step */
-    const uint8_t *wg = blk->lines + (size_t)g * blk->group_bytes;
+    const uint8_t *wg = cpu_rows16_lines(blk, g);
     int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
     for (int h0 = 0; h0 < 2; h0 += hp) {
         __m256i a32[2][CPU_MATVEC_MAX_TOKENS]; /* 256*hi + lo so far */
@@ -280,7 +280,7 @@ T256 INLINE void mlx4_group_vnni(const weight_matrix *w, const matvec_input *in,
     int64_t kpg = gs / 8; /* 4, 8, 16 lines per group */
     const __m256i m0f = _mm256_set1_epi8(0x0f);
     const int hp = nt <= 2 ? 2 : 1, nc = nt == 1 ? 2 : 1; /* halves per step, chains */
-    const uint8_t *wg = blk->lines + (size_t)g * blk->group_bytes;
+    const uint8_t *wg = cpu_rows16_lines(blk, g);
     int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + ((v0 & 127) >> 1);
     for (int h0 = 0; h0 < 2; h0 += hp) {
         __m256i ah[2][CPU_MATVEC_MAX_TOKENS][2], al[2][CPU_MATVEC_MAX_TOKENS][2];
@@ -355,7 +355,7 @@ T256 INLINE void mlx8_group(const weight_matrix *w, const matvec_input *in, cons
     int64_t cols = w->cols, gs = w->group_size;
     int64_t kpg = gs / 4; /* lines per group: 8, 16, 32 */
     const int qp = nt <= 2 ? 4 : 2, nc = vnni && nt == 1 ? 2 : 1; /* quarters per step, chains */
-    const uint8_t *wg = blk->lines + (size_t)g * blk->group_bytes;
+    const uint8_t *wg = cpu_rows16_lines(blk, g);
     for (int q0 = 0; q0 < 4; q0 += qp) {
         __m256i a[4][CPU_MATVEC_MAX_TOKENS][2];
 #pragma GCC unroll 4
@@ -518,8 +518,9 @@ T256 static void avx2_dequant(const weight_matrix *w, int64_t r, int64_t c0, int
     /* 8 values are `bits` bytes; in a 16-row interleaved block a row's words are 16 apart
      * (weight_mlx_word), 64 bytes: 8 values are one word at 4 bits, two words at 8 bits */
     const int strided = w->layout == WEIGHT_LAYOUT_MLX_ROWS16 && r < (w->rows & ~(int64_t)15);
-    const uint8_t *q = (const uint8_t *)((const uint32_t *)w->data + weight_mlx_word(w, r, c0 * w->bits / 32));
     for (int64_t c = 0; c < len; c += gs) {
+        /* group by group: with inline scales and biases (group_stride) a row's groups are apart */
+        const uint8_t *q = (const uint8_t *)((const uint32_t *)w->data + weight_mlx_word(w, r, (c0 + c) * w->bits / 32));
         int64_t g = weight_mlx_group(w, r, (c0 + c) / gs);
         __m256 s = _mm256_set1_ps(cpu_scale_at(w->scale_dtype, w->scales, g));
         __m256 b = _mm256_set1_ps(cpu_scale_at(w->scale_dtype, w->biases, g));

@@ -362,8 +362,8 @@ T512 INLINE void rows16_group_end(const weight_matrix *w, const matvec_input *in
             ah[t][0] = _mm512_add_epi32(ah[t][0], ah[t][j]);
             al[t][0] = _mm512_add_epi32(al[t][0], al[t][j]);
         }
-    __m512 sc = scales_load16(w->scale_dtype, blk->scales, g * 16, 0xffff);
-    __m512 bi = biases_load16(w, blk->biases, g * 16, 0xffff, sc);
+    __m512 sc = scales_load16(w->scale_dtype, cpu_rows16_scales(blk, g), 0, 0xffff);
+    __m512 bi = biases_load16(w, cpu_rows16_biases(blk, g), 0, 0xffff, sc);
 #pragma GCC unroll 8
     for (int t = 0; t < nt; t++) {
         __m512i a = _mm512_add_epi32(_mm512_slli_epi32(ah[t][0], 8), al[t][0]);
@@ -410,7 +410,7 @@ T512 INLINE void rows16_group(const weight_matrix *w, const matvec_input *in, co
     /* Vectors per step: 4-bit 2 at 4 chains (each feeds two, its even and its odd nibbles), else
      * 1; 8-bit one per chain. */
     const int step = bits == 4 ? (nc == 4 ? 2 : 1) : nc;
-    const uint8_t *wg = blk->lines + (size_t)g * blk->group_bytes;
+    const uint8_t *wg = cpu_rows16_lines(blk, g);
     cpu_rows16_prefetch(blk, g);
     int64_t v0 = g * gs, xoff = 256 * (v0 >> 7) + (v0 & 127) * bits / 8;
     __m512i ah[CPU_MATVEC_MAX_TOKENS][4], al[CPU_MATVEC_MAX_TOKENS][4];
@@ -541,8 +541,9 @@ T512 static void avx512_dequant(const weight_matrix *w, int64_t r, int64_t c0, i
     /* 32 values are `bits` words; in a 16-row interleaved block (4- or 8-bit) a row's words are
      * 16 apart and its scales too (weight_mlx_word / weight_mlx_group) */
     const int strided = row_strided(w, r);
-    const uint32_t *q = (const uint32_t *)w->data + weight_mlx_word(w, r, c0 * w->bits / 32);
     for (int64_t c = 0; c < len; c += gs) {
+        /* group by group: with inline scales and biases (group_stride) a row's groups are apart */
+        const uint32_t *q = (const uint32_t *)w->data + weight_mlx_word(w, r, (c0 + c) * w->bits / 32);
         int64_t g = weight_mlx_group(w, r, (c0 + c) / gs);
         __m512 s = scales_load16(w->scale_dtype, w->scales, g, 1);
         __m512 b = scales_load16(w->scale_dtype, w->biases, g, 1);

@@ -46,7 +46,7 @@
 
 int cpu_mlx4_exact_ok(const weight_matrix *w, int64_t n_tokens) {
     return w->format == WEIGHT_MLX_AFFINE && w->bits == 4 &&
-           (w->layout == WEIGHT_LAYOUT_MLX || w->layout == WEIGHT_LAYOUT_MLX_ROWS16) &&
+           (w->layout == WEIGHT_LAYOUT_MLX || w->layout == WEIGHT_LAYOUT_MLX_ROWS16) && !w->group_stride &&
            w->group_size % 32 == 0 && w->cols / w->group_size <= CPU_EXACT_MAX_GROUPS &&
            n_tokens >= 1 && n_tokens <= CPU_EXACT_MAX_TOKENS;
 }
