@@ -191,6 +191,57 @@ double bench_read_gbs(size_t bytes, int reps, double *median_gbs) {
     return (double)(n * sizeof(float)) / best * 1e-9;
 }
 
+/* A read probe interleaved with the work it is the ceiling of (the decode lines' "paired"
+ * roofline, bench_model.c): on a shared VM the host's bandwidth swings within seconds (the
+ * 2-thread probe read 32-57 GB/s from one run to the next here, and one decode ran at 146% of
+ * the probe taken after it), so a probe before or after a measurement can be another host.
+ * One sweep between decode steps sees the same host as the steps around it. */
+typedef struct bench_probe {
+    mem_job job;
+    size_t bytes;
+    double seconds[2]; /* summed per loop: the AVX-512 one, the compiler's */
+    int sweeps;
+} bench_probe;
+
+/* A probe over a fresh array of `bytes` (2 MiB pages, first touched), or NULL. */
+bench_probe *bench_probe_open(size_t bytes) {
+    bench_probe *p = calloc(1, sizeof *p);
+    const size_t huge = (size_t)2 << 20, len = (bytes + huge - 1) & ~(huge - 1);
+    if (!p || !(p->job.a = aligned_alloc(huge, len))) {
+        free(p);
+        return NULL;
+    }
+#ifdef MADV_HUGEPAGE
+    madvise(p->job.a, len, MADV_HUGEPAGE);
+#endif
+    p->job.n = bytes / sizeof(float);
+    p->bytes = p->job.n * sizeof(float);
+    threadpool_parallel_for(cpu_thread_pool(), (int64_t)p->job.n, fill_range, &p->job);
+    return p;
+}
+
+/* One sweep with each loop, all threads. */
+void bench_probe_sweep(bench_probe *p) {
+    for (int loop = 0; loop < 2; loop++) {
+        p->job.plain_loop = loop;
+        uint64_t t0 = bench_now_ns();
+        run_read(&p->job);
+        p->seconds[loop] += seconds(bench_now_ns() - t0);
+    }
+    p->sweeps++;
+}
+
+/* GB/s of the faster loop over every sweep so far (as bench_read_gbs takes the faster), 0 if none. */
+double bench_probe_gbs(const bench_probe *p) {
+    double t = p->seconds[0] < p->seconds[1] ? p->seconds[0] : p->seconds[1];
+    return p->sweeps && t > 0 ? (double)p->bytes * p->sweeps / t * 1e-9 : 0;
+}
+
+void bench_probe_close(bench_probe *p) {
+    if (p) free(p->job.a);
+    free(p);
+}
+
 /* Returns the best read-only bandwidth in GB/s (0 on failure). */
 static double bench_memory(const bench_options *o) {
     double med = 0, read_gbs = bench_read_gbs(o->mem_bytes, o->reps, &med);

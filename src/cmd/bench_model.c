@@ -34,6 +34,11 @@ int bench_dist_main(const char *model_dir, int argc, char **argv);
 int bench_spec_main(const char *model_dir, const char *method, const int *ks, int n_k, int tg,
                     int reps, const char *device, const char *kv);
 double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *window);
+typedef struct bench_probe bench_probe; /* bench.c */
+bench_probe *bench_probe_open(size_t bytes);
+void bench_probe_sweep(bench_probe *p);
+double bench_probe_gbs(const bench_probe *p);
+void bench_probe_close(bench_probe *p);
 double bench_run_prefill(engine *e, int batch, int pp, int vocab, int salt, engine_stats *window);
 double bench_read_gbs(size_t bytes, int reps, double *median_gbs);
 double bench_mlx_matmul_gflops(int bits, int group_size, int64_t n, int64_t tokens);
@@ -243,8 +248,9 @@ static double run_prefill(engine *e, int pp, int vocab, int salt) {
 }
 
 /* B streams of tg tokens after a 16-token prompt; returns decode tok/s (all streams). window
- * (may be NULL): the engine's steps and step/communication time in the decode window. */
-double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *window) {
+ * (may be NULL): the engine's steps and step/communication time in the decode window. probe
+ * (may be NULL): swept once after every decode step, its time left out of the decode's. */
+static double run_decode(engine *e, int batch, int tg, int vocab, engine_stats *window, bench_probe *probe) {
     engine_stats s0 = {0}, s1;
     char err[256];
     int32_t p[16];
@@ -261,10 +267,11 @@ double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *w
     }
     engine_event ev[256];
     int first = 0, decoded = 0;
-    uint64_t t0 = 0;
+    uint64_t t0 = 0, probing = 0; /* ns spent in the probe since t0 */
     while (engine_pending(e)) {
         int n = engine_step(e, ev, 256);
         if (n < 0) return 0;
+        int in_window = first == batch;
         for (int i = 0; i < n; i++) {
             if (ev[i].token < 0) continue;
             if (first < batch) {
@@ -276,8 +283,13 @@ double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *w
                 decoded++;
             }
         }
+        if (probe && in_window && engine_pending(e)) {
+            uint64_t p0 = clock_now_ns();
+            bench_probe_sweep(probe);
+            probing += clock_now_ns() - p0;
+        }
     }
-    double t = (double)(clock_now_ns() - t0) * 1e-9;
+    double t = (double)(clock_now_ns() - t0 - probing) * 1e-9;
     if (window) {
         engine_get_stats(e, &s1);
         *window = s1;
@@ -286,6 +298,29 @@ double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *w
         window->comm_ns -= s0.comm_ns;
     }
     return t > 0 ? decoded / t : 0;
+}
+
+double bench_run_decode(engine *e, int batch, int tg, int vocab, engine_stats *window) {
+    return run_decode(e, batch, tg, vocab, window, NULL);
+}
+
+/* One more decode of b streams with a 1 GiB read probe swept between its steps
+ * (bench_probe_sweep): its rate against the roofline at the probe's bandwidth, both measured in
+ * the same seconds of the host. The line above compares the best of the reps with the better of
+ * two probes taken apart from them, which on a busy shared host can be another host. */
+static void print_paired_decode(engine *e, const model_costs *mc, int b, int tg, int vocab, const char *kv,
+                                double peak) {
+    bench_probe *probe = bench_probe_open((size_t)1 << 30);
+    if (!probe) return;
+    steal_mark sm = steal_now();
+    double rate = run_decode(e, b, tg, vocab, NULL, probe), gbs = bench_probe_gbs(probe);
+    bench_probe_close(probe);
+    if (rate <= 0 || gbs <= 0) return;
+    roofline rl = roofline_for(mc, b, 16 + tg / 2.0, kv, gbs, peak);
+    printf("decode  tg%-5d b%-2d: %8.1f tok/s  paired roofline %8.1f tok/s (probe between the "
+           "steps: %.1f GB/s) = %5.1f%% | steal %.1f%%\n", tg, b, rate, rl.rate, gbs,
+           rl.rate > 0 ? 100 * rate / rl.rate : 0, steal_pct_since(sm));
+    fflush(stdout);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -686,6 +721,7 @@ int bench_model_main(const char *model_dir, int argc, char **argv, double read_g
         }
         printf(" | steal %.1f%%\n", steal_pct_since(sm));
         fflush(stdout);
+        if (!on_gpu) print_paired_decode(e, &mc, b, tg, cfg.vocab_size, kv, peak);
     }
     ceilings ceil = {.mc = &mc, .kv = kv, .read_gbs = read_gbs, .peak = peak, .int_peak = decode_peak};
     for (int i = 0; i < n_streams; i++) {

@@ -428,16 +428,24 @@ void cpu_matvec_set_q4_planes(int on) {
     atomic_store(&matvec_q4_planes, on ? 1 : 0);
 }
 
+/* The x86 CPU's vendor from CPUID leaf 0 (ebx, edx, ecx spell it): 'I' GenuineIntel, 'A'
+ * AuthenticAMD, 0 anything else (and every other architecture). */
+static int cpu_vendor(void) {
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    if (b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu) return 'I';
+    if (b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u) return 'A';
+#endif
+    return 0;
+}
+
 static _Atomic int matvec_prefetch_l2 = -1;
 
 int cpu_matvec_prefetch_l2(void) {
     int v = atomic_load_explicit(&matvec_prefetch_l2, memory_order_relaxed);
     if (v < 0) {
-        v = 0;
-#if defined(__x86_64__)
-        unsigned a, b, c, d; /* vendor "GenuineIntel" in ebx, edx, ecx */
-        if (__get_cpuid(0, &a, &b, &c, &d)) v = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;
-#endif
+        v = cpu_vendor() == 'I';
         const char *e = getenv("EXO_MATVEC_PREFETCH_L2");
         if (e && (!strcmp(e, "0") || !strcmp(e, "1"))) v = e[0] == '1';
         atomic_store(&matvec_prefetch_l2, v);
@@ -469,7 +477,7 @@ int cpu_matvec_streams(void) {
     int v = atomic_load_explicit(&matvec_streams, memory_order_relaxed);
     if (v < 0) {
         const char *e = getenv("EXO_MATVEC_STREAMS");
-        v = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : 2;
+        v = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4")) ? atoi(e) : cpu_vendor() == 'A' ? 1 : 2;
         atomic_store(&matvec_streams, v);
     }
     return v;

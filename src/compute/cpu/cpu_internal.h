@@ -70,8 +70,8 @@ static inline int cpu_mlx_x_planes8(const cpu_kernels *k, const weight_matrix *w
 typedef struct cpu_rows16_block {
     const uint8_t *lines;           /* group g's 64-byte lines at g * stride */
     const uint8_t *scales, *biases; /* group g's 16 (one per row of the block) at g * sstride */
-    size_t group_bytes;             /* 16 rows x group_size values: 2 * group_size * bits */
-    size_t stride, sstride;         /* bytes from group g to g + 1 in the lines and in the scales */
+    size_t stride, sstride;         /* bytes from group g to g + 1 in the lines and in the scales:
+                                       2 * group_size * bits and 16 * esize, or both group_stride */
     size_t esize;                   /* bytes per scale */
     size_t ahead, sahead;           /* software prefetch distance in the lines and in the scales */
     int biases_streamed;            /* 0: a zero_point matrix, whose biases come from its scales */
@@ -89,7 +89,6 @@ static inline cpu_rows16_block cpu_rows16_block_at(const weight_matrix *w, int64
         .lines = (const uint8_t *)w->data + (size_t)(b * groups) * stride,
         .scales = (const uint8_t *)w->scales + (size_t)(b * groups) * sstride,
         .biases = (const uint8_t *)w->biases + (size_t)(b * groups) * sstride,
-        .group_bytes = group_bytes,
         .stride = stride,
         .sstride = sstride,
         .esize = esize,
@@ -247,8 +246,9 @@ extern const cpu_kernels cpu_kernels_neon_dotprod;
 size_t cpu_matvec_prefetch(void);
 
 /* 16-row blocks in flight per thread in the interleaved kernels at 1-2 tokens (mlx_rows16 of the
- * AVX-512 and AVX2 levels): EXO_MATVEC_STREAMS=1|2|4, read once, default 2. One core follows
- * two streams of lines further ahead than one (docs/kernels.md). */
+ * AVX-512 and AVX2 levels): EXO_MATVEC_STREAMS=1|2|4, read once, default 2, and 1 on AMD. An
+ * Intel core follows two streams of lines further ahead than one; on AMD Zen 4 one stream per
+ * thread read more (docs/kernels.md, bench/RESULTS.md issue 25). */
 int cpu_matvec_streams(void);
 
 /* Thread-local scratch memory, 64-byte aligned, grown on demand and kept for the thread's life
