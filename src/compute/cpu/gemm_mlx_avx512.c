@@ -239,23 +239,35 @@ T512 static weight_matrix rows_in_mlx_order(const weight_matrix *w, int64_t b0, 
     uint32_t *d = mem;
     uint8_t *sc = (uint8_t *)(d + n * words), *bi = sc + (size_t)(n * groups) * es;
     int64_t per_group = words / groups; /* a row's words per group: 4 to 32 */
+    /* between a row's groups: words and scales, in MLX order, interleaved, and interleaved with
+     * inline scales (weight_matrix.group_stride) */
+    int64_t gstep = w->group_stride ? (int64_t)w->group_stride / 4 : 16 * per_group;
+    int64_t sstep = w->group_stride ? (int64_t)(w->group_stride / es) : 16;
     for (int64_t r = b0; r < b1; r++) {
+        const uint32_t *src = (const uint32_t *)w->data + weight_mlx_word(w, r, 0);
         uint32_t *dst = d + (r - b0) * words;
-        int64_t to = (r - b0) * groups;
-        for (int64_t g = 0; g < groups; g++) {
-            const uint32_t *src = (const uint32_t *)w->data + weight_mlx_word(w, r, g * per_group);
-            if (row_strided(w, r) && per_group >= 16)
-                for (int64_t j = 0; j < per_group; j += 16)
-                    _mm512_storeu_si512(dst + g * per_group + j, rows16_words16(src + 16 * j));
-            else if (row_strided(w, r) && per_group == 8)
-                _mm256_storeu_si256((__m256i *)(dst + g * per_group), rows16_words8(src));
-            else if (row_strided(w, r)) /* 4 */
-                _mm_storeu_si128((__m128i *)(dst + g * per_group), rows16_words4(src));
-            else
-                memcpy(dst + g * per_group, src, (size_t)per_group * 4);
-            int64_t at = weight_mlx_group(w, r, g);
-            memcpy(sc + (size_t)(to + g) * es, (const uint8_t *)w->scales + (size_t)at * es, es);
-            memcpy(bi + (size_t)(to + g) * es, (const uint8_t *)w->biases + (size_t)at * es, es);
+        int strided = row_strided(w, r);
+        if (!strided) {
+            memcpy(dst, src, (size_t)words * 4);
+        } else if (!w->group_stride) { /* one row's words every 16th over the whole block */
+            for (int64_t j = 0; j < words; j += 16) _mm512_storeu_si512(dst + j, rows16_words16(src + 16 * j));
+        } else {
+            for (int64_t g = 0; g < groups; g++, src += gstep, dst += per_group) {
+                if (per_group >= 16)
+                    for (int64_t j = 0; j < per_group; j += 16) _mm512_storeu_si512(dst + j, rows16_words16(src + 16 * j));
+                else if (per_group == 8) _mm256_storeu_si256((__m256i *)dst, rows16_words8(src));
+                else _mm_storeu_si128((__m128i *)dst, rows16_words4(src));
+            }
+        }
+        int64_t first = weight_mlx_group(w, r, 0), step = strided ? sstep : 1, to = (r - b0) * groups;
+        if (es == 2) {
+            const uint16_t *s16 = (const uint16_t *)w->scales + first, *b16 = (const uint16_t *)w->biases + first;
+            for (int64_t g = 0; g < groups; g++)
+                ((uint16_t *)sc)[to + g] = s16[g * step], ((uint16_t *)bi)[to + g] = b16[g * step];
+        } else {
+            const uint32_t *s32 = (const uint32_t *)w->scales + first, *b32 = (const uint32_t *)w->biases + first;
+            for (int64_t g = 0; g < groups; g++)
+                ((uint32_t *)sc)[to + g] = s32[g * step], ((uint32_t *)bi)[to + g] = b32[g * step];
         }
     }
     weight_matrix v = *w;

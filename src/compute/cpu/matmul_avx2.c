@@ -518,9 +518,10 @@ T256 static void avx2_dequant(const weight_matrix *w, int64_t r, int64_t c0, int
     /* 8 values are `bits` bytes; in a 16-row interleaved block a row's words are 16 apart
      * (weight_mlx_word), 64 bytes: 8 values are one word at 4 bits, two words at 8 bits */
     const int strided = w->layout == WEIGHT_LAYOUT_MLX_ROWS16 && r < (w->rows & ~(int64_t)15);
-    for (int64_t c = 0; c < len; c += gs) {
-        /* group by group: with inline scales and biases (group_stride) a row's groups are apart */
-        const uint8_t *q = (const uint8_t *)((const uint32_t *)w->data + weight_mlx_word(w, r, (c0 + c) * w->bits / 32));
+    const uint8_t *q = (const uint8_t *)((const uint32_t *)w->data + weight_mlx_word(w, r, c0 * w->bits / 32));
+    /* bytes from the end of one group's words to the next group's: the inline scales and biases */
+    const int64_t gap = strided && w->group_stride ? (int64_t)w->group_stride - 2 * gs * w->bits : 0;
+    for (int64_t c = 0; c < len; c += gs, q += gap) {
         int64_t g = weight_mlx_group(w, r, (c0 + c) / gs);
         __m256 s = _mm256_set1_ps(cpu_scale_at(w->scale_dtype, w->scales, g));
         __m256 b = _mm256_set1_ps(cpu_scale_at(w->scale_dtype, w->biases, g));

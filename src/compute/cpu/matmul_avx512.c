@@ -541,9 +541,10 @@ T512 static void avx512_dequant(const weight_matrix *w, int64_t r, int64_t c0, i
     /* 32 values are `bits` words; in a 16-row interleaved block (4- or 8-bit) a row's words are
      * 16 apart and its scales too (weight_mlx_word / weight_mlx_group) */
     const int strided = row_strided(w, r);
-    for (int64_t c = 0; c < len; c += gs) {
-        /* group by group: with inline scales and biases (group_stride) a row's groups are apart */
-        const uint32_t *q = (const uint32_t *)w->data + weight_mlx_word(w, r, (c0 + c) * w->bits / 32);
+    const uint32_t *q = (const uint32_t *)w->data + weight_mlx_word(w, r, c0 * w->bits / 32);
+    /* words from the end of one group's to the next group's: the inline scales and biases */
+    const int64_t gap = strided && w->group_stride ? (int64_t)w->group_stride / 4 - gs * w->bits / 2 : 0;
+    for (int64_t c = 0; c < len; c += gs, q += gap) {
         int64_t g = weight_mlx_group(w, r, (c0 + c) / gs);
         __m512 s = scales_load16(w->scale_dtype, w->scales, g, 1);
         __m512 b = scales_load16(w->scale_dtype, w->biases, g, 1);
