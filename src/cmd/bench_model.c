@@ -11,7 +11,11 @@
  *     the better of the two peaks ("int-gemm roofline").
  *     The read bandwidth is probed before the run (bench.c) and again right after each
  *     decode measurement; the roofline uses the higher of the two, so a host whose memory got
- *     faster after the first probe does not inflate the fraction.
+ *     faster after the first probe does not inflate the fraction. On the CPU a second decode
+ *     line ("paired") runs one more decode with a 1 GiB read probe swept between its steps and
+ *     divides by that probe's bandwidth: both from the same seconds of the host, which on a
+ *     shared VM swings within seconds (bench/RESULTS.md, issue 25). Its probe splits statically
+ *     over threads, so on a host with stragglers it can read less than decode (above 100%).
  *     A GGUF model is converted at load (model/gguf_quant.h), so exo may read more bytes than
  *     the file holds; its decode lines also print the fraction of the roofline over the file's
  *     own bytes per token (what llama.cpp reads), the bar that compares formats fairly.
