@@ -163,22 +163,31 @@ static void fill_range(void *p, int64_t begin, int64_t end, int thread_index) {
     }
 }
 
-/* The read-only bandwidth of all threads over a fresh array of `bytes`: best of reps in GB/s
- * (the median in *median_gbs when not NULL); 0 when the memory cannot be had. The model bench
- * calls it again after its measurements (bench_model.c). */
-double bench_read_gbs(size_t bytes, int reps, double *median_gbs) {
+/* A fresh array of `bytes` of floats for the read probes, first touched by all threads, into
+ * job->a and job->n; 0, or -1 when the memory cannot be had. */
+static int probe_array(mem_job *job, size_t bytes) {
     size_t n = bytes / sizeof(float);
-    mem_job job = {.n = n};
     /* On 2 MiB pages like the weights arena (model/weights.c): with 4 KiB pages a VM pays a
      * nested page walk every 4 KiB, and the probe would read less than decode can. */
     const size_t huge = (size_t)2 << 20, len = (n * sizeof(float) + huge - 1) & ~(huge - 1);
     int huge_pages = !getenv("EXO_BENCH_SMALL_PAGES");
-    job.a = huge_pages ? aligned_alloc(huge, len) : malloc(n * sizeof(float));
-    if (!job.a) return 0;
+    job->a = huge_pages ? aligned_alloc(huge, len) : malloc(n * sizeof(float));
+    if (!job->a) return -1;
 #ifdef MADV_HUGEPAGE
-    if (huge_pages) madvise(job.a, len, MADV_HUGEPAGE);
+    if (huge_pages) madvise(job->a, len, MADV_HUGEPAGE);
 #endif
-    threadpool_parallel_for(cpu_thread_pool(), (int64_t)n, fill_range, &job); /* first touch */
+    job->n = n;
+    threadpool_parallel_for(cpu_thread_pool(), (int64_t)n, fill_range, job); /* first touch */
+    return 0;
+}
+
+/* The read-only bandwidth of all threads over a fresh array of `bytes`: best of reps in GB/s
+ * (the median in *median_gbs when not NULL); 0 when the memory cannot be had. The model bench
+ * calls it again after its measurements (bench_model.c). */
+double bench_read_gbs(size_t bytes, int reps, double *median_gbs) {
+    mem_job job = {0};
+    if (probe_array(&job, bytes)) return 0;
+    size_t n = job.n;
     double med, best = time_best(run_read, &job, reps, &med);
     /* The roofline is what the memory gives, so the faster of two loops counts: on this
      * session's Xeon VM the zmm loop read 32.0-32.6 GB/s and the compiler's (ymm) loop
@@ -203,20 +212,14 @@ typedef struct bench_probe {
     int sweeps;
 } bench_probe;
 
-/* A probe over a fresh array of `bytes` (2 MiB pages, first touched), or NULL. */
+/* A probe over a fresh array of `bytes` (probe_array), or NULL. */
 bench_probe *bench_probe_open(size_t bytes) {
     bench_probe *p = calloc(1, sizeof *p);
-    const size_t huge = (size_t)2 << 20, len = (bytes + huge - 1) & ~(huge - 1);
-    if (!p || !(p->job.a = aligned_alloc(huge, len))) {
+    if (!p || probe_array(&p->job, bytes)) {
         free(p);
         return NULL;
     }
-#ifdef MADV_HUGEPAGE
-    madvise(p->job.a, len, MADV_HUGEPAGE);
-#endif
-    p->job.n = bytes / sizeof(float);
     p->bytes = p->job.n * sizeof(float);
-    threadpool_parallel_for(cpu_thread_pool(), (int64_t)p->job.n, fill_range, &p->job);
     return p;
 }
 

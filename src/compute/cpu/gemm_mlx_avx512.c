@@ -239,9 +239,7 @@ T512 static weight_matrix rows_in_mlx_order(const weight_matrix *w, int64_t b0, 
     uint32_t *d = mem;
     uint8_t *sc = (uint8_t *)(d + n * words), *bi = sc + (size_t)(n * groups) * es;
     int64_t per_group = words / groups; /* a row's words per group: 4 to 32 */
-    /* between a row's groups: words and scales, in MLX order, interleaved, and interleaved with
-     * inline scales (weight_matrix.group_stride) */
-    int64_t gstep = w->group_stride ? (int64_t)w->group_stride / 4 : 16 * per_group;
+    /* an interleaved row's scales are 16 apart, or a unit apart with inline scales (group_stride) */
     int64_t sstep = w->group_stride ? (int64_t)(w->group_stride / es) : 16;
     for (int64_t r = b0; r < b1; r++) {
         const uint32_t *src = (const uint32_t *)w->data + weight_mlx_word(w, r, 0);
@@ -252,7 +250,7 @@ T512 static weight_matrix rows_in_mlx_order(const weight_matrix *w, int64_t b0, 
         } else if (!w->group_stride) { /* one row's words every 16th over the whole block */
             for (int64_t j = 0; j < words; j += 16) _mm512_storeu_si512(dst + j, rows16_words16(src + 16 * j));
         } else {
-            for (int64_t g = 0; g < groups; g++, src += gstep, dst += per_group) {
+            for (int64_t g = 0; g < groups; g++, src += w->group_stride / 4, dst += per_group) {
                 if (per_group >= 16)
                     for (int64_t j = 0; j < per_group; j += 16) _mm512_storeu_si512(dst + j, rows16_words16(src + 16 * j));
                 else if (per_group == 8) _mm256_storeu_si256((__m256i *)dst, rows16_words8(src));

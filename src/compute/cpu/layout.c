@@ -95,14 +95,13 @@ static int side_inline(weight_matrix *w) {
     size_t esize = dtype_size(w->scale_dtype), gb = 2 * (size_t)w->group_size * (size_t)w->bits;
     size_t side = 16 * esize, e = 2 * side, db = (size_t)n * gb, sb = (size_t)n * side;
     uint8_t *d = (uint8_t *)w->data, *sc = (uint8_t *)w->scales, *bi = (uint8_t *)w->biases;
-    uint8_t *lo = d < sc ? (d < bi ? d : bi) : (sc < bi ? sc : bi);
+    struct span { uint8_t *p; size_t n; } part[3] = {{d, db}, {sc, sb}, {bi, sb}}, t;
+    for (int i = 0; i < 2; i++) /* by address */
+        for (int j = 0; j < 2 - i; j++)
+            if (part[j].p > part[j + 1].p) t = part[j], part[j] = part[j + 1], part[j + 1] = t;
+    int fills = part[0].p + part[0].n == part[1].p && part[1].p + part[1].n == part[2].p;
+    uint8_t *lo = part[0].p;
     size_t o = (size_t)(d - lo);
-    /* the three fill [lo, lo + db + 2 sb) when the data is at 0, sb or 2 sb and the two side arrays
-     * take the rest: at 0, the side arrays at db and db + sb (either order); at sb, one before and
-     * one after; at 2 sb, both before */
-    int fills = (o == 0 && ((sc == d + db && bi == sc + sb) || (bi == d + db && sc == bi + sb))) ||
-                (o == sb && ((sc == lo && bi == d + db) || (bi == lo && sc == d + db))) ||
-                (o == 2 * sb && ((sc == lo && bi == sc + sb) || (bi == lo && sc == bi + sb)));
     if (!fills) return -1;
     uint8_t *sides = malloc(2 * sb);
     if (!sides) return -1;
