@@ -52,5 +52,16 @@ fi
 up=$(grep -E '^unit: ' "$build/unit.out" | awk '{print $2}'); uf=$(grep -E '^unit: ' "$build/unit.out" | awk '{print $4}')
 ep=$(grep -E '^e2e: ' "$build/e2e.out" | awk '{print $2}'); ef=$(grep -E '^e2e: ' "$build/e2e.out" | awk '{print $4}')
 echo
+# The failing tests of every pass, each with the end of its log, last: CI keeps only the tail of
+# this output, and a failure named far above it would be cut off.
+for out in "$build/unit.out" "$build/unit-avx2.out" build/aarch64/unit.out build/san/unit.out; do
+  [ -f "$out" ] || continue
+  for name in $(grep -E '^  [^ ]+ +FAIL \(' "$out" | awk '{print $1}'); do
+    echo "FAILED: $name in $out"
+    log="$(dirname "$out")/tests/$name.log"
+    [ -f "$log" ] && tail -15 "$log" | sed 's/^/    | /'
+  done
+done
+[ "$e2e_rc" -ne 0 ] && grep -E '^✖ ' "$build/e2e.log" 2>/dev/null | head -20 | sed 's/^/FAILED (e2e): /'
 echo "total: $(( ${up:-0} + ${ep:-0} + ${sp:-0} + ${ap:-0} + ${cp:-0} )) passed, $(( ${uf:-0} + ${ef:-0} + ${sf:-0} + ${af:-0} + ${cf:-0} )) failed"
 [ "$unit_rc" -eq 0 ] && [ "$e2e_rc" -eq 0 ] && [ "$san_rc" -eq 0 ] && [ "$avx2_rc" -eq 0 ] && [ "$cross_rc" -eq 0 ]
