@@ -59,7 +59,18 @@ for out in "$build/unit.out" "$build/unit-avx2.out" build/aarch64/unit.out build
   for name in $(grep -E '^  [^ ]+ +FAIL \(' "$out" | awk '{print $1}'); do
     echo "FAILED: $name in $out"
     log="$(dirname "$out")/tests/$name.log"
-    [ -f "$log" ] && tail -15 "$log" | sed 's/^/    | /'
+    [ -f "$log" ] || continue
+    # A cmocka group: each failing case's own lines (from its RUN to its verdict), which the
+    # group's later cases would push out of a plain tail; else the end of the log.
+    cases=$(grep -E '^\[  FAILED  \] [A-Za-z_0-9]+$' "$log" | awk '{print $4}' | sort -u)
+    if [ -n "$cases" ]; then
+      for c in $cases; do
+        awk -v c="$c" '$0 ~ "^\\[ RUN +\\] " c "$" {on=1} on {print} on && $0 ~ "^\\[ +(FAILED|ERROR|OK) +\\] " c "$" {exit}' "$log" |
+          tail -25 | sed 's/^/    | /'
+      done
+    else
+      tail -15 "$log" | sed 's/^/    | /'
+    fi
   done
 done
 [ "$e2e_rc" -ne 0 ] && grep -E '^✖ ' "$build/e2e.log" 2>/dev/null | head -20 | sed 's/^/FAILED (e2e): /'

@@ -520,9 +520,22 @@ struct Devices {
     std::vector<std::shared_ptr<gloo::transport::Device>> per_peer; /* fixed ports: one per peer */
 };
 
+/* Gloo's own lookup checks getaddrinfo(3) only for -1, so a name that does not resolve
+ * (EAI_NONAME is -2) makes it walk an uninitialized list and crash: resolve it here first. */
+void require_resolvable(const char *host) {
+    addrinfo hints = {}, *found = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(host, nullptr, &hints, &found);
+    if (rc != 0)
+        throw gloo::InvalidOperationException("bind host '" + std::string(host) +
+                                              "' does not resolve: " + gai_strerror(rc));
+    freeaddrinfo(found);
+}
+
 std::shared_ptr<gloo::transport::Context> make_transport(const dist_config *c, Devices &devs) {
     if (!c->transport || !strcmp(c->transport, "tcp")) {
         tcp::attr attr(c->bind_host ? c->bind_host : "127.0.0.1");
+        require_resolvable(attr.hostname.c_str());
         if (!c->port_base) {
             devs.shared = tcp::CreateDevice(attr);
             return devs.shared->createContext(c->rank, c->size);
@@ -633,6 +646,11 @@ void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
     }
     kv.set("addr/" + std::to_string(c->rank), mine.encode(addr_len));
 
+    /* Every record is read and checked, and every pair's address chosen, before any pair
+     * connects: a rank that stopped at a mismatch after connecting some pairs would break its
+     * peers' half-finished handshakes, and they would report a closed connection instead. */
+    std::vector<AddressRecord> records(size_t(c->size));
+    std::vector<std::vector<char>> dial(size_t(c->size));
     int ranks_on_host = 1;
     for (int p = 0; p < c->size; p++) {
         if (p == c->rank) continue;
@@ -645,17 +663,20 @@ void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
                                     std::to_string(g->timeout_ms) + " ms (" + gloo_message(e) +
                                     ")");
         }
-        AddressRecord theirs = AddressRecord::decode(blob, c->size, p);
-        if (theirs.allreduce_mode != mine.allreduce_mode)
+        records[p] = AddressRecord::decode(blob, c->size, p);
+        if (records[p].allreduce_mode != mine.allreduce_mode)
             throw gloo::InvalidOperationException(
                 "rank " + std::to_string(p) + " runs EXO_DIST_ALLREDUCE=" +
-                allreduce_mode_name(theirs.allreduce_mode) + ", this rank " +
+                allreduce_mode_name(records[p].allreduce_mode) + ", this rank " +
                 allreduce_mode_name(mine.allreduce_mode) + " (every rank must run the same)");
-        if (theirs.host == mine.host) ranks_on_host++;
-        std::vector<char> dial =
-            g->is_tcp ? tcp_connect_address(c->rank, p, mine, theirs) : theirs.listen[c->rank];
+        if (records[p].host == mine.host) ranks_on_host++;
+        dial[p] = g->is_tcp ? tcp_connect_address(c->rank, p, mine, records[p])
+                            : records[p].listen[c->rank];
+    }
+    for (int p = 0; p < c->size; p++) {
+        if (p == c->rank) continue;
         try {
-            transport.getPair(p)->connect(dial);
+            transport.getPair(p)->connect(dial[p]);
         } catch (const std::exception &e) {
             throw gloo::IoException("connecting to rank " + std::to_string(p) + ": " +
                                     gloo_message(e));

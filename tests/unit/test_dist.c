@@ -246,13 +246,18 @@ static void test_mismatched_allreduce_modes_fail_connect(void **state) {
     (void)state;
     /* the default 20 s join timeout: the mismatch is seen as soon as every record is in the
      * store, but a loaded, sanitized run once took over 5 s to get there */
-    run_opts o = {.size = 3,
-                  .skip_rank = -1,
-                  .allreduce = "direct",
-                  .allreduce_last = "ring",
-                  .expect_connect_failure = 1,
-                  .expect_error = "every rank must run the same"};
-    assert_int_equal(run_ranks(&o, NULL, NULL), 0);
+    /* Every rank must name the mismatch. When ranks connected pairs as they read records, one
+     * that had connected a pair and then saw the mismatch left, and its peer, mid-handshake,
+     * reported a closed connection instead (once in CI): so 3 and 4 ranks, several rounds. */
+    for (int round = 0; round < 8; round++) {
+        run_opts o = {.size = 3 + round % 2,
+                      .skip_rank = -1,
+                      .allreduce = "direct",
+                      .allreduce_last = "ring",
+                      .expect_connect_failure = 1,
+                      .expect_error = "every rank must run the same"};
+        assert_int_equal(run_ranks(&o, NULL, NULL), 0);
+    }
 }
 
 static void test_allreduce_fixed_ports(void **state) {
@@ -517,8 +522,11 @@ static void test_bad_config_is_an_error(void **state) {
     assert_null(dist_connect(&offset_without_ports, &s, err, sizeof err));
     dist_config unresolvable = {
         .rank = 0, .size = 2, .bind_host = "no-such-host.invalid", .timeout_ms = 200};
-    assert_null(dist_connect(&unresolvable, &s, err, sizeof err));
-    assert_true(err[0] != 0);
+    /* Gloo alone crashed here (an unchecked getaddrinfo failure), on some resolvers only */
+    for (int i = 0; i < 20; i++) {
+        assert_null(dist_connect(&unresolvable, &s, err, sizeof err));
+        assert_non_null(strstr(err, "'no-such-host.invalid' does not resolve"));
+    }
     assert_null(dist_connect(&unresolvable, NULL, err, sizeof err));
     /* A group of one needs nobody: every collective is the identity. */
     dist_config alone = {.rank = 0, .size = 1};
