@@ -649,7 +649,6 @@ void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
     /* Every record is read and checked, and every pair's address chosen, before any pair
      * connects: a rank that stopped at a mismatch after connecting some pairs would break its
      * peers' half-finished handshakes, and they would report a closed connection instead. */
-    std::vector<AddressRecord> records(size_t(c->size));
     std::vector<std::vector<char>> dial(size_t(c->size));
     int ranks_on_host = 1;
     for (int p = 0; p < c->size; p++) {
@@ -663,15 +662,15 @@ void connect_pairs(dist_group *g, const dist_config *c, const dist_store *store,
                                     std::to_string(g->timeout_ms) + " ms (" + gloo_message(e) +
                                     ")");
         }
-        records[p] = AddressRecord::decode(blob, c->size, p);
-        if (records[p].allreduce_mode != mine.allreduce_mode)
+        AddressRecord theirs = AddressRecord::decode(blob, c->size, p);
+        if (theirs.allreduce_mode != mine.allreduce_mode)
             throw gloo::InvalidOperationException(
                 "rank " + std::to_string(p) + " runs EXO_DIST_ALLREDUCE=" +
-                allreduce_mode_name(records[p].allreduce_mode) + ", this rank " +
+                allreduce_mode_name(theirs.allreduce_mode) + ", this rank " +
                 allreduce_mode_name(mine.allreduce_mode) + " (every rank must run the same)");
-        if (records[p].host == mine.host) ranks_on_host++;
-        dial[p] = g->is_tcp ? tcp_connect_address(c->rank, p, mine, records[p])
-                            : records[p].listen[c->rank];
+        if (theirs.host == mine.host) ranks_on_host++;
+        dial[p] =
+            g->is_tcp ? tcp_connect_address(c->rank, p, mine, theirs) : theirs.listen[c->rank];
     }
     for (int p = 0; p < c->size; p++) {
         if (p == c->rank) continue;
