@@ -520,22 +520,12 @@ struct Devices {
     std::vector<std::shared_ptr<gloo::transport::Device>> per_peer; /* fixed ports: one per peer */
 };
 
-/* Gloo's own lookup checks getaddrinfo(3) only for -1, so a name that does not resolve
- * (EAI_NONAME is -2) makes it walk an uninitialized list and crash: resolve it here first. */
-void require_resolvable(const char *host) {
-    addrinfo hints = {}, *found = nullptr;
-    hints.ai_socktype = SOCK_STREAM;
-    int rc = getaddrinfo(host, nullptr, &hints, &found);
-    if (rc != 0)
-        throw gloo::InvalidOperationException("bind host '" + std::string(host) +
-                                              "' does not resolve: " + gai_strerror(rc));
-    freeaddrinfo(found);
-}
-
 std::shared_ptr<gloo::transport::Context> make_transport(const dist_config *c, Devices &devs) {
     if (!c->transport || !strcmp(c->transport, "tcp")) {
         tcp::attr attr(c->bind_host ? c->bind_host : "127.0.0.1");
-        require_resolvable(attr.hostname.c_str());
+        /* Gloo's own lookup checks getaddrinfo(3) only for -1, so a name that does not
+         * resolve (EAI_NONAME is -2) makes it walk an uninitialized list and crash. */
+        resolve_host(attr.hostname.c_str(), AF_UNSPEC);
         if (!c->port_base) {
             devs.shared = tcp::CreateDevice(attr);
             return devs.shared->createContext(c->rank, c->size);

@@ -527,7 +527,7 @@ static void test_bad_config_is_an_error(void **state) {
     /* Gloo alone crashed here (an unchecked getaddrinfo failure), on some resolvers only */
     for (int i = 0; i < 20; i++) {
         assert_null(dist_connect(&unresolvable, &s, err, sizeof err));
-        assert_non_null(strstr(err, "'no-such-host.invalid' does not resolve"));
+        assert_non_null(strstr(err, "cannot resolve 'no-such-host.invalid'"));
     }
     assert_null(dist_connect(&unresolvable, NULL, err, sizeof err));
     /* A group of one needs nobody: every collective is the identity. */
