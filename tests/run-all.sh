@@ -52,7 +52,7 @@ fi
 up=$(grep -E '^unit: ' "$build/unit.out" | awk '{print $2}'); uf=$(grep -E '^unit: ' "$build/unit.out" | awk '{print $4}')
 ep=$(grep -E '^e2e: ' "$build/e2e.out" | awk '{print $2}'); ef=$(grep -E '^e2e: ' "$build/e2e.out" | awk '{print $4}')
 echo
-# The failing tests of every pass, each with the end of its log, last: CI keeps only the tail of
+# The failing tests of every pass, each with its failing lines, last: CI keeps only the tail of
 # this output, and a failure named far above it would be cut off.
 for out in "$build/unit.out" "$build/unit-avx2.out" build/aarch64/unit.out build/san/unit.out; do
   [ -f "$out" ] || continue
@@ -65,7 +65,7 @@ for out in "$build/unit.out" "$build/unit-avx2.out" build/aarch64/unit.out build
     cases=$(grep -E '^\[  FAILED  \] [A-Za-z_0-9]+$' "$log" | awk '{print $4}' | sort -u)
     if [ -n "$cases" ]; then
       for c in $cases; do
-        awk -v c="$c" '$0 ~ "^\\[ RUN +\\] " c "$" {on=1} on {print} on && $0 ~ "^\\[ +(FAILED|ERROR|OK) +\\] " c "$" {exit}' "$log" |
+        awk -v c="$c" '$0 ~ "^\\[ RUN +\\] " c "$" {on=1} on {print} on && $0 ~ "^\\[  FAILED  \\] " c "$" {exit}' "$log" |
           tail -25 | sed 's/^/    | /'
       done
     else

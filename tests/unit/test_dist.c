@@ -244,11 +244,10 @@ static void test_unknown_allreduce_mode_fails_connect(void **state) {
 /* Ranks that would run different algorithms are refused at connect, not at the first sum. */
 static void test_mismatched_allreduce_modes_fail_connect(void **state) {
     (void)state;
-    /* the default 20 s join timeout: the mismatch is seen as soon as every record is in the
-     * store, but a loaded, sanitized run once took over 5 s to get there */
     /* Every rank must name the mismatch. When ranks connected pairs as they read records, one
      * that had connected a pair and then saw the mismatch left, and its peer, mid-handshake,
-     * reported a closed connection instead (once in CI): so 3 and 4 ranks, several rounds. */
+     * reported a closed connection instead (once in CI): so 3 and 4 ranks, several rounds. The
+     * default 20 s join timeout: a loaded, sanitized run once took over 5 s to see every record. */
     for (int round = 0; round < 8; round++) {
         run_opts o = {.size = 3 + round % 2,
                       .skip_rank = -1,
